@@ -1,0 +1,121 @@
+"""Model-direct tool call latency through the registry to a provider in another process.
+
+Topology (three processes besides this client): registry, a provider serving `echo` over its
+Connect stream, and a bare gRPC server for the same-run baselines (unary echo, bidi ping-pong).
+Target: call p50 <= 1.6 x (unary round trip p50 + bidi round trip p50).
+
+    python -m benchmarks.registry_call [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from benchmarks._support import emit, subprocess_service, summary_ms
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+
+ARGS = '{"path":"/tmp/example.txt","limit":10}'
+
+
+async def _sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        await op()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _throughput(op: Callable[[], Awaitable[Any]], callers: int, per_caller: int) -> float:
+    async def worker() -> None:
+        for _ in range(per_caller):
+            await op()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(callers)))
+    return callers * per_caller / (time.perf_counter() - start)
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    count, per_caller = (300, 20) if quick else (2000, 100)
+    async with (
+        subprocess_service(
+            "-m",
+            "registry_service",
+            "--listen",
+            "127.0.0.1:0",
+            ready_prefix="registry listening on port ",
+        ) as reg_port,
+        subprocess_service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base_port,
+    ):
+        registry_address = f"127.0.0.1:{reg_port}"
+        async with subprocess_service(
+            "-m", "benchmarks._bench_provider", registry_address, ready_prefix="ready"
+        ):
+            channel = grpc.aio.insecure_channel(registry_address)
+            base = grpc.aio.insecure_channel(f"127.0.0.1:{base_port}")
+            stub = rpb_grpc.RegistryServiceStub(channel)
+            echo = base.unary_unary("/bench.Baseline/Echo")
+            bidi = base.stream_stream("/bench.Baseline/PingPong")
+            stream = bidi()
+            calls = iter(range(10**9))
+
+            async def tool_call() -> None:
+                request = rpb.ExecuteToolCallRequest(
+                    call_id=f"c{next(calls)}", tool_name="echo", arguments_json=ARGS
+                )
+                async for event in stub.ExecuteToolCall(request):
+                    if event.WhichOneof("event") == "result":
+                        assert not event.result.is_error, event.result
+                        return
+
+            async def unary() -> None:
+                await echo(ARGS.encode())
+
+            async def ping() -> None:
+                await stream.write(ARGS.encode())
+                await stream.read()
+
+            for op in (tool_call, unary, ping):  # warm up connections and code paths
+                await _sequential(op, 50)
+            call_samples = await _sequential(tool_call, count)
+            unary_samples = await _sequential(unary, count)
+            bidi_samples = await _sequential(ping, count)
+            call_tput = await _throughput(tool_call, 50, per_caller)
+            unary_tput = await _throughput(unary, 50, per_caller)
+            stream.cancel()
+            await channel.close()
+            await base.close()
+    call, un, bi = summary_ms(call_samples), summary_ms(unary_samples), summary_ms(bidi_samples)
+    budget = un["p50_ms"] + bi["p50_ms"]
+    return {
+        "benchmark": "registry_call",
+        "quick": quick,
+        "tool_call_1_caller": call,
+        "tool_call_50_callers_per_s": round(call_tput),
+        "baseline": {
+            "unary_echo": un,
+            "bidi_ping_pong": bi,
+            "unary_echo_50_callers_per_s": round(unary_tput),
+        },
+        "ratio_p50_vs_unary_plus_bidi": round(call["p50_ms"] / budget, 3),
+        "target": "tool_call p50 <= 1.6 x (unary p50 + bidi p50)",
+        "meets_target": call["p50_ms"] <= 1.6 * budget,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (< 1 minute)")
+    emit(asyncio.run(run(parser.parse_args().quick)))
+
+
+if __name__ == "__main__":
+    main()

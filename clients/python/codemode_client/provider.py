@@ -1,0 +1,247 @@
+"""Serve tools from plain async Python functions over the registry's `Connect` stream.
+
+    provider = ToolProvider(channel, "files")
+
+    @provider.tool(description="Read a file", concurrency_safe=True)
+    async def read(args, ctx):
+        return {"text": open(args["path"]).read()}
+
+    async with provider:          # opens the stream and registers every declared tool
+        await provider.closed()   # serve until the registry or the caller ends it
+
+The stream's lifetime owns the tools: closing it revokes them in the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.api.registry.v1 import tool_pb2
+from codemode_common.grpc_status import error_info
+from codemode_common.jsonvalue import JsonValue
+
+
+class ProviderError(Exception):
+    """The registry refused something the provider asked for."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ToolFailed(Exception):
+    """Raise from a tool to fail the call with a stable code."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class InvocationContext:
+    call_id: str
+    root_call_id: str
+    agent: str
+    tool_name: str
+    timeout: float | None
+    traceparent: str
+    tracestate: str
+    cancelled: asyncio.Event
+
+
+Handler = Callable[[Any, InvocationContext], Awaitable[JsonValue]]
+
+
+@dataclass
+class _Tool:
+    message: tool_pb2.Tool
+    handler: Handler
+    scope: str
+
+
+@dataclass
+class ToolProvider:
+    channel: grpc.aio.Channel
+    name: str
+    _tools: list[_Tool] = field(default_factory=list)
+    _handlers: dict[str, Handler] = field(default_factory=dict)
+    _call: Any = None
+    _acks: dict[str, asyncio.Future[rpb.RegistrationAck]] = field(default_factory=dict)
+    _running: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(default_factory=dict)
+    _reader: asyncio.Task[None] | None = None
+    _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    provider_id: str = ""
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        description: str = "",
+        input_schema: JsonValue = None,
+        output_schema: JsonValue = None,
+        concurrency_safe: bool = False,
+        guidance: str = "",
+        scope: str = "",
+    ) -> Callable[[Handler], Handler]:
+        """Declares a tool; it is registered when the provider starts."""
+
+        def decorate(handler: Handler) -> Handler:
+            message = tool_pb2.Tool(
+                name=name or handler.__name__,
+                description=description,
+                input_schema_json="" if input_schema is None else jsonvalue.dumps(input_schema),
+                output_schema_json="" if output_schema is None else jsonvalue.dumps(output_schema),
+                concurrency=tool_pb2.CONCURRENCY_SAFE
+                if concurrency_safe
+                else tool_pb2.CONCURRENCY_EXCLUSIVE,
+                guidance=guidance,
+            )
+            self._tools.append(_Tool(message, handler, scope))
+            return handler
+
+        return decorate
+
+    async def __aenter__(self) -> ToolProvider:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        stub = rpb_grpc.RegistryServiceStub(self.channel)
+        self._call = stub.Connect()
+        await self._write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name=self.name)))
+        first = await self._call.read()
+        if first is grpc.aio.EOF or first.WhichOneof("message") != "opened":
+            raise ProviderError("the registry did not open the provider stream")
+        self.provider_id = first.opened.provider_id
+        self._reader = asyncio.create_task(self._read_loop())
+        by_scope: dict[str, list[_Tool]] = {}
+        for declared in self._tools:
+            by_scope.setdefault(declared.scope, []).append(declared)
+        for scope, tools in by_scope.items():
+            await self.register(scope, tools)
+
+    async def register(self, scope: str, tools: list[_Tool]) -> None:
+        request_id = f"reg-{next(self._ids)}"
+        future: asyncio.Future[rpb.RegistrationAck] = asyncio.get_running_loop().create_future()
+        self._acks[request_id] = future
+        await self._write(
+            rpb.ConnectRequest(
+                register=rpb.RegisterTools(
+                    request_id=request_id, scope=scope, tools=[t.message for t in tools]
+                )
+            )
+        )
+        ack = await future
+        if ack.status.code != 0:
+            info = error_info(ack.status)
+            raise ProviderError(ack.status.message, info.reason if info else "")
+        for declared in tools:
+            self._handlers[declared.message.name] = declared.handler
+
+    async def closed(self) -> None:
+        """Waits until the stream ends."""
+        if self._reader is not None:
+            await asyncio.shield(self._reader)
+
+    async def close(self) -> None:
+        if self._call is not None:
+            with contextlib.suppress(Exception):
+                await self._call.done_writing()
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        for task, _ in list(self._running.values()):
+            task.cancel()
+
+    async def _write(self, message: rpb.ConnectRequest) -> None:
+        async with self._write_lock:
+            await self._call.write(message)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                message = await self._call.read()
+                if message is grpc.aio.EOF:
+                    return
+                kind = message.WhichOneof("message")
+                if kind == "registered":
+                    future = self._acks.pop(message.registered.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(message.registered)
+                elif kind == "invocation":
+                    self._start(message.invocation)
+                elif kind == "cancelled":
+                    running = self._running.get(message.cancelled.invocation_id)
+                    if running is not None:
+                        running[1].set()
+                        running[0].cancel()
+        except grpc.aio.AioRpcError:
+            return
+        finally:
+            for future in self._acks.values():
+                if not future.done():
+                    future.set_exception(ProviderError("the provider stream ended"))
+
+    def _start(self, invocation: rpb.Invocation) -> None:
+        cancelled = asyncio.Event()
+        ctx = InvocationContext(
+            call_id=invocation.call_id,
+            root_call_id=invocation.root_call_id,
+            agent=invocation.agent,
+            tool_name=invocation.tool_name,
+            timeout=invocation.timeout.ToNanoseconds() / 1e9
+            if invocation.HasField("timeout")
+            else None,
+            traceparent=invocation.trace_context.traceparent,
+            tracestate=invocation.trace_context.tracestate,
+            cancelled=cancelled,
+        )
+        task = asyncio.create_task(self._serve(invocation, ctx))
+        self._running[invocation.invocation_id] = (task, cancelled)
+        task.add_done_callback(lambda _t: self._running.pop(invocation.invocation_id, None))
+
+    async def _serve(self, invocation: rpb.Invocation, ctx: InvocationContext) -> None:
+        handler = self._handlers.get(invocation.tool_name)
+        try:
+            if handler is None:
+                raise ToolFailed(f'provider "{self.name}" has no tool "{invocation.tool_name}"')
+            value = await handler(jsonvalue.loads(invocation.arguments_json), ctx)
+            result = tool_pb2.ToolResult(value_json=jsonvalue.dumps(value))
+        except asyncio.CancelledError:
+            return  # the registry already settled the call
+        except ToolFailed as exc:
+            result = _error(str(exc), exc.code)
+        except Exception as exc:
+            result = _error(str(exc) or type(exc).__name__, "")
+        with contextlib.suppress(Exception):
+            await self._write(
+                rpb.ConnectRequest(
+                    result=rpb.InvocationResult(
+                        invocation_id=invocation.invocation_id, result=result
+                    )
+                )
+            )
+
+
+def _error(message: str, code: str) -> tool_pb2.ToolResult:
+    return tool_pb2.ToolResult(
+        is_error=True,
+        error=tool_pb2.ToolError(message=message, code=code),
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=f"Error: {message}"))],
+    )

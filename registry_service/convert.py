@@ -1,0 +1,206 @@
+"""Translation between protobuf messages and domain objects (no behaviour lives here)."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
+from codemode_common.errors import invalid_argument
+from codemode_common.jsonvalue import JsonValue, JsonValueError
+from registry_service.domain import catalog, execution, results
+from registry_service.domain.approvals import ApprovalOutcome
+from registry_service.domain.providers import ToolSpec
+from registry_service.domain.scopes import Mode
+from registry_service.domain.tools import ToolDefinition
+
+_MODES = {
+    Mode.NATIVE: scope_pb2.PRESENTATION_MODE_NATIVE,
+    Mode.CODE: scope_pb2.PRESENTATION_MODE_CODE,
+    Mode.BOTH: scope_pb2.PRESENTATION_MODE_BOTH,
+}
+_MODES_BACK = {v: k for k, v in _MODES.items()}
+_OUTCOMES = {
+    ApprovalOutcome.ALLOWED_ONCE: rpb.APPROVAL_OUTCOME_ALLOWED_ONCE,
+    ApprovalOutcome.REJECTED: rpb.APPROVAL_OUTCOME_REJECTED,
+    ApprovalOutcome.CANCELLED: rpb.APPROVAL_OUTCOME_CANCELLED,
+    ApprovalOutcome.UNAVAILABLE: rpb.APPROVAL_OUTCOME_UNAVAILABLE,
+}
+_OUTCOMES_BACK = {v: k for k, v in _OUTCOMES.items()}
+
+
+def parse_json(text: str, field: str, *, default: JsonValue = None) -> JsonValue:
+    """Parses a JSON text field; empty text gives `default`. Bad JSON is INVALID_ARGUMENT."""
+    if not text:
+        return default
+    try:
+        return jsonvalue.loads(text)
+    except JsonValueError as exc:
+        raise invalid_argument(
+            "INVALID_JSON", f"{field} is not valid lossless JSON: {exc}", field=field
+        ) from exc
+
+
+def mode_from_proto(value: int, *, allow_unspecified: bool) -> Mode | None:
+    if value == scope_pb2.PRESENTATION_MODE_UNSPECIFIED and allow_unspecified:
+        return None
+    mode = _MODES_BACK.get(value)  # type: ignore[call-overload]
+    if mode is None:
+        raise invalid_argument(
+            "INVALID_MODE", f"presentation mode {value} is not valid", field="mode"
+        )
+    return mode
+
+
+def mode_to_proto(mode: Mode | None) -> scope_pb2.PresentationMode.ValueType:
+    return _MODES[mode] if mode is not None else scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+
+
+def outcome_to_proto(outcome: ApprovalOutcome) -> rpb.ApprovalOutcome.ValueType:
+    return _OUTCOMES[outcome]
+
+
+def outcome_from_proto(value: int) -> ApprovalOutcome | None:
+    return _OUTCOMES_BACK.get(value)  # type: ignore[call-overload]
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def preset_to_proto(preset: catalog.Preset, mode: Mode | None) -> scope_pb2.Preset:
+    return scope_pb2.Preset(
+        name=preset.name, mode=mode_to_proto(mode), create_time=_timestamp(preset.create_time)
+    )
+
+
+def agent_to_proto(agent: catalog.Agent, mode: Mode | None, effective: Mode) -> scope_pb2.Agent:
+    return scope_pb2.Agent(
+        name=agent.name,
+        preset=agent.preset,
+        mode=mode_to_proto(mode),
+        effective_mode=mode_to_proto(effective),
+        create_time=_timestamp(agent.create_time),
+    )
+
+
+def tool_to_proto(defn: ToolDefinition, scope: str) -> tool_pb2.Tool:
+    return tool_pb2.Tool(
+        name=defn.name,
+        description=defn.description,
+        input_schema_json=jsonvalue.dumps(defn.input_schema),
+        output_schema_json=jsonvalue.dumps(defn.output_schema),
+        concurrency=tool_pb2.CONCURRENCY_SAFE
+        if defn.declared_safe
+        else tool_pb2.CONCURRENCY_EXCLUSIVE,
+        guidance=defn.guidance,
+        owner=defn.owner,
+        scope=scope,
+    )
+
+
+def tool_spec_from_proto(tool: tool_pb2.Tool) -> ToolSpec:
+    where = f'tool "{tool.name}"'
+    return ToolSpec(
+        name=tool.name,
+        description=tool.description,
+        input_schema=parse_json(
+            tool.input_schema_json, f"{where} input_schema_json", default={"type": "object"}
+        ),
+        output_schema=parse_json(
+            tool.output_schema_json, f"{where} output_schema_json", default={}
+        ),
+        concurrency_safe=tool.concurrency == tool_pb2.CONCURRENCY_SAFE,
+        guidance=tool.guidance,
+    )
+
+
+def content_to_proto(block: results.ContentBlock) -> tool_pb2.ContentBlock:
+    if isinstance(block, results.TextBlock):
+        return tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=block.text))
+    if isinstance(block, results.ImageBlock):
+        return tool_pb2.ContentBlock(
+            image=tool_pb2.ImageContent(mime_type=block.mime_type, data=block.data)
+        )
+    return tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json=block.json))
+
+
+def content_from_proto(block: tool_pb2.ContentBlock) -> results.ContentBlock:
+    kind = block.WhichOneof("block")
+    if kind == "text":
+        return results.TextBlock(block.text.text)
+    if kind == "image":
+        return results.ImageBlock(block.image.mime_type, block.image.data)
+    if kind == "json":
+        parsed = parse_json(block.json.json, "content json block")
+        return results.JsonBlock(jsonvalue.dumps(parsed))
+    raise invalid_argument("INVALID_CONTENT", "a content block must set text, image or json")
+
+
+def result_to_proto(result: results.ToolResult) -> tool_pb2.ToolResult:
+    message = tool_pb2.ToolResult(
+        content=[content_to_proto(b) for b in result.content],
+        is_error=result.is_error,
+        additional_contexts=[
+            tool_pb2.AdditionalContext(
+                content=[content_to_proto(b) for b in c.content], source=c.source
+            )
+            for c in result.additional_contexts
+        ],
+        concludes_turn=result.concludes_turn,
+    )
+    if result.has_value and not result.is_error:
+        message.value_json = jsonvalue.dumps(result.value)
+    if result.error is not None:
+        message.error.CopyFrom(
+            tool_pb2.ToolError(
+                message=result.error.message, code=result.error.code, name=result.error.name
+            )
+        )
+    return message
+
+
+def result_from_proto(message: tool_pb2.ToolResult) -> results.ToolResult:
+    """A provider's result. An error without a message gets a generic one."""
+    content = tuple(content_from_proto(b) for b in message.content)
+    contexts = tuple(
+        results.AdditionalContext(tuple(content_from_proto(b) for b in c.content), c.source)
+        for c in message.additional_contexts
+    )
+    if message.is_error:
+        text = message.error.message or results.text_of(content) or "tool failed"
+        failed = results.error_result(text, message.error.code, message.error.name)
+        return results.ToolResult(
+            content=content or failed.content,
+            is_error=True,
+            error=failed.error,
+            additional_contexts=contexts,
+        )
+    has_value = message.HasField("value_json")
+    value = parse_json(message.value_json, "result value_json") if has_value else None
+    return results.ToolResult(
+        content=content,
+        value=value,
+        has_value=has_value,
+        additional_contexts=contexts,
+        concludes_turn=message.concludes_turn,
+    )
+
+
+def event_to_proto(event: execution.Event) -> rpb.ExecuteToolCallResponse:
+    if isinstance(event, execution.CallStarted):
+        return rpb.ExecuteToolCallResponse(
+            started=rpb.CallStarted(call_id=event.call_id, tool_name=event.tool_name)
+        )
+    if isinstance(event, execution.ApprovalPending):
+        return rpb.ExecuteToolCallResponse(
+            approval_pending=rpb.ApprovalPending(approval_id=event.approval_id, reason=event.reason)
+        )
+    return rpb.ExecuteToolCallResponse(
+        approval_resolved=rpb.ApprovalResolved(
+            approval_id=event.approval_id, outcome=outcome_to_proto(event.outcome)
+        )
+    )

@@ -1,0 +1,395 @@
+"""The one pipeline every tool call passes through (reference §1.8–§1.11).
+
+create (argument snapshot, collapse) → prepare (pre-execute, approval, guards) → dispatch (around
+wrappers, body, output validation) → finalize (post-execute) → finish (result observers).
+The stages are separate methods because the code-mode scheduler runs them in different lanes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from codemode_common import jsonvalue
+from codemode_common.jsonvalue import JsonValue, JsonValueError
+from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
+from registry_service.domain.catalog import Catalog
+from registry_service.domain.jsonschema import format_invalid_args, validate
+from registry_service.domain.policy import Accept, Allow, Ask, Block, Deny, PreDecision
+from registry_service.domain.results import (
+    INVALID_ARGS,
+    INVALID_TOOL_OUTPUT,
+    UNKNOWN_TOOL,
+    AdditionalContext,
+    ContentBlock,
+    TextBlock,
+    ToolResult,
+    aborted,
+    error_result,
+    success,
+    text_of,
+)
+from registry_service.domain.scopes import GLOBAL
+from registry_service.domain.signals import AbortSignal, fuse
+from registry_service.domain.tools import Invocation, ToolDefinition, is_parallel
+
+log = logging.getLogger(__name__)
+
+
+class ToolCallFailure(Exception):
+    """Raised by a tool body to fail with a stable code (anything else fails without one)."""
+
+    def __init__(self, message: str, code: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionInput:
+    call_id: str
+    name: str
+    arguments: object
+    signal: AbortSignal
+    agent: str | None = None
+    root_call_id: str | None = None
+    parent: object | None = None  # the run_code parent token; set only for nested calls
+    deadline: float | None = None
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One admitted call. `token` identifies it; `arguments` is an immutable snapshot."""
+
+    token: object
+    call_id: str
+    root_call_id: str
+    name: str
+    arguments: JsonValue
+    arguments_json: str
+    agent: str | None
+    parent: object | None
+    signal: AbortSignal
+    deadline: float | None
+    traceparent: str
+    tracestate: str
+
+    @property
+    def scope(self) -> str:
+        return self.agent or GLOBAL
+
+    @property
+    def nested(self) -> bool:
+        return self.parent is not None
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    call_id: str
+    tool_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPending:
+    approval_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalResolved:
+    approval_id: str
+    outcome: ApprovalOutcome
+
+
+Event = CallStarted | ApprovalPending | ApprovalResolved
+Emit = Callable[[Event], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What prepare decided: dispatch the body, or a result that skips it."""
+
+    action: Literal["dispatch", "post", "final"]
+    result: ToolResult | None = None
+
+
+@dataclass
+class _Dispatch:
+    body_invoked: bool = False
+    deferred: list[AdditionalContext] = field(default_factory=list)
+
+
+def _no_events(_event: Event) -> None:
+    return None
+
+
+class Executor:
+    def __init__(self, catalog: Catalog, approvals: ApprovalBroker) -> None:
+        self.catalog = catalog
+        self.approvals = approvals
+
+    async def execute(self, inp: ExecutionInput, emit: Emit = _no_events) -> ToolResult:
+        created = self.create(inp)
+        if isinstance(created, ToolResult):
+            return created
+        emit(CallStarted(created.call_id, created.name))
+        prepared = await self.prepare(created, emit)
+        if prepared.action == "final":
+            assert prepared.result is not None
+            return self.finish(created, prepared.result)
+        result = prepared.result
+        if prepared.action == "dispatch":
+            try:
+                result = await self.dispatch(created)
+            except Exception as exc:  # an around wrapper threw: final, no post-execute
+                return self.finish(created, _failure(exc))
+        assert result is not None
+        return await self.finalize(created, result)
+
+    # -- create --------------------------------------------------------------------------------
+
+    def create(self, inp: ExecutionInput) -> Execution | ToolResult:
+        """Snapshots the arguments and applies the code-mode collapse before any policy runs."""
+        try:
+            arguments = jsonvalue.snapshot(inp.arguments)
+        except JsonValueError as exc:
+            return error_result(
+                f"tool execution arguments must be losslessly JSON-serializable: {exc}",
+                name="TypeError",
+            )
+        scope = inp.agent or GLOBAL
+        nested = inp.parent is not None
+        if self.catalog.collapses(inp.name, scope, nested) and self.catalog.get(inp.name, scope):
+            if inp.signal.aborted:
+                return aborted(before_dispatch=True)
+            return error_result(
+                f'unknown tool "{inp.name}": only `run_code` is callable directly — call '
+                f"`{inp.name}` from inside a `run_code` program instead",
+                UNKNOWN_TOOL,
+                "ToolNotFoundError",
+            )
+        return Execution(
+            token=object(),
+            call_id=inp.call_id,
+            root_call_id=inp.root_call_id or inp.call_id,
+            name=inp.name,
+            arguments=arguments,
+            arguments_json=jsonvalue.dumps(arguments),
+            agent=inp.agent,
+            parent=inp.parent,
+            signal=inp.signal,
+            deadline=inp.deadline,
+            traceparent=inp.traceparent,
+            tracestate=inp.tracestate,
+        )
+
+    def execution_mode(self, execution: Execution) -> Literal["parallel", "exclusive"]:
+        defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+        return "parallel" if is_parallel(defn, execution.arguments) else "exclusive"
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    async def prepare(self, execution: Execution, emit: Emit = _no_events) -> Prepared:
+        if execution.signal.aborted:
+            return Prepared("final", aborted(before_dispatch=True))
+        try:
+            decision = await self._pre_execute(execution)
+            if isinstance(decision, Ask):
+                decision = await self._approve(execution, decision, emit)
+                if decision is None:  # approval cancelled because the caller went away
+                    return Prepared("post", aborted(before_dispatch=True))
+            if isinstance(decision, Allow):
+                for guard in self.catalog.guards(execution.agent):
+                    reason = guard(execution)
+                    if reason is not None:
+                        decision = Deny(reason)
+                        break
+        except Exception as exc:
+            return Prepared("final", _failure(exc))
+        if isinstance(decision, Deny):
+            return Prepared("post", error_result(decision.reason, "DENIED"))
+        if execution.signal.aborted:
+            return Prepared("post", aborted(before_dispatch=True))
+        return Prepared("dispatch")
+
+    async def _pre_execute(self, execution: Execution) -> PreDecision:
+        decision: PreDecision = Allow()
+        for hooks in self.catalog.chain_hooks(execution.agent):
+            for hook in hooks.pre_execute:
+                decision = await hook(execution, decision)
+        return decision
+
+    async def _approve(self, execution: Execution, ask: Ask, emit: Emit) -> PreDecision | None:
+        name = execution.name
+        if not execution.agent:
+            return Deny(f'tool "{name}" requires approval, but the call has no agent to route it')
+        request = ApprovalRequest(
+            approval_id=self.approvals.next_id(),
+            call_id=execution.call_id,
+            agent=execution.agent,
+            tool_name=name,
+            arguments_json=execution.arguments_json,
+            reason=ask.reason or f'tool "{name}" requires approval',
+        )
+        emit(ApprovalPending(request.approval_id, request.reason))
+        outcome = await self.approvals.request(request, execution.signal)
+        emit(ApprovalResolved(request.approval_id, outcome))
+        if outcome is ApprovalOutcome.ALLOWED_ONCE:
+            return Allow()
+        if outcome is ApprovalOutcome.REJECTED:
+            return Deny(f'the user rejected tool "{name}"')
+        if outcome is ApprovalOutcome.CANCELLED:
+            if execution.signal.aborted:
+                return None
+            return Deny(f'approval for tool "{name}" was cancelled')
+        return Deny(f'tool "{name}" requires approval, but no approval channel is available')
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    async def dispatch(self, execution: Execution) -> ToolResult:
+        """Around wrappers (outermost: global) then the body. A wrapper's throw propagates."""
+        state = _Dispatch()
+        wrappers = [w for hooks in self.catalog.chain_hooks(execution.agent) for w in hooks.around]
+
+        def call(index: int) -> Callable[[], Awaitable[ToolResult]]:
+            if index == len(wrappers):
+                return lambda: self._body(execution, state)
+            return lambda: wrappers[index](execution, call(index + 1))
+
+        result = await call(0)()
+        if state.deferred:
+            result = result.with_contexts((*state.deferred, *result.additional_contexts))
+        if execution.signal.aborted and not result.is_error:
+            return aborted(before_dispatch=not state.body_invoked).with_contexts(
+                result.additional_contexts
+            )
+        return result
+
+    async def _body(self, execution: Execution, state: _Dispatch) -> ToolResult:
+        if execution.signal.aborted:
+            return aborted(before_dispatch=True)
+        defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+        if defn is None:
+            return error_result(
+                f'unknown tool "{execution.name}"', UNKNOWN_TOOL, "ToolNotFoundError"
+            )
+        violations = validate(defn.input_schema, execution.arguments)
+        if violations:
+            return error_result(format_invalid_args(violations), INVALID_ARGS, "ToolArgsError")
+        state.body_invoked = True
+        invocation = Invocation(
+            call_id=execution.call_id,
+            root_call_id=execution.root_call_id,
+            agent=execution.agent,
+            tool_name=execution.name,
+            arguments=jsonvalue.snapshot(execution.arguments),
+            signal=fuse(execution.signal),
+            deadline=execution.deadline,
+            traceparent=execution.traceparent,
+            tracestate=execution.tracestate,
+        )
+        try:
+            returned = await defn.body(invocation)
+        except Exception as exc:
+            return _failure(exc)
+        result = self._normalize(defn, returned)
+        if execution.signal.aborted and not result.is_error:
+            return aborted(before_dispatch=False)
+        return result
+
+    def _normalize(self, defn: ToolDefinition, returned: JsonValue | ToolResult) -> ToolResult:
+        """Validates a body's output against the tool's output schema and renders content."""
+        if isinstance(returned, ToolResult):
+            if returned.is_error:
+                return returned
+            if not returned.has_value:
+                return returned
+            value, content = returned.value, returned.content
+        else:
+            value, content = returned, ()
+        try:
+            value = jsonvalue.snapshot(value)
+        except JsonValueError as exc:
+            return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
+        violations = validate(defn.output_schema, value)
+        if violations:
+            return _invalid_output(defn.name, violations)
+        rendered = content or (TextBlock(jsonvalue.render_pretty(value)),)
+        base = returned if isinstance(returned, ToolResult) else success(value, rendered)
+        return replace(base, value=value, content=rendered, has_value=True)
+
+    # -- finalize / finish ---------------------------------------------------------------------
+
+    async def finalize(self, execution: Execution, result: ToolResult) -> ToolResult:
+        """Post-execute waterfall (default accept), then finish."""
+        try:
+            decision: Accept | Block = Accept()
+            for hooks in self.catalog.chain_hooks(execution.agent):
+                for hook in hooks.post_execute:
+                    decision = await hook(execution, result, decision)
+            result = self._apply_post(execution, result, decision)
+        except Exception as exc:
+            result = _failure(exc)
+        if execution.signal.aborted and not result.is_error:
+            result = aborted(before_dispatch=False).with_contexts(result.additional_contexts)
+        return self.finish(execution, result)
+
+    def _apply_post(
+        self, execution: Execution, result: ToolResult, decision: Accept | Block
+    ) -> ToolResult:
+        if isinstance(decision, Block):
+            message = text_of(decision.feedback) or "tool result blocked by post-execute policy"
+            blocked = error_result(message, "BLOCKED")
+            return replace(
+                blocked, content=decision.feedback, additional_contexts=decision.contexts
+            )
+        if decision.content is not None and decision.replace_value:
+            raise TypeError("post-execute may replace content or value, not both")
+        if decision.replace_value:
+            if result.is_error:
+                raise TypeError("post-execute cannot replace the value of a failed result")
+            defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+            if defn is None:
+                raise TypeError(f'unknown tool "{execution.name}"')
+            result = self._normalize(defn, decision.value)
+        elif decision.content is not None:
+            result = replace(result, content=decision.content)
+        if decision.contexts:
+            result = result.with_contexts((*result.additional_contexts, *decision.contexts))
+        return result
+
+    def finish(self, execution: Execution, result: ToolResult) -> ToolResult:
+        """Notifies result observers; their failures are logged, never propagated."""
+        for hooks in self.catalog.chain_hooks(execution.agent):
+            for observer in hooks.observers:
+                try:
+                    observer(execution, result)
+                except Exception:
+                    log.exception("result observer failed for call %s", execution.call_id)
+        return result
+
+
+def _failure(exc: BaseException) -> ToolResult:
+    if isinstance(exc, ToolCallFailure):
+        return error_result(str(exc), exc.code, exc.name)
+    return error_result(str(exc) or type(exc).__name__, name=type(exc).__name__)
+
+
+def _invalid_output(name: str, violations: list[str]) -> ToolResult:
+    detail = "; ".join(violations)
+    return error_result(
+        f'tool "{name}" returned invalid output: {detail}', INVALID_TOOL_OUTPUT, "ToolOutputError"
+    )
+
+
+__all__ = [
+    "ContentBlock",
+    "Execution",
+    "ExecutionInput",
+    "Executor",
+    "ToolCallFailure",
+]

@@ -1,0 +1,95 @@
+"""Tool results: content blocks, canonical error results and the aborted results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from codemode_common.jsonvalue import JsonValue
+
+ABORTED = "ABORTED"
+ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
+UNKNOWN_TOOL = "UNKNOWN_TOOL"
+INVALID_ARGS = "INVALID_ARGS"
+INVALID_TOOL_OUTPUT = "INVALID_TOOL_OUTPUT"
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    mime_type: str
+    data: bytes
+    type: Literal["image"] = "image"
+
+
+@dataclass(frozen=True, slots=True)
+class JsonBlock:
+    """A JSON document kept as canonical JSON text (immutable by construction)."""
+
+    json: str
+    type: Literal["json"] = "json"
+
+
+ContentBlock = TextBlock | ImageBlock | JsonBlock
+
+
+@dataclass(frozen=True, slots=True)
+class AdditionalContext:
+    content: tuple[ContentBlock, ...]
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    message: str
+    code: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one call. `value` is execution-local: it is never persisted."""
+
+    content: tuple[ContentBlock, ...]
+    is_error: bool = False
+    value: JsonValue = None
+    has_value: bool = False
+    error: ErrorInfo | None = None
+    additional_contexts: tuple[AdditionalContext, ...] = field(default=())
+    concludes_turn: bool = False
+
+    def with_contexts(self, contexts: tuple[AdditionalContext, ...]) -> ToolResult:
+        return replace(self, additional_contexts=contexts)
+
+
+def success(
+    value: JsonValue, content: tuple[ContentBlock, ...], *, has_value: bool = True
+) -> ToolResult:
+    return ToolResult(content=content, value=value, has_value=has_value)
+
+
+def error_result(message: str, code: str = "", name: str = "") -> ToolResult:
+    """The canonical error result: content `Error: <message>`."""
+    return ToolResult(
+        content=(TextBlock(f"Error: {message}"),),
+        is_error=True,
+        error=ErrorInfo(message=message, code=code, name=name),
+    )
+
+
+def aborted(*, before_dispatch: bool) -> ToolResult:
+    if before_dispatch:
+        return error_result(
+            "tool call aborted before dispatch", ABORTED_BEFORE_DISPATCH, "AbortError"
+        )
+    return error_result("tool call aborted", ABORTED, "AbortError")
+
+
+def text_of(blocks: tuple[ContentBlock, ...]) -> str:
+    """Text blocks joined by newlines; other blocks as `[<type> content]`."""
+    return "\n".join(b.text if isinstance(b, TextBlock) else f"[{b.type} content]" for b in blocks)

@@ -1,0 +1,102 @@
+"""Tool definitions and the invocation a tool body receives."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from codemode_common.errors import invalid_argument
+from codemode_common.jsonvalue import JsonValue
+from registry_service.domain.jsonschema import SchemaError, check_schema
+from registry_service.domain.results import ToolResult
+from registry_service.domain.signals import AbortSignal
+
+RUN_CODE = "run_code"
+# Names are what the model emits: printable, no whitespace, bounded. Exotic names (`my-tool`,
+# `__proto__`, unicode) are legal; the SDK renderers quote them.
+_NAME_RE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """What a tool body is given for one call."""
+
+    call_id: str
+    root_call_id: str
+    agent: str | None
+    tool_name: str
+    arguments: JsonValue
+    signal: AbortSignal
+    deadline: float | None  # event-loop time, or None
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+# A body returns a canonical value (or raises). It may return a full ToolResult when it needs to
+# control content, contexts or concludes-turn (remote providers do).
+ToolBody = Callable[[Invocation], Awaitable["JsonValue | ToolResult"]]
+Classifier = Callable[[JsonValue], object]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    name: str
+    description: str
+    input_schema: JsonValue
+    output_schema: JsonValue
+    body: ToolBody
+    # Exactly `True` from the classifier means parallel; anything else, raising included, is
+    # exclusive (reference §1.11).
+    is_concurrency_safe: Classifier | None = None
+    guidance: str = ""
+    owner: str = "in-process"
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def declared_safe(self) -> bool:
+        """The static declaration as shown to clients (a classifier may still vary per call)."""
+        return self.is_concurrency_safe is not None and _classify(self, {}) is True
+
+
+def _classify(defn: ToolDefinition, arguments: JsonValue) -> object:
+    try:
+        return defn.is_concurrency_safe(arguments) if defn.is_concurrency_safe else False
+    except Exception:
+        return False
+
+
+def is_parallel(defn: ToolDefinition | None, arguments: JsonValue) -> bool:
+    return defn is not None and _classify(defn, arguments) is True
+
+
+def always_safe(_arguments: JsonValue) -> bool:
+    return True
+
+
+def validate_definition(defn: ToolDefinition) -> None:
+    """Refuses a definition the registry could not present or enforce."""
+    if not isinstance(defn.name, str) or not _NAME_RE.match(defn.name):
+        raise invalid_argument(
+            "INVALID_TOOL_NAME",
+            f"tool name {defn.name!r} is invalid: 1-128 printable characters without whitespace",
+        )
+    if defn.name == RUN_CODE:
+        raise invalid_argument(
+            "RESERVED_TOOL_NAME",
+            'tool name "run_code" is reserved for the Code Mode presentation transport and '
+            "cannot be registered or shadowed",
+        )
+    for label, schema in (("input", defn.input_schema), ("output", defn.output_schema)):
+        try:
+            check_schema(schema)
+        except SchemaError as exc:
+            raise invalid_argument(
+                "INVALID_SCHEMA", f'tool "{defn.name}" {label} schema is not supported: {exc}'
+            ) from exc
+    if isinstance(defn.input_schema, dict):
+        declared = defn.input_schema.get("type")
+        if declared is not None and declared != "object":
+            raise invalid_argument(
+                "INVALID_SCHEMA", f'tool "{defn.name}" input schema must describe an object'
+            )

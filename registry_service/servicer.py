@@ -1,0 +1,207 @@
+"""The RegistryService servicer: translates messages and calls the domain, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.api.registry.v1 import scope_pb2
+from codemode_common.errors import already_exists, invalid_argument
+from registry_service import convert
+from registry_service._errors import streaming, unary
+from registry_service.domain.execution import Event, ExecutionInput
+from registry_service.domain.signals import AbortController
+from registry_service.registry import Registry
+from registry_service.streams import approver_stream, provider_stream
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class RegistryServicer(rpb_grpc.RegistryServiceServicer):
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._catalog = registry.catalog
+        self._inflight: set[tuple[str, str]] = set()
+
+    # -- presets and agents ----------------------------------------------------------------
+
+    def _preset(self, name: str) -> scope_pb2.Preset:
+        preset = self._catalog.get_preset(name)
+        return convert.preset_to_proto(preset, self._catalog.declared_mode(name))
+
+    def _agent(self, name: str) -> scope_pb2.Agent:
+        agent = self._catalog.get_agent(name)
+        return convert.agent_to_proto(
+            agent, self._catalog.declared_mode(name), self._catalog.mode_for(name)
+        )
+
+    @unary
+    async def CreatePreset(
+        self, request: rpb.CreatePresetRequest, context: Context
+    ) -> rpb.CreatePresetResponse:
+        mode = convert.mode_from_proto(request.preset.mode, allow_unspecified=True)
+        preset = self._catalog.create_preset(request.preset_id, mode)
+        return rpb.CreatePresetResponse(preset=self._preset(preset.name))
+
+    @unary
+    async def GetPreset(
+        self, request: rpb.GetPresetRequest, context: Context
+    ) -> rpb.GetPresetResponse:
+        return rpb.GetPresetResponse(preset=self._preset(request.name))
+
+    @unary
+    async def ListPresets(
+        self, request: rpb.ListPresetsRequest, context: Context
+    ) -> rpb.ListPresetsResponse:
+        presets, token = self._catalog.list_presets(request.page_size, request.page_token)
+        return rpb.ListPresetsResponse(
+            presets=[self._preset(p.name) for p in presets], next_page_token=token
+        )
+
+    @unary
+    async def DeletePreset(
+        self, request: rpb.DeletePresetRequest, context: Context
+    ) -> rpb.DeletePresetResponse:
+        self._catalog.delete_preset(request.name)
+        return rpb.DeletePresetResponse()
+
+    @unary
+    async def CreateAgent(
+        self, request: rpb.CreateAgentRequest, context: Context
+    ) -> rpb.CreateAgentResponse:
+        mode = convert.mode_from_proto(request.agent.mode, allow_unspecified=True)
+        agent = self._catalog.create_agent(request.agent_id, request.agent.preset, mode)
+        return rpb.CreateAgentResponse(agent=self._agent(agent.name))
+
+    @unary
+    async def GetAgent(
+        self, request: rpb.GetAgentRequest, context: Context
+    ) -> rpb.GetAgentResponse:
+        return rpb.GetAgentResponse(agent=self._agent(request.name))
+
+    @unary
+    async def ListAgents(
+        self, request: rpb.ListAgentsRequest, context: Context
+    ) -> rpb.ListAgentsResponse:
+        agents, token = self._catalog.list_agents(request.page_size, request.page_token)
+        return rpb.ListAgentsResponse(
+            agents=[self._agent(a.name) for a in agents], next_page_token=token
+        )
+
+    @unary
+    async def DeleteAgent(
+        self, request: rpb.DeleteAgentRequest, context: Context
+    ) -> rpb.DeleteAgentResponse:
+        self._catalog.delete_agent(request.name)
+        return rpb.DeleteAgentResponse()
+
+    # -- modes, restrictions, listing --------------------------------------------------------
+
+    @unary
+    async def SetPresentationMode(
+        self, request: rpb.SetPresentationModeRequest, context: Context
+    ) -> rpb.SetPresentationModeResponse:
+        mode = convert.mode_from_proto(request.mode, allow_unspecified=False)
+        assert mode is not None
+        self._catalog.set_mode(request.scope, mode)
+        return rpb.SetPresentationModeResponse()
+
+    @unary
+    async def AddRestriction(
+        self, request: rpb.AddRestrictionRequest, context: Context
+    ) -> rpb.AddRestrictionResponse:
+        restriction_id = self._catalog.add_restriction(
+            request.scope, list(request.allow) or None, list(request.deny) or None
+        )
+        return rpb.AddRestrictionResponse(restriction_id=restriction_id)
+
+    @unary
+    async def RemoveRestriction(
+        self, request: rpb.RemoveRestrictionRequest, context: Context
+    ) -> rpb.RemoveRestrictionResponse:
+        self._catalog.remove_restriction(request.scope, request.restriction_id)
+        return rpb.RemoveRestrictionResponse()
+
+    @unary
+    async def ListVisibleTools(
+        self, request: rpb.ListVisibleToolsRequest, context: Context
+    ) -> rpb.ListVisibleToolsResponse:
+        scope = self._catalog.require_scope(request.scope)
+        view = self._catalog.view(scope)
+        return rpb.ListVisibleToolsResponse(
+            tools=[convert.tool_to_proto(view.visible[n], scope) for n in sorted(view.visible)],
+            effective_mode=convert.mode_to_proto(view.mode),
+        )
+
+    # -- execution ---------------------------------------------------------------------------
+
+    @streaming
+    async def ExecuteToolCall(
+        self, request: rpb.ExecuteToolCallRequest, context: Context
+    ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
+        agent = request.agent or None
+        if agent is not None:
+            self._catalog.get_agent(agent)
+        if not request.call_id:
+            raise invalid_argument("MISSING_CALL_ID", "call_id is required", field="call_id")
+        if not request.tool_name:
+            raise invalid_argument("MISSING_TOOL_NAME", "tool_name is required", field="tool_name")
+        arguments = convert.parse_json(request.arguments_json, "arguments_json", default={})
+        key = (request.agent, request.call_id)
+        if key in self._inflight:
+            raise already_exists(
+                "CALL_IN_PROGRESS", f"call {request.call_id!r} is already executing for this agent"
+            )
+        loop = asyncio.get_running_loop()
+        remaining = context.time_remaining()
+        controller = AbortController()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        inp = ExecutionInput(
+            call_id=request.call_id,
+            name=request.tool_name,
+            arguments=arguments,
+            signal=controller.signal,
+            agent=agent,
+            deadline=None if remaining is None else loop.time() + remaining,
+        )
+        self._inflight.add(key)
+        task = asyncio.create_task(self._registry.executor.execute(inp, events.put_nowait))
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(events.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield convert.event_to_proto(getter.result())
+                else:
+                    getter.cancel()
+            while not events.empty():
+                yield convert.event_to_proto(events.get_nowait())
+            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(task.result()))
+        finally:
+            if not task.done():
+                # The client cancelled or its deadline passed: abort, then wait for quiescence
+                # so nothing of this call runs after the RPC is gone.
+                controller.abort("tool call aborted")
+                with contextlib.suppress(Exception):
+                    await task
+            self._inflight.discard(key)
+
+    # -- provider and approver streams ---------------------------------------------------------
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[rpb.ConnectRequest], context: Context
+    ) -> AsyncIterator[rpb.ConnectResponse]:
+        async for response in provider_stream(self._registry, request_iterator, context):
+            yield response
+
+    async def Approve(
+        self, request_iterator: AsyncIterator[rpb.ApproveRequest], context: Context
+    ) -> AsyncIterator[rpb.ApproveResponse]:
+        async for response in approver_stream(self._registry, request_iterator, context):
+            yield response

@@ -1,0 +1,219 @@
+"""The long-lived bidi streams: tool providers (Connect) and approvers (Approve).
+
+Each stream runs a reader task over the client's messages and yields from one outgoing queue,
+so replies to the client (acks) and work pushed by the domain (invocations, approval requests)
+interleave in order. The domain session is closed in `finally`, whatever ended the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from codemode_common.api.common.v1 import trace_pb2
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.errors import CodemodeError, invalid_argument
+from codemode_common.grpc_status import ok_status_proto, to_status_proto
+from registry_service import convert
+from registry_service._errors import DOMAIN, abort
+from registry_service.domain.approvals import ApprovalRequest, ApproverMessage
+from registry_service.domain.providers import CancellationMessage, ProviderMessage
+from registry_service.registry import Registry
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Out = TypeVar("Out")
+_END = object()
+
+
+async def _duplex(
+    reader: Callable[[asyncio.Queue[Any]], Awaitable[None]],
+    pump: Callable[[asyncio.Queue[Any]], Awaitable[None]],
+    out: asyncio.Queue[Any],
+) -> AsyncIterator[Any]:
+    """Runs `reader` and `pump` feeding `out`; yields until the reader ends."""
+
+    async def read_then_end() -> None:
+        try:
+            await reader(out)
+        finally:
+            out.put_nowait(_END)
+
+    tasks = [asyncio.create_task(read_then_end()), asyncio.create_task(pump(out))]
+    try:
+        while (item := await out.get()) is not _END:
+            if isinstance(item, CodemodeError):
+                raise item
+            yield item
+        tasks[0].result()  # surface a reader failure (CodemodeError) to the caller
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _first(requests: AsyncIterator[Any], field: str, what: str) -> Any:
+    try:
+        first = await anext(requests)
+    except StopAsyncIteration:
+        raise invalid_argument(
+            "STREAM_NOT_OPENED", f"the {what} stream ended before `{field}`"
+        ) from None
+    if first.WhichOneof("message") != field:
+        raise invalid_argument("STREAM_NOT_OPENED", f"the first {what} message must be `{field}`")
+    return getattr(first, field)
+
+
+# -- providers ------------------------------------------------------------------------------
+
+
+def _provider_message(message: ProviderMessage) -> rpb.ConnectResponse:
+    if isinstance(message, CancellationMessage):
+        return rpb.ConnectResponse(
+            cancelled=rpb.InvocationCancelled(
+                invocation_id=message.invocation_id, reason=message.reason
+            )
+        )
+    inv = message.invocation
+    invocation = rpb.Invocation(
+        invocation_id=message.invocation_id,
+        call_id=inv.call_id,
+        root_call_id=inv.root_call_id,
+        agent=inv.agent or "",
+        tool_name=inv.tool_name,
+        arguments_json=convert.jsonvalue.dumps(inv.arguments),
+        trace_context=trace_pb2.TraceContext(
+            traceparent=inv.traceparent, tracestate=inv.tracestate
+        ),
+    )
+    if message.timeout is not None:
+        timeout = Duration()
+        timeout.FromNanoseconds(int(message.timeout * 1e9))
+        invocation.timeout.CopyFrom(timeout)
+    return rpb.ConnectResponse(invocation=invocation)
+
+
+async def provider_stream(
+    registry: Registry, requests: AsyncIterator[rpb.ConnectRequest], context: Context
+) -> AsyncIterator[rpb.ConnectResponse]:
+    try:
+        opened = await _first(requests, "open", "provider")
+    except CodemodeError as error:
+        await abort(context, error)
+        return
+    session = registry.providers.open(opened.provider_name or "provider")
+
+    async def reader(out: asyncio.Queue[Any]) -> None:
+        async for message in requests:
+            kind = message.WhichOneof("message")
+            if kind == "register":
+                out.put_nowait(_register(session, message.register))
+            elif kind == "result":
+                try:
+                    result = convert.result_from_proto(message.result.result)
+                except CodemodeError as error:
+                    result = convert.results.error_result(
+                        f"tool provider returned an invalid result: {error.message}",
+                        "INVALID_TOOL_OUTPUT",
+                    )
+                session.resolve(message.result.invocation_id, result)
+            else:
+                out.put_nowait(
+                    invalid_argument("UNEXPECTED_MESSAGE", f"unexpected provider message `{kind}`")
+                )
+                return
+
+    async def pump(out: asyncio.Queue[Any]) -> None:
+        while True:
+            out.put_nowait(_provider_message(await session.outbox.get()))
+
+    try:
+        yield rpb.ConnectResponse(opened=rpb.ProviderOpened(provider_id=session.provider_id))
+        async for response in _duplex(reader, pump, asyncio.Queue()):
+            yield response
+    except CodemodeError as error:
+        await abort(context, error)
+    finally:
+        registry.providers.close(session)
+
+
+def _register(session: Any, message: rpb.RegisterTools) -> rpb.ConnectResponse:
+    try:
+        specs = [convert.tool_spec_from_proto(tool) for tool in message.tools]
+        session.register(message.scope, specs)
+        status = ok_status_proto()
+    except CodemodeError as error:
+        status = to_status_proto(error, DOMAIN)
+    return rpb.ConnectResponse(
+        registered=rpb.RegistrationAck(request_id=message.request_id, status=status)
+    )
+
+
+# -- approvers ------------------------------------------------------------------------------
+
+
+def _approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
+    if isinstance(message, ApprovalRequest):
+        return rpb.ApproveResponse(
+            request=rpb.ApprovalRequest(
+                approval_id=message.approval_id,
+                call_id=message.call_id,
+                agent=message.agent,
+                tool_name=message.tool_name,
+                arguments_json=message.arguments_json,
+                reason=message.reason,
+            )
+        )
+    return rpb.ApproveResponse(
+        withdrawn=rpb.ApprovalWithdrawn(
+            approval_id=message.approval_id, outcome=convert.outcome_to_proto(message.outcome)
+        )
+    )
+
+
+async def approver_stream(
+    registry: Registry, requests: AsyncIterator[rpb.ApproveRequest], context: Context
+) -> AsyncIterator[rpb.ApproveResponse]:
+    try:
+        opened = await _first(requests, "open", "approver")
+    except CodemodeError as error:
+        await abort(context, error)
+        return
+    session = registry.approvals.connect(opened.approver_name or "approver")
+
+    async def reader(out: asyncio.Queue[Any]) -> None:
+        async for message in requests:
+            if message.WhichOneof("message") != "decision":
+                out.put_nowait(
+                    invalid_argument("UNEXPECTED_MESSAGE", "only `decision` may follow `open`")
+                )
+                return
+            outcome = convert.outcome_from_proto(message.decision.outcome)
+            if outcome is None or outcome.value not in ("allowed-once", "rejected"):
+                out.put_nowait(
+                    invalid_argument(
+                        "INVALID_DECISION", "a decision must be ALLOWED_ONCE or REJECTED"
+                    )
+                )
+                return
+            # A late answer (already decided elsewhere, or withdrawn) is ignored: first wins.
+            registry.approvals.answer(message.decision.approval_id, outcome)
+
+    async def pump(out: asyncio.Queue[Any]) -> None:
+        while True:
+            out.put_nowait(_approver_message(await session.outbox.get()))
+
+    try:
+        yield rpb.ApproveResponse(opened=rpb.ApproverOpened(approver_id=session.approver_id))
+        async for response in _duplex(reader, pump, asyncio.Queue()):
+            yield response
+    except CodemodeError as error:
+        await abort(context, error)
+    finally:
+        registry.approvals.disconnect(session)

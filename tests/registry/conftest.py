@@ -1,0 +1,113 @@
+"""In-process registry servers on 127.0.0.1:0 with real grpc.aio channels."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
+from registry_service.config import RegistrySettings
+from registry_service.domain.scopes import Mode
+from registry_service.registry import Registry, build_registry
+from registry_service.server import RunningRegistry, start
+
+NATIVE = scope_pb2.PRESENTATION_MODE_NATIVE
+CODE = scope_pb2.PRESENTATION_MODE_CODE
+BOTH = scope_pb2.PRESENTATION_MODE_BOTH
+
+
+class Harness:
+    """A running registry, a channel to it, and helpers for common calls."""
+
+    def __init__(self, running: RunningRegistry, channel: grpc.aio.Channel) -> None:
+        self.running = running
+        self.registry: Registry = running.registry
+        self.channel = channel
+        self.stub = rpb_grpc.RegistryServiceStub(channel)
+
+    async def agent(self, agent_id: str, preset: str = "", mode: int = 0) -> str:
+        response = await self.stub.CreateAgent(
+            rpb.CreateAgentRequest(
+                agent_id=agent_id, agent=scope_pb2.Agent(preset=preset, mode=mode)
+            )  # type: ignore[arg-type]
+        )
+        return response.agent.name
+
+    async def preset(self, preset_id: str, mode: int = 0) -> str:
+        response = await self.stub.CreatePreset(
+            rpb.CreatePresetRequest(preset_id=preset_id, preset=scope_pb2.Preset(mode=mode))  # type: ignore[arg-type]
+        )
+        return response.preset.name
+
+    async def visible(self, scope: str = "") -> list[str]:
+        response = await self.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=scope))
+        return [t.name for t in response.tools]
+
+    async def execute(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        agent: str = "",
+        call_id: str = "call-1",
+        raw: str | None = None,
+    ) -> tuple[list[rpb.ExecuteToolCallResponse], tool_pb2.ToolResult]:
+        text = raw if raw is not None else jsonvalue.dumps({} if arguments is None else arguments)
+        events = [
+            e
+            async for e in self.stub.ExecuteToolCall(
+                rpb.ExecuteToolCallRequest(
+                    agent=agent, call_id=call_id, tool_name=name, arguments_json=text
+                )
+            )
+        ]
+        assert events and events[-1].WhichOneof("event") == "result"
+        return events[:-1], events[-1].result
+
+
+def echo_tool(registry: Registry, name: str = "echo", scope: str = "", **kwargs: Any) -> None:
+    async def body(invocation: Any) -> Any:
+        return {"echo": invocation.arguments}
+
+    registry.register_tool(name, body, description=f"{name} tool", scope=scope, **kwargs)
+
+
+def result_text(result: tool_pb2.ToolResult) -> str:
+    return "\n".join(b.text.text for b in result.content if b.WhichOneof("block") == "text")
+
+
+@pytest.fixture
+def make_registry() -> Callable[..., AsyncIterator[Harness]]:
+    """Factory: `async with make_registry(default_mode=Mode.CODE) as h:`."""
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def factory(registry: Registry | None = None, **settings: Any) -> AsyncIterator[Harness]:
+        config = RegistrySettings(listen="127.0.0.1:0", **settings)
+        running = await start(config, registry or build_registry(config))
+        channel = grpc.aio.insecure_channel(running.address)
+        try:
+            yield Harness(running, channel)
+        finally:
+            await channel.close()
+            await running.stop(0)
+
+    return factory  # type: ignore[return-value]
+
+
+@pytest.fixture
+async def harness(make_registry: Any) -> AsyncIterator[Harness]:
+    async with make_registry() as h:
+        yield h
+
+
+@pytest.fixture
+async def code_harness(make_registry: Any) -> AsyncIterator[Harness]:
+    async with make_registry(default_mode=Mode.CODE) as h:
+        yield h

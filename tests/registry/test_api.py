@@ -1,0 +1,208 @@
+"""Resource RPCs, bad input of every kind, health, reflection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import scope_pb2
+from tests.registry.conftest import CODE, Harness, echo_tool
+from tests.registry.test_scopes import expect_error
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_pagination_walks_every_agent_once(harness: Harness) -> None:
+    names = [await harness.agent(f"agent-{i:02d}") for i in range(7)]
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = await harness.stub.ListAgents(rpb.ListAgentsRequest(page_size=3, page_token=token))
+        seen.extend(a.name for a in page.agents)
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == names
+    await expect_error(
+        harness.stub.ListAgents(rpb.ListAgentsRequest(page_token="garbage")),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+    await expect_error(
+        harness.stub.ListAgents(rpb.ListAgentsRequest(page_size=-1)), INVALID, "INVALID_PAGE_SIZE"
+    )
+
+
+async def test_preset_crud(harness: Harness) -> None:
+    name = await harness.preset("p1", mode=CODE)
+    got = await harness.stub.GetPreset(rpb.GetPresetRequest(name=name))
+    assert got.preset.mode == CODE and got.preset.create_time.seconds > 0
+    listed = await harness.stub.ListPresets(rpb.ListPresetsRequest())
+    assert [p.name for p in listed.presets] == [name]
+    await harness.stub.DeletePreset(rpb.DeletePresetRequest(name=name))
+    await expect_error(
+        harness.stub.GetPreset(rpb.GetPresetRequest(name=name)),
+        grpc.StatusCode.NOT_FOUND,
+        "PRESET_NOT_FOUND",
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "reason"),
+    [
+        (
+            lambda s: s.CreateAgent(rpb.CreateAgentRequest(agent_id="Bad_Id")),
+            INVALID,
+            "INVALID_RESOURCE_ID",
+        ),
+        (
+            lambda s: s.CreateAgent(
+                rpb.CreateAgentRequest(agent_id="a", agent=scope_pb2.Agent(preset="presets/none"))
+            ),
+            grpc.StatusCode.NOT_FOUND,
+            "PRESET_NOT_FOUND",
+        ),
+        (
+            lambda s: s.CreateAgent(
+                rpb.CreateAgentRequest(agent_id="a", agent=scope_pb2.Agent(preset="agents/x"))
+            ),
+            INVALID,
+            "INVALID_RESOURCE_NAME",
+        ),
+        (
+            lambda s: s.CreateAgent(
+                rpb.CreateAgentRequest(agent_id="a", agent=scope_pb2.Agent(mode=9))
+            ),
+            INVALID,
+            "INVALID_MODE",
+        ),  # type: ignore[arg-type]
+        (
+            lambda s: s.GetAgent(rpb.GetAgentRequest(name="agents/missing")),
+            grpc.StatusCode.NOT_FOUND,
+            "AGENT_NOT_FOUND",
+        ),
+        (
+            lambda s: s.GetAgent(rpb.GetAgentRequest(name="presets/x")),
+            INVALID,
+            "INVALID_RESOURCE_NAME",
+        ),
+        (
+            lambda s: s.DeleteAgent(rpb.DeleteAgentRequest(name="agents/missing")),
+            grpc.StatusCode.NOT_FOUND,
+            "AGENT_NOT_FOUND",
+        ),
+        (
+            lambda s: s.ListVisibleTools(rpb.ListVisibleToolsRequest(scope="nonsense")),
+            INVALID,
+            "INVALID_RESOURCE_NAME",
+        ),
+        (
+            lambda s: s.SetPresentationMode(rpb.SetPresentationModeRequest(scope="agents/x")),
+            INVALID,
+            "INVALID_MODE",
+        ),
+    ],
+)
+async def test_bad_resource_requests(
+    harness: Harness, call: Any, code: grpc.StatusCode, reason: str
+) -> None:
+    await expect_error(call(harness.stub), code, reason)
+    assert (await harness.stub.ListAgents(rpb.ListAgentsRequest())).agents == []
+
+
+async def test_duplicate_agent(harness: Harness) -> None:
+    await harness.agent("a")
+    await expect_error(
+        harness.stub.CreateAgent(rpb.CreateAgentRequest(agent_id="a")),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "AGENT_EXISTS",
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        ("{not json", "INVALID_JSON"),
+        ('{"x": NaN}', "INVALID_JSON"),
+        ('{"x": Infinity}', "INVALID_JSON"),
+        ('{"x": -0}', "INVALID_JSON"),
+        ('{"x": 1e999}', "INVALID_JSON"),
+        ('{"x": 1, "x": 2}', "INVALID_JSON"),
+    ],
+)
+async def test_non_lossless_arguments_are_rejected(
+    harness: Harness, arguments: str, reason: str
+) -> None:
+    echo_tool(harness.registry, "t")
+    stream = harness.stub.ExecuteToolCall(
+        rpb.ExecuteToolCallRequest(call_id="c", tool_name="t", arguments_json=arguments)
+    )
+    await expect_error(stream.read(), INVALID, reason)
+
+
+async def test_big_integers_round_trip_exactly(harness: Harness) -> None:
+    echo_tool(harness.registry, "t")
+    big = 2**53 + 1
+    _, result = await harness.execute("t", raw=f'{{"n": {big}, "m": -{10**30}}}')
+    assert result.value_json == f'{{"echo":{{"n":{big},"m":-{10**30}}}}}'
+
+
+async def test_deeply_nested_arguments_do_not_crash(harness: Harness) -> None:
+    echo_tool(harness.registry, "t")
+    depth = 100_000
+    raw = '{"a":' + "[" * depth + "]" * depth + "}"
+    _, result = await harness.execute("t", raw=raw)
+    assert not result.is_error
+    assert result.value_json == '{"echo":' + raw + "}"
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "reason"),
+    [
+        ({"call_id": "", "tool_name": "t"}, "MISSING_CALL_ID"),
+        ({"call_id": "c", "tool_name": ""}, "MISSING_TOOL_NAME"),
+        ({"call_id": "c", "tool_name": "t", "agent": "agents/ghost"}, "AGENT_NOT_FOUND"),
+    ],
+)
+async def test_bad_execute_requests(
+    harness: Harness, request_kwargs: dict[str, str], reason: str
+) -> None:
+    stream = harness.stub.ExecuteToolCall(rpb.ExecuteToolCallRequest(**request_kwargs))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stream.read()
+    from tests.registry.test_scopes import reason_of
+
+    assert reason_of(caught.value) == reason
+
+
+async def test_oversize_message_is_refused(make_registry: Any) -> None:
+    async with make_registry(max_message_bytes=64 * 1024) as h:
+        echo_tool(h.registry, "t")
+        stream = h.stub.ExecuteToolCall(
+            rpb.ExecuteToolCallRequest(
+                call_id="c", tool_name="t", arguments_json='"' + "x" * 100_000 + '"'
+            )
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stream.read()
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_health_and_reflection(harness: Harness) -> None:
+    health = health_pb2_grpc.HealthStub(harness.channel)
+    response = await health.Check(
+        health_pb2.HealthCheckRequest(service="codemode.registry.v1.RegistryService")
+    )
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(harness.channel)
+    call = reflection.ServerReflectionInfo()
+    await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+    answer = await call.read()
+    names = {s.name for s in answer.list_services_response.service}
+    assert "codemode.registry.v1.RegistryService" in names
+    call.cancel()

@@ -1,0 +1,118 @@
+"""Approver streams: allowed, rejected, none connected, cancelled, two approvers racing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.domain.policy import Ask, PreDecision
+from tests.registry.conftest import Harness, echo_tool
+
+
+async def _ask_for(harness: Harness, name: str) -> str:
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        return Ask(f"{e.name} changes files") if e.name == name else d
+
+    harness.registry.catalog.hooks("").pre_execute.append(pre)
+    echo_tool(harness.registry, name)
+    return await harness.agent("a")
+
+
+async def _approver(harness: Harness, name: str = "human") -> Any:
+    call = harness.stub.Approve()
+    await call.write(rpb.ApproveRequest(open=rpb.OpenApprover(approver_name=name)))
+    opened = await call.read()
+    assert opened.WhichOneof("message") == "opened"
+    return call
+
+
+async def _decide(call: Any, approval_id: str, outcome: int) -> None:
+    await call.write(
+        rpb.ApproveRequest(decision=rpb.ApprovalDecision(approval_id=approval_id, outcome=outcome))
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error"),
+    [
+        (rpb.APPROVAL_OUTCOME_ALLOWED_ONCE, None),
+        (rpb.APPROVAL_OUTCOME_REJECTED, 'the user rejected tool "write"'),
+    ],
+)
+async def test_allowed_and_rejected(harness: Harness, outcome: int, error: str | None) -> None:
+    agent = await _ask_for(harness, "write")
+    approver = await _approver(harness)
+    call = asyncio.create_task(harness.execute("write", {"p": 1}, agent=agent))
+    request = (await approver.read()).request
+    assert (request.tool_name, request.agent, request.arguments_json) == ("write", agent, '{"p":1}')
+    assert request.reason == "write changes files"
+    await _decide(approver, request.approval_id, outcome)
+    events, result = await call
+    assert [e.WhichOneof("event") for e in events] == [
+        "started",
+        "approval_pending",
+        "approval_resolved",
+    ]
+    assert events[2].approval_resolved.outcome == outcome
+    if error is None:
+        assert not result.is_error
+    else:
+        assert result.error.message == error
+    withdrawn = (await approver.read()).withdrawn
+    assert withdrawn.approval_id == request.approval_id
+    approver.cancel()
+
+
+async def test_two_approvers_first_answer_wins(harness: Harness) -> None:
+    agent = await _ask_for(harness, "write")
+    one, two = await _approver(harness, "one"), await _approver(harness, "two")
+    call = asyncio.create_task(harness.execute("write", agent=agent))
+    r1, r2 = (await one.read()).request, (await two.read()).request
+    assert r1.approval_id == r2.approval_id
+    await _decide(two, r2.approval_id, rpb.APPROVAL_OUTCOME_REJECTED)
+    _, result = await call
+    await _decide(one, r1.approval_id, rpb.APPROVAL_OUTCOME_ALLOWED_ONCE)  # too late: ignored
+    assert result.error.message == 'the user rejected tool "write"'
+    assert (await one.read()).withdrawn.outcome == rpb.APPROVAL_OUTCOME_REJECTED
+    one.cancel()
+    two.cancel()
+
+
+async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
+    agent = await _ask_for(harness, "write")
+    approver = await _approver(harness)
+    stream = harness.stub.ExecuteToolCall(
+        rpb.ExecuteToolCallRequest(agent=agent, call_id="c", tool_name="write")
+    )
+    await stream.read()
+    await stream.read()  # approval_pending
+    request = (await approver.read()).request
+    stream.cancel()
+    withdrawn = (await approver.read()).withdrawn
+    assert (withdrawn.approval_id, withdrawn.outcome) == (
+        request.approval_id,
+        rpb.APPROVAL_OUTCOME_CANCELLED,
+    )
+    approver.cancel()
+
+
+async def test_last_approver_leaving_makes_it_unavailable(harness: Harness) -> None:
+    agent = await _ask_for(harness, "write")
+    approver = await _approver(harness)
+    call = asyncio.create_task(harness.execute("write", agent=agent))
+    await approver.read()
+    approver.cancel()
+    _, result = await asyncio.wait_for(call, 5)
+    assert "no approval channel is available" in result.error.message
+
+
+async def test_invalid_decision_ends_the_approver_stream(harness: Harness) -> None:
+    approver = await _approver(harness)
+    await _decide(approver, "x", rpb.APPROVAL_OUTCOME_CANCELLED)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await approver.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
