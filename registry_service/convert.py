@@ -45,7 +45,7 @@ def parse_json(text: str, field: str, *, default: JsonValue = None) -> JsonValue
 def mode_from_proto(value: int, *, allow_unspecified: bool) -> Mode | None:
     if value == scope_pb2.PRESENTATION_MODE_UNSPECIFIED and allow_unspecified:
         return None
-    mode = _MODES_BACK.get(value)  # type: ignore[call-overload]
+    mode: Mode | None = _MODES_BACK.get(value)  # type: ignore[call-overload]
     if mode is None:
         raise invalid_argument(
             "INVALID_MODE", f"presentation mode {value} is not valid", field="mode"
@@ -62,7 +62,8 @@ def outcome_to_proto(outcome: ApprovalOutcome) -> rpb.ApprovalOutcome.ValueType:
 
 
 def outcome_from_proto(value: int) -> ApprovalOutcome | None:
-    return _OUTCOMES_BACK.get(value)  # type: ignore[call-overload]
+    outcome: ApprovalOutcome | None = _OUTCOMES_BACK.get(value)  # type: ignore[call-overload]
+    return outcome
 
 
 def _timestamp(seconds: float) -> Timestamp:

@@ -30,7 +30,7 @@ rules:
 def _show(label: str, events: list[rpb.ExecuteToolCallResponse]) -> None:
     print(f"\n▶ {label}")
     for event in events:
-        kind = event.WhichOneof("event")
+        kind = event.WhichOneof("event") or ""
         if kind == "result":
             r = event.result
             text = " ".join(b.text.text for b in r.content if b.WhichOneof("block") == "text")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
-
-import grpc
+from typing import Any, TypeAlias
 
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
@@ -20,7 +18,8 @@ from registry_service.domain.signals import AbortController
 from registry_service.registry import Registry
 from registry_service.streams import approver_stream, provider_stream
 
-Context = grpc.aio.ServicerContext[Any, Any]
+# grpc is untyped (see pyproject); the alias documents intent.
+Context: TypeAlias = Any
 
 
 class RegistryServicer(rpb_grpc.RegistryServiceServicer):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeAlias, TypeVar
 
-import grpc
 from google.protobuf.duration_pb2 import Duration
 
+from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.errors import CodemodeError, invalid_argument
@@ -23,16 +23,18 @@ from registry_service import convert
 from registry_service._errors import DOMAIN, abort
 from registry_service.domain.approvals import ApprovalRequest, ApproverMessage
 from registry_service.domain.providers import CancellationMessage, ProviderMessage
+from registry_service.domain.results import error_result
 from registry_service.registry import Registry
 
-Context = grpc.aio.ServicerContext[Any, Any]
+# grpc is untyped (see pyproject); the alias documents intent.
+Context: TypeAlias = Any
 Out = TypeVar("Out")
 _END = object()
 
 
 async def _duplex(
-    reader: Callable[[asyncio.Queue[Any]], Awaitable[None]],
-    pump: Callable[[asyncio.Queue[Any]], Awaitable[None]],
+    reader: Callable[[asyncio.Queue[Any]], Coroutine[Any, Any, None]],
+    pump: Callable[[asyncio.Queue[Any]], Coroutine[Any, Any, None]],
     out: asyncio.Queue[Any],
 ) -> AsyncIterator[Any]:
     """Runs `reader` and `pump` feeding `out`; yields until the reader ends."""
@@ -87,7 +89,7 @@ def _provider_message(message: ProviderMessage) -> rpb.ConnectResponse:
         root_call_id=inv.root_call_id,
         agent=inv.agent or "",
         tool_name=inv.tool_name,
-        arguments_json=convert.jsonvalue.dumps(inv.arguments),
+        arguments_json=jsonvalue.dumps(inv.arguments),
         trace_context=trace_pb2.TraceContext(
             traceparent=inv.traceparent, tracestate=inv.tracestate
         ),
@@ -118,7 +120,7 @@ async def provider_stream(
                 try:
                     result = convert.result_from_proto(message.result.result)
                 except CodemodeError as error:
-                    result = convert.results.error_result(
+                    result = error_result(
                         f"tool provider returned an invalid result: {error.message}",
                         "INVALID_TOOL_OUTPUT",
                     )

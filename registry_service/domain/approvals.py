@@ -58,14 +58,15 @@ class ApprovalBroker:
     def __init__(self) -> None:
         self._approvers: dict[str, ApproverSession] = {}
         self._pending: dict[str, _Pending] = {}
-        self._ids = itertools.count(1)
+        self._approver_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
 
     @property
     def connected(self) -> int:
         return len(self._approvers)
 
     def connect(self, name: str) -> ApproverSession:
-        session = ApproverSession(f"approver-{next(self._ids)}", name)
+        session = ApproverSession(f"approver-{next(self._approver_ids)}", name)
         self._approvers[session.approver_id] = session
         # A newly connected approver also sees requests that are already waiting.
         for pending in self._pending.values():
@@ -79,7 +80,7 @@ class ApprovalBroker:
                 self._settle(pending, ApprovalOutcome.UNAVAILABLE)
 
     def next_id(self) -> str:
-        return f"approval-{next(self._ids)}"
+        return f"approval-{next(self._request_ids)}"
 
     def answer(self, approval_id: str, outcome: ApprovalOutcome) -> bool:
         """Records an approver's answer; False when the request is no longer open."""

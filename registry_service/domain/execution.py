@@ -199,9 +199,10 @@ class Executor:
         try:
             decision = await self._pre_execute(execution)
             if isinstance(decision, Ask):
-                decision = await self._approve(execution, decision, emit)
-                if decision is None:  # approval cancelled because the caller went away
+                approved = await self._approve(execution, decision, emit)
+                if approved is None:  # approval cancelled because the caller went away
                     return Prepared("post", aborted(before_dispatch=True))
+                decision = approved
             if isinstance(decision, Allow):
                 for guard in self.catalog.guards(execution.agent):
                     reason = guard(execution)

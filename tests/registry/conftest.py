@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -17,9 +17,11 @@ from registry_service.domain.scopes import Mode
 from registry_service.registry import Registry, build_registry
 from registry_service.server import RunningRegistry, start
 
-NATIVE = scope_pb2.PRESENTATION_MODE_NATIVE
-CODE = scope_pb2.PRESENTATION_MODE_CODE
-BOTH = scope_pb2.PRESENTATION_MODE_BOTH
+ModeValue: TypeAlias = scope_pb2.PresentationMode.ValueType
+NATIVE: ModeValue = scope_pb2.PRESENTATION_MODE_NATIVE
+CODE: ModeValue = scope_pb2.PRESENTATION_MODE_CODE
+BOTH: ModeValue = scope_pb2.PRESENTATION_MODE_BOTH
+UNSET: ModeValue = scope_pb2.PRESENTATION_MODE_UNSPECIFIED
 
 
 class Harness:
@@ -31,19 +33,19 @@ class Harness:
         self.channel = channel
         self.stub = rpb_grpc.RegistryServiceStub(channel)
 
-    async def agent(self, agent_id: str, preset: str = "", mode: int = 0) -> str:
+    async def agent(self, agent_id: str, preset: str = "", mode: ModeValue = UNSET) -> str:
         response = await self.stub.CreateAgent(
             rpb.CreateAgentRequest(
                 agent_id=agent_id, agent=scope_pb2.Agent(preset=preset, mode=mode)
-            )  # type: ignore[arg-type]
+            )
         )
-        return response.agent.name
+        return str(response.agent.name)
 
-    async def preset(self, preset_id: str, mode: int = 0) -> str:
+    async def preset(self, preset_id: str, mode: ModeValue = UNSET) -> str:
         response = await self.stub.CreatePreset(
-            rpb.CreatePresetRequest(preset_id=preset_id, preset=scope_pb2.Preset(mode=mode))  # type: ignore[arg-type]
+            rpb.CreatePresetRequest(preset_id=preset_id, preset=scope_pb2.Preset(mode=mode))
         )
-        return response.preset.name
+        return str(response.preset.name)
 
     async def visible(self, scope: str = "") -> list[str]:
         response = await self.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=scope))

@@ -76,11 +76,14 @@ async def test_preset_crud(harness: Harness) -> None:
         ),
         (
             lambda s: s.CreateAgent(
-                rpb.CreateAgentRequest(agent_id="a", agent=scope_pb2.Agent(mode=9))
+                rpb.CreateAgentRequest(
+                    agent_id="a",
+                    agent=scope_pb2.Agent(mode=scope_pb2.PresentationMode.ValueType(9)),
+                )
             ),
             INVALID,
             "INVALID_MODE",
-        ),  # type: ignore[arg-type]
+        ),
         (
             lambda s: s.GetAgent(rpb.GetAgentRequest(name="agents/missing")),
             grpc.StatusCode.NOT_FOUND,

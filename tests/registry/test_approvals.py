@@ -30,10 +30,10 @@ async def _approver(harness: Harness, name: str = "human") -> Any:
     return call
 
 
-async def _decide(call: Any, approval_id: str, outcome: int) -> None:
+async def _decide(call: Any, approval_id: str, outcome: rpb.ApprovalOutcome.ValueType) -> None:
     await call.write(
         rpb.ApproveRequest(decision=rpb.ApprovalDecision(approval_id=approval_id, outcome=outcome))
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,9 @@ async def _decide(call: Any, approval_id: str, outcome: int) -> None:
         (rpb.APPROVAL_OUTCOME_REJECTED, 'the user rejected tool "write"'),
     ],
 )
-async def test_allowed_and_rejected(harness: Harness, outcome: int, error: str | None) -> None:
+async def test_allowed_and_rejected(
+    harness: Harness, outcome: rpb.ApprovalOutcome.ValueType, error: str | None
+) -> None:
     agent = await _ask_for(harness, "write")
     approver = await _approver(harness)
     call = asyncio.create_task(harness.execute("write", {"p": 1}, agent=agent))

@@ -135,7 +135,7 @@ async def test_deadline_is_passed_and_aborts(harness: Harness) -> None:
                 pass
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await asyncio.wait_for(cancelled.wait(), 5)
-        assert timeouts[0] is not None and 0 < timeouts[0] <= 0.5
+        assert timeouts[0] is not None and 0 < timeouts[0] <= 0.6
 
 
 async def test_bad_registrations_are_refused_atomically(harness: Harness) -> None:
@@ -168,7 +168,7 @@ async def test_bad_registrations_are_refused_atomically(harness: Harness) -> Non
     ],
 )
 async def test_registration_errors_have_reasons(
-    harness: Harness, tool: dict[str, str], reason: str
+    harness: Harness, tool: dict[str, Any], reason: str
 ) -> None:
     call = harness.stub.Connect()
     await call.write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name="raw")))

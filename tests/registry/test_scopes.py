@@ -19,11 +19,11 @@ from tests.registry.conftest import BOTH, CODE, NATIVE, Harness, echo_tool
 
 
 def reason_of(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     assert status is not None
     info = error_info(status)
     assert info is not None and info.domain == "codemode.registry"
-    return info.reason
+    return str(info.reason)
 
 
 async def expect_error(coro: Any, code: grpc.StatusCode, reason: str) -> str:

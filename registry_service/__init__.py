@@ -1,0 +1,1 @@
+"""Codemode registry service: scopes, modes, the tool catalog and the policy pipeline."""

@@ -1,0 +1,439 @@
+"""The JSON Schema subset that tools may declare: the registration check and argument validation.
+
+Supported keywords (everything else is refused at registration, so a constraint a provider
+declared is never silently left unenforced):
+
+- `type` (a name or a non-empty array of unique names: string number integer boolean null
+  array object), `enum` (non-empty array), `const`, `oneOf`, `anyOf` (non-empty arrays of schemas);
+- objects: `properties`, `required` (unique strings), `additionalProperties` (bool or schema);
+- arrays: `items` (one schema; the tuple form is refused), `minItems`, `maxItems`;
+- strings: `minLength`, `maxLength` (counted in code points), `pattern` (Python `re`, searched
+  anywhere in the string as JSON Schema specifies);
+- numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, not the
+  draft-04 booleans);
+- annotations, accepted and ignored: description title default examples format $schema $comment
+  $id deprecated readOnly writeOnly.
+
+Type rules: bool is never a number. `integer` accepts an int and also a float with an integral
+value (JSON Schema defines `1.0` as an integer); length bounds likewise accept `2.0`. Equality
+for `enum`/`const` is JSON equality: `1 == 1.0`, but `true != 1`, and object key order is
+ignored.
+
+A schema is an object or a boolean (`true` accepts anything, `false` nothing). Both functions
+use explicit stacks, so schema and value depth are bounded by memory only.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
+
+__all__ = ["MAX_MESSAGES", "SchemaError", "check_schema", "format_invalid_args", "validate"]
+
+MAX_MESSAGES = 20
+_MAX_NAME = 120  # characters of a property path kept in a message
+_MAX_LISTING = 200  # characters of an enum listing or a const value kept in a message
+
+
+class SchemaError(ValueError):
+    """A schema outside the supported subset (the message names the keyword and its path)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# check_schema
+# ---------------------------------------------------------------------------------------------
+
+_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "null", "array", "object"})
+_ANNOTATIONS = frozenset(
+    {
+        "description",
+        "title",
+        "default",
+        "examples",
+        "format",
+        "$schema",
+        "$comment",
+        "$id",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+_COUNTS = frozenset({"minItems", "maxItems", "minLength", "maxLength"})
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _pointer(parent: str, *tokens: str) -> str:
+    """Extend a JSON Pointer fragment such as `#/properties/a`."""
+    return parent + "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
+
+
+def _is_number(value: object) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def _count(value: object) -> int | None:
+    """A non-negative integer bound (`2` or `2.0`), else None."""
+    if type(value) is int and value >= 0:
+        return value
+    if type(value) is float and value >= 0 and value.is_integer():
+        return int(value)
+    return None
+
+
+def _check_keyword(key: str, arg: JsonValue, ptr: str, todo: list[tuple[JsonValue, str]]) -> None:
+    """Check one keyword's argument; queue the subschemas it holds."""
+    where = _pointer(ptr, key)
+    if key == "type":
+        names = arg if type(arg) is list else [arg]
+        if not names or any(type(n) is not str or n not in _TYPE_NAMES for n in names):
+            raise SchemaError(
+                f"type must be one of {' '.join(sorted(_TYPE_NAMES))}, "
+                f"or a non-empty array of them, at {where}"
+            )
+        if len(set(map(str, names))) != len(names):
+            raise SchemaError(f"type names must be unique at {where}")
+    elif key == "enum":
+        if type(arg) is not list or not arg:
+            raise SchemaError(f"enum must be a non-empty array at {where}")
+    elif key in ("oneOf", "anyOf"):
+        if type(arg) is not list or not arg:
+            raise SchemaError(f"{key} must be a non-empty array of schemas at {where}")
+        todo.extend((sub, _pointer(where, str(i))) for i, sub in enumerate(arg))
+    elif key == "properties":
+        if type(arg) is not dict:
+            raise SchemaError(f"properties must be an object of schemas at {where}")
+        todo.extend((sub, _pointer(where, name)) for name, sub in arg.items())
+    elif key == "required":
+        if type(arg) is not list or any(type(n) is not str for n in arg):
+            raise SchemaError(f"required must be an array of strings at {where}")
+        if len(set(map(str, arg))) != len(arg):
+            raise SchemaError(f"required names must be unique at {where}")
+    elif key == "items" and type(arg) is list:
+        raise SchemaError(f"items must be one schema (the array form is not supported) at {where}")
+    elif key in ("additionalProperties", "items"):
+        todo.append((arg, where))
+    elif key in _COUNTS:
+        if _count(arg) is None:
+            raise SchemaError(f"{key} must be a non-negative integer at {where}")
+    elif key in _BOUNDS:
+        if not _is_number(arg):
+            raise SchemaError(f"{key} must be a number at {where}")
+    elif key == "pattern":
+        if type(arg) is not str:
+            raise SchemaError(f"pattern must be a string at {where}")
+        try:
+            re.compile(arg)
+        except re.error as exc:
+            raise SchemaError(f"pattern does not compile ({exc}) at {where}") from None
+    elif key != "const" and key not in _ANNOTATIONS:  # these two take any JSON value
+        raise SchemaError(f'unsupported JSON Schema keyword "{key}" at {ptr}')
+
+
+def check_schema(schema: JsonValue) -> None:
+    """Raise SchemaError unless `schema` uses only the supported subset (see the module doc)."""
+    try:
+        dumps(schema)  # enum/const/default values must be lossless JSON too
+    except JsonValueError as exc:
+        raise SchemaError(f"schema is not lossless JSON: {exc}") from None
+    todo: list[tuple[JsonValue, str]] = [(schema, "#")]
+    while todo:
+        node, ptr = todo.pop()
+        if type(node) is bool:
+            continue
+        if type(node) is not dict:
+            raise SchemaError(f"a schema must be an object or a boolean, at {ptr}")
+        for key, arg in node.items():
+            _check_keyword(key, arg, ptr, todo)
+
+
+# ---------------------------------------------------------------------------------------------
+# validate
+# ---------------------------------------------------------------------------------------------
+
+_ARTICLES = {
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "a boolean",
+    "null": "null",
+    "array": "an array",
+    "object": "an object",
+}
+_SIMPLE_KEY = re.compile(r"[^.\[\]\"\\\s]+")
+
+
+def _is_type(value: JsonValue, name: str) -> bool:
+    kind = type(value)
+    if name == "string":
+        return kind is str
+    if name == "number":
+        return kind is int or kind is float
+    if name == "integer":
+        return kind is int or (isinstance(value, float) and value.is_integer())
+    if name == "boolean":
+        return kind is bool
+    if name == "null":
+        return value is None
+    if name == "array":
+        return kind is list
+    return kind is dict
+
+
+def _json_equal(a: JsonValue, b: JsonValue) -> bool:
+    """JSON equality (numbers by value, bool distinct from numbers), iterative."""
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        kx, ky = type(x), type(y)
+        if kx in (int, float) and ky in (int, float):
+            if x != y:
+                return False
+        elif kx is not ky:
+            return False
+        elif kx is list:
+            assert isinstance(x, list) and isinstance(y, list)
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif kx is dict:
+            assert isinstance(x, dict) and isinstance(y, dict)
+            if x.keys() != y.keys():
+                return False
+            pending.extend((x[k], y[k]) for k in x)
+        elif x != y:
+            return False
+    return True
+
+
+def _shown(value: JsonValue, budget: int = _MAX_LISTING) -> str:
+    text = dumps(value)
+    return text if len(text) <= budget else text[: budget - 1] + "…"
+
+
+def _listing(values: list[JsonValue]) -> str:
+    parts: list[str] = []
+    used = 2
+    for value in values:
+        text = _shown(value, 60)
+        if used + len(text) + 1 > _MAX_LISTING:
+            parts.append("…")
+            break
+        parts.append(text)
+        used += len(text) + 1
+    return "[" + ",".join(parts) + "]"
+
+
+@dataclass(slots=True)
+class _Sink:
+    """Collects messages: keeps the first `keep`, counts all."""
+
+    keep: int
+    root: str
+    messages: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self.messages) < self.keep:
+            self.messages.append(message)
+
+
+def _child(path: str, key: str | int) -> str:
+    """The path of a member: `config.items[2].name`; odd keys are quoted: `a["b.c"]`."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _SIMPLE_KEY.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{dumps(key)}]"
+
+
+def _name(path: str, sink: _Sink) -> str:
+    """How a message names a value: the root's name (`arguments`), else the quoted path."""
+    if not path:
+        return sink.root
+    if len(path) > _MAX_NAME:
+        path = "…" + path[-(_MAX_NAME - 1) :]
+    return f'"{path}"'
+
+
+@dataclass(slots=True)
+class _Check:
+    schema: JsonValue
+    value: JsonValue
+    path: str
+    sink: _Sink
+
+
+@dataclass(slots=True)
+class _Note:
+    """A message that must come out at this point of the document order."""
+
+    message: str
+    sink: _Sink
+
+
+@dataclass(slots=True)
+class _Combine:
+    """Runs after the arms of a oneOf/anyOf have been checked into their own sinks."""
+
+    keyword: str
+    arms: list[_Sink]
+    path: str
+    sink: _Sink
+
+
+_Task = _Check | _Note | _Combine
+
+
+def validate(
+    schema: JsonValue, value: JsonValue, *, root: str = "arguments", limit: int = MAX_MESSAGES
+) -> list[str]:
+    """Violations of `schema` (already accepted by `check_schema`) by `value`; [] when valid.
+
+    Messages come in document order: for each value its own problems (type; else enum, const,
+    length and number bounds, pattern, missing required properties in `required` order, then
+    oneOf and anyOf), then its members in instance order (an undeclared property under
+    `additionalProperties: false`, or the member's own violations) or its items. A type
+    mismatch suppresses the other checks of that value.
+    After `limit` messages one more says how many were left out. `root` names the value itself
+    (`arguments must be an object`); members are named by their path (`"config.items[2].name"`).
+    """
+    sink = _Sink(limit, root)
+    tasks: list[_Task] = [_Check(schema, value, "", sink)]
+    while tasks:
+        task = tasks.pop()
+        if isinstance(task, _Note):
+            task.sink.add(task.message)
+        elif isinstance(task, _Combine):
+            matched = sum(arm.count == 0 for arm in task.arms)
+            name = _name(task.path, task.sink)
+            if task.keyword == "oneOf" and matched != 1:
+                how = "none" if matched == 0 else str(matched)
+                task.sink.add(f"{name} must match exactly one schema in oneOf (matched {how})")
+            elif task.keyword == "anyOf" and matched == 0:
+                task.sink.add(f"{name} must match at least one schema in anyOf")
+        else:
+            # Children run in document order: push them in reverse.
+            tasks.extend(reversed(_check(task)))
+    if sink.count > len(sink.messages):
+        sink.messages.append(f"… and {sink.count - len(sink.messages)} more")
+    return sink.messages
+
+
+def _check(task: _Check) -> list[_Task]:
+    """Apply one schema to one value: report its own problems, return the follow-up tasks."""
+    schema, value, path, sink = task.schema, task.value, task.path, task.sink
+    if schema is True or type(schema) is not dict:
+        if schema is False:
+            sink.add(f"{_name(path, sink)} is not allowed")
+        return []
+    name = _name(path, sink)
+    declared = schema.get("type")
+    if declared is not None:
+        names = declared if type(declared) is list else [declared]
+        if not any(_is_type(value, str(n)) for n in names):
+            words = [_ARTICLES.get(str(n), str(n)) for n in names]
+            wanted = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+            sink.add(f"{name} must be {wanted}")
+            return []
+    if "enum" in schema:
+        options = schema["enum"]
+        if type(options) is list and not any(_json_equal(value, o) for o in options):
+            sink.add(f"{name} must be one of {_listing(options)}")
+    if "const" in schema and not _json_equal(value, schema["const"]):
+        sink.add(f"{name} must equal {_shown(schema['const'])}")
+    follow: list[_Task] = []
+    for keyword in ("oneOf", "anyOf"):
+        arms = schema.get(keyword)
+        if type(arms) is list:
+            # Each arm reports into its own sink; the combine task runs after all of them and
+            # before the member checks appended below.
+            sinks = [_Sink(0, sink.root) for _ in arms]
+            follow.extend(_Check(arm, value, path, s) for arm, s in zip(arms, sinks, strict=True))
+            follow.append(_Combine(keyword, sinks, path, sink))
+    if isinstance(value, str):
+        _check_string(schema, value, name, sink)
+    elif isinstance(value, bool) or value is None:
+        pass
+    elif isinstance(value, int | float):
+        _check_number(schema, value, name, sink)
+    elif isinstance(value, list):
+        _check_length(schema, len(value), "items", name, sink)
+        items = schema.get("items", True)
+        if items is not True:
+            follow.extend(_Check(items, v, _child(path, i), sink) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        follow.extend(_check_object(schema, value, path, sink))
+    return follow
+
+
+_LENGTH_KEYWORDS = {"items": ("minItems", "maxItems"), "characters": ("minLength", "maxLength")}
+
+
+def _check_length(
+    schema: dict[str, JsonValue], size: int, unit: str, name: str, sink: _Sink
+) -> None:
+    low, high = _LENGTH_KEYWORDS[unit]
+    least, most = _count(schema.get(low)), _count(schema.get(high))
+    if least is not None and size < least:
+        sink.add(f"{name} must have at least {least} {unit if least != 1 else unit[:-1]}")
+    if most is not None and size > most:
+        sink.add(f"{name} must have at most {most} {unit if most != 1 else unit[:-1]}")
+
+
+def _check_string(schema: dict[str, JsonValue], value: str, name: str, sink: _Sink) -> None:
+    _check_length(schema, len(value), "characters", name, sink)
+    pattern = schema.get("pattern")
+    if type(pattern) is str and re.search(pattern, value) is None:
+        sink.add(f"{name} must match the pattern {_shown(pattern)}")
+
+
+_COMPARISONS: tuple[tuple[str, Callable[[float, float], bool], str], ...] = (
+    ("minimum", operator.ge, ">="),
+    ("exclusiveMinimum", operator.gt, ">"),
+    ("maximum", operator.le, "<="),
+    ("exclusiveMaximum", operator.lt, "<"),
+)
+
+
+def _check_number(schema: dict[str, JsonValue], value: float, name: str, sink: _Sink) -> None:
+    for keyword, holds, symbol in _COMPARISONS:
+        bound = schema.get(keyword)
+        if isinstance(bound, int | float) and type(bound) is not bool and not holds(value, bound):
+            sink.add(f"{name} must be {symbol} {dumps(bound)}")
+
+
+def _check_object(
+    schema: dict[str, JsonValue], value: dict[str, JsonValue], path: str, sink: _Sink
+) -> list[_Task]:
+    required = schema.get("required")
+    if type(required) is list:
+        for key in required:
+            if type(key) is str and key not in value:
+                sink.add(f"missing required property {_name(_child(path, key), sink)}")
+    properties = schema.get("properties")
+    declared = properties if type(properties) is dict else {}
+    extra = schema.get("additionalProperties", True)
+    follow: list[_Task] = []
+    for key, member in value.items():
+        where = _child(path, key)
+        if key in declared:
+            follow.append(_Check(declared[key], member, where, sink))
+        elif extra is False:
+            message = (
+                f"{_name(where, sink)} is not a declared property (additionalProperties: false)"
+            )
+            follow.append(_Note(message, sink))
+        elif extra is not True:
+            follow.append(_Check(extra, member, where, sink))
+    return follow
+
+
+def format_invalid_args(messages: list[str]) -> str:
+    """The registry's INVALID_ARGS error text."""
+    return "invalid arguments: " + "; ".join(messages)
