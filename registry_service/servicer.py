@@ -160,7 +160,7 @@ class RegistryServicer(rpb_grpc.RegistryServiceServicer):
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
         controller = AbortController()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[Event | None] = asyncio.Queue()  # None: the execution ended
         inp = ExecutionInput(
             call_id=request.call_id,
             name=request.tool_name,
@@ -171,16 +171,10 @@ class RegistryServicer(rpb_grpc.RegistryServiceServicer):
         )
         self._inflight.add(key)
         task = asyncio.create_task(self._registry.executor.execute(inp, events.put_nowait))
+        task.add_done_callback(lambda _task: events.put_nowait(None))
         try:
-            while not task.done():
-                getter = asyncio.ensure_future(events.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield convert.event_to_proto(getter.result())
-                else:
-                    getter.cancel()
-            while not events.empty():
-                yield convert.event_to_proto(events.get_nowait())
+            while (event := await events.get()) is not None:
+                yield convert.event_to_proto(event)
             yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(task.result()))
         finally:
             if not task.done():

@@ -34,10 +34,10 @@ _END = object()
 
 async def _duplex(
     reader: Callable[[asyncio.Queue[Any]], Coroutine[Any, Any, None]],
-    pump: Callable[[asyncio.Queue[Any]], Coroutine[Any, Any, None]],
+    pump: Callable[[asyncio.Queue[Any]], Coroutine[Any, Any, None]] | None,
     out: asyncio.Queue[Any],
 ) -> AsyncIterator[Any]:
-    """Runs `reader` and `pump` feeding `out`; yields until the reader ends."""
+    """Runs `reader` (and `pump`, if any) feeding `out`; yields until the reader ends."""
 
     async def read_then_end() -> None:
         try:
@@ -45,7 +45,9 @@ async def _duplex(
         finally:
             out.put_nowait(_END)
 
-    tasks = [asyncio.create_task(read_then_end()), asyncio.create_task(pump(out))]
+    tasks = [asyncio.create_task(read_then_end())]
+    if pump is not None:
+        tasks.append(asyncio.create_task(pump(out)))
     try:
         while (item := await out.get()) is not _END:
             if isinstance(item, CodemodeError):
@@ -111,6 +113,8 @@ async def provider_stream(
         return
     session = registry.providers.open(opened.provider_name or "provider")
 
+    # The session's outbox is the stream's only outgoing queue (invocations, cancellations,
+    # and the acks the reader adds): one hand-off per message on the hot path.
     async def reader(out: asyncio.Queue[Any]) -> None:
         async for message in requests:
             kind = message.WhichOneof("message")
@@ -131,14 +135,10 @@ async def provider_stream(
                 )
                 return
 
-    async def pump(out: asyncio.Queue[Any]) -> None:
-        while True:
-            out.put_nowait(_provider_message(await session.outbox.get()))
-
     try:
         yield rpb.ConnectResponse(opened=rpb.ProviderOpened(provider_id=session.provider_id))
-        async for response in _duplex(reader, pump, asyncio.Queue()):
-            yield response
+        async for item in _duplex(reader, None, session.outbox):
+            yield item if isinstance(item, rpb.ConnectResponse) else _provider_message(item)
     except CodemodeError as error:
         await abort(context, error)
     finally:

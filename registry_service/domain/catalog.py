@@ -89,6 +89,7 @@ class Catalog:
         self._listeners: list[Callable[[], None]] = []
         # Bumped on every change that can alter any scope's view: a cheap cache key.
         self.version = 0
+        self._views: dict[str, View] = {}
 
     # -- change notification ---------------------------------------------------------------
 
@@ -97,6 +98,7 @@ class Catalog:
 
     def _changed(self) -> None:
         self.version += 1
+        self._views.clear()
         for listener in self._listeners:
             listener()
 
@@ -305,6 +307,13 @@ class Catalog:
     # -- the view ------------------------------------------------------------------------------
 
     def view(self, scope: str) -> View:
+        """The scope's view; cached until the next change (every call resolves through it)."""
+        cached = self._views.get(scope)
+        if cached is None:
+            cached = self._views[scope] = self._compute_view(scope)
+        return cached
+
+    def _compute_view(self, scope: str) -> View:
         chain = self.chain(scope)
         own_key = chain[0] if chain else GLOBAL
         inherited: dict[str, ToolDefinition] = {}

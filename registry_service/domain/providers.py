@@ -12,6 +12,7 @@ import asyncio
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from codemode_common.errors import failed_precondition
 from codemode_common.jsonvalue import JsonValue
@@ -55,7 +56,8 @@ class ProviderSession:
     def __init__(self, provider_id: str, name: str, catalog: Catalog) -> None:
         self.provider_id = provider_id
         self.name = name
-        self.outbox: asyncio.Queue[ProviderMessage] = asyncio.Queue()
+        # Typed loosely: the transport also queues its own replies here, in order.
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
         self._catalog = catalog
         self._registrations: list[tuple[str, ToolDefinition]] = []
         self._inflight: dict[str, asyncio.Future[ToolResult]] = {}
