@@ -1,0 +1,100 @@
+"""Worker hand-off from the pool vs a fresh spawn (issue 4 benchmark a).
+
+Prints one JSON object: hand-off latency (pool acquire of a booted, never-used worker) against
+a fresh spawn up to "ready", measured in the same run, plus end-to-end ``return 1`` runs with
+and without a pool. Target: pool p50 <= 1 ms and >= 10x faster than a fresh spawn.
+
+    .venv/bin/python -m benchmarks.runtime_pool [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+from runtime_service.outcome import BindingCall, BindingResult
+from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.worker_process import WorkerProcess, WorkerSpec
+
+
+def _summary(samples_s: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_s)
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+        "n": len(ordered),
+    }
+
+
+async def _no_bindings(call: BindingCall) -> BindingResult:
+    return BindingResult.failure("no bindings")
+
+
+async def _handoff(samples: int) -> tuple[list[float], list[float]]:
+    runtime = Runtime(RuntimeOptions(pool_size=2))
+    await runtime.start()
+    pooled: list[float] = []
+    fresh: list[float] = []
+    try:
+        for _ in range(samples):
+            await runtime.pool.wait_filled()
+            started = time.perf_counter()
+            worker = await runtime.pool.acquire()
+            pooled.append(time.perf_counter() - started)
+            await worker.kill()
+        for _ in range(samples):
+            started = time.perf_counter()
+            worker = await WorkerProcess.spawn(WorkerSpec())
+            fresh.append(time.perf_counter() - started)
+            await worker.kill()
+    finally:
+        await runtime.dispose()
+    return pooled, fresh
+
+
+async def _end_to_end(pool_size: int, samples: int) -> list[float]:
+    runtime = Runtime(RuntimeOptions(pool_size=pool_size))
+    await runtime.start()
+    took: list[float] = []
+    try:
+        for _ in range(samples):
+            await runtime.pool.wait_filled()
+            started = time.perf_counter()
+            run = runtime.create_run(program="return 1", bindings=[], handler=_no_bindings)
+            result = await runtime.execute(run)
+            took.append(time.perf_counter() - started)
+            assert result.value == 1, result
+    finally:
+        await runtime.dispose()
+    return took
+
+
+async def main(quick: bool) -> dict[str, object]:
+    samples = 20 if quick else 100
+    pooled, fresh = await _handoff(samples)
+    warm = await _end_to_end(2, samples)
+    cold = await _end_to_end(0, samples // 2)
+    pool_p50 = statistics.median(pooled)
+    fresh_p50 = statistics.median(fresh)
+    speedup = fresh_p50 / pool_p50 if pool_p50 else float("inf")
+    return {
+        "benchmark": "runtime_pool",
+        "quick": quick,
+        "handoff_pool": _summary(pooled),
+        "baseline_fresh_spawn_to_ready": _summary(fresh),
+        "speedup": round(speedup, 1),
+        "run_return_1_pool": _summary(warm),
+        "run_return_1_spawn_on_demand": _summary(cold),
+        "target": {"pool_p50_ms_max": 1.0, "speedup_min": 10},
+        "meets_target": pool_p50 * 1000 <= 1.0 and speedup >= 10,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick))))

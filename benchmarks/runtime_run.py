@@ -1,0 +1,165 @@
+"""A `Run` over gRPC with 0 and with 100 binding calls (issue 4 benchmark b).
+
+The runtime server runs in its own process; this process is the client and answers every
+binding call on the stream. Per-call overhead = (p50 with 100 calls - p50 with 0 calls) / 100.
+Baselines measured in the same run: a bare pipe round trip (asyncio host <-> an isolated Python
+child over a socketpair, the same framing) and a bare bidi gRPC round trip (an echo server in
+its own process). Target: per-call overhead <= 1.5 x (pipe + bidi).
+
+    .venv/bin/python -m benchmarks.runtime_run [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from benchmarks._support import subprocess_service, summary_ms
+from codemode_common.api.runtime.v1 import runtime_pb2 as pb
+from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from runtime_service.worker import framing
+
+_ECHO_METHOD = "/bench.Echo/Chat"
+_PYTHON = os.path.realpath(sys.executable)
+_PIPE_CHILD = """\
+import os, sys
+fd = int(sys.argv[1])
+while True:
+    data = os.read(fd, 65536)
+    if not data:
+        break
+    os.write(fd, data)
+"""
+
+
+async def _serve_echo() -> None:
+    async def chat(requests: AsyncIterator[bytes], context: object) -> AsyncIterator[bytes]:
+        async for message in requests:
+            yield message
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo", {"Chat": grpc.stream_stream_rpc_method_handler(chat)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"echo listening on port {port}", flush=True)
+    await server.wait_for_termination()
+
+
+async def _bidi_baseline(address: str, samples: int) -> list[float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        chat = channel.stream_stream(_ECHO_METHOD)
+        call = chat()
+        took = []
+        for i in range(samples + 20):
+            started = time.perf_counter()
+            await call.write(b"x" * 64)
+            await call.read()
+            if i >= 20:
+                took.append(time.perf_counter() - started)
+        await call.done_writing()
+        return took
+
+
+async def _pipe_baseline(samples: int) -> list[float]:
+    parent, child = socket.socketpair()
+    proc = await asyncio.create_subprocess_exec(
+        _PYTHON, "-I", "-S", "-c", _PIPE_CHILD, str(child.fileno()),
+        pass_fds=(child.fileno(),),
+    )  # fmt: skip
+    child.close()
+    reader, writer = await asyncio.open_unix_connection(sock=parent)
+    frame = framing.pack({"t": "reply", "id": 1, "ok": True, "value": [1]})
+    took = []
+    for i in range(samples + 20):
+        started = time.perf_counter()
+        writer.write(frame)
+        await reader.readexactly(len(frame))
+        if i >= 20:
+            took.append(time.perf_counter() - started)
+    writer.close()
+    await proc.wait()
+    return took
+
+
+async def _run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> float:
+    started = time.perf_counter()
+    call = stub.Run()
+    await call.write(
+        pb.RunRequest(start=pb.RunStart(program=program, language="python", binding_names=["echo"]))
+    )
+    async for message in call:
+        if message.WhichOneof("kind") == "binding_call":
+            await call.write(
+                pb.RunRequest(
+                    call_result=pb.CallResult(
+                        call_id=message.binding_call.call_id,
+                        value_json=message.binding_call.arguments_json,
+                    )
+                )
+            )
+        elif message.WhichOneof("kind") == "terminal":
+            assert message.terminal.WhichOneof("outcome") == "success", message.terminal
+            break
+    took = time.perf_counter() - started
+    await call.done_writing()
+    return took
+
+
+async def main(quick: bool) -> dict[str, object]:
+    runs = 10 if quick else 40
+    zero = "return 1"
+    hundred = "for i in range(100):\n    await tools.echo(i)\nreturn 1"
+    zero_samples: list[float] = []
+    hundred_samples: list[float] = []
+    async with subprocess_service(
+        "-m", "runtime_service", "--listen", "127.0.0.1:0", ready_prefix="runtime listening on port"
+    ) as port, grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # fmt: skip
+        stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+        for _ in range(3):
+            await _run(stub, zero)  # warm-up
+        for _ in range(runs):
+            zero_samples.append(await _run(stub, zero))
+            await asyncio.sleep(0.06)  # let the pool refill outside the measurement
+            hundred_samples.append(await _run(stub, hundred))
+            await asyncio.sleep(0.06)
+    async with subprocess_service(
+        "-m", "benchmarks.runtime_run", "--echo-server", ready_prefix="echo listening on port"
+    ) as port:
+        bidi = await _bidi_baseline(f"127.0.0.1:{port}", 200 if quick else 1000)
+    pipe = await _pipe_baseline(200 if quick else 1000)
+    per_call = (statistics.median(hundred_samples) - statistics.median(zero_samples)) / 100
+    baseline = statistics.median(pipe) + statistics.median(bidi)
+    return {
+        "benchmark": "runtime_run",
+        "quick": quick,
+        "run_0_calls": summary_ms(zero_samples),
+        "run_100_calls": summary_ms(hundred_samples),
+        "per_call_overhead_ms": round(per_call * 1000, 4),
+        "baseline_pipe_round_trip": summary_ms(pipe),
+        "baseline_bidi_grpc_round_trip": summary_ms(bidi),
+        "target": {"per_call_overhead_max_ms": round(1.5 * baseline * 1000, 4)},
+        "meets_target": per_call <= 1.5 * baseline,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.echo_server:
+        asyncio.run(_serve_echo())
+    else:
+        print(json.dumps(asyncio.run(main(args.quick))))

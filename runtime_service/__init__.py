@@ -1,0 +1,1 @@
+"""Codemode runtime service. Kept empty of imports: workers import this package under ``-I -S``."""

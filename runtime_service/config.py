@@ -1,0 +1,107 @@
+"""Runtime settings: environment variables (``CODEMODE_RUNTIME_*``) over an optional YAML file.
+
+Every default works with no setup. Invalid settings fail at start with a clear message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runtime_service.budgets import BudgetError, Budgets
+from runtime_service.runtime import RuntimeOptions
+from runtime_service.worker_process import WorkerSpec
+
+__all__ = ["ConfigError", "RuntimeSettings", "load_settings"]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class RuntimeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CODEMODE_RUNTIME_", extra="forbid")
+
+    listen: str = "127.0.0.1:50052"
+    """Address the gRPC server binds, ``host:port`` (port 0 picks a free one)."""
+    pool_size: int = Field(default=2, ge=0, le=256)
+    """Pre-spawned never-used workers kept ready (0 = spawn each worker on demand)."""
+    default_compute_ms: int = 60_000
+    """Busy-CPU budget of a run that does not set one."""
+    default_wall_ms: int = 600_000
+    """Wall-clock ceiling of a run that does not set one."""
+    default_max_output_bytes: int = 64 << 20
+    """Output ledger cap of a run that does not set one."""
+    default_memory_bytes: int = 512 << 20
+    """Worker address-space limit of a run that does not set one."""
+    default_max_outstanding_calls: int = 256
+    """Concurrent pending binding calls of a run that does not set a cap."""
+    max_compute_ms: int = 60_000
+    """Largest compute budget a run may ask for."""
+    max_wall_ms: int = 600_000
+    """Largest wall-clock ceiling a run may ask for."""
+    max_output_bytes: int = 64 << 20
+    """Largest output cap a run may ask for."""
+    max_memory_bytes: int = 512 << 20
+    """Largest worker memory limit a run may ask for."""
+    max_outstanding_calls: int = 256
+    """Largest outstanding-call cap a run may ask for."""
+    max_program_bytes: int = Field(default=1 << 20, ge=1)
+    """Largest accepted program text (UTF-8 bytes)."""
+    worker_python: str | None = None
+    """Interpreter for workers (default: the runtime's own, resolved to its real path)."""
+    max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024)
+    """Largest gRPC message accepted or sent (must exceed the output cap plus logs framing)."""
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
+    """How long in-flight runs may finish on shutdown before they are aborted."""
+
+    def runtime_options(self) -> RuntimeOptions:
+        try:
+            defaults = Budgets(
+                compute_ms=self.default_compute_ms,
+                wall_ms=self.default_wall_ms,
+                max_output_bytes=self.default_max_output_bytes,
+                memory_bytes=self.default_memory_bytes,
+                max_outstanding_calls=self.default_max_outstanding_calls,
+            )
+            maxima = Budgets(
+                compute_ms=self.max_compute_ms,
+                wall_ms=self.max_wall_ms,
+                max_output_bytes=self.max_output_bytes,
+                memory_bytes=self.max_memory_bytes,
+                max_outstanding_calls=self.max_outstanding_calls,
+            )
+        except BudgetError as exc:
+            raise ConfigError(f"invalid runtime budgets: {exc}") from exc
+        spec = WorkerSpec(python=self.worker_python) if self.worker_python else WorkerSpec()
+        return RuntimeOptions(
+            pool_size=self.pool_size,
+            defaults=defaults,
+            maxima=maxima,
+            worker=spec,
+            max_program_bytes=self.max_program_bytes,
+        )
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> RuntimeSettings:
+    """Reads the optional YAML file, then environment variables, then explicit overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read runtime config {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"runtime config {path}: expected a mapping")
+        data.update(loaded)
+    try:
+        from_env = RuntimeSettings().model_dump(exclude_unset=True)
+        settings = RuntimeSettings(**{**data, **from_env, **overrides})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid runtime settings: {exc}") from exc
+    settings.runtime_options()  # budgets are validated here, at start
+    return settings

@@ -1,0 +1,126 @@
+"""The runtime: validates run requests, hands each run a never-used worker, disposes cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from runtime_service.budgets import Budgets, resolve_budgets
+from runtime_service.errors import RunRequestError, RuntimeDisposedError
+from runtime_service.outcome import BindingHandler, LogListener, RunResult
+from runtime_service.pool import WorkerPool
+from runtime_service.run import Run, RunRequest
+from runtime_service.worker_process import WorkerSpec
+
+__all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
+
+LANGUAGES = ("python",)
+DISPOSED_REASON = "runtime disposed"
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    pool_size: int = 2
+    """Pre-spawned idle workers (0 = spawn each worker on demand)."""
+    defaults: Budgets = field(default_factory=Budgets)
+    maxima: Budgets = field(default_factory=Budgets)
+    worker: WorkerSpec = field(default_factory=WorkerSpec)
+    max_program_bytes: int = 1 << 20
+    max_bindings: int = 4096
+
+
+class Runtime:
+    def __init__(self, options: RuntimeOptions | None = None) -> None:
+        self.options = options or RuntimeOptions()
+        self.pool = WorkerPool(self.options.worker, self.options.pool_size)
+        self._live: set[Run] = set()
+        self._executions: set[asyncio.Task[RunResult]] = set()
+        self._disposed = False
+        self._accepting = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        self.pool.start()
+
+    @property
+    def live_runs(self) -> int:
+        return len(self._live)
+
+    def create_run(
+        self,
+        *,
+        program: str,
+        bindings: list[str] | tuple[str, ...],
+        handler: BindingHandler,
+        language: str = "python",
+        budgets: dict[str, int | None] | None = None,
+        deadline_ms: int | None = None,
+        on_log: LogListener | None = None,
+    ) -> Run:
+        """Validate a request and return its (not yet started) run."""
+        if self._disposed or not self._accepting:
+            raise RuntimeDisposedError("runtime disposed")
+        if language not in LANGUAGES:
+            raise RunRequestError(f"unsupported language {language!r} (supported: python)")
+        if type(program) is not str:
+            raise RunRequestError("program must be a string")
+        if len(program.encode("utf-8", "surrogatepass")) > self.options.max_program_bytes:
+            raise RunRequestError(f"program exceeds {self.options.max_program_bytes} bytes")
+        names = frozenset(bindings)
+        if len(names) != len(bindings):
+            raise RunRequestError("duplicate binding name")
+        if len(names) > self.options.max_bindings:
+            raise RunRequestError(f"more than {self.options.max_bindings} bindings")
+        for name in names:
+            if type(name) is not str or not name:
+                raise RunRequestError("binding names must be non-empty strings")
+        resolved = resolve_budgets(self.options.maxima, self.options.defaults, budgets)
+        wall_ms = resolved.wall_ms
+        if deadline_ms is not None:
+            if deadline_ms <= 0:
+                raise RunRequestError("deadline already passed")
+            wall_ms = min(wall_ms, deadline_ms)
+        request = RunRequest(program, names, resolved, wall_ms)
+        return Run(request, self.pool.acquire, handler, on_log)
+
+    async def execute(self, run: Run) -> RunResult:
+        """Execute ``run``; disposal aborts it with "runtime disposed"."""
+        if self._disposed:
+            run.abort(DISPOSED_REASON)
+        self._live.add(run)
+        self._idle.clear()
+        task = asyncio.ensure_future(run.execute())
+        self._executions.add(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The caller went away: the run ends as an abort and its worker still dies.
+            run.abort("run cancelled")
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            self._executions.discard(task)
+            self._live.discard(run)
+            if not self._live:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no run is live (or the timeout passes); True when idle."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def refuse_new_runs(self) -> None:
+        """Later ``create_run`` calls fail with ``RuntimeDisposedError``; live runs go on."""
+        self._accepting = False
+
+    async def dispose(self) -> None:
+        """Abort every live run, wait for every worker to exit, refuse later runs."""
+        self._disposed = True
+        for run in list(self._live):
+            run.abort(DISPOSED_REASON)
+        await asyncio.gather(*list(self._executions), return_exceptions=True)
+        await self.pool.close()

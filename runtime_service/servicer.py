@@ -1,0 +1,205 @@
+"""The RuntimeService servicer: translates messages and calls the domain, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+
+from codemode_common import jsonvalue
+from codemode_common.api.common.v1 import trace_pb2
+from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_common.errors import CodemodeError, Status
+from codemode_common.grpc_status import to_rpc_status
+from runtime_service.budgets import Budgets
+from runtime_service.capabilities import Capabilities
+from runtime_service.errors import RunRequestError, RuntimeDisposedError
+from runtime_service.outcome import BindingCall, BindingResult, RunResult
+from runtime_service.run import Run
+from runtime_service.runtime import Runtime
+
+__all__ = ["DOMAIN", "RuntimeServicer"]
+
+DOMAIN = "codemode.runtime"
+_KINDS = {
+    "exception": runtime_pb2.FAILURE_KIND_EXCEPTION,
+    "timeout": runtime_pb2.FAILURE_KIND_TIMEOUT,
+    "abort": runtime_pb2.FAILURE_KIND_ABORT,
+    "worker-exit": runtime_pb2.FAILURE_KIND_WORKER_EXIT,
+    "invalid-output": runtime_pb2.FAILURE_KIND_INVALID_OUTPUT,
+    "output-limit": runtime_pb2.FAILURE_KIND_OUTPUT_LIMIT,
+}
+_BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
+_CANCELLED_REASON = "run cancelled by the caller"
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
+
+class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
+    def __init__(self, runtime: Runtime, capabilities: Capabilities) -> None:
+        self._runtime = runtime
+        self._capabilities = capabilities
+
+    async def GetCapabilities(
+        self, request: runtime_pb2.GetCapabilitiesRequest, context: Context
+    ) -> runtime_pb2.GetCapabilitiesResponse:
+        caps = self._capabilities
+        return runtime_pb2.GetCapabilitiesResponse(
+            languages=list(caps.languages),
+            isolation=runtime_pb2.Isolation(
+                mechanism=caps.isolation.mechanism,
+                enforced=caps.isolation.enforced,
+                not_enforced=caps.isolation.not_enforced,
+            ),
+            default_budgets=_budgets_proto(caps.defaults),
+            max_budgets=_budgets_proto(caps.maxima),
+            pool_size=caps.pool_size,
+        )
+
+    async def Run(
+        self,
+        request_iterator: AsyncIterator[runtime_pb2.RunRequest],
+        context: Context,
+    ) -> AsyncIterator[runtime_pb2.RunResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "start":
+            await _abort(context, Status.INVALID_ARGUMENT, "START_REQUIRED",
+                         "the first Run message must be a start message")  # fmt: skip
+            return
+        start = first.start
+        outgoing: asyncio.Queue[runtime_pb2.RunResponse | None] = asyncio.Queue()
+        relay = _CallRelay(outgoing, start.token, start.trace_context)
+        try:
+            run = self._runtime.create_run(
+                program=start.program,
+                language=start.language or "python",
+                bindings=list(start.binding_names),
+                handler=relay.call,
+                budgets=_budgets_request(start.budgets),
+                deadline_ms=_deadline_ms(start),
+                on_log=lambda text: outgoing.put_nowait(
+                    runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=text))
+                ),
+            )
+        except RunRequestError as exc:
+            await _abort(context, Status.INVALID_ARGUMENT, "INVALID_RUN", str(exc))
+            return
+        except RuntimeDisposedError as exc:
+            await _abort(context, Status.UNAVAILABLE, "RUNTIME_SHUTTING_DOWN", str(exc))
+            return
+        execution = asyncio.ensure_future(self._runtime.execute(run))
+        execution.add_done_callback(lambda _: outgoing.put_nowait(None))
+        reader = asyncio.ensure_future(_read_client(request_iterator, run, relay))
+        try:
+            while (message := await outgoing.get()) is not None:
+                yield message
+            yield runtime_pb2.RunResponse(terminal=_terminal_proto(execution.result()))
+        finally:
+            reader.cancel()
+            if not execution.done():
+                # The caller went away: abort, and let the worker die before we return.
+                run.abort(_CANCELLED_REASON)
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(execution)
+
+
+class _CallRelay:
+    """Binding calls out as stream messages, client results back to the waiting run."""
+
+    def __init__(
+        self,
+        outgoing: asyncio.Queue[runtime_pb2.RunResponse | None],
+        token: bytes,
+        trace: trace_pb2.TraceContext,
+    ) -> None:
+        self._outgoing = outgoing
+        self._token = token
+        self._trace = trace
+        self._pending: dict[int, asyncio.Future[BindingResult]] = {}
+
+    def call(self, call: BindingCall) -> asyncio.Future[BindingResult]:
+        """Send the call on the stream; the returned future settles with the client's result."""
+        future: asyncio.Future[BindingResult] = asyncio.get_running_loop().create_future()
+        try:
+            arguments = jsonvalue.dumps(call.arguments)
+        except jsonvalue.JsonValueError:
+            future.set_result(BindingResult.failure("binding arguments must be lossless JSON"))
+            return future
+        self._pending[call.seq] = future
+        future.add_done_callback(lambda _: self._pending.pop(call.seq, None))
+        self._outgoing.put_nowait(
+            runtime_pb2.RunResponse(
+                binding_call=runtime_pb2.BindingCall(
+                    call_id=call.seq,
+                    binding_name=call.name,
+                    arguments_json=arguments,
+                    token=self._token,
+                    trace_context=self._trace,
+                )
+            )
+        )
+        return future
+
+    def resolve(self, result: runtime_pb2.CallResult) -> None:
+        future = self._pending.pop(result.call_id, None)
+        if future is None or future.done():
+            return  # unknown or already answered: each call is answered at most once
+        if result.WhichOneof("outcome") == "value_json":
+            try:
+                future.set_result(BindingResult.success(jsonvalue.loads(result.value_json)))
+            except jsonvalue.JsonValueError:
+                future.set_result(BindingResult.failure("binding resolution must be lossless JSON"))
+        else:
+            future.set_result(BindingResult.failure(result.error_message))
+
+
+async def _read_client(
+    requests: AsyncIterator[runtime_pb2.RunRequest], run: Run, relay: _CallRelay
+) -> None:
+    async for message in requests:
+        kind = message.WhichOneof("kind")
+        if kind == "call_result":
+            relay.resolve(message.call_result)
+        elif kind == "cancel":
+            run.abort(message.cancel.reason or _CANCELLED_REASON)
+        # A second start is ignored: the run already has its program.
+
+
+def _budgets_proto(budgets: Budgets) -> runtime_pb2.RunBudgets:
+    return runtime_pb2.RunBudgets(
+        compute_ms=budgets.compute_ms,
+        wall_ms=budgets.wall_ms,
+        max_output_bytes=budgets.max_output_bytes,
+        memory_bytes=budgets.memory_bytes,
+        max_outstanding_calls=budgets.max_outstanding_calls,
+    )
+
+
+def _budgets_request(budgets: runtime_pb2.RunBudgets) -> dict[str, int | None]:
+    requested: dict[str, int | None] = {name: getattr(budgets, name) for name in _BUDGET_FIELDS}
+    requested["max_outstanding_calls"] = budgets.max_outstanding_calls
+    return requested
+
+
+def _deadline_ms(start: runtime_pb2.RunStart) -> int | None:
+    if not start.HasField("timeout"):
+        return None
+    return max(start.timeout.ToMilliseconds(), 0) or -1
+
+
+def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
+    terminal = runtime_pb2.RunTerminal(logs=result.logs)
+    if result.error is not None:
+        terminal.failure.kind = _KINDS[result.error.kind]
+        terminal.failure.message = result.error.message
+    elif result.has_value:
+        terminal.success.value_json = jsonvalue.dumps(result.value)
+    else:
+        terminal.success.SetInParent()
+    return terminal
+
+
+async def _abort(context: Context, status: Status, reason: str, message: str) -> None:
+    await context.abort_with_status(to_rpc_status(CodemodeError(status, reason, message), DOMAIN))

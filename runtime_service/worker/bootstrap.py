@@ -1,0 +1,420 @@
+"""Worker process entry point: boot, wait for one program, run it, report, exit.
+
+Started by the runtime as
+``python -I -S -c "<loader>" <package root> <channel fd>`` with an empty environment, a fresh
+temporary working directory, fds 1/2 on pipes the runtime drains, and the channel socket as the
+only other inherited descriptor. Everything heavy is imported before the worker reports
+``ready`` so that a pooled worker starts the program at once.
+
+Stdlib only. This module runs model code in its own process and trusts nothing it does; the
+runtime, in turn, treats everything this process sends as hostile.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import linecache
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from types import CodeType
+from typing import Any, NoReturn
+
+from runtime_service.worker import flatwire, framing, ledger, sandbox_child
+
+PROGRAM_FILENAME = "<program>"
+EXIT_OUT_OF_MEMORY = framing.EXIT_OUT_OF_MEMORY
+
+
+class ToolCallError(Exception):
+    """A binding call failed: ``toolName`` names the binding, ``message`` says why."""
+
+    def __init__(self, message: str, toolName: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.toolName = toolName
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.toolName))
+
+
+# Rendered as ``ToolCallError: ...`` in tracebacks, like a builtin.
+ToolCallError.__module__ = "builtins"
+
+
+class Channel:
+    """Blocking sends, loop-driven receives on the channel socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.frames = framing.FrameBuffer()
+
+    def send(self, message: dict[str, object]) -> None:
+        self.sock.sendall(framing.pack(message))
+
+    def recv_blocking(self) -> dict[str, Any] | None:
+        while True:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                return None
+            frames = self.frames.feed(data)
+            if frames:
+                return dict(flatwire.loads_strict(frames[0]))
+
+
+class LogSink:
+    """Turns program output into log messages, pre-checked against the output ledger."""
+
+    def __init__(self, channel: Channel, max_bytes: int) -> None:
+        self.channel = channel
+        self.ledger = ledger.OutputLedger(max_bytes)
+
+    def emit(self, text: str) -> None:
+        room = self.ledger.remaining_for_entry()
+        if ledger.json_string_size(text) <= room:
+            self.ledger.admit_log(text)
+            self.channel.send({"t": "log", "text": text})
+            return
+        # Send only what can still fit, then let the runtime settle output-limit.
+        prefix = ledger.fit_prefix(text, room)
+        if prefix:
+            self.channel.send({"t": "log", "text": prefix})
+        self.channel.send({"t": "output-limit"})
+        _flush_stdio()
+        os._exit(0)
+
+
+class LogStream:
+    """``sys.stdout``/``sys.stderr`` replacement: each ``write`` is one log entry."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, sink: LogSink, name: str) -> None:
+        self._sink = sink
+        self.name = name
+
+    def write(self, text: str) -> int:
+        if type(text) is not str:
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if text:
+            self._sink.emit(text)
+        return len(text)
+
+    def writelines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError("log streams have no file descriptor")
+
+
+def make_print(sink: LogSink, streams: tuple[LogStream, ...]) -> Callable[..., None]:
+    original = builtins.print
+
+    def print(*args: object, sep: str | None = " ", end: str | None = "\n", file: Any = None,
+              flush: bool = False) -> None:  # fmt: skip
+        if file is not None and file not in streams:
+            original(*args, sep=sep, end=end, file=file, flush=flush)
+            return
+        sep = " " if sep is None else sep
+        end = "\n" if end is None else end
+        text = sep.join(str(arg) for arg in args)
+        # One print call is one log line; a custom ``end`` is kept verbatim.
+        sink.emit(text if end == "\n" else text + end)
+
+    return print
+
+
+def make_tools(names: list[str], call: Callable[[str, object], Any]) -> object:
+    """The ``tools`` namespace: own bindings only, by attribute or by subscript."""
+    bindings: dict[str, Callable[[object], Any]] = {}
+    for name in names:
+        bindings[name] = _binding(name, call)
+
+    class Tools:
+        __slots__ = ()
+
+        def __getattr__(self, name: str) -> Callable[[object], Any]:
+            try:
+                return bindings[name]
+            except KeyError:
+                raise AttributeError(f"tools has no binding {name!r}") from None
+
+        def __getitem__(self, name: str) -> Callable[[object], Any]:
+            if type(name) is not str or name not in bindings:
+                raise KeyError(name) from None
+            return bindings[name]
+
+        def __contains__(self, name: object) -> bool:
+            return type(name) is str and name in bindings
+
+        def __dir__(self) -> list[str]:
+            return sorted(bindings)
+
+        def __repr__(self) -> str:
+            return f"<tools: {', '.join(sorted(bindings))}>"
+
+    Tools.__name__ = Tools.__qualname__ = "Tools"
+    return Tools()
+
+
+def _binding(name: str, call: Callable[[str, object], Any]) -> Callable[[object], Any]:
+    def binding(args: object) -> Any:
+        return call(name, args)
+
+    binding.__name__ = binding.__qualname__ = name
+    return binding
+
+
+class _MarkExplicitReturns(ast.NodeTransformer):
+    """``return x`` becomes ``return (x,)`` so a bare return means "no value", not None."""
+
+    def visit_Return(self, node: ast.Return) -> ast.Return:
+        if node.value is None:
+            return node
+        wrapped = ast.Tuple(elts=[node.value], ctx=ast.Load())
+        ast.copy_location(wrapped, node.value)
+        return ast.copy_location(ast.Return(value=wrapped), node)
+
+    # Nested scopes keep their own returns.
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
+        return node
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AsyncFunctionDef:
+        return node
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
+        return node
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:
+        return node
+
+
+def compile_program(source: str) -> CodeType:
+    """Compile ``source`` as the body of ``async def __program__()``, keeping its line numbers."""
+    tree = ast.parse(source, filename=PROGRAM_FILENAME, mode="exec")
+    body = _MarkExplicitReturns().visit(tree).body or [ast.Pass(lineno=1, col_offset=0)]
+    func = ast.AsyncFunctionDef(
+        name="__program__",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[],
+            vararg=None,
+            kwonlyargs=[],
+            kw_defaults=[],
+            kwarg=None,
+            defaults=[],
+        ),
+        body=body,
+        decorator_list=[],
+        returns=None,
+        type_comment=None,
+        lineno=1,
+        col_offset=0,
+    )
+    module = ast.Module(body=[func], type_ignores=[])
+    ast.fix_missing_locations(module)
+    code = compile(module, PROGRAM_FILENAME, "exec", dont_inherit=True)
+    for const in code.co_consts:
+        # CO_ASYNC_GENERATOR (0x200): the body used ``yield``.
+        if (
+            isinstance(const, CodeType)
+            and const.co_name == "__program__"
+            and const.co_flags & 0x200
+        ):
+            raise SyntaxError("'yield' outside function", (PROGRAM_FILENAME, 1, 1, ""))
+    return code
+
+
+def render_exception(exc: BaseException) -> str:
+    """Traceback text showing only the program's own frames (chained exceptions included)."""
+    try:
+        report = traceback.TracebackException.from_exception(exc)
+        pending = [report]
+        seen: set[int] = set()
+        while pending:
+            item = pending.pop()
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            item.stack = traceback.StackSummary.from_list(
+                [frame for frame in item.stack if frame.filename == PROGRAM_FILENAME]
+            )
+            pending.extend(x for x in (item.__cause__, item.__context__) if x is not None)
+            pending.extend(item.exceptions or ())
+        text = "".join(report.format()).rstrip("\n")
+        return text or type(exc).__name__
+    except BaseException:
+        return "program threw an unrenderable value"
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BaseException:
+            pass
+
+
+class Worker:
+    """One program run inside this process."""
+
+    def __init__(
+        self, channel: Channel, start: dict[str, Any], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.channel = channel
+        self.program = str(start["program"])
+        self.names = [str(name) for name in start["bindings"]]
+        self.sink = LogSink(channel, int(start["max_output_bytes"]))
+        self.loop = loop
+        self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
+        self.next_id = 1
+
+    # -- bindings ---------------------------------------------------------------------------
+    def call(self, name: str, args: object) -> asyncio.Future[Any]:
+        try:
+            tokens = flatwire.encode(args)
+        except flatwire.WireError as exc:
+            raise ToolCallError(f"binding arguments must be lossless JSON: {exc}", name) from None
+        call_id = self.next_id
+        self.next_id += 1
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self.pending[call_id] = (future, name)
+        self.channel.send({"t": "call", "id": call_id, "name": name, "args": tokens})
+        return future
+
+    def on_readable(self) -> None:
+        data = self.channel.sock.recv(1 << 16)
+        if not data:
+            os._exit(0)  # the runtime closed the channel: the run is over
+        for payload in self.channel.frames.feed(data):
+            try:
+                message = flatwire.loads_strict(payload)
+            except flatwire.WireError:
+                continue
+            if type(message) is dict and message.get("t") == "reply":
+                self.on_reply(message)
+
+    def on_reply(self, message: dict[str, Any]) -> None:
+        call_id = message.get("id")
+        entry = self.pending.pop(call_id, None) if type(call_id) is int else None
+        if entry is None or entry[0].done():
+            return
+        future, name = entry
+        if message.get("ok") is True:
+            try:
+                future.set_result(flatwire.decode(message.get("value")))
+            except flatwire.WireError:
+                future.set_exception(
+                    ToolCallError("binding resolution must be lossless JSON", name)
+                )
+        else:
+            text = message.get("message")
+            future.set_exception(ToolCallError(text if type(text) is str else "failed", name))
+
+    # -- the program ------------------------------------------------------------------------
+    def run(self) -> NoReturn:
+        out = LogStream(self.sink, "<stdout>")
+        err = LogStream(self.sink, "<stderr>")
+        sys.stdout = out
+        sys.stderr = err
+        program_builtins = dict(vars(builtins))
+        program_builtins["print"] = make_print(self.sink, (out, err))
+        asyncio.set_event_loop(self.loop)
+        self.loop.add_reader(self.channel.sock.fileno(), self.on_readable)
+        try:
+            outcome = self.loop.run_until_complete(self.execute(program_builtins))
+        except MemoryError:
+            os._exit(EXIT_OUT_OF_MEMORY)
+        _flush_stdio()
+        self.channel.send(outcome)
+        os._exit(0)
+
+    async def execute(self, program_builtins: dict[str, Any]) -> dict[str, object]:
+        try:
+            code = compile_program(self.program)
+        except (SyntaxError, ValueError) as exc:
+            return self.failure("exception", render_exception(exc))
+        linecache.cache[PROGRAM_FILENAME] = (
+            len(self.program),
+            None,
+            self.program.splitlines(True),
+            PROGRAM_FILENAME,
+        )
+        namespace: dict[str, Any] = {
+            "__builtins__": program_builtins,
+            "__name__": "__program__",
+            "tools": make_tools(self.names, self.call),
+            "ToolCallError": ToolCallError,
+        }
+        try:
+            exec(code, namespace)  # defines __program__ only
+            main = namespace.pop("__program__")
+            result = await main()
+        except MemoryError:
+            os._exit(EXIT_OUT_OF_MEMORY)
+        except BaseException as exc:
+            return self.failure("exception", render_exception(exc))
+        if result is None:
+            return {"t": "done"}
+        value = result[0]
+        try:
+            tokens = flatwire.encode(value)
+            fits = self.sink.ledger.fits_value(value)
+        except (flatwire.WireError, ValueError, TypeError):
+            return self.failure("invalid-output", "program completion must be lossless JSON")
+        if not fits:
+            return self.failure("output-limit", "")
+        return {"t": "done", "value": tokens}
+
+    def failure(self, kind: str, message: str) -> dict[str, object]:
+        if kind != "output-limit" and not self.sink.ledger.fits_message(message):
+            kind, message = "output-limit", ""
+        return {"t": "done", "error": {"kind": kind, "message": message}}
+
+
+def main() -> None:
+    """Entry point: ``sys.argv`` is ``["-c", <package root>, <channel fd>]``."""
+    channel = Channel(socket.socket(fileno=int(sys.argv[2])))
+    channel.sock.setblocking(True)
+    report = sandbox_child.isolate()
+    os.environ.clear()  # interpreter start-up may have set LC_CTYPE (PEP 538)
+    # The runtime's code must not stay importable by the program.
+    if sys.argv[1] in sys.path:
+        sys.path.remove(sys.argv[1])
+    # Pay first-use costs (loop creation, the compiler's first run) before the program arrives.
+    loop = asyncio.new_event_loop()
+    compile_program("return 1")
+    channel.send({"t": "ready", "sandbox": report})
+    start = channel.recv_blocking()
+    if start is None or start.get("t") != "start":
+        os._exit(0)
+    try:
+        sandbox_child.apply_run_limits(
+            memory_bytes=int(start["memory_bytes"]), cpu_seconds=float(start["cpu_seconds"])
+        )
+    except (OSError, ValueError) as exc:
+        channel.send({"t": "done", "error": {"kind": "exception", "message": str(exc)}})
+        os._exit(0)
+    Worker(channel, start, loop).run()
+
+
+__all__ = ["EXIT_OUT_OF_MEMORY", "ToolCallError", "compile_program", "main"]

@@ -1,0 +1,74 @@
+"""Message framing on the runtime <-> worker channel (a Unix socketpair).
+
+Each frame is a 4-byte big-endian payload length followed by that many bytes of compact ASCII
+JSON: one object with a ``"t"`` type tag. Values inside messages are flat-wire token lists, so
+the JSON text is at most a few levels deep whatever the value's depth.
+
+Stdlib only (imported by the worker under ``python -I -S``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+__all__ = ["EXIT_OUT_OF_MEMORY", "HEADER", "MAX_FRAME_BYTES", "FrameBuffer", "pack"]
+
+HEADER = struct.Struct(">I")
+# Exit status of a worker whose program exhausted its memory budget (uncaught MemoryError).
+EXIT_OUT_OF_MEMORY = 86
+# A frame larger than this is never parsed: the reader discards it unread. Completion values
+# are capped far lower by the output ledger; binding arguments have no byte cap of their own.
+MAX_FRAME_BYTES = 1 << 30
+
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def pack(message: dict[str, object]) -> bytes:
+    """Serialize one message as a frame (raises ``ValueError`` for NaN/oversized payloads)."""
+    payload = _dumps(message).encode("ascii")
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ValueError("frame too large")
+    return HEADER.pack(len(payload)) + payload
+
+
+class FrameBuffer:
+    """Incremental frame splitter: ``feed`` bytes, then take complete payloads.
+
+    Oversized frames are skipped without buffering them (``skipped`` counts them).
+    """
+
+    __slots__ = ("_buf", "_skip", "skipped")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._skip = 0
+        self.skipped = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        frames: list[bytes] = []
+        view = memoryview(data)
+        if self._skip:
+            dropped = min(self._skip, len(view))
+            self._skip -= dropped
+            view = view[dropped:]
+        self._buf += view
+        buf = self._buf
+        pos = 0
+        size = HEADER.size
+        while len(buf) - pos >= size:
+            (length,) = HEADER.unpack_from(buf, pos)
+            if length > MAX_FRAME_BYTES:
+                self.skipped += 1
+                available = len(buf) - pos - size
+                self._skip = max(length - available, 0)
+                pos = min(pos + size + length, len(buf))
+                continue
+            end = pos + size + length
+            if end > len(buf):
+                break
+            frames.append(bytes(buf[pos + size : end]))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames

@@ -1,0 +1,182 @@
+"""Exact byte accounting of a run's outer output (reference §3.4).
+
+The ledger charges only the variable payload of the serialized outer result: the JSON
+encoding of the ``logs`` array (``[]`` is 2 bytes, each entry its JSON-string size, plus one
+comma between entries) plus either the JSON size of the completion value or the JSON-string
+size of the failure message. Sizes are computed without serializing, and value measurement
+stops as soon as the cap is crossed.
+
+Stdlib only: the worker imports this module to pre-check before anything crosses the channel;
+the runtime re-checks everything it receives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "MIN_OUTPUT_BYTES",
+    "OutputLedger",
+    "fit_prefix",
+    "json_string_size",
+    "json_value_size",
+    "overflow_message",
+]
+
+MIN_OUTPUT_BYTES = 4  # "[]" for the logs plus '""' for the shortest message
+
+
+def _char_size(code: int) -> int:
+    if code < 0x20:
+        return 2 if code in (0x08, 0x09, 0x0A, 0x0C, 0x0D) else 6
+    if code in (0x22, 0x5C):
+        return 2
+    if code < 0x80:
+        return 1
+    if code < 0x800:
+        return 2
+    if 0xD800 <= code <= 0xDFFF:
+        return 6  # a lone surrogate is written as a \\uXXXX escape
+    if code < 0x10000:
+        return 3
+    return 4
+
+
+def json_string_size(text: str) -> int:
+    """Bytes of ``text`` as a JSON string literal: quotes, escapes, UTF-8 for the rest."""
+    if text.isascii():
+        # Fast path: one byte per char except the escaped ones.
+        size = len(text) + 2 + text.count('"') + text.count("\\")
+        if not text.isprintable():
+            size += sum(_char_size(ord(ch)) - 1 for ch in text if ord(ch) < 0x20)
+        return size
+    return 2 + sum(_char_size(ord(ch)) for ch in text)
+
+
+def fit_prefix(text: str, budget: int) -> str:
+    """Longest code-point prefix of ``text`` whose JSON-string size is at most ``budget``."""
+    if json_string_size(text) <= budget:
+        return text
+    used = 2
+    cut = 0
+    for ch in text:
+        step = _char_size(ord(ch))
+        if used + step > budget:
+            break
+        used += step
+        cut += 1
+    return text[:cut]
+
+
+def _scalar_size(value: object) -> int:
+    kind = type(value)
+    if value is None or value is True:
+        return 4
+    if value is False:
+        return 5
+    if kind is str:
+        return json_string_size(value)  # type: ignore[arg-type]
+    if kind is int:
+        return len(str(value))
+    if kind is float:
+        return len(repr(value))
+    raise TypeError(f"{kind.__name__} is not a JSON scalar")
+
+
+def json_value_size(value: object, limit: int) -> int:
+    """JSON size of a lossless JSON value, or ``limit + 1`` as soon as it exceeds ``limit``.
+
+    Iterative: arrays and objects cost 2 plus commas, object members their key size plus one
+    colon. ``value`` must already be lossless JSON (a snapshot or a decoded wire value).
+    """
+    total = 0
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is list:
+            total += 2 + max(len(item) - 1, 0)
+            stack.extend(item)
+        elif kind is dict:
+            total += 2 + max(len(item) - 1, 0)
+            for key, member in item.items():
+                total += json_string_size(key) + 1
+                stack.append(member)
+        else:
+            total += _scalar_size(item)
+        if total > limit:
+            return limit + 1
+    return total
+
+
+def overflow_message(max_bytes: int) -> str:
+    return f"outer output exceeded {max_bytes} bytes"
+
+
+class OutputLedger:
+    """Running count of the logs admitted so far against ``max_bytes``."""
+
+    __slots__ = ("_logs_size", "logs", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        if type(max_bytes) is not int or max_bytes < MIN_OUTPUT_BYTES:
+            raise ValueError(f"max output bytes must be an integer >= {MIN_OUTPUT_BYTES}")
+        self.max_bytes = max_bytes
+        self.logs: list[str] = []
+        self._logs_size = 2
+
+    @property
+    def used(self) -> int:
+        """Bytes charged so far (the logs array only)."""
+        return self._logs_size
+
+    def entry_cost(self, text: str) -> int:
+        return json_string_size(text) + (1 if self.logs else 0)
+
+    def remaining_for_entry(self) -> int:
+        """Largest JSON-string size the next log entry may have without overflowing."""
+        return self.max_bytes - self._logs_size - (1 if self.logs else 0)
+
+    def admit_log(self, text: str) -> bool:
+        """Append ``text`` if the logs still fit under the cap; False means overflow.
+
+        On overflow the entry is kept (the fitting prefix is chosen later by
+        ``overflow_logs``) so that nothing admitted-but-truncated is lost.
+        """
+        cost = self.entry_cost(text)
+        self.logs.append(text)
+        self._logs_size += cost
+        return self._logs_size <= self.max_bytes
+
+    def fits_value(self, value: object) -> bool:
+        """Whether the logs plus the completion value stay within the cap."""
+        room = self.max_bytes - self._logs_size
+        return room >= 0 and json_value_size(value, room) <= room
+
+    def fits_message(self, message: str) -> bool:
+        return self._logs_size + json_string_size(message) <= self.max_bytes
+
+    def overflow_logs(self) -> tuple[list[str], str]:
+        """Logs and message for an ``output-limit`` result, together at most ``max_bytes``.
+
+        Logs are kept in order while they fit within ``max - size(message)``; the first
+        that does not fit is cut to its longest fitting code-point prefix (dropped if empty);
+        the message itself is cut when even it does not fit beside ``[]``.
+        """
+        message = overflow_message(self.max_bytes)
+        message = fit_prefix(message, self.max_bytes - 2)
+        budget = self.max_bytes - json_string_size(message)
+        kept: list[str] = []
+        used = 2
+        for text in self.logs:
+            comma = 1 if kept else 0
+            cost = json_string_size(text) + comma
+            if used + cost <= budget:
+                kept.append(text)
+                used += cost
+                continue
+            prefix = fit_prefix(text, budget - used - comma)
+            if prefix:
+                kept.append(prefix)
+            break
+        return kept, message

@@ -1,0 +1,108 @@
+"""Shared fixtures: a runtime with a small pool, and helpers to run programs through it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from runtime_service.budgets import Budgets
+from runtime_service.outcome import BindingCall, BindingResult, RunResult
+from runtime_service.runtime import Runtime, RuntimeOptions
+
+Handler = Callable[[BindingCall], Awaitable[BindingResult]]
+
+
+async def echo_handler(call: BindingCall) -> BindingResult:
+    if call.name == "fail":
+        return BindingResult.failure(f"{call.name} refused")
+    if call.name == "slow":
+        assert isinstance(call.arguments, dict)
+        await asyncio.sleep(float(call.arguments.get("s", 0.5)))
+    if call.name == "never":
+        await asyncio.Event().wait()
+    return BindingResult.success(call.arguments)
+
+
+class ProgramRunner:
+    """Runs programs on one runtime; ``bindings`` are answered by ``handler``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def __call__(
+        self,
+        program: str,
+        *,
+        bindings: tuple[str, ...] = ("echo", "fail", "slow", "never", "my-tool"),
+        handler: Handler = echo_handler,
+        logs: list[str] | None = None,
+        **budgets: Any,
+    ) -> RunResult:
+        run = self.runtime.create_run(
+            program=program,
+            bindings=bindings,
+            handler=handler,
+            budgets=budgets,
+            on_log=logs.append if logs is not None else None,
+        )
+        return await self.runtime.execute(run)
+
+
+def small_budgets() -> Budgets:
+    return Budgets(compute_ms=5_000, wall_ms=20_000, memory_bytes=256 << 20)
+
+
+@pytest.fixture
+async def runtime() -> AsyncIterator[Runtime]:
+    rt = Runtime(RuntimeOptions(pool_size=2, defaults=small_budgets()))
+    await rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.dispose()
+        assert child_pids() == [], "a worker outlived the runtime"
+
+
+@pytest.fixture
+def run_program(runtime: Runtime) -> ProgramRunner:
+    return ProgramRunner(runtime)
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc."""
+    parent = os.getpid() if parent is None else parent
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] == b"Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    pending = [parent]
+    while pending:
+        for pid in children.get(pending.pop(), []):
+            found.append(pid)
+            pending.append(pid)
+    return found
+
+
+def _become_subreaper() -> None:
+    """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+_become_subreaper()

@@ -1,0 +1,227 @@
+"""The runtime treats the worker as a hostile peer (§5).
+
+Programs here write raw protocol bytes straight to the channel socket -- exactly what model code
+could do -- and one test replaces the worker with a fake that speaks only raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from runtime_service.outcome import BindingCall, BindingResult, RunFailure
+from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.worker_process import WorkerSpec
+from tests.runtime.conftest import ProgramRunner, echo_handler
+from tests.runtime.deep import list_depth
+
+# Program prelude: ``send(obj)`` frames a JSON value, ``send_raw(bytes)`` writes bytes as-is,
+# ``recv()`` reads one reply frame synchronously (before the worker's own reader sees it).
+PRELUDE = """\
+import json, os, struct, sys
+_fd = int(sys.argv[2])
+def send_raw(data):
+    os.write(_fd, data)
+def send(obj):
+    payload = json.dumps(obj).encode()
+    send_raw(struct.pack('>I', len(payload)) + payload)
+def recv():
+    header = b''
+    while len(header) < 4:
+        header += os.read(_fd, 4 - len(header))
+    (size,) = struct.unpack('>I', header)
+    body = b''
+    while len(body) < size:
+        body += os.read(_fd, size - len(body))
+    return json.loads(body)
+"""
+
+
+def frame(obj: object) -> bytes:
+    payload = json.dumps(obj).encode()
+    return struct.pack(">I", len(payload)) + payload
+
+
+async def test_junk_is_dropped_without_crashing(run_program: ProgramRunner) -> None:
+    junk = [
+        None,
+        1,
+        "text",
+        [],
+        [1, 2],
+        {},
+        {"t": "nope"},
+        {"t": 5},
+        {"t": "log"},
+        {"t": "log", "text": 5},
+        {"t": "log", "text": None},
+        {"t": "call", "id": "1", "name": "echo", "args": [1]},
+        {"t": "call", "id": True, "name": "echo", "args": [1]},
+        {"t": "call", "id": 1.5, "name": "echo", "args": [1]},
+        {"t": "call", "id": 9, "name": 3, "args": [1]},
+        {"t": "call", "id": 9, "name": "echo", "args": 1},
+        {"t": "done", "error": "boom"},
+        {"t": "done", "error": {"kind": "weird", "message": "m"}},
+        {"t": "done", "error": {"kind": "exception", "message": 3}},
+        {"t": "done", "error": {"kind": "timeout", "message": "forged"}},
+        {"t": "reply", "id": 1},
+    ]
+    program = PRELUDE + (
+        f"for item in {junk!r}:\n    send(item)\n"
+        "send_raw(struct.pack('>I', 5) + b'{{{{{')\n"
+        "send_raw(struct.pack('>I', 8) + b'[NaN, 1]')\n"
+        "send_raw(struct.pack('>I', 2) + b'\\xff\\xfe')\n"
+        "return 'survived'"
+    )
+    result = await run_program(program)
+    assert result.error is None, result.error
+    assert result.value == "survived"
+
+
+async def test_forged_calls_unknown_names_and_duplicate_ids(run_program: ProgramRunner) -> None:
+    seen: list[tuple[int, str, object]] = []
+
+    async def handler(call: BindingCall) -> BindingResult:
+        seen.append((call.seq, call.name, call.arguments))
+        return BindingResult.success(call.arguments)
+
+    program = PRELUDE + (
+        "replies = []\n"
+        "send({'t': 'call', 'id': 1000, 'name': 'nope', 'args': [1]})\n"
+        "replies.append(recv())\n"
+        "send({'t': 'call', 'id': 1001, 'name': 'constructor', 'args': [1]})\n"
+        "replies.append(recv())\n"
+        "bad_args = [{'kind': 'array', 'length': 9}]\n"
+        "send({'t': 'call', 'id': 1002, 'name': 'echo', 'args': bad_args})\n"
+        "replies.append(recv())\n"
+        "send({'t': 'call', 'id': 1003, 'name': 'echo', 'args': ['first']})\n"
+        "send({'t': 'call', 'id': 1003, 'name': 'echo', 'args': ['duplicate']})\n"
+        "replies.append(recv())\n"
+        "send({'t': 'call', 'id': 1000, 'name': 'echo', 'args': ['reused id']})\n"
+        "return replies"
+    )
+    result = await run_program(program, bindings=("echo",), handler=handler)
+    assert result.error is None, result.error
+    assert result.value == [
+        {"t": "reply", "id": 1000, "ok": False, "message": 'unknown binding "tools.nope"'},
+        {"t": "reply", "id": 1001, "ok": False, "message": 'unknown binding "tools.constructor"'},
+        {
+            "t": "reply",
+            "id": 1002,
+            "ok": False,
+            "message": "binding arguments must be lossless JSON",
+        },
+        {"t": "reply", "id": 1003, "ok": True, "value": ["first"]},
+    ]
+    assert seen == [(1, "echo", "first")]
+
+
+async def test_forged_log_flood_is_capped(run_program: ProgramRunner) -> None:
+    program = PRELUDE + "for i in range(1000):\n    send({'t': 'log', 'text': 'line %d' % i})\n"
+    result = await run_program(program, max_output_bytes=300)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 300 bytes")
+    assert result.logs[0] == "line 0"
+    assert len(json.dumps(result.logs, separators=(",", ":"))) + 33 <= 300
+
+
+async def test_oversized_forged_log_keeps_an_escaped_prefix(run_program: ProgramRunner) -> None:
+    program = PRELUDE + "send({'t': 'log', 'text': '\"' * 1000000})\nimport time\ntime.sleep(5)"
+    result = await run_program(program, max_output_bytes=100)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 100 bytes")
+    (prefix,) = result.logs
+    assert set(prefix) == {'"'}
+    # Each quote costs 2 bytes: [""..""] + the 33-byte message fits in 100.
+    assert 2 + 2 + 2 * len(prefix) + 33 <= 100 < 2 + 2 + 2 * (len(prefix) + 1) + 33
+
+
+async def test_forged_done_with_value_and_error_resolves_as_the_error(
+    run_program: ProgramRunner,
+) -> None:
+    program = PRELUDE + (
+        "send({'t': 'done', 'value': [1], 'error': {'kind': 'exception', 'message': 'forged'}})\n"
+        "import time\ntime.sleep(5)\nreturn 2"
+    )
+    result = await run_program(program)
+    assert result.error == RunFailure("exception", "forged")
+
+
+async def test_forged_done_wins_if_first(run_program: ProgramRunner) -> None:
+    program = PRELUDE + "send({'t': 'done', 'value': ['forged']})\nreturn 'real'"
+    assert (await run_program(program)).value == "forged"
+
+
+async def test_forged_deep_completion_is_decoded_iteratively(run_program: ProgramRunner) -> None:
+    program = PRELUDE + (
+        "tokens = [{'kind': 'array', 'length': 1}] * 3000 + [{'kind': 'array', 'length': 0}]\n"
+        "send({'t': 'done', 'value': tokens})\nimport time\ntime.sleep(5)"
+    )
+    result = await run_program(program)
+    assert result.error is None
+    assert list_depth(result.value) == 3000
+
+
+async def test_forged_oversized_value_and_error_text_are_recapped(
+    run_program: ProgramRunner,
+) -> None:
+    value = PRELUDE + "send({'t': 'done', 'value': ['v' * 5000]})\nimport time\ntime.sleep(5)"
+    result = await run_program(value, max_output_bytes=300)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 300 bytes")
+    error = PRELUDE + (
+        "send({'t': 'done', 'error': {'kind': 'invalid-output', 'message': 'e' * 5000}})\n"
+        "import time\ntime.sleep(5)"
+    )
+    result = await run_program(error, max_output_bytes=300)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 300 bytes")
+
+
+async def test_forged_output_limit_is_honoured(run_program: ProgramRunner) -> None:
+    program = PRELUDE + "print('kept')\nsend({'t': 'output-limit'})\nimport time\ntime.sleep(5)"
+    result = await run_program(program, max_output_bytes=1000)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 1000 bytes")
+    assert result.logs == ["kept"]
+
+
+async def test_forged_invalid_completion_is_invalid_output(run_program: ProgramRunner) -> None:
+    for tokens in ("[1, 2]", "[]", "{'kind': 'array', 'length': 1}", "'x'"):
+        program = PRELUDE + f"send({{'t': 'done', 'value': {tokens}}})\nimport time\ntime.sleep(5)"
+        result = await run_program(program)
+        assert result.error == RunFailure(
+            "invalid-output", "program completion must be lossless JSON"
+        ), tokens
+
+
+async def test_forged_frames_mid_stream_cannot_desync_the_channel(
+    run_program: ProgramRunner,
+) -> None:
+    # A frame whose header claims more bytes than ever arrive stalls only that worker's channel:
+    # the run still ends (here at the wall ceiling), and the host keeps serving other runs.
+    program = PRELUDE + "send_raw(struct.pack('>I', 100))\nsend_raw(b'x' * 10)\nreturn 1"
+    result = await run_program(program, wall_ms=500)
+    assert result.error is not None and result.error.kind in ("timeout", "worker-exit")
+    assert (await run_program("return 2")).value == 2
+
+
+FAKE_WORKER = """\
+import json, os, socket, struct, sys
+sock = socket.socket(fileno=int(sys.argv[2]))
+def send(obj):
+    payload = json.dumps(obj).encode()
+    sock.sendall(struct.pack('>I', len(payload)) + payload)
+send({'t': 'ready', 'sandbox': {'network': 'fake'}})
+sock.recv(1 << 20)
+sock.sendall(b'\\x00\\x00\\x00\\x03abc' + os.urandom(64) + b'\\x00\\x00\\x00\\x02[]')
+sock.close()
+os.write(1, 'tail-after-garbage \\u00e9'.encode())
+os._exit(3)
+"""
+
+
+async def test_fake_worker_speaking_garbage_ends_as_worker_exit() -> None:
+    runtime = Runtime(RuntimeOptions(pool_size=0, worker=WorkerSpec(loader=FAKE_WORKER)))
+    try:
+        run = runtime.create_run(program="return 1", bindings=[], handler=echo_handler)
+        result = await runtime.execute(run)
+    finally:
+        await runtime.dispose()
+    assert result.error == RunFailure("worker-exit", "worker exited with code 3 before completing")
+    assert result.logs == ["tail-after-garbage é"]

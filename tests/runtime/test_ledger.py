@@ -1,0 +1,134 @@
+"""Output ledger byte accounting (§3.4): sizes are exactly the JSON the result would take."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime_service.worker.ledger import (
+    OutputLedger,
+    fit_prefix,
+    json_string_size,
+    json_value_size,
+    overflow_message,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("", 2),
+        ("abc", 5),
+        ('"', 4),
+        ("\\", 4),
+        ("\n\t\b\f\r", 12),
+        ("\x00", 8),
+        ("\x1f", 8),
+        ("\x7f", 3),
+        ("é", 4),
+        ("€", 5),
+        ("\U0001f600", 6),
+        ("\ud800", 8),
+    ],
+)
+def test_json_string_size(text: str, size: int) -> None:
+    assert json_string_size(text) == size
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quote " and \\', "ctl \x01\x02\n", "mixed é€😀 \t", "a" * 1000]
+)
+def test_string_size_matches_json_utf8(text: str) -> None:
+    assert json_string_size(text) == len(json.dumps(text, ensure_ascii=False).encode())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -17,
+        10**30,
+        1.5,
+        1e100,
+        -2.5e-7,
+        "x",
+        [],
+        {},
+        [1, 2, 3],
+        {"a": 1, "bb": [None, True, {"c": "é"}]},
+    ],
+)
+def test_value_size_matches_compact_json(value: object) -> None:
+    expected = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    assert json_value_size(value, 10**9) == expected
+
+
+def test_value_size_stops_at_limit() -> None:
+    assert json_value_size(["x" * 100] * 10_000, 50) == 51
+
+
+def test_fit_prefix_is_code_point_aligned() -> None:
+    assert fit_prefix("ab€cd", 2 + 2) == "ab"
+    assert fit_prefix("ab€cd", 2 + 5) == "ab€"
+    assert fit_prefix("\U0001f600x", 2 + 3) == ""
+    assert fit_prefix("abc", 1) == ""
+
+
+def test_logs_array_accounting() -> None:
+    ledger = OutputLedger(100)
+    assert ledger.used == 2
+    assert ledger.admit_log("abc")  # 2 + 5
+    assert ledger.used == 7
+    assert ledger.admit_log("de")  # + 1 comma + 4
+    assert ledger.used == 12
+    assert ledger.used == len(json.dumps(["abc", "de"], separators=(",", ":")))
+
+
+def test_exact_cap_and_one_over() -> None:
+    ledger = OutputLedger(64)
+    assert ledger.fits_value("x" * 60)  # [] + "x*60" = 2 + 62
+    assert not ledger.fits_value("x" * 61)
+    assert ledger.fits_message("m" * 60)
+    assert not ledger.fits_message("m" * 61)
+
+
+def test_log_overflow_keeps_fitting_prefix() -> None:
+    ledger = OutputLedger(64)
+    assert ledger.admit_log("a" * 10)
+    assert not ledger.admit_log("b" * 100)
+    logs, message = ledger.overflow_logs()
+    assert message == overflow_message(64)  # "outer output exceeded 64 bytes" = 30 chars
+    budget = 64 - (len(message) + 2)
+    assert logs[0] == "a" * 10
+    assert logs[1] == "b" * (budget - 2 - 12 - 1 - 2)
+    total = len(json.dumps(logs, separators=(",", ":"))) + len(message) + 2
+    assert total == 64
+
+
+def test_overflow_truncates_the_message_when_the_cap_is_tiny() -> None:
+    ledger = OutputLedger(4)
+    ledger.admit_log("x")
+    logs, message = ledger.overflow_logs()
+    assert logs == []
+    assert message == ""
+    ledger = OutputLedger(10)
+    logs, message = ledger.overflow_logs()
+    assert message == "outer "
+
+
+def test_overflow_prefix_respects_utf8_boundaries() -> None:
+    ledger = OutputLedger(40)
+    ledger.admit_log("€" * 100)
+    logs, message = ledger.overflow_logs()
+    used = len(json.dumps(logs, ensure_ascii=False, separators=(",", ":")).encode())
+    assert used + json_string_size(message) <= 40
+    assert all(ch == "€" for ch in "".join(logs))
+
+
+def test_minimum_cap() -> None:
+    with pytest.raises(ValueError, match=">= 4"):
+        OutputLedger(3)
