@@ -3,10 +3,11 @@
 Run: `.venv/bin/python -m benchmarks.sdk_render [--quick]`. Prints one JSON object.
 
 "Cold" means a full render from the tool rows with nothing reused between calls (the
-renderers keep no caches). The ≤ 1 ms target for an unchanged tool set applies to the cached
-section text, which the registry does not hold yet: `cached_ms` stays null until it does. The
-baseline is `json.dumps` of the same 500 input+output schemas, timed in the same run, so the
-ratio is comparable across machines.
+renderers keep no caches). "Cached" is `Assembler.sdk` for an unchanged scope (the version-keyed
+cache the GetSdk RPC serves from; target ≤ 1 ms). "After change" is the first `Assembler.sdk`
+after an unrelated registry change: the view is recomputed but the text is reused because the
+tool set is the same. The baseline is `json.dumps` of the same 500 input+output schemas, timed in
+the same run, so the ratio is comparable across machines.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from codemode_common.jsonvalue import JsonValue
+from registry_service.domain.catalog import Catalog
+from registry_service.domain.scopes import Mode
+from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
+from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.sdk_model import SdkTool
 from registry_service.presentation.sdk_python import render_python_sdk
 from registry_service.presentation.sdk_typescript import render_typescript_sdk
 
 TOOL_COUNT = 500
 TARGET_COLD_MS = 50.0
+TARGET_CACHED_MS = 1.0
 _VERBS = ("read", "write", "list", "search", "create", "delete", "update", "fetch", "sync", "run")
 _NOUNS = ("file", "issue", "branch", "ticket", "user", "page", "record", "job", "event", "note")
 _WORDS = (
@@ -100,6 +107,33 @@ def _output(rng: random.Random) -> dict[str, Any]:
     return node
 
 
+async def _no_body(invocation: Invocation) -> JsonValue:
+    return None
+
+
+def make_catalog(tools: list[SdkTool]) -> Catalog:
+    """A code-mode catalog holding the tools globally (what GetSdk assembles from)."""
+    catalog = Catalog(Mode.CODE, ToolDefinition(RUN_CODE, "", {"type": "object"}, {}, _no_body))
+    catalog.register(
+        "",
+        [
+            ToolDefinition(t.name, t.description, t.input_schema, t.output_schema, _no_body)
+            for t in tools
+        ],
+    )
+    return catalog
+
+
+def _after_change(
+    catalog: Catalog, assembler: Assembler, language: str, repeats: int
+) -> list[float]:
+    samples = []
+    for index in range(repeats):
+        catalog.create_agent(f"bench-{index}", "", None)  # bumps the version, same global tools
+        samples.extend(_time_ms(partial(assembler.sdk, "", language), 1))
+    return samples
+
+
 def _time_ms(render: Callable[[], object], repeats: int) -> list[float]:
     samples = []
     for _ in range(repeats):
@@ -109,10 +143,10 @@ def _time_ms(render: Callable[[], object], repeats: int) -> list[float]:
     return samples
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
+def _summary(samples: list[float], digits: int = 3) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"median_ms": round(statistics.median(ordered), 3), "p99_ms": round(p99, 3)}
+    return {"median_ms": round(statistics.median(ordered), digits), "p99_ms": round(p99, digits)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,22 +162,29 @@ def main(argv: list[str] | None = None) -> None:
     for language, render in (("typescript", render_typescript_sdk), ("python", render_python_sdk)):
         first = _time_ms(partial(render, tools), 1)[0]
         stats = _summary(_time_ms(partial(render, tools), repeats))
+        catalog = make_catalog(tools)
+        assembler = Assembler(catalog, PresentationConfig(runtime_languages=(language,)))
+        assert assembler.sdk("", language).text == render(tools)  # warms the cache
+        cached = _summary(_time_ms(partial(assembler.sdk, "", language), repeats * 10), 5)
+        changed = _summary(_after_change(catalog, assembler, language, repeats))
         languages[language] = {
             "cold_first_call_ms": round(first, 3),
             "cold": stats,
-            "cached_ms": None,
+            "cached": cached,
+            "after_unrelated_change": changed,
             "sdk_chars": len(render(tools)),
             "ratio_to_baseline": round(stats["median_ms"] / baseline["median_ms"], 2),
-            "meets_target": stats["median_ms"] <= TARGET_COLD_MS,
+            "meets_target": stats["median_ms"] <= TARGET_COLD_MS
+            and cached["p99_ms"] <= TARGET_CACHED_MS,
         }
     result = {
         "benchmark": "sdk_render",
         "tools": TOOL_COUNT,
         "repeats": repeats,
         "target_cold_ms": TARGET_COLD_MS,
+        "target_cached_ms": TARGET_CACHED_MS,
         "baseline_json_dumps": baseline,
         "languages": languages,
-        "note": "cached_ms is measured once the registry caches the rendered section",
         "python": platform.python_version(),
     }
     json.dump(result, sys.stdout)

@@ -9,14 +9,28 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from registry_service.domain.scopes import Mode
+from registry_service.presentation.assembly import Section, check_config
 
 
 class ConfigError(ValueError):
     pass
+
+
+class PromptSectionSetting(BaseModel):
+    """A deployment system-prompt section, placed among the registry's own by `order`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    order: int = Field(ge=-(2**31), lt=2**31)
+    text: str
+
+    def to_section(self) -> Section:
+        return Section(self.id, self.order, self.text)
 
 
 class RegistrySettings(BaseSettings):
@@ -36,6 +50,33 @@ class RegistrySettings(BaseSettings):
     """Largest gRPC message accepted or sent."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight RPCs may finish on shutdown."""
+    runtime_targets: list[str] = Field(default_factory=list)
+    """Runtime service addresses (`host:port`, or one `dns:///name:port`); runs are spread over
+    them with round_robin. Empty: `run_code` fails with CODE_RUNTIME_UNAVAILABLE."""
+    history_path: str = "var/registry-history.sqlite3"
+    """SQLite history file (WAL); `:memory:` keeps history in memory only."""
+    history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
+    """Content larger than this is stored once aside; the record keeps a preview + locator."""
+    token_key: str = ""
+    """Hex key for parent-token HMACs; empty: a random key per process (set it when several
+    registry replicas must accept each other's tokens)."""
+    runtime_languages: list[str] = Field(default_factory=lambda: ["python"])
+    """Languages the code runtime serves, first = default (empty: no runtime, native only)."""
+    prompt_sections: list[PromptSectionSetting] = Field(default_factory=list)
+    """Deployment system-prompt sections `{id, order, text}` (ids `tool:*`, `tools:sdk` and
+    `tools:code-only` are reserved)."""
+    tool_order: list[str] = Field(default_factory=list)
+    """Tool names whose guidance sections and wire schemas come first, in this order; a name a
+    scope does not know fails that scope's assembly."""
+
+    @model_validator(mode="after")
+    def _check_presentation(self) -> RegistrySettings:
+        check_config(
+            self.runtime_languages,
+            [section.to_section() for section in self.prompt_sections],
+            self.tool_order,
+        )
+        return self
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> RegistrySettings:

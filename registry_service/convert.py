@@ -5,8 +5,8 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
 from codemode_common.errors import invalid_argument
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain import catalog, execution, results
@@ -14,6 +14,7 @@ from registry_service.domain.approvals import ApprovalOutcome
 from registry_service.domain.providers import ToolSpec
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tools import ToolDefinition
+from registry_service.history.records import Record
 
 _MODES = {
     Mode.NATIVE: scope_pb2.PRESENTATION_MODE_NATIVE,
@@ -192,6 +193,24 @@ def result_from_proto(message: tool_pb2.ToolResult) -> results.ToolResult:
 
 
 def event_to_proto(event: execution.Event) -> rpb.ExecuteToolCallResponse:
+    if isinstance(event, execution.NestedCallStarted):
+        return rpb.ExecuteToolCallResponse(
+            nested_started=history_pb2.NestedCallStarted(
+                sub_call_id=event.sub_call_id, tool_name=event.tool_name
+            )
+        )
+    if isinstance(event, execution.NestedCallSettled):
+        return rpb.ExecuteToolCallResponse(
+            nested_settled=history_pb2.NestedCallSettled(
+                sub_call_id=event.sub_call_id,
+                tool_name=event.tool_name,
+                is_error=event.is_error,
+                error_code=event.error_code,
+                duration_ms=event.duration_ms,
+            )
+        )
+    if isinstance(event, execution.ProgramLog):
+        return rpb.ExecuteToolCallResponse(log=history_pb2.ProgramLog(text=event.text))
     if isinstance(event, execution.CallStarted):
         return rpb.ExecuteToolCallResponse(
             started=rpb.CallStarted(call_id=event.call_id, tool_name=event.tool_name)
@@ -204,4 +223,33 @@ def event_to_proto(event: execution.Event) -> rpb.ExecuteToolCallResponse:
         approval_resolved=rpb.ApprovalResolved(
             approval_id=event.approval_id, outcome=outcome_to_proto(event.outcome)
         )
+    )
+
+
+def _block_from_json(block: JsonValue) -> tool_pb2.ContentBlock:
+    if isinstance(block, dict) and block.get("type") == "text":
+        return tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=str(block.get("text", ""))))
+    if isinstance(block, dict) and block.get("type") == "json":
+        return tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json=str(block.get("json", ""))))
+    # Image bytes are not kept in history; the record says an image was there.
+    mime = block.get("mime_type", "") if isinstance(block, dict) else ""
+    return tool_pb2.ContentBlock(image=tool_pb2.ImageContent(mime_type=str(mime)))
+
+
+def record_to_proto(record: Record) -> history_pb2.HistoryRecord:
+    blocks = jsonvalue.loads(record.content_json) if record.content_json else []
+    return history_pb2.HistoryRecord(
+        seq=record.seq,
+        kind=record.kind,
+        agent=record.agent,
+        call_id=record.call_id,
+        root_call_id=record.root_call_id,
+        parent_call_id=record.parent_call_id,
+        tool_name=record.name,
+        arguments_json=record.arguments_json,
+        content=[_block_from_json(b) for b in blocks] if isinstance(blocks, list) else [],
+        is_error=record.is_error,
+        error_code=record.error_code,
+        time=_timestamp(record.time),
+        spill_locator=record.spilled,
     )

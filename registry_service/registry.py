@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_common import jsonvalue
+from codemode_common.jsonvalue import JsonValue, JsonValueError
+from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport, content_json
+from registry_service.codemode.runtime_port import RuntimePort
+from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
-from registry_service.domain.execution import Executor, ToolCallFailure
+from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
+from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.tools import (
     RUN_CODE,
@@ -20,31 +27,19 @@ from registry_service.domain.tools import (
     Invocation,
     ToolDefinition,
 )
+from registry_service.history import records
+from registry_service.history.records import HistoryStore, Record
+from registry_service.history.sqlite import SqliteHistory
+from registry_service.presentation.assembly import Assembler, PresentationConfig
+from registry_service.presentation.languages import catalog_language
+from registry_service.presentation.run_code_schema import run_code_tool_schema
 
-RUN_CODE_INPUT_SCHEMA: JsonValue = {
-    "type": "object",
-    "properties": {
-        "code": {"type": "string", "description": "The program: the body of an async function."},
-        "description": {
-            "type": "string",
-            "description": "Clear, concise description of what this program does, 5-10 words.",
-        },
-    },
-    "required": ["code", "description"],
-}
 RUN_CODE_OUTPUT_SCHEMA: JsonValue = {
     "type": "object",
     "properties": {"logs": {"type": "array", "items": {"type": "string"}}, "result": {}},
     "required": ["logs"],
     "additionalProperties": False,
 }
-
-
-async def _no_runtime(invocation: Invocation) -> JsonValue:
-    raise ToolCallFailure(
-        "run_code requires a code runtime, and none is configured for this registry",
-        "CODE_RUNTIME_UNAVAILABLE",
-    )
 
 
 @dataclass
@@ -54,6 +49,25 @@ class Registry:
     approvals: ApprovalBroker
     providers: ProviderHub
     executor: Executor
+    assembler: Assembler
+    history: HistoryStore
+    transport: RunCodeTransport
+    runtime: RuntimePort | None
+
+    async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
+        """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
+        if inp.agent:
+            await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
+        result = await self.executor.execute(inp, emit)
+        if inp.agent:
+            await self.history.append(_outer(records.TOOL_RESULT, inp, None, result))
+        return result
+
+    async def close(self) -> None:
+        close_runtime = getattr(self.runtime, "close", None)
+        if close_runtime is not None:
+            await close_runtime()
+        await self.history.close()
 
     def register_tool(
         self,
@@ -86,22 +100,89 @@ class Registry:
         return defn
 
 
-def build_registry(settings: RegistrySettings) -> Registry:
+def _open_history(settings: RegistrySettings) -> SqliteHistory:
+    if settings.history_path != ":memory:":
+        Path(settings.history_path).parent.mkdir(parents=True, exist_ok=True)
+    return SqliteHistory(settings.history_path, max_inline_bytes=settings.history_max_inline_bytes)
+
+
+def _connect_runtime(settings: RegistrySettings) -> RuntimePort | None:
+    if not settings.runtime_targets:
+        return None
+    from registry_service.runtime_client import GrpcRuntime  # the transport adapter (grpc)
+
+    return GrpcRuntime(settings.runtime_targets, settings.max_message_bytes)
+
+
+def _outer(
+    kind: str, inp: ExecutionInput, arguments: object, result: ToolResult | None = None
+) -> Record:
+    try:
+        arguments_json = jsonvalue.dumps(arguments) if result is None else ""
+    except JsonValueError:
+        arguments_json = ""  # the execution reports the lossy arguments as its result
+    return Record(
+        kind=kind,
+        agent=inp.agent or "",
+        call_id=inp.call_id,
+        root_call_id=inp.root_call_id or inp.call_id,
+        parent_call_id="",
+        name=inp.name,
+        arguments_json=arguments_json,
+        content_json=content_json(result) if result is not None else "",
+        is_error=bool(result and result.is_error),
+        error_code=result.error.code if result is not None and result.error else "",
+        time=time.time(),
+    )
+
+
+def build_registry(settings: RegistrySettings, runtime: RuntimePort | None = None) -> Registry:
+    # The catalog's run_code (listing, argument validation) speaks the default language; the
+    # wire schema is rendered per requested language by the assembler.
+    flavour = run_code_tool_schema(catalog_language(settings.runtime_languages))
+    holder: list[RunCodeTransport] = []
+
+    async def run_code_body(invocation: Invocation) -> ToolResult:
+        return await holder[0](invocation)
+
     run_code = ToolDefinition(
         name=RUN_CODE,
-        description="Execute a program against the available tools.",
-        input_schema=RUN_CODE_INPUT_SCHEMA,
+        description=flavour["description"],
+        input_schema=flavour["parameters"],
         output_schema=RUN_CODE_OUTPUT_SCHEMA,
-        body=_no_runtime,
+        body=run_code_body,
     )
     catalog = Catalog(settings.default_mode, run_code)
+    presentation = PresentationConfig(
+        runtime_languages=tuple(settings.runtime_languages),
+        prompt_sections=tuple(s.to_section() for s in settings.prompt_sections),
+        tool_order=tuple(settings.tool_order),
+    )
     approvals = ApprovalBroker()
+    executor = Executor(catalog, approvals)
+    history = _open_history(settings)
+    runtime = runtime or _connect_runtime(settings)
+    transport = RunCodeTransport(
+        executor,
+        runtime,
+        history,
+        CodeModeConfig(
+            max_parallel_sub_calls=settings.max_parallel_sub_calls,
+            language=catalog_language(settings.runtime_languages),
+        ),
+        TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
+    )
+    holder.append(transport)
     registry = Registry(
         settings=settings,
         catalog=catalog,
         approvals=approvals,
         providers=ProviderHub(catalog),
-        executor=Executor(catalog, approvals),
+        executor=executor,
+        assembler=Assembler(catalog, presentation),
+        history=history,
+        transport=transport,
+        runtime=runtime,
     )
     if settings.policy_rules is not None:
         try:

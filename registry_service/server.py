@@ -34,6 +34,7 @@ class RunningRegistry:
     async def stop(self, grace: float | None = None) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.registry.settings.shutdown_grace_s if grace is None else grace)
+        await self.registry.close()
 
 
 async def start(settings: RegistrySettings, registry: Registry | None = None) -> RunningRegistry:

@@ -15,6 +15,7 @@ from registry_service import convert
 from registry_service._errors import streaming, unary
 from registry_service.domain.execution import Event, ExecutionInput
 from registry_service.domain.signals import AbortController
+from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
 from registry_service.streams import approver_stream, provider_stream
 
@@ -22,7 +23,7 @@ from registry_service.streams import approver_stream, provider_stream
 Context: TypeAlias = Any
 
 
-class RegistryServicer(rpb_grpc.RegistryServiceServicer):
+class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
         self._catalog = registry.catalog
@@ -170,7 +171,7 @@ class RegistryServicer(rpb_grpc.RegistryServiceServicer):
             deadline=None if remaining is None else loop.time() + remaining,
         )
         self._inflight.add(key)
-        task = asyncio.create_task(self._registry.executor.execute(inp, events.put_nowait))
+        task = asyncio.create_task(self._registry.execute(inp, events.put_nowait))
         task.add_done_callback(lambda _task: events.put_nowait(None))
         try:
             while (event := await events.get()) is not None:
@@ -185,6 +186,33 @@ class RegistryServicer(rpb_grpc.RegistryServiceServicer):
                     await task
             self._inflight.discard(key)
 
+    # -- history -----------------------------------------------------------------------------
+
+    @unary
+    async def ListHistory(
+        self, request: rpb.ListHistoryRequest, context: Context
+    ) -> rpb.ListHistoryResponse:
+        self._catalog.get_agent(request.agent)
+        if request.page_size < 0:
+            raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
+        size = min(request.page_size or 100, 1000)
+        after = _history_cursor(request.page_token)
+        page = await self._registry.history.list(
+            request.agent, after_seq=after, limit=size + 1, call_id=request.call_id
+        )
+        token = str(page[size - 1].seq) if len(page) > size else ""
+        return rpb.ListHistoryResponse(
+            records=[convert.record_to_proto(r) for r in page[:size]], next_page_token=token
+        )
+
+    @streaming
+    async def WatchHistory(
+        self, request: rpb.WatchHistoryRequest, context: Context
+    ) -> AsyncIterator[rpb.WatchHistoryResponse]:
+        self._catalog.get_agent(request.agent)
+        async for record in self._registry.history.watch(request.agent, request.after_seq):
+            yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
+
     # -- provider and approver streams ---------------------------------------------------------
 
     async def Connect(
@@ -198,3 +226,11 @@ class RegistryServicer(rpb_grpc.RegistryServiceServicer):
     ) -> AsyncIterator[rpb.ApproveResponse]:
         async for response in approver_stream(self._registry, request_iterator, context):
             yield response
+
+
+def _history_cursor(token: str) -> int:
+    if not token:
+        return 0
+    if not token.isdigit():
+        raise invalid_argument("INVALID_PAGE_TOKEN", "page_token is not a valid page token")
+    return int(token)

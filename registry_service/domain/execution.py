@@ -105,7 +105,36 @@ class ApprovalResolved:
     outcome: ApprovalOutcome
 
 
-Event = CallStarted | ApprovalPending | ApprovalResolved
+@dataclass(frozen=True, slots=True)
+class NestedCallStarted:
+    """A run_code program's binding call started (scheduler start, before pre-execute)."""
+
+    sub_call_id: str
+    tool_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class NestedCallSettled:
+    sub_call_id: str
+    tool_name: str
+    is_error: bool
+    error_code: str
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramLog:
+    text: str
+
+
+Event = (
+    CallStarted
+    | ApprovalPending
+    | ApprovalResolved
+    | NestedCallStarted
+    | NestedCallSettled
+    | ProgramLog
+)
 Emit = Callable[[Event], None]
 
 
@@ -123,7 +152,7 @@ class _Dispatch:
     deferred: list[AdditionalContext] = field(default_factory=list)
 
 
-def _no_events(_event: Event) -> None:
+def no_events(_event: Event) -> None:
     return None
 
 
@@ -132,7 +161,7 @@ class Executor:
         self.catalog = catalog
         self.approvals = approvals
 
-    async def execute(self, inp: ExecutionInput, emit: Emit = _no_events) -> ToolResult:
+    async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         created = self.create(inp)
         if isinstance(created, ToolResult):
             return created
@@ -144,7 +173,7 @@ class Executor:
         result = prepared.result
         if prepared.action == "dispatch":
             try:
-                result = await self.dispatch(created)
+                result = await self.dispatch(created, emit)
             except Exception as exc:  # an around wrapper threw: final, no post-execute
                 return self.finish(created, _failure(exc))
         assert result is not None
@@ -193,7 +222,7 @@ class Executor:
 
     # -- prepare -------------------------------------------------------------------------------
 
-    async def prepare(self, execution: Execution, emit: Emit = _no_events) -> Prepared:
+    async def prepare(self, execution: Execution, emit: Emit = no_events) -> Prepared:
         if execution.signal.aborted:
             return Prepared("final", aborted(before_dispatch=True))
         try:
@@ -251,14 +280,14 @@ class Executor:
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    async def dispatch(self, execution: Execution) -> ToolResult:
+    async def dispatch(self, execution: Execution, emit: Emit = no_events) -> ToolResult:
         """Around wrappers (outermost: global) then the body. A wrapper's throw propagates."""
         state = _Dispatch()
         wrappers = [w for hooks in self.catalog.chain_hooks(execution.agent) for w in hooks.around]
 
         def call(index: int) -> Callable[[], Awaitable[ToolResult]]:
             if index == len(wrappers):
-                return lambda: self._body(execution, state)
+                return lambda: self._body(execution, state, emit)
             return lambda: wrappers[index](execution, call(index + 1))
 
         result = await call(0)()
@@ -270,7 +299,7 @@ class Executor:
             )
         return result
 
-    async def _body(self, execution: Execution, state: _Dispatch) -> ToolResult:
+    async def _body(self, execution: Execution, state: _Dispatch, emit: Emit) -> ToolResult:
         if execution.signal.aborted:
             return aborted(before_dispatch=True)
         defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
@@ -283,6 +312,7 @@ class Executor:
             return error_result(format_invalid_args(violations), INVALID_ARGS, "ToolArgsError")
         state.body_invoked = True
         invocation = Invocation(
+            emit=emit,
             call_id=execution.call_id,
             root_call_id=execution.root_call_id,
             agent=execution.agent,

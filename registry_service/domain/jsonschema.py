@@ -29,13 +29,13 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
 
 __all__ = ["MAX_MESSAGES", "SchemaError", "check_schema", "format_invalid_args", "validate"]
 
 MAX_MESSAGES = 20
-_MAX_NAME = 120  # characters of a property path kept in a message
 _MAX_LISTING = 200  # characters of an enum listing or a const value kept in a message
 
 
@@ -165,6 +165,12 @@ _ARTICLES = {
     "object": "an object",
 }
 _SIMPLE_KEY = re.compile(r"[^.\[\]\"\\\s]+")
+_PATH_HEAD, _PATH_TAIL = 3, 6  # segments of a deep path kept in a message
+_MAX_KEY = 40  # characters of one property name kept in a message
+
+# A value's location: (parent, key) links up to the root (None). Built per member in O(1);
+# rendered only for a message that is kept.
+_Path: TypeAlias = "tuple[_Path, str | int] | None"
 
 
 def _is_type(value: JsonValue, name: str) -> bool:
@@ -228,44 +234,63 @@ def _listing(values: list[JsonValue]) -> str:
     return "[" + ",".join(parts) + "]"
 
 
+def _segment(key: str | int, first: bool) -> str:
+    if isinstance(key, int):
+        return f"[{key}]"
+    if len(key) > _MAX_KEY:
+        key = key[: _MAX_KEY - 1] + "…"
+    if _SIMPLE_KEY.fullmatch(key):
+        return key if first else "." + key
+    return f"[{dumps(key)}]"
+
+
+class _Later:
+    """A message part computed only if the message is kept (formatting calls __str__)."""
+
+    __slots__ = ("args", "func")
+
+    def __init__(self, func: Callable[..., str], *args: object) -> None:
+        self.func, self.args = func, args
+
+    def __str__(self) -> str:
+        return self.func(*self.args)
+
+
 @dataclass(slots=True)
 class _Sink:
-    """Collects messages: keeps the first `keep`, counts all."""
+    """Collects messages: formats and keeps the first `keep`, counts all."""
 
     keep: int
-    root: str
+    root: str  # how messages name the root value
     messages: list[str] = field(default_factory=list)
     count: int = 0
 
-    def add(self, message: str) -> None:
+    def add(self, path: _Path, template: str, *parts: object) -> None:
+        """Report a violation at `path`; `{name}` in the template becomes the value's name."""
         self.count += 1
         if len(self.messages) < self.keep:
-            self.messages.append(message)
+            self.messages.append(template.format(*parts, name=self.name(path)))
 
-
-def _child(path: str, key: str | int) -> str:
-    """The path of a member: `config.items[2].name`; odd keys are quoted: `a["b.c"]`."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if _SIMPLE_KEY.fullmatch(key):
-        return f"{path}.{key}" if path else key
-    return f"{path}[{dumps(key)}]"
-
-
-def _name(path: str, sink: _Sink) -> str:
-    """How a message names a value: the root's name (`arguments`), else the quoted path."""
-    if not path:
-        return sink.root
-    if len(path) > _MAX_NAME:
-        path = "…" + path[-(_MAX_NAME - 1) :]
-    return f'"{path}"'
+    def name(self, path: _Path) -> str:
+        """`arguments` for the root, else the quoted path: `"config.items[2].name"`."""
+        if path is None:
+            return self.root
+        keys: list[str | int] = []
+        while path is not None:
+            path, key = path
+            keys.append(key)
+        keys.reverse()
+        parts = [_segment(key, i == 0) for i, key in enumerate(keys)]
+        if len(parts) > _PATH_HEAD + _PATH_TAIL:
+            parts[_PATH_HEAD:-_PATH_TAIL] = ["…"]
+        return '"' + "".join(parts) + '"'
 
 
 @dataclass(slots=True)
 class _Check:
     schema: JsonValue
     value: JsonValue
-    path: str
+    path: _Path
     sink: _Sink
 
 
@@ -273,7 +298,8 @@ class _Check:
 class _Note:
     """A message that must come out at this point of the document order."""
 
-    message: str
+    path: _Path
+    template: str
     sink: _Sink
 
 
@@ -283,7 +309,7 @@ class _Combine:
 
     keyword: str
     arms: list[_Sink]
-    path: str
+    path: _Path
     sink: _Sink
 
 
@@ -299,24 +325,24 @@ def validate(
     length and number bounds, pattern, missing required properties in `required` order, then
     oneOf and anyOf), then its members in instance order (an undeclared property under
     `additionalProperties: false`, or the member's own violations) or its items. A type
-    mismatch suppresses the other checks of that value.
-    After `limit` messages one more says how many were left out. `root` names the value itself
-    (`arguments must be an object`); members are named by their path (`"config.items[2].name"`).
+    mismatch suppresses the other checks of that value. `root` names the value itself
+    (`arguments must be an object`); members are named by their path, long paths and names
+    shortened with `…`. After `limit` messages one more says how many were left out.
     """
     sink = _Sink(limit, root)
-    tasks: list[_Task] = [_Check(schema, value, "", sink)]
+    tasks: list[_Task] = [_Check(schema, value, None, sink)]
     while tasks:
         task = tasks.pop()
         if isinstance(task, _Note):
-            task.sink.add(task.message)
+            task.sink.add(task.path, task.template)
         elif isinstance(task, _Combine):
             matched = sum(arm.count == 0 for arm in task.arms)
-            name = _name(task.path, task.sink)
             if task.keyword == "oneOf" and matched != 1:
-                how = "none" if matched == 0 else str(matched)
-                task.sink.add(f"{name} must match exactly one schema in oneOf (matched {how})")
+                how = "none" if matched == 0 else matched
+                template = "{name} must match exactly one schema in oneOf (matched {0})"
+                task.sink.add(task.path, template, how)
             elif task.keyword == "anyOf" and matched == 0:
-                task.sink.add(f"{name} must match at least one schema in anyOf")
+                task.sink.add(task.path, "{name} must match at least one schema in anyOf")
         else:
             # Children run in document order: push them in reverse.
             tasks.extend(reversed(_check(task)))
@@ -330,67 +356,54 @@ def _check(task: _Check) -> list[_Task]:
     schema, value, path, sink = task.schema, task.value, task.path, task.sink
     if schema is True or type(schema) is not dict:
         if schema is False:
-            sink.add(f"{_name(path, sink)} is not allowed")
+            sink.add(path, "{name} is not allowed")
         return []
-    name = _name(path, sink)
     declared = schema.get("type")
     if declared is not None:
         names = declared if type(declared) is list else [declared]
         if not any(_is_type(value, str(n)) for n in names):
             words = [_ARTICLES.get(str(n), str(n)) for n in names]
             wanted = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-            sink.add(f"{name} must be {wanted}")
+            sink.add(path, "{name} must be {0}", wanted)
             return []
-    if "enum" in schema:
-        options = schema["enum"]
-        if type(options) is list and not any(_json_equal(value, o) for o in options):
-            sink.add(f"{name} must be one of {_listing(options)}")
+    options = schema.get("enum")
+    if type(options) is list and not any(_json_equal(value, o) for o in options):
+        sink.add(path, "{name} must be one of {0}", _Later(_listing, options))
     if "const" in schema and not _json_equal(value, schema["const"]):
-        sink.add(f"{name} must equal {_shown(schema['const'])}")
+        sink.add(path, "{name} must equal {0}", _Later(_shown, schema["const"]))
     follow: list[_Task] = []
     for keyword in ("oneOf", "anyOf"):
         arms = schema.get(keyword)
         if type(arms) is list:
-            # Each arm reports into its own sink; the combine task runs after all of them and
-            # before the member checks appended below.
+            # Each arm reports into its own sink (counting only); the combine task runs after
+            # all of them and before the member checks appended below.
             sinks = [_Sink(0, sink.root) for _ in arms]
             follow.extend(_Check(arm, value, path, s) for arm, s in zip(arms, sinks, strict=True))
             follow.append(_Combine(keyword, sinks, path, sink))
     if isinstance(value, str):
-        _check_string(schema, value, name, sink)
+        _check_length(schema, len(value), "characters", path, sink)
+        pattern = schema.get("pattern")
+        if type(pattern) is str and re.search(pattern, value) is None:
+            sink.add(path, "{name} must match the pattern {0}", _Later(_shown, pattern))
     elif isinstance(value, bool) or value is None:
         pass
     elif isinstance(value, int | float):
-        _check_number(schema, value, name, sink)
+        for keyword, holds, symbol in _COMPARISONS:
+            bound = schema.get(keyword)
+            if (
+                isinstance(bound, int | float)
+                and type(bound) is not bool
+                and not holds(value, bound)
+            ):
+                sink.add(path, "{name} must be {0} {1}", symbol, _Later(_shown, bound))
     elif isinstance(value, list):
-        _check_length(schema, len(value), "items", name, sink)
+        _check_length(schema, len(value), "items", path, sink)
         items = schema.get("items", True)
         if items is not True:
-            follow.extend(_Check(items, v, _child(path, i), sink) for i, v in enumerate(value))
+            follow.extend(_Check(items, v, (path, i), sink) for i, v in enumerate(value))
     elif isinstance(value, dict):
         follow.extend(_check_object(schema, value, path, sink))
     return follow
-
-
-_LENGTH_KEYWORDS = {"items": ("minItems", "maxItems"), "characters": ("minLength", "maxLength")}
-
-
-def _check_length(
-    schema: dict[str, JsonValue], size: int, unit: str, name: str, sink: _Sink
-) -> None:
-    low, high = _LENGTH_KEYWORDS[unit]
-    least, most = _count(schema.get(low)), _count(schema.get(high))
-    if least is not None and size < least:
-        sink.add(f"{name} must have at least {least} {unit if least != 1 else unit[:-1]}")
-    if most is not None and size > most:
-        sink.add(f"{name} must have at most {most} {unit if most != 1 else unit[:-1]}")
-
-
-def _check_string(schema: dict[str, JsonValue], value: str, name: str, sink: _Sink) -> None:
-    _check_length(schema, len(value), "characters", name, sink)
-    pattern = schema.get("pattern")
-    if type(pattern) is str and re.search(pattern, value) is None:
-        sink.add(f"{name} must match the pattern {_shown(pattern)}")
 
 
 _COMPARISONS: tuple[tuple[str, Callable[[float, float], bool], str], ...] = (
@@ -399,36 +412,43 @@ _COMPARISONS: tuple[tuple[str, Callable[[float, float], bool], str], ...] = (
     ("maximum", operator.le, "<="),
     ("exclusiveMaximum", operator.lt, "<"),
 )
+_LENGTH_KEYWORDS = {"items": ("minItems", "maxItems"), "characters": ("minLength", "maxLength")}
 
 
-def _check_number(schema: dict[str, JsonValue], value: float, name: str, sink: _Sink) -> None:
-    for keyword, holds, symbol in _COMPARISONS:
-        bound = schema.get(keyword)
-        if isinstance(bound, int | float) and type(bound) is not bool and not holds(value, bound):
-            sink.add(f"{name} must be {symbol} {dumps(bound)}")
+def _plural(count: int, unit: str) -> str:
+    return unit[:-1] if count == 1 else unit
+
+
+def _check_length(
+    schema: dict[str, JsonValue], size: int, unit: str, path: _Path, sink: _Sink
+) -> None:
+    low, high = _LENGTH_KEYWORDS[unit]
+    least, most = _count(schema.get(low)), _count(schema.get(high))
+    if least is not None and size < least:
+        sink.add(path, "{name} must have at least {0} {1}", least, _plural(least, unit))
+    if most is not None and size > most:
+        sink.add(path, "{name} must have at most {0} {1}", most, _plural(most, unit))
 
 
 def _check_object(
-    schema: dict[str, JsonValue], value: dict[str, JsonValue], path: str, sink: _Sink
+    schema: dict[str, JsonValue], value: dict[str, JsonValue], path: _Path, sink: _Sink
 ) -> list[_Task]:
     required = schema.get("required")
     if type(required) is list:
         for key in required:
             if type(key) is str and key not in value:
-                sink.add(f"missing required property {_name(_child(path, key), sink)}")
+                sink.add((path, key), "missing required property {name}")
     properties = schema.get("properties")
     declared = properties if type(properties) is dict else {}
     extra = schema.get("additionalProperties", True)
     follow: list[_Task] = []
     for key, member in value.items():
-        where = _child(path, key)
+        where = (path, key)
         if key in declared:
             follow.append(_Check(declared[key], member, where, sink))
         elif extra is False:
-            message = (
-                f"{_name(where, sink)} is not a declared property (additionalProperties: false)"
-            )
-            follow.append(_Note(message, sink))
+            template = "{name} is not a declared property (additionalProperties: false)"
+            follow.append(_Note(where, template, sink))
         elif extra is not True:
             follow.append(_Check(extra, member, where, sink))
     return follow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from codemode_common.errors import invalid_argument
 from codemode_common.jsonvalue import JsonValue
@@ -31,6 +32,8 @@ class Invocation:
     deadline: float | None  # event-loop time, or None
     traceparent: str = ""
     tracestate: str = ""
+    # Progress events for the caller's stream (used by run_code for nested-call events).
+    emit: Callable[[Any], None] = lambda _event: None
 
 
 # A body returns a canonical value (or raises). It may return a full ToolResult when it needs to

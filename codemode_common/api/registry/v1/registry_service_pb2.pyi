@@ -5,6 +5,7 @@ isort:skip_file
 """
 
 from codemode_common.api.common.v1 import trace_pb2 as _trace_pb2
+from codemode_common.api.registry.v1 import history_pb2 as _history_pb2
 from codemode_common.api.registry.v1 import scope_pb2 as _scope_pb2
 from codemode_common.api.registry.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
@@ -675,6 +676,9 @@ class ExecuteToolCallResponse(_message.Message):
     APPROVAL_PENDING_FIELD_NUMBER: _builtins.int
     APPROVAL_RESOLVED_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
+    NESTED_STARTED_FIELD_NUMBER: _builtins.int
+    NESTED_SETTLED_FIELD_NUMBER: _builtins.int
+    LOG_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___CallStarted:
         """The call was admitted and its pipeline started."""
@@ -691,6 +695,18 @@ class ExecuteToolCallResponse(_message.Message):
     def result(self) -> _tool_pb2.ToolResult:
         """The final result. No events follow."""
 
+    @_builtins.property
+    def nested_started(self) -> _history_pb2.NestedCallStarted:
+        """A run_code program's nested call started."""
+
+    @_builtins.property
+    def nested_settled(self) -> _history_pb2.NestedCallSettled:
+        """A run_code program's nested call settled."""
+
+    @_builtins.property
+    def log(self) -> _history_pb2.ProgramLog:
+        """A run_code program printed a line."""
+
     def __init__(
         self,
         *,
@@ -698,12 +714,15 @@ class ExecuteToolCallResponse(_message.Message):
         approval_pending: Global___ApprovalPending | None = ...,
         approval_resolved: Global___ApprovalResolved | None = ...,
         result: _tool_pb2.ToolResult | None = ...,
+        nested_started: _history_pb2.NestedCallStarted | None = ...,
+        nested_settled: _history_pb2.NestedCallSettled | None = ...,
+        log: _history_pb2.ProgramLog | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "event", b"event", "result", b"result", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "event", b"event", "result", b"result", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "approval_pending", "approval_resolved", "result"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "approval_pending", "approval_resolved", "result", "nested_started", "nested_settled", "log"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -1290,3 +1309,115 @@ class ApprovalWithdrawn(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApprovalWithdrawn: _TypeAlias = ApprovalWithdrawn  # noqa: Y015
+
+@_typing.final
+class ListHistoryRequest(_message.Message):
+    """Request for ListHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent, `agents/{id}`."""
+    call_id: _builtins.str
+    """Only records of this call: matches the call id or the root call id. Empty: all."""
+    page_size: _builtins.int
+    """Maximum records to return: 0 means 100; values above 1000 are coerced to 1000."""
+    page_token: _builtins.str
+    """A page token from a previous response, with the same other parameters."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "call_id", b"call_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryRequest: _TypeAlias = ListHistoryRequest  # noqa: Y015
+
+@_typing.final
+class ListHistoryResponse(_message.Message):
+    """Response for ListHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page."""
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_history_pb2.HistoryRecord]:
+        """Records in seq order."""
+
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[_history_pb2.HistoryRecord] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryResponse: _TypeAlias = ListHistoryResponse  # noqa: Y015
+
+@_typing.final
+class WatchHistoryRequest(_message.Message):
+    """Request for WatchHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent, `agents/{id}`."""
+    after_seq: _builtins.int
+    """Start after this seq (0: from the beginning)."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "agent", b"agent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchHistoryRequest: _TypeAlias = WatchHistoryRequest  # noqa: Y015
+
+@_typing.final
+class WatchHistoryResponse(_message.Message):
+    """Response for WatchHistory: one record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> _history_pb2.HistoryRecord:
+        """The record."""
+
+    def __init__(
+        self,
+        *,
+        record: _history_pb2.HistoryRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchHistoryResponse: _TypeAlias = WatchHistoryResponse  # noqa: Y015

@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from codemode_common.api.registry.v1 import presentation_pb2 as codemode_dot_registry_dot_v1_dot_presentation__pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as codemode_dot_registry_dot_v1_dot_registry__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -98,6 +99,21 @@ class RegistryServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListVisibleToolsRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListVisibleToolsResponse.FromString,
                 _registered_method=True)
+        self.GetWireSchemas = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/GetWireSchemas',
+                request_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasResponse.FromString,
+                _registered_method=True)
+        self.GetSystemPrompt = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/GetSystemPrompt',
+                request_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptResponse.FromString,
+                _registered_method=True)
+        self.GetSdk = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/GetSdk',
+                request_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkResponse.FromString,
+                _registered_method=True)
         self.ExecuteToolCall = channel.unary_stream(
                 '/codemode.registry.v1.RegistryService/ExecuteToolCall',
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ExecuteToolCallRequest.SerializeToString,
@@ -112,6 +128,16 @@ class RegistryServiceStub:
                 '/codemode.registry.v1.RegistryService/Approve',
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.FromString,
+                _registered_method=True)
+        self.ListHistory = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/ListHistory',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryResponse.FromString,
+                _registered_method=True)
+        self.WatchHistory = channel.unary_stream(
+                '/codemode.registry.v1.RegistryService/WatchHistory',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.FromString,
                 _registered_method=True)
 
 
@@ -206,6 +232,31 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWireSchemas(self, request, context):
+        """The tool schemas the model receives for a scope, per its effective presentation mode.
+        FAILED_PRECONDITION when a non-native scope has no usable runtime language, or when the
+        configured tool order names a tool the scope does not know.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSystemPrompt(self, request, context):
+        """The assembled system-prompt sections for a scope (code-only rule, per-tool guidance, SDK,
+        deployment sections). Same FAILED_PRECONDITION rules as GetWireSchemas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSdk(self, request, context):
+        """The generated tool SDK (`tools:sdk` text) for a scope in a runtime language.
+        FAILED_PRECONDITION when a non-native scope has no usable runtime language.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExecuteToolCall(self, request, context):
         """Executes one model-direct tool call and streams its progress, ending with the result.
         Cancelling the RPC or exceeding its deadline aborts the call.
@@ -224,6 +275,20 @@ class RegistryServiceServicer:
 
     def Approve(self, request_iterator, context):
         """An approver's stream: receives approval requests and answers them. The first answer wins.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListHistory(self, request, context):
+        """Lists an agent's history records in order (AIP-158 pagination), optionally one call's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchHistory(self, request, context):
+        """Streams an agent's history: records after `after_seq`, then new ones as they are written.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -292,6 +357,21 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListVisibleToolsRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListVisibleToolsResponse.SerializeToString,
             ),
+            'GetWireSchemas': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWireSchemas,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasResponse.SerializeToString,
+            ),
+            'GetSystemPrompt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSystemPrompt,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptResponse.SerializeToString,
+            ),
+            'GetSdk': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSdk,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkResponse.SerializeToString,
+            ),
             'ExecuteToolCall': grpc.unary_stream_rpc_method_handler(
                     servicer.ExecuteToolCall,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ExecuteToolCallRequest.FromString,
@@ -306,6 +386,16 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.Approve,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.SerializeToString,
+            ),
+            'ListHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHistory,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryResponse.SerializeToString,
+            ),
+            'WatchHistory': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchHistory,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -646,6 +736,87 @@ class RegistryService:
             _registered_method=True)
 
     @staticmethod
+    def GetWireSchemas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/GetWireSchemas',
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetWireSchemasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSystemPrompt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/GetSystemPrompt',
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSystemPromptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSdk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/GetSdk',
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_presentation__pb2.GetSdkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ExecuteToolCall(request,
             target,
             options=(),
@@ -716,6 +887,60 @@ class RegistryService:
             '/codemode.registry.v1.RegistryService/Approve',
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/ListHistory',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/WatchHistory',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

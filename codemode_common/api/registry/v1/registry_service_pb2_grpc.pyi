@@ -4,6 +4,7 @@
 isort:skip_file
 """
 
+from codemode_common.api.registry.v1 import presentation_pb2 as _presentation_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as _registry_service_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -63,6 +64,19 @@ class RegistryServiceStub:
     """Removes a restriction."""
     ListVisibleTools: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ListVisibleToolsRequest, _registry_service_pb2.ListVisibleToolsResponse]
     """Lists the tools visible to an agent (or the global scope), after shadowing and restrictions."""
+    GetWireSchemas: _grpc.UnaryUnaryMultiCallable[_presentation_pb2.GetWireSchemasRequest, _presentation_pb2.GetWireSchemasResponse]
+    """The tool schemas the model receives for a scope, per its effective presentation mode.
+    FAILED_PRECONDITION when a non-native scope has no usable runtime language, or when the
+    configured tool order names a tool the scope does not know.
+    """
+    GetSystemPrompt: _grpc.UnaryUnaryMultiCallable[_presentation_pb2.GetSystemPromptRequest, _presentation_pb2.GetSystemPromptResponse]
+    """The assembled system-prompt sections for a scope (code-only rule, per-tool guidance, SDK,
+    deployment sections). Same FAILED_PRECONDITION rules as GetWireSchemas.
+    """
+    GetSdk: _grpc.UnaryUnaryMultiCallable[_presentation_pb2.GetSdkRequest, _presentation_pb2.GetSdkResponse]
+    """The generated tool SDK (`tools:sdk` text) for a scope in a runtime language.
+    FAILED_PRECONDITION when a non-native scope has no usable runtime language.
+    """
     ExecuteToolCall: _grpc.UnaryStreamMultiCallable[_registry_service_pb2.ExecuteToolCallRequest, _registry_service_pb2.ExecuteToolCallResponse]
     """Executes one model-direct tool call and streams its progress, ending with the result.
     Cancelling the RPC or exceeding its deadline aborts the call.
@@ -73,6 +87,10 @@ class RegistryServiceStub:
     """
     Approve: _grpc.StreamStreamMultiCallable[_registry_service_pb2.ApproveRequest, _registry_service_pb2.ApproveResponse]
     """An approver's stream: receives approval requests and answers them. The first answer wins."""
+    ListHistory: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ListHistoryRequest, _registry_service_pb2.ListHistoryResponse]
+    """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
+    WatchHistory: _grpc.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]
+    """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
 
 @_typing.type_check_only
 class RegistryServiceAsyncStub(RegistryServiceStub):
@@ -108,6 +126,19 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     """Removes a restriction."""
     ListVisibleTools: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ListVisibleToolsRequest, _registry_service_pb2.ListVisibleToolsResponse]  # type: ignore[assignment]
     """Lists the tools visible to an agent (or the global scope), after shadowing and restrictions."""
+    GetWireSchemas: _aio.UnaryUnaryMultiCallable[_presentation_pb2.GetWireSchemasRequest, _presentation_pb2.GetWireSchemasResponse]  # type: ignore[assignment]
+    """The tool schemas the model receives for a scope, per its effective presentation mode.
+    FAILED_PRECONDITION when a non-native scope has no usable runtime language, or when the
+    configured tool order names a tool the scope does not know.
+    """
+    GetSystemPrompt: _aio.UnaryUnaryMultiCallable[_presentation_pb2.GetSystemPromptRequest, _presentation_pb2.GetSystemPromptResponse]  # type: ignore[assignment]
+    """The assembled system-prompt sections for a scope (code-only rule, per-tool guidance, SDK,
+    deployment sections). Same FAILED_PRECONDITION rules as GetWireSchemas.
+    """
+    GetSdk: _aio.UnaryUnaryMultiCallable[_presentation_pb2.GetSdkRequest, _presentation_pb2.GetSdkResponse]  # type: ignore[assignment]
+    """The generated tool SDK (`tools:sdk` text) for a scope in a runtime language.
+    FAILED_PRECONDITION when a non-native scope has no usable runtime language.
+    """
     ExecuteToolCall: _aio.UnaryStreamMultiCallable[_registry_service_pb2.ExecuteToolCallRequest, _registry_service_pb2.ExecuteToolCallResponse]  # type: ignore[assignment]
     """Executes one model-direct tool call and streams its progress, ending with the result.
     Cancelling the RPC or exceeding its deadline aborts the call.
@@ -118,6 +149,10 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     """
     Approve: _aio.StreamStreamMultiCallable[_registry_service_pb2.ApproveRequest, _registry_service_pb2.ApproveResponse]  # type: ignore[assignment]
     """An approver's stream: receives approval requests and answers them. The first answer wins."""
+    ListHistory: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ListHistoryRequest, _registry_service_pb2.ListHistoryResponse]  # type: ignore[assignment]
+    """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
+    WatchHistory: _aio.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]  # type: ignore[assignment]
+    """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
     """The registry: scopes and presentation modes, the tool catalog, and the one policy pipeline
@@ -224,6 +259,37 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         """Lists the tools visible to an agent (or the global scope), after shadowing and restrictions."""
 
     @_abc_1.abstractmethod
+    def GetWireSchemas(
+        self,
+        request: _presentation_pb2.GetWireSchemasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_presentation_pb2.GetWireSchemasResponse, _abc.Awaitable[_presentation_pb2.GetWireSchemasResponse]]:
+        """The tool schemas the model receives for a scope, per its effective presentation mode.
+        FAILED_PRECONDITION when a non-native scope has no usable runtime language, or when the
+        configured tool order names a tool the scope does not know.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSystemPrompt(
+        self,
+        request: _presentation_pb2.GetSystemPromptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_presentation_pb2.GetSystemPromptResponse, _abc.Awaitable[_presentation_pb2.GetSystemPromptResponse]]:
+        """The assembled system-prompt sections for a scope (code-only rule, per-tool guidance, SDK,
+        deployment sections). Same FAILED_PRECONDITION rules as GetWireSchemas.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSdk(
+        self,
+        request: _presentation_pb2.GetSdkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_presentation_pb2.GetSdkResponse, _abc.Awaitable[_presentation_pb2.GetSdkResponse]]:
+        """The generated tool SDK (`tools:sdk` text) for a scope in a runtime language.
+        FAILED_PRECONDITION when a non-native scope has no usable runtime language.
+        """
+
+    @_abc_1.abstractmethod
     def ExecuteToolCall(
         self,
         request: _registry_service_pb2.ExecuteToolCallRequest,
@@ -250,5 +316,21 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_registry_service_pb2.ApproveResponse], _abc.AsyncIterator[_registry_service_pb2.ApproveResponse]]:
         """An approver's stream: receives approval requests and answers them. The first answer wins."""
+
+    @_abc_1.abstractmethod
+    def ListHistory(
+        self,
+        request: _registry_service_pb2.ListHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_registry_service_pb2.ListHistoryResponse, _abc.Awaitable[_registry_service_pb2.ListHistoryResponse]]:
+        """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
+
+    @_abc_1.abstractmethod
+    def WatchHistory(
+        self,
+        request: _registry_service_pb2.WatchHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_registry_service_pb2.WatchHistoryResponse], _abc.AsyncIterator[_registry_service_pb2.WatchHistoryResponse]]:
+        """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

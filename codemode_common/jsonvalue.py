@@ -1,0 +1,481 @@
+"""Lossless JSON: the one place where JSON text becomes Python values and back.
+
+JSON values cross the API as text in string fields. A `JsonValue` is built only from the exact
+types `None`, `bool`, `int`, `float`, `str`, `list` and `dict` with `str` keys. Whatever cannot
+round-trip is refused with `JsonValueError` where it appears, never coerced (architecture
+invariant 6):
+
+- integers of any magnitude are exact (beyond ±(2**53-1) the TypeScript client reads a bigint);
+- floats must be finite and not -0.0 (`-0`, `-0.0`, `-1e-400` and `1e400` are refused on input);
+- strings may hold lone surrogates (escaped as `\\udxxx` on output, so they round-trip), but not a
+  high+low surrogate pair held as two code points: JSON would read it back as one character, and
+  raw surrogates in the input text are refused for the same reason;
+- duplicate object keys are refused (keeping either value would drop the other);
+- subclasses (`IntEnum`, `StrEnum`, `OrderedDict`, ...) and any other type (tuple, set, bytes) are
+  refused: their JSON spelling could differ from what the value means;
+- a container that is its own ancestor is a cycle and refused; shared sub-objects are fine and
+  are written once per occurrence.
+
+Nothing here recurses on the data: every walk uses an explicit stack, so nesting depth is bounded
+by memory only. The C `json` module serves as a fast path only where it cannot recurse deeply
+(`_c_decoder_usable`, `_plain_and_shallow`); the pure-Python paths define the behaviour, and
+every fast-path failure is redone on the slow path, which words the error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Iterator
+from functools import partial
+from itertools import chain
+from typing import NoReturn, cast
+
+from codemode_common._jsonbase import (
+    JsonValue,
+    JsonValueError,
+    int_to_digits,
+    quote,
+)
+from codemode_common._jsonparse import parse, parse_error
+
+__all__ = ["JsonValue", "JsonValueError", "dumps", "loads", "render_pretty", "snapshot"]
+
+# ---------------------------------------------------------------------------------------------
+# When the C codec may run
+# ---------------------------------------------------------------------------------------------
+
+_FAST_DEPTH = 100
+# CPython's C json takes the interpreter's recursion guard once per nesting level, so under a
+# modest recursion limit a deep text raises RecursionError (and we fall back) long before the C
+# stack is at risk; a raised limit (some libraries raise it) removes that guarantee. Proving the
+# depth of a 1 MB text exactly costs about as much as parsing it, hence this cheaper proof.
+_SAFE_RECURSION_LIMIT = 4000
+# Its int<->str conversions are quadratic; they stay cheap only while int_max_str_digits bounds
+# them. Longer integers fail there and go through our chunked conversion.
+_SAFE_INT_DIGITS = 5000
+
+
+def _c_ints_bounded() -> bool:
+    return 0 < sys.get_int_max_str_digits() <= _SAFE_INT_DIGITS
+
+
+def _c_decoder_usable(text: str) -> bool:
+    """Whether the C decoder may parse `text` without any risk to the C stack."""
+    if not _c_ints_bounded():
+        return False
+    if sys.getrecursionlimit() <= _SAFE_RECURSION_LIMIT:
+        return True
+    # Opening brackets, even those inside strings, bound the depth.
+    return text.count("[") + text.count("{") <= _FAST_DEPTH
+
+
+# ---------------------------------------------------------------------------------------------
+# loads
+# ---------------------------------------------------------------------------------------------
+
+
+class _Declined(ValueError):
+    """Raised by fast-path hooks: the slow path re-parses and words the error."""
+
+
+def _fast_object(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Declined
+    return obj
+
+
+def _fast_float(token: str) -> float:
+    number = float(token)
+    if number - number != 0.0 or (number == 0.0 and token[0] == "-"):  # ±inf, or -0.0
+        raise _Declined
+    return number
+
+
+def _fast_int(token: str) -> int:
+    if token == "-0":
+        raise _Declined
+    return int(token)
+
+
+def _fast_constant(_token: str) -> NoReturn:
+    raise _Declined
+
+
+_FAST_DECODER = json.JSONDecoder(
+    object_pairs_hook=_fast_object, parse_float=_fast_float, parse_constant=_fast_constant
+)
+# An integer hook costs a Python call per integer; only a text with a `-0` token can need it.
+_INT_NEG_ZERO = re.compile(r"-0(?![.eE0-9])")
+_FAST_DECODER_NEG = json.JSONDecoder(
+    object_pairs_hook=_fast_object,
+    parse_float=_fast_float,
+    parse_int=_fast_int,
+    parse_constant=_fast_constant,
+)
+_TRUSTED_DECODER = json.JSONDecoder()  # for text that `_encode` produced on its fast path
+
+
+def _may_hold_int_neg_zero(text: str) -> bool:
+    """False only if no `-0` integer token can be in the text (cheap: a literal search)."""
+    if "-0" not in text:
+        return False
+    for match in _INT_NEG_ZERO.finditer(text):
+        start = match.start()
+        if start == 0 or text[start - 1] in "[:, \t\n\r":  # "item-0" in a string is fine
+            return True
+    return False
+
+
+def _decode_fast(text: str) -> JsonValue:
+    """Parse with the C scanner; raises ValueError/RecursionError whenever it cannot vouch."""
+    decoder = _FAST_DECODER_NEG if _may_hold_int_neg_zero(text) else _FAST_DECODER
+    value: JsonValue = decoder.decode(text)
+    return value
+
+
+def _text_of(data: str | bytes) -> str:
+    if isinstance(data, str):
+        if not data.isascii():
+            # A raw surrogate is not Unicode text (and could forge a pair). The UTF-32 encoder
+            # refuses it too, and is the cheapest of the codecs that check.
+            try:
+                data.encode("utf-32-le")
+            except UnicodeEncodeError as exc:
+                char = f"U+{ord(data[exc.start]):04X}"
+                raise parse_error(data, exc.start, f"raw surrogate {char} in the text") from None
+        return data
+    if isinstance(data, bytes | bytearray | memoryview):
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonValueError(
+                f"invalid JSON: not UTF-8 at byte offset {exc.start}", offset=exc.start
+            ) from None
+    raise TypeError(f"loads() takes str or bytes, not {type(data).__qualname__}")
+
+
+def loads(text: str | bytes) -> JsonValue:
+    """Parse one strict RFC 8259 JSON text (bytes must be UTF-8, no byte order mark)."""
+    text = _text_of(text)
+    if _c_decoder_usable(text):
+        try:
+            return _decode_fast(text)
+        except (ValueError, RecursionError):
+            pass
+    return parse(text)
+
+
+def _loads_slow(text: str | bytes) -> JsonValue:
+    """`loads` without the C fast path (for tests and the benchmark)."""
+    return parse(_text_of(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# dumps and snapshot
+# ---------------------------------------------------------------------------------------------
+
+_NoneType = type(None)
+_JSON_TYPES = frozenset({dict, list, str, int, float, bool, _NoneType})
+_STR_ONLY = frozenset({str})
+# isinstance checks as C callables; exact once the level's types are known to be JSON types.
+_is_dict = partial(type.__instancecheck__, dict)
+_is_list = partial(type.__instancecheck__, list)
+_is_float = partial(type.__instancecheck__, float)
+_flat = chain.from_iterable
+
+
+def _plain_and_shallow(value: object) -> bool:
+    """True if `value` has only exact JSON types, str keys and no -0.0, and is at most
+    _FAST_DEPTH levels deep (so it is also acyclic: a cycle never bottoms out).
+
+    It walks one level at a time with C-level passes (map/filter/chain) over all values of the
+    level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
+    (allow_nan=False), surrogates to a check of its output.
+    """
+    level = [value]
+    for _ in range(_FAST_DEPTH + 1):
+        present = set(map(type, level))
+        if not present <= _JSON_TYPES:
+            return False
+        if float in present:
+            floats = cast(list[float], list(filter(_is_float, level)))
+            # `in` compares with ==, so this finds 0.0 and -0.0; telling them apart is rare work.
+            if 0.0 in floats and any(math.copysign(1.0, f) < 0 for f in floats if f == 0.0):
+                return False
+        dicts: list[dict[object, object]] = []
+        lists: list[list[object]] = []
+        if dict in present:
+            dicts = cast(list[dict[object, object]], list(filter(_is_dict, level)))
+        if list in present:
+            lists = cast(list[list[object]], list(filter(_is_list, level)))
+        if not dicts and not lists:
+            return True
+        if dicts and not set(map(type, _flat(dicts))) <= _STR_ONLY:
+            return False
+        level = list(chain(_flat(lists), _flat(map(dict.values, dicts))))
+    return False
+
+
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, allow_nan=False, separators=(",", ":")
+)
+_SURROGATE_PAIR = re.compile(r"[\ud800-\udbff][\udc00-\udfff]")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH_KEEP = 12  # path segments kept at each end of a very deep path in messages
+
+
+class _Refused(Exception):
+    """A problem with the value being written; the caller adds its path."""
+
+
+def _atom(value: object) -> str | None:
+    """JSON text of a scalar, None for a list or dict; raises _Refused for anything else."""
+    kind = type(value)
+    if kind is str:
+        assert isinstance(value, str)
+        if not value.isascii() and _SURROGATE_PAIR.search(value):
+            raise _Refused(
+                "string holds a surrogate pair as two code points; JSON would read it back as "
+                "one character"
+            )
+        return quote(value)
+    if kind is int:
+        assert isinstance(value, int)
+        return int_to_digits(value)
+    if kind is float:
+        assert isinstance(value, float)
+        if not math.isfinite(value):
+            spelled = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            raise _Refused(f"{spelled} is not valid JSON (only finite numbers are)")
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            raise _Refused("negative zero (-0.0) cannot round-trip through JSON")
+        return float.__repr__(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if kind is list or kind is dict:
+        return None
+    name = kind.__qualname__
+    for base in (dict, list, str, int, float):
+        if isinstance(value, base):
+            raise _Refused(f"{name} is a subclass of {base.__name__}; pass a plain {base.__name__}")
+    raise _Refused(
+        f"{name} is not a JSON value (only dict, list, str, int, float, bool and None are)"
+    )
+
+
+_END = object()
+
+
+class _Cursor:
+    """The open containers of a walk, innermost last, as parallel stacks.
+
+    A deep walk opens one level per container, so it allocates no per-level object for
+    arrays (an index does): allocation per level is what makes deep walks slow under the GC.
+    """
+
+    __slots__ = ("containers", "keys", "open_ids", "positions")
+
+    def __init__(self) -> None:
+        self.containers: list[list[object] | dict[object, object]] = []
+        # Per container: the next index of an array, or the items iterator of an object.
+        self.positions: list[int | Iterator[tuple[object, object]]] = []
+        self.keys: list[object] = []  # the key or index of the child being written
+        self.open_ids: set[int] = set()  # the ancestor path, for cycle detection
+
+    def open(self, container: list[object] | dict[object, object]) -> None:
+        self.containers.append(container)
+        self.positions.append(iter(container.items()) if type(container) is dict else 0)
+        self.keys.append(None)
+        self.open_ids.add(id(container))
+
+    def advance(self) -> object:
+        """Step the innermost container to its next child and return it, or _END when it is
+        exhausted (the caller then closes it)."""
+        container, position = self.containers[-1], self.positions[-1]
+        if isinstance(position, int):
+            assert type(container) is list
+            if position == len(container):
+                return _END
+            self.positions[-1] = position + 1
+            self.keys[-1] = position
+            return container[position]
+        entry = next(position, None)
+        if entry is None:
+            return _END
+        self.keys[-1], child = entry
+        return child
+
+    def close(self) -> str:
+        container = self.containers.pop()
+        self.positions.pop()
+        self.keys.pop()
+        self.open_ids.discard(id(container))
+        return "}" if type(container) is dict else "]"
+
+    def path(self, root: str, *, with_current: bool = True) -> str:
+        """JSON path such as `$.a[3]["b c"]`; very deep paths keep both ends."""
+        keys = self.keys if with_current else self.keys[:-1]
+        parts = [
+            f"[{key}]"
+            if type(key) is int
+            else f".{key}"
+            if _IDENTIFIER.fullmatch(str(key))
+            else f"[{quote(str(key))[:60]}]"
+            for key in keys
+        ]
+        if len(parts) > 2 * _PATH_KEEP:
+            hidden = len(parts) - 2 * _PATH_KEEP
+            parts[_PATH_KEEP:-_PATH_KEEP] = [f"…({hidden} levels)…"]
+        return root + "".join(parts)
+
+    def refuse(self, root: str, problem: str, *, with_current: bool = True) -> NoReturn:
+        path = self.path(root, with_current=with_current)
+        raise JsonValueError(f"not lossless JSON at {path}: {problem}", path=path) from None
+
+    def key_text(self, root: str) -> str:
+        """The quoted key of the current member of the innermost object."""
+        key = self.keys[-1]
+        if type(key) is not str:
+            problem = f"object key of type {type(key).__qualname__} is not a str"
+            self.refuse(root, problem, with_current=False)
+        assert isinstance(key, str)
+        return quote(key)
+
+
+def _encode_slow(value: object, root: str) -> str:
+    out: list[str] = []
+    walk = _Cursor()
+    while True:
+        try:
+            text = _atom(value)
+        except _Refused as exc:
+            walk.refuse(root, str(exc))
+        if text is not None:
+            out.append(text)
+        elif not value:
+            out.append("{}" if type(value) is dict else "[]")
+        else:
+            assert isinstance(value, list | dict)
+            if id(value) in walk.open_ids:
+                walk.refuse(root, f"cycle: this {type(value).__name__} contains itself")
+            walk.open(value)
+            out.append("{" if type(value) is dict else "[")
+        # Move to the next value to write, closing finished containers.
+        while walk.containers:
+            value = walk.advance()
+            if value is _END:
+                out.append(walk.close())
+                continue
+            if out[-1] not in ("[", "{"):  # not the first member
+                out.append(",")
+            if type(walk.containers[-1]) is dict:
+                out.append(walk.key_text(root))
+                out.append(":")
+            break
+        else:
+            return "".join(out)
+
+
+def _encode_fast(value: object) -> str | None:
+    """The C encoder's text, or None where it cannot vouch for the result."""
+    # The walk proves the depth, so the C encoder is safe under any recursion limit.
+    if not (_c_ints_bounded() and _plain_and_shallow(value)):
+        return None
+    try:
+        text: str = _ENCODER.encode(value)
+        if not text.isascii():
+            text.encode("utf-8")  # fails on a surrogate: the slow path escapes or refuses it
+    except (ValueError, RecursionError):  # also NaN/±inf, integers beyond int_max_str_digits
+        return None
+    return text
+
+
+def _encode(value: object, root: str = "$") -> tuple[str, bool]:
+    """Compact JSON text of `value`, and whether the C fast path produced it."""
+    text = _encode_fast(value)
+    if text is not None:
+        return text, True
+    return _encode_slow(value, root), False
+
+
+def dumps(value: object) -> str:
+    """Compact JSON text (`,` and `:` separators, non-ASCII kept, lone surrogates escaped).
+
+    Raises JsonValueError naming the JSON path of the first value that is not lossless JSON.
+    """
+    return _encode(value)[0]
+
+
+def _dumps_slow(value: object) -> str:
+    """`dumps` without the C fast path (for tests and the benchmark)."""
+    return _encode_slow(value, "$")
+
+
+def snapshot(value: object) -> JsonValue:
+    """A validated deep copy: same acceptance rules as `dumps`, shares no container with `value`."""
+    text, fast = _encode(value)
+    if fast:
+        copy: JsonValue = _TRUSTED_DECODER.decode(text)
+        return copy
+    return loads(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# render_pretty
+# ---------------------------------------------------------------------------------------------
+
+_PRETTY_LEVELS = 5  # containers at depth 0-4 are pretty: their children sit at most 10 spaces in
+
+
+def render_pretty(value: JsonValue) -> str:
+    """The `run_code` result text: a string root as is (no quotes, no escaping); any other root
+    as JSON indented by two spaces per level, with the total indentation capped at 10 spaces.
+
+    Cap rule: a non-empty container at depth 0-4 (the root is depth 0) is written one child per
+    line, children indented `2 * (depth + 1)` spaces, its closing bracket on its own line at the
+    container's indentation; object members are `"key": value`. A container at depth 5 or deeper
+    (its children would sit at 12+ spaces) is written compact on one line, exactly as `dumps`
+    writes it (`{"k":[1,2]}`), on the line where it starts. Empty containers are always `[]`/`{}`.
+    Raises JsonValueError like `dumps` for values that are not lossless JSON.
+    """
+    if type(value) is str:
+        return value
+    out: list[str] = []
+    walk = _Cursor()
+    current: object = value
+    while True:
+        try:
+            text = _atom(current)
+        except _Refused as exc:
+            walk.refuse("$", str(exc))
+        if text is not None:
+            out.append(text)
+        elif not current or len(walk.containers) >= _PRETTY_LEVELS:
+            out.append(_encode(current, walk.path("$"))[0])
+        else:
+            assert isinstance(current, list | dict)
+            if id(current) in walk.open_ids:
+                walk.refuse("$", f"cycle: this {type(current).__name__} contains itself")
+            walk.open(current)
+            out.append("{" if type(current) is dict else "[")
+        while walk.containers:
+            current = walk.advance()
+            if current is _END:
+                closer = walk.close()
+                out.append("\n" + "  " * len(walk.containers) + closer)
+                continue
+            first = out[-1] in ("[", "{")
+            out.append(("\n" if first else ",\n") + "  " * len(walk.containers))
+            if type(walk.containers[-1]) is dict:
+                out.append(walk.key_text("$") + ": ")
+            break
+        else:
+            return "".join(out)

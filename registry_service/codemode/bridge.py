@@ -1,0 +1,328 @@
+"""The `run_code` transport: runs a program on a runtime and dispatches its binding calls.
+
+The body of `run_code` (reference §6): validate the description, mint the parent token,
+enumerate the agent's visible tools once as bindings (`run_code` excluded), open a run, turn
+every binding call into a nested call through the per-run scheduler, and, when the run ends,
+reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
+the outer result exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from codemode_common import jsonvalue
+from codemode_common.jsonvalue import JsonValue, JsonValueError
+from registry_service.codemode.runtime_port import (
+    BindingCall,
+    RunLog,
+    RunSpec,
+    RunStream,
+    RunTerminal,
+    RuntimeLost,
+    RuntimePort,
+)
+from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
+from registry_service.codemode.token import TokenError, TokenMinter
+from registry_service.domain.execution import (
+    ExecutionInput,
+    Executor,
+    NestedCallSettled,
+    NestedCallStarted,
+    ProgramLog,
+    ToolCallFailure,
+)
+from registry_service.domain.results import (
+    AdditionalContext,
+    ImageBlock,
+    TextBlock,
+    ToolResult,
+    error_result,
+    success,
+)
+from registry_service.domain.scopes import GLOBAL
+from registry_service.domain.signals import AbortController
+from registry_service.domain.tools import RUN_CODE, Invocation
+from registry_service.history import records
+from registry_service.history.records import HistoryStore, Record
+
+CODE_RUN_FAILED = "CODE_RUN_FAILED"
+SETTLED = "run_code settled"
+NO_OUTPUT = "(run_code completed with no output)"
+
+
+@dataclass
+class CodeModeConfig:
+    max_parallel_sub_calls: int = 10
+    language: str = "python"
+    token_ttl_s: float = 3600.0
+
+
+class RunCodeTransport:
+    """The `run_code` tool body, bound to a runtime and the registry it dispatches into."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        runtime: RuntimePort | None,
+        history: HistoryStore,
+        config: CodeModeConfig,
+        minter: TokenMinter,
+    ) -> None:
+        if config.max_parallel_sub_calls < 1:
+            raise ValueError("maxParallelSubCalls must be a positive integer")
+        self.executor = executor
+        self.runtime = runtime
+        self.history = history
+        self.config = config
+        self.minter = minter
+
+    async def __call__(self, invocation: Invocation) -> ToolResult:
+        args = invocation.arguments
+        assert isinstance(args, dict)  # the input schema requires an object
+        code, description = args.get("code"), args.get("description")
+        if not isinstance(description, str) or not description.strip():
+            raise ToolCallFailure(
+                "invalid description: expected a non-empty string", "INVALID_ARGS"
+            )
+        if self.runtime is None:
+            raise ToolCallFailure(
+                "run_code requires a code runtime, and none is configured for this registry",
+                "CODE_RUNTIME_UNAVAILABLE",
+            )
+        assert isinstance(code, str)
+        return await _Run(self, invocation, code).run()
+
+
+@dataclass(eq=False)
+class _Run(RunHooks):
+    transport: RunCodeTransport
+    outer: Invocation
+    code: str
+    controller: AbortController = field(default_factory=AbortController)
+    deferred: list[AdditionalContext] = field(default_factory=list)
+    concluded: bool = False
+    counter: int = 0
+    replies: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def run(self) -> ToolResult:
+        t = self.transport
+        outer = self.outer
+        scope = outer.agent or GLOBAL
+        bindings = tuple(sorted(n for n in t.executor.catalog.view(scope).visible if n != RUN_CODE))
+        token = t.minter.mint(outer.call_id, outer.agent or "", t.config.token_ttl_s)
+        self.token = token
+        self.bindings = frozenset(bindings)
+        remove = outer.signal.add_listener(self.controller.abort)
+        self.scheduler = RunScheduler(
+            t.executor, self.controller.signal, t.config.max_parallel_sub_calls, self, outer.emit
+        )
+        loop = asyncio.get_running_loop()
+        spec = RunSpec(
+            program=self.code,
+            language=t.config.language,
+            binding_names=bindings,
+            token=token,
+            timeout=None if outer.deadline is None else max(0.0, outer.deadline - loop.time()),
+            traceparent=outer.traceparent,
+            tracestate=outer.tracestate,
+        )
+        assert t.runtime is not None
+        terminal: RunTerminal | None = None
+        stream: RunStream | None = None
+        try:
+            stream = await t.runtime.open_run(spec)
+            terminal = await self._pump(stream)
+        except RuntimeLost as exc:
+            terminal = RunTerminal(
+                logs=(), kind="worker-exit", message=f"runtime connection lost: {exc}"
+            )
+        finally:
+            remove()
+            self.controller.abort(SETTLED)
+            await self.scheduler.quiesce()
+            for task in list(self.replies):
+                task.cancel()
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    await stream.close()
+        return self._outer_result(terminal)
+
+    async def _pump(self, stream: RunStream) -> RunTerminal:
+        cancel_sent = False
+
+        def on_abort(reason: str) -> None:
+            nonlocal cancel_sent
+            if not cancel_sent and reason != SETTLED:
+                cancel_sent = True
+                self._spawn(stream.cancel(reason))
+
+        remove = self.controller.signal.add_listener(on_abort)
+        try:
+            async for event in stream.events():
+                if isinstance(event, RunTerminal):
+                    return event
+                if isinstance(event, RunLog):
+                    self.outer.emit(ProgramLog(event.text))
+                else:
+                    self._binding_call(stream, event)
+        finally:
+            remove()
+        raise RuntimeLost("the run stream ended without a terminal message")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.replies.add(task)
+        task.add_done_callback(self.replies.discard)
+
+    # -- binding calls -------------------------------------------------------------------------
+
+    def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
+        name = call.name
+        if self.controller.signal.aborted:
+            reason = self.controller.signal.reason
+            return self._spawn(
+                stream.reply(
+                    call.call_id, False, f"run_code run is over ({reason}); {name} not dispatched"
+                )
+            )
+        try:
+            verified = self.transport.minter.verify(call.token, agent=self.outer.agent or "")
+            if verified.execution_id != self.outer.call_id:
+                raise TokenError("parent token belongs to another run")
+        except TokenError as exc:
+            return self._spawn(stream.reply(call.call_id, False, f"nested call refused: {exc}"))
+        if name not in self.bindings:
+            return self._spawn(stream.reply(call.call_id, False, f'unknown binding "tools.{name}"'))
+        try:
+            arguments = jsonvalue.loads(call.arguments_json)
+        except JsonValueError as exc:
+            return self._spawn(
+                stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
+            )
+        self.counter += 1
+        sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
+        nested = NestedCall(
+            n=self.counter,
+            sub_call_id=sub_call_id,
+            name=name,
+            inp=ExecutionInput(
+                call_id=sub_call_id,
+                root_call_id=self.outer.root_call_id,
+                name=name,
+                arguments=arguments,
+                signal=self.controller.signal,
+                agent=self.outer.agent,
+                parent=verified,
+                deadline=self.outer.deadline,
+                traceparent=self.outer.traceparent,
+                tracestate=self.outer.tracestate,
+            ),
+            outcome=asyncio.get_running_loop().create_future(),
+        )
+        self.scheduler.submit(nested)
+        self._spawn(self._answer(stream, call.call_id, nested))
+        return None
+
+    async def _answer(self, stream: RunStream, call_id: int, nested: NestedCall) -> None:
+        result = await nested.outcome
+        if result.is_error:
+            message = result.error.message if result.error else "tool call failed"
+            await stream.reply(call_id, False, message)
+        else:
+            await stream.reply(call_id, True, jsonvalue.dumps(result.value))
+
+    # -- scheduler hooks -----------------------------------------------------------------------
+
+    async def started(self, call: NestedCall) -> None:
+        if self.outer.agent:
+            await self.transport.history.append(self._record(records.DISPATCH_START, call))
+        self.outer.emit(NestedCallStarted(call.sub_call_id, call.name))
+
+    async def committed(self, call: NestedCall, result: ToolResult) -> asyncio.Future[Any] | None:
+        if not result.is_error:
+            if any(isinstance(b, ImageBlock) for b in result.content):
+                self.deferred.append(AdditionalContext(result.content, "tools-code-mode"))
+            self.concluded = self.concluded or result.concludes_turn
+        self.deferred.extend(result.additional_contexts)
+        self.outer.emit(
+            NestedCallSettled(
+                call.sub_call_id,
+                call.name,
+                result.is_error,
+                result.error.code if result.error else "",
+                round((time.time() - call.started_at) * 1000, 3),
+            )
+        )
+        if not self.outer.agent:
+            return None
+        record = self._record(records.DISPATCH, call, result)
+        return asyncio.ensure_future(self.transport.history.append(record))
+
+    def abandoned(self, call: NestedCall) -> None:
+        reason = self.controller.signal.reason or SETTLED
+        call.outcome.set_result(
+            error_result(f"run_code run is over ({reason}); {call.name} tool call abandoned")
+        )
+
+    def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
+        return Record(
+            kind=kind,
+            agent=self.outer.agent or "",
+            call_id=call.sub_call_id,
+            root_call_id=self.outer.root_call_id,
+            parent_call_id=self.outer.call_id,
+            name=call.name,
+            arguments_json=jsonvalue.dumps(call.inp.arguments),
+            content_json=content_json(result) if result is not None else "",
+            is_error=bool(result and result.is_error),
+            error_code=result.error.code if result is not None and result.error else "",
+            time=time.time(),
+        )
+
+    # -- the outer result ----------------------------------------------------------------------
+
+    def _outer_result(self, terminal: RunTerminal | None) -> ToolResult:
+        contexts = tuple(self.deferred)
+        assert terminal is not None
+        if not terminal.ok:
+            message = f"code run failed ({terminal.kind}): {terminal.message}"
+            if terminal.logs:
+                message += "\nCaptured output:\n" + "\n".join(terminal.logs)
+            failed = error_result(message, CODE_RUN_FAILED, "CodeRunFailedError")
+            return failed.with_contexts(contexts)
+        value: dict[str, JsonValue] = {"logs": list(terminal.logs)}
+        if terminal.value_json is not None:
+            value["result"] = jsonvalue.loads(terminal.value_json)
+        result = success(value, (TextBlock(render_output(value)),))
+        result = result.with_contexts(contexts)
+        if self.concluded:
+            result = replace(result, concludes_turn=True)
+        return result
+
+
+def render_output(value: dict[str, JsonValue]) -> str:
+    """Logs joined by newlines, then the result (strings raw, others pretty JSON)."""
+    logs = value.get("logs")
+    parts = ["\n".join(logs)] if isinstance(logs, list) and logs else []  # type: ignore[arg-type]
+    if "result" in value:
+        parts.append(jsonvalue.render_pretty(value["result"]))
+    text = "\n".join(p for p in parts if p)
+    return text or NO_OUTPUT
+
+
+def content_json(result: ToolResult) -> str:
+    blocks: list[JsonValue] = []
+    for block in result.content:
+        if isinstance(block, TextBlock):
+            blocks.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            blocks.append({"type": "image", "mime_type": block.mime_type, "bytes": len(block.data)})
+        else:
+            blocks.append({"type": "json", "json": block.json})
+    return jsonvalue.dumps(blocks)

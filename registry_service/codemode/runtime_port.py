@@ -1,0 +1,74 @@
+"""How the registry's code-mode bridge sees a runtime: open a run, exchange messages, cancel.
+
+The gRPC adapter (`registry_service.runtime_client`) implements this over `RuntimeService.Run`;
+tests can implement it in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    program: str
+    language: str
+    binding_names: tuple[str, ...]
+    token: bytes
+    timeout: float | None
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BindingCall:
+    call_id: int
+    name: str
+    arguments_json: str
+    token: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunLog:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunTerminal:
+    """The run's one outcome. `kind` is "" on success."""
+
+    logs: tuple[str, ...]
+    kind: str = ""
+    message: str = ""
+    value_json: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.kind
+
+
+RunEvent = BindingCall | RunLog | RunTerminal
+
+
+class RunStream(Protocol):
+    def events(self) -> AsyncIterator[RunEvent]:
+        """Events until (and including) the terminal; raises `RuntimeLost` if the link breaks."""
+        ...
+
+    async def reply(self, call_id: int, ok: bool, payload: str) -> None:
+        """Answers a binding call: `payload` is JSON text when ok, else the error message."""
+        ...
+
+    async def cancel(self, reason: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class RuntimePort(Protocol):
+    async def open_run(self, spec: RunSpec) -> RunStream: ...
+
+
+class RuntimeLost(Exception):
+    """The connection to the runtime failed mid-run (the runtime process died, say)."""

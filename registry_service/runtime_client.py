@@ -1,0 +1,144 @@
+"""The registry's side of `RuntimeService.Run`: implements `RuntimePort` over gRPC.
+
+Runs are spread over the configured runtime targets by gRPC client-side load balancing
+(round_robin over an address list, or over DNS records with `dns:///name:port`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from codemode_common.api.common.v1 import trace_pb2
+from codemode_common.api.runtime.v1 import runtime_pb2 as pb
+from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from registry_service.codemode.runtime_port import (
+    BindingCall,
+    RunEvent,
+    RunLog,
+    RunSpec,
+    RunTerminal,
+    RuntimeLost,
+)
+
+# Names of pb.FailureKind values, as the bridge reports them in `code run failed (<kind>)`.
+_KINDS = {
+    pb.FAILURE_KIND_EXCEPTION: "exception",
+    pb.FAILURE_KIND_TIMEOUT: "timeout",
+    pb.FAILURE_KIND_ABORT: "abort",
+    pb.FAILURE_KIND_WORKER_EXIT: "worker-exit",
+    pb.FAILURE_KIND_INVALID_OUTPUT: "invalid-output",
+    pb.FAILURE_KIND_OUTPUT_LIMIT: "output-limit",
+}
+# A run's RPC deadline is its own timeout plus this grace, so a hung runtime cannot hang us.
+_DEADLINE_GRACE_S = 5.0
+
+
+def channel_target(targets: list[str]) -> str:
+    """One gRPC target for a list of runtime addresses (`host:port` or a full target URI)."""
+    if len(targets) == 1:
+        return targets[0]
+    return "ipv4:" + ",".join(targets)
+
+
+class GrpcRunStream:
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._lock = asyncio.Lock()
+        self._done = False
+
+    async def _write(self, message: pb.RunRequest) -> None:
+        if self._done:
+            return
+        async with self._lock:
+            with contextlib.suppress(
+                grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError
+            ):
+                await self._call.write(message)
+
+    async def events(self) -> AsyncIterator[RunEvent]:
+        try:
+            while True:
+                message = await self._call.read()
+                if message is grpc.aio.EOF:
+                    raise RuntimeLost("the runtime closed the run without an outcome")
+                kind = message.WhichOneof("kind")
+                if kind == "binding_call":
+                    call = message.binding_call
+                    yield BindingCall(
+                        call.call_id, call.binding_name, call.arguments_json, call.token
+                    )
+                elif kind == "log":
+                    yield RunLog(message.log.text)
+                elif kind == "terminal":
+                    self._done = True
+                    yield _terminal(message.terminal)
+                    return
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeLost(f"{exc.code().name}: {exc.details()}") from exc
+
+    async def reply(self, call_id: int, ok: bool, payload: str) -> None:
+        result = (
+            pb.CallResult(call_id=call_id, value_json=payload)
+            if ok
+            else pb.CallResult(call_id=call_id, error_message=payload)
+        )
+        await self._write(pb.RunRequest(call_result=result))
+
+    async def cancel(self, reason: str) -> None:
+        await self._write(pb.RunRequest(cancel=pb.RunCancel(reason=reason)))
+
+    async def close(self) -> None:
+        self._done = True
+        self._call.cancel()
+
+
+def _terminal(message: pb.RunTerminal) -> RunTerminal:
+    logs = tuple(message.logs)
+    if message.WhichOneof("outcome") == "failure":
+        kind = _KINDS.get(message.failure.kind, "worker-exit")
+        return RunTerminal(logs=logs, kind=kind, message=message.failure.message)
+    value = message.success.value_json if message.success.HasField("value_json") else None
+    return RunTerminal(logs=logs, value_json=value)
+
+
+class GrpcRuntime:
+    def __init__(self, targets: list[str], max_message_bytes: int) -> None:
+        options = [
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channel = grpc.aio.insecure_channel(channel_target(targets), options=options)
+        self._stub = pb_grpc.RuntimeServiceStub(self._channel)
+
+    async def open_run(self, spec: RunSpec) -> GrpcRunStream:
+        timeout = None if spec.timeout is None else spec.timeout + _DEADLINE_GRACE_S
+        call = self._stub.Run(timeout=timeout)
+        start = pb.RunStart(
+            program=spec.program,
+            language=spec.language,
+            binding_names=list(spec.binding_names),
+            token=spec.token,
+            trace_context=trace_pb2.TraceContext(
+                traceparent=spec.traceparent, tracestate=spec.tracestate
+            ),
+        )
+        if spec.timeout is not None:
+            remaining = Duration()
+            remaining.FromNanoseconds(int(spec.timeout * 1e9))
+            start.timeout.CopyFrom(remaining)
+        stream = GrpcRunStream(call)
+        try:
+            await call.write(pb.RunRequest(start=start))
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeLost(f"{exc.code().name}: {exc.details()}") from exc
+        return stream
+
+    async def close(self) -> None:
+        await self._channel.close()
