@@ -10,9 +10,19 @@ from registry_service.history.records import DISPATCH, TOOL_CALL, Record
 from registry_service.history.sqlite import SqliteHistory
 
 
-def _record(call_id: str, kind: str = TOOL_CALL, agent: str = "agents/a", content: str = "") -> Record:
-    return Record(kind=kind, agent=agent, call_id=call_id, root_call_id=call_id.split(":")[0],
-                  parent_call_id="", name="t", content_json=content, time=1.0)
+def _record(
+    call_id: str, kind: str = TOOL_CALL, agent: str = "agents/a", content: str = ""
+) -> Record:
+    return Record(
+        kind=kind,
+        agent=agent,
+        call_id=call_id,
+        root_call_id=call_id.split(":", maxsplit=1)[0],
+        parent_call_id="",
+        name="t",
+        content_json=content,
+        time=1.0,
+    )
 
 
 async def test_appends_get_increasing_seq_and_filter_by_call(tmp_path: Path) -> None:
@@ -21,7 +31,9 @@ async def test_appends_get_increasing_seq_and_filter_by_call(tmp_path: Path) -> 
     assert [r.seq for r in stored] == sorted(r.seq for r in stored)
     await store.append(_record("c1:code:1", DISPATCH))
     await store.append(_record("x", agent="agents/other"))
-    assert [r.call_id for r in await store.list("agents/a", after_seq=0, limit=100, call_id="c1")] == ["c1", "c1:code:1"]
+    assert [
+        r.call_id for r in await store.list("agents/a", after_seq=0, limit=100, call_id="c1")
+    ] == ["c1", "c1:code:1"]
     page = await store.list("agents/a", after_seq=stored[1].seq, limit=2)
     assert [r.call_id for r in page] == ["c2", "c3"]
     await store.close()

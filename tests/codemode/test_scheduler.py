@@ -1,0 +1,224 @@
+"""The per-run scheduler through real runs (T-SCHED-1..9, T-CFG-1)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from registry_service.config import RegistrySettings
+from registry_service.domain.policy import PostDecision, PreDecision
+from registry_service.domain.results import ToolResult
+from tests.codemode.conftest import Stack, value_of
+
+GATHER3 = "import asyncio\nreturn await asyncio.gather(tools.a({}), tools.b({}), tools.c({}))"
+
+
+class Tracker:
+    """Counts overlapping bodies and records the order things happened in."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.log: list[str] = []
+
+    def tool(self, name: str, delay: float = 0.05) -> Any:
+        async def body(inv: Any) -> Any:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            self.log.append(f"start:{name}")
+            await asyncio.sleep(delay)
+            self.log.append(f"end:{name}")
+            self.active -= 1
+            return name
+
+        return body
+
+
+def _records(stack: Stack, agent: str) -> Any:
+    return stack.registry.history.list(agent, after_seq=0, limit=1000)
+
+
+async def test_safe_calls_overlap_and_start_in_order(stack: Stack) -> None:
+    tracker = Tracker()
+    for name in "abc":
+        stack.registry.register_tool(name, tracker.tool(name), concurrency_safe=True)
+    agent = await stack.code_agent()
+    events, result = await stack.run_code(GATHER3, agent=agent)
+    assert value_of(result)["result"] == ["a", "b", "c"]
+    assert tracker.peak == 3
+    starts = [
+        e.nested_started.sub_call_id for e in events if e.WhichOneof("event") == "nested_started"
+    ]
+    assert starts == ["call-1:code:1", "call-1:code:2", "call-1:code:3"]
+    records = await _records(stack, agent)
+    for n in (1, 2, 3):
+        kinds = [r.kind for r in records if r.call_id == f"call-1:code:{n}"]
+        assert kinds == ["tool/code-dispatch-start", "tool/code-dispatch"]
+
+
+async def test_exclusive_call_is_a_barrier(stack: Stack) -> None:
+    tracker = Tracker()
+    stack.registry.register_tool("a", tracker.tool("a"), concurrency_safe=True)
+    stack.registry.register_tool("b", tracker.tool("b"), concurrency_safe=True)
+    stack.registry.register_tool("x", tracker.tool("x"))  # exclusive
+    program = (
+        "import asyncio\n"
+        "return await asyncio.gather(tools.a({}), tools.b({}), tools.x({}), tools.a({}))"
+    )
+    _, result = await stack.run_code(program)
+    assert value_of(result)["result"] == ["a", "b", "x", "a"]
+    log = tracker.log
+    assert log.index("start:x") > max(log.index("end:a"), log.index("end:b"))
+    assert log.index("start:a", log.index("start:x")) > log.index("end:x")
+
+
+async def test_max_parallel_caps_overlap(make_stack: Any) -> None:
+    async with make_stack(max_parallel_sub_calls=2) as stack:
+        tracker = Tracker()
+        for name in "abc":
+            stack.registry.register_tool(name, tracker.tool(name), concurrency_safe=True)
+        _, result = await stack.run_code(GATHER3)
+        assert not result.is_error
+        assert tracker.peak == 2
+
+
+async def test_unsafe_calls_never_overlap_under_gather(stack: Stack) -> None:
+    tracker = Tracker()
+    for name in "abc":
+        stack.registry.register_tool(name, tracker.tool(name, 0.02))
+    _, result = await stack.run_code(GATHER3)
+    assert not result.is_error
+    assert tracker.peak == 1
+    assert tracker.log == ["start:a", "end:a", "start:b", "end:b", "start:c", "end:c"]
+
+
+async def test_tool_unregistered_after_enumeration(stack: Stack) -> None:
+    ran: list[int] = []
+
+    async def ephemeral(inv: Any) -> Any:
+        ran.append(1)
+
+    async def remover(inv: Any) -> Any:
+        stack.registry.catalog.unregister("", defn)
+        return None
+
+    defn = stack.registry.register_tool("ephemeral", ephemeral)
+    stack.registry.register_tool("remover", remover)
+    program = (
+        "await tools.remover({})\n"
+        "try:\n"
+        "    await tools.ephemeral({})\n"
+        "except ToolCallError as e:\n"
+        "    return [e.toolName, str(e)]"
+    )
+    _, result = await stack.run_code(program)
+    assert value_of(result)["result"] == ["ephemeral", 'unknown tool "ephemeral"']
+    assert ran == []
+
+
+async def test_slow_pre_execute_blocks_later_starts(stack: Stack) -> None:
+    order: list[str] = []
+    tracker = Tracker()
+    for name in "ab":
+        stack.registry.register_tool(name, tracker.tool(name, 0), concurrency_safe=True)
+
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        if e.parent is not None:
+            order.append(f"enter:{e.name}")
+            await asyncio.sleep(0.05 if e.name == "a" else 0)
+            order.append(f"exit:{e.name}")
+        return d
+
+    stack.registry.catalog.hooks("").pre_execute.append(pre)
+    _, result = await stack.run_code(
+        "import asyncio\nreturn await asyncio.gather(tools.a({}), tools.b({}))"
+    )
+    assert not result.is_error
+    assert order == ["enter:a", "exit:a", "enter:b", "exit:b"]
+
+
+async def test_exclusive_holds_barrier_through_async_post_execute(stack: Stack) -> None:
+    tracker = Tracker()
+    stack.registry.register_tool("x", tracker.tool("x", 0))
+    stack.registry.register_tool("a", tracker.tool("a", 0), concurrency_safe=True)
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        if e.name == "x":
+            tracker.log.append("post:x:enter")
+            await asyncio.sleep(0.05)
+            tracker.log.append("post:x:exit")
+        return d
+
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    _, result = await stack.run_code(
+        "import asyncio\nreturn await asyncio.gather(tools.x({}), tools.a({}))"
+    )
+    assert not result.is_error
+    assert tracker.log.index("start:a") > tracker.log.index("post:x:exit")
+
+
+async def test_post_execute_and_contexts_follow_submission_order(stack: Stack) -> None:
+    from registry_service.domain.results import AdditionalContext, TextBlock, success
+
+    def tool(name: str, delay: float) -> Any:
+        async def body(inv: Any) -> Any:
+            await asyncio.sleep(delay)
+            ok = success(name, (TextBlock(name),))
+            return ok.with_contexts((AdditionalContext((TextBlock(f"ctx:{name}"),), "test"),))
+
+        return body
+
+    stack.registry.register_tool("slow", tool("slow", 0.08), concurrency_safe=True)
+    stack.registry.register_tool("fast", tool("fast", 0.0), concurrency_safe=True)
+    posts: list[str] = []
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        if e.parent is not None:
+            posts.append(e.name)
+        return d
+
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    _, result = await stack.run_code(
+        "import asyncio\nreturn await asyncio.gather(tools.slow({}), tools.fast({}))"
+    )
+    assert value_of(result)["result"] == ["slow", "fast"]
+    assert posts == ["slow", "fast"]
+    texts = [c.content[0].text.text for c in result.additional_contexts]
+    assert texts == ["ctx:slow", "ctx:fast"]
+
+
+async def test_queued_call_is_abandoned_without_records(stack: Stack) -> None:
+    gate = asyncio.Event()
+    ran: list[str] = []
+
+    async def blocker(inv: Any) -> Any:
+        await gate.wait()
+
+    async def writer(inv: Any) -> Any:
+        ran.append("writer")
+
+    stack.registry.register_tool("blocker", blocker)
+    stack.registry.register_tool("writer", writer)
+    agent = await stack.code_agent()
+    # Both exclusive: the writer queues behind the blocker; the program returns at once.
+    program = "import asyncio\nasyncio.ensure_future(tools.blocker({}))\nasyncio.ensure_future(tools.writer({}))\nawait asyncio.sleep(0.05)\nreturn 'done'"
+    task = asyncio.create_task(stack.run_code(program, agent=agent))
+    await asyncio.sleep(0.5)
+    gate.set()
+    _, result = await task
+    assert value_of(result)["result"] == "done"
+    assert ran == []
+    records = await _records(stack, agent)
+    assert [r.call_id for r in records if r.name == "writer"] == []
+    settles = [r for r in records if r.kind == "tool/code-dispatch"]
+    assert len(settles) == 1 and settles[0].is_error  # the blocker: success replaced by abort
+
+
+def test_max_parallel_sub_calls_must_be_positive() -> None:
+    with pytest.raises(ValidationError):
+        RegistrySettings(max_parallel_sub_calls=0)
+    assert RegistrySettings().max_parallel_sub_calls == 10
+    assert RegistrySettings().default_mode.value == "native"
