@@ -346,7 +346,7 @@ class Executor:
             value = jsonvalue.snapshot(value)
         except JsonValueError as exc:
             return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
-        violations = validate(defn.output_schema, value)
+        violations = validate(defn.output_schema, value, root="result")
         if violations:
             return _invalid_output(defn.name, violations)
         rendered = content or (TextBlock(jsonvalue.render_pretty(value)),)

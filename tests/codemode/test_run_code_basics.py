@@ -15,7 +15,9 @@ async def test_sequential_awaits_value_content_and_records(stack: Stack) -> None
     stack.registry.register_tool("echo", echo)
     agent = await stack.code_agent()
     events, result = await stack.run_code(
-        "a = await tools.echo({'text': 'one'})\nprint('saw', a)\nreturn await tools.echo({'text': 'two'})",
+        "a = await tools.echo({'text': 'one'})\n"
+        "print('saw', a)\n"
+        "return await tools.echo({'text': 'two'})",
         agent=agent,
     )
     assert value_of(result) == {"logs": ["saw echo:one"], "result": "echo:two"}

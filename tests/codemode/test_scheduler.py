@@ -204,7 +204,13 @@ async def test_queued_call_is_abandoned_without_records(stack: Stack) -> None:
     stack.registry.register_tool("writer", writer)
     agent = await stack.code_agent()
     # Both exclusive: the writer queues behind the blocker; the program returns at once.
-    program = "import asyncio\nasyncio.ensure_future(tools.blocker({}))\nasyncio.ensure_future(tools.writer({}))\nawait asyncio.sleep(0.05)\nreturn 'done'"
+    program = (
+        "import asyncio\n"
+        "asyncio.ensure_future(tools.blocker({}))\n"
+        "asyncio.ensure_future(tools.writer({}))\n"
+        "await asyncio.sleep(0.05)\n"
+        "return 'done'"
+    )
     task = asyncio.create_task(stack.run_code(program, agent=agent))
     await asyncio.sleep(0.5)
     gate.set()
