@@ -91,7 +91,9 @@ def make_registry() -> Callable[..., AsyncIterator[Harness]]:
 
     @contextlib.asynccontextmanager
     async def factory(registry: Registry | None = None, **settings: Any) -> AsyncIterator[Harness]:
-        config = RegistrySettings(**{"listen": "127.0.0.1:0", "history_path": ":memory:", **settings})
+        config = RegistrySettings(
+            **{"listen": "127.0.0.1:0", "history_path": ":memory:", **settings}
+        )
         running = await start(config, registry or build_registry(config))
         channel = grpc.aio.insecure_channel(running.address)
         try:
