@@ -18,7 +18,7 @@ from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import RunningRuntime
 from runtime_service.server import start as start_runtime
-from tests.registry.conftest import CODE, Harness
+from tests.registry.conftest import CODE, Harness, make_registry
 
 
 class Stack(Harness):
@@ -43,6 +43,9 @@ class Stack(Harness):
 def value_of(result: Any) -> Any:
     assert not result.is_error, result.error.message
     return jsonvalue.loads(result.value_json)
+
+
+__all__ = ["make_registry"]  # re-exported fixture
 
 
 @pytest.fixture

@@ -1,0 +1,255 @@
+"""The run_code bridge over real runs (T-BRIDGE-2..16)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.codemode.token import ParentToken
+from registry_service.domain.policy import Block, Deny, PostDecision, PreDecision
+from registry_service.domain.results import (
+    AdditionalContext,
+    ImageBlock,
+    TextBlock,
+    ToolResult,
+    success,
+)
+from registry_service.history.records import MODEL_KINDS
+from tests.codemode.conftest import Stack, value_of
+from tests.registry.conftest import echo_tool, result_text
+
+
+async def test_nested_hooks_see_an_opaque_parent_token(stack: Stack) -> None:
+    parents: list[object] = []
+
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        parents.append(e.parent)
+        return d
+
+    stack.registry.catalog.hooks("").pre_execute.append(pre)
+    echo_tool(stack.registry, "echo")
+    await stack.run_code("return await tools.echo({})")
+    assert parents[0] is None  # the outer run_code call
+    assert isinstance(parents[1], ParentToken) and parents[1].execution_id == "call-1"
+
+
+async def test_concludes_turn_propagates_unless_blocked(stack: Stack) -> None:
+    async def finisher(inv: Any) -> Any:
+        return ToolResult(
+            content=(TextBlock("bye"),), value="bye", has_value=True, concludes_turn=True
+        )
+
+    stack.registry.register_tool("finish", finisher)
+    _, result = await stack.run_code("return await tools.finish({})")
+    assert result.concludes_turn
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        return Block((TextBlock("blocked"),)) if e.name == "finish" else d
+
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    _, blocked = await stack.run_code(
+        "try:\n    await tools.finish({})\nexcept ToolCallError as e:\n    return str(e)",
+        call_id="c2",
+    )
+    assert value_of(blocked)["result"] == "blocked"
+    assert not blocked.concludes_turn
+
+
+async def test_tool_failure_message_and_policy_denial_reach_the_program(stack: Stack) -> None:
+    async def broken(inv: Any) -> Any:
+        raise RuntimeError("disk on fire")
+
+    stack.registry.register_tool("broken", broken)
+    echo_tool(stack.registry, "guarded")
+    bodies: list[str] = []
+    posts: list[str] = []
+
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        if e.name == "guarded":
+            return Deny("guarded is off limits")
+        if e.name == "explodes":
+            raise RuntimeError("policy crashed")
+        return d
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        posts.append(e.name)
+        return d
+
+    async def explodes(inv: Any) -> Any:
+        bodies.append("explodes")
+
+    stack.registry.register_tool("explodes", explodes)
+    hooks = stack.registry.catalog.hooks("")
+    hooks.pre_execute.append(pre)
+    hooks.post_execute.append(post)
+    agent = await stack.code_agent()
+    program = (
+        "out = []\n"
+        "for name in ['broken', 'guarded', 'explodes']:\n"
+        "    try:\n"
+        "        await tools[name]({})\n"
+        "    except ToolCallError as e:\n"
+        "        out.append([e.toolName, str(e)])\n"
+        "return out"
+    )
+    _, result = await stack.run_code(program, agent=agent)
+    assert value_of(result)["result"] == [
+        ["broken", "disk on fire"],
+        ["guarded", "guarded is off limits"],
+        ["explodes", "policy crashed"],
+    ]
+    assert bodies == [] and "explodes" not in posts and "guarded" in posts
+    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    settles = {r.name: r for r in records if r.kind == "tool/code-dispatch"}
+    assert all(settles[n].is_error for n in ("broken", "guarded", "explodes"))
+
+
+async def test_lossy_arguments_are_rejected_before_dispatch(stack: Stack) -> None:
+    echo_tool(stack.registry, "echo")
+    agent = await stack.code_agent()
+    program = (
+        "out = []\n"
+        "for bad in [float('nan'), object(), {1, 2}, -0.0]:\n"
+        "    try:\n"
+        "        await tools.echo({'x': bad})\n"
+        "    except Exception as e:\n"
+        "        out.append(type(e).__name__)\n"
+        "return out"
+    )
+    _, result = await stack.run_code(program, agent=agent)
+    assert len(value_of(result)["result"]) == 4
+    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    assert [r.kind for r in records] == ["tool/call", "tool/result"]  # nothing dispatched
+
+
+async def test_deep_arguments_and_proto_named_tool(stack: Stack) -> None:
+    seen: list[str] = []
+
+    async def proto(inv: Any) -> Any:
+        seen.append("__proto__")
+        return "ok"
+
+    stack.registry.register_tool("__proto__", proto)
+    echo_tool(stack.registry, "echo")
+    agent = await stack.code_agent()
+    program = (
+        "v = []\n"
+        "for _ in range(5000):\n"
+        "    v = [v]\n"
+        "r = await tools.echo({'deep': v})\n"
+        "d = r['echo']['deep']\n"
+        "n = 0\n"
+        "while d:\n"
+        "    d = d[0]\n"
+        "    n += 1\n"
+        "return [n, await tools['__proto__']({})]"
+    )
+    _, result = await stack.run_code(program, agent=agent)
+    assert value_of(result)["result"] == [5000, "ok"]
+    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    start = next(r for r in records if r.kind == "tool/code-dispatch-start" and r.name == "echo")
+    assert start.arguments_json.startswith('{"deep":' + "[" * 5000)
+
+
+async def test_images_and_contexts_are_deferred_even_when_the_program_fails(stack: Stack) -> None:
+    async def snap(inv: Any) -> Any:
+        return success(
+            "shot", (TextBlock("a screenshot"), ImageBlock("image/png", b"\x89PNG"))
+        ).with_contexts((AdditionalContext((TextBlock("remember this"),), "snap"),))
+
+    async def hidden(inv: Any) -> Any:
+        return success("h", (ImageBlock("image/png", b"\x89PNG"),))
+
+    stack.registry.register_tool("snap", snap)
+    stack.registry.register_tool("hidden", hidden)
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        if e.name == "hidden":
+            from registry_service.domain.policy import Accept
+
+            return Accept(content=(TextBlock("image removed"),))
+        return d
+
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    _, result = await stack.run_code(
+        "await tools.snap({})\nawait tools.hidden({})\nraise RuntimeError('late')"
+    )
+    assert result.is_error and result.error.code == "CODE_RUN_FAILED"
+    contexts = result.additional_contexts
+    assert [c.source for c in contexts] == ["tools-code-mode", "snap"]
+    assert [b.WhichOneof("block") for b in contexts[0].content] == ["text", "image"]
+
+
+async def test_no_agent_dispatches_without_records(stack: Stack) -> None:
+    echo_tool(stack.registry, "echo")
+    _, result = await stack.run_code("return await tools.echo({'a': 1})")
+    assert value_of(result)["result"] == {"echo": {"a": 1}}
+    assert await stack.registry.history.list("", after_seq=0, limit=10) == []
+
+
+async def test_missing_runtime_is_a_structured_error(make_registry: Any) -> None:
+    from registry_service.domain.scopes import Mode
+
+    async with make_registry(default_mode=Mode.CODE) as h:
+        _, result = await h.execute("run_code", {"code": "return 1", "description": "x"})
+        assert result.is_error and "requires a code runtime" in result.error.message
+
+
+async def test_durable_content_shapes_and_pretty_json(stack: Stack) -> None:
+    agent = await stack.code_agent()
+    cases = {
+        "print('only logs')": "only logs",
+        "return 'raw string'": "raw string",
+        "print('a')\nreturn {'k': [1, 2]}": 'a\n{\n  "k": [\n    1,\n    2\n  ]\n}',
+        "pass": "(run_code completed with no output)",
+        "return None": "null",
+    }
+    for i, (program, text) in enumerate(cases.items()):
+        _, result = await stack.run_code(program, agent=agent, call_id=f"c{i}")
+        assert result_text(result) == text
+    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    results = [r for r in records if r.kind == "tool/result"]
+    assert len(results) == len(cases)
+    assert all(r.kind in MODEL_KINDS for r in records)  # no nested records: no tools called
+
+
+async def test_outer_abort_cancels_in_flight_and_abandons_queued(stack: Stack) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    async def first(inv: Any) -> Any:
+        seen.append("first")
+        started.set()
+        await inv.signal.wait()
+        cancelled.set()
+
+    async def second(inv: Any) -> Any:
+        seen.append("second")
+
+    stack.registry.register_tool("first", first)
+    stack.registry.register_tool("second", second)
+    agent = await stack.code_agent()
+    program = "import asyncio\nawait asyncio.gather(tools.first({}), tools.second({}))"
+    request = rpb.ExecuteToolCallRequest(
+        agent=agent,
+        call_id="c1",
+        tool_name="run_code",
+        arguments_json='{"code": '
+        + __import__("json").dumps(program)
+        + ', "description": "abort me"}',
+    )
+    call = stack.stub.ExecuteToolCall(request)
+    await asyncio.wait_for(started.wait(), 20)
+    call.cancel()
+    await asyncio.wait_for(cancelled.wait(), 10)
+    for _ in range(200):
+        records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+        if records and records[-1].kind == "tool/result":
+            break
+        await asyncio.sleep(0.02)
+    assert seen == ["first"]
+    kinds = [(r.kind, r.name) for r in records]
+    assert kinds[-1] == ("tool/result", "run_code") and records[-1].is_error
+    assert ("tool/code-dispatch", "first") in kinds
+    assert all(name != "second" for _, name in kinds)
