@@ -1,0 +1,1 @@
+"""The `codemode` command line: run the services locally and show what they do."""

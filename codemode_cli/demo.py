@@ -1,0 +1,158 @@
+"""The demo: both services, a provider process, and a real `run_code` program.
+
+It starts a runtime (its own process), a registry wired to it, and a tool provider serving a
+small workspace (another process); creates an agent in `code` mode; shows that the model sees
+only `run_code` and that a direct call is refused; runs a program that fans out over the tools;
+and prints the nested trajectory as a tree with timings, then the outer result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from registry_service.config import RegistrySettings
+from registry_service.server import start as start_registry
+
+PROGRAM = """\
+import asyncio
+
+files = await tools.list_files({})
+print(f"{len(files)} files in the workspace")
+texts = await asyncio.gather(*(tools.read_file({"path": p}) for p in files))
+todos = {p: t["text"].count("TODO") for p, t in zip(files, texts) if "TODO" in t["text"]}
+try:
+    await tools.read_file({"path": "missing.txt"})
+except ToolCallError as e:
+    print(f"expected failure from {e.toolName}: {e}")
+return {"files_with_todos": todos, "total": sum(todos.values())}
+"""
+
+
+@contextlib.asynccontextmanager
+async def _process(*args: str, ready: str) -> AsyncIterator[str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+            if not line:
+                raise RuntimeError(f"{' '.join(args)} exited before it was ready")
+            if line.startswith(ready):
+                yield line[len(ready) :].strip()
+                break
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def _tree(
+    started: dict[str, tuple[str, float]], settled: list[rpb.ExecuteToolCallResponse]
+) -> list[str]:
+    rows = []
+    for event in settled:
+        s = event.nested_settled
+        status = f"error {s.error_code or ''}".strip() if s.is_error else "ok"
+        rows.append(f"{s.sub_call_id:<16} {s.tool_name:<12} {status:<16} {s.duration_ms:8.1f} ms")
+    return [("└─ " if i == len(rows) - 1 else "├─ ") + row for i, row in enumerate(rows)]
+
+
+async def run_demo(program: str | None = None) -> int:
+    program = program or PROGRAM
+    with tempfile.TemporaryDirectory() as tmp:
+        async with _process(
+            "-m", "runtime_service", "--listen", "127.0.0.1:0", ready="runtime listening on port "
+        ) as port:
+            settings = RegistrySettings(
+                listen="127.0.0.1:0",
+                runtime_targets=[f"127.0.0.1:{port}"],
+                history_path=str(Path(tmp) / "history.sqlite3"),
+            )
+            registry = await start_registry(settings)
+            channel = grpc.aio.insecure_channel(registry.address)
+            try:
+                async with _process(
+                    "-m", "codemode_client.demo_tools", registry.address, ready="ready"
+                ):
+                    await _walkthrough(rpb_grpc.RegistryServiceStub(channel), program, port)
+            finally:
+                await channel.close()
+                await registry.stop(1)
+    return 0
+
+
+async def _walkthrough(stub: rpb_grpc.RegistryServiceStub, program: str, runtime_port: str) -> None:
+    print(f"runtime on 127.0.0.1:{runtime_port} · registry up · provider 'demo-files' serving\n")
+    request = rpb.CreateAgentRequest(
+        agent_id="demo-agent", agent=scope_pb2.Agent(mode=scope_pb2.PRESENTATION_MODE_CODE)
+    )
+    agent = (await stub.CreateAgent(request)).agent.name
+    visible = await stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    wire = await stub.GetWireSchemas(presentation_pb2.GetWireSchemasRequest(scope=agent))
+    print(f"{agent} (mode code)")
+    behind = ", ".join(t.name for t in visible.tools if t.name != "run_code")
+    print(f"  tools behind the SDK: {behind}")
+    print(f"  schemas the model sees: {[s.name for s in wire.schemas]}")
+    direct = rpb.ExecuteToolCallRequest(
+        agent=agent,
+        call_id="direct-1",
+        tool_name="read_file",
+        arguments_json='{"path":"README.md"}',
+    )
+    async for event in stub.ExecuteToolCall(direct):
+        if event.WhichOneof("event") == "result":
+            print(f"  a direct read_file call is refused: {event.result.error.code}\n")
+    print("program (run_code):")
+    print("".join(f"  │ {line}\n" for line in program.rstrip().splitlines()))
+    arguments = json.dumps(
+        {"code": program, "description": "Count TODO markers across the workspace"}
+    )
+    call = rpb.ExecuteToolCallRequest(
+        agent=agent, call_id="call-1", tool_name="run_code", arguments_json=arguments
+    )
+    started: dict[str, tuple[str, float]] = {}
+    settled: list[rpb.ExecuteToolCallResponse] = []
+    begin = time.perf_counter()
+    result = None
+    async for event in stub.ExecuteToolCall(call):
+        kind = event.WhichOneof("event")
+        if kind == "nested_started":
+            started[event.nested_started.sub_call_id] = (
+                event.nested_started.tool_name,
+                time.perf_counter(),
+            )
+        elif kind == "nested_settled":
+            settled.append(event)
+        elif kind == "result":
+            result = event.result
+    elapsed = (time.perf_counter() - begin) * 1000
+    assert result is not None
+    print(f"trajectory: run_code call-1 ({elapsed:.1f} ms, {len(settled)} nested calls)")
+    print("\n".join(_tree(started, settled)))
+    status = "error " + result.error.code if result.is_error else "ok"
+    print(f"\nouter result [{status}] — the only thing the model sees:")
+    for block in result.content:
+        print("".join(f"  {line}\n" for line in block.text.text.splitlines()), end="")
+    history = await stub.ListHistory(rpb.ListHistoryRequest(agent=agent, call_id="call-1"))
+    kinds: dict[str, int] = {}
+    for record in history.records:
+        kinds[record.kind] = kinds.get(record.kind, 0) + 1
+    print(f"\nhistory for call-1: {kinds}")
