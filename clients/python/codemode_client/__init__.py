@@ -1,5 +1,40 @@
-"""Python client for Codemode: serve tools to the registry and call it."""
+"""Python client for Codemode: call the registry, serve tools, answer approvals.
 
+- `RegistryClient` (async) / `SyncRegistryClient` (blocking): agents and presets, tool calls,
+  `run_code`, wire schemas, prompt and SDK, history.
+- `ToolProvider`: serve tools from async functions over the `Connect` stream.
+- `Approver`: answer approval requests from a function.
+- Errors: `CodemodeError` and one subclass per status code, with `reason`, `domain`, `metadata`.
+"""
+
+from codemode_client.approver import Approver
+from codemode_client.client import RegistryClient, ToolCallResult
+from codemode_client.errors import (
+    AlreadyExists,
+    CodemodeError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from codemode_client.provider import InvocationContext, ProviderError, ToolFailed, ToolProvider
+from codemode_client.sync import SyncRegistryClient
 
-__all__ = ["InvocationContext", "ProviderError", "ToolFailed", "ToolProvider"]
+__all__ = [
+    "AlreadyExists",
+    "Approver",
+    "CodemodeError",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "InvocationContext",
+    "NotFound",
+    "ProviderError",
+    "RegistryClient",
+    "SyncRegistryClient",
+    "ToolCallResult",
+    "ToolFailed",
+    "ToolProvider",
+    "Unavailable",
+]

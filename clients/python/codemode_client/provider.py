@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from codemode_client.schemas import hinted_schemas
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
@@ -59,7 +61,8 @@ class InvocationContext:
     cancelled: asyncio.Event
 
 
-Handler = Callable[[Any, InvocationContext], Awaitable[JsonValue]]
+# Handlers return any JSON-shaped value (a TypedDict, say); it is checked when serialized.
+Handler = Callable[[Any, InvocationContext], Awaitable[Any]]
 
 
 @dataclass
@@ -94,14 +97,21 @@ class ToolProvider:
         guidance: str = "",
         scope: str = "",
     ) -> Callable[[Handler], Handler]:
-        """Declares a tool; it is registered when the provider starts."""
+        """Declares a tool; it is registered when the provider starts.
+
+        Schemas not given are derived from the handler's type hints (first parameter, return
+        type) with pydantic; the description defaults to the handler's docstring.
+        """
 
         def decorate(handler: Handler) -> Handler:
+            hinted_input, hinted_output = hinted_schemas(handler)
+            inputs = input_schema if input_schema is not None else hinted_input
+            outputs = output_schema if output_schema is not None else hinted_output
             message = tool_pb2.Tool(
                 name=name or handler.__name__,
-                description=description,
-                input_schema_json="" if input_schema is None else jsonvalue.dumps(input_schema),
-                output_schema_json="" if output_schema is None else jsonvalue.dumps(output_schema),
+                description=description or inspect.getdoc(handler) or "",
+                input_schema_json="" if inputs is None else jsonvalue.dumps(inputs),
+                output_schema_json="" if outputs is None else jsonvalue.dumps(outputs),
                 concurrency=tool_pb2.CONCURRENCY_SAFE
                 if concurrency_safe
                 else tool_pb2.CONCURRENCY_EXCLUSIVE,

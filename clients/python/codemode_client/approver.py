@@ -1,0 +1,77 @@
+"""Answer approval requests from a Python function.
+
+    async def decide(request) -> bool:
+        return request.tool_name != "delete_everything"
+
+    async with Approver(channel, "ops-oncall", decide):
+        ...  # requests are answered while the block runs
+
+Every connected approver receives every request; the first answer wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+
+Decide = Callable[[rpb.ApprovalRequest], "bool | Awaitable[bool]"]
+
+
+class Approver:
+    def __init__(self, channel: grpc.aio.Channel, name: str, decide: Decide) -> None:
+        self._stub = rpb_grpc.RegistryServiceStub(channel)
+        self._name = name
+        self._decide = decide
+        self._call: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.withdrawn: list[rpb.ApprovalWithdrawn] = []
+
+    async def __aenter__(self) -> Approver:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._call = self._stub.Approve()
+        await self._call.write(rpb.ApproveRequest(open=rpb.OpenApprover(approver_name=self._name)))
+        opened = await self._call.read()
+        if opened is grpc.aio.EOF or opened.WhichOneof("message") != "opened":
+            raise RuntimeError("the registry did not open the approver stream")
+        self._task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            while (message := await self._call.read()) is not grpc.aio.EOF:
+                kind = message.WhichOneof("message")
+                if kind == "withdrawn":
+                    self.withdrawn.append(message.withdrawn)
+                elif kind == "request":
+                    verdict = self._decide(message.request)
+                    allowed = await verdict if inspect.isawaitable(verdict) else verdict
+                    outcome = (
+                        rpb.APPROVAL_OUTCOME_ALLOWED_ONCE
+                        if allowed
+                        else rpb.APPROVAL_OUTCOME_REJECTED
+                    )
+                    decision = rpb.ApprovalDecision(
+                        approval_id=message.request.approval_id, outcome=outcome
+                    )
+                    await self._call.write(rpb.ApproveRequest(decision=decision))
+
+    async def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task

@@ -1,0 +1,304 @@
+"""Async client for the registry: agents and presets, tool calls and run_code, history.
+
+    async with RegistryClient("127.0.0.1:50051") as client:
+        agent = await client.create_agent("coder", mode="code")
+        result = await client.run_code("return 1 + 1", "add numbers", agent=agent.name)
+        result.value   # {"logs": [], "result": 2}
+
+Every call carries a deadline (`timeout`, default 30 s). Idempotent reads retry on UNAVAILABLE
+with backoff; nothing that changes state is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import grpc
+
+from codemode_client.errors import CodemodeError, Unavailable, from_rpc_error
+from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.jsonvalue import JsonValue
+
+ModeName = Literal["native", "code", "both"]
+_MODES: dict[str, scope_pb2.PresentationMode.ValueType] = {
+    "native": scope_pb2.PRESENTATION_MODE_NATIVE,
+    "code": scope_pb2.PRESENTATION_MODE_CODE,
+    "both": scope_pb2.PRESENTATION_MODE_BOTH,
+}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ToolCallResult:
+    """The final result of a tool call, with the events that led to it."""
+
+    is_error: bool
+    value: JsonValue
+    has_value: bool
+    text: str
+    error_code: str
+    error_message: str
+    concludes_turn: bool
+    events: list[rpb.ExecuteToolCallResponse] = field(default_factory=list)
+    raw: tool_pb2.ToolResult | None = None
+
+    @staticmethod
+    def from_proto(
+        result: tool_pb2.ToolResult, events: list[rpb.ExecuteToolCallResponse]
+    ) -> ToolCallResult:
+        has_value = result.HasField("value_json")
+        return ToolCallResult(
+            is_error=result.is_error,
+            value=jsonvalue.loads(result.value_json) if has_value else None,
+            has_value=has_value,
+            text="\n".join(b.text.text for b in result.content if b.WhichOneof("block") == "text"),
+            error_code=result.error.code,
+            error_message=result.error.message,
+            concludes_turn=result.concludes_turn,
+            events=events,
+            raw=result,
+        )
+
+
+class RegistryClient:
+    def __init__(
+        self,
+        target: str | grpc.aio.Channel,
+        *,
+        timeout: float = 30.0,
+        read_retries: int = 3,
+    ) -> None:
+        self._owned = isinstance(target, str)
+        self.channel: grpc.aio.Channel = (
+            grpc.aio.insecure_channel(target) if isinstance(target, str) else target
+        )
+        self.stub = rpb_grpc.RegistryServiceStub(self.channel)
+        self.timeout = timeout
+        self.read_retries = read_retries
+        self._calls = itertools.count(1)
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owned:
+            await self.channel.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _unary(
+        self, method: Callable[..., Awaitable[T]], request: Any, *, read: bool = False
+    ) -> T:
+        attempts = self.read_retries + 1 if read else 1
+        for attempt in range(attempts):
+            try:
+                return await method(request, timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc)
+                if isinstance(error, Unavailable) and attempt + 1 < attempts:
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    continue
+                raise error from None
+        raise AssertionError("unreachable")
+
+    # -- presets and agents --------------------------------------------------------------------
+
+    async def create_preset(
+        self, preset_id: str, *, mode: ModeName | None = None
+    ) -> scope_pb2.Preset:
+        preset = scope_pb2.Preset(
+            mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+        )
+        request = rpb.CreatePresetRequest(preset_id=preset_id, preset=preset)
+        response: rpb.CreatePresetResponse = await self._unary(self.stub.CreatePreset, request)
+        return response.preset
+
+    async def get_preset(self, name: str) -> scope_pb2.Preset:
+        request = rpb.GetPresetRequest(name=name)
+        response: rpb.GetPresetResponse = await self._unary(self.stub.GetPreset, request, read=True)
+        return response.preset
+
+    async def list_presets(self) -> list[scope_pb2.Preset]:
+        out: list[scope_pb2.Preset] = []
+        token = ""
+        while True:
+            request = rpb.ListPresetsRequest(page_token=token)
+            page = await self._unary(self.stub.ListPresets, request, read=True)
+            out.extend(page.presets)
+            if not (token := page.next_page_token):
+                return out
+
+    async def delete_preset(self, name: str) -> None:
+        await self._unary(self.stub.DeletePreset, rpb.DeletePresetRequest(name=name))
+
+    async def create_agent(
+        self, agent_id: str, *, preset: str = "", mode: ModeName | None = None
+    ) -> scope_pb2.Agent:
+        agent = scope_pb2.Agent(
+            preset=preset, mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+        )
+        request = rpb.CreateAgentRequest(agent_id=agent_id, agent=agent)
+        response: rpb.CreateAgentResponse = await self._unary(self.stub.CreateAgent, request)
+        return response.agent
+
+    async def get_agent(self, name: str) -> scope_pb2.Agent:
+        request = rpb.GetAgentRequest(name=name)
+        response: rpb.GetAgentResponse = await self._unary(self.stub.GetAgent, request, read=True)
+        return response.agent
+
+    async def list_agents(self) -> list[scope_pb2.Agent]:
+        out: list[scope_pb2.Agent] = []
+        token = ""
+        while True:
+            request = rpb.ListAgentsRequest(page_token=token)
+            page = await self._unary(self.stub.ListAgents, request, read=True)
+            out.extend(page.agents)
+            if not (token := page.next_page_token):
+                return out
+
+    async def delete_agent(self, name: str) -> None:
+        await self._unary(self.stub.DeleteAgent, rpb.DeleteAgentRequest(name=name))
+
+    async def set_mode(self, scope: str, mode: ModeName) -> None:
+        request = rpb.SetPresentationModeRequest(scope=scope, mode=_MODES[mode])
+        await self._unary(self.stub.SetPresentationMode, request)
+
+    async def add_restriction(
+        self, scope: str, *, allow: list[str] | None = None, deny: list[str] | None = None
+    ) -> str:
+        request = rpb.AddRestrictionRequest(scope=scope, allow=allow or [], deny=deny or [])
+        response: rpb.AddRestrictionResponse = await self._unary(self.stub.AddRestriction, request)
+        return response.restriction_id
+
+    async def remove_restriction(self, scope: str, restriction_id: str) -> None:
+        request = rpb.RemoveRestrictionRequest(scope=scope, restriction_id=restriction_id)
+        await self._unary(self.stub.RemoveRestriction, request)
+
+    # -- presentation --------------------------------------------------------------------------
+
+    async def list_tools(self, scope: str = "") -> list[tool_pb2.Tool]:
+        request = rpb.ListVisibleToolsRequest(scope=scope)
+        response = await self._unary(self.stub.ListVisibleTools, request, read=True)
+        return list(response.tools)
+
+    async def wire_schemas(self, scope: str = "", language: str = "") -> list[dict[str, JsonValue]]:
+        request = presentation_pb2.GetWireSchemasRequest(scope=scope, language=language)
+        response = await self._unary(self.stub.GetWireSchemas, request, read=True)
+        return [
+            {
+                "name": s.name,
+                "description": s.description,
+                "parameters": jsonvalue.loads(s.parameters_json),
+            }
+            for s in response.schemas
+        ]
+
+    async def system_prompt(self, scope: str = "", language: str = "") -> str:
+        request = presentation_pb2.GetSystemPromptRequest(scope=scope, language=language)
+        return str(
+            (
+                await self._unary(
+                    self.stub.GetSystemPrompt,
+                    request,
+                    read=True,
+                )
+            ).text
+        )
+
+    async def sdk(self, scope: str = "", language: str = "") -> str:
+        request = presentation_pb2.GetSdkRequest(scope=scope, language=language)
+        return str((await self._unary(self.stub.GetSdk, request, read=True)).text)
+
+    # -- execution -----------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        tool: str,
+        arguments: JsonValue = None,
+        *,
+        agent: str = "",
+        call_id: str | None = None,
+        deadline: float | None = None,
+    ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
+        """Streams the call's events; the last one carries `result`."""
+        request = rpb.ExecuteToolCallRequest(
+            agent=agent,
+            call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
+            tool_name=tool,
+            arguments_json=jsonvalue.dumps({} if arguments is None else arguments),
+        )
+        try:
+            async for event in self.stub.ExecuteToolCall(request, timeout=deadline or self.timeout):
+                yield event
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    async def call(
+        self,
+        tool: str,
+        arguments: JsonValue = None,
+        *,
+        agent: str = "",
+        call_id: str | None = None,
+        deadline: float | None = None,
+    ) -> ToolCallResult:
+        events: list[rpb.ExecuteToolCallResponse] = []
+        async for event in self.execute(
+            tool, arguments, agent=agent, call_id=call_id, deadline=deadline
+        ):
+            if event.WhichOneof("event") == "result":
+                return ToolCallResult.from_proto(event.result, events)
+            events.append(event)
+        raise CodemodeError("the registry ended the call without a result")
+
+    async def run_code(
+        self,
+        code: str,
+        description: str,
+        *,
+        agent: str = "",
+        call_id: str | None = None,
+        deadline: float | None = None,
+    ) -> ToolCallResult:
+        """Executes a `run_code` call; `value` is `{"logs": [...], "result"?: ...}`."""
+        arguments: JsonValue = {"code": code, "description": description}
+        return await self.call(
+            "run_code", arguments, agent=agent, call_id=call_id, deadline=deadline
+        )
+
+    # -- history -------------------------------------------------------------------------------
+
+    async def history(self, agent: str, *, call_id: str = "") -> list[history_pb2.HistoryRecord]:
+        out: list[history_pb2.HistoryRecord] = []
+        token = ""
+        while True:
+            request = rpb.ListHistoryRequest(
+                agent=agent, call_id=call_id, page_token=token, page_size=500
+            )
+            page = await self._unary(self.stub.ListHistory, request, read=True)
+            out.extend(page.records)
+            if not (token := page.next_page_token):
+                return out
+
+    async def watch_history(
+        self, agent: str, after_seq: int = 0
+    ) -> AsyncIterator[history_pb2.HistoryRecord]:
+        """Replays records after `after_seq`, then follows new ones (no deadline; cancel it)."""
+        try:
+            async for response in self.stub.WatchHistory(
+                rpb.WatchHistoryRequest(agent=agent, after_seq=after_seq)
+            ):
+                yield response.record
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None

@@ -1,0 +1,116 @@
+"""gRPC errors as Python exceptions carrying the `ErrorInfo` the services attach.
+
+try:
+    await client.get_agent("agents/nope")
+except NotFound as exc:
+    exc.reason    # "AGENT_NOT_FOUND"
+    exc.domain    # "codemode.registry"
+    exc.metadata  # {"agent": "agents/nope"}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from grpc_status import rpc_status
+
+from codemode_common.grpc_status import error_info
+
+
+class CodemodeError(Exception):
+    """Base class: `code` is the gRPC status code; reason/domain/metadata come from ErrorInfo."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "",
+        domain: str = "",
+        metadata: dict[str, str] | None = None,
+        code: grpc.StatusCode | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.domain = domain
+        self.metadata = metadata or {}
+        if code is not None:
+            self.code = code
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, reason={self.reason!r})"
+
+
+class InvalidArgument(CodemodeError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(CodemodeError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(CodemodeError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(CodemodeError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PermissionDenied(CodemodeError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(CodemodeError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(CodemodeError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(CodemodeError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(CodemodeError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class Internal(CodemodeError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[CodemodeError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        PermissionDenied,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        Cancelled,
+        Internal,
+    )
+}
+
+
+def from_rpc_error(error: Any) -> CodemodeError:
+    """Converts a `grpc.aio.AioRpcError` (or `grpc.RpcError`) into the matching exception."""
+    code = error.code()
+    status = rpc_status.from_call(error)
+    info = error_info(status) if status is not None else None
+    cls = _BY_CODE.get(code, CodemodeError)
+    return cls(
+        error.details() or code.name,
+        reason=info.reason if info else "",
+        domain=info.domain if info else "",
+        metadata=dict(info.metadata) if info else {},
+        code=code,
+    )

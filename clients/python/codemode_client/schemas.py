@@ -1,0 +1,41 @@
+"""JSON Schemas for tools derived from Python type hints, with pydantic.
+
+class ReadArgs(TypedDict):
+    path: str
+    limit: NotRequired[int]
+
+input_schema_for(ReadArgs)   # {"type": "object", "properties": {...}, "required": ["path"]}
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, get_type_hints
+
+from pydantic import TypeAdapter
+
+from codemode_common import jsonvalue
+from codemode_common.jsonvalue import JsonValue
+
+
+def schema_for(annotation: Any) -> JsonValue:
+    """The JSON Schema of a type (TypedDict, pydantic model, dataclass, builtin...)."""
+    schema = TypeAdapter(annotation).json_schema()
+    # Inline `$defs` references are outside the registry's supported subset: refuse early.
+    if "$defs" in schema:
+        raise TypeError(f"{annotation!r} needs nested definitions; use flat TypedDicts or dicts")
+    schema.pop("title", None)
+    return jsonvalue.snapshot(schema)
+
+
+def hinted_schemas(handler: Callable[..., Any]) -> tuple[JsonValue, JsonValue]:
+    """(input, output) schemas from the hints of `async def tool(args: Args, ctx) -> Result`.
+
+    Either is None when the hint is absent."""
+    hints = get_type_hints(handler)
+    params = list(inspect.signature(handler).parameters)
+    input_schema = schema_for(hints[params[0]]) if params and params[0] in hints else None
+    output = hints.get("return")
+    output_schema = schema_for(output) if output is not None and output is not Any else None
+    return input_schema, output_schema

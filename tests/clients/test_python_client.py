@@ -1,0 +1,133 @@
+"""The Python client against the real services: async and sync, providers with hinted schemas,
+approvals, history, typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import (
+    Any,
+    NotRequired,  # pydantic needs these on 3.11
+)
+
+import pytest
+from typing_extensions import TypedDict
+
+from codemode_client import (
+    AlreadyExists,
+    Approver,
+    InvalidArgument,
+    NotFound,
+    RegistryClient,
+    SyncRegistryClient,
+    ToolProvider,
+)
+from codemode_common import jsonvalue
+from registry_service.domain.policy import Ask, PreDecision
+from tests.codemode.conftest import Stack
+
+
+class AddArgs(TypedDict):
+    a: int
+    b: int
+    note: NotRequired[str]
+
+
+class Sum(TypedDict):
+    total: int
+
+
+async def test_async_client_end_to_end_with_a_hinted_provider(stack: Stack) -> None:
+    provider = ToolProvider(stack.channel, "math")
+
+    @provider.tool(concurrency_safe=True)
+    async def add(args: AddArgs, ctx: Any) -> Sum:
+        """Add two integers."""
+        return {"total": args["a"] + args["b"]}
+
+    async with provider, RegistryClient(stack.running.address) as client:
+        tools = {t.name: t for t in await client.list_tools()}
+        assert tools["add"].description == "Add two integers."
+        schema = jsonvalue.loads(tools["add"].input_schema_json)
+        assert isinstance(schema, dict) and schema["required"] == ["a", "b"]
+        agent = await client.create_agent("calc", mode="code")
+        assert "class AddArgs(TypedDict):" in await client.sdk(agent.name)
+        result = await client.run_code(
+            "r = await tools.add({'a': 2, 'b': 3})\nreturn r['total']",
+            "add numbers",
+            agent=agent.name,
+        )
+        assert result.value == {"logs": [], "result": 5}
+        kinds = [e.WhichOneof("event") for e in result.events]
+        assert "nested_started" in kinds and "nested_settled" in kinds
+        invalid = await client.run_code(
+            "try:\n"
+            "    await tools.add({'a': 'x', 'b': 1})\n"
+            "except ToolCallError as e:\n"
+            "    return str(e)",
+            "bad args",
+            agent=agent.name,
+        )
+        assert isinstance(invalid.value, dict)
+        assert '"a" must be an integer' in str(invalid.value["result"])
+        history = await client.history(agent.name)
+        assert [r.kind for r in history].count("tool/code-dispatch") == 2
+        assert [a.name for a in await client.list_agents()] == ["agents/calc"]
+
+
+async def test_errors_carry_reason_domain_and_metadata(stack: Stack) -> None:
+    async with RegistryClient(stack.running.address) as client:
+        with pytest.raises(NotFound) as missing:
+            await client.get_agent("agents/ghost")
+        assert missing.value.reason == "AGENT_NOT_FOUND"
+        assert missing.value.domain == "codemode.registry"
+        assert missing.value.metadata == {"agent": "agents/ghost"}
+        await client.create_agent("dup")
+        with pytest.raises(AlreadyExists):
+            await client.create_agent("dup")
+        with pytest.raises(InvalidArgument) as bad:
+            await client.create_agent("Not Valid")
+        assert bad.value.reason == "INVALID_RESOURCE_ID"
+
+
+async def test_approver_answers_from_a_function(stack: Stack) -> None:
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        return Ask("deletes are risky") if e.name.startswith("delete") else d
+
+    stack.registry.catalog.hooks("").pre_execute.append(pre)
+
+    async def delete_file(inv: Any) -> Any:
+        return "deleted"
+
+    async def delete_all(inv: Any) -> Any:
+        return "everything deleted"
+
+    stack.registry.register_tool("delete_file", delete_file)
+    stack.registry.register_tool("delete_all", delete_all)
+    seen: list[str] = []
+
+    async def decide(request: Any) -> bool:
+        seen.append(request.tool_name)
+        return bool(request.tool_name == "delete_file")
+
+    async with (
+        RegistryClient(stack.running.address) as client,
+        Approver(stack.channel, "ops", decide),
+    ):
+        agent = await client.create_agent("ops-agent", mode="native")
+        ok = await client.call("delete_file", {}, agent=agent.name)
+        no = await client.call("delete_all", {}, agent=agent.name)
+    assert ok.value == "deleted" and not ok.is_error
+    assert no.is_error and no.error_message == 'the user rejected tool "delete_all"'
+    assert seen == ["delete_file", "delete_all"]
+
+
+async def test_sync_client_from_a_thread(stack: Stack) -> None:
+    def work() -> Any:
+        with SyncRegistryClient(stack.running.address) as client:
+            agent = client.create_agent("sync-agent", mode="code")
+            result = client.run_code("print('hi')\nreturn [1, 2]", "sync run", agent=agent.name)
+            return result.value, len(client.history(agent.name))
+
+    value, records = await asyncio.to_thread(work)
+    assert value == {"logs": ["hi"], "result": [1, 2]}
+    assert records == 2
