@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1
+#
+# One image, two services:
+#   docker build -t codemode:dev .
+#   docker run codemode:dev registry_service          (the default command)
+#   docker run codemode:dev runtime_service           (needs the securityContext in deploy/README.md)
+# The entrypoint is `tini -- python -m`, so the command names the module to run; extra
+# arguments follow it (`registry_service --config /etc/codemode/registry.yaml`).
+#
+# The image runs as the unprivileged user 10001. The runtime is the one exception, chosen by its
+# deployment (compose / kustomize), not by the image: its worker sandbox creates mount and network
+# namespaces and drops each worker to a uid of its own, which only a root process holding
+# CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID can do (deploy/README.md, "Runtime pod security").
+#
+# Pin the base by digest in CI (--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:...).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/codemode
+# Dependencies first, exactly as locked, so that source edits reuse this layer.
+COPY requirements/main.lock /tmp/main.lock
+RUN /opt/codemode/bin/pip install --requirement /tmp/main.lock
+# Then the project itself (not editable; .dockerignore keeps the context to the packages).
+COPY . /src
+RUN /opt/codemode/bin/pip install --no-deps /src \
+    && /opt/codemode/bin/pip check \
+    && /opt/codemode/bin/python -c "import registry_service.server, runtime_service.server"
+
+FROM ${PYTHON_IMAGE}
+# tini is PID 1: it forwards SIGTERM to the service (both shut down gracefully on it) and reaps
+# orphans. The runtime kills each worker with its process group; anything a program left behind
+# is re-parented to PID 1, and a Python PID 1 would never reap it.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 codemode \
+    && useradd --system --uid 10001 --gid codemode --no-create-home \
+       --home-dir /nonexistent --shell /usr/sbin/nologin codemode \
+    && install --directory --owner 10001 --group 10001 --mode 0750 /var/lib/codemode
+COPY --from=build /opt/codemode /opt/codemode
+# The root filesystem is read-only in every deployment: bytecode was compiled at install time,
+# /tmp and /var/lib/codemode are volumes. Containers must listen beyond loopback.
+ENV PATH=/opt/codemode/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    CODEMODE_REGISTRY_LISTEN=0.0.0.0:50051 \
+    CODEMODE_REGISTRY_HISTORY_PATH=/var/lib/codemode/history.sqlite3 \
+    CODEMODE_RUNTIME_LISTEN=0.0.0.0:50052
+WORKDIR /var/lib/codemode
+USER 10001:10001
+EXPOSE 50051 50052
+ENTRYPOINT ["/usr/bin/tini", "--", "python", "-m"]
+CMD ["registry_service"]

@@ -1,0 +1,100 @@
+"""Shared helpers for the deployment checks: paths, pinned tools, settings loading."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from registry_service.config import RegistrySettings
+from registry_service.config import load_settings as load_registry_settings
+from runtime_service.config import RuntimeSettings
+from runtime_service.config import load_settings as load_runtime_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+# Settings the manifests carry that a service may not read yet (deploy/README.md, "Settings the
+# services must wire"). pydantic-settings ignores unknown CODEMODE_* variables, so these are inert
+# until wired, and validated like any other once the setting exists; any other name is a typo.
+PENDING_ENV = {
+    "CODEMODE_REGISTRY_RUNTIME_KEEPALIVE_S",
+    "CODEMODE_RUNTIME_MAX_CONNECTION_AGE_S",
+    "CODEMODE_RUNTIME_MAX_CONNECTION_AGE_GRACE_S",
+    "CODEMODE_REGISTRY_TRACE_FILE",
+    "CODEMODE_RUNTIME_TRACE_FILE",
+}
+
+_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def tool(name: str) -> str:
+    """A pinned tool from requirements/deploy.lock, installed beside this interpreter."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{name} is missing: pip install -r requirements/deploy.lock into .venv")
+    return str(path)
+
+
+def run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+    )
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict), f"{path}: expected a mapping"
+    return data
+
+
+def settings_env(prefix: str, env: dict[str, str]) -> dict[str, str]:
+    """The CODEMODE_* variables of one service, each checked to name a real setting."""
+    model = RegistrySettings if prefix == "CODEMODE_REGISTRY_" else RuntimeSettings
+    chosen: dict[str, str] = {}
+    for name, value in env.items():
+        if not name.startswith("CODEMODE_"):
+            continue
+        assert name.startswith(prefix), f"{name} set on the wrong service (expected {prefix}*)"
+        field = name.removeprefix(prefix).lower()
+        if field not in model.model_fields and name in PENDING_ENV:
+            continue
+        assert field in model.model_fields, f"{name}: no such setting in {model.__name__}"
+        chosen[name] = value
+    return chosen
+
+
+def load_service_settings(
+    monkeypatch: pytest.MonkeyPatch, prefix: str, env: dict[str, str], config: Path | None
+) -> RegistrySettings | RuntimeSettings:
+    """Loads settings exactly as the service would at start: config file, then env vars (the
+    standard OTEL_* ones included: telemetry settings fall back to them)."""
+    for name in [n for n in os.environ if n.startswith(("CODEMODE_", "OTEL_"))]:
+        monkeypatch.delenv(name)
+    otel = {name: value for name, value in env.items() if name.startswith("OTEL_")}
+    for name, value in {**settings_env(prefix, env), **otel}.items():
+        monkeypatch.setenv(name, value)
+    if prefix == "CODEMODE_REGISTRY_":
+        return load_registry_settings(config)
+    return load_runtime_settings(config)
+
+
+def resolve_env(entries: list[dict[str, Any]], fields: dict[str, str]) -> dict[str, str]:
+    """A container's env as the kubelet expands it: `$(NAME)` refers to earlier entries only."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        if "value" in entry:
+            value = str(entry["value"])
+            for name in _REFERENCE.findall(value):
+                assert name in env, f"{entry['name']} refers to $({name}) before it is defined"
+            env[entry["name"]] = _REFERENCE.sub(lambda m: env[m.group(1)], value)
+        else:
+            path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            env[entry["name"]] = fields[path]
+    return env

@@ -1,0 +1,347 @@
+"""Kustomize overlays (deploy/k8s): schema-valid for Kubernetes, hardened, balanced, scalable.
+
+Each variant is rendered with `kubectl kustomize` and checked offline: `kubernetes-validate
+--strict` against the oldest and newest Kubernetes versions the manifests target, then the
+properties that matter and that a schema cannot see.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import pytest
+import yaml
+
+from registry_service.config import RegistrySettings
+from tests.deploy.support import DEPLOY, load_service_settings, resolve_env, run, tool
+
+Doc: TypeAlias = dict[str, Any]
+
+K8S = DEPLOY / "k8s"
+KUBECTL = shutil.which("kubectl")
+# 1.30: the first with securityContext.appArmorProfile; 1.37: the newest kubernetes-validate has.
+K8S_VERSIONS = ("1.30", "1.37")
+# overlay, components added on top of it
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dev": ("overlays/dev", ()),
+    "prod": ("overlays/prod", ()),
+    "prod+user-namespaces": ("overlays/prod", ("components/runtime-user-namespaces",)),
+    "prod+restricted": ("overlays/prod", ("components/runtime-restricted",)),
+}
+# What the runtime's worker sandbox needs (deploy/README.md, "Runtime pod security").
+SANDBOX_CAPABILITIES = {"SYS_ADMIN", "SETUID", "SETGID", "KILL", "SYS_CHROOT", "SYS_NICE"}
+FIELDS = {"metadata.name": "pod-0"}
+
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed: `kubectl kustomize` renders the overlays"
+)
+
+
+@functools.cache
+def rendered(variant: str) -> str:
+    overlay, components = VARIANTS[variant]
+    assert KUBECTL is not None
+    if not components:
+        result = run([KUBECTL, "kustomize", str(K8S / overlay)])
+    else:
+        # Components are opted into by a kustomization of the user's own; kustomize accepts
+        # only relative paths to other roots: write one in a scratch directory pointing back here.
+        with tempfile.TemporaryDirectory() as scratch:
+            back = os.path.relpath(K8S, scratch)
+            kustomization = {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"{back}/{overlay}"],
+                "components": [f"{back}/{component}" for component in components],
+            }
+            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+            result = run([KUBECTL, "kustomize", scratch])
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def docs(variant: str) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(rendered(variant)) if doc]
+
+
+def find(resources: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
+    return [
+        doc
+        for doc in resources
+        if doc["kind"] == kind and (name is None or doc["metadata"]["name"] == name)
+    ]
+
+
+def one(resources: list[Doc], kind: str, name: str) -> Doc:
+    found = find(resources, kind, name)
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def pod_labels(resources: list[Doc], deployment: str) -> dict[str, str]:
+    labels: dict[str, str] = one(resources, "Deployment", deployment)["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    return labels
+
+
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    assert "matchExpressions" not in selector, "matchExpressions are not checked here"
+    match: dict[str, str] = selector.get("matchLabels", {})
+    return all(labels.get(key) == value for key, value in match.items())
+
+
+def containers(deployment: Doc) -> list[Doc]:
+    spec = deployment["spec"]["template"]["spec"]
+    found: list[Doc] = spec["containers"] + spec.get("initContainers", [])
+    return found
+
+
+def effective(deployment: Doc, container: Doc, key: str) -> Any:
+    """A securityContext field as the kubelet applies it: the container's, else the pod's."""
+    pod = deployment["spec"]["template"]["spec"].get("securityContext", {})
+    return container.get("securityContext", {}).get(key, pod.get(key))
+
+
+variants = pytest.mark.parametrize("variant", list(VARIANTS))
+
+
+@variants
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_validate_strict(variant: str, version: str) -> None:
+    result = run([tool("kubernetes-validate"), "--strict", "-k", version, "-"], rendered(variant))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed for resource deployment/runtime" in result.stdout
+
+
+def test_strict_validation_rejects_unknown_fields() -> None:
+    resources = docs("dev")
+    runtime = one(resources, "Deployment", "runtime")
+    runtime["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnly"] = True
+    text = yaml.safe_dump_all(resources)
+    result = run([tool("kubernetes-validate"), "--strict", "-k", K8S_VERSIONS[0], "-"], text)
+    assert result.returncode != 0
+    assert "readOnly" in result.stdout + result.stderr
+
+
+@variants
+def test_containers_are_hardened(variant: str) -> None:
+    resources = docs(variant)
+    assert {d["metadata"]["name"] for d in find(resources, "Deployment")} == {
+        "registry",
+        "runtime",
+    }
+    for deployment in find(resources, "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["serviceAccountName"] == deployment["metadata"]["name"]
+        one(resources, "ServiceAccount", pod["serviceAccountName"])
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        for container in containers(deployment):
+            where = f"{variant}: {deployment['metadata']['name']}/{container['name']}"
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context.get("privileged") is not True, where
+            assert context["capabilities"]["drop"] == ["ALL"], where
+            assert effective(deployment, container, "seccompProfile") == {
+                "type": "RuntimeDefault"
+            }, where
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][bound]), where
+            tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert tmp and "emptyDir" in volumes[tmp[0]["name"]], where
+
+
+@variants
+def test_only_the_sandboxed_runtime_runs_as_root(variant: str) -> None:
+    resources = docs(variant)
+    registry = one(resources, "Deployment", "registry")
+    for container in containers(registry):
+        assert effective(registry, container, "runAsNonRoot") is True
+        assert effective(registry, container, "runAsUser") not in (None, 0)
+        assert "add" not in container["securityContext"]["capabilities"]
+    runtime = one(resources, "Deployment", "runtime")
+    (container,) = containers(runtime)
+    context = container["securityContext"]
+    if variant.endswith("+restricted"):
+        assert effective(runtime, container, "runAsNonRoot") is True
+        assert effective(runtime, container, "runAsUser") not in (None, 0)
+        assert "add" not in context["capabilities"]
+        assert "appArmorProfile" not in context
+    else:
+        # Kubernetes grants added capabilities only to uid 0; exactly the sandbox's set.
+        assert context["runAsUser"] == 0
+        assert context["runAsNonRoot"] is False
+        assert set(context["capabilities"]["add"]) == SANDBOX_CAPABILITIES
+    host_users = runtime["spec"]["template"]["spec"].get("hostUsers", True)
+    assert host_users is (not variant.endswith("+user-namespaces"))
+    enforce = one(resources, "Namespace", runtime["metadata"]["namespace"])["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"
+    ]
+    assert enforce == ("restricted" if variant.endswith("+restricted") else "privileged")
+
+
+@variants
+def test_probes_are_native_grpc(variant: str) -> None:
+    for deployment in find(docs(variant), "Deployment"):
+        for container in containers(deployment):
+            (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = container[kind]
+                assert probe["grpc"] == {"port": port}, f"{container['name']} {kind}"
+                assert not {"httpGet", "tcpSocket", "exec"} & set(probe)
+
+
+@variants
+def test_runtime_service_is_headless(variant: str) -> None:
+    resources = docs(variant)
+    runtime = one(resources, "Service", "runtime")["spec"]
+    assert runtime["clusterIP"] == "None"
+    assert runtime["ports"] == [
+        {
+            "name": "grpc",
+            "port": 50052,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "kubernetes.io/h2c",
+        }
+    ]
+    assert selects({"matchLabels": runtime["selector"]}, pod_labels(resources, "runtime"))
+    assert not selects({"matchLabels": runtime["selector"]}, pod_labels(resources, "registry"))
+    registry = one(resources, "Service", "registry")["spec"]
+    assert registry.get("clusterIP") != "None"
+    assert selects({"matchLabels": registry["selector"]}, pod_labels(resources, "registry"))
+
+
+@variants
+def test_settings_and_env_load_as_the_services_would(
+    variant: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    resources = docs(variant)
+    for deployment in find(resources, "Deployment"):
+        name = deployment["metadata"]["name"]
+        namespace = deployment["metadata"]["namespace"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": namespace})
+        args = container["args"]
+        assert args[:2] == [f"{name}_service", "--config"]
+        config = Path(args[2])
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent)]
+        (volume,) = [
+            v
+            for v in deployment["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == mount["name"]
+        ]
+        data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
+        settings_file = tmp_path / f"{name}.yaml"
+        settings_file.write_text(data[config.name])
+        prefix = f"CODEMODE_{name.upper()}_"
+        settings = load_service_settings(monkeypatch, prefix, env, settings_file)
+        assert settings.listen.startswith("0.0.0.0:")
+        assert env["OTEL_SERVICE_NAME"] == f"codemode-{name}"
+        trace_file = env[f"{prefix}TRACE_FILE"]
+        if variant.startswith("prod"):
+            assert trace_file != "off"
+            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
+            assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+        else:
+            assert trace_file == "off", "a span file on a read-only root cannot be opened"
+        if isinstance(settings, RegistrySettings):
+            targets = settings.runtime_targets
+            assert targets == [f"dns:///runtime.{namespace}.svc.cluster.local:50052"]
+            assert env["CODEMODE_REGISTRY_RUNTIME_KEEPALIVE_S"] == "30"
+        else:
+            age = int(env["CODEMODE_RUNTIME_MAX_CONNECTION_AGE_S"])
+            grace = int(env["CODEMODE_RUNTIME_MAX_CONNECTION_AGE_GRACE_S"])
+            # The grace must outlast the longest run the runtime accepts.
+            assert 0 < age < grace and grace * 1000 > settings.max_wall_ms
+        termination = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert settings.shutdown_grace_s < termination
+
+
+@variants
+def test_network_policy_admits_only_registry_to_runtime(variant: str) -> None:
+    resources = docs(variant)
+    runtime, registry = pod_labels(resources, "runtime"), pod_labels(resources, "registry")
+    policies = find(resources, "NetworkPolicy")
+    ingress = [
+        p["spec"]
+        for p in policies
+        if "Ingress" in p["spec"]["policyTypes"] and selects(p["spec"]["podSelector"], runtime)
+    ]
+    assert any(not spec.get("ingress") for spec in ingress), "no default-deny for runtime ingress"
+    rules = [rule for spec in ingress for rule in spec.get("ingress", [])]
+    assert rules
+    for rule in rules:
+        assert rule.get("from"), "a rule without `from` admits every source"
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"}, "only same-namespace registry pods"
+            assert peer["podSelector"].get("matchLabels"), "an empty selector admits every pod"
+            assert selects(peer["podSelector"], registry)
+            assert not selects(peer["podSelector"], runtime)
+        assert rule["ports"] == [{"protocol": "TCP", "port": 50052}]
+    for policy in policies:  # clients must still reach the registry
+        assert not selects(policy["spec"]["podSelector"], registry)
+
+
+@variants
+def test_autoscaling_and_disruption_budget_target_runtime(variant: str) -> None:
+    resources = docs(variant)
+    runtime_labels = pod_labels(resources, "runtime")
+    runtime = one(resources, "Deployment", "runtime")["spec"]
+    autoscalers = find(resources, "HorizontalPodAutoscaler")
+    if variant == "dev":
+        assert not autoscalers
+        assert runtime["replicas"] == 1
+    else:
+        (hpa,) = autoscalers
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        spec = hpa["spec"]
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": "runtime",
+        }
+        assert any(
+            m["type"] == "Resource"
+            and m["resource"]["name"] == "cpu"
+            and m["resource"]["target"]["type"] == "Utilization"
+            for m in spec["metrics"]
+        )
+        assert 3 <= spec["minReplicas"] <= spec["maxReplicas"]
+        assert "replicas" not in runtime, "the HPA owns the replica count"
+    (pdb,) = find(resources, "PodDisruptionBudget")
+    assert selects(pdb["spec"]["selector"], runtime_labels)
+    assert not selects(pdb["spec"]["selector"], pod_labels(resources, "registry"))
+    # maxUnavailable never blocks a node drain, whatever the replica count.
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert "minAvailable" not in pdb["spec"]
+
+
+@variants
+def test_registry_history_storage(variant: str) -> None:
+    resources = docs(variant)
+    registry = one(resources, "Deployment", "registry")
+    assert registry["spec"]["replicas"] == 1
+    assert registry["spec"]["strategy"] == {"type": "Recreate"}, "one SQLite writer at a time"
+    pod = registry["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": "ns"})
+    history_dir = str(Path(env["CODEMODE_REGISTRY_HISTORY_PATH"]).parent)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == history_dir]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    if variant == "dev":
+        assert set(volume) == {"name", "emptyDir"}
+    else:
+        assert set(volume) == {"name", "persistentVolumeClaim"}
+        claim = one(
+            resources, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]
+        )
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert pod["securityContext"]["fsGroup"] == container["securityContext"]["runAsGroup"]
