@@ -1,0 +1,173 @@
+"""Helpers for `benchmarks.run_code`: services with their own environment, process CPU
+accounting from /proc, the pipe round-trip baseline and cProfile summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pstats
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PYTHON = os.path.realpath(sys.executable)
+_PIPE_CHILD = """\
+import os, sys
+fd = int(sys.argv[1])
+while True:
+    data = os.read(fd, 65536)
+    if not data:
+        break
+    os.write(fd, data)
+"""
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """CPU seconds of a process itself and of its reaped children."""
+
+    own_s: float
+    children_s: float
+
+    def __sub__(self, other: CpuTimes) -> CpuTimes:
+        return CpuTimes(self.own_s - other.own_s, self.children_s - other.children_s)
+
+
+@dataclass
+class Service:
+    proc: asyncio.subprocess.Process
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu(self) -> CpuTimes:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+        return CpuTimes((utime + stime) / _CLOCK_TICKS, (cutime + cstime) / _CLOCK_TICKS)
+
+    def children_cpu(self) -> dict[int, float]:
+        """CPU seconds of each live (not zombie) child: for the runtime, its workers."""
+        pid = self.proc.pid
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            return {}
+        out = {}
+        for child in pids:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                out[child] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return out
+
+
+@asynccontextmanager
+async def service(
+    *args: str,
+    ready_prefix: str,
+    env: Mapping[str, str] | None = None,
+    profile_to: str | None = None,
+) -> AsyncIterator[Service]:
+    """Starts `python [-m cProfile -o FILE] <args>` and yields it once it prints its port."""
+    prefix = ("-m", "cProfile", "-o", profile_to) if profile_to else ()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *prefix,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            if not line:
+                raise RuntimeError(f"{args} exited before becoming ready")
+            if line.startswith(ready_prefix):
+                yield Service(proc, int(line[len(ready_prefix) :].strip()))
+                break
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 20)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def wait_for_pool(runtime: Service, size: int, timeout_s: float = 60.0) -> None:
+    """Waits until the runtime holds `size` live workers and neither it nor any worker used
+    CPU for 50 ms (the pool refill is over), so that no spawn overlaps the next measurement."""
+    deadline = time.monotonic() + timeout_s
+    last: tuple[float, float] | None = None  # (when, total CPU)
+    while time.monotonic() < deadline:
+        workers = runtime.children_cpu()
+        total = runtime.cpu().own_s + sum(workers.values())
+        now = time.monotonic()
+        if len(workers) < size or last is None or total != last[1]:
+            last = (now, total)
+        elif now - last[0] >= 0.05:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def pipe_round_trips(samples: int, warmup: int = 50) -> list[float]:
+    """Host (asyncio) <-> an isolated Python child over a socketpair, like a worker channel."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    proc = await asyncio.create_subprocess_exec(
+        _PYTHON, "-I", "-S", "-c", _PIPE_CHILD, str(child.fileno()),
+        pass_fds=(child.fileno(),),
+    )  # fmt: skip
+    child.close()
+    reader, writer = await asyncio.open_unix_connection(sock=parent)
+    frame = b'{"t":"call","id":1,"name":"noop","args":"{}","token":"0123456789abcdef"}'
+    took = []
+    try:
+        for i in range(samples + warmup):
+            started = time.perf_counter()
+            writer.write(frame)
+            await reader.readexactly(len(frame))
+            if i >= warmup:
+                took.append(time.perf_counter() - started)
+    finally:
+        writer.close()
+        await proc.wait()
+    return took
+
+
+_IDLE = "<method 'poll' of 'select.epoll' objects>"
+
+
+def profile_top(path: str, limit: int = 12) -> dict[str, Any]:
+    """Busy time (event-loop idle wait excluded) and the functions with the most own time."""
+    stats = pstats.Stats(path)
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    busy = {key: entry for key, entry in table.items() if key[2] != _IDLE}
+    total = sum(entry[2] for entry in busy.values()) or 1.0
+    rows = sorted(busy.items(), key=lambda item: item[1][2], reverse=True)[:limit]
+    return {
+        "busy_s": round(total, 3),
+        "top_own_time": [
+            {
+                "function": f"{os.path.basename(file)}:{line}({name})",
+                "calls": entry[1],
+                "tottime_s": round(entry[2], 3),
+                "share_of_busy": round(entry[2] / total, 3),
+            }
+            for (file, line, name), entry in rows
+        ],
+    }
