@@ -1,0 +1,37 @@
+/** `@codemode/client`: the TypeScript client of the Codemode registry. */
+export { Approver, type ApprovalAnswer, type ApprovalContext, type ApprovalHandler, type ApprovalRequest } from "./approver";
+export { CodemodeError, errorInfoOf } from "./errors";
+export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
+export {
+  ToolFailed,
+  ToolProvider,
+  type InvocationContext,
+  type ToolDefinition,
+  type ToolHandler,
+  type ToolProviderOptions,
+} from "./provider";
+export {
+  RegistryClient,
+  ToolCall,
+  approvalOutcomeName,
+  modeName,
+  toPresentationMode,
+  toToolCallResult,
+  type ApprovalOutcomeName,
+  type CallOptions,
+  type ExecuteToolCallInput,
+  type HistoryEntry,
+  type Mode,
+  type Page,
+  type RegistryClientOptions,
+  type RetryOptions,
+  type RunCodeValue,
+  type ToolCallEvent,
+  type ToolCallResult,
+} from "./registry";
+export { status } from "@grpc/grpc-js";
+export type { HistoryRecord } from "./gen/codemode/registry/v1/history";
+export { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
+export { Concurrency, type ContentBlock, type Tool, type ToolError, type ToolResult } from "./gen/codemode/registry/v1/tool";
+/** The generated schema types and grpc-js service definitions. */
+export * as registryV1 from "./gen/codemode/registry/v1/registry_service";

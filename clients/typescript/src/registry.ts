@@ -1,0 +1,578 @@
+/**
+ * `RegistryClient`: a typed, promise-based client over the generated grpc-js stub of
+ * `codemode.registry.v1.RegistryService`.
+ *
+ * - Every unary call and every `executeToolCall` carries a deadline (configurable defaults).
+ * - Idempotent reads (get/list/visible tools/presentation/history) are retried on UNAVAILABLE
+ *   with jittered exponential backoff, within the same deadline; nothing else is retried.
+ * - gRPC failures reject with `CodemodeError` (code, reason, domain, metadata from `ErrorInfo`).
+ * - `*_json` fields are read and written with the lossless codec (`bigint` beyond 2^53−1).
+ */
+import {
+  credentials as grpcCredentials,
+  Metadata,
+  status as GrpcStatus,
+  type CallOptions as GrpcCallOptions,
+  type ChannelCredentials,
+  type ChannelOptions,
+  type ClientReadableStream,
+  type ClientUnaryCall,
+  type ServiceError,
+} from "@grpc/grpc-js";
+import { randomUUID } from "node:crypto";
+import { CodemodeError } from "./errors";
+import type { HistoryRecord } from "./gen/codemode/registry/v1/history";
+import type { GetSdkResponse, GetSystemPromptResponse, GetWireSchemasResponse } from "./gen/codemode/registry/v1/presentation";
+import {
+  ApprovalOutcome,
+  ExecuteToolCallRequest,
+  RegistryServiceClient,
+  type ExecuteToolCallResponse,
+  type WatchHistoryResponse,
+} from "./gen/codemode/registry/v1/registry_service";
+import { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
+import type { AdditionalContext, ContentBlock, Tool, ToolError, ToolResult } from "./gen/codemode/registry/v1/tool";
+import { parseJson, stringifyJson, type JsonValue } from "./json";
+import { AsyncQueue } from "./queue";
+
+export type Mode = "native" | "code" | "both";
+
+export interface RetryOptions {
+  /** Attempts in total, first included (default 4). */
+  maxAttempts?: number;
+  /** First backoff ceiling in ms (default 100); doubles per attempt, full jitter. */
+  initialBackoffMs?: number;
+  /** Largest backoff ceiling in ms (default 2000). */
+  maxBackoffMs?: number;
+}
+
+export interface RegistryClientOptions {
+  /** Default: insecure (plaintext) credentials. */
+  credentials?: ChannelCredentials;
+  /** grpc-js channel options; the receive/send limits default to 64 MiB. */
+  channelOptions?: ChannelOptions;
+  /** Deadline of unary calls in ms (default 30 s). */
+  timeoutMs?: number;
+  /** Deadline of `executeToolCall`/`runCode` in ms (default 600 s, the runtime's wall budget). */
+  executeTimeoutMs?: number;
+  /** Retry policy of idempotent reads on UNAVAILABLE. */
+  retry?: RetryOptions;
+  /** Metadata sent with every call (e.g. authorization). */
+  metadata?: Record<string, string>;
+}
+
+export interface CallOptions {
+  /** This call's deadline in ms from now (overrides the client default). */
+  timeoutMs?: number;
+  /** Aborting cancels the RPC. */
+  signal?: AbortSignal;
+}
+
+export interface Page {
+  pageSize?: number;
+  pageToken?: string;
+}
+
+export type ApprovalOutcomeName = "allowedOnce" | "rejected" | "cancelled" | "unavailable" | "unspecified";
+
+/** The outcome of one tool call, with its value decoded losslessly. */
+export interface ToolCallResult {
+  isError: boolean;
+  /** The call's JSON value (`value_json` parsed); `undefined` on errors or content-only results. */
+  value: JsonValue | undefined;
+  /** `value_json` exactly as received. */
+  valueJson: string | undefined;
+  /** The text blocks of `content`, joined by newlines. */
+  text: string;
+  content: ContentBlock[];
+  /** Set when `isError`: message, stable code (`DENIED`, `CODE_RUN_FAILED`, ...), class name. */
+  error: ToolError | undefined;
+  additionalContexts: AdditionalContext[];
+  concludesTurn: boolean;
+}
+
+export type ToolCallEvent =
+  | { type: "started"; callId: string; toolName: string }
+  | { type: "approvalPending"; approvalId: string; reason: string }
+  | { type: "approvalResolved"; approvalId: string; outcome: ApprovalOutcomeName }
+  | { type: "nestedStarted"; subCallId: string; toolName: string }
+  | {
+      type: "nestedSettled";
+      subCallId: string;
+      toolName: string;
+      isError: boolean;
+      errorCode: string;
+      durationMs: number;
+    }
+  | { type: "log"; text: string }
+  | { type: "result"; result: ToolCallResult };
+
+export interface ExecuteToolCallInput {
+  /** `agents/{id}`; empty or omitted: the global scope. */
+  agent?: string;
+  /** The model's tool-call id; a random UUID when omitted. */
+  callId?: string;
+  toolName: string;
+  /** The arguments as a value (serialized losslessly)… */
+  arguments?: JsonValue;
+  /** …or as JSON text, passed through untouched. */
+  argumentsJson?: string;
+}
+
+/** The value of a successful `run_code` result. */
+export interface RunCodeValue {
+  logs: string[];
+  result?: JsonValue;
+}
+
+/** A history record with its arguments decoded (when it has any). */
+export type HistoryEntry = HistoryRecord & { arguments: JsonValue | undefined };
+
+/**
+ * One executing tool call: iterate it for events (the last is `result`), or await `result`.
+ * Breaking out of the iteration early, `cancel()` and the abort signal all cancel the RPC, which
+ * aborts the call in the registry.
+ */
+export class ToolCall implements AsyncIterable<ToolCallEvent> {
+  readonly result: Promise<ToolCallResult>;
+  private readonly events: AsyncQueue<ToolCallEvent>;
+
+  /** @internal */
+  constructor(
+    readonly callId: string,
+    private readonly stream: ClientReadableStream<ExecuteToolCallResponse>,
+    signal: AbortSignal | undefined,
+  ) {
+    this.events = new AsyncQueue<ToolCallEvent>(() => this.cancel());
+    let resolve!: (r: ToolCallResult) => void;
+    let reject!: (e: unknown) => void;
+    this.result = new Promise<ToolCallResult>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    this.result.catch(() => undefined); // handled by whoever awaits it; never "unhandled"
+    let settled = false;
+    const onAbort = (): void => this.cancel();
+    const finish = (error?: CodemodeError): void => {
+      if (settled) return;
+      settled = true;
+      signal?.removeEventListener("abort", onAbort);
+      if (error !== undefined) {
+        reject(error);
+        this.events.fail(error);
+      } else {
+        this.events.end();
+      }
+    };
+    stream.on("data", (message: ExecuteToolCallResponse) => {
+      if (settled) return;
+      let event: ToolCallEvent;
+      try {
+        event = toEvent(message);
+      } catch (e) {
+        finish(CodemodeError.from(e));
+        stream.cancel();
+        return;
+      }
+      this.events.push(event);
+      if (event.type === "result") {
+        resolve(event.result);
+        finish();
+      }
+    });
+    stream.on("error", (e: ServiceError) => finish(CodemodeError.from(e)));
+    stream.on("end", () =>
+      finish(new CodemodeError(GrpcStatus.INTERNAL, "the execute stream ended without a result")),
+    );
+    if (signal !== undefined) {
+      if (signal.aborted) this.cancel();
+      else signal.addEventListener("abort", onAbort, { once: true });
+    }
+  }
+
+  /** Cancels the call (the registry aborts it and settles everything it started). */
+  cancel(): void {
+    this.stream.cancel();
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ToolCallEvent> {
+    return this.events;
+  }
+}
+
+const OUTCOMES: Record<number, ApprovalOutcomeName> = {
+  [ApprovalOutcome.APPROVAL_OUTCOME_ALLOWED_ONCE]: "allowedOnce",
+  [ApprovalOutcome.APPROVAL_OUTCOME_REJECTED]: "rejected",
+  [ApprovalOutcome.APPROVAL_OUTCOME_CANCELLED]: "cancelled",
+  [ApprovalOutcome.APPROVAL_OUTCOME_UNAVAILABLE]: "unavailable",
+};
+
+export function approvalOutcomeName(outcome: ApprovalOutcome): ApprovalOutcomeName {
+  return OUTCOMES[outcome] ?? "unspecified";
+}
+
+export function toToolCallResult(result: ToolResult): ToolCallResult {
+  const texts: string[] = [];
+  for (const block of result.content) {
+    if (block.block?.$case === "text") texts.push(block.block.value.text);
+  }
+  return {
+    isError: result.isError,
+    value: result.valueJson === undefined ? undefined : parseJson(result.valueJson),
+    valueJson: result.valueJson,
+    text: texts.join("\n"),
+    content: result.content,
+    error: result.error,
+    additionalContexts: result.additionalContexts,
+    concludesTurn: result.concludesTurn,
+  };
+}
+
+function toEvent(message: ExecuteToolCallResponse): ToolCallEvent {
+  const event = message.event;
+  switch (event?.$case) {
+    case "started":
+      return { type: "started", callId: event.value.callId, toolName: event.value.toolName };
+    case "approvalPending":
+      return { type: "approvalPending", approvalId: event.value.approvalId, reason: event.value.reason };
+    case "approvalResolved":
+      return {
+        type: "approvalResolved",
+        approvalId: event.value.approvalId,
+        outcome: approvalOutcomeName(event.value.outcome),
+      };
+    case "nestedStarted":
+      return { type: "nestedStarted", subCallId: event.value.subCallId, toolName: event.value.toolName };
+    case "nestedSettled":
+      return {
+        type: "nestedSettled",
+        subCallId: event.value.subCallId,
+        toolName: event.value.toolName,
+        isError: event.value.isError,
+        errorCode: event.value.errorCode,
+        durationMs: event.value.durationMs,
+      };
+    case "log":
+      return { type: "log", text: event.value.text };
+    case "result":
+      return { type: "result", result: toToolCallResult(event.value) };
+    default:
+      throw new CodemodeError(GrpcStatus.INTERNAL, "unknown execute event (is the client older than the registry?)");
+  }
+}
+
+export function toPresentationMode(mode: Mode | PresentationMode | undefined): PresentationMode {
+  switch (mode) {
+    case undefined:
+      return PresentationMode.PRESENTATION_MODE_UNSPECIFIED;
+    case "native":
+      return PresentationMode.PRESENTATION_MODE_NATIVE;
+    case "code":
+      return PresentationMode.PRESENTATION_MODE_CODE;
+    case "both":
+      return PresentationMode.PRESENTATION_MODE_BOTH;
+    default:
+      return mode;
+  }
+}
+
+export function modeName(mode: PresentationMode): Mode | "unspecified" {
+  switch (mode) {
+    case PresentationMode.PRESENTATION_MODE_NATIVE:
+      return "native";
+    case PresentationMode.PRESENTATION_MODE_CODE:
+      return "code";
+    case PresentationMode.PRESENTATION_MODE_BOTH:
+      return "both";
+    default:
+      return "unspecified";
+  }
+}
+
+function toEntry(record: HistoryRecord): HistoryEntry {
+  return { ...record, arguments: record.argumentsJson === "" ? undefined : parseJson(record.argumentsJson) };
+}
+
+type UnaryMethod<Req, Res> = (
+  request: Req,
+  metadata: Metadata,
+  options: Partial<GrpcCallOptions>,
+  callback: (error: ServiceError | null, response: Res) => void,
+) => ClientUnaryCall;
+
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    function done(): void {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+const MiB = 1024 * 1024;
+
+export class RegistryClient {
+  /** The generated grpc-js stub, for anything this class does not wrap. */
+  readonly stub: RegistryServiceClient;
+  readonly timeoutMs: number;
+  readonly executeTimeoutMs: number;
+  private readonly retry: Required<RetryOptions>;
+  private readonly baseMetadata: Record<string, string>;
+
+  constructor(target: string, options: RegistryClientOptions = {}) {
+    this.stub = new RegistryServiceClient(target, options.credentials ?? grpcCredentials.createInsecure(), {
+      "grpc.max_receive_message_length": 64 * MiB,
+      "grpc.max_send_message_length": 64 * MiB,
+      ...options.channelOptions,
+    });
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.executeTimeoutMs = options.executeTimeoutMs ?? 600_000;
+    this.retry = {
+      maxAttempts: options.retry?.maxAttempts ?? 4,
+      initialBackoffMs: options.retry?.initialBackoffMs ?? 100,
+      maxBackoffMs: options.retry?.maxBackoffMs ?? 2000,
+    };
+    this.baseMetadata = { ...options.metadata };
+  }
+
+  /** Closes the channel. Open streams end with CANCELLED/UNAVAILABLE. */
+  close(): void {
+    this.stub.close();
+  }
+
+  /** @internal Fresh metadata for one call. */
+  metadata(): Metadata {
+    const md = new Metadata();
+    for (const [k, v] of Object.entries(this.baseMetadata)) md.set(k, v);
+    return md;
+  }
+
+  // -- execution -------------------------------------------------------------------------------
+
+  /** Executes one model-direct tool call; iterate the returned call for its events. */
+  executeToolCall(input: ExecuteToolCallInput, options: CallOptions = {}): ToolCall {
+    const callId = input.callId ?? randomUUID();
+    const argumentsJson =
+      input.argumentsJson ?? (input.arguments === undefined ? "" : stringifyJson(input.arguments));
+    const request = ExecuteToolCallRequest.fromPartial({
+      agent: input.agent ?? "",
+      callId,
+      toolName: input.toolName,
+      argumentsJson,
+    });
+    const deadline = new Date(Date.now() + (options.timeoutMs ?? this.executeTimeoutMs));
+    const stream = this.stub.executeToolCall(request, this.metadata(), { deadline });
+    return new ToolCall(callId, stream, options.signal);
+  }
+
+  /** Calls `run_code` for a code-mode agent: `code` is the body of an async Python function. */
+  runCode(
+    agent: string,
+    code: string,
+    description: string,
+    options: CallOptions & { callId?: string } = {},
+  ): ToolCall {
+    return this.executeToolCall(
+      { agent, callId: options.callId, toolName: "run_code", arguments: { code, description } },
+      options,
+    );
+  }
+
+  // -- presets and agents ----------------------------------------------------------------------
+
+  async createPreset(presetId: string, preset: { mode?: Mode | PresentationMode } = {}, options?: CallOptions): Promise<Preset> {
+    const request = { presetId, preset: { name: "", mode: toPresentationMode(preset.mode), createTime: undefined } };
+    return (await this.unary(this.stub.createPreset, request, options, false)).preset!;
+  }
+
+  async getPreset(name: string, options?: CallOptions): Promise<Preset> {
+    return (await this.unary(this.stub.getPreset, { name }, options, true)).preset!;
+  }
+
+  async listPresets(page: Page = {}, options?: CallOptions): Promise<{ presets: Preset[]; nextPageToken: string }> {
+    return this.unary(this.stub.listPresets, { pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" }, options, true);
+  }
+
+  async deletePreset(name: string, options?: CallOptions): Promise<void> {
+    await this.unary(this.stub.deletePreset, { name }, options, false);
+  }
+
+  async createAgent(
+    agentId: string,
+    agent: { preset?: string; mode?: Mode | PresentationMode } = {},
+    options?: CallOptions,
+  ): Promise<Agent> {
+    const request = {
+      agentId,
+      agent: {
+        name: "",
+        preset: agent.preset ?? "",
+        mode: toPresentationMode(agent.mode),
+        effectiveMode: PresentationMode.PRESENTATION_MODE_UNSPECIFIED,
+        createTime: undefined,
+      },
+    };
+    return (await this.unary(this.stub.createAgent, request, options, false)).agent!;
+  }
+
+  async getAgent(name: string, options?: CallOptions): Promise<Agent> {
+    return (await this.unary(this.stub.getAgent, { name }, options, true)).agent!;
+  }
+
+  async listAgents(page: Page = {}, options?: CallOptions): Promise<{ agents: Agent[]; nextPageToken: string }> {
+    return this.unary(this.stub.listAgents, { pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" }, options, true);
+  }
+
+  async deleteAgent(name: string, options?: CallOptions): Promise<void> {
+    await this.unary(this.stub.deleteAgent, { name }, options, false);
+  }
+
+  async setPresentationMode(scope: string, mode: Mode | PresentationMode, options?: CallOptions): Promise<void> {
+    await this.unary(this.stub.setPresentationMode, { scope, mode: toPresentationMode(mode) }, options, false);
+  }
+
+  /** Adds a restriction; returns its id for `removeRestriction`. */
+  async addRestriction(
+    scope: string,
+    restriction: { allow?: string[]; deny?: string[] },
+    options?: CallOptions,
+  ): Promise<string> {
+    const request = { scope, allow: restriction.allow ?? [], deny: restriction.deny ?? [] };
+    return (await this.unary(this.stub.addRestriction, request, options, false)).restrictionId;
+  }
+
+  async removeRestriction(scope: string, restrictionId: string, options?: CallOptions): Promise<void> {
+    await this.unary(this.stub.removeRestriction, { scope, restrictionId }, options, false);
+  }
+
+  // -- tools and presentation ------------------------------------------------------------------
+
+  async listVisibleTools(scope = "", options?: CallOptions): Promise<{ tools: Tool[]; effectiveMode: PresentationMode }> {
+    return this.unary(this.stub.listVisibleTools, { scope }, options, true);
+  }
+
+  async getWireSchemas(scope = "", language = "", options?: CallOptions): Promise<GetWireSchemasResponse> {
+    return this.unary(this.stub.getWireSchemas, { scope, language }, options, true);
+  }
+
+  async getSystemPrompt(scope = "", language = "", options?: CallOptions): Promise<GetSystemPromptResponse> {
+    return this.unary(this.stub.getSystemPrompt, { scope, language }, options, true);
+  }
+
+  async getSdk(scope = "", language = "", options?: CallOptions): Promise<GetSdkResponse> {
+    return this.unary(this.stub.getSdk, { scope, language }, options, true);
+  }
+
+  // -- history ---------------------------------------------------------------------------------
+
+  /** One page of an agent's history (optionally one call's: call id or root call id). */
+  async listHistory(
+    agent: string,
+    query: Page & { callId?: string } = {},
+    options?: CallOptions,
+  ): Promise<{ records: HistoryEntry[]; nextPageToken: string }> {
+    const request = { agent, callId: query.callId ?? "", pageSize: query.pageSize ?? 0, pageToken: query.pageToken ?? "" };
+    const page = await this.unary(this.stub.listHistory, request, options, true);
+    return { records: page.records.map(toEntry), nextPageToken: page.nextPageToken };
+  }
+
+  /**
+   * Follows an agent's history: records after `afterSeq`, then new ones as they are written.
+   * Ends when the consumer stops iterating or the signal aborts. A dropped connection
+   * (UNAVAILABLE) is resumed after the last record seen. No deadline unless `timeoutMs` is set:
+   * a watch lives as long as its consumer.
+   */
+  async *watchHistory(
+    agent: string,
+    options: { afterSeq?: bigint | number; signal?: AbortSignal; timeoutMs?: number } = {},
+  ): AsyncGenerator<HistoryEntry, void, undefined> {
+    let after = BigInt(options.afterSeq ?? 0);
+    const signal = options.signal;
+    const deadline = options.timeoutMs === undefined ? undefined : new Date(Date.now() + options.timeoutMs);
+    let failures = 0;
+    let backoff = this.retry.initialBackoffMs;
+    while (!signal?.aborted) {
+      const call = this.stub.watchHistory({ agent, afterSeq: after }, this.metadata(), deadline ? { deadline } : {});
+      const records = new AsyncQueue<HistoryRecord>(() => call.cancel());
+      const onAbort = (): void => call.cancel();
+      signal?.addEventListener("abort", onAbort, { once: true });
+      call.on("data", (r: WatchHistoryResponse) => {
+        if (r.record !== undefined) records.push(r.record);
+      });
+      call.on("error", (e: ServiceError) => records.fail(CodemodeError.from(e)));
+      call.on("end", () => records.end());
+      try {
+        for await (const record of records) {
+          failures = 0;
+          backoff = this.retry.initialBackoffMs;
+          after = record.seq;
+          yield toEntry(record);
+        }
+        return;
+      } catch (e) {
+        const error = CodemodeError.from(e);
+        if (signal?.aborted && error.code === GrpcStatus.CANCELLED) return;
+        if (error.code !== GrpcStatus.UNAVAILABLE || ++failures >= this.retry.maxAttempts) throw error;
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+        call.cancel();
+      }
+      await sleep(Math.random() * backoff, signal);
+      backoff = Math.min(backoff * 2, this.retry.maxBackoffMs);
+    }
+  }
+
+  // -- plumbing --------------------------------------------------------------------------------
+
+  private async unary<Req, Res>(
+    method: UnaryMethod<Req, Res>,
+    request: Req,
+    options: CallOptions | undefined,
+    idempotent: boolean,
+  ): Promise<Res> {
+    const deadline = Date.now() + (options?.timeoutMs ?? this.timeoutMs);
+    const signal = options?.signal;
+    let backoff = this.retry.initialBackoffMs;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.unaryOnce(method, request, deadline, signal);
+      } catch (e) {
+        const error = CodemodeError.from(e);
+        const delay = Math.random() * backoff;
+        const retry =
+          idempotent &&
+          error.code === GrpcStatus.UNAVAILABLE &&
+          attempt < this.retry.maxAttempts &&
+          !signal?.aborted &&
+          Date.now() + delay < deadline;
+        if (!retry) throw error;
+        await sleep(delay, signal);
+        backoff = Math.min(backoff * 2, this.retry.maxBackoffMs);
+      }
+    }
+  }
+
+  private unaryOnce<Req, Res>(
+    method: UnaryMethod<Req, Res>,
+    request: Req,
+    deadline: number,
+    signal: AbortSignal | undefined,
+  ): Promise<Res> {
+    return new Promise<Res>((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(new CodemodeError(GrpcStatus.CANCELLED, "the call was aborted"));
+        return;
+      }
+      const onAbort = (): void => call.cancel();
+      const call = method.call(this.stub, request, this.metadata(), { deadline: new Date(deadline) }, (error, response) => {
+        signal?.removeEventListener("abort", onAbort);
+        if (error) reject(CodemodeError.from(error));
+        else resolve(response);
+      });
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+}

@@ -1,0 +1,315 @@
+/**
+ * The TypeScript client against the REAL services: a runtime and a registry (Python processes on
+ * 127.0.0.1:0), a TS ToolProvider serving tools, a TS Approver, and code-mode programs calling
+ * the TS tools through the registry's pipeline.
+ */
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, it } from "node:test";
+import {
+  Approver,
+  CodemodeError,
+  PresentationMode,
+  RegistryClient,
+  ToolFailed,
+  ToolProvider,
+  status,
+  type ApprovalRequest,
+  type InvocationContext,
+  type JsonObject,
+  type RunCodeValue,
+  type ToolCallEvent,
+  type ToolCallResult,
+} from "../src/index";
+import { startService, stopService, type Service } from "./services";
+
+const BIG = 2n ** 53n + 1n;
+
+let runtime: Service | undefined;
+let registry: Service | undefined;
+let client: RegistryClient;
+let provider: ToolProvider;
+let approver: Approver;
+let tmp: string;
+const invocations: InvocationContext[] = [];
+const approvals: ApprovalRequest[] = [];
+const cancelled: { callId: string; reason: string }[] = [];
+let onWaitStarted: (() => void) | undefined;
+
+async function collect(call: AsyncIterable<ToolCallEvent>): Promise<{ events: ToolCallEvent[]; result: ToolCallResult }> {
+  const events: ToolCallEvent[] = [];
+  for await (const event of call) events.push(event);
+  const last = events.at(-1);
+  assert.ok(last?.type === "result", "the last event is the result");
+  return { events, result: last.result };
+}
+
+async function eventually<T>(probe: () => Promise<T | undefined>, timeoutMs = 5000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > end) throw new Error("condition not met in time");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+before(async () => {
+  tmp = mkdtempSync(join(tmpdir(), "codemode-ts-test-"));
+  const rules = join(tmp, "rules.yaml");
+  writeFileSync(rules, 'rules:\n  - tool: "guarded_*"\n    action: ask\n    reason: a human signs off on writes\n');
+  runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
+  registry = await startService("registry_service", "registry listening on port ", {
+    CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
+    CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
+    CODEMODE_REGISTRY_POLICY_RULES: rules,
+  });
+  client = new RegistryClient(`127.0.0.1:${registry.port}`, { timeoutMs: 10_000, executeTimeoutMs: 30_000 });
+
+  provider = new ToolProvider(client, "ts-tools")
+    .tool(
+      {
+        name: "add",
+        description: "Adds two integers exactly",
+        concurrencySafe: true,
+        inputSchema: {
+          type: "object",
+          properties: { a: { type: "integer" }, b: { type: "integer" } },
+          required: ["a", "b"],
+        },
+      },
+      async (args: { a: number | bigint; b: number | bigint }, ctx) => {
+        invocations.push(ctx);
+        const sum = BigInt(args.a) + BigInt(args.b);
+        return sum >= -(2n ** 53n - 1n) && sum <= 2n ** 53n - 1n ? Number(sum) : sum;
+      },
+    )
+    .tool(
+      { name: "echo", description: "Returns its value and the JS type it arrived as", concurrencySafe: true },
+      async (args: JsonObject, ctx) => {
+        invocations.push(ctx);
+        return { value: args.value ?? null, type: typeof args.value };
+      },
+    )
+    .tool({ name: "fail", description: "Always fails" }, async () => {
+      throw new ToolFailed("nothing to see here", "E_NOPE");
+    })
+    .tool({ name: "wait_for_cancel", description: "Waits until cancelled" }, (_args, ctx) => {
+      onWaitStarted?.();
+      return new Promise((_resolve, reject) => {
+        ctx.signal.addEventListener("abort", () => {
+          cancelled.push({ callId: ctx.callId, reason: String((ctx.signal.reason as Error).message) });
+          reject(ctx.signal.reason);
+        });
+      });
+    })
+    .tool(
+      {
+        name: "guarded_write",
+        description: "Writes (needs approval)",
+        inputSchema: { type: "object", properties: { path: { type: "string" } }, required: ["path"] },
+      },
+      async (args: { path: string }) => `wrote ${args.path}`,
+    );
+  await provider.start();
+  approver = new Approver(client, "ts-approver", async (request) => {
+    approvals.push(request);
+    return (request.arguments as JsonObject).path?.toString().startsWith("ok/") ? "allow" : "reject";
+  });
+  await approver.start();
+  await client.createAgent("ts-code", { mode: "code" });
+  await client.createAgent("ts-native", { mode: "native" });
+});
+
+after(async () => {
+  await approver?.close();
+  await provider?.close();
+  client?.close();
+  await Promise.all([stopService(registry), stopService(runtime)]);
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+});
+
+describe("RegistryClient against the real services", () => {
+  it("serves the provider's tools and manages agents and presets", async () => {
+    assert.ok(provider.providerId !== "");
+    const agent = await client.getAgent("agents/ts-code");
+    assert.equal(agent.mode, PresentationMode.PRESENTATION_MODE_CODE);
+    const { agents } = await client.listAgents();
+    assert.deepEqual(
+      agents.map((a) => a.name),
+      ["agents/ts-code", "agents/ts-native"],
+    );
+    const preset = await client.createPreset("ts-preset", { mode: "both" });
+    assert.equal(preset.name, "presets/ts-preset");
+    assert.ok(preset.createTime instanceof Date);
+    assert.equal((await client.getPreset("presets/ts-preset")).mode, PresentationMode.PRESENTATION_MODE_BOTH);
+    assert.deepEqual(
+      (await client.listPresets()).presets.map((p) => p.name),
+      ["presets/ts-preset"],
+    );
+    await client.deletePreset("presets/ts-preset");
+    const visible = await client.listVisibleTools("agents/ts-native");
+    const names = visible.tools.map((t) => t.name);
+    for (const name of ["add", "echo", "fail", "guarded_write", "wait_for_cancel"]) assert.ok(names.includes(name), name);
+    assert.equal(visible.tools.find((t) => t.name === "add")?.owner, "ts-tools");
+    const wire = await client.getWireSchemas("agents/ts-code");
+    assert.deepEqual(
+      wire.schemas.map((s) => s.name),
+      ["run_code"],
+    );
+  });
+
+  it("turns gRPC errors into CodemodeError with ErrorInfo", async () => {
+    await assert.rejects(client.getAgent("agents/missing"), (e: unknown) => {
+      assert.ok(e instanceof CodemodeError);
+      assert.equal(e.code, status.NOT_FOUND);
+      assert.equal(e.codeName, "NOT_FOUND");
+      assert.equal(e.reason, "AGENT_NOT_FOUND");
+      assert.equal(e.domain, "codemode.registry");
+      return true;
+    });
+    await assert.rejects(client.createAgent("ts-code"), (e: unknown) => e instanceof CodemodeError && e.code === status.ALREADY_EXISTS);
+  });
+
+  it("executes a direct call with events, and carries 2^53+1 exactly both ways", async () => {
+    const call = client.executeToolCall({
+      agent: "agents/ts-native",
+      callId: "big-1",
+      toolName: "echo",
+      arguments: { value: BIG },
+    });
+    const { events, result } = await collect(call);
+    assert.deepEqual(
+      events.map((e) => e.type),
+      ["started", "result"],
+    );
+    assert.deepEqual(events[0], { type: "started", callId: "big-1", toolName: "echo" });
+    assert.equal(result.isError, false);
+    assert.deepEqual(result.value, { value: BIG, type: "bigint" });
+    assert.match(result.valueJson!, /9007199254740993/);
+    assert.equal(await call.result, result);
+    const ctx = invocations.find((c) => c.callId === "big-1")!;
+    assert.equal(ctx.agent, "agents/ts-native");
+    assert.ok(ctx.timeoutMs !== undefined && ctx.timeoutMs > 0 && ctx.timeoutMs <= 30_000);
+  });
+
+  it("runs a code-mode program that calls the TypeScript tools", async () => {
+    const program = [
+      "import asyncio",
+      "total = await tools.add({'a': 2**53, 'b': 1})",
+      "print('sum', total)",
+      "pair = await asyncio.gather(tools.add({'a': 1, 'b': 2}), tools.echo({'value': total}))",
+      "try:",
+      "    await tools.fail({})",
+      "except ToolCallError as e:",
+      "    print('failed:', e)",
+      "return {'total': total, 'pair': pair}",
+    ].join("\n");
+    const call = client.runCode("agents/ts-code", program, "Add big numbers with TS tools", { callId: "run-1" });
+    const { events, result } = await collect(call);
+    assert.equal(result.isError, false, result.text);
+    const value = result.value as unknown as RunCodeValue;
+    assert.equal(value.logs[0], `sum ${BIG}`);
+    assert.match(value.logs[1]!, /failed: .*nothing to see here/);
+    assert.deepEqual(value.result, { total: BIG, pair: [3, { value: BIG, type: "bigint" }] });
+    const kinds = events.map((e) => e.type);
+    assert.equal(kinds[0], "started");
+    assert.equal(kinds.filter((k) => k === "nestedStarted").length, 4);
+    const settled = events.filter((e) => e.type === "nestedSettled");
+    assert.equal(settled.length, 4);
+    assert.ok(kinds.includes("log"));
+    const failed = settled.find((e) => e.toolName === "fail")!;
+    assert.deepEqual([failed.isError, failed.errorCode], [true, "E_NOPE"]);
+    assert.ok(settled.every((e) => e.durationMs >= 0));
+    const nested = invocations.filter((c) => c.rootCallId === "run-1");
+    assert.deepEqual(nested.map((c) => c.callId).sort(), ["run-1:code:1", "run-1:code:2", "run-1:code:3"]);
+    assert.ok(nested.every((c) => c.agent === "agents/ts-code" && c.timeoutMs !== undefined));
+  });
+
+  it("lists and watches the history of the run", async () => {
+    const { records } = await client.listHistory("agents/ts-code", { callId: "run-1" });
+    // Outer layer around the nested layer; each nested call starts before it settles (the two
+    // gathered calls may interleave).
+    const summary = records.map((r) => `${r.kind} ${r.callId}`);
+    assert.equal(summary[0], "tool/call run-1");
+    assert.equal(summary.at(-1), "tool/result run-1");
+    assert.equal(records.length, 10);
+    for (let n = 1; n <= 4; n++) {
+      const begin = summary.indexOf(`tool/code-dispatch-start run-1:code:${n}`);
+      const settle = summary.indexOf(`tool/code-dispatch run-1:code:${n}`);
+      assert.ok(begin > 0 && settle > begin, `sub-call ${n}: ${summary.join(", ")}`);
+    }
+    assert.ok(records.slice(1, -1).every((r) => r.rootCallId === "run-1" && r.parentCallId === "run-1"));
+    assert.deepEqual(records[1]!.arguments, { a: 2n ** 53n, b: 1 });
+    assert.equal(typeof records[0]!.seq, "bigint");
+    const controller = new AbortController();
+    const watched: string[] = [];
+    for await (const record of client.watchHistory("agents/ts-code", { signal: controller.signal })) {
+      watched.push(record.kind);
+      if (watched.length === records.length) break;
+    }
+    assert.equal(watched.length, records.length);
+  });
+
+  it("routes approvals to the TypeScript approver", async () => {
+    const allowed = await collect(
+      client.executeToolCall({ agent: "agents/ts-native", callId: "ask-1", toolName: "guarded_write", arguments: { path: "ok/a.txt" } }),
+    );
+    assert.deepEqual(
+      allowed.events.map((e) => e.type),
+      ["started", "approvalPending", "approvalResolved", "result"],
+    );
+    const pending = allowed.events[1] as Extract<ToolCallEvent, { type: "approvalPending" }>;
+    assert.equal(pending.reason, "a human signs off on writes");
+    assert.deepEqual(allowed.events[2], { type: "approvalResolved", approvalId: pending.approvalId, outcome: "allowedOnce" });
+    assert.equal(allowed.result.value, "wrote ok/a.txt");
+    const request = approvals.find((r) => r.callId === "ask-1")!;
+    assert.deepEqual([request.agent, request.toolName, request.arguments], ["agents/ts-native", "guarded_write", { path: "ok/a.txt" }]);
+
+    const rejected = await client
+      .executeToolCall({ agent: "agents/ts-native", toolName: "guarded_write", arguments: { path: "etc/passwd" } })
+      .result;
+    assert.equal(rejected.isError, true);
+    assert.equal(rejected.error?.code, "DENIED");
+  });
+
+  it("cancels a running tool: the provider's AbortSignal fires", async () => {
+    const started = new Promise<void>((r) => (onWaitStarted = r));
+    const controller = new AbortController();
+    const call = client.executeToolCall(
+      { agent: "agents/ts-native", callId: "cancel-1", toolName: "wait_for_cancel" },
+      { signal: controller.signal },
+    );
+    await started;
+    controller.abort();
+    await assert.rejects(call.result, (e: unknown) => e instanceof CodemodeError && e.code === status.CANCELLED);
+    const seen = await eventually(async () => cancelled.find((c) => c.callId === "cancel-1"));
+    assert.ok(seen.reason.length > 0);
+  });
+
+  it("reports tool failures as results with their code", async () => {
+    const result = await client.executeToolCall({ agent: "agents/ts-native", toolName: "fail" }).result;
+    assert.equal(result.isError, true);
+    assert.deepEqual([result.error?.code, result.error?.message], ["E_NOPE", "nothing to see here"]);
+    assert.equal(result.text, "Error: nothing to see here");
+  });
+
+  it("refuses a conflicting registration and revokes tools when a provider disconnects", async () => {
+    const clash = new ToolProvider(client, "clash").tool({ name: "add" }, () => 0);
+    await assert.rejects(clash.start(), (e: unknown) => e instanceof CodemodeError && e.reason === "TOOL_ALREADY_REGISTERED");
+
+    const ephemeral = new ToolProvider(client, "ephemeral").tool({ name: "temp_tool", description: "short-lived" }, () => "here");
+    await ephemeral.start();
+    const names = async (): Promise<string[]> => (await client.listVisibleTools("agents/ts-native")).tools.map((t) => t.name);
+    assert.ok((await names()).includes("temp_tool"));
+    assert.equal((await client.executeToolCall({ agent: "agents/ts-native", toolName: "temp_tool" }).result).value, "here");
+    await ephemeral.close();
+    assert.equal(await ephemeral.closed, undefined);
+    await eventually(async () => ((await names()).includes("temp_tool") ? undefined : true));
+    const gone = await client.executeToolCall({ agent: "agents/ts-native", toolName: "temp_tool" }).result;
+    assert.equal(gone.error?.code, "UNKNOWN_TOOL");
+    assert.ok((await names()).includes("add"), "other providers' tools stay");
+  });
+});
