@@ -21,6 +21,7 @@ from registry_service.domain.results import AdditionalContext, ContentBlock, Too
 
 if TYPE_CHECKING:
     from registry_service.domain.execution import Execution
+    from registry_service.presentation.assembly import Section
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,10 @@ Guard = Callable[["Execution"], "str | None"]
 AroundHook = Callable[["Execution", Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]]
 PostExecuteHook = Callable[["Execution", ToolResult, PostDecision], Awaitable[PostDecision]]
 ResultObserver = Callable[["Execution", ToolResult], None]
+# The system-prompt assemble step: receives the scope and the filtered, ordered sections and
+# returns the sections to use. Its output is authoritative (nothing is restored afterwards).
+# Install these at start (plugins): assembled prompts are cached per catalog version.
+PromptHook = Callable[[str, list["Section"]], list["Section"]]
 
 
 @dataclass
@@ -84,6 +89,7 @@ class PolicyHooks:
     around: list[AroundHook] = field(default_factory=list)
     post_execute: list[PostExecuteHook] = field(default_factory=list)
     observers: list[ResultObserver] = field(default_factory=list)
+    prompt: list[PromptHook] = field(default_factory=list)
 
 
 # -- declarative rules --------------------------------------------------------------------------

@@ -244,7 +244,11 @@ class Assembler:
             ),
             Section(SDK_ID, SDK_ORDER, self._sdk_text(view, language) if language else ""),
         ]
-        final = tuple(assemble(sections, view.mode, self.config.tool_order))
+        assembled = assemble(sections, view.mode, self.config.tool_order)
+        for hooks in self._catalog.chain_hooks(view.scope or None):
+            for hook in hooks.prompt:
+                assembled = list(hook(view.scope, assembled))
+        final = tuple(s for s in assembled if s.text)
         text = SECTION_SEPARATOR.join(section.text for section in final)
         return SystemPrompt(view.mode, language, final, text)
 

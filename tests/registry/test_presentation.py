@@ -277,3 +277,29 @@ async def test_bad_scopes(harness: Harness) -> None:
     await expect_error(
         wire(harness, "nonsense"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_RESOURCE_NAME"
     )
+
+
+async def test_assemble_hooks_are_authoritative_and_scoped(harness: Harness) -> None:
+    """T-WIRE-6: an assemble hook's rewrite stands; an agent's hook can shadow the SDK section."""
+    from registry_service.presentation.assembly import Section
+
+    echo_tool(harness.registry, "read", guidance="Use read for files.")
+    coder = await harness.agent("coder", mode=BOTH)
+    other = await harness.agent("other", mode=BOTH)
+
+    def drop_guidance(scope: str, sections: list[Section]) -> list[Section]:
+        return [s for s in sections if s.id != "tool:read"] + [Section("house", 10, "House rules.")]
+
+    def own_sdk(scope: str, sections: list[Section]) -> list[Section]:
+        return [
+            Section(s.id, s.order, "custom sdk") if s.id == "tools:sdk" else s for s in sections
+        ]
+
+    harness.registry.catalog.hooks("").prompt.append(drop_guidance)
+    harness.registry.catalog.hooks(coder).prompt.append(own_sdk)
+    mine = await harness.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=coder))
+    theirs = await harness.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=other))
+    assert [s.id for s in mine.sections] == ["tools:sdk", "house"]  # the hook's order stands
+    assert {s.id: s.text for s in mine.sections}["tools:sdk"] == "custom sdk"
+    assert "tool:read" not in [s.id for s in theirs.sections]
+    assert {s.id: s.text for s in theirs.sections}["tools:sdk"] != "custom sdk"
