@@ -6,6 +6,11 @@ Baselines measured in the same run: a bare pipe round trip (asyncio host <-> an 
 child over a socketpair, the same framing) and a bare bidi gRPC round trip (an echo server in
 its own process). Target: per-call overhead <= 1.5 x (pipe + bidi).
 
+One more reference, not part of the target: the same client driving a stand-in RuntimeService
+that answers ``Run`` with the same messages (binding calls, then a terminal) and no worker at
+all -- what this exact message pattern costs on grpc.aio. Per-call overhead minus that figure
+is what the runtime and its worker add.
+
     .venv/bin/python -m benchmarks.runtime_run [--quick]
 """
 
@@ -55,6 +60,56 @@ async def _serve_echo() -> None:
     await server.start()
     print(f"echo listening on port {port}", flush=True)
     await server.wait_for_termination()
+
+
+class _StandInRuntime(runtime_pb2_grpc.RuntimeServiceServicer):
+    """``Run`` without a worker: 100 binding calls (for the 100-call program) answered one
+    after the other, then a terminal -- the message pattern of the real run, nothing else."""
+
+    async def GetCapabilities(
+        self, request: pb.GetCapabilitiesRequest, context: object
+    ) -> pb.GetCapabilitiesResponse:
+        return pb.GetCapabilitiesResponse()
+
+    async def Run(
+        self, request_iterator: AsyncIterator[pb.RunRequest], context: object
+    ) -> AsyncIterator[pb.RunResponse]:
+        requests = aiter(request_iterator)
+        first = await anext(requests)
+        calls = 100 if "range(100)" in first.start.program else 0
+        for seq in range(1, calls + 1):
+            yield pb.RunResponse(
+                binding_call=pb.BindingCall(call_id=seq, binding_name="echo", arguments_json="1")
+            )
+            await anext(requests)
+        yield pb.RunResponse(terminal=pb.RunTerminal(success=pb.RunSuccess(value_json="1")))
+
+
+async def _serve_stand_in() -> None:
+    server = grpc.aio.server()
+    runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(_StandInRuntime(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"stand-in listening on port {port}", flush=True)
+    await server.wait_for_termination()
+
+
+async def _per_call(address: str, runs: int) -> tuple[list[float], list[float]]:
+    """Interleaved runs with 0 and with 100 binding calls against one server."""
+    zero = "return 1"
+    hundred = "for i in range(100):\n    await tools.echo(i)\nreturn 1"
+    zero_samples: list[float] = []
+    hundred_samples: list[float] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+        for _ in range(3):
+            await _run(stub, zero)  # warm-up
+        for _ in range(runs):
+            zero_samples.append(await _run(stub, zero))
+            await asyncio.sleep(0.06)  # let the pool refill outside the measurement
+            hundred_samples.append(await _run(stub, hundred))
+            await asyncio.sleep(0.06)
+    return zero_samples, hundred_samples
 
 
 async def _bidi_baseline(address: str, samples: int) -> list[float]:
@@ -119,27 +174,21 @@ async def _run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> float
 
 async def main(quick: bool) -> dict[str, object]:
     runs = 10 if quick else 40
-    zero = "return 1"
-    hundred = "for i in range(100):\n    await tools.echo(i)\nreturn 1"
-    zero_samples: list[float] = []
-    hundred_samples: list[float] = []
     async with subprocess_service(
         "-m", "runtime_service", "--listen", "127.0.0.1:0", ready_prefix="runtime listening on port"
-    ) as port, grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # fmt: skip
-        stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-        for _ in range(3):
-            await _run(stub, zero)  # warm-up
-        for _ in range(runs):
-            zero_samples.append(await _run(stub, zero))
-            await asyncio.sleep(0.06)  # let the pool refill outside the measurement
-            hundred_samples.append(await _run(stub, hundred))
-            await asyncio.sleep(0.06)
+    ) as port:  # fmt: skip
+        zero_samples, hundred_samples = await _per_call(f"127.0.0.1:{port}", runs)
+    async with subprocess_service(
+        "-m", "benchmarks.runtime_run", "--stand-in", ready_prefix="stand-in listening on port"
+    ) as port:
+        pattern_zero, pattern_hundred = await _per_call(f"127.0.0.1:{port}", runs)
     async with subprocess_service(
         "-m", "benchmarks.runtime_run", "--echo-server", ready_prefix="echo listening on port"
     ) as port:
         bidi = await _bidi_baseline(f"127.0.0.1:{port}", 200 if quick else 1000)
     pipe = await _pipe_baseline(200 if quick else 1000)
     per_call = (statistics.median(hundred_samples) - statistics.median(zero_samples)) / 100
+    pattern = (statistics.median(pattern_hundred) - statistics.median(pattern_zero)) / 100
     baseline = statistics.median(pipe) + statistics.median(bidi)
     return {
         "benchmark": "runtime_run",
@@ -149,6 +198,8 @@ async def main(quick: bool) -> dict[str, object]:
         "per_call_overhead_ms": round(per_call * 1000, 4),
         "baseline_pipe_round_trip": summary_ms(pipe),
         "baseline_bidi_grpc_round_trip": summary_ms(bidi),
+        "reference_run_pattern_per_call_ms": round(pattern * 1000, 4),
+        "runtime_and_worker_per_call_ms": round((per_call - pattern) * 1000, 4),
         "target": {"per_call_overhead_max_ms": round(1.5 * baseline * 1000, 4)},
         "meets_target": per_call <= 1.5 * baseline,
     }
@@ -158,8 +209,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stand-in", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
         asyncio.run(_serve_echo())
+    elif args.stand_in:
+        asyncio.run(_serve_stand_in())
     else:
         print(json.dumps(asyncio.run(main(args.quick))))

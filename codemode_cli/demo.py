@@ -3,7 +3,9 @@
 It starts a runtime (its own process), a registry wired to it, and a tool provider serving a
 small workspace (another process); creates an agent in `code` mode; shows that the model sees
 only `run_code` and that a direct call is refused; runs a program that fans out over the tools;
-and prints the nested trajectory as a tree with timings, then the outer result.
+and prints the nested trajectory as a tree with timings, then the outer result, and finally
+the call's trace (both services write their spans to one JSON-lines file, as `codemode trace`
+reads it).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -19,9 +22,12 @@ from pathlib import Path
 
 import grpc
 
+from codemode_cli.trace import find_call, render
 from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.telemetry.jsonl import read_spans
+from codemode_common.telemetry.setup import configure
 from registry_service.config import RegistrySettings
 from registry_service.server import start as start_registry
 
@@ -41,9 +47,13 @@ return {"files_with_todos": todos, "total": sum(todos.values())}
 
 
 @contextlib.asynccontextmanager
-async def _process(*args: str, ready: str) -> AsyncIterator[str]:
+async def _process(*args: str, ready: str, env: dict[str, str] | None = None) -> AsyncIterator[str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        sys.executable,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
     )
     try:
         assert proc.stdout is not None
@@ -78,15 +88,28 @@ def _tree(
 async def run_demo(program: str | None = None) -> int:
     program = program or PROGRAM
     with tempfile.TemporaryDirectory() as tmp:
+        trace_file = str(Path(tmp) / "traces.jsonl")
+        runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": trace_file}
         async with _process(
-            "-m", "runtime_service", "--listen", "127.0.0.1:0", ready="runtime listening on port "
+            "-m",
+            "runtime_service",
+            "--listen",
+            "127.0.0.1:0",
+            ready="runtime listening on port ",
+            env=runtime_env,
         ) as port:
             settings = RegistrySettings(
                 listen="127.0.0.1:0",
                 runtime_targets=[f"127.0.0.1:{port}"],
                 history_path=str(Path(tmp) / "history.sqlite3"),
+                trace_file=trace_file,
             )
-            registry = await start_registry(settings)
+            telemetry = configure(settings.telemetry_config())
+            registry = await start_registry(
+                settings,
+                tracer_provider=telemetry.tracer_provider,
+                meter_provider=telemetry.meter_provider,
+            )
             channel = grpc.aio.insecure_channel(registry.address)
             try:
                 async with _process(
@@ -96,7 +119,17 @@ async def run_demo(program: str | None = None) -> int:
             finally:
                 await channel.close()
                 await registry.stop(1)
+                telemetry.shutdown()
+        _print_trace(trace_file, "call-1")  # the runtime has exited: its spans are flushed
     return 0
+
+
+def _print_trace(trace_file: str, call_id: str) -> None:
+    tree = find_call(read_spans(trace_file), call_id)
+    if tree is None:
+        return
+    print(f"\ntrace of {call_id} (what `codemode trace {call_id}` prints from var/traces.jsonl):")
+    print("".join(f"  {line}\n" for line in render(tree)), end="")
 
 
 async def _walkthrough(stub: rpb_grpc.RegistryServiceStub, program: str, runtime_port: str) -> None:

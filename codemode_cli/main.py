@@ -19,7 +19,23 @@ def main(argv: list[str] | None = None) -> int:
         "print its nested trajectory",
     )
     demo.add_argument("--program", help="a program file to run instead of the built-in one")
+    trace = commands.add_parser(
+        "trace",
+        help="print one tool call's span tree (nested calls, the runtime's run, providers) "
+        "from the local JSON-lines trace file",
+    )
+    trace.add_argument("call_id", help="the tool call id (a nested call id works too)")
+    trace.add_argument(
+        "--file",
+        default="var/traces.jsonl",
+        help="the trace file the services write (setting trace_file; default %(default)s)",
+    )
+    trace.add_argument("--events", action="store_true", help="also show each span's events")
     args = parser.parse_args(argv)
+    if args.command == "trace":
+        from codemode_cli.trace import run_trace
+
+        return run_trace(args.call_id, args.file, events=args.events)
     if args.command == "demo":
         from codemode_cli.demo import run_demo
 

@@ -6,12 +6,13 @@ Every default works with no setup. Invalid settings fail at start with a clear m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.assembly import Section, check_config
 
@@ -68,6 +69,28 @@ class RegistrySettings(BaseSettings):
     tool_order: list[str] = Field(default_factory=list)
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
+    trace_file: str = "var/traces.jsonl"
+    """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
+    reads it); `off` disables tracing entirely."""
+    otlp_endpoint: str = ""
+    """OTLP collector URL for spans and metrics; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set."""
+    otlp_protocol: Literal["", "grpc", "http/protobuf"] = ""
+    """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
+    service_name: str = Field(default="codemode-registry", min_length=1)
+    """`service.name` of this process's spans and metrics (when not set: `OTEL_SERVICE_NAME`,
+    else this default)."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or one JSON object each; both carry the current trace and span ids."""
+
+    def telemetry_config(self) -> TelemetryConfig:
+        return TelemetryConfig(
+            service_name=resolve_service_name(
+                self.service_name, "service_name" in self.model_fields_set
+            ),
+            trace_file=self.trace_file,
+            otlp_endpoint=self.otlp_endpoint,
+            otlp_protocol=self.otlp_protocol,
+        )
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:
@@ -76,6 +99,11 @@ class RegistrySettings(BaseSettings):
             [section.to_section() for section in self.prompt_sections],
             self.tool_order,
         )
+        return self
+
+    @model_validator(mode="after")
+    def _check_telemetry(self) -> RegistrySettings:
+        self.telemetry_config().validate()
         return self
 
 

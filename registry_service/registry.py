@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
@@ -21,6 +24,7 @@ from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
 from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import GLOBAL
+from registry_service.domain.telemetry import RegistryTelemetry
 from registry_service.domain.tools import (
     RUN_CODE,
     Classifier,
@@ -53,6 +57,7 @@ class Registry:
     history: HistoryStore
     transport: RunCodeTransport
     runtime: RuntimePort | None
+    telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
@@ -106,12 +111,16 @@ def _open_history(settings: RegistrySettings) -> SqliteHistory:
     return SqliteHistory(settings.history_path, max_inline_bytes=settings.history_max_inline_bytes)
 
 
-def _connect_runtime(settings: RegistrySettings) -> RuntimePort | None:
+def _connect_runtime(
+    settings: RegistrySettings, tracer_provider: TracerProvider | None
+) -> RuntimePort | None:
     if not settings.runtime_targets:
         return None
     from registry_service.runtime_client import GrpcRuntime  # the transport adapter (grpc)
 
-    return GrpcRuntime(settings.runtime_targets, settings.max_message_bytes)
+    return GrpcRuntime(
+        settings.runtime_targets, settings.max_message_bytes, tracer_provider=tracer_provider
+    )
 
 
 def _outer(
@@ -136,7 +145,15 @@ def _outer(
     )
 
 
-def build_registry(settings: RegistrySettings, runtime: RuntimePort | None = None) -> Registry:
+def build_registry(
+    settings: RegistrySettings,
+    runtime: RuntimePort | None = None,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> Registry:
+    """Composes the registry. Telemetry uses the given providers, else the global ones (a
+    no-op unless the process installed an SDK: see `codemode_common.telemetry.setup`)."""
     # The catalog's run_code (listing, argument validation) speaks the default language; the
     # wire schema is rendered per requested language by the assembler.
     flavour = run_code_tool_schema(catalog_language(settings.runtime_languages))
@@ -159,9 +176,10 @@ def build_registry(settings: RegistrySettings, runtime: RuntimePort | None = Non
         tool_order=tuple(settings.tool_order),
     )
     approvals = ApprovalBroker()
-    executor = Executor(catalog, approvals)
+    telemetry = RegistryTelemetry(tracer_provider, meter_provider)
+    executor = Executor(catalog, approvals, telemetry)
     history = _open_history(settings)
-    runtime = runtime or _connect_runtime(settings)
+    runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     transport = RunCodeTransport(
         executor,
         runtime,
@@ -183,6 +201,7 @@ def build_registry(settings: RegistrySettings, runtime: RuntimePort | None = Non
         history=history,
         transport=transport,
         runtime=runtime,
+        telemetry=telemetry,
     )
     if settings.policy_rules is not None:
         try:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from codemode_common.api.registry.v1 import registry_service_pb2, registry_service_pb2_grpc
+from codemode_common.telemetry import logs
+from codemode_common.telemetry.interceptors import server_interceptors
+from codemode_common.telemetry.setup import TelemetryConfigError, configure
 from registry_service.config import RegistrySettings
 from registry_service.registry import Registry, build_registry
 from registry_service.servicer import RegistryServicer
@@ -37,14 +43,25 @@ class RunningRegistry:
         await self.registry.close()
 
 
-async def start(settings: RegistrySettings, registry: Registry | None = None) -> RunningRegistry:
-    registry = registry or build_registry(settings)
+async def start(
+    settings: RegistrySettings,
+    registry: Registry | None = None,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> RunningRegistry:
+    """Starts the server. Telemetry: the registry's own providers (given here, else the global
+    ones); gRPC server spans are added only when tracing is on."""
+    registry = registry or build_registry(
+        settings, tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
     limit = settings.max_message_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-        ]
+        ],
+        interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
     registry_service_pb2_grpc.add_RegistryServiceServicer_to_server(
         RegistryServicer(registry), server
@@ -69,14 +86,29 @@ async def start(settings: RegistrySettings, registry: Registry | None = None) ->
 
 
 async def serve(settings: RegistrySettings) -> None:
-    running = await start(settings)
-    log.info("registry listening on %s", settings.listen.rsplit(":", 1)[0] + f":{running.port}")
-    print(f"registry listening on port {running.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        telemetry = configure(settings.telemetry_config())
+    except TelemetryConfigError as exc:
+        print(f"registry: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    telemetry.install_global()
+    logs.install(settings.log_format)
+    log.info("registry traces: %s", telemetry.destination)
+    try:
+        running = await start(
+            settings,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+        )
+        log.info("registry listening on %s", settings.listen.rsplit(":", 1)[0] + f":{running.port}")
+        print(f"registry listening on port {running.port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
     finally:
-        await running.stop()
+        telemetry.shutdown()

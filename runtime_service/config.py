@@ -5,13 +5,15 @@ Every default works with no setup. Invalid settings fail at start with a clear m
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
 from runtime_service.budgets import BudgetError, Budgets
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
@@ -54,10 +56,44 @@ class RuntimeSettings(BaseSettings):
     """Largest accepted program text (UTF-8 bytes)."""
     worker_python: str | None = None
     """Interpreter for workers (default: the runtime's own, resolved to its real path)."""
+    worker_uid_base: int = Field(default=60_000, ge=1, le=4_000_000_000)
+    """First uid (and gid) of the range workers run as, one per live worker (root only)."""
+    worker_uid_count: int = Field(default=1_000, ge=1, le=1_000_000)
+    """Size of that range: the most workers alive at once. The range must belong to no other
+    user on the host, and runtimes sharing a host need disjoint ranges."""
+    worker_tmp_bytes: int = Field(default=64 << 20, ge=1 << 20)
+    """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory."""
     max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024)
     """Largest gRPC message accepted or sent (must exceed the output cap plus logs framing)."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight runs may finish on shutdown before they are aborted."""
+    trace_file: str = "var/traces.jsonl"
+    """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
+    reads it); `off` disables tracing entirely."""
+    otlp_endpoint: str = ""
+    """OTLP collector URL for spans and metrics; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set."""
+    otlp_protocol: Literal["", "grpc", "http/protobuf"] = ""
+    """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
+    service_name: str = Field(default="codemode-runtime", min_length=1)
+    """`service.name` of this process's spans and metrics (when not set: `OTEL_SERVICE_NAME`,
+    else this default)."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or one JSON object each; both carry the current trace and span ids."""
+
+    def telemetry_config(self) -> TelemetryConfig:
+        return TelemetryConfig(
+            service_name=resolve_service_name(
+                self.service_name, "service_name" in self.model_fields_set
+            ),
+            trace_file=self.trace_file,
+            otlp_endpoint=self.otlp_endpoint,
+            otlp_protocol=self.otlp_protocol,
+        )
+
+    @model_validator(mode="after")
+    def _check_telemetry(self) -> RuntimeSettings:
+        self.telemetry_config().validate()
+        return self
 
     def runtime_options(self) -> RuntimeOptions:
         try:
@@ -77,7 +113,13 @@ class RuntimeSettings(BaseSettings):
             )
         except BudgetError as exc:
             raise ConfigError(f"invalid runtime budgets: {exc}") from exc
-        spec = WorkerSpec(python=self.worker_python) if self.worker_python else WorkerSpec()
+        spec = WorkerSpec(
+            uid_base=self.worker_uid_base,
+            uid_count=self.worker_uid_count,
+            tmp_bytes=self.worker_tmp_bytes,
+        )
+        if self.worker_python:
+            spec = dataclasses.replace(spec, python=self.worker_python)
         return RuntimeOptions(
             pool_size=self.pool_size,
             defaults=defaults,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -13,6 +14,7 @@ __all__ = [
     "BindingResult",
     "FailureKind",
     "LogListener",
+    "PendingCall",
     "RunFailure",
     "RunResult",
 ]
@@ -55,7 +57,53 @@ class BindingResult:
         return cls(False, None, message)
 
 
-BindingHandler = Callable[[BindingCall], Awaitable[BindingResult]]
+class PendingCall:
+    """A binding call answered by callback instead of an awaitable.
+
+    A handler may return one of these: the run registers its answer callback, and the
+    handler's ``resolve`` runs it synchronously -- the worker gets its reply in the same
+    event-loop step as the result arrives, with no future callback hop in between. The first
+    ``resolve`` counts; ``cancel`` (the run ended) drops the callback.
+    """
+
+    __slots__ = ("_callback", "_result")
+
+    def __init__(self) -> None:
+        self._callback: Callable[[BindingResult], None] | None = None
+        self._result: BindingResult | None = None
+
+    def on_result(self, callback: Callable[[BindingResult], None]) -> None:
+        if self._result is not None:
+            callback(self._result)
+        else:
+            self._callback = callback
+
+    def resolve(self, result: BindingResult) -> bool:
+        """Deliver the result; False if it was already resolved or cancelled."""
+        if self._result is not None:
+            return False
+        self._result = result
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            try:
+                callback(result)
+            except Exception as exc:  # reported like a failing future callback, not raised
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "binding call answer failed", "exception": exc}
+                )
+        return True
+
+    def cancel(self) -> None:
+        self._callback = None
+        if self._result is None:
+            self._result = BindingResult.failure("cancelled")
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+
+BindingHandler = Callable[[BindingCall], Awaitable[BindingResult] | PendingCall]
 LogListener = Callable[[str], None]
 
 

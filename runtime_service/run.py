@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +21,7 @@ from runtime_service.outcome import (
     BindingResult,
     FailureKind,
     LogListener,
+    PendingCall,
     RunFailure,
     RunResult,
 )
@@ -40,8 +40,7 @@ from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 __all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "Run", "RunRequest"]
 
 CPU_POLL_INTERVAL_S = 0.025  # a compute timeout may overshoot the budget by one interval
-DRAIN_TIMEOUT_S = 1.0  # pipes held open by escaped descendants stop being drained after this
-_EXIT_GRACE_S = 0.2  # lets the channel deliver a completion already sent before the exit
+DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +76,14 @@ class Run:
         self._ledger = OutputLedger(request.budgets.max_output_bytes)
         self._overflowed = False
         self._terminal: _Terminal | None = None
-        self._settled: asyncio.Event | None = None
+        self._settled: asyncio.Future[None] | None = None
+        self._cpu_timer: asyncio.TimerHandle | None = None
+        self._baseline = 0.0
+        self._decoders: dict[int, codecs.BufferedIncrementalDecoder] = {}
         self._worker: WorkerProcess | None = None
         self._seen_ids: set[int] = set()
         self._next_seq = 1
-        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._calls: dict[int, asyncio.Future[Any] | PendingCall] = {}
         self._started = False
         self.spawned = False
 
@@ -89,6 +91,11 @@ class Run:
     @property
     def settled(self) -> bool:
         return self._terminal is not None
+
+    async def worker_gone(self) -> None:
+        """Wait until the run's worker (if any) and all its descendants have exited."""
+        if self._worker is not None:
+            await asyncio.shield(self._worker.closed)
 
     def abort(self, reason: str) -> None:
         """End the run with ``abort`` unless another outcome already won."""
@@ -99,7 +106,7 @@ class Run:
         if self._started:
             raise RuntimeError("a run executes once")
         self._started = True
-        self._settled = asyncio.Event()
+        self._settled = asyncio.get_running_loop().create_future()
         if self._terminal is not None:  # aborted before it started: spawn nothing
             return self._materialize()
         try:
@@ -110,7 +117,8 @@ class Run:
         self.spawned = True
         self._worker = worker
         if self._terminal is not None:  # aborted while the worker was being acquired
-            await worker.kill()
+            worker.signal_group()
+            worker.close_when_exited()
             return self._materialize()
         return await self._drive(worker)
 
@@ -118,7 +126,13 @@ class Run:
     async def _drive(self, worker: WorkerProcess) -> RunResult:
         budgets = self.request.budgets
         loop = asyncio.get_running_loop()
-        baseline = worker.cpu_seconds() or 0.0
+        assert self._settled is not None
+        boot = worker.boot_cpu_s
+        self._baseline = boot if boot is not None else (worker.cpu_seconds() or 0.0)
+        self._decoders = {
+            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in worker.output_fds
+        }
+        worker.listen(partial(self._handle, worker), self._on_channel_eof, self._on_output)
         worker.send(
             {
                 "t": "start",
@@ -129,17 +143,8 @@ class Run:
                 "cpu_seconds": budgets.compute_ms / 1000,
             }
         )
-        channel_eof = asyncio.Event()
-        pipes = [
-            asyncio.create_task(self._read_pipe(stream))
-            for stream in (worker.process.stdout, worker.process.stderr)
-            if stream is not None
-        ]
-        watchers = [
-            asyncio.create_task(self._read_channel(worker, channel_eof)),
-            asyncio.create_task(self._watch_exit(worker, channel_eof)),
-            asyncio.create_task(self._poll_cpu(worker, baseline)),
-        ]
+        on_exit = partial(self._on_worker_exit, worker)
+        worker.exited.add_done_callback(on_exit)
         wall = loop.call_later(
             self.request.wall_ms / 1000,
             self._settle,
@@ -147,51 +152,40 @@ class Run:
                 RunFailure("timeout", f"wall-clock ceiling reached ({self.request.wall_ms}ms)")
             ),
         )
+        self._cpu_timer = loop.call_later(CPU_POLL_INTERVAL_S, self._poll_cpu, worker)
         try:
-            assert self._settled is not None
-            await self._settled.wait()
+            await self._settled
         finally:
             wall.cancel()
-            for task in watchers:
-                task.cancel()
+            self._cpu_timer.cancel()
+            worker.exited.remove_done_callback(on_exit)
+            worker.stop_listening()
             for call in self._calls.values():
                 call.cancel()
-            # Let bytes already queued on the pipes arrive, then kill and drain.
-            await asyncio.sleep(0)
-            await asyncio.shield(worker.kill())
-            _, stuck = await asyncio.wait(pipes, timeout=DRAIN_TIMEOUT_S)
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*watchers, *stuck, *self._calls.values(), return_exceptions=True)
+            # Terminate: SIGKILL the whole group (the worker can run no more code), then drain
+            # the pipes to their end -- every byte written before the kill is charged -- and
+            # only then materialize. Reaping and cleanup follow in the background; the pool
+            # tracks the worker until it is gone.
+            worker.signal_group()
+            worker.close_when_exited()
+            if worker.outputs_open:  # usually already ended: the worker closes them first
+                await asyncio.shield(worker.drain_outputs(DRAIN_TIMEOUT_S))
         return self._materialize()
 
     def _settle(self, terminal: _Terminal) -> None:
         if self._terminal is not None:
             return
         self._terminal = terminal
-        if self._settled is not None:
-            self._settled.set()
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
 
-    async def _read_channel(self, worker: WorkerProcess, eof: asyncio.Event) -> None:
-        try:
-            while True:
-                data = await worker.reader.read(1 << 16)
-                if not data:
-                    return
-                for payload in worker.frames.feed(data):
-                    if self._terminal is not None:
-                        return
-                    self._handle(worker, payload)
-        except (ConnectionError, OSError):
-            return
-        finally:
-            eof.set()
+    def _on_channel_eof(self) -> None:
+        return None  # the exit (or a budget) settles the run
 
-    async def _watch_exit(self, worker: WorkerProcess, channel_eof: asyncio.Event) -> None:
-        status = await worker.process.wait()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(channel_eof.wait(), _EXIT_GRACE_S)
-        self._settle(_Terminal(RunFailure("worker-exit", self._exit_message(status))))
+    def _on_worker_exit(self, worker: WorkerProcess, exited: asyncio.Future[int]) -> None:
+        # Whatever the worker sent before it exited is already queued on the channel.
+        worker.read_pending()
+        self._settle(_Terminal(RunFailure("worker-exit", self._exit_message(exited.result()))))
 
     def _exit_message(self, status: int) -> str:
         if status == EXIT_OUT_OF_MEMORY:
@@ -201,29 +195,28 @@ class Run:
             return f"worker killed by signal {_signal_name(-status)} before completing"
         return f"worker exited with code {status} before completing"
 
-    async def _poll_cpu(self, worker: WorkerProcess, baseline: float) -> None:
+    def _poll_cpu(self, worker: WorkerProcess) -> None:
+        if self._terminal is not None:
+            return
         budget_ms = self.request.budgets.compute_ms
-        while True:
-            await asyncio.sleep(CPU_POLL_INTERVAL_S)
-            used = worker.cpu_seconds()
-            if used is not None and (used - baseline) * 1000 > budget_ms:
-                message = f"compute budget exhausted ({budget_ms}ms busy)"
-                self._settle(_Terminal(RunFailure("timeout", message)))
-                return
+        used = worker.cpu_seconds()
+        if used is not None and (used - self._baseline) * 1000 > budget_ms:
+            message = f"compute budget exhausted ({budget_ms}ms busy)"
+            self._settle(_Terminal(RunFailure("timeout", message)))
+            return
+        loop = asyncio.get_running_loop()
+        self._cpu_timer = loop.call_later(CPU_POLL_INTERVAL_S, self._poll_cpu, worker)
 
-    async def _read_pipe(self, stream: asyncio.StreamReader) -> None:
+    def _on_output(self, fd: int, data: bytes) -> None:
         """Raw writes to fds 1/2 become log entries, charged like any other log."""
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        while True:
-            data = await stream.read(1 << 16)
-            text = decoder.decode(data, final=not data)
-            if text:
-                self._admit_log(text)
-            if not data:
-                return
+        text = self._decoders[fd].decode(data, final=not data)
+        if text:
+            self._admit_log(text)
 
     # -- messages ----------------------------------------------------------------------------
     def _handle(self, worker: WorkerProcess, payload: bytes) -> None:
+        if self._terminal is not None:
+            return  # nothing the worker says after the outcome counts
         message = parse_worker_message(payload)
         if isinstance(message, LogMessage):
             self._admit_log(message.text)
@@ -295,11 +288,22 @@ class Run:
         except Exception as exc:  # a failing handler is a failed call
             self._reply(worker, call.call_id, _handler_failure(exc))
             return
+        if isinstance(pending, PendingCall):
+            # Answered synchronously from the handler's resolve: no event-loop hop at all.
+            self._calls[call.call_id] = pending
+            pending.on_result(partial(self._answer_now, worker, call.call_id))
+            return
         # A handler that hands back a plain future is answered from its done callback: one
         # event-loop hop fewer per call than wrapping it in a task.
         future = pending if asyncio.isfuture(pending) else asyncio.ensure_future(pending)
         self._calls[call.call_id] = future
         future.add_done_callback(partial(self._answer, worker, call.call_id))
+
+    def _answer_now(self, worker: WorkerProcess, call_id: int, result: BindingResult) -> None:
+        self._calls.pop(call_id, None)
+        if type(result) is not BindingResult:
+            result = BindingResult.failure("binding handler returned no result")
+        self._reply(worker, call_id, result)
 
     def _answer(self, worker: WorkerProcess, call_id: int, future: asyncio.Future[Any]) -> None:
         self._calls.pop(call_id, None)

@@ -98,6 +98,7 @@ class Runtime:
             # The caller went away: the run ends as an abort and its worker still dies.
             run.abort("run cancelled")
             await asyncio.gather(task, return_exceptions=True)
+            await run.worker_gone()
             raise
         finally:
             self._executions.discard(task)

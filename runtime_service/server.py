@@ -14,18 +14,25 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 import asyncio
 import logging
 import signal
+import sys
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_common.telemetry import logs
+from codemode_common.telemetry.interceptors import server_interceptors
+from codemode_common.telemetry.setup import TelemetryConfigError, configure
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
 from runtime_service.runtime import Runtime
 from runtime_service.servicer import RuntimeServicer
+from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["RunningRuntime", "serve", "start"]
 
@@ -58,19 +65,30 @@ class RunningRuntime:
         await self.server.stop(_TERMINAL_FLUSH_S)
 
 
-async def start(settings: RuntimeSettings) -> RunningRuntime:
+async def start(
+    settings: RuntimeSettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> RunningRuntime:
+    """Starts the server. Telemetry uses the given providers, else the global ones; gRPC
+    server spans are added only when tracing is on."""
+    telemetry = RuntimeTelemetry(tracer_provider, meter_provider)
     runtime = Runtime(settings.runtime_options())
     await runtime.start()
     capabilities = await probe_capabilities(runtime)
+    telemetry.instrument_pool(runtime.pool)  # after the probe: only runs' hand-offs count
+    telemetry.observe_pool(runtime.pool)
     limit = settings.max_message_bytes
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
-        ]
+        ],
+        interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(
-        RuntimeServicer(runtime, capabilities), server
+        RuntimeServicer(runtime, capabilities, telemetry), server
     )
     health_servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -93,14 +111,29 @@ async def start(settings: RuntimeSettings) -> RunningRuntime:
 
 
 async def serve(settings: RuntimeSettings) -> None:
-    running = await start(settings)
-    log.info("runtime listening on port %d", running.port)
-    print(f"runtime listening on port {running.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        telemetry = configure(settings.telemetry_config())
+    except TelemetryConfigError as exc:
+        print(f"runtime: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    telemetry.install_global()
+    logs.install(settings.log_format)
+    log.info("runtime traces: %s", telemetry.destination)
+    try:
+        running = await start(
+            settings,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+        )
+        log.info("runtime listening on port %d", running.port)
+        print(f"runtime listening on port {running.port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
     finally:
-        await running.stop()
+        telemetry.shutdown()

@@ -17,9 +17,10 @@ from codemode_common.grpc_status import to_rpc_status
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
-from runtime_service.outcome import BindingCall, BindingResult, RunResult
+from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.run import Run
 from runtime_service.runtime import Runtime
+from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["DOMAIN", "RuntimeServicer"]
 
@@ -38,9 +39,15 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
-    def __init__(self, runtime: Runtime, capabilities: Capabilities) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        capabilities: Capabilities,
+        telemetry: RuntimeTelemetry | None = None,
+    ) -> None:
         self._runtime = runtime
         self._capabilities = capabilities
+        self._telemetry = telemetry or RuntimeTelemetry()
 
     async def GetCapabilities(
         self, request: runtime_pb2.GetCapabilitiesRequest, context: Context
@@ -69,8 +76,19 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                          "the first Run message must be a start message")  # fmt: skip
             return
         start = first.start
+        # The run's span continues the caller's context; every binding call names it as parent.
+        traced = self._telemetry.start_run(
+            start.trace_context.traceparent,
+            start.trace_context.tracestate,
+            language=start.language or "python",
+            bindings=len(start.binding_names),
+        )
         outgoing: asyncio.Queue[runtime_pb2.RunResponse | None] = asyncio.Queue()
-        relay = _CallRelay(outgoing, start.token, start.trace_context)
+        relay = _CallRelay(
+            outgoing,
+            start.token,
+            trace_pb2.TraceContext(traceparent=traced.traceparent, tracestate=traced.tracestate),
+        )
         try:
             run = self._runtime.create_run(
                 program=start.program,
@@ -84,12 +102,16 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 ),
             )
         except RunRequestError as exc:
+            traced.refused("invalid-run", str(exc))
             await _abort(context, Status.INVALID_ARGUMENT, "INVALID_RUN", str(exc))
             return
         except RuntimeDisposedError as exc:
+            traced.refused("shutting-down", str(exc))
             await _abort(context, Status.UNAVAILABLE, "RUNTIME_SHUTTING_DOWN", str(exc))
             return
-        execution = asyncio.ensure_future(self._runtime.execute(run))
+        with traced.activated():  # the execution task (and the worker hand-off) run inside it
+            execution = asyncio.ensure_future(self._runtime.execute(run))
+        execution.add_done_callback(traced.finish)
         execution.add_done_callback(lambda _: outgoing.put_nowait(None))
         reader = asyncio.ensure_future(_read_client(request_iterator, run, relay))
         try:
@@ -117,18 +139,18 @@ class _CallRelay:
         self._outgoing = outgoing
         self._token = token
         self._trace = trace
-        self._pending: dict[int, asyncio.Future[BindingResult]] = {}
+        self._pending: dict[int, PendingCall] = {}
 
-    def call(self, call: BindingCall) -> asyncio.Future[BindingResult]:
-        """Send the call on the stream; the returned future settles with the client's result."""
-        future: asyncio.Future[BindingResult] = asyncio.get_running_loop().create_future()
+    def call(self, call: BindingCall) -> PendingCall:
+        """Send the call on the stream; the client's result resolves the returned call (and
+        so answers the worker) synchronously, from the stream reader."""
+        pending = PendingCall()
         try:
             arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
-            future.set_result(BindingResult.failure("binding arguments must be lossless JSON"))
-            return future
-        self._pending[call.seq] = future
-        future.add_done_callback(lambda _: self._pending.pop(call.seq, None))
+            pending.resolve(BindingResult.failure("binding arguments must be lossless JSON"))
+            return pending
+        self._pending[call.seq] = pending
         self._outgoing.put_nowait(
             runtime_pb2.RunResponse(
                 binding_call=runtime_pb2.BindingCall(
@@ -140,19 +162,19 @@ class _CallRelay:
                 )
             )
         )
-        return future
+        return pending
 
     def resolve(self, result: runtime_pb2.CallResult) -> None:
-        future = self._pending.pop(result.call_id, None)
-        if future is None or future.done():
+        pending = self._pending.pop(result.call_id, None)
+        if pending is None or pending.done:
             return  # unknown or already answered: each call is answered at most once
         if result.WhichOneof("outcome") == "value_json":
             try:
-                future.set_result(BindingResult.success(jsonvalue.loads(result.value_json)))
+                pending.resolve(BindingResult.success(jsonvalue.loads(result.value_json)))
             except jsonvalue.JsonValueError:
-                future.set_result(BindingResult.failure("binding resolution must be lossless JSON"))
+                pending.resolve(BindingResult.failure("binding resolution must be lossless JSON"))
         else:
-            future.set_result(BindingResult.failure(result.error_message))
+            pending.resolve(BindingResult.failure(result.error_message))
 
 
 async def _read_client(

@@ -1,31 +1,45 @@
-"""Host-side handle of one worker process: spawn, channel, CPU time, termination.
+"""Host-side handle of one worker process: spawn, channel, output pipes, exit, termination.
 
-Workers are spawned with ``asyncio.create_subprocess_exec`` on the default asyncio loop:
-CPython's ``_posixsubprocess`` execs straight away (vfork when it can), so no Python code and
-no ``pthread_atfork`` handler of the runtime (grpc's among them) runs in the child. The child is
-``python -I -S`` with an empty environment, a fresh empty temporary directory as cwd, its own
-session/process group, stdin on /dev/null, stdout/stderr on pipes, and the channel socket as
-the only other descriptor (``close_fds``).
+Workers are started with ``subprocess.Popen`` (CPython's ``_posixsubprocess`` execs straight
+away, with vfork when it can, so no Python code and no ``pthread_atfork`` handler of the
+runtime -- grpc's among them -- runs in the child). The child is ``python -I -S`` with an empty
+environment, ``/`` as cwd (it moves into its private root, or into a fresh directory it
+reports when it cannot build one), its own session/process group, stdin on /dev/null,
+stdout/stderr on pipes, and the channel socket as the only other descriptor (``close_fds``).
+It isolates itself before it reports ready (see ``worker/sandbox_child.py``) and drops to a uid
+of its own, leased here from a configured range for as long as the process lives.
+
+Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
+socket, both pipes and a pidfd (for the exit) are watched with ``add_reader``. The pidfd
+replaces asyncio's child watcher, which would park a thread in ``waitpid`` per worker and wake
+the loop through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
+import json
+import math
 import os
 import shutil
 import signal
+import site
 import socket
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runtime_service.worker import flatwire, framing
 
-__all__ = ["WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
+__all__ = ["UidLeases", "WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOADER = (
@@ -33,10 +47,23 @@ _LOADER = (
     "from runtime_service.worker.bootstrap import main;main()"
 )
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
+_RECV_BYTES = 1 << 16
+_GROUP_POLL_S = 0.002
+_GROUP_EXIT_TIMEOUT_S = 10.0
 
 
 class WorkerLaunchError(RuntimeError):
     """A worker could not be started or did not report ready."""
+
+
+def _runtime_paths() -> tuple[str, ...]:
+    """Paths of the runtime itself, masked in a worker's root if an exposed tree holds them."""
+    paths = {_PACKAGE_ROOT, sys.prefix, tempfile.gettempdir(), os.path.expanduser("~")}
+    with contextlib.suppress(AttributeError):
+        paths.update(site.getsitepackages())
+    paths.add(site.getusersitepackages())
+    return tuple(sorted(os.path.realpath(p) for p in paths if p and os.path.isabs(p)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,76 +74,206 @@ class WorkerSpec:
     """Interpreter to run (``-I -S``: no site-packages, no environment, no user paths)."""
     ready_timeout_s: float = 10.0
     temp_root: str | None = None
-    """Parent of the per-worker temporary directories (the system default when None)."""
+    """Where a worker that cannot build its private root makes its working directory (the
+    system default when None); it reports the path and the runtime removes it afterwards."""
     loader: str = _LOADER
     """Code passed to ``-c``; tests substitute a fake worker that speaks raw protocol."""
+    uid_base: int = 60_000
+    uid_count: int = 1_000
+    """Workers run as ``uid_base + slot`` (gid the same), each live worker with its own. The
+    range must hold no other user's processes or files on this host, and runtimes sharing a
+    host need disjoint ranges. Only a runtime running as root can switch uid."""
+    tmp_bytes: int = 64 << 20
+    """Size cap of a worker's private ``/tmp`` (its working directory)."""
+    hidden_paths: tuple[str, ...] = field(default_factory=_runtime_paths)
+    """Runtime paths masked inside the worker's root should an exposed tree contain them."""
 
-    def argv(self, channel_fd: int) -> list[str]:
-        return [self.python, "-I", "-S", "-c", self.loader, _PACKAGE_ROOT, str(channel_fd)]
+    def fallback_root(self) -> str:
+        """Where a worker without a private root makes its working directory."""
+        return os.path.realpath(self.temp_root or tempfile.gettempdir())
+
+    def argv(self, channel_fd: int, uid: int) -> list[str]:
+        config = {
+            "uid": uid,
+            "hide": list(self.hidden_paths),
+            "tmp_bytes": self.tmp_bytes,
+            "tmp_root": self.fallback_root(),
+        }
+        return [
+            self.python, "-I", "-S", "-c", self.loader, _PACKAGE_ROOT, str(channel_fd),
+            json.dumps(config, separators=(",", ":")),
+        ]  # fmt: skip
+
+
+class UidLeases:
+    """Leases of sandbox uids: no two live workers ever share one.
+
+    Within this process a set says which uids are taken; across processes (several runtimes,
+    tests and benchmarks on one host) each lease also binds an abstract Unix socket named
+    after the uid, which the kernel frees when the lease ends or this process dies. That
+    covers every runtime in the same network namespace; runtimes in other namespaces (other
+    containers on the host) need disjoint ranges, or user namespaces.
+    """
+
+    _held: dict[int, socket.socket | None] = {}  # noqa: RUF012 - shared by every runtime
+    _cursor = 0
+
+    @classmethod
+    def acquire(cls, base: int, count: int) -> int:
+        for step in range(count):
+            uid = base + (cls._cursor + step) % count
+            if uid in cls._held:
+                continue
+            lock = cls._lock(uid)
+            if lock is False:
+                continue  # leased by another process
+            cls._held[uid] = lock if isinstance(lock, socket.socket) else None
+            cls._cursor = (cls._cursor + step + 1) % count
+            return uid
+        raise WorkerLaunchError(f"no free sandbox uid in [{base}, {base + count})")
+
+    @staticmethod
+    def _lock(uid: int) -> socket.socket | bool:
+        """The host-wide lock for ``uid``: a bound socket, False if another process holds
+        it, True if abstract sockets are unavailable (then only this process coordinates)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(f"\0codemode-sandbox-uid-{uid}")
+        except OSError as exc:
+            sock.close()
+            return exc.errno != errno.EADDRINUSE
+        return sock
+
+    @classmethod
+    def release(cls, uid: int) -> None:
+        lock = cls._held.pop(uid, None)
+        if lock is not None:
+            lock.close()
+
+    @classmethod
+    def leased(cls) -> frozenset[int]:
+        return frozenset(cls._held)
+
+
+FrameHandler = Callable[[bytes], None]
+Listener = Callable[[], None]
+OutputHandler = Callable[[int, bytes], None]
 
 
 class WorkerProcess:
-    """A spawned worker. Never reused: one program, then ``kill``."""
+    """A spawned worker. Never reused: one program, then ``terminate`` and ``close``."""
 
     def __init__(
         self,
         *,
-        process: asyncio.subprocess.Process,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        workdir: str,
-        sandbox: dict[str, str],
+        process: subprocess.Popen[bytes],
+        channel: socket.socket,
+        outputs: tuple[int, int],
+        uid: int,
         spawned_at: float,
     ) -> None:
         self.process = process
         self.pid = process.pid
-        self.reader = reader
-        self.writer = writer
-        self.workdir = workdir
-        self.sandbox = sandbox
+        self.channel = channel
+        self.boot_cpu_s: float | None = None
+        """CPU time the worker reported at ready, before any program ran."""
+        self.setup_us: float | None = None
+        """How long the worker took to isolate itself (its own measurement)."""
+        self.workdir: str | None = None
+        """A working directory on the host's filesystem, only when the worker reported one
+        (no private root): removed after the worker is gone."""
+        self.uid = uid
         self.spawned_at = spawned_at
+        self.sandbox: dict[str, str] = {}
         self.frames = framing.FrameBuffer()
+        self.returncode: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        """Resolves once the worker is reaped and everything it held is released."""
+        self._pidfd = os.pidfd_open(self.pid)
+        self._loop.add_reader(self._pidfd, self._on_exit)
+        self.output_fds = outputs
+        self._outputs: set[int] = set(outputs)
+        self._outputs_closed: asyncio.Future[None] = self._loop.create_future()
+        self._output_handler: OutputHandler | None = None
+        self._on_frame: FrameHandler | None = None
+        self._on_channel_eof: Listener | None = None
+        self._out = bytearray()
+        self._channel_open = True
+        self._reading = False
+        self._closed = False
+        self._close_scheduled = False
+        self._reaper: asyncio.Task[None] | None = None
         self._killed = False
 
+    # -- spawning ---------------------------------------------------------------------------
     @classmethod
-    async def spawn(cls, spec: WorkerSpec) -> WorkerProcess:
+    async def spawn(cls, spec: WorkerSpec, *, background: bool = False) -> WorkerProcess:
+        """Start a worker and wait until it is ready. A ``background`` spawn (a pool refill)
+        boots at the lowest CPU priority so that it does not slow running programs down;
+        ``activate`` restores the normal priority."""
         started = time.monotonic()
-        workdir = tempfile.mkdtemp(prefix="codemode-worker-", dir=spec.temp_root)
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        uid = UidLeases.acquire(spec.uid_base, spec.uid_count)
+        parent = child = None
+        pipes: list[int] = []
         try:
-            process = await asyncio.create_subprocess_exec(
-                *spec.argv(child.fileno()),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            pipes = [out_r, out_w, err_r, err_w]
+            # Synchronous, like asyncio's own subprocess transport: vfork + exec, ~0.15 ms.
+            process = subprocess.Popen(  # noqa: ASYNC220
+                spec.argv(child.fileno(), uid),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
                 pass_fds=(child.fileno(),),
                 env={},
-                cwd=workdir,
+                cwd="/",
                 start_new_session=True,
-                limit=1 << 16,
+                close_fds=True,
             )
         except OSError as exc:
-            parent.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            for fd in pipes:
+                os.close(fd)
+            for sock in (parent, child):
+                if sock is not None:
+                    sock.close()
+            UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
-        finally:
-            child.close()
+        child.close()
+        os.close(out_w)
+        os.close(err_w)
+        if background and _can_renice():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, process.pid, _BOOT_NICE)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        parent.setblocking(False)
         try:
-            reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
-        except BaseException:
+            worker = cls(
+                process=process,
+                channel=parent,
+                outputs=(out_r, err_r),
+                uid=uid,
+                spawned_at=started,
+            )
+        except OSError as exc:  # no pidfd (Linux < 5.3): do not leave the process behind
+            _kill_group(process.pid)
+            process.wait()
+            for fd in (out_r, err_r):
+                os.close(fd)
             parent.close()
-            await asyncio.shield(_reap(process, workdir))
-            raise
-        worker = cls(
-            process=process,
-            reader=reader,
-            writer=writer,
-            workdir=workdir,
-            sandbox={},
-            spawned_at=started,
-        )
+            UidLeases.release(uid)
+            raise WorkerLaunchError(f"cannot watch worker: {exc}") from exc
         try:
-            ready = await asyncio.wait_for(worker._read_ready(), spec.ready_timeout_s)
+            worker.sandbox = await asyncio.wait_for(worker._read_ready(), spec.ready_timeout_s)
+            worker.boot_cpu_s = _float_or_none(worker.sandbox.pop("cpu-s", None))
+            worker.setup_us = _float_or_none(worker.sandbox.pop("setup-us", None))
+            workdir = worker.sandbox.pop("workdir", None)
+            if workdir and os.path.dirname(workdir) == spec.fallback_root():
+                worker.workdir = workdir
         except (TimeoutError, WorkerLaunchError, OSError, flatwire.WireError) as exc:
             await asyncio.shield(worker.kill())
             raise WorkerLaunchError(f"worker did not become ready: {exc}") from exc
@@ -124,14 +281,13 @@ class WorkerProcess:
             # Cancelled mid-boot (pool closing): never leave the process behind.
             await asyncio.shield(worker.kill())
             raise
-        worker.sandbox = ready
         return worker
 
     async def _read_ready(self) -> dict[str, str]:
         while True:
-            data = await self.reader.read(1 << 16)
+            data = await self._loop.sock_recv(self.channel, _RECV_BYTES)
             if not data:
-                raise WorkerLaunchError(f"worker exited during boot ({self._stderr_hint()})")
+                raise WorkerLaunchError(f"worker exited during boot ({self._exit_hint()})")
             for payload in self.frames.feed(data):
                 message = flatwire.loads_strict(payload)
                 if type(message) is dict and message.get("t") == "ready":
@@ -140,23 +296,161 @@ class WorkerProcess:
                         return {str(k): str(v) for k, v in report.items()}
                     return {}
 
-    def _stderr_hint(self) -> str:
-        return (
-            "see worker stderr"
-            if self.process.returncode is None
-            else (f"exit status {self.process.returncode}")
-        )
+    def _exit_hint(self) -> str:
+        code = self.returncode
+        return "see worker stderr" if code is None else f"exit status {code}"
+
+    def activate(self) -> None:
+        """The worker is handed a program: give it the normal scheduling priority back."""
+        if _can_renice():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, self.pid, 0)
 
     @property
     def alive(self) -> bool:
-        return self.process.returncode is None and not self._killed
+        return self.returncode is None and not self._killed
+
+    @property
+    def exited(self) -> asyncio.Future[int]:
+        """Resolves with the exit status (negative: killed by that signal) once reaped."""
+        return self._exited
+
+    # -- channel ----------------------------------------------------------------------------
+    def listen(
+        self,
+        on_frame: FrameHandler,
+        on_channel_eof: Listener,
+        on_output: OutputHandler,
+    ) -> None:
+        """Deliver channel frames and pipe bytes to callbacks, straight from the event loop."""
+        self._on_frame = on_frame
+        self._on_channel_eof = on_channel_eof
+        self._output_handler = on_output
+        if self._channel_open:
+            self._reading = True
+            self._loop.add_reader(self.channel.fileno(), self._on_channel_readable)
+        for fd in self._outputs:
+            self._loop.add_reader(fd, self._on_output_readable, fd)
+
+    def stop_listening(self) -> None:
+        """Stop reading the channel (pipes keep draining until they end)."""
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self.channel.fileno())
+
+    def read_pending(self) -> None:
+        """Process every frame already queued on the channel, without waiting for more."""
+        while self._reading and self._read_channel_once():
+            pass
+
+    def _on_channel_readable(self) -> None:
+        self._read_channel_once()
+
+    def _read_channel_once(self) -> bool:
+        try:
+            data = self.channel.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.stop_listening()
+            if self._on_channel_eof is not None:
+                self._on_channel_eof()
+            return False
+        handler = self._on_frame
+        for payload in self.frames.feed(data):
+            if not self._reading or handler is None:
+                break
+            handler(payload)
+        return True
 
     def send(self, message: dict[str, Any]) -> None:
         """Queue a frame to the worker; a closed channel is ignored (the run ends anyway)."""
-        if self.writer.is_closing():
+        self.send_frame(framing.pack(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        if not self._channel_open:
             return
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            self.writer.write(framing.pack(message))
+        if not self._out:
+            try:
+                sent = self.channel.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return
+            if sent == len(frame):
+                return
+            self._out += memoryview(frame)[sent:]
+            self._loop.add_writer(self.channel.fileno(), self._on_channel_writable)
+        else:
+            self._out += frame
+
+    def _on_channel_writable(self) -> None:
+        try:
+            sent = self.channel.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            sent = len(self._out)
+        del self._out[:sent]
+        if not self._out:
+            self._loop.remove_writer(self.channel.fileno())
+
+    # -- output pipes -----------------------------------------------------------------------
+    def _on_output_readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, _RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if self._output_handler is not None and data:
+            self._output_handler(fd, data)
+        if not data:
+            self._close_output(fd)
+            if self._output_handler is not None:
+                self._output_handler(fd, b"")
+
+    def _close_output(self, fd: int) -> None:
+        if fd in self._outputs:
+            self._outputs.discard(fd)
+            self._loop.remove_reader(fd)
+            os.close(fd)
+            if not self._outputs and not self._outputs_closed.done():
+                self._outputs_closed.set_result(None)
+
+    @property
+    def outputs_open(self) -> bool:
+        return bool(self._outputs)
+
+    async def drain_outputs(self, timeout_s: float) -> None:
+        """Wait until both pipes have ended (or the timeout passes, then stop reading them)."""
+        if self._outputs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._outputs_closed), timeout_s)
+        for fd in list(self._outputs):
+            self._close_output(fd)
+
+    # -- exit and termination ---------------------------------------------------------------
+    def _on_exit(self) -> None:
+        # Read the status but leave the zombie: while it is unreaped its pid -- the process
+        # group id -- cannot be reused, so signalling the group later never hits a stranger.
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+            status = 255
+        else:
+            if info is None:
+                return  # spurious wake-up
+            status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        self.returncode = status
+        if not self._exited.done():
+            self._exited.set_result(status)
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU time of the worker process so far, or None once it is gone."""
@@ -168,33 +462,119 @@ class WorkerProcess:
         fields = stat[stat.rfind(b")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
-    async def kill(self) -> int:
-        """SIGKILL the worker's process group, reap it, remove its directory; return status."""
+    def signal_group(self) -> None:
+        """SIGKILL the worker's process group: the worker and every descendant (the sandbox
+        keeps them from leaving the group). Safe until ``close`` reaps the leader."""
         self._killed = True
-        # Not ``process.kill()``: Popen.send_signal polls first, reaping the child behind the
-        # asyncio child watcher's back (which then reports status 255).
-        if self.process.returncode is None:
-            self._signal_group()
-        status = await self.process.wait()
-        # Members of the group that outlived the leader (the group id cannot be reused while
-        # they exist).
-        self._signal_group()
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        return status
+        if not self._closed:
+            _kill_group(self.pid)
 
-    def _signal_group(self) -> None:
+    def close_when_exited(self) -> None:
+        """Reap and release everything as soon as the worker has exited."""
+        if not self._close_scheduled:
+            self._close_scheduled = True
+            self._exited.add_done_callback(lambda _: self.close())
+
+    def close(self) -> None:
+        """Kill what is left of the group, reap the (exited) worker, release the channel, the
+        pipes and the directory; the uid and ``closed`` follow once the group is empty."""
+        if self._closed or not self._exited.done():
+            return
+        self._closed = True
+        # Members of the group that outlived the leader die now; the leader is still a
+        # zombie, so the group id is still theirs.
         _kill_group(self.pid)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.process.returncode = self.returncode  # Popen must never wait for it again
+        self.stop_listening()
+        if self._out:
+            self._loop.remove_writer(self.channel.fileno())
+            self._out.clear()
+        self._channel_open = False
+        self.channel.close()
+        for fd in list(self._outputs):
+            self._close_output(fd)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        if _group_exists(self.pid):
+            # Killed descendants are still on their way out (tearing down takes the kernel
+            # about a millisecond per process): the uid is free only once they are gone.
+            self._reaper = self._loop.create_task(self._await_group_gone())
+        else:
+            self._release()
+
+    async def _await_group_gone(self) -> None:
+        deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT_S
+        try:
+            while _live_group_members(self.pid) and time.monotonic() < deadline:
+                _kill_group(self.pid)
+                await asyncio.sleep(_GROUP_POLL_S)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        UidLeases.release(self.uid)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def kill(self) -> int:
+        """SIGKILL the group, wait for the exit, release everything; return the status."""
+        self.signal_group()
+        self.close_when_exited()
+        return await asyncio.shield(self._exited)
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+@functools.cache
+def _can_renice() -> bool:
+    """Whether this process may lower a worker's nice value again (CAP_SYS_NICE): only then
+    do refills boot at the lowest priority."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 23))
+    except OSError:
+        pass
+    return False
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any process (zombies included) is still in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that have not finished exiting (zombies excluded)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
 
 
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-
-
-async def _reap(process: asyncio.subprocess.Process, workdir: str) -> None:
-    _kill_group(process.pid)
-    await process.wait()
-    shutil.rmtree(workdir, ignore_errors=True)

@@ -47,6 +47,12 @@ from registry_service.domain.results import (
 )
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortController
+from registry_service.domain.telemetry import (
+    ABANDONED,
+    QUEUE_WAIT,
+    RegistryTelemetry,
+    outcome_of,
+)
 from registry_service.domain.tools import RUN_CODE, Invocation
 from registry_service.history import records
 from registry_service.history.records import HistoryStore, Record
@@ -110,6 +116,10 @@ class _Run(RunHooks):
     counter: int = 0
     replies: set[asyncio.Task[None]] = field(default_factory=set)
 
+    @property
+    def telemetry(self) -> RegistryTelemetry:
+        return self.transport.executor.telemetry
+
     async def run(self) -> ToolResult:
         t = self.transport
         outer = self.outer
@@ -129,12 +139,13 @@ class _Run(RunHooks):
             binding_names=bindings,
             token=token,
             timeout=None if outer.deadline is None else max(0.0, outer.deadline - loop.time()),
-            traceparent=outer.traceparent,
+            traceparent=outer.traceparent,  # the run_code call's span
             tracestate=outer.tracestate,
         )
         assert t.runtime is not None
         terminal: RunTerminal | None = None
         stream: RunStream | None = None
+        self.telemetry.run_started()
         try:
             stream = await t.runtime.open_run(spec)
             terminal = await self._pump(stream)
@@ -151,6 +162,7 @@ class _Run(RunHooks):
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.close()
+            self.telemetry.run_ended()
         return self._outer_result(terminal)
 
     async def _pump(self, stream: RunStream) -> RunTerminal:
@@ -184,8 +196,10 @@ class _Run(RunHooks):
 
     def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
         name = call.name
+        telemetry = self.telemetry
         if self.controller.signal.aborted:
             reason = self.controller.signal.reason
+            telemetry.nested_refused("run_over", name)
             return self._spawn(
                 stream.reply(
                     call.call_id, False, f"run_code run is over ({reason}); {name} not dispatched"
@@ -196,17 +210,35 @@ class _Run(RunHooks):
             if verified.execution_id != self.outer.call_id:
                 raise TokenError("parent token belongs to another run")
         except TokenError as exc:
+            telemetry.nested_refused("invalid_token", name)
             return self._spawn(stream.reply(call.call_id, False, f"nested call refused: {exc}"))
         if name not in self.bindings:
+            telemetry.nested_refused("unknown_binding", name)
             return self._spawn(stream.reply(call.call_id, False, f'unknown binding "tools.{name}"'))
         try:
             arguments = jsonvalue.loads(call.arguments_json)
         except JsonValueError as exc:
+            telemetry.nested_refused("invalid_arguments", name)
             return self._spawn(
                 stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
             )
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
+        # The nested call's span starts now (it includes the queue wait), as a child of the
+        # runtime's run span named in the binding call, else of the run_code call's span.
+        traceparent, tracestate = call.traceparent, call.tracestate
+        if not traceparent:
+            traceparent, tracestate = self.outer.traceparent, self.outer.tracestate
+        trace = telemetry.start_call(
+            call_id=sub_call_id,
+            name=name,
+            root_call_id=self.outer.root_call_id,
+            agent=self.outer.agent,
+            parent_call_id=self.outer.call_id,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+        telemetry.nested_received()
         nested = NestedCall(
             n=self.counter,
             sub_call_id=sub_call_id,
@@ -220,8 +252,9 @@ class _Run(RunHooks):
                 agent=self.outer.agent,
                 parent=verified,
                 deadline=self.outer.deadline,
-                traceparent=self.outer.traceparent,
-                tracestate=self.outer.tracestate,
+                traceparent=traceparent,
+                tracestate=tracestate,
+                trace=trace,
             ),
             outcome=asyncio.get_running_loop().create_future(),
         )
@@ -240,11 +273,17 @@ class _Run(RunHooks):
     # -- scheduler hooks -----------------------------------------------------------------------
 
     async def started(self, call: NestedCall) -> None:
+        trace = call.inp.trace
+        trace.stage(QUEUE_WAIT, int(call.submitted_at * 1e9), int(call.started_at * 1e9))
+        self.telemetry.queue_waited(call.name, call.started_at - call.submitted_at)
         if self.outer.agent:
             await self.transport.history.append(self._record(records.DISPATCH_START, call))
         self.outer.emit(NestedCallStarted(call.sub_call_id, call.name))
 
     async def committed(self, call: NestedCall, result: ToolResult) -> asyncio.Future[Any] | None:
+        outcome = outcome_of(result)
+        call.inp.trace.end(result, outcome, "exclusive" if call.exclusive else "parallel")
+        self.telemetry.nested_settled(call.name, outcome, time.time() - call.submitted_at)
         if not result.is_error:
             if any(isinstance(b, ImageBlock) for b in result.content):
                 self.deferred.append(AdditionalContext(result.content, "tools-code-mode"))
@@ -266,9 +305,10 @@ class _Run(RunHooks):
 
     def abandoned(self, call: NestedCall) -> None:
         reason = self.controller.signal.reason or SETTLED
-        call.outcome.set_result(
-            error_result(f"run_code run is over ({reason}); {call.name} tool call abandoned")
-        )
+        result = error_result(f"run_code run is over ({reason}); {call.name} tool call abandoned")
+        call.inp.trace.end(result, ABANDONED)
+        self.telemetry.nested_abandoned()
+        call.outcome.set_result(result)
 
     def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
         return Record(

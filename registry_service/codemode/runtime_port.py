@@ -28,6 +28,8 @@ class BindingCall:
     name: str
     arguments_json: str
     token: bytes
+    traceparent: str = ""  # the runtime's run span: the parent of the nested call's span
+    tracestate: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ The stages are separate methods because the code-mode scheduler runs them in dif
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -33,6 +34,16 @@ from registry_service.domain.results import (
 )
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortSignal, fuse
+from registry_service.domain.telemetry import (
+    APPROVAL_WAIT,
+    BODY,
+    GUARDS,
+    NO_TRACE,
+    POST_EXECUTE,
+    PRE_EXECUTE,
+    CallTrace,
+    RegistryTelemetry,
+)
 from registry_service.domain.tools import Invocation, ToolDefinition, is_parallel
 
 log = logging.getLogger(__name__)
@@ -57,8 +68,9 @@ class ExecutionInput:
     root_call_id: str | None = None
     parent: object | None = None  # the run_code parent token; set only for nested calls
     deadline: float | None = None
-    traceparent: str = ""
+    traceparent: str = ""  # W3C context of the caller (the parent of this call's span)
     tracestate: str = ""
+    trace: CallTrace = NO_TRACE  # the call's span when the caller started it (nested calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,7 @@ class Execution:
     deadline: float | None
     traceparent: str
     tracestate: str
+    trace: CallTrace = NO_TRACE
 
     @property
     def scope(self) -> str:
@@ -157,11 +170,40 @@ def no_events(_event: Event) -> None:
 
 
 class Executor:
-    def __init__(self, catalog: Catalog, approvals: ApprovalBroker) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        approvals: ApprovalBroker,
+        telemetry: RegistryTelemetry | None = None,
+    ) -> None:
         self.catalog = catalog
         self.approvals = approvals
+        self.telemetry = telemetry or RegistryTelemetry()
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
+        """A model-direct call, inside its `execute_tool` span."""
+        trace = inp.trace
+        if not trace.recording:
+            trace = self.telemetry.start_call(
+                call_id=inp.call_id,
+                name=inp.name,
+                root_call_id=inp.root_call_id or inp.call_id,
+                agent=inp.agent,
+                traceparent=inp.traceparent,
+                tracestate=inp.tracestate,
+            )
+            if trace.recording:
+                inp = replace(inp, trace=trace)
+        try:
+            with trace.activated():
+                result = await self._execute(inp, emit)
+        except BaseException as exc:
+            trace.fail(exc)
+            raise
+        trace.end(result)
+        return result
+
+    async def _execute(self, inp: ExecutionInput, emit: Emit) -> ToolResult:
         created = self.create(inp)
         if isinstance(created, ToolResult):
             return created
@@ -214,6 +256,7 @@ class Executor:
             deadline=inp.deadline,
             traceparent=inp.traceparent,
             tracestate=inp.tracestate,
+            trace=inp.trace,
         )
 
     def execution_mode(self, execution: Execution) -> Literal["parallel", "exclusive"]:
@@ -225,19 +268,32 @@ class Executor:
     async def prepare(self, execution: Execution, emit: Emit = no_events) -> Prepared:
         if execution.signal.aborted:
             return Prepared("final", aborted(before_dispatch=True))
+        # A stage with nothing to run (no hooks, no guards) records no event.
+        trace = execution.trace
         try:
-            decision = await self._pre_execute(execution)
+            started = time.time_ns()
+            decision, hooks = await self._pre_execute(execution)
+            if hooks and isinstance(decision, Allow):
+                trace.stage(PRE_EXECUTE, started)
+            elif hooks:
+                trace.stage(PRE_EXECUTE, started, decision=type(decision).__name__.lower())
             if isinstance(decision, Ask):
                 approved = await self._approve(execution, decision, emit)
                 if approved is None:  # approval cancelled because the caller went away
                     return Prepared("post", aborted(before_dispatch=True))
                 decision = approved
-            if isinstance(decision, Allow):
-                for guard in self.catalog.guards(execution.agent):
+            guards = self.catalog.guards(execution.agent)
+            if isinstance(decision, Allow) and guards:
+                started = time.time_ns()
+                for guard in guards:
                     reason = guard(execution)
                     if reason is not None:
                         decision = Deny(reason)
                         break
+                if isinstance(decision, Deny):
+                    trace.stage(GUARDS, started, decision="deny")
+                else:
+                    trace.stage(GUARDS, started)
         except Exception as exc:
             return Prepared("final", _failure(exc))
         if isinstance(decision, Deny):
@@ -246,12 +302,15 @@ class Executor:
             return Prepared("post", aborted(before_dispatch=True))
         return Prepared("dispatch")
 
-    async def _pre_execute(self, execution: Execution) -> PreDecision:
+    async def _pre_execute(self, execution: Execution) -> tuple[PreDecision, int]:
+        """The waterfall's decision, and how many hooks made it."""
         decision: PreDecision = Allow()
+        count = 0
         for hooks in self.catalog.chain_hooks(execution.agent):
             for hook in hooks.pre_execute:
                 decision = await hook(execution, decision)
-        return decision
+                count += 1
+        return decision, count
 
     async def _approve(self, execution: Execution, ask: Ask, emit: Emit) -> PreDecision | None:
         name = execution.name
@@ -266,7 +325,12 @@ class Executor:
             reason=ask.reason or f'tool "{name}" requires approval',
         )
         emit(ApprovalPending(request.approval_id, request.reason))
+        started, clock = time.time_ns(), time.perf_counter()
         outcome = await self.approvals.request(request, execution.signal)
+        self.telemetry.approval_waited(outcome.value, time.perf_counter() - clock)
+        execution.trace.stage(
+            APPROVAL_WAIT, started, approval_id=request.approval_id, outcome=outcome.value
+        )
         emit(ApprovalResolved(request.approval_id, outcome))
         if outcome is ApprovalOutcome.ALLOWED_ONCE:
             return Allow()
@@ -290,7 +354,14 @@ class Executor:
                 return lambda: self._body(execution, state, emit)
             return lambda: wrappers[index](execution, call(index + 1))
 
-        result = await call(0)()
+        started = time.time_ns()
+        try:
+            result = await call(0)()
+        finally:
+            if state.body_invoked:
+                execution.trace.stage(BODY, started)
+            else:  # refused before the tool ran (unknown tool, invalid arguments, aborted)
+                execution.trace.stage(BODY, started, invoked=False)
         if state.deferred:
             result = result.with_contexts((*state.deferred, *result.additional_contexts))
         if execution.signal.aborted and not result.is_error:
@@ -311,6 +382,8 @@ class Executor:
         if violations:
             return error_result(format_invalid_args(violations), INVALID_ARGS, "ToolArgsError")
         state.body_invoked = True
+        trace = execution.trace
+        traceparent, tracestate = trace.propagation(execution.traceparent, execution.tracestate)
         invocation = Invocation(
             emit=emit,
             call_id=execution.call_id,
@@ -320,11 +393,12 @@ class Executor:
             arguments=jsonvalue.snapshot(execution.arguments),
             signal=fuse(execution.signal),
             deadline=execution.deadline,
-            traceparent=execution.traceparent,
-            tracestate=execution.tracestate,
+            traceparent=traceparent,  # the call's own span: providers continue from it
+            tracestate=tracestate,
         )
         try:
-            returned = await defn.body(invocation)
+            with trace.activated():
+                returned = await defn.body(invocation)
         except Exception as exc:
             return _failure(exc)
         result = self._normalize(defn, returned)
@@ -357,14 +431,19 @@ class Executor:
 
     async def finalize(self, execution: Execution, result: ToolResult) -> ToolResult:
         """Post-execute waterfall (default accept), then finish."""
+        started = time.time_ns()
+        count = 0
         try:
             decision: Accept | Block = Accept()
             for hooks in self.catalog.chain_hooks(execution.agent):
                 for hook in hooks.post_execute:
                     decision = await hook(execution, result, decision)
+                    count += 1
             result = self._apply_post(execution, result, decision)
         except Exception as exc:
             result = _failure(exc)
+        if count:  # a stage with no hooks records no event
+            execution.trace.stage(POST_EXECUTE, started)
         if execution.signal.aborted and not result.is_error:
             result = aborted(before_dispatch=False).with_contexts(result.additional_contexts)
         return self.finish(execution, result)

@@ -1,10 +1,12 @@
-"""Worker process entry point: boot, wait for one program, run it, report, exit.
+"""Worker process entry point: boot, isolate, wait for one program, run it, report, be killed.
 
 Started by the runtime as
-``python -I -S -c "<loader>" <package root> <channel fd>`` with an empty environment, a fresh
-temporary working directory, fds 1/2 on pipes the runtime drains, and the channel socket as the
-only other inherited descriptor. Everything heavy is imported before the worker reports
-``ready`` so that a pooled worker starts the program at once.
+``python -I -S -c "<loader>" <package root> <channel fd> <sandbox config JSON>`` with an empty
+environment, fds 1/2 on pipes the runtime drains, and the channel socket as the only other
+inherited descriptor. Everything the worker itself needs is imported before it isolates itself
+(``sandbox_child.isolate``: a private root without the project tree, its own uid, seccomp), and
+first-use costs are paid (``_prewarm``) before it reports ``ready``, so that a pooled worker
+starts the program at once.
 
 Stdlib only. This module runs model code in its own process and trusts nothing it does; the
 runtime, in turn, treats everything this process sends as hostile.
@@ -15,10 +17,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import contextlib
+import json
 import linecache
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from types import CodeType
@@ -47,7 +52,12 @@ ToolCallError.__module__ = "builtins"
 
 
 class Channel:
-    """Blocking sends, loop-driven receives on the channel socket."""
+    """Blocking sends, loop-driven receives on the channel socket.
+
+    Every message leaves at once, binding calls included (no coalescing until the program
+    next awaits): a call made just before a long computation must reach the runtime, and so
+    the client, while the program computes -- as the reference's synchronous postMessage.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -83,9 +93,7 @@ class LogSink:
         prefix = ledger.fit_prefix(text, room)
         if prefix:
             self.channel.send({"t": "log", "text": prefix})
-        self.channel.send({"t": "output-limit"})
-        _flush_stdio()
-        os._exit(0)
+        finish(self.channel, {"t": "output-limit"})
 
 
 class LogStream:
@@ -274,6 +282,29 @@ def _flush_stdio() -> None:
             pass
 
 
+def finish(channel: Channel, message: dict[str, object]) -> NoReturn:
+    """Send the last message, then wait to be killed.
+
+    The output pipes are closed first: the runtime drains them to their end before it
+    reports the outcome, so the end must not wait for the process to go. Nor does the worker
+    exit by itself: tearing an interpreter down takes the kernel about a millisecond, and a
+    runtime woken on the same CPU would wait for it before it could read the message. The
+    runtime kills the worker's group as soon as the outcome is settled (or closes the channel,
+    which ends the wait too).
+    """
+    _flush_stdio()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    try:
+        channel.send(message)
+        channel.sock.setblocking(True)
+        while channel.sock.recv(1 << 16):
+            pass
+    finally:
+        os._exit(0)
+
+
 class Worker:
     """One program run inside this process."""
 
@@ -306,9 +337,11 @@ class Worker:
         if not data:
             os._exit(0)  # the runtime closed the channel: the run is over
         for payload in self.channel.frames.feed(data):
+            # The runtime's own compact output: the plain C parser is enough here (values
+            # inside are flat token lists, still decoded and validated below).
             try:
-                message = flatwire.loads_strict(payload)
-            except flatwire.WireError:
+                message = json.loads(payload)
+            except ValueError:
                 continue
             if type(message) is dict and message.get("t") == "reply":
                 self.on_reply(message)
@@ -344,9 +377,7 @@ class Worker:
             outcome = self.loop.run_until_complete(self.execute(program_builtins))
         except MemoryError:
             os._exit(EXIT_OUT_OF_MEMORY)
-        _flush_stdio()
-        self.channel.send(outcome)
-        os._exit(0)
+        finish(self.channel, outcome)
 
     async def execute(self, program_builtins: dict[str, Any]) -> dict[str, object]:
         try:
@@ -391,18 +422,46 @@ class Worker:
         return {"t": "done", "error": {"kind": kind, "message": message}}
 
 
+def _prewarm(loop: asyncio.AbstractEventLoop) -> None:
+    """Pay first-use costs (the compiler, the loop's first run, the codecs) before ready."""
+    code = compile_program("x = [await tools.a(1)]\nreturn {'x': x}")
+    namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": "__program__"}
+
+    async def echo(value: object) -> object:
+        await asyncio.sleep(0)
+        return value
+
+    namespace["tools"] = make_tools(["a"], lambda name, value: echo(value))
+    exec(code, namespace)
+    result = loop.run_until_complete(namespace["__program__"]())
+    tokens = flatwire.encode(result[0])
+    flatwire.decode(flatwire.loads_strict(framing.pack({"t": "x", "v": tokens})[4:])["v"])
+    ledger.OutputLedger(64).fits_value(result[0])
+    render_exception(ValueError("warm-up"))
+
+
 def main() -> None:
-    """Entry point: ``sys.argv`` is ``["-c", <package root>, <channel fd>]``."""
+    """Entry point: ``sys.argv`` is ``["-c", <package root>, <channel fd>, <sandbox config>]``."""
     channel = Channel(socket.socket(fileno=int(sys.argv[2])))
     channel.sock.setblocking(True)
-    report = sandbox_child.isolate()
+    try:
+        raw_config = flatwire.loads_strict(sys.argv[3]) if len(sys.argv) > 3 else {}
+    except flatwire.WireError:
+        raw_config = {}
+    config = sandbox_child.SandboxConfig(raw_config if type(raw_config) is dict else {})
+    started = time.perf_counter()
+    report = sandbox_child.isolate(config)
+    report["setup-us"] = str(round((time.perf_counter() - started) * 1e6))
     os.environ.clear()  # interpreter start-up may have set LC_CTYPE (PEP 538)
-    # The runtime's code must not stay importable by the program.
+    # The runtime's code must not stay importable by the program (it is not even mounted).
     if sys.argv[1] in sys.path:
         sys.path.remove(sys.argv[1])
-    # Pay first-use costs (loop creation, the compiler's first run) before the program arrives.
     loop = asyncio.new_event_loop()
-    compile_program("return 1")
+    _prewarm(loop)
+    # No program has run yet: this figure is the worker's own, and the run's compute budget
+    # starts from it (the runtime need not read /proc when the program is handed over).
+    times = os.times()
+    report["cpu-s"] = repr(times.user + times.system)
     channel.send({"t": "ready", "sandbox": report})
     start = channel.recv_blocking()
     if start is None or start.get("t") != "start":
@@ -412,8 +471,7 @@ def main() -> None:
             memory_bytes=int(start["memory_bytes"]), cpu_seconds=float(start["cpu_seconds"])
         )
     except (OSError, ValueError) as exc:
-        channel.send({"t": "done", "error": {"kind": "exception", "message": str(exc)}})
-        os._exit(0)
+        finish(channel, {"t": "done", "error": {"kind": "exception", "message": str(exc)}})
     Worker(channel, start, loop).run()
 
 

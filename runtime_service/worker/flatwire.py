@@ -80,8 +80,27 @@ def _check_str(text: str) -> None:
         raise WireError("string holds a surrogate pair that JSON would merge into one character")
 
 
-@_gc_paused
 def encode(value: object) -> list[Any]:
+    """Validate ``value`` as lossless JSON and return its flat token list.
+
+    Accepts exactly ``None``, ``bool``, ``int``, finite ``float`` other than ``-0.0``, ``str``,
+    ``list`` and ``dict`` with ``str`` keys (see ``_encode_tree``).
+    """
+    kind = type(value)
+    # Scalars (most binding arguments and results) skip the tree walk and the GC pause.
+    if kind in _NON_STR_SCALARS:
+        return [value]
+    if kind is str:
+        _check_str(value)  # type: ignore[arg-type]
+        return [value]
+    if kind is float:
+        _check_float(value)  # type: ignore[arg-type]
+        return [value]
+    return _encode_tree(value)
+
+
+@_gc_paused
+def _encode_tree(value: object) -> list[Any]:
     """Validate ``value`` as lossless JSON and return its flat token list.
 
     Accepts exactly ``None``, ``bool``, ``int``, finite ``float`` other than ``-0.0``, ``str``,
@@ -158,8 +177,16 @@ def _is_valid_scalar(token: object) -> bool:
     return False
 
 
-@_gc_paused
 def decode(tokens: object) -> object:
+    """Rebuild the value encoded by ``tokens``; raise ``WireError`` for any invalid encoding
+    (see ``_decode_tree``)."""
+    if type(tokens) is list and len(tokens) == 1 and _is_valid_scalar(tokens[0]):
+        return tokens[0]  # a lone scalar: nothing to walk
+    return _decode_tree(tokens)
+
+
+@_gc_paused
+def _decode_tree(tokens: object) -> object:
     """Rebuild the value encoded by ``tokens``; raise ``WireError`` for any invalid encoding.
 
     Rejected: a non-list or empty input, tokens that are neither valid scalars nor markers,

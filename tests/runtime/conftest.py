@@ -97,6 +97,19 @@ def child_pids(parent: int | None = None) -> list[int]:
     return found
 
 
+def can_isolate() -> bool:
+    """Whether this host lets workers build the full sandbox: root with CAP_SYS_ADMIN (and
+    CAP_SETUID). Where it does, the isolation tests demand every protection in force."""
+    if os.geteuid() != 0:
+        return False
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                return bool(caps & (1 << 21)) and bool(caps & (1 << 7))
+    return False
+
+
 def _become_subreaper() -> None:
     """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them."""
     import ctypes

@@ -14,7 +14,7 @@ from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.grpc_status import error_info
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import RunningRuntime, start
-from tests.runtime.conftest import child_pids
+from tests.runtime.conftest import can_isolate, child_pids
 
 pb = runtime_pb2
 
@@ -81,7 +81,16 @@ async def test_capabilities_are_honest(stub: runtime_pb2_grpc.RuntimeServiceStub
     assert any(
         item.startswith("network: own empty network namespace") for item in caps.isolation.enforced
     )
-    assert any(item.startswith("filesystem:") for item in caps.isolation.not_enforced)
+    topics = ("filesystem:", "processes:", "privileges:", "system calls:")
+    for topic in topics:  # each protection is listed exactly once, on one side or the other
+        sides = [
+            any(item.startswith(topic) for item in caps.isolation.enforced),
+            any(item.startswith(topic) for item in caps.isolation.not_enforced),
+        ]
+        assert sides.count(True) == 1, topic
+        if can_isolate():
+            assert sides[0], topic
+    assert any(item.startswith("kernel:") for item in caps.isolation.not_enforced)
 
 
 async def test_run_relays_binding_calls_and_logs(stub: runtime_pb2_grpc.RuntimeServiceStub) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.runtime import Runtime, RuntimeOptions
@@ -225,3 +226,23 @@ async def test_fake_worker_speaking_garbage_ends_as_worker_exit() -> None:
         await runtime.dispose()
     assert result.error == RunFailure("worker-exit", "worker exited with code 3 before completing")
     assert result.logs == ["tail-after-garbage é"]
+
+
+async def test_a_completion_sent_just_before_the_exit_still_wins(
+    run_program: ProgramRunner,
+) -> None:
+    # The exit is handled only after everything the worker sent is read (no grace timer).
+    # The handler blocks the runtime's loop while the worker sends a completion larger than
+    # one read and exits, so both are pending together when the loop wakes up.
+    async def handler(call: BindingCall) -> BindingResult:
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the loop is the point
+        return BindingResult.success(None)
+
+    program = PRELUDE + (
+        "send({'t': 'call', 'id': 1, 'name': 'block', 'args': [1]})\n"
+        "import time\ntime.sleep(0.05)\n"
+        "send({'t': 'done', 'value': ['x' * 150000]})\nos._exit(3)"
+    )
+    result = await run_program(program, bindings=("block",), handler=handler)
+    assert result.error is None, result.error
+    assert result.value == "x" * 150_000

@@ -9,7 +9,7 @@ import pytest
 
 from runtime_service.budgets import BudgetError, Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError
-from runtime_service.outcome import BindingCall, BindingResult, RunFailure
+from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunFailure
 from runtime_service.runtime import Runtime
 from tests.runtime.conftest import ProgramRunner, echo_handler
 
@@ -231,3 +231,37 @@ async def test_invalid_requests_are_rejected(runtime: Runtime) -> None:
         runtime.create_run(program="", bindings=["a", "a"], handler=echo_handler)
     with pytest.raises(RunRequestError, match="non-empty"):
         runtime.create_run(program="", bindings=[""], handler=echo_handler)
+
+
+async def test_descendants_holding_the_pipes_die_with_the_run(run_program: ProgramRunner) -> None:
+    # A child keeps stdout open and would write later: the run ends at once anyway (its whole
+    # group is killed, so the pipes end) and nothing written after the outcome is charged.
+    program = (
+        "import subprocess\n"
+        "subprocess.Popen(['sh', '-c', 'sleep 0.5; echo late'])\n"
+        "print('early')\nreturn 1"
+    )
+    started = time.monotonic()
+    result = await run_program(program)
+    assert result.value == 1 and result.logs == ["early"]
+    assert time.monotonic() - started < 0.5
+
+
+async def test_boot_cpu_is_not_charged_to_the_program(run_program: ProgramRunner) -> None:
+    # Booting a worker takes far more than 30 ms of CPU; the budget counts from the hand-off.
+    result = await run_program("import time\ntime.sleep(0.1)\nreturn 1", compute_ms=30)
+    assert result.error is None, result.error
+
+
+def test_pending_call_resolves_once_and_cancel_drops_the_answer() -> None:
+    answers: list[BindingResult] = []
+    pending = PendingCall()
+    pending.on_result(answers.append)
+    assert pending.resolve(BindingResult.success(1))
+    assert not pending.resolve(BindingResult.success(2))
+    assert answers == [BindingResult.success(1)]
+    late = PendingCall()
+    late.on_result(answers.append)
+    late.cancel()
+    assert not late.resolve(BindingResult.success(3))
+    assert answers == [BindingResult.success(1)]

@@ -10,6 +10,11 @@
         await provider.closed()   # serve until the registry or the caller ends it
 
 The stream's lifetime owns the tools: closing it revokes them in the registry.
+
+Tracing: every invocation runs inside a `serve_tool {name}` span (kind SERVER) continuing the
+W3C context the registry put in the invocation (the registry's `execute_tool` span), so the
+provider's work joins the caller's trace. The span comes from `tracer_provider`, else the
+global provider; with neither set up nothing is traced.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from codemode_client.schemas import hinted_schemas
 from codemode_common import jsonvalue
@@ -31,6 +38,7 @@ from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grp
 from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
 from codemode_common.jsonvalue import JsonValue
+from codemode_common.telemetry import context_from, resolve_tracer_provider
 
 
 class ProviderError(Exception):
@@ -85,6 +93,9 @@ class ToolProvider:
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     provider_id: str = ""
+    tracer_provider: trace.TracerProvider | None = None
+    """Where `serve_tool` spans go (None: the global provider; nothing if none is set up)."""
+    _tracer: trace.Tracer | None = None
 
     def tool(
         self,
@@ -130,6 +141,8 @@ class ToolProvider:
         await self.close()
 
     async def start(self) -> None:
+        provider = resolve_tracer_provider(self.tracer_provider)
+        self._tracer = None if provider is None else provider.get_tracer("codemode.client")
         stub = rpb_grpc.RegistryServiceStub(self.channel)
         self._call = stub.Connect()
         await self._write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name=self.name)))
@@ -227,18 +240,35 @@ class ToolProvider:
         task.add_done_callback(lambda _t: self._running.pop(invocation.invocation_id, None))
 
     async def _serve(self, invocation: rpb.Invocation, ctx: InvocationContext) -> None:
-        handler = self._handlers.get(invocation.tool_name)
-        try:
-            if handler is None:
-                raise ToolFailed(f'provider "{self.name}" has no tool "{invocation.tool_name}"')
-            value = await handler(jsonvalue.loads(invocation.arguments_json), ctx)
-            result = tool_pb2.ToolResult(value_json=jsonvalue.dumps(value))
-        except asyncio.CancelledError:
-            return  # the registry already settled the call
-        except ToolFailed as exc:
-            result = _error(str(exc), exc.code)
-        except Exception as exc:
-            result = _error(str(exc) or type(exc).__name__, "")
+        if self._tracer is None:
+            result = await self._run(invocation, ctx)
+        else:
+            with self._tracer.start_as_current_span(
+                f"serve_tool {invocation.tool_name}",
+                context=context_from(ctx.traceparent, ctx.tracestate),
+                kind=SpanKind.SERVER,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.call.id": invocation.call_id,
+                    "gen_ai.tool.name": invocation.tool_name,
+                    "codemode.root_call_id": invocation.root_call_id,
+                    "codemode.agent": invocation.agent,
+                    "codemode.provider": self.name,
+                    "codemode.invocation_id": invocation.invocation_id,
+                },
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                result = await self._run(invocation, ctx)
+                if result is None:
+                    span.set_attribute("codemode.outcome", "cancelled")
+                elif result.is_error:
+                    span.set_attribute("codemode.outcome", result.error.code or "error")
+                    span.set_status(Status(StatusCode.ERROR, result.error.message[:512]))
+                else:
+                    span.set_attribute("codemode.outcome", "ok")
+        if result is None:
+            return  # cancelled: the registry already settled the call
         with contextlib.suppress(Exception):
             await self._write(
                 rpb.ConnectRequest(
@@ -247,6 +277,23 @@ class ToolProvider:
                     )
                 )
             )
+
+    async def _run(
+        self, invocation: rpb.Invocation, ctx: InvocationContext
+    ) -> tool_pb2.ToolResult | None:
+        """The handler's result as a message; None when the call was cancelled."""
+        handler = self._handlers.get(invocation.tool_name)
+        try:
+            if handler is None:
+                raise ToolFailed(f'provider "{self.name}" has no tool "{invocation.tool_name}"')
+            value = await handler(jsonvalue.loads(invocation.arguments_json), ctx)
+            return tool_pb2.ToolResult(value_json=jsonvalue.dumps(value))
+        except asyncio.CancelledError:
+            return None
+        except ToolFailed as exc:
+            return _error(str(exc), exc.code)
+        except Exception as exc:
+            return _error(str(exc) or type(exc).__name__, "")
 
 
 def _error(message: str, code: str) -> tool_pb2.ToolResult:

@@ -1,0 +1,44 @@
+"""Telemetry shared by both services and the Python client.
+
+This package's top level depends on the OpenTelemetry *API* only, so domain code may import it:
+
+- `propagation`: W3C `traceparent`/`tracestate` <-> OpenTelemetry contexts, for the trace context
+  carried inside stream messages (`RunStart`, `BindingCall`, `Invocation`);
+- `resolve_tracer_provider`: the provider a component should use (an explicit one, else the
+  global), or None when tracing is off, so that "off" costs nothing at all.
+
+The SDK side (exporters, the JSON-lines trace file, OTLP, log correlation, gRPC interceptors)
+lives in `codemode_common.telemetry.setup`, `.jsonl`, `.logs` and `.grpc`, imported only by
+process entry points and server set-up code.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+
+from codemode_common.telemetry.propagation import (
+    context_from,
+    span_traceparent,
+)
+
+__all__ = ["LATENCY_BUCKETS_S", "context_from", "resolve_tracer_provider", "span_traceparent"]
+
+# Histogram boundaries for latencies recorded in seconds (the SDK's defaults suit milliseconds).
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+)  # fmt: skip
+
+
+def resolve_tracer_provider(
+    provider: trace.TracerProvider | None = None,
+) -> trace.TracerProvider | None:
+    """`provider`, else the global one; None when that is the API's no-op (tracing off).
+
+    Components take their provider explicitly (tests pass their own and never touch the global,
+    which OpenTelemetry lets a process set only once) and fall back to the global one.
+    """
+    resolved = provider if provider is not None else trace.get_tracer_provider()
+    if isinstance(resolved, trace.NoOpTracerProvider | trace.ProxyTracerProvider):
+        return None
+    return resolved
