@@ -26,7 +26,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import LATENCY_BUCKETS_S, context_from, resolve_tracer_provider
+from codemode_common.telemetry import LATENCY_BUCKETS_S, Instrumented, context_from
 from codemode_common.telemetry.propagation import span_traceparent
 from runtime_service.outcome import RunResult
 
@@ -167,7 +167,7 @@ class _RunActivation:
         _CURRENT_RUN.reset(run_token)
 
 
-class RuntimeTelemetry:
+class RuntimeTelemetry(Instrumented):
     """The runtime's tracer and instruments (explicit providers, else the global ones)."""
 
     def __init__(
@@ -175,13 +175,7 @@ class RuntimeTelemetry:
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
-        self.tracer_provider = resolve_tracer_provider(tracer_provider)
-        self._tracer = (
-            None
-            if self.tracer_provider is None
-            else self.tracer_provider.get_tracer(INSTRUMENTATION)
-        )
-        self._meter = (meter_provider or metrics.get_meter_provider()).get_meter(INSTRUMENTATION)
+        super().__init__(INSTRUMENTATION, tracer_provider, meter_provider)
         meter = self._meter
         self._handoff = meter.create_histogram(
             "codemode.runtime.worker.handoff",

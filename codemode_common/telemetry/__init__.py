@@ -14,14 +14,20 @@ process entry points and server set-up code.
 
 from __future__ import annotations
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from codemode_common.telemetry.propagation import (
     context_from,
     span_traceparent,
 )
 
-__all__ = ["LATENCY_BUCKETS_S", "context_from", "resolve_tracer_provider", "span_traceparent"]
+__all__ = [
+    "LATENCY_BUCKETS_S",
+    "Instrumented",
+    "context_from",
+    "resolve_tracer_provider",
+    "span_traceparent",
+]
 
 # Histogram boundaries for latencies recorded in seconds (the SDK's defaults suit milliseconds).
 LATENCY_BUCKETS_S = (
@@ -42,3 +48,21 @@ def resolve_tracer_provider(
     if isinstance(resolved, trace.NoOpTracerProvider | trace.ProxyTracerProvider):
         return None
     return resolved
+
+
+class Instrumented:
+    """Base of a component's telemetry: its tracer (None when tracing is off) and meter."""
+
+    def __init__(
+        self,
+        instrumentation: str,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.tracer_provider = resolve_tracer_provider(tracer_provider)
+        self._tracer = (
+            None
+            if self.tracer_provider is None
+            else self.tracer_provider.get_tracer(instrumentation)
+        )
+        self._meter = (meter_provider or metrics.get_meter_provider()).get_meter(instrumentation)

@@ -20,7 +20,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import LATENCY_BUCKETS_S, context_from, resolve_tracer_provider
+from codemode_common.telemetry import LATENCY_BUCKETS_S, Instrumented, context_from
 from codemode_common.telemetry.propagation import span_traceparent
 from registry_service.domain.results import ToolResult
 
@@ -162,7 +162,7 @@ class CallTrace:
 NO_TRACE = CallTrace()
 
 
-class RegistryTelemetry:
+class RegistryTelemetry(Instrumented):
     """The registry's tracer and instruments."""
 
     def __init__(
@@ -170,13 +170,8 @@ class RegistryTelemetry:
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
-        self.tracer_provider = resolve_tracer_provider(tracer_provider)
-        self._tracer = (
-            None
-            if self.tracer_provider is None
-            else self.tracer_provider.get_tracer(INSTRUMENTATION)
-        )
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter(INSTRUMENTATION)
+        super().__init__(INSTRUMENTATION, tracer_provider, meter_provider)
+        meter = self._meter
         self._nested_duration = meter.create_histogram(
             "codemode.nested_call.duration",
             unit="s",
