@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from opentelemetry.trace import TracerProvider
 
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
-from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport, content_json
+from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
@@ -31,7 +30,7 @@ from registry_service.domain.tools import (
     Invocation,
     ToolDefinition,
 )
-from registry_service.history import records
+from registry_service.history import build, records
 from registry_service.history.records import HistoryStore, Record
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.presentation.assembly import Assembler, PresentationConfig
@@ -130,18 +129,15 @@ def _outer(
         arguments_json = jsonvalue.dumps(arguments) if result is None else ""
     except JsonValueError:
         arguments_json = ""  # the execution reports the lossy arguments as its result
-    return Record(
-        kind=kind,
+    return build.record(
+        kind,
         agent=inp.agent or "",
         call_id=inp.call_id,
         root_call_id=inp.root_call_id or inp.call_id,
         parent_call_id="",
         name=inp.name,
         arguments_json=arguments_json,
-        content_json=content_json(result) if result is not None else "",
-        is_error=bool(result and result.is_error),
-        error_code=result.error.code if result is not None and result.error else "",
-        time=time.time(),
+        result=result,
     )
 
 

@@ -54,7 +54,7 @@ from registry_service.domain.telemetry import (
     outcome_of,
 )
 from registry_service.domain.tools import RUN_CODE, Invocation
-from registry_service.history import records
+from registry_service.history import build, records
 from registry_service.history.records import HistoryStore, Record
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
@@ -243,6 +243,7 @@ class _Run(RunHooks):
             n=self.counter,
             sub_call_id=sub_call_id,
             name=name,
+            arguments_json=jsonvalue.dumps(arguments),
             inp=ExecutionInput(
                 call_id=sub_call_id,
                 root_call_id=self.outer.root_call_id,
@@ -311,18 +312,15 @@ class _Run(RunHooks):
         call.outcome.set_result(result)
 
     def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
-        return Record(
-            kind=kind,
+        return build.record(
+            kind,
             agent=self.outer.agent or "",
             call_id=call.sub_call_id,
             root_call_id=self.outer.root_call_id,
             parent_call_id=self.outer.call_id,
             name=call.name,
-            arguments_json=jsonvalue.dumps(call.inp.arguments),
-            content_json=content_json(result) if result is not None else "",
-            is_error=bool(result and result.is_error),
-            error_code=result.error.code if result is not None and result.error else "",
-            time=time.time(),
+            arguments_json=call.arguments_json,
+            result=result,
         )
 
     # -- the outer result ----------------------------------------------------------------------
@@ -354,15 +352,3 @@ def render_output(value: dict[str, JsonValue]) -> str:
         parts.append(jsonvalue.render_pretty(value["result"]))
     text = "\n".join(p for p in parts if p)
     return text or NO_OUTPUT
-
-
-def content_json(result: ToolResult) -> str:
-    blocks: list[JsonValue] = []
-    for block in result.content:
-        if isinstance(block, TextBlock):
-            blocks.append({"type": "text", "text": block.text})
-        elif isinstance(block, ImageBlock):
-            blocks.append({"type": "image", "mime_type": block.mime_type, "bytes": len(block.data)})
-        else:
-            blocks.append({"type": "json", "json": block.json})
-    return jsonvalue.dumps(blocks)

@@ -32,6 +32,7 @@ class NestedCall:
     name: str
     inp: ExecutionInput
     outcome: asyncio.Future[ToolResult]  # what the program receives
+    arguments_json: str = ""  # the dispatched arguments, encoded once for both records
     submitted_at: float = field(default_factory=time.time)
     started_at: float = 0.0
     exclusive: bool = True

@@ -24,7 +24,6 @@ from registry_service.domain.results import (
     INVALID_TOOL_OUTPUT,
     UNKNOWN_TOOL,
     AdditionalContext,
-    ContentBlock,
     TextBlock,
     ToolResult,
     aborted,
@@ -494,12 +493,3 @@ def _invalid_output(name: str, violations: list[str]) -> ToolResult:
     return error_result(
         f'tool "{name}" returned invalid output: {detail}', INVALID_TOOL_OUTPUT, "ToolOutputError"
     )
-
-
-__all__ = [
-    "ContentBlock",
-    "Execution",
-    "ExecutionInput",
-    "Executor",
-    "ToolCallFailure",
-]

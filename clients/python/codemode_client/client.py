@@ -12,11 +12,10 @@ with backoff; nothing that changes state is retried.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import grpc
 
@@ -33,7 +32,6 @@ _MODES: dict[str, scope_pb2.PresentationMode.ValueType] = {
     "code": scope_pb2.PRESENTATION_MODE_CODE,
     "both": scope_pb2.PRESENTATION_MODE_BOTH,
 }
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,6 @@ class RegistryClient:
         self.stub = rpb_grpc.RegistryServiceStub(self.channel)
         self.timeout = timeout
         self.read_retries = read_retries
-        self._calls = itertools.count(1)
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -98,8 +95,9 @@ class RegistryClient:
     # -- plumbing ------------------------------------------------------------------------------
 
     async def _unary(
-        self, method: Callable[..., Awaitable[T]], request: Any, *, read: bool = False
-    ) -> T:
+        self, method: Callable[..., Awaitable[Any]], request: Any, *, read: bool = False
+    ) -> Any:
+        """Calls a unary RPC with the client deadline (grpc is untyped: callers annotate)."""
         attempts = self.read_retries + 1 if read else 1
         for attempt in range(attempts):
             try:
