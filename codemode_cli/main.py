@@ -1,52 +1,54 @@
-"""Command-line entry point: `codemode <command>`."""
+"""Command-line entry point: `codemode <command>`.
+
+Each command lives in its own module that provides ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status); modules are imported only when their command runs,
+except for building the parser, so `codemode --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
+import importlib
+from typing import Protocol, cast
 
 
-def main(argv: list[str] | None = None) -> int:
+class Command(Protocol):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+# name -> (module, one-line help). Order is the order `--help` lists them in.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (
+        "codemode_cli.demo_command",
+        "start both services and a demo tool provider, run a real program in code mode, "
+        "print its nested trajectory",
+    ),
+    "trace": (
+        "codemode_cli.trace_command",
+        "print one tool call's span tree (nested calls, the runtime's run, providers) "
+        "from the local JSON-lines trace file",
+    ),
+}
+
+
+def _command(name: str) -> Command:
+    return cast(Command, importlib.import_module(COMMANDS[name][0]))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codemode",
         description="Governed code-mode tool orchestration: registry + runtime over gRPC.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser(
-        "demo",
-        help="start both services and a demo tool provider, run a real program in code mode, "
-        "print its nested trajectory",
-    )
-    demo.add_argument("--program", help="a program file to run instead of the built-in one")
-    trace = commands.add_parser(
-        "trace",
-        help="print one tool call's span tree (nested calls, the runtime's run, providers) "
-        "from the local JSON-lines trace file",
-    )
-    trace.add_argument("call_id", help="the tool call id (a nested call id works too)")
-    trace.add_argument(
-        "--file",
-        default="var/traces.jsonl",
-        help="the trace file the services write (setting trace_file; default %(default)s)",
-    )
-    trace.add_argument("--events", action="store_true", help="also show each span's events")
-    args = parser.parse_args(argv)
-    if args.command == "trace":
-        from codemode_cli.trace import run_trace
+    for name, (_, summary) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary)
+        _command(name).add_arguments(sub)
+    return parser
 
-        return run_trace(args.call_id, args.file, events=args.events)
-    if args.command == "demo":
-        from codemode_cli.demo import run_demo
 
-        program = None
-        if args.program:
-            try:
-                with open(args.program, encoding="utf-8") as handle:
-                    program = handle.read()
-            except OSError as exc:
-                print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
-                return 2
-        return asyncio.run(run_demo(program))
-    parser.error(f"unknown command {args.command}")
-    return 2
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _command(args.command).run(args)
