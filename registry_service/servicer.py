@@ -13,7 +13,14 @@ from codemode_common.api.registry.v1 import scope_pb2
 from codemode_common.errors import already_exists, invalid_argument
 from registry_service import convert
 from registry_service._errors import streaming, unary
-from registry_service.domain.execution import Event, ExecutionInput
+from registry_service.domain.execution import (
+    ApprovalPending,
+    ApprovalResolved,
+    Emit,
+    Event,
+    ExecutionInput,
+    no_events,
+)
 from registry_service.domain.signals import AbortController
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
@@ -152,6 +159,13 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             raise invalid_argument("MISSING_CALL_ID", "call_id is required", field="call_id")
         if not request.tool_name:
             raise invalid_argument("MISSING_TOOL_NAME", "tool_name is required", field="tool_name")
+        if request.progress_events not in _PROGRESS:
+            raise invalid_argument(
+                "INVALID_PROGRESS_EVENTS",
+                f"unknown progress_events value {request.progress_events}",
+                field="progress_events",
+            )
+        wanted = _PROGRESS[request.progress_events]
         arguments = convert.parse_json(request.arguments_json, "arguments_json", default={})
         key = (request.agent, request.call_id)
         if key in self._inflight:
@@ -171,11 +185,15 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             deadline=None if remaining is None else loop.time() + remaining,
         )
         self._inflight.add(key)
-        task = asyncio.create_task(self._registry.execute(inp, events.put_nowait))
-        task.add_done_callback(lambda _task: events.put_nowait(None))
+        emit = _filtered(events.put_nowait, wanted)
+        task = asyncio.create_task(self._registry.execute(inp, emit))
         try:
-            while (event := await events.get()) is not None:
-                yield convert.event_to_proto(event)
+            if wanted is None or wanted:
+                task.add_done_callback(lambda _task: events.put_nowait(None))
+                while (event := await events.get()) is not None:
+                    yield convert.event_to_proto(event)
+            else:  # no events: one hop fewer, straight to the result
+                await asyncio.shield(task)
             yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(task.result()))
         finally:
             if not task.done():
@@ -226,6 +244,28 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     ) -> AsyncIterator[rpb.ApproveResponse]:
         async for response in approver_stream(self._registry, request_iterator, context):
             yield response
+
+
+# progress_events -> the event types the stream carries (None: all; empty: none).
+_PROGRESS: dict[int, tuple[type, ...] | None] = {
+    rpb.PROGRESS_EVENTS_UNSPECIFIED: None,
+    rpb.PROGRESS_EVENTS_ALL: None,
+    rpb.PROGRESS_EVENTS_APPROVALS: (ApprovalPending, ApprovalResolved),
+    rpb.PROGRESS_EVENTS_NONE: (),
+}
+
+
+def _filtered(emit: Emit, wanted: tuple[type, ...] | None) -> Emit:
+    if wanted is None:
+        return emit
+    if not wanted:
+        return no_events
+
+    def only_wanted(event: Event) -> None:
+        if isinstance(event, wanted):
+            emit(event)
+
+    return only_wanted
 
 
 def _history_cursor(token: str) -> int:

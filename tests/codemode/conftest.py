@@ -31,9 +31,14 @@ class Stack(Harness):
         agent: str = "",
         call_id: str = "call-1",
         description: str = "test program",
+        progress: rpb.ProgressEvents.ValueType = rpb.PROGRESS_EVENTS_UNSPECIFIED,
     ) -> tuple[list[rpb.ExecuteToolCallResponse], Any]:
         return await self.execute(
-            "run_code", {"code": code, "description": description}, agent=agent, call_id=call_id
+            "run_code",
+            {"code": code, "description": description},
+            agent=agent,
+            call_id=call_id,
+            progress=progress,
         )
 
     async def code_agent(self, agent_id: str = "coder") -> str:

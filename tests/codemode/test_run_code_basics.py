@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from tests.codemode.conftest import Stack, value_of
 from tests.registry.conftest import echo_tool, result_text
 
@@ -38,6 +39,25 @@ async def test_sequential_awaits_value_content_and_records(stack: Stack) -> None
     settle = history[2]
     assert settle.root_call_id == "call-1" and settle.parent_call_id == "call-1"
     assert settle.arguments_json == '{"text":"one"}' and not settle.is_error
+
+
+async def test_no_progress_events_same_result_and_records(stack: Stack) -> None:
+    async def echo(inv: Any) -> Any:
+        return inv.arguments["text"]
+
+    stack.registry.register_tool("echo", echo)
+    agent = await stack.code_agent()
+    program = "a = await tools.echo({'text': 'one'})\nprint(a)\nreturn a"
+    events, result = await stack.run_code(program, agent=agent, progress=rpb.PROGRESS_EVENTS_NONE)
+    assert events == []
+    assert value_of(result) == {"logs": ["one"], "result": "one"}
+    history = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    assert [r.kind for r in history] == [
+        "tool/call",
+        "tool/code-dispatch-start",
+        "tool/code-dispatch",
+        "tool/result",
+    ]
 
 
 async def test_no_output_text(stack: Stack) -> None:

@@ -59,16 +59,17 @@ class Harness:
         agent: str = "",
         call_id: str = "call-1",
         raw: str | None = None,
+        progress: rpb.ProgressEvents.ValueType = rpb.PROGRESS_EVENTS_UNSPECIFIED,
     ) -> tuple[list[rpb.ExecuteToolCallResponse], tool_pb2.ToolResult]:
         text = raw if raw is not None else jsonvalue.dumps({} if arguments is None else arguments)
-        events = [
-            e
-            async for e in self.stub.ExecuteToolCall(
-                rpb.ExecuteToolCallRequest(
-                    agent=agent, call_id=call_id, tool_name=name, arguments_json=text
-                )
-            )
-        ]
+        request = rpb.ExecuteToolCallRequest(
+            agent=agent,
+            call_id=call_id,
+            tool_name=name,
+            arguments_json=text,
+            progress_events=progress,
+        )
+        events = [e async for e in self.stub.ExecuteToolCall(request)]
         assert events and events[-1].WhichOneof("event") == "result"
         return events[:-1], events[-1].result
 

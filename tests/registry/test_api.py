@@ -170,17 +170,41 @@ async def test_deeply_nested_arguments_do_not_crash(harness: Harness) -> None:
         ({"call_id": "", "tool_name": "t"}, "MISSING_CALL_ID"),
         ({"call_id": "c", "tool_name": ""}, "MISSING_TOOL_NAME"),
         ({"call_id": "c", "tool_name": "t", "agent": "agents/ghost"}, "AGENT_NOT_FOUND"),
+        ({"call_id": "c", "tool_name": "t", "progress_events": 99}, "INVALID_PROGRESS_EVENTS"),
     ],
 )
 async def test_bad_execute_requests(
-    harness: Harness, request_kwargs: dict[str, str], reason: str
+    harness: Harness, request_kwargs: dict[str, Any], reason: str
 ) -> None:
+    echo_tool(harness.registry, "t")
     stream = harness.stub.ExecuteToolCall(rpb.ExecuteToolCallRequest(**request_kwargs))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stream.read()
     from tests.registry.test_scopes import reason_of
 
     assert reason_of(caught.value) == reason
+    if reason != "AGENT_NOT_FOUND":
+        assert caught.value.code() == INVALID
+    _, result = await harness.execute("t", call_id="c")  # nothing was left behind
+    assert not result.is_error
+
+
+@pytest.mark.parametrize(
+    ("progress", "kinds"),
+    [
+        (rpb.PROGRESS_EVENTS_UNSPECIFIED, ["started"]),
+        (rpb.PROGRESS_EVENTS_ALL, ["started"]),
+        (rpb.PROGRESS_EVENTS_APPROVALS, []),
+        (rpb.PROGRESS_EVENTS_NONE, []),
+    ],
+)
+async def test_progress_events_choose_what_precedes_the_result(
+    harness: Harness, progress: rpb.ProgressEvents.ValueType, kinds: list[str]
+) -> None:
+    echo_tool(harness.registry, "t")
+    events, result = await harness.execute("t", {"x": 1}, progress=progress)
+    assert [e.WhichOneof("event") for e in events] == kinds
+    assert result.value_json == '{"echo":{"x":1}}'
 
 
 async def test_oversize_message_is_refused(make_registry: Any) -> None:

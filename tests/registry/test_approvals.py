@@ -118,3 +118,16 @@ async def test_invalid_decision_ends_the_approver_stream(harness: Harness) -> No
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await approver.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_approvals_only_progress_keeps_the_approval_events(harness: Harness) -> None:
+    agent = await _ask_for(harness, "write")
+    approver = await _approver(harness)
+    call = asyncio.create_task(
+        harness.execute("write", {}, agent=agent, progress=rpb.PROGRESS_EVENTS_APPROVALS)
+    )
+    request = (await approver.read()).request
+    await _decide(approver, request.approval_id, rpb.APPROVAL_OUTCOME_ALLOWED_ONCE)
+    events, result = await call
+    assert [e.WhichOneof("event") for e in events] == ["approval_pending", "approval_resolved"]
+    assert not result.is_error

@@ -8,7 +8,7 @@
 """
 
 from codemode_client.approver import Approver
-from codemode_client.client import RegistryClient, ToolCallResult
+from codemode_client.client import Progress, RegistryClient, ToolCallResult
 from codemode_client.errors import (
     AlreadyExists,
     CodemodeError,
@@ -30,6 +30,7 @@ __all__ = [
     "InvalidArgument",
     "InvocationContext",
     "NotFound",
+    "Progress",
     "ProviderError",
     "RegistryClient",
     "SyncRegistryClient",

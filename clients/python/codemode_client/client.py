@@ -27,6 +27,13 @@ from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grp
 from codemode_common.jsonvalue import JsonValue
 
 ModeName = Literal["native", "code", "both"]
+# Which progress events an execute stream carries before its result (see ProgressEvents).
+Progress = Literal["all", "approvals", "none"]
+_PROGRESS = {
+    "all": rpb.PROGRESS_EVENTS_ALL,
+    "approvals": rpb.PROGRESS_EVENTS_APPROVALS,
+    "none": rpb.PROGRESS_EVENTS_NONE,
+}
 _MODES: dict[str, scope_pb2.PresentationMode.ValueType] = {
     "native": scope_pb2.PRESENTATION_MODE_NATIVE,
     "code": scope_pb2.PRESENTATION_MODE_CODE,
@@ -228,13 +235,16 @@ class RegistryClient:
         agent: str = "",
         call_id: str | None = None,
         deadline: float | None = None,
+        progress: Progress = "all",
     ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
-        """Streams the call's events; the last one carries `result`."""
+        """Streams the call's events; the last one carries `result`. `progress` chooses which
+        events come before it ("none": the result only, one message per event saved)."""
         request = rpb.ExecuteToolCallRequest(
             agent=agent,
             call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
             tool_name=tool,
             arguments_json=jsonvalue.dumps({} if arguments is None else arguments),
+            progress_events=_PROGRESS[progress],
         )
         try:
             async for event in self.stub.ExecuteToolCall(request, timeout=deadline or self.timeout):
@@ -250,10 +260,11 @@ class RegistryClient:
         agent: str = "",
         call_id: str | None = None,
         deadline: float | None = None,
+        progress: Progress = "all",
     ) -> ToolCallResult:
         events: list[rpb.ExecuteToolCallResponse] = []
         async for event in self.execute(
-            tool, arguments, agent=agent, call_id=call_id, deadline=deadline
+            tool, arguments, agent=agent, call_id=call_id, deadline=deadline, progress=progress
         ):
             if event.WhichOneof("event") == "result":
                 return ToolCallResult.from_proto(event.result, events)
@@ -268,11 +279,17 @@ class RegistryClient:
         agent: str = "",
         call_id: str | None = None,
         deadline: float | None = None,
+        progress: Progress = "all",
     ) -> ToolCallResult:
         """Executes a `run_code` call; `value` is `{"logs": [...], "result"?: ...}`."""
         arguments: JsonValue = {"code": code, "description": description}
         return await self.call(
-            "run_code", arguments, agent=agent, call_id=call_id, deadline=deadline
+            "run_code",
+            arguments,
+            agent=agent,
+            call_id=call_id,
+            deadline=deadline,
+            progress=progress,
         )
 
     # -- history -------------------------------------------------------------------------------

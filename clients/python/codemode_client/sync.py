@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from codemode_client.client import ModeName, RegistryClient, ToolCallResult
+from codemode_client.client import ModeName, Progress, RegistryClient, ToolCallResult
 from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.jsonvalue import JsonValue
 
@@ -67,14 +67,32 @@ class SyncRegistryClient:
         return self._run(self._client.list_tools(scope))
 
     def call(
-        self, tool: str, arguments: JsonValue = None, *, agent: str = "", call_id: str | None = None
+        self,
+        tool: str,
+        arguments: JsonValue = None,
+        *,
+        agent: str = "",
+        call_id: str | None = None,
+        progress: Progress = "all",
     ) -> ToolCallResult:
-        return self._run(self._client.call(tool, arguments, agent=agent, call_id=call_id))
+        return self._run(
+            self._client.call(tool, arguments, agent=agent, call_id=call_id, progress=progress)
+        )
 
     def run_code(
-        self, code: str, description: str, *, agent: str = "", call_id: str | None = None
+        self,
+        code: str,
+        description: str,
+        *,
+        agent: str = "",
+        call_id: str | None = None,
+        progress: Progress = "all",
     ) -> ToolCallResult:
-        return self._run(self._client.run_code(code, description, agent=agent, call_id=call_id))
+        return self._run(
+            self._client.run_code(
+                code, description, agent=agent, call_id=call_id, progress=progress
+            )
+        )
 
     def history(self, agent: str, *, call_id: str = "") -> list[history_pb2.HistoryRecord]:
         return self._run(self._client.history(agent, call_id=call_id))

@@ -23,6 +23,7 @@ export {
   type HistoryEntry,
   type Mode,
   type Page,
+  type Progress,
   type RegistryClientOptions,
   type RetryOptions,
   type RunCodeValue,

@@ -26,6 +26,7 @@ import type { GetSdkResponse, GetSystemPromptResponse, GetWireSchemasResponse } 
 import {
   ApprovalOutcome,
   ExecuteToolCallRequest,
+  ProgressEvents,
   RegistryServiceClient,
   type ExecuteToolCallResponse,
   type WatchHistoryResponse,
@@ -117,7 +118,17 @@ export interface ExecuteToolCallInput {
   arguments?: JsonValue;
   /** …or as JSON text, passed through untouched. */
   argumentsJson?: string;
+  /** Which progress events come before the result: "all" (default), "approvals" or "none". */
+  progress?: Progress;
 }
+
+/** Which progress events an execute stream carries before its result. */
+export type Progress = "all" | "approvals" | "none";
+const PROGRESS: Record<Progress, ProgressEvents> = {
+  all: ProgressEvents.PROGRESS_EVENTS_ALL,
+  approvals: ProgressEvents.PROGRESS_EVENTS_APPROVALS,
+  none: ProgressEvents.PROGRESS_EVENTS_NONE,
+};
 
 /** The value of a successful `run_code` result. */
 export interface RunCodeValue {
@@ -362,6 +373,7 @@ export class RegistryClient {
       callId,
       toolName: input.toolName,
       argumentsJson,
+      progressEvents: PROGRESS[input.progress ?? "all"],
     });
     const deadline = new Date(Date.now() + (options.timeoutMs ?? this.executeTimeoutMs));
     const stream = this.stub.executeToolCall(request, this.metadata(), { deadline });
@@ -373,10 +385,16 @@ export class RegistryClient {
     agent: string,
     code: string,
     description: string,
-    options: CallOptions & { callId?: string } = {},
+    options: CallOptions & { callId?: string; progress?: Progress } = {},
   ): ToolCall {
     return this.executeToolCall(
-      { agent, callId: options.callId, toolName: "run_code", arguments: { code, description } },
+      {
+        agent,
+        callId: options.callId,
+        toolName: "run_code",
+        arguments: { code, description },
+        progress: options.progress,
+      },
       options,
     );
   }

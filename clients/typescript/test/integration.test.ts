@@ -228,6 +228,14 @@ describe("RegistryClient against the real services", () => {
     assert.ok(nested.every((c) => c.agent === "agents/ts-code" && c.timeoutMs !== undefined));
   });
 
+  it("carries only the result when asked for no progress events", async () => {
+    const program = "a = await tools.add({'a': 1, 'b': 2})\nprint('a', a)\nreturn a";
+    const quiet = client.runCode("agents/ts-code", program, "Add quietly", { callId: "quiet-1", progress: "none" });
+    const { events, result } = await collect(quiet);
+    assert.deepEqual(events.map((e) => e.type), ["result"]);
+    assert.deepEqual(result.value, { logs: ["a 3"], result: 3 });
+  });
+
   it("lists and watches the history of the run", async () => {
     const { records } = await client.listHistory("agents/ts-code", { callId: "run-1" });
     // Outer layer around the nested layer; each nested call starts before it settles (the two

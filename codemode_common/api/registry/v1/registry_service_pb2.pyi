@@ -26,6 +26,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ProgressEvents:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProgressEventsEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ProgressEvents.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROGRESS_EVENTS_UNSPECIFIED: _ProgressEvents.ValueType  # 0
+    """Every event (the same as PROGRESS_EVENTS_ALL)."""
+    PROGRESS_EVENTS_ALL: _ProgressEvents.ValueType  # 1
+    """started, approval_pending/approval_resolved, nested_started/nested_settled and log."""
+    PROGRESS_EVENTS_APPROVALS: _ProgressEvents.ValueType  # 2
+    """approval_pending and approval_resolved only."""
+    PROGRESS_EVENTS_NONE: _ProgressEvents.ValueType  # 3
+    """None: the stream carries only the result."""
+
+class ProgressEvents(_ProgressEvents, metaclass=_ProgressEventsEnumTypeWrapper):
+    """Which progress events an ExecuteToolCall stream carries. The result is always sent; the
+    pipeline, history and traces are the same whichever is chosen.
+    """
+
+PROGRESS_EVENTS_UNSPECIFIED: ProgressEvents.ValueType  # 0
+"""Every event (the same as PROGRESS_EVENTS_ALL)."""
+PROGRESS_EVENTS_ALL: ProgressEvents.ValueType  # 1
+"""started, approval_pending/approval_resolved, nested_started/nested_settled and log."""
+PROGRESS_EVENTS_APPROVALS: ProgressEvents.ValueType  # 2
+"""approval_pending and approval_resolved only."""
+PROGRESS_EVENTS_NONE: ProgressEvents.ValueType  # 3
+"""None: the stream carries only the result."""
+Global___ProgressEvents: _TypeAlias = ProgressEvents  # noqa: Y015
+
 class _ApprovalOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -642,6 +672,7 @@ class ExecuteToolCallRequest(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    PROGRESS_EVENTS_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     """The calling agent, `agents/{id}`. Empty executes in the global scope with no agent."""
     call_id: _builtins.str
@@ -650,6 +681,11 @@ class ExecuteToolCallRequest(_message.Message):
     """The tool the model named."""
     arguments_json: _builtins.str
     """The arguments exactly as the model produced them (JSON text). Empty means `{}`."""
+    progress_events: Global___ProgressEvents.ValueType
+    """Which progress events the stream carries before the result. Unspecified means all.
+    Callers that show no progress (or only approvals) save one message per event: for a
+    run_code call that is two per nested call.
+    """
     def __init__(
         self,
         *,
@@ -657,10 +693,11 @@ class ExecuteToolCallRequest(_message.Message):
         call_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
+        progress_events: Global___ProgressEvents.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "call_id", b"call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "call_id", b"call_id", "progress_events", b"progress_events", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

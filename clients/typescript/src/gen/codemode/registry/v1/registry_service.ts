@@ -42,6 +42,22 @@ export const protobufPackage = "codemode.registry.v1";
 
 export const protobufFileName = "codemode/registry/v1/registry_service.proto";
 
+/**
+ * Which progress events an ExecuteToolCall stream carries. The result is always sent; the
+ * pipeline, history and traces are the same whichever is chosen.
+ */
+export enum ProgressEvents {
+  /** PROGRESS_EVENTS_UNSPECIFIED - Every event (the same as PROGRESS_EVENTS_ALL). */
+  PROGRESS_EVENTS_UNSPECIFIED = 0,
+  /** PROGRESS_EVENTS_ALL - started, approval_pending/approval_resolved, nested_started/nested_settled and log. */
+  PROGRESS_EVENTS_ALL = 1,
+  /** PROGRESS_EVENTS_APPROVALS - approval_pending and approval_resolved only. */
+  PROGRESS_EVENTS_APPROVALS = 2,
+  /** PROGRESS_EVENTS_NONE - None: the stream carries only the result. */
+  PROGRESS_EVENTS_NONE = 3,
+  UNRECOGNIZED = -1,
+}
+
 /** How an approval wait ended. */
 export enum ApprovalOutcome {
   /** APPROVAL_OUTCOME_UNSPECIFIED - Unused. */
@@ -225,6 +241,12 @@ export interface ExecuteToolCallRequest {
   toolName: string;
   /** The arguments exactly as the model produced them (JSON text). Empty means `{}`. */
   argumentsJson: string;
+  /**
+   * Which progress events the stream carries before the result. Unspecified means all.
+   * Callers that show no progress (or only approvals) save one message per event: for a
+   * run_code call that is two per nested call.
+   */
+  progressEvents: ProgressEvents;
 }
 
 /** One event of an executing tool call. The last event is always `result`. */
@@ -1903,7 +1925,7 @@ export const ListVisibleToolsResponse: MessageFns<ListVisibleToolsResponse> = {
 };
 
 function createBaseExecuteToolCallRequest(): ExecuteToolCallRequest {
-  return { agent: "", callId: "", toolName: "", argumentsJson: "" };
+  return { agent: "", callId: "", toolName: "", argumentsJson: "", progressEvents: 0 };
 }
 
 export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
@@ -1919,6 +1941,9 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     }
     if (message.argumentsJson !== "") {
       writer.uint32(34).string(message.argumentsJson);
+    }
+    if (message.progressEvents !== 0) {
+      writer.uint32(40).int32(message.progressEvents);
     }
     return writer;
   },
@@ -1968,6 +1993,14 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
             message.argumentsJson = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.progressEvents = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1989,6 +2022,7 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     message.callId = object.callId ?? "";
     message.toolName = object.toolName ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
+    message.progressEvents = object.progressEvents ?? 0;
     return message;
   },
 };
