@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "print one tool call's span tree (nested calls, the runtime's run, providers) "
         "from the local JSON-lines trace file",
     ),
+    "loadtest": (
+        "codemode_cli.loadtest",
+        "load the scheduler: concurrent programs x nested calls; reports throughput, latency "
+        "percentiles, queue wait, errors and a loss check, writes JSON and an HTML plot",
+    ),
 }
 
 

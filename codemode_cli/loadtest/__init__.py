@@ -1,0 +1,182 @@
+"""`codemode loadtest`: a load generator for the per-run scheduler.
+
+Runs `--programs` run_code programs, `--concurrency` at a time, each making `--calls` nested
+calls to load tools whose bodies sleep per `--latency`; reports throughput, latency percentiles
+(outer, nested, queue wait), errors and a loss check, and writes loadtest.json and
+loadtest.html. Modules: workload (flags, plans, programs), services and peer (processes),
+driver (the load phase), losscheck (history), stats, report, plot, runner (all of it in order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from codemode_cli.loadtest import workload as w
+
+EPILOG = """\
+examples:
+  codemode loadtest --programs 500 --concurrency 20 --calls 10
+  codemode loadtest --exclusive-share 0.3 --approval-share 0.2 --latency uniform:1ms-20ms
+  codemode loadtest --registry 127.0.0.1:50051 --duration-limit 60
+
+By default the runtime, a registry (SQLite history in a temporary directory, tracing off) and
+a load peer (tool provider + auto-approver) start on 127.0.0.1. With --registry the load goes
+to an existing loopback registry; its agents are untouched (the load agent and its tools are
+created for the run and deleted after), and --approval-share needs its policy rules to ask for
+`work_*_approve`. Exit status: 0 when every call succeeded and nothing was lost, 1 otherwise
+(the summary says why), 2 for bad flags.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    add = parser.add_argument
+    add(
+        "--programs",
+        type=w.int_in(1, w.MAX_PROGRAMS),
+        default=200,
+        metavar="N",
+        help=f"outer run_code calls in total (1..{w.MAX_PROGRAMS}; default 200)",
+    )
+    add(
+        "--concurrency",
+        type=w.int_in(1, w.MAX_CONCURRENCY),
+        default=10,
+        metavar="C",
+        help=f"outer calls in flight at once (1..{w.MAX_CONCURRENCY}; default 10)",
+    )
+    add(
+        "--calls",
+        type=w.int_in(0, w.MAX_CALLS),
+        default=10,
+        metavar="K",
+        help=f"nested calls per program (0..{w.MAX_CALLS}; default 10)",
+    )
+    add(
+        "--fanout",
+        type=w.int_in(1, w.MAX_FANOUT),
+        default=10,
+        metavar="F",
+        help="nested calls a program keeps in flight at once, under asyncio.gather "
+        f"(1..{w.MAX_FANOUT}; default 10)",
+    )
+    add(
+        "--exclusive-share",
+        type=w.share,
+        default=0.1,
+        metavar="F",
+        help="fraction of nested calls to the exclusive (not concurrency-safe) tool "
+        "(0..1; default 0.1)",
+    )
+    add(
+        "--approval-share",
+        type=w.share,
+        default=0.0,
+        metavar="F",
+        help="fraction of nested calls that need approval, auto-approved (0..1; default 0)",
+    )
+    add(
+        "--latency",
+        type=w.latency_arg,
+        default=w.parse_latency("fixed:5ms"),
+        metavar="DIST",
+        help="tool body latency: fixed:5ms, uniform:1ms-20ms or exp:10ms (exponential mean, "
+        f"cut at {w.EXP_TRUNCATION:g}x); units us, ms, s; default fixed:5ms",
+    )
+    add(
+        "--duration-limit",
+        type=w.seconds,
+        default=300.0,
+        metavar="S",
+        help="hard bound on the load phase: then nothing new starts and calls in flight are "
+        "cancelled (0 < S <= 3600; default 300)",
+    )
+    add(
+        "--seed",
+        type=w.int_in(0, 2**31 - 1),
+        default=1,
+        help="seed of the workload plan (tools and latencies per call; default 1)",
+    )
+    add(
+        "--registry",
+        type=w.loopback_arg,
+        metavar="HOST:PORT",
+        help="use this registry (loopback only) instead of starting services",
+    )
+    add(
+        "--max-parallel",
+        type=w.int_in(1, 1000),
+        metavar="N",
+        help="max parallel nested calls per run of the started registry (default 10)",
+    )
+    add(
+        "--trace-file",
+        metavar="PATH",
+        help="let the started services write spans to PATH (default: tracing off)",
+    )
+    add(
+        "--out",
+        type=Path,
+        default=Path("var/loadtest"),
+        metavar="DIR",
+        help="where loadtest.json and loadtest.html go (default var/loadtest)",
+    )
+    add("--quiet", action="store_true", help="no progress line on stderr")
+
+
+def _usage(message: str) -> int:
+    print(f"codemode loadtest: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    nested = args.programs * args.calls
+    if nested > w.MAX_NESTED_TOTAL:
+        return _usage(
+            f"--programs x --calls is {nested}; at most {w.MAX_NESTED_TOTAL} nested calls per run"
+        )
+    if args.registry and (args.max_parallel is not None or args.trace_file):
+        return _usage("--max-parallel and --trace-file apply only to services the load test starts")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        probe = args.out / ".loadtest-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return _usage(f"--out {args.out} is not a writable directory: {exc}")
+    spec = w.Spec(
+        programs=args.programs,
+        concurrency=args.concurrency,
+        calls=args.calls,
+        fanout=args.fanout,
+        exclusive_share=args.exclusive_share,
+        approval_share=args.approval_share,
+        latency=args.latency,
+        duration_limit=args.duration_limit,
+        seed=args.seed,
+    )
+    # grpc and the stubs are imported only once the flags are valid
+    import grpc
+
+    from codemode_cli.loadtest import runner
+    from codemode_cli.loadtest.driver import SetupError
+    from codemode_cli.loadtest.services import StartError
+
+    options = runner.Options(
+        registry=args.registry,
+        max_parallel=args.max_parallel or 10,
+        trace_file=str(Path(args.trace_file).resolve()) if args.trace_file else "off",
+        out=args.out,
+        quiet=args.quiet,
+    )
+    try:
+        return asyncio.run(runner.execute(spec, options))
+    except KeyboardInterrupt:
+        print("\ncodemode loadtest: interrupted", file=sys.stderr)
+        return 130
+    except (SetupError, StartError, grpc.aio.AioRpcError) as exc:
+        return runner.report_failure(exc)

@@ -1,0 +1,192 @@
+"""The load phase: `concurrency` workers submit run_code calls until the plan or the time runs out.
+
+Each outer call's stream is read to the end: `nested_settled` events give the nested latency
+(the registry's start-to-commit time), `approval_pending` events count the approvals asked,
+and the program's own result says how many nested calls it made and when it submitted each.
+At the duration limit no new program starts and the calls still in flight are cancelled (the
+registry then aborts their runs and reaches quiescence), so the phase ends on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from codemode_cli.loadtest.progress import Progress
+from codemode_cli.loadtest.workload import SAFE, SAFE_APPROVE, Plan, Spec, plan, program
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+
+OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
+WARMUP_TIMEOUT_S = 60.0
+
+
+class SetupError(RuntimeError):
+    """The target cannot run the load (no runtime, refused agent, unreachable)."""
+
+
+@dataclass
+class Outcome:
+    """One outer run_code call."""
+
+    plan: Plan
+    call_id: str
+    status: str = CANCELLED
+    latency_ms: float = 0.0
+    ended_s: float = 0.0  # since the load started
+    code: str = ""
+    message: str = ""
+    made: int | None = None  # nested calls the program says it made
+    submitted: list[float] = field(default_factory=list)  # wall clock of each submission
+    nested_started: int = 0
+    nested_settled: int = 0
+    approvals: int = 0
+
+
+@dataclass
+class Load:
+    """Everything the load phase observed."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    nested: list[tuple[float, float]] = field(default_factory=list)  # (since start s, ms)
+    nested_by_tool: dict[str, list[float]] = field(default_factory=dict)
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    examples: dict[tuple[str, str], str] = field(default_factory=dict)
+    program_errors: list[str] = field(default_factory=list)  # what programs saw, a few
+    elapsed_s: float = 0.0
+    stopped_by_limit: bool = False
+
+    def error(self, where: str, code: str, example: str) -> None:
+        self.errors[(where, code)] += 1
+        self.examples.setdefault((where, code), example[:300])
+
+
+def request(agent: str, call_id: str, code: str) -> rpb.ExecuteToolCallRequest:
+    arguments = json.dumps({"code": code, "description": "codemode loadtest program"})
+    return rpb.ExecuteToolCallRequest(
+        agent=agent,
+        call_id=call_id,
+        tool_name="run_code",
+        arguments_json=arguments,
+        progress_events=rpb.PROGRESS_EVENTS_ALL,  # the nested events are the measurements
+    )
+
+
+async def warm_up(stub: Any, agent: str, approvals: bool) -> None:
+    """One small program end to end, so set-up problems fail fast with their own message."""
+    tools = [SAFE, SAFE_APPROVE] if approvals else [SAFE]
+    calls = "\n".join(f'await tools["{t}"]({{"p": -1, "i": 0, "sleep_ms": 0}})' for t in tools)
+    result = None
+    try:
+        async with asyncio.timeout(WARMUP_TIMEOUT_S):
+            async for event in stub.ExecuteToolCall(request(agent, "warmup", calls + "\nreturn 1")):
+                if event.WhichOneof("event") == "result":
+                    result = event.result
+    except TimeoutError:
+        raise SetupError(f"a warm-up program did not finish in {WARMUP_TIMEOUT_S:g}s") from None
+    if result is None or result.is_error:
+        detail = "no result" if result is None else f"{result.error.code}: {result.error.message}"
+        raise SetupError(f"a warm-up program failed ({detail})")
+
+
+class Driver:
+    def __init__(self, spec: Spec, stubs: list[Any], agent: str, progress: Progress) -> None:
+        self.spec = spec
+        self.stubs = stubs
+        self.agent = agent
+        self.progress = progress
+        self.load = Load()
+        self._next = itertools.count()
+        self._began = 0.0
+
+    async def run(self) -> Load:
+        loop = asyncio.get_running_loop()
+        self._began = time.perf_counter()
+        deadline = loop.time() + self.spec.duration_limit
+        self.progress.start()
+        workers = min(self.spec.concurrency, self.spec.programs)
+        await asyncio.gather(*(self._worker(w, deadline) for w in range(workers)))
+        self.load.elapsed_s = time.perf_counter() - self._began
+        await self.progress.stop()
+        return self.load
+
+    async def _worker(self, worker: int, deadline: float) -> None:
+        stub = self.stubs[worker % len(self.stubs)]
+        loop = asyncio.get_running_loop()
+        while (index := next(self._next)) < self.spec.programs:
+            if loop.time() >= deadline:
+                self.load.stopped_by_limit = True
+                return
+            outcome = Outcome(plan(self.spec, index), f"lt-{index}")
+            self.load.outcomes.append(outcome)
+            await self._one(stub, outcome, deadline)
+            if outcome.status != CANCELLED:
+                self.progress.done += 1
+
+    async def _one(self, stub: Any, outcome: Outcome, deadline: float) -> None:
+        began = time.perf_counter()
+        call = stub.ExecuteToolCall(
+            request(self.agent, outcome.call_id, program(self.spec, outcome.plan))
+        )
+        result = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for event in call:
+                    kind = event.WhichOneof("event")
+                    if kind == "nested_settled":
+                        self._settled(outcome, event.nested_settled)
+                    elif kind == "nested_started":
+                        outcome.nested_started += 1
+                    elif kind == "approval_pending":
+                        outcome.approvals += 1
+                    elif kind == "result":
+                        result = event.result
+        except TimeoutError:
+            call.cancel()
+            self.load.stopped_by_limit = True
+            return  # stays CANCELLED; the loss check still compares its records
+        except grpc.aio.AioRpcError as exc:
+            self._failed(outcome, f"rpc:{exc.code().name}", exc.details() or "")
+            return
+        finally:
+            outcome.latency_ms = (time.perf_counter() - began) * 1e3
+            outcome.ended_s = time.perf_counter() - self._began
+        if result is None:
+            self._failed(outcome, "NO_RESULT", "the stream ended without a result")
+        elif result.is_error:
+            self._failed(outcome, result.error.code or "ERROR", result.error.message)
+        else:
+            self._completed(outcome, result)
+
+    def _settled(self, outcome: Outcome, settled: Any) -> None:
+        outcome.nested_settled += 1
+        self.progress.nested += 1
+        now = time.perf_counter() - self._began
+        self.load.nested.append((now, settled.duration_ms))
+        self.load.nested_by_tool.setdefault(settled.tool_name, []).append(settled.duration_ms)
+        if settled.is_error:
+            self.progress.errors += 1
+            self.load.error("nested", settled.error_code or "ERROR", settled.sub_call_id)
+
+    def _failed(self, outcome: Outcome, code: str, message: str) -> None:
+        outcome.status, outcome.code, outcome.message = FAILED, code, message
+        self.progress.errors += 1
+        self.load.error("outer", code, message)
+
+    def _completed(self, outcome: Outcome, result: Any) -> None:
+        try:
+            value = json.loads(result.value_json)["result"]
+            made, submitted = int(value["made"]), [float(t) for t in value["submitted"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            self._failed(outcome, "BAD_PROGRAM_RESULT", f"unexpected program result: {exc}")
+            return
+        outcome.status, outcome.made, outcome.submitted = OK, made, submitted
+        for message in value.get("errors") or []:
+            if len(self.load.program_errors) < 5:
+                self.load.program_errors.append(str(message))

@@ -1,0 +1,164 @@
+"""The report: one JSON document (settings, totals, throughput, latencies, errors, loss check,
+time series, histograms) and the summary table printed on stdout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from codemode_cli.loadtest import stats
+from codemode_cli.loadtest.driver import CANCELLED, FAILED, OK, Load
+from codemode_cli.loadtest.workload import Spec
+
+QUEUE_WAIT_SOURCE = (
+    "dispatch-start record time (the scheduler started the call) minus the program's own "
+    "time.time() stamp at submission; includes the runtime's relay of the binding call "
+    "(worker -> runtime -> registry), same host clock"
+)
+SCHEDULER_SOURCE = (
+    "the registry's own queue_wait span stage (submission to start inside the scheduler); "
+    "only with --trace-file, null otherwise: no RPC exposes it"
+)
+NESTED_SOURCE = "nested_settled.duration_ms: scheduler start to commit (approval included)"
+OUTER_SOURCE = "ExecuteToolCall(run_code) wall time at the client, completed calls"
+
+
+def build(
+    spec: Spec,
+    *,
+    services: dict[str, Any],
+    load: Load,
+    loss: dict[str, Any],
+    waits: list[float],
+    negative_waits: int,
+    scheduler_waits: list[float] | None = None,
+) -> dict[str, Any]:
+    outcomes = load.outcomes
+    done = [o for o in outcomes if o.status in (OK, FAILED)]
+    outer = [o.latency_ms for o in done]
+    nested = [ms for _, ms in load.nested]
+    elapsed = load.elapsed_s or 1e-9
+    by_status = {s: sum(1 for o in outcomes if o.status == s) for s in (OK, FAILED, CANCELLED)}
+    low = min([*outer, *nested, *waits], default=0.1)
+    high = max([*outer, *nested, *waits], default=1.0)
+    edges = stats.log_edges(low, high)
+    return {
+        "report": "codemode loadtest",
+        "settings": spec.settings(),
+        "services": services,
+        "elapsed_s": round(load.elapsed_s, 3),
+        "stopped_by_duration_limit": load.stopped_by_limit,
+        "totals": {
+            "programs_planned": spec.programs,
+            "programs_submitted": len(outcomes),
+            "programs_completed": by_status[OK],
+            "programs_failed": by_status[FAILED],
+            "programs_cancelled": by_status[CANCELLED],
+            "nested_planned": sum(len(o.plan.tools) for o in outcomes),
+            "nested_made": sum(o.made or 0 for o in outcomes),
+            "nested_settled": len(nested),
+            "nested_failed": sum(n for (where, _), n in load.errors.items() if where == "nested"),
+            "exclusive_planned": sum(o.plan.exclusive for o in outcomes),
+            "approvals_planned": sum(o.plan.approvals for o in outcomes),
+            "approvals_asked": sum(o.approvals for o in outcomes),
+        },
+        "throughput": {
+            "programs_per_s": round(len(done) / elapsed, 3),
+            "nested_per_s": round(len(nested) / elapsed, 3),
+        },
+        "latency_ms": {
+            "outer": stats.summary(outer),
+            "nested": stats.summary(nested),
+            "nested_by_tool": {
+                name: stats.summary(values) for name, values in sorted(load.nested_by_tool.items())
+            },
+            "queue_wait": stats.summary(waits),
+            "queue_wait_scheduler": None
+            if scheduler_waits is None
+            else stats.summary(scheduler_waits),
+        },
+        "latency_sources": {
+            "outer": OUTER_SOURCE,
+            "nested": NESTED_SOURCE,
+            "queue_wait": QUEUE_WAIT_SOURCE,
+            "queue_wait_scheduler": SCHEDULER_SOURCE,
+            "queue_wait_negative_clamped": negative_waits,
+        },
+        "errors": [
+            {"where": where, "code": code, "count": count, "example": load.examples[(where, code)]}
+            for (where, code), count in load.errors.most_common()
+        ],
+        "program_error_examples": load.program_errors,
+        "loss_check": loss,
+        "time_series": {
+            "max_points": stats.MAX_POINTS,
+            "outer": stats.sample_series([(o.ended_s, o.latency_ms) for o in done]),
+            "nested": stats.sample_series(load.nested),
+        },
+        "histograms_ms": {
+            "edges": edges,
+            "outer": stats.histogram(outer, edges),
+            "nested": stats.histogram(nested, edges),
+            "queue_wait": stats.histogram(waits, edges),
+        },
+    }
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    totals, latency, loss = report["totals"], report["latency_ms"], report["loss_check"]
+    services = report["services"]
+    where = (
+        f"own services, max {services['max_parallel_sub_calls']} parallel per run"
+        if services["mode"] == "started"
+        else f"registry {services['registry']}"
+    )
+    lines = [
+        f"codemode loadtest: {totals['programs_completed']}/{totals['programs_planned']} programs, "
+        f"{totals['nested_settled']} nested calls in {report['elapsed_s']:.2f} s ({where})",
+    ]
+    if report["stopped_by_duration_limit"]:
+        lines.append(
+            f"  stopped at the duration limit: {totals['programs_cancelled']} in flight cancelled, "
+            f"{totals['programs_planned'] - totals['programs_submitted']} never submitted"
+        )
+    header = f"  {'latency (ms)':<26}{'count':>8}{'p50':>10}{'p95':>10}{'p99':>10}{'max':>10}"
+    lines.append(header)
+    rows = [("outer run_code", latency["outer"]), ("nested start→commit", latency["nested"])]
+    rows += [(f"  {name}", s) for name, s in latency["nested_by_tool"].items()]
+    rows.append(("queue wait, from program", latency["queue_wait"]))
+    if latency["queue_wait_scheduler"] is not None:
+        rows.append(("  in the scheduler only", latency["queue_wait_scheduler"]))
+    for label, s in rows:
+        cells = "".join(f"{_cell(s[k]):>10}" for k in ("p50", "p95", "p99", "max"))
+        lines.append(f"  {label:<26}{s['count']:>8}{cells}")
+    throughput = report["throughput"]
+    lines.append(
+        f"  throughput: {throughput['programs_per_s']:.1f} programs/s, "
+        f"{throughput['nested_per_s']:.1f} nested calls/s"
+    )
+    lines.append(
+        f"  approvals: {totals['approvals_asked']} asked, {totals['approvals_planned']} planned; "
+        f"exclusive calls planned: {totals['exclusive_planned']}"
+    )
+    errors = report["errors"]
+    if errors:
+        listed = ", ".join(f"{e['where']} {e['code']} x{e['count']}" for e in errors)
+        lines.append(f"  errors: {listed}")
+    else:
+        lines.append("  errors: none")
+    verdict = "nothing lost" if loss["lost"] == 0 and loss["extra"] == 0 else "MISMATCH"
+    lines.append(
+        f"  loss check ({loss['checked_programs']} programs): {loss['made']} made, "
+        f"{loss['settled_events']} settled events, {loss['start_records']} start records, "
+        f"{loss['settle_records']} settle records: {verdict}"
+        + (f" (lost {loss['lost']}, extra {loss['extra']})" if verdict != "nothing lost" else "")
+    )
+    if loss["unresolved_programs"]:
+        lines.append(
+            f"  {loss['unresolved_programs']} unfinished programs had not reached quiescence "
+            "in time and were not checked"
+        )
+    return lines
