@@ -35,6 +35,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "load the scheduler: concurrent programs x nested calls; reports throughput, latency "
         "percentiles, queue wait, errors and a loss check, writes JSON and an HTML plot",
     ),
+    "up": (
+        "codemode_cli.up",
+        "start N runtimes and a registry wired to them as child processes; Ctrl-C stops them",
+    ),
+    "registry": ("codemode_cli.registry_command", "run the registry until SIGINT/SIGTERM"),
+    "runtime": ("codemode_cli.runtime_command", "run the code runtime until SIGINT/SIGTERM"),
+    "run": (
+        "codemode_cli.run_command",
+        "execute a program file as a run_code call for an agent, showing its nested calls live",
+    ),
+    "history": (
+        "codemode_cli.history_command",
+        "list (or follow) an agent's or a call's history records",
+    ),
 }
 
 

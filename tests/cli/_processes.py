@@ -1,0 +1,164 @@
+"""Helpers for driving the real `codemode` CLI as child processes over loopback."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "codemode_cli"]
+
+
+def service_env(tmp: Path) -> dict[str, str]:
+    """Environment for services under test: history and traces in `tmp`, nothing in `var/`."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "CODEMODE_REGISTRY_HISTORY_PATH": str(tmp / "history.sqlite3"),
+        "CODEMODE_REGISTRY_TRACE_FILE": str(tmp / "traces.jsonl"),
+        "CODEMODE_RUNTIME_TRACE_FILE": str(tmp / "traces.jsonl"),
+    }
+
+
+def cli(
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: str | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )
+
+
+class Lines:
+    """A child's stdout read line by line on a thread, so tests can wait with a timeout."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        stdout = proc.stdout
+
+        def pump() -> None:
+            for line in stdout:
+                self._queue.put(line.rstrip("\n"))
+            self._queue.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def expect(self, predicate: Callable[[str], bool], timeout: float = 30) -> str:
+        """The first new line matching `predicate`; fails on EOF or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no matching line within {timeout} s: {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"output ended (status {self.proc.poll()}): {self.seen}")
+            self.seen.append(line)
+            if predicate(line):
+                return line
+
+    def rest(self, timeout: float = 10) -> list[str]:
+        """Every remaining line until EOF."""
+        out: list[str] = []
+        deadline = time.monotonic() + timeout
+        while (line := self._queue.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            out.append(line)
+        self.seen.extend(out)
+        return out
+
+
+def spawn(
+    args: list[str], env: Mapping[str, str], cwd: Path, stderr: Path
+) -> tuple[subprocess.Popen[str], Lines]:
+    """Starts a child with stdout read by `Lines` and stderr appended to a file."""
+    with stderr.open("a") as err:
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+    return proc, Lines(proc)
+
+
+def listening_port(line: str) -> int:
+    match = re.search(r"listening on (?:port |\S+:)(\d+)$", line)
+    assert match, line
+    return int(match.group(1))
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound and released at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def command_line(pid: int) -> str:
+    """The process's arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: set[int], timeout: float = 3) -> set[int]:
+    """The pids still alive after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
