@@ -21,6 +21,14 @@ class ConfigError(ValueError):
     pass
 
 
+# The runtime accepts pings no closer together than this on a connection without data
+# (runtime_service/server.py MIN_PING_INTERVAL_MS); closer ones earn a GOAWAY that also ends the
+# runs on the connection.
+RUNTIME_MIN_PING_INTERVAL_S = 20
+# gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
+_GRPC_MAX_S = (2**31 - 1) // 1000
+
+
 class PromptSectionSetting(BaseModel):
     """A deployment system-prompt section, placed among the registry's own by `order`."""
 
@@ -54,6 +62,12 @@ class RegistrySettings(BaseSettings):
     runtime_targets: list[str] = Field(default_factory=list)
     """Runtime service addresses (`host:port`, or one `dns:///name:port`); runs are spread over
     them with round_robin. Empty: `run_code` fails with CODE_RUNTIME_UNAVAILABLE."""
+    runtime_keepalive_s: float | None = Field(
+        default=None, ge=RUNTIME_MIN_PING_INTERVAL_S, le=_GRPC_MAX_S, allow_inf_nan=False
+    )
+    """Ping each runtime connection this often, with or without runs, and drop it when a ping
+    goes unanswered for 10 s, so a vanished runtime is noticed without waiting for TCP; none:
+    no pings. At least 20 (the runtime refuses closer pings)."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL); `:memory:` keeps history in memory only."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)

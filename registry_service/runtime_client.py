@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,8 @@ _KINDS = {
 _DEADLINE_GRACE_S = 5.0
 # After the terminal, how long `close` waits for the RPC's end (so its client span ends cleanly).
 _CLOSE_DRAIN_S = 1.0
+# How long a keepalive ping may go unanswered before its connection counts as dead.
+_KEEPALIVE_TIMEOUT_MS = 10_000
 
 
 def channel_target(targets: list[str]) -> str:
@@ -48,6 +51,29 @@ def channel_target(targets: list[str]) -> str:
     if len(targets) == 1:
         return targets[0]
     return "ipv4:" + ",".join(targets)
+
+
+def channel_options(
+    max_message_bytes: int, keepalive_s: float | None = None
+) -> list[tuple[str, str | int]]:
+    """The runtime channel's arguments."""
+    options: list[tuple[str, str | int]] = [
+        ("grpc.lb_policy_name", "round_robin"),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if keepalive_s is not None:
+        # A runtime that vanished without closing its connections (node lost, network cut)
+        # fails its runs and leaves the round_robin rotation after one unanswered ping,
+        # instead of at TCP timeout. Idle connections are pinged too, so no run is ever
+        # sent to a dead one; any number of pings may go out between runs' messages.
+        options += [
+            ("grpc.keepalive_time_ms", max(1, math.ceil(keepalive_s * 1000))),
+            ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+    return options
 
 
 class GrpcRunStream:
@@ -153,17 +179,16 @@ class GrpcRuntime:
         max_message_bytes: int,
         *,
         tracer_provider: TracerProvider | None = None,
+        keepalive_s: float | None = None,
     ) -> None:
-        """`tracer_provider`: adds gRPC client spans (None: no interceptor at all)."""
-        options = [
-            ("grpc.lb_policy_name", "round_robin"),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
+        """`tracer_provider`: adds gRPC client spans (None: no interceptor at all).
+        `keepalive_s`: ping interval of every runtime connection (None: no pings)."""
         interceptors = client_interceptors(tracer_provider)
         self._intercepted = bool(interceptors)
         self._channel = grpc.aio.insecure_channel(
-            channel_target(targets), options=options, interceptors=interceptors or None
+            channel_target(targets),
+            options=channel_options(max_message_bytes, keepalive_s),
+            interceptors=interceptors or None,
         )
         self._stub = pb_grpc.RuntimeServiceStub(self._channel)
 

@@ -25,6 +25,10 @@ class ConfigError(ValueError):
     pass
 
 
+# gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
+_GRPC_MAX_S = (2**31 - 1) // 1000
+
+
 class RuntimeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CODEMODE_RUNTIME_", extra="forbid")
 
@@ -67,6 +71,16 @@ class RuntimeSettings(BaseSettings):
     """Largest gRPC message accepted or sent (must exceed the output cap plus logs framing)."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight runs may finish on shutdown before they are aborted."""
+    max_connection_age_s: float | None = Field(
+        default=None, gt=0, le=_GRPC_MAX_S, allow_inf_nan=False
+    )
+    """Close each client connection after about this long (GOAWAY, gRPC adds +-10 % jitter), so
+    clients re-resolve DNS and reach replicas added since; none: connections live on."""
+    max_connection_age_grace_s: float | None = Field(
+        default=None, gt=0, le=_GRPC_MAX_S, allow_inf_nan=False
+    )
+    """After that GOAWAY, how long runs in flight keep their stream before the connection is
+    closed (and they fail); none: as long as they last. Needs `max_connection_age_s`."""
     trace_file: str = "var/traces.jsonl"
     """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
     reads it); `off` disables tracing entirely."""
@@ -93,6 +107,14 @@ class RuntimeSettings(BaseSettings):
     @model_validator(mode="after")
     def _check_telemetry(self) -> RuntimeSettings:
         self.telemetry_config().validate()
+        return self
+
+    @model_validator(mode="after")
+    def _check_connection_age(self) -> RuntimeSettings:
+        if self.max_connection_age_grace_s is not None and self.max_connection_age_s is None:
+            raise ValueError(
+                "max_connection_age_grace_s has no effect without max_connection_age_s"
+            )
         return self
 
     def runtime_options(self) -> RuntimeOptions:

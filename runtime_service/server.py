@@ -13,6 +13,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import asyncio
 import logging
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -34,10 +35,13 @@ from runtime_service.runtime import Runtime
 from runtime_service.servicer import RuntimeServicer
 from runtime_service.telemetry import RuntimeTelemetry
 
-__all__ = ["RunningRuntime", "serve", "start"]
+__all__ = ["MIN_PING_INTERVAL_MS", "RunningRuntime", "serve", "server_options", "start"]
 
 log = logging.getLogger(__name__)
 _TERMINAL_FLUSH_S = 1.0  # lets "runtime disposed" terminal messages reach their callers
+# Closest spacing of client pings accepted on a connection with no data flowing (the
+# registry's keepalive may not be shorter: its config enforces the same floor).
+MIN_PING_INTERVAL_MS = 20_000
 SERVICE_NAME = runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 
 
@@ -65,6 +69,31 @@ class RunningRuntime:
         await self.server.stop(_TERMINAL_FLUSH_S)
 
 
+def server_options(settings: RuntimeSettings) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments for these settings."""
+    limit = settings.max_message_bytes
+    options = [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        # The registry pings idle connections (its runtime_keepalive_s, at least this far
+        # apart) to notice a vanished runtime; accept those pings instead of answering them
+        # with GOAWAY "too_many_pings", which would also end the runs on that connection.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+    ]
+    if settings.max_connection_age_s is not None:
+        options.append(("grpc.max_connection_age_ms", _ms(settings.max_connection_age_s)))
+    if settings.max_connection_age_grace_s is not None:
+        options.append(
+            ("grpc.max_connection_age_grace_ms", _ms(settings.max_connection_age_grace_s))
+        )
+    return options
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
 async def start(
     settings: RuntimeSettings,
     *,
@@ -79,12 +108,8 @@ async def start(
     capabilities = await probe_capabilities(runtime)
     telemetry.instrument_pool(runtime.pool)  # after the probe: only runs' hand-offs count
     telemetry.observe_pool(runtime.pool)
-    limit = settings.max_message_bytes
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-        ],
+        options=server_options(settings),
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(
