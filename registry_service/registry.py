@@ -118,7 +118,10 @@ def _connect_runtime(
     from registry_service.runtime_client import GrpcRuntime  # the transport adapter (grpc)
 
     return GrpcRuntime(
-        settings.runtime_targets, settings.max_message_bytes, tracer_provider=tracer_provider
+        settings.runtime_targets,
+        settings.max_message_bytes,
+        tracer_provider=tracer_provider,
+        keepalive_s=settings.runtime_keepalive_s,
     )
 
 

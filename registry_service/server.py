@@ -60,6 +60,8 @@ async def start(
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # A port another process already listens on is an error, not a shared port.
+            ("grpc.so_reuseport", 0),
         ],
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
@@ -76,7 +78,10 @@ async def start(
         ],
         server,
     )
-    port = server.add_insecure_port(settings.listen)
+    try:
+        port = server.add_insecure_port(settings.listen)  # grpc raises RuntimeError or returns 0
+    except RuntimeError:
+        port = 0
     if port == 0:
         raise OSError(f"cannot bind registry to {settings.listen}")
     await server.start()

@@ -75,6 +75,8 @@ def server_options(settings: RuntimeSettings) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
+        # A port another process already listens on is an error, not a shared port.
+        ("grpc.so_reuseport", 0),
         # The registry pings idle connections (its runtime_keepalive_s, at least this far
         # apart) to notice a vanished runtime; accept those pings instead of answering them
         # with GOAWAY "too_many_pings", which would also end the runs on that connection.
@@ -125,7 +127,10 @@ async def start(
         ],
         server,
     )
-    port = server.add_insecure_port(settings.listen)
+    try:
+        port = server.add_insecure_port(settings.listen)  # grpc raises RuntimeError or returns 0
+    except RuntimeError:
+        port = 0
     if port == 0:
         await runtime.dispose()
         raise OSError(f"cannot bind runtime to {settings.listen}")

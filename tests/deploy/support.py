@@ -20,17 +20,6 @@ from runtime_service.config import load_settings as load_runtime_settings
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
-# Settings the manifests carry that a service may not read yet (deploy/README.md, "Settings the
-# services must wire"). pydantic-settings ignores unknown CODEMODE_* variables, so these are inert
-# until wired, and validated like any other once the setting exists; any other name is a typo.
-PENDING_ENV = {
-    "CODEMODE_REGISTRY_RUNTIME_KEEPALIVE_S",
-    "CODEMODE_RUNTIME_MAX_CONNECTION_AGE_S",
-    "CODEMODE_RUNTIME_MAX_CONNECTION_AGE_GRACE_S",
-    "CODEMODE_REGISTRY_TRACE_FILE",
-    "CODEMODE_RUNTIME_TRACE_FILE",
-}
-
 _REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -63,8 +52,6 @@ def settings_env(prefix: str, env: dict[str, str]) -> dict[str, str]:
             continue
         assert name.startswith(prefix), f"{name} set on the wrong service (expected {prefix}*)"
         field = name.removeprefix(prefix).lower()
-        if field not in model.model_fields and name in PENDING_ENV:
-            continue
         assert field in model.model_fields, f"{name}: no such setting in {model.__name__}"
         chosen[name] = value
     return chosen

@@ -220,6 +220,12 @@ async def test_oversize_message_is_refused(make_registry: Any) -> None:
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+async def test_a_port_in_use_is_refused(harness: Harness, make_registry: Any) -> None:
+    with pytest.raises(OSError, match="cannot bind registry"):
+        async with make_registry(listen=harness.running.address):
+            pass
+
+
 async def test_health_and_reflection(harness: Harness) -> None:
     health = health_pb2_grpc.HealthStub(harness.channel)
     response = await health.Check(
