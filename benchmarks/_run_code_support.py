@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks._support import service_env
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PYTHON = os.path.realpath(sys.executable)
 _PIPE_CHILD = """\
@@ -88,7 +90,7 @@ async def service(
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        env=service_env(**(env or {})),
     )
     try:
         assert proc.stdout is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -31,11 +32,27 @@ def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2, sort_keys=False))
 
 
+# Latency benchmarks measure the services without tracing (`benchmarks.tracing_overhead`
+# measures what tracing adds); an explicit setting in the environment wins.
+UNTRACED = {"CODEMODE_REGISTRY_TRACE_FILE": "off", "CODEMODE_RUNTIME_TRACE_FILE": "off"}
+
+
+def service_env(**extra: str) -> dict[str, str]:
+    """The environment for a benchmark's service processes: untraced unless told otherwise."""
+    return {**UNTRACED, **os.environ, **extra}
+
+
 @asynccontextmanager
-async def subprocess_service(*args: str, ready_prefix: str) -> AsyncIterator[str]:
+async def subprocess_service(
+    *args: str, ready_prefix: str, env: dict[str, str] | None = None
+) -> AsyncIterator[str]:
     """Starts `python <args>` and yields the rest of its first stdout line starting with prefix."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        sys.executable,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=service_env() if env is None else env,
     )
     try:
         assert proc.stdout is not None
