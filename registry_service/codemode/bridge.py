@@ -87,6 +87,14 @@ class RunCodeTransport:
         self.history = history
         self.config = config
         self.minter = minter
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def close_later(self, stream: RunStream) -> None:
+        """Closes a finished run's stream off the result path: after the terminal the close
+        only waits for the RPC's end (a round trip), which the caller need not wait for."""
+        task = asyncio.ensure_future(_close_quietly(stream))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def __call__(self, invocation: Invocation) -> ToolResult:
         args = invocation.arguments
@@ -160,8 +168,7 @@ class _Run(RunHooks):
             for task in list(self.replies):
                 task.cancel()
             if stream is not None:
-                with contextlib.suppress(Exception):
-                    await stream.close()
+                self.transport.close_later(stream)
             self.telemetry.run_ended()
         return self._outer_result(terminal)
 
@@ -352,3 +359,8 @@ def render_output(value: dict[str, JsonValue]) -> str:
         parts.append(jsonvalue.render_pretty(value["result"]))
     text = "\n".join(p for p in parts if p)
     return text or NO_OUTPUT
+
+
+async def _close_quietly(stream: RunStream) -> None:
+    with contextlib.suppress(Exception):  # the run is over: nothing depends on a clean close
+        await stream.close()
