@@ -196,7 +196,9 @@ def event_to_proto(event: execution.Event) -> rpb.ExecuteToolCallResponse:
     if isinstance(event, execution.NestedCallStarted):
         return rpb.ExecuteToolCallResponse(
             nested_started=history_pb2.NestedCallStarted(
-                sub_call_id=event.sub_call_id, tool_name=event.tool_name
+                sub_call_id=event.sub_call_id,
+                tool_name=event.tool_name,
+                queue_wait_ms=event.queue_wait_ms,
             )
         )
     if isinstance(event, execution.NestedCallSettled):

@@ -1,7 +1,8 @@
 """The load phase: `concurrency` workers submit run_code calls until the plan or the time runs out.
 
-Each outer call's stream is read to the end: `nested_settled` events give the nested latency
-(the registry's start-to-commit time), `approval_pending` events count the approvals asked,
+Each outer call's stream is read to the end: `nested_started` events give the queue wait (the
+scheduler's submission-to-start time), `nested_settled` events the nested latency (the
+registry's start-to-commit time), `approval_pending` events count the approvals asked,
 and the program's own result says how many nested calls it made and when it submitted each.
 At the duration limit no new program starts and the calls still in flight are cancelled (the
 registry then aborts their runs and reaches quiescence), so the phase ends on time.
@@ -56,6 +57,7 @@ class Load:
     outcomes: list[Outcome] = field(default_factory=list)
     nested: list[tuple[float, float]] = field(default_factory=list)  # (since start s, ms)
     nested_by_tool: dict[str, list[float]] = field(default_factory=dict)
+    queue_waits: list[float] = field(default_factory=list)  # ms, from nested_started
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     examples: dict[tuple[str, str], str] = field(default_factory=dict)
     program_errors: list[str] = field(default_factory=list)  # what programs saw, a few
@@ -143,6 +145,7 @@ class Driver:
                         self._settled(outcome, event.nested_settled)
                     elif kind == "nested_started":
                         outcome.nested_started += 1
+                        self.load.queue_waits.append(event.nested_started.queue_wait_ms)
                     elif kind == "approval_pending":
                         outcome.approvals += 1
                     elif kind == "result":

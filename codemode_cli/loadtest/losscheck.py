@@ -7,8 +7,10 @@ the duration limit, or failed) have no count of their own and an incomplete stre
 only start records vs settle records are compared, once their outer `tool/result` is written
 (the registry writes it only after quiescence).
 
-The start records also give the scheduler's queue wait: each carries the time the scheduler
-started the call and the arguments, whose `i` names the program's own submission stamp.
+The start records also give a queue wait as seen from the program: each carries the time the
+scheduler started the call and the arguments, whose `i` names the program's own submission
+stamp (so it includes the worker -> runtime -> registry relay; the scheduler's own figure is
+`nested_started.queue_wait_ms`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ async def scan(
     return tallies
 
 
-def queue_waits(outcomes: list[Outcome], tallies: dict[str, Tally]) -> tuple[list[float], int]:
+def program_queue_waits(
+    outcomes: list[Outcome], tallies: dict[str, Tally]
+) -> tuple[list[float], int]:
     """Milliseconds from the program's submission to the scheduler's start, and how many came
     out negative (clock steps; clamped to 0)."""
     waits, negative = [], 0

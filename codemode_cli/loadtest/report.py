@@ -10,13 +10,13 @@ from codemode_cli.loadtest.driver import CANCELLED, FAILED, OK, Load
 from codemode_cli.loadtest.workload import Spec
 
 QUEUE_WAIT_SOURCE = (
-    "dispatch-start record time (the scheduler started the call) minus the program's own "
-    "time.time() stamp at submission; includes the runtime's relay of the binding call "
-    "(worker -> runtime -> registry), same host clock"
+    "nested_started.queue_wait_ms: the scheduler's own submission-to-start time in the run's "
+    "queue, every nested call started"
 )
-SCHEDULER_SOURCE = (
-    "the registry's own queue_wait span stage (submission to start inside the scheduler); "
-    "only with --trace-file, null otherwise: no RPC exposes it"
+FROM_PROGRAM_SOURCE = (
+    "dispatch-start record time (the scheduler started the call) minus the program's own "
+    "time.time() stamp at submission, completed programs; includes the runtime's relay of the "
+    "binding call (worker -> runtime -> registry), same host clock"
 )
 NESTED_SOURCE = "nested_settled.duration_ms: scheduler start to commit (approval included)"
 OUTER_SOURCE = "ExecuteToolCall(run_code) wall time at the client, completed calls"
@@ -28,14 +28,14 @@ def build(
     services: dict[str, Any],
     load: Load,
     loss: dict[str, Any],
-    waits: list[float],
+    program_waits: list[float],
     negative_waits: int,
-    scheduler_waits: list[float] | None = None,
 ) -> dict[str, Any]:
     outcomes = load.outcomes
     done = [o for o in outcomes if o.status in (OK, FAILED)]
     outer = [o.latency_ms for o in done]
     nested = [ms for _, ms in load.nested]
+    waits = load.queue_waits
     elapsed = load.elapsed_s or 1e-9
     by_status = {s: sum(1 for o in outcomes if o.status == s) for s in (OK, FAILED, CANCELLED)}
     low = min([*outer, *nested, *waits], default=0.1)
@@ -72,16 +72,14 @@ def build(
                 name: stats.summary(values) for name, values in sorted(load.nested_by_tool.items())
             },
             "queue_wait": stats.summary(waits),
-            "queue_wait_scheduler": None
-            if scheduler_waits is None
-            else stats.summary(scheduler_waits),
+            "queue_wait_from_program": stats.summary(program_waits),
         },
         "latency_sources": {
             "outer": OUTER_SOURCE,
             "nested": NESTED_SOURCE,
             "queue_wait": QUEUE_WAIT_SOURCE,
-            "queue_wait_scheduler": SCHEDULER_SOURCE,
-            "queue_wait_negative_clamped": negative_waits,
+            "queue_wait_from_program": FROM_PROGRAM_SOURCE,
+            "queue_wait_from_program_negative_clamped": negative_waits,
         },
         "errors": [
             {"where": where, "code": code, "count": count, "example": load.examples[(where, code)]}
@@ -128,9 +126,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(header)
     rows = [("outer run_code", latency["outer"]), ("nested start→commit", latency["nested"])]
     rows += [(f"  {name}", s) for name, s in latency["nested_by_tool"].items()]
-    rows.append(("queue wait, from program", latency["queue_wait"]))
-    if latency["queue_wait_scheduler"] is not None:
-        rows.append(("  in the scheduler only", latency["queue_wait_scheduler"]))
+    rows.append(("queue wait (scheduler)", latency["queue_wait"]))
+    rows.append(("  from program, +relay", latency["queue_wait_from_program"]))
     for label, s in rows:
         cells = "".join(f"{_cell(s[k]):>10}" for k in ("p50", "p95", "p99", "max"))
         lines.append(f"  {label:<26}{s['count']:>8}{cells}")

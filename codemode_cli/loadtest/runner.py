@@ -20,7 +20,6 @@ from codemode_cli.loadtest import losscheck, plot, report
 from codemode_cli.loadtest.driver import Driver, SetupError, warm_up
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.services import StackOptions, own_stack, peer
-from codemode_cli.loadtest.traces import scheduler_queue_waits
 from codemode_cli.loadtest.workload import Spec
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
@@ -78,18 +77,9 @@ async def execute(spec: Spec, options: Options) -> int:
             tallies = await losscheck.scan(stubs[0], agent, load.outcomes, progress)
             await progress.stop()
     loss = losscheck.check(load.outcomes, tallies)
-    waits, negative = losscheck.queue_waits(load.outcomes, tallies)
-    traced = None  # the started services have exited: their spans are flushed
-    if options.registry is None and options.trace_file != "off":
-        traced = scheduler_queue_waits(options.trace_file, agent)
+    waits, negative = losscheck.program_queue_waits(load.outcomes, tallies)
     document = report.build(
-        spec,
-        services=services,
-        load=load,
-        loss=loss,
-        waits=waits,
-        negative_waits=negative,
-        scheduler_waits=traced,
+        spec, services=services, load=load, loss=loss, program_waits=waits, negative_waits=negative
     )
     lines = report.summary_lines(document)
     totals = document["totals"]

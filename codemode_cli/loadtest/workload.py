@@ -229,8 +229,9 @@ def plan(spec: Spec, index: int) -> Plan:
 
 
 # The program each outer call runs. It counts the calls it makes itself and stamps each one's
-# submission with the wall clock (same host as the registry) so queue wait can be derived from
-# the dispatch-start records. A failing nested call is counted, never fatal.
+# submission with the wall clock (same host as the registry) so a queue wait from the program
+# (relay included) can be derived from the dispatch-start records. A failing nested call is
+# counted, never fatal.
 _PROGRAM = """\
 import asyncio, time
 PLAN = {plan}

@@ -283,10 +283,11 @@ class _Run(RunHooks):
     async def started(self, call: NestedCall) -> None:
         trace = call.inp.trace
         trace.stage(QUEUE_WAIT, int(call.submitted_at * 1e9), int(call.started_at * 1e9))
-        self.telemetry.queue_waited(call.name, call.started_at - call.submitted_at)
+        waited = call.started_at - call.submitted_at
+        self.telemetry.queue_waited(call.name, waited)
         if self.outer.agent:
             await self.transport.history.append(self._record(records.DISPATCH_START, call))
-        self.outer.emit(NestedCallStarted(call.sub_call_id, call.name))
+        self.outer.emit(NestedCallStarted(call.sub_call_id, call.name, round(waited * 1000, 3)))
 
     async def committed(self, call: NestedCall, result: ToolResult) -> asyncio.Future[Any] | None:
         outcome = outcome_of(result)

@@ -123,6 +123,7 @@ class NestedCallStarted:
 
     sub_call_id: str
     tool_name: str
+    queue_wait_ms: float  # submission to start, in the run's scheduler queue
 
 
 @dataclass(frozen=True, slots=True)

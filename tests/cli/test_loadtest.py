@@ -61,8 +61,15 @@ def test_a_mixed_load_is_measured_and_nothing_is_lost(tmp_path: Path) -> None:
     assert report["errors"] == []
     latency = report["latency_ms"]
     assert latency["outer"]["count"] == 20 and latency["nested"]["count"] == 100
-    assert latency["queue_wait"]["count"] == 100
-    assert all(_ordered(latency[k]) for k in ("outer", "nested", "queue_wait"))
+    # Queue wait: the scheduler's exact figure for every nested call, and the one seen from the
+    # program (relay included) for the dispatch-start records of completed programs.
+    assert latency["queue_wait"]["count"] == latency["queue_wait_from_program"]["count"] == 100
+    kinds = ("outer", "nested", "queue_wait", "queue_wait_from_program")
+    assert all(_ordered(latency[k]) for k in kinds)
+    assert latency["queue_wait"]["min"] >= 0
+    # Per call the program submits before the scheduler does, so its figure is never smaller.
+    assert latency["queue_wait_from_program"]["p50"] >= latency["queue_wait"]["p50"]
+    assert "queue wait (scheduler)" in done.stdout and "from program" in done.stdout
     # Bodies sleep 1-5 ms, so nothing settles faster than 1 ms; outer calls wrap nested ones.
     assert latency["nested"]["min"] >= 1.0
     assert latency["outer"]["p50"] >= latency["nested"]["p50"]
@@ -265,29 +272,3 @@ def test_the_page_copes_with_no_data() -> None:
     hist = {"edges": [1.0, 2.0], "outer": [0], "nested": [0], "queue_wait": [0]}
     page = plot.page({"time_series": empty, "histograms_ms": hist}, ["nothing ran"])
     assert "No completed calls to plot" in page and "nothing ran" in page
-
-
-def test_scheduler_queue_wait_is_read_from_the_trace_file(tmp_path: Path) -> None:
-    def span(root: str, agent: str, wait: float, parent: str = "x") -> str:
-        attributes = {
-            "codemode.agent": agent,
-            "codemode.root_call_id": root,
-            "codemode.parent_call_id": parent,
-        }
-        events = [{"name": "queue_wait", "attributes": {"duration_ms": wait}}]
-        return json.dumps({"span_id": "1", "attributes": attributes, "events": events})
-
-    lines = [
-        span("lt-1", "agents/a", 1.5),
-        span("lt-2", "agents/a", 2.5),
-        span("lt-3", "agents/other", 9.0),  # another agent's run
-        span("warmup", "agents/a", 7.0),
-        span("lt-1", "agents/a", 8.0, parent=""),  # an outer call, not nested
-        "not json",
-    ]
-    path = tmp_path / "traces.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    from codemode_cli.loadtest.traces import scheduler_queue_waits
-
-    assert scheduler_queue_waits(str(path), "agents/a") == [1.5, 2.5]
-    assert scheduler_queue_waits(str(tmp_path / "missing.jsonl"), "agents/a") is None

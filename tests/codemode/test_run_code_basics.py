@@ -25,6 +25,8 @@ async def test_sequential_awaits_value_content_and_records(stack: Stack) -> None
     assert result_text(result) == "saw echo:one\necho:two"
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds.count("nested_started") == 2 and kinds.count("nested_settled") == 2
+    waits = [e.nested_started.queue_wait_ms for e in events if e.HasField("nested_started")]
+    assert len(waits) == 2 and all(w >= 0 for w in waits)
     assert "log" in kinds
     history = await stack.registry.history.list(agent, after_seq=0, limit=100)
     summary = [(r.kind, r.call_id) for r in history]

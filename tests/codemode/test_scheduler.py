@@ -49,10 +49,9 @@ async def test_safe_calls_overlap_and_start_in_order(stack: Stack) -> None:
     events, result = await stack.run_code(GATHER3, agent=agent)
     assert value_of(result)["result"] == ["a", "b", "c"]
     assert tracker.peak == 3
-    starts = [
-        e.nested_started.sub_call_id for e in events if e.WhichOneof("event") == "nested_started"
-    ]
-    assert starts == ["call-1:code:1", "call-1:code:2", "call-1:code:3"]
+    started = [e.nested_started for e in events if e.WhichOneof("event") == "nested_started"]
+    assert [s.sub_call_id for s in started] == ["call-1:code:1", "call-1:code:2", "call-1:code:3"]
+    assert all(s.queue_wait_ms >= 0 for s in started)
     records = await _records(stack, agent)
     for n in (1, 2, 3):
         kinds = [r.kind for r in records if r.call_id == f"call-1:code:{n}"]
@@ -73,6 +72,22 @@ async def test_exclusive_call_is_a_barrier(stack: Stack) -> None:
     log = tracker.log
     assert log.index("start:x") > max(log.index("end:a"), log.index("end:b"))
     assert log.index("start:a", log.index("start:x")) > log.index("end:x")
+
+
+async def test_queue_wait_behind_an_exclusive_call(stack: Stack) -> None:
+    tracker = Tracker()
+    stack.registry.register_tool("x", tracker.tool("x"), concurrency_safe=False)  # sleeps 50 ms
+    program = "import asyncio\nreturn await asyncio.gather(tools.x({}), tools.x({}))"
+    events, result = await stack.run_code(program)
+    assert value_of(result)["result"] == ["x", "x"]
+    started = {
+        e.nested_started.sub_call_id: e.nested_started.queue_wait_ms
+        for e in events
+        if e.WhichOneof("event") == "nested_started"
+    }
+    first, second = started["call-1:code:1"], started["call-1:code:2"]
+    assert 0 <= first < second
+    assert second >= 40  # held by the first call's exclusive barrier for its ~50 ms body
 
 
 async def test_max_parallel_caps_overlap(make_stack: Any) -> None:

@@ -96,7 +96,13 @@ export type ToolCallEvent =
   | { type: "started"; callId: string; toolName: string }
   | { type: "approvalPending"; approvalId: string; reason: string }
   | { type: "approvalResolved"; approvalId: string; outcome: ApprovalOutcomeName }
-  | { type: "nestedStarted"; subCallId: string; toolName: string }
+  | {
+      type: "nestedStarted";
+      subCallId: string;
+      toolName: string;
+      /** Time the call waited in the run's scheduler queue before it started, in milliseconds. */
+      queueWaitMs: number;
+    }
   | {
       type: "nestedSettled";
       subCallId: string;
@@ -253,7 +259,12 @@ function toEvent(message: ExecuteToolCallResponse): ToolCallEvent {
         outcome: approvalOutcomeName(event.value.outcome),
       };
     case "nestedStarted":
-      return { type: "nestedStarted", subCallId: event.value.subCallId, toolName: event.value.toolName };
+      return {
+        type: "nestedStarted",
+        subCallId: event.value.subCallId,
+        toolName: event.value.toolName,
+        queueWaitMs: event.value.queueWaitMs,
+      };
     case "nestedSettled":
       return {
         type: "nestedSettled",

@@ -105,19 +105,25 @@ class NestedCallStarted(_message.Message):
 
     SUB_CALL_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_MS_FIELD_NUMBER: _builtins.int
     sub_call_id: _builtins.str
     """The sub-call id, `<call_id>:code:<n>`."""
     tool_name: _builtins.str
     """The tool name."""
+    queue_wait_ms: _builtins.float
+    """Time the call waited in the run's scheduler queue before it started (its submission to its
+    start), in milliseconds.
+    """
     def __init__(
         self,
         *,
         sub_call_id: _builtins.str = ...,
         tool_name: _builtins.str = ...,
+        queue_wait_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sub_call_id", b"sub_call_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_wait_ms", b"queue_wait_ms", "sub_call_id", b"sub_call_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,11 @@ export interface NestedCallStarted {
   subCallId: string;
   /** The tool name. */
   toolName: string;
+  /**
+   * Time the call waited in the run's scheduler queue before it started (its submission to its
+   * start), in milliseconds.
+   */
+  queueWaitMs: number;
 }
 
 /** A binding call of a run_code program settled. */
@@ -294,7 +299,7 @@ export const HistoryRecord: MessageFns<HistoryRecord> = {
 };
 
 function createBaseNestedCallStarted(): NestedCallStarted {
-  return { subCallId: "", toolName: "" };
+  return { subCallId: "", toolName: "", queueWaitMs: 0 };
 }
 
 export const NestedCallStarted: MessageFns<NestedCallStarted> = {
@@ -304,6 +309,9 @@ export const NestedCallStarted: MessageFns<NestedCallStarted> = {
     }
     if (message.toolName !== "") {
       writer.uint32(18).string(message.toolName);
+    }
+    if (message.queueWaitMs !== 0) {
+      writer.uint32(25).double(message.queueWaitMs);
     }
     return writer;
   },
@@ -337,6 +345,14 @@ export const NestedCallStarted: MessageFns<NestedCallStarted> = {
             message.toolName = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 25) {
+              break;
+            }
+
+            message.queueWaitMs = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -356,6 +372,7 @@ export const NestedCallStarted: MessageFns<NestedCallStarted> = {
     const message = createBaseNestedCallStarted();
     message.subCallId = object.subCallId ?? "";
     message.toolName = object.toolName ?? "";
+    message.queueWaitMs = object.queueWaitMs ?? 0;
     return message;
   },
 };
