@@ -286,7 +286,12 @@ class _Run(RunHooks):
         waited = call.started_at - call.submitted_at
         self.telemetry.queue_waited(call.name, waited)
         if self.outer.agent:
-            await self.transport.history.append(self._record(records.DISPATCH_START, call))
+            # Not awaited: the write is queued ahead of the call's body (its commit runs first
+            # on the loop) and `committed` checks it; waiting cost two loop turns per call.
+            call.start_record = self.transport.history.submit(
+                self._record(records.DISPATCH_START, call)
+            )
+            call.start_record.add_done_callback(_retrieve)
         self.outer.emit(NestedCallStarted(call.sub_call_id, call.name, round(waited * 1000, 3)))
 
     async def committed(self, call: NestedCall, result: ToolResult) -> asyncio.Future[Any] | None:
@@ -309,6 +314,8 @@ class _Run(RunHooks):
         )
         if not self.outer.agent:
             return None
+        if call.start_record is not None:
+            await call.start_record  # a failed start record fails the run, as it always did
         record = self._record(records.DISPATCH, call, result)
         return asyncio.ensure_future(self.transport.history.append(record))
 
@@ -365,3 +372,9 @@ def render_output(value: dict[str, JsonValue]) -> str:
 async def _close_quietly(stream: RunStream) -> None:
     with contextlib.suppress(Exception):  # the run is over: nothing depends on a clean close
         await stream.close()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Marks a write's failure as seen when no commit will await it (the run was aborted)."""
+    if not future.cancelled():
+        future.exception()

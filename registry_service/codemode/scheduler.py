@@ -40,6 +40,7 @@ class NestedCall:
     stage: str = "pending"  # pending → started → (flying →) settled → committed | abandoned
     early: tuple[str, ToolResult] | None = None  # ("final" | "post", result) when prepare decided
     flight: asyncio.Task[ToolResult] | None = None
+    start_record: asyncio.Future[Any] | None = None  # the durable dispatch-start write
 
     @property
     def settled(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +39,11 @@ class Record:
 class HistoryStore(Protocol):
     async def append(self, record: Record) -> Record:
         """Durably appends; returns the record with `seq` (and spill fields) assigned."""
+        ...
+
+    def submit(self, record: Record) -> asyncio.Future[Record]:
+        """`append` without waiting: the write is queued now (records submitted earlier are
+        written first) and the future resolves once it is durable."""
         ...
 
     async def list(

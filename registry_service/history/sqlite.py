@@ -47,11 +47,15 @@ class SqliteHistory:
         self._watchers: dict[str, set[asyncio.Queue[Record]]] = {}
 
     async def append(self, record: Record) -> Record:
-        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        return await self.submit(record)
+
+    def submit(self, record: Record) -> asyncio.Future[Record]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Record] = loop.create_future()
         if not self._batch:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)  # scheduled now: before any work queued after this
         self._batch.append((record, future))
-        return await future
+        return future
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []

@@ -101,3 +101,21 @@ async def test_blank_description_is_invalid(stack: Stack) -> None:
         result.is_error
         and result.error.message == "invalid description: expected a non-empty string"
     )
+
+
+async def test_dispatch_start_record_is_durable_before_the_body_runs(stack: Stack) -> None:
+    agent = await stack.code_agent()
+    seen: list[list[str]] = []
+
+    async def probe(inv: Any) -> Any:
+        records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+        seen.append([f"{r.kind} {r.call_id}" for r in records])
+        return len(seen)
+
+    stack.registry.register_tool("probe", probe)
+    _, result = await stack.run_code(
+        "a = await tools.probe({})\nreturn await tools.probe({})", agent=agent
+    )
+    assert value_of(result)["result"] == 2
+    assert seen[0][-1] == "tool/code-dispatch-start call-1:code:1"
+    assert seen[1][-1] == "tool/code-dispatch-start call-1:code:2"
