@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._support import service_env
+from codemode_cli.processes import running
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PYTHON = os.path.realpath(sys.executable)
@@ -83,32 +84,14 @@ async def service(
     profile_to: str | None = None,
 ) -> AsyncIterator[Service]:
     """Starts `python [-m cProfile -o FILE] <args>` and yields it once it prints its port."""
-    prefix = ("-m", "cProfile", "-o", profile_to) if profile_to else ()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *prefix,
+    async with running(
         *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        ready=ready_prefix,
         env=service_env(**(env or {})),
-    )
-    try:
-        assert proc.stdout is not None
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-            if not line:
-                raise RuntimeError(f"{args} exited before becoming ready")
-            if line.startswith(ready_prefix):
-                yield Service(proc, int(line[len(ready_prefix) :].strip()))
-                break
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        interpreter=("-m", "cProfile", "-o", profile_to) if profile_to else (),
+        stop_grace=20,  # a profiled service writes its profile as it exits
+    ) as started:
+        yield Service(started.proc, int(started.rest))
 
 
 async def wait_for_pool(runtime: Service, size: int, timeout_s: float = 60.0) -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import statistics
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+
+from codemode_cli.processes import running
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -46,28 +46,9 @@ def service_env(**extra: str) -> dict[str, str]:
 async def subprocess_service(
     *args: str, ready_prefix: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[str]:
-    """Starts `python <args>` and yields the rest of its first stdout line starting with prefix."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=service_env() if env is None else env,
-    )
-    try:
-        assert proc.stdout is not None
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-            if not line:
-                raise RuntimeError(f"{args} exited before becoming ready")
-            if line.startswith(ready_prefix):
-                yield line[len(ready_prefix) :].strip()
-                break
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+    """Starts `python <args>` (in `service_env()` unless given `env`) and yields the rest of its
+    first stdout line starting with `ready_prefix`."""
+    async with running(
+        *args, ready=ready_prefix, env=service_env() if env is None else env
+    ) as started:
+        yield started.rest

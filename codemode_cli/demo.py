@@ -10,18 +10,15 @@ reads it).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 
+from codemode_cli.processes import running
 from codemode_cli.trace import find_call, render
 from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
@@ -46,34 +43,6 @@ return {"files_with_todos": todos, "total": sum(todos.values())}
 """
 
 
-@contextlib.asynccontextmanager
-async def _process(*args: str, ready: str, env: dict[str, str] | None = None) -> AsyncIterator[str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-            if not line:
-                raise RuntimeError(f"{' '.join(args)} exited before it was ready")
-            if line.startswith(ready):
-                yield line[len(ready) :].strip()
-                break
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
 def _tree(
     started: dict[str, tuple[str, float]], settled: list[rpb.ExecuteToolCallResponse]
 ) -> list[str]:
@@ -90,14 +59,15 @@ async def run_demo(program: str | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = str(Path(tmp) / "traces.jsonl")
         runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": trace_file}
-        async with _process(
+        async with running(
             "-m",
             "runtime_service",
             "--listen",
             "127.0.0.1:0",
             ready="runtime listening on port ",
             env=runtime_env,
-        ) as port:
+        ) as runtime:
+            port = runtime.rest
             settings = RegistrySettings(
                 listen="127.0.0.1:0",
                 runtime_targets=[f"127.0.0.1:{port}"],
@@ -112,7 +82,7 @@ async def run_demo(program: str | None = None) -> int:
             )
             channel = grpc.aio.insecure_channel(registry.address)
             try:
-                async with _process(
+                async with running(
                     "-m", "codemode_client.demo_tools", registry.address, ready="ready"
                 ):
                     await _walkthrough(rpb_grpc.RegistryServiceStub(channel), program, port)

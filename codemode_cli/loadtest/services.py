@@ -8,65 +8,29 @@ failed start is reported with its own words.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from codemode_cli.loadtest.workload import APPROVE_GLOB
+from codemode_cli.processes import StartError, running
 
-READY_TIMEOUT_S = 60.0
-
-
-class StartError(RuntimeError):
-    """A process the load test needs did not start."""
+__all__ = ["StackOptions", "StartError", "own_stack", "peer", "process"]
 
 
 @contextlib.asynccontextmanager
 async def process(
     name: str, args: list[str], ready: str, env: dict[str, str], logs: Path
 ) -> AsyncIterator[str]:
-    """Runs `python <args>` and yields what follows `ready` on its first matching stdout line."""
-    log_path = logs / f"{name}.stderr"
-    with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log, env=env
-        )
-    try:
-        assert proc.stdout is not None
-        try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                while True:
-                    line = (await proc.stdout.readline()).decode()
-                    if not line:
-                        raise StartError(f"the {name} exited before it was ready{_tail(log_path)}")
-                    if line.startswith(ready):
-                        break
-        except TimeoutError:
-            raise StartError(
-                f"the {name} was not ready after {READY_TIMEOUT_S:g}s{_tail(log_path)}"
-            ) from None
-        yield line[len(ready) :].strip()
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()[-lines:]
-    except OSError:
-        return ""
-    return (":\n  " + "\n  ".join(text)) if text else ""
+    """Runs `python <args>` and yields what follows `ready` on its first matching stdout line;
+    its stderr goes to `<logs>/<name>.stderr`, quoted in the `StartError` of a failed start."""
+    async with running(
+        *args, ready=ready, env=env, stderr=logs / f"{name}.stderr", label=f"the {name}"
+    ) as started:
+        yield started.rest
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from codemode_cli.processes import start
 from codemode_client import ToolProvider
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
@@ -51,21 +51,11 @@ def _alive(pid: int) -> bool:
 
 
 async def _runtime_process() -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "runtime_service",
-        "--listen",
-        "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+    """A runtime in its own process, left to the caller to stop; and its address."""
+    runtime = await start(
+        "-m", "runtime_service", "--listen", "127.0.0.1:0", ready="runtime listening on port "
     )
-    assert proc.stdout is not None
-    while True:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line, "runtime exited"
-        if line.startswith("runtime listening on port "):
-            return proc, f"127.0.0.1:{line.split()[-1]}"
+    return runtime.proc, f"127.0.0.1:{runtime.rest}"
 
 
 async def test_runtime_killed_mid_run_fails_cleanly_and_settles_nested_calls(
