@@ -22,7 +22,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +32,7 @@ from typing import Any
 import grpc
 
 from benchmarks._support import emit, summary_ms
+from codemode_cli.processes import running
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.jsonvalue import JsonValue
@@ -70,35 +70,12 @@ def _cpu_s(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def _process(module: str, ready: str, env: dict[str, str]) -> AsyncIterator[tuple[int, int]]:
-    """`python -m <module> --listen 127.0.0.1:0`; yields (the port it printed, its pid)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        module,
-        "--listen",
-        "127.0.0.1:0",
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert proc.stdout is not None
-        while True:
-            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-            if not line:
-                raise RuntimeError(f"{module} exited before it was ready")
-            if line.startswith(ready):
-                yield int(line[len(ready) :].strip()), proc.pid
-                break
-    finally:
-        if proc.returncode is None:
-            proc.terminate()  # SIGTERM: graceful stop, the span processor is flushed
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+    """`python -m <module> --listen 127.0.0.1:0`; yields (the port it printed, its pid). The stop
+    is SIGTERM first: a graceful stop flushes the span processor."""
+    async with running(
+        "-m", module, "--listen", "127.0.0.1:0", ready=ready, env=env, stop_grace=20
+    ) as started:
+        yield int(started.rest), started.proc.pid
 
 
 def _base_env() -> dict[str, str]:
