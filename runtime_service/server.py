@@ -11,24 +11,17 @@ import os
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-import asyncio
-import logging
 import math
-import signal
-import sys
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import _async as health_aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.telemetry import logs
+from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
 from codemode_common.telemetry.interceptors import server_interceptors
-from codemode_common.telemetry.setup import TelemetryConfigError, configure
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
 from runtime_service.runtime import Runtime
@@ -37,7 +30,6 @@ from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["MIN_PING_INTERVAL_MS", "RunningRuntime", "serve", "server_options", "start"]
 
-log = logging.getLogger(__name__)
 _TERMINAL_FLUSH_S = 1.0  # lets "runtime disposed" terminal messages reach their callers
 # Closest spacing of client pings accepted on a connection with no data flowing (the
 # registry's keepalive may not be shorter: its config enforces the same floor).
@@ -71,12 +63,8 @@ class RunningRuntime:
 
 def server_options(settings: RuntimeSettings) -> list[tuple[str, int]]:
     """The gRPC server's channel arguments for these settings."""
-    limit = settings.max_message_bytes
     options = [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-        # A port another process already listens on is an error, not a shared port.
-        ("grpc.so_reuseport", 0),
+        *base_options(settings.max_message_bytes),
         # The registry pings idle connections (its runtime_keepalive_s, at least this far
         # apart) to notice a vanished runtime; accept those pings instead of answering them
         # with GOAWAY "too_many_pings", which would also end the runs on that connection.
@@ -117,53 +105,22 @@ async def start(
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(
         RuntimeServicer(runtime, capabilities, telemetry), server
     )
-    health_servicer = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
-    )
     try:
-        port = server.add_insecure_port(settings.listen)  # grpc raises RuntimeError or returns 0
-    except RuntimeError:
-        port = 0
-    if port == 0:
+        port, health_servicer = await open_server(
+            server, service_name=SERVICE_NAME, listen=settings.listen, what="runtime"
+        )
+    except OSError:
         await runtime.dispose()
-        raise OSError(f"cannot bind runtime to {settings.listen}")
-    await server.start()
-    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        raise
     return RunningRuntime(server, runtime, port, health_servicer, settings.shutdown_grace_s)
 
 
 async def serve(settings: RuntimeSettings) -> None:
-    try:
-        telemetry = configure(settings.telemetry_config())
-    except TelemetryConfigError as exc:
-        print(f"runtime: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    telemetry.install_global()
-    logs.install(settings.log_format)
-    log.info("runtime traces: %s", telemetry.destination)
-    try:
-        running = await start(
-            settings,
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
-        )
-        log.info("runtime listening on port %d", running.port)
-        print(f"runtime listening on port {running.port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            await running.stop()
-    finally:
-        telemetry.shutdown()
+    async def start_with(
+        settings: RuntimeSettings,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+    ) -> RunningRuntime:
+        return await start(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+    await serve_until_signalled("runtime", settings, start_with)

@@ -1,0 +1,103 @@
+"""What both services' gRPC servers share: base options, health and reflection, binding, and
+running until SIGINT/SIGTERM with telemetry set up around it.
+
+Import it only where grpc may be imported (the runtime sets its fork settings first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Literal, Protocol, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
+from codemode_common.telemetry import logs
+from codemode_common.telemetry.setup import TelemetryConfig, TelemetryConfigError, configure
+
+__all__ = ["base_options", "open_server", "serve_until_signalled"]
+
+log = logging.getLogger(__name__)
+_HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+def base_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # A port another process already listens on is an error, not a shared port.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+async def open_server(
+    server: grpc.aio.Server, *, service_name: str, listen: str, what: str
+) -> tuple[int, HealthServicer]:
+    """Adds health checking and reflection, binds `listen` (OSError when it cannot), starts the
+    server and reports it SERVING. Returns the bound port and the health servicer."""
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection([service_name, _HEALTH, reflection.SERVICE_NAME], server)
+    try:
+        port = server.add_insecure_port(listen)  # grpc raises RuntimeError or returns 0
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot bind {what} to {listen}")
+    await server.start()
+    await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    return port, health
+
+
+class ServiceSettings(Protocol):
+    @property
+    def log_format(self) -> Literal["text", "json"]: ...
+
+    def telemetry_config(self) -> TelemetryConfig: ...
+
+
+class Running(Protocol):
+    @property
+    def port(self) -> int: ...
+
+    async def stop(self, grace: float | None = None) -> None: ...
+
+
+S = TypeVar("S", bound=ServiceSettings)
+Starter = Callable[[S, TracerProvider | None, MeterProvider | None], Awaitable[Running]]
+
+
+async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> None:
+    """Sets telemetry up, starts the service, prints `<what> listening on port N` (the line
+    supervisors wait for), and stops it gracefully on SIGINT/SIGTERM."""
+    try:
+        telemetry = configure(settings.telemetry_config())
+    except TelemetryConfigError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    telemetry.install_global()
+    logs.install(settings.log_format)
+    log.info("%s traces: %s", what, telemetry.destination)
+    try:
+        running = await start(settings, telemetry.tracer_provider, telemetry.meter_provider)
+        log.info("%s listening on port %d", what, running.port)
+        print(f"{what} listening on port {running.port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await running.stop()
+    finally:
+        telemetry.shutdown()
