@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from tests.procfs import alive
+
 CLI = [sys.executable, "-m", "codemode_cli"]
 
 
@@ -117,43 +119,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
 def command_line(pid: int) -> str:
     """The process's arguments joined by spaces ("" once it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_gone(pids: set[int], timeout: float = 3) -> set[int]:

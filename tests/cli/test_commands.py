@@ -23,13 +23,13 @@ from tests.cli._processes import (
     Lines,
     cli,
     command_line,
-    descendants,
     free_port,
     listening_port,
     service_env,
     spawn,
     wait_gone,
 )
+from tests.procfs import descendants
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for child pids")
 

@@ -4,7 +4,6 @@ parent tokens."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,28 +25,8 @@ from registry_service.history.sqlite import SqliteHistory
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from tests.codemode.conftest import Stack, value_of
+from tests.procfs import alive, children
 from tests.registry.conftest import CODE, Harness
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 async def _runtime_process() -> tuple[asyncio.subprocess.Process, str]:
@@ -86,7 +65,7 @@ async def test_runtime_killed_mid_run_fails_cleanly_and_settles_nested_calls(
             )
         )
         await asyncio.wait_for(started.wait(), 20)
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         proc.send_signal(signal.SIGKILL)
         _, result = await asyncio.wait_for(call, 20)
         assert result.is_error and result.error.code == "CODE_RUN_FAILED"
@@ -97,10 +76,10 @@ async def test_runtime_killed_mid_run_fails_cleanly_and_settles_nested_calls(
         assert starts == settles == ["call-1:code:1"]
         assert records[-1].kind == "tool/result"
         for _ in range(100):
-            if not any(_alive(pid) for pid in workers):
+            if not any(alive(pid) for pid in workers):
                 break
             await asyncio.sleep(0.05)
-        assert workers and not any(_alive(pid) for pid in workers)  # no orphan workers
+        assert workers and not any(alive(pid) for pid in workers)  # no orphan workers
     finally:
         await channel.close()
         await running.stop(0)

@@ -30,7 +30,8 @@ from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from tests.codemode.conftest import value_of
-from tests.codemode.test_faults import _children, _runtime_process
+from tests.codemode.test_faults import _runtime_process
+from tests.procfs import children, parent
 from tests.registry.conftest import CODE, Harness
 
 RUNTIMES = 3
@@ -56,10 +57,6 @@ import os
 await tools.tick({"i": 0})
 return {"runtime": os.getppid()}
 """
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _pidfd(pid: int) -> int | None:
@@ -156,12 +153,12 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
             while len(held) < IN_FLIGHT:
                 arrived.clear()
                 await arrived.wait()
-        where = {call_id.split(":")[0]: _parent(pid) for call_id, pid in held.items()}
+        where = {call_id.split(":")[0]: parent(pid) for call_id, pid in held.items()}
         spread = collections.Counter(where.values())
         assert set(spread) == set(procs), f"runs per runtime: {spread}"
         victim = max(spread, key=lambda pid: spread[pid])
         lost = {call_id for call_id, pid in where.items() if pid == victim}
-        workers += [fd for pid in _children(victim) if (fd := _pidfd(pid)) is not None]
+        workers += [fd for pid in children(victim) if (fd := _pidfd(pid)) is not None]
         assert workers
         procs[victim].send_signal(signal.SIGKILL)
         await asyncio.wait_for(procs[victim].wait(), _WAIT_S)

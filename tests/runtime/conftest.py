@@ -12,6 +12,7 @@ import pytest
 from runtime_service.budgets import Budgets
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.runtime import Runtime, RuntimeOptions
+from tests.procfs import descendants
 
 Handler = Callable[[BindingCall], Awaitable[BindingResult]]
 
@@ -74,27 +75,7 @@ def run_program(runtime: Runtime) -> ProgramRunner:
 
 def child_pids(parent: int | None = None) -> list[int]:
     """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc."""
-    parent = os.getpid() if parent is None else parent
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] == b"Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found: list[int] = []
-    pending = [parent]
-    while pending:
-        for pid in children.get(pending.pop(), []):
-            found.append(pid)
-            pending.append(pid)
-    return found
+    return sorted(descendants(os.getpid() if parent is None else parent, live_only=True))
 
 
 def can_isolate() -> bool:
