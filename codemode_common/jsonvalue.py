@@ -36,7 +36,15 @@ from codemode_common._jsonbase import JsonValue, JsonValueError
 from codemode_common._jsonencode import END, Cursor, Refused, atom, encode
 from codemode_common._jsonparse import parse, parse_error
 
-__all__ = ["JsonValue", "JsonValueError", "dumps", "loads", "render_pretty", "snapshot"]
+__all__ = [
+    "JsonValue",
+    "JsonValueError",
+    "dumps",
+    "loads",
+    "render_pretty",
+    "snapshot",
+    "snapshot_with_text",
+]
 
 # ---------------------------------------------------------------------------------------------
 # When the C codec may run
@@ -257,11 +265,14 @@ def _dumps_slow(value: object) -> str:
 
 def snapshot(value: object) -> JsonValue:
     """A validated deep copy: same acceptance rules as `dumps`, shares no container with `value`."""
+    return snapshot_with_text(value)[0]
+
+
+def snapshot_with_text(value: object) -> tuple[JsonValue, str]:
+    """`snapshot(value)` and `dumps(value)` for the price of one encode."""
     text, fast = _encode(value)
-    if fast:
-        copy: JsonValue = _TRUSTED_DECODER.decode(text)
-        return copy
-    return loads(text)
+    copy: JsonValue = _TRUSTED_DECODER.decode(text) if fast else loads(text)
+    return copy, text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def result_to_proto(result: results.ToolResult) -> tool_pb2.ToolResult:
         concludes_turn=result.concludes_turn,
     )
     if result.has_value and not result.is_error:
-        message.value_json = jsonvalue.dumps(result.value)
+        message.value_json = result.value_json or jsonvalue.dumps(result.value)
     if result.error is not None:
         message.error.CopyFrom(
             tool_pb2.ToolError(
@@ -187,6 +187,8 @@ def result_from_proto(message: tool_pb2.ToolResult) -> results.ToolResult:
         content=content,
         value=value,
         has_value=has_value,
+        # Canonical text of a value decoded here and held by no one else: never copied again.
+        value_json=jsonvalue.dumps(value) if has_value else "",
         additional_contexts=contexts,
         concludes_turn=message.concludes_turn,
     )

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.api.registry.v1 import scope_pb2
@@ -167,6 +168,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             )
         wanted = _PROGRESS[request.progress_events]
         arguments = convert.parse_json(request.arguments_json, "arguments_json", default={})
+        arguments_json = jsonvalue.dumps(arguments)  # canonical; a parsed value always encodes
         key = (request.agent, request.call_id)
         if key in self._inflight:
             raise already_exists(
@@ -180,6 +182,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             call_id=request.call_id,
             name=request.tool_name,
             arguments=arguments,
+            arguments_json=arguments_json,
             signal=controller.signal,
             agent=agent,
             deadline=None if remaining is None else loop.time() + remaining,

@@ -14,7 +14,6 @@ from typing import Any, TypeAlias, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 
-from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.errors import CodemodeError, invalid_argument
@@ -91,7 +90,7 @@ def _provider_message(message: ProviderMessage) -> rpb.ConnectResponse:
         root_call_id=inv.root_call_id,
         agent=inv.agent or "",
         tool_name=inv.tool_name,
-        arguments_json=jsonvalue.dumps(inv.arguments),
+        arguments_json=inv.arguments_json,
         trace_context=trace_pb2.TraceContext(
             traceparent=inv.traceparent, tracestate=inv.tracestate
         ),

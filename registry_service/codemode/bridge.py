@@ -246,16 +246,18 @@ class _Run(RunHooks):
             tracestate=tracestate,
         )
         telemetry.nested_received()
+        arguments_json = jsonvalue.dumps(arguments)  # canonical: the records and the snapshot
         nested = NestedCall(
             n=self.counter,
             sub_call_id=sub_call_id,
             name=name,
-            arguments_json=jsonvalue.dumps(arguments),
+            arguments_json=arguments_json,
             inp=ExecutionInput(
                 call_id=sub_call_id,
                 root_call_id=self.outer.root_call_id,
                 name=name,
                 arguments=arguments,
+                arguments_json=arguments_json,
                 signal=self.controller.signal,
                 agent=self.outer.agent,
                 parent=verified,
@@ -276,7 +278,7 @@ class _Run(RunHooks):
             message = result.error.message if result.error else "tool call failed"
             await stream.reply(call_id, False, message)
         else:
-            await stream.reply(call_id, True, jsonvalue.dumps(result.value))
+            await stream.reply(call_id, True, result.value_json or jsonvalue.dumps(result.value))
 
     # -- scheduler hooks -----------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, cast
 
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
@@ -28,7 +28,6 @@ from registry_service.domain.results import (
     ToolResult,
     aborted,
     error_result,
-    success,
     text_of,
 )
 from registry_service.domain.scopes import GLOBAL
@@ -70,6 +69,9 @@ class ExecutionInput:
     traceparent: str = ""  # W3C context of the caller (the parent of this call's span)
     tracestate: str = ""
     trace: CallTrace = NO_TRACE  # the call's span when the caller started it (nested calls)
+    # `dumps(arguments)`, from a caller that has just decoded `arguments` and shares it with no
+    # one (a wire message): the pipeline then takes the pair as its snapshot without copying.
+    arguments_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +228,11 @@ class Executor:
     def create(self, inp: ExecutionInput) -> Execution | ToolResult:
         """Snapshots the arguments and applies the code-mode collapse before any policy runs."""
         try:
-            arguments = jsonvalue.snapshot(inp.arguments)
+            if inp.arguments_json is None:
+                arguments, arguments_json = jsonvalue.snapshot_with_text(inp.arguments)
+            else:
+                arguments = cast(JsonValue, inp.arguments)  # decoded from arguments_json
+                arguments_json = inp.arguments_json
         except JsonValueError as exc:
             return error_result(
                 f"tool execution arguments must be losslessly JSON-serializable: {exc}",
@@ -249,7 +255,7 @@ class Executor:
             root_call_id=inp.root_call_id or inp.call_id,
             name=inp.name,
             arguments=arguments,
-            arguments_json=jsonvalue.dumps(arguments),
+            arguments_json=arguments_json,
             agent=inp.agent,
             parent=inp.parent,
             signal=inp.signal,
@@ -390,7 +396,7 @@ class Executor:
             root_call_id=execution.root_call_id,
             agent=execution.agent,
             tool_name=execution.name,
-            arguments=jsonvalue.snapshot(execution.arguments),
+            arguments_json=execution.arguments_json,
             signal=fuse(execution.signal),
             deadline=execution.deadline,
             traceparent=traceparent,  # the call's own span: providers continue from it
@@ -413,19 +419,23 @@ class Executor:
                 return returned
             if not returned.has_value:
                 return returned
-            value, content = returned.value, returned.content
+            value, content, value_json = returned.value, returned.content, returned.value_json
         else:
-            value, content = returned, ()
-        try:
-            value = jsonvalue.snapshot(value)
-        except JsonValueError as exc:
-            return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
+            value, content, value_json = returned, (), ""
+        if not value_json:  # a body's own value: copy it, so later mutation cannot reach us
+            try:
+                value, value_json = jsonvalue.snapshot_with_text(value)
+            except JsonValueError as exc:
+                return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
         violations = validate(defn.output_schema, value, root="result")
         if violations:
             return _invalid_output(defn.name, violations)
         rendered = content or (TextBlock(jsonvalue.render_pretty(value)),)
-        base = returned if isinstance(returned, ToolResult) else success(value, rendered)
-        return replace(base, value=value, content=rendered, has_value=True)
+        if not isinstance(returned, ToolResult):
+            return ToolResult(rendered, value=value, has_value=True, value_json=value_json)
+        return replace(
+            returned, value=value, content=rendered, has_value=True, value_json=value_json
+        )
 
     # -- finalize / finish ---------------------------------------------------------------------
 

@@ -53,7 +53,12 @@ class ErrorInfo:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """The outcome of one call. `value` is execution-local: it is never persisted."""
+    """The outcome of one call. `value` is execution-local: it is never persisted.
+
+    `value_json`, when set, is `dumps(value)` and vouches that `value` is referenced by nothing
+    outside the pipeline (a value just decoded from the wire, or the pipeline's own snapshot):
+    the value is then neither copied nor encoded again.
+    """
 
     content: tuple[ContentBlock, ...]
     is_error: bool = False
@@ -62,6 +67,7 @@ class ToolResult:
     error: ErrorInfo | None = None
     additional_contexts: tuple[AdditionalContext, ...] = field(default=())
     concludes_turn: bool = False
+    value_json: str = ""
 
     def with_contexts(self, contexts: tuple[AdditionalContext, ...]) -> ToolResult:
         return replace(self, additional_contexts=contexts)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from codemode_common import jsonvalue
 from codemode_common.errors import invalid_argument
 from codemode_common.jsonvalue import JsonValue
 from registry_service.domain.jsonschema import SchemaError, check_schema
@@ -19,7 +21,7 @@ RUN_CODE = "run_code"
 _NAME_RE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Invocation:
     """What a tool body is given for one call."""
 
@@ -27,13 +29,19 @@ class Invocation:
     root_call_id: str
     agent: str | None
     tool_name: str
-    arguments: JsonValue
+    arguments_json: str  # the call's argument snapshot, canonical JSON text
     signal: AbortSignal
     deadline: float | None  # event-loop time, or None
     traceparent: str = ""
     tracestate: str = ""
     # Progress events for the caller's stream (used by run_code for nested-call events).
     emit: Callable[[Any], None] = lambda _event: None
+
+    @cached_property
+    def arguments(self) -> JsonValue:
+        """The body's own copy of the arguments, decoded on first use: a remote provider only
+        forwards the text, so it never pays for a copy."""
+        return jsonvalue.loads(self.arguments_json)
 
 
 # A body returns a canonical value (or raises). It may return a full ToolResult when it needs to

@@ -181,7 +181,7 @@ async def test_forged_and_foreign_tokens_are_refused(make_registry: Any) -> None
             root_call_id="call-1",
             agent=None,
             tool_name="run_code",
-            arguments={"code": "", "description": "forge"},
+            arguments_json='{"code":"","description":"forge"}',
             signal=never(),
             deadline=None,
         )

@@ -329,6 +329,15 @@ def test_shared_subobjects_are_written_once_per_occurrence() -> None:
     assert copy[0] is not copy[1]
 
 
+@pytest.mark.parametrize("value", [{"k": [1, "é", None]}, [[[]]] * 3, "\udc80", 2**80])
+def test_snapshot_with_text_is_a_copy_and_its_dumps(value: object) -> None:
+    copy, text = jv.snapshot_with_text(value)
+    assert text == dumps(value)
+    assert copy == value
+    if isinstance(value, list | dict):
+        assert copy is not value
+
+
 # ---------------------------------------------------------------------------------------------
 # dumps / snapshot: refused values
 # ---------------------------------------------------------------------------------------------
