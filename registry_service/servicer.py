@@ -22,6 +22,7 @@ from registry_service.domain.execution import (
     ExecutionInput,
     no_events,
 )
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortController
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
@@ -177,7 +178,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
         controller = AbortController()
-        events: asyncio.Queue[Event | None] = asyncio.Queue()  # None: the execution ended
+        # Progress events, then the outcome (a result, or the exception a bug raised) last.
+        events: asyncio.Queue[Event | ToolResult | Exception] = asyncio.Queue()
         inp = ExecutionInput(
             call_id=request.call_id,
             name=request.tool_name,
@@ -188,16 +190,13 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             deadline=None if remaining is None else loop.time() + remaining,
         )
         self._inflight.add(key)
-        emit = _filtered(events.put_nowait, wanted)
-        task = asyncio.create_task(self._registry.execute(inp, emit))
+        task = asyncio.create_task(self._execute(inp, _filtered(events.put_nowait, wanted), events))
         try:
-            if wanted is None or wanted:
-                task.add_done_callback(lambda _task: events.put_nowait(None))
-                while (event := await events.get()) is not None:
-                    yield convert.event_to_proto(event)
-            else:  # no events: one hop fewer, straight to the result
-                await asyncio.shield(task)
-            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(task.result()))
+            while not isinstance(item := await events.get(), ToolResult | Exception):
+                yield convert.event_to_proto(item)
+            if isinstance(item, Exception):
+                raise item
+            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(item))
         finally:
             if not task.done():
                 # The client cancelled or its deadline passed: abort, then wait for quiescence
@@ -206,6 +205,16 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 with contextlib.suppress(Exception):
                     await task
             self._inflight.discard(key)
+
+    async def _execute(
+        self, inp: ExecutionInput, emit: Emit, out: asyncio.Queue[Event | ToolResult | Exception]
+    ) -> None:
+        # The outcome goes out from inside the task (not from a done callback, not via a
+        # shield): one loop hand-off to the RPC instead of three.
+        try:
+            out.put_nowait(await self._registry.execute(inp, emit))
+        except Exception as exc:
+            out.put_nowait(exc)
 
     # -- history -----------------------------------------------------------------------------
 
