@@ -191,12 +191,25 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         )
         self._inflight.add(key)
         task = asyncio.create_task(self._execute(inp, _filtered(events.put_nowait, wanted), events))
+        outcome: ToolResult | Exception | None = None
         try:
-            while not isinstance(item := await events.get(), ToolResult | Exception):
-                yield convert.event_to_proto(item)
-            if isinstance(item, Exception):
-                raise item
-            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(item))
+            while outcome is None:
+                item = await events.get()
+                if isinstance(item, ToolResult | Exception):
+                    outcome = item
+                    break
+                ready = [item]
+                # Events that queued up while the stream was busy go out together (opt-in).
+                while request.batch_progress and not events.empty():
+                    item = events.get_nowait()
+                    if isinstance(item, ToolResult | Exception):
+                        outcome = item
+                        break
+                    ready.append(item)
+                yield _progress_message(ready)
+            if isinstance(outcome, Exception):
+                raise outcome
+            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(outcome))
         finally:
             if not task.done():
                 # The client cancelled or its deadline passed: abort, then wait for quiescence
@@ -265,6 +278,13 @@ _PROGRESS: dict[int, tuple[type, ...] | None] = {
     rpb.PROGRESS_EVENTS_APPROVALS: (ApprovalPending, ApprovalResolved),
     rpb.PROGRESS_EVENTS_NONE: (),
 }
+
+
+def _progress_message(events: list[Event]) -> rpb.ExecuteToolCallResponse:
+    if len(events) == 1:
+        return convert.event_to_proto(events[0])
+    batch = rpb.ProgressBatch(events=[convert.event_to_proto(e) for e in events])
+    return rpb.ExecuteToolCallResponse(batch=batch)
 
 
 def _filtered(emit: Emit, wanted: tuple[type, ...] | None) -> Emit:

@@ -15,6 +15,7 @@ import itertools
 import json
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ import grpc
 
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.workload import SAFE, SAFE_APPROVE, Plan, Spec, plan, program
+from codemode_client import unbatched
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 
 OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
@@ -77,6 +79,7 @@ def request(agent: str, call_id: str, code: str) -> rpb.ExecuteToolCallRequest:
         tool_name="run_code",
         arguments_json=arguments,
         progress_events=rpb.PROGRESS_EVENTS_ALL,  # the nested events are the measurements
+        batch_progress=True,  # as the clients ask: events that queue up travel together
     )
 
 
@@ -87,14 +90,22 @@ async def warm_up(stub: Any, agent: str, approvals: bool) -> None:
     result = None
     try:
         async with asyncio.timeout(WARMUP_TIMEOUT_S):
-            async for event in stub.ExecuteToolCall(request(agent, "warmup", calls + "\nreturn 1")):
-                if event.WhichOneof("event") == "result":
-                    result = event.result
+            async for message in stub.ExecuteToolCall(
+                request(agent, "warmup", calls + "\nreturn 1")
+            ):
+                if message.WhichOneof("event") == "result":
+                    result = message.result
     except TimeoutError:
         raise SetupError(f"a warm-up program did not finish in {WARMUP_TIMEOUT_S:g}s") from None
     if result is None or result.is_error:
         detail = "no result" if result is None else f"{result.error.code}: {result.error.message}"
         raise SetupError(f"a warm-up program failed ({detail})")
+
+
+async def _events(call: Any) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
+    async for message in call:
+        for event in unbatched(message):
+            yield event
 
 
 class Driver:
@@ -139,7 +150,7 @@ class Driver:
         result = None
         try:
             async with asyncio.timeout_at(deadline):
-                async for event in call:
+                async for event in _events(call):
                     kind = event.WhichOneof("event")
                     if kind == "nested_settled":
                         self._settled(outcome, event.nested_settled)

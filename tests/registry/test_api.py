@@ -9,8 +9,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from codemode_client import unbatched
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import scope_pb2
+from registry_service.domain.execution import ProgramLog
 from tests.registry.conftest import CODE, Harness, echo_tool
 from tests.registry.test_scopes import expect_error
 
@@ -205,6 +207,41 @@ async def test_progress_events_choose_what_precedes_the_result(
     events, result = await harness.execute("t", {"x": 1}, progress=progress)
     assert [e.WhichOneof("event") for e in events] == kinds
     assert result.value_json == '{"echo":{"x":1}}'
+
+
+def _chatty_tool(harness: Harness) -> None:
+    """A tool that emits three progress events in one step, then answers."""
+
+    async def body(invocation: Any) -> Any:
+        for text in ("a", "b", "c"):
+            invocation.emit(ProgramLog(text))
+        return "done"
+
+    harness.registry.register_tool("chatty", body, description="emits three logs")
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_batch_progress_sends_events_that_are_ready_together_as_one_message(
+    harness: Harness, batch: bool
+) -> None:
+    _chatty_tool(harness)
+    request = rpb.ExecuteToolCallRequest(call_id="c", tool_name="chatty", batch_progress=batch)
+    messages = [m async for m in harness.stub.ExecuteToolCall(request)]
+    assert messages[-1].WhichOneof("event") == "result"
+    assert messages[-1].result.value_json == '"done"'
+    kinds = [m.WhichOneof("event") for m in messages[:-1]]
+    flat = [e for m in messages for e in unbatched(m)]
+    # The same events in the same order either way; the result is never inside a batch.
+    assert [e.WhichOneof("event") for e in flat] == ["started", "log", "log", "log", "result"]
+    assert [e.log.text for e in flat if e.WhichOneof("event") == "log"] == ["a", "b", "c"]
+    if batch:  # the three logs were queued in one step, so they travel in one message
+        batches = [m.batch for m in messages if m.WhichOneof("event") == "batch"]
+        assert any([e.log.text for e in b.events][-3:] == ["a", "b", "c"] for b in batches)
+        assert all(len(b.events) >= 2 for b in batches)
+        inner = [e.WhichOneof("event") for b in batches for e in b.events]
+        assert "batch" not in inner and "result" not in inner
+    else:
+        assert kinds == ["started", "log", "log", "log"]
 
 
 async def test_oversize_message_is_refused(make_registry: Any) -> None:

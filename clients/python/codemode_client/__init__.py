@@ -8,7 +8,7 @@
 """
 
 from codemode_client.approver import Approver
-from codemode_client.client import Progress, RegistryClient, ToolCallResult
+from codemode_client.client import Progress, RegistryClient, ToolCallResult, unbatched
 from codemode_client.errors import (
     AlreadyExists,
     CodemodeError,
@@ -38,4 +38,5 @@ __all__ = [
     "ToolFailed",
     "ToolProvider",
     "Unavailable",
+    "unbatched",
 ]

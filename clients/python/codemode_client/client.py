@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +34,14 @@ _PROGRESS = {
     "approvals": rpb.PROGRESS_EVENTS_APPROVALS,
     "none": rpb.PROGRESS_EVENTS_NONE,
 }
+
+
+def unbatched(message: rpb.ExecuteToolCallResponse) -> Iterable[rpb.ExecuteToolCallResponse]:
+    """The events one execute-stream message carries, in order: a `batch`'s events (sent to
+    requests that set `batch_progress`), else the message itself."""
+    return message.batch.events if message.HasField("batch") else (message,)
+
+
 _MODES: dict[str, scope_pb2.PresentationMode.ValueType] = {
     "native": scope_pb2.PRESENTATION_MODE_NATIVE,
     "code": scope_pb2.PRESENTATION_MODE_CODE,
@@ -237,18 +245,23 @@ class RegistryClient:
         deadline: float | None = None,
         progress: Progress = "all",
     ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
-        """Streams the call's events; the last one carries `result`. `progress` chooses which
-        events come before it ("none": the result only, one message per event saved)."""
+        """Streams the call's events, one at a time; the last one carries `result`. `progress`
+        chooses which events come before it ("none": the result only, one message per event
+        saved). Events the registry sends as a batch are yielded one by one, in order."""
         request = rpb.ExecuteToolCallRequest(
             agent=agent,
             call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
             tool_name=tool,
             arguments_json=jsonvalue.dumps({} if arguments is None else arguments),
             progress_events=_PROGRESS[progress],
+            batch_progress=True,
         )
         try:
-            async for event in self.stub.ExecuteToolCall(request, timeout=deadline or self.timeout):
-                yield event
+            async for message in self.stub.ExecuteToolCall(
+                request, timeout=deadline or self.timeout
+            ):
+                for event in unbatched(message):
+                    yield event
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
 

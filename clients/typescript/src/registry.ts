@@ -181,7 +181,7 @@ export class ToolCall implements AsyncIterable<ToolCallEvent> {
         this.events.end();
       }
     };
-    stream.on("data", (message: ExecuteToolCallResponse) => {
+    const handle = (message: ExecuteToolCallResponse): void => {
       if (settled) return;
       let event: ToolCallEvent;
       try {
@@ -196,6 +196,11 @@ export class ToolCall implements AsyncIterable<ToolCallEvent> {
         resolve(event.result);
         finish();
       }
+    };
+    stream.on("data", (message: ExecuteToolCallResponse) => {
+      // A batch carries progress events that were ready together: delivered one by one.
+      if (message.event?.$case === "batch") message.event.value.events.forEach(handle);
+      else handle(message);
     });
     stream.on("error", (e: ServiceError) => finish(CodemodeError.from(e)));
     stream.on("end", () =>
@@ -385,6 +390,7 @@ export class RegistryClient {
       toolName: input.toolName,
       argumentsJson,
       progressEvents: PROGRESS[input.progress ?? "all"],
+      batchProgress: true,
     });
     const deadline = new Date(Date.now() + (options.timeoutMs ?? this.executeTimeoutMs));
     const stream = this.stub.executeToolCall(request, this.metadata(), { deadline });

@@ -247,6 +247,13 @@ export interface ExecuteToolCallRequest {
    * run_code call that is two per nested call.
    */
   progressEvents: ProgressEvents;
+  /**
+   * Accept `batch` messages: progress events that are ready together (they queue up while the
+   * stream is busy, e.g. a run_code program making many nested calls under load) arrive as one
+   * message, in order. Saves a message, and its CPU on both ends, per event that would
+   * otherwise wait. Off: every event is its own message (older clients know no `batch`).
+   */
+  batchProgress: boolean;
 }
 
 /** One event of an executing tool call. The last event is always `result`. */
@@ -274,7 +281,19 @@ export interface ExecuteToolCallResponse {
     | //
     /** A run_code program printed a line. */
     { $case: "log"; value: ProgramLog }
+    | //
+    /**
+     * Several progress events in order, only when the request set `batch_progress`. Each
+     * element holds one event; never `result` and never another batch.
+     */
+    { $case: "batch"; value: ProgressBatch }
     | undefined;
+}
+
+/** Progress events that were ready together. */
+export interface ProgressBatch {
+  /** The events, oldest first. */
+  events: ExecuteToolCallResponse[];
 }
 
 /** The call's pipeline started. */
@@ -1925,7 +1944,7 @@ export const ListVisibleToolsResponse: MessageFns<ListVisibleToolsResponse> = {
 };
 
 function createBaseExecuteToolCallRequest(): ExecuteToolCallRequest {
-  return { agent: "", callId: "", toolName: "", argumentsJson: "", progressEvents: 0 };
+  return { agent: "", callId: "", toolName: "", argumentsJson: "", progressEvents: 0, batchProgress: false };
 }
 
 export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
@@ -1944,6 +1963,9 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     }
     if (message.progressEvents !== 0) {
       writer.uint32(40).int32(message.progressEvents);
+    }
+    if (message.batchProgress !== false) {
+      writer.uint32(48).bool(message.batchProgress);
     }
     return writer;
   },
@@ -2001,6 +2023,14 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
             message.progressEvents = reader.int32() as any;
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.batchProgress = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2023,6 +2053,7 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     message.toolName = object.toolName ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
     message.progressEvents = object.progressEvents ?? 0;
+    message.batchProgress = object.batchProgress ?? false;
     return message;
   },
 };
@@ -2054,6 +2085,9 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
         break;
       case "log":
         ProgramLog.encode(message.event.value, writer.uint32(58).fork()).join();
+        break;
+      case "batch":
+        ProgressBatch.encode(message.event.value, writer.uint32(66).fork()).join();
         break;
     }
     return writer;
@@ -2128,6 +2162,14 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
             message.event = { $case: "log", value: ProgramLog.decode(reader, reader.uint32()) };
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.event = { $case: "batch", value: ProgressBatch.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2188,7 +2230,68 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
         }
         break;
       }
+      case "batch": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "batch", value: ProgressBatch.fromPartial(object.event.value) };
+        }
+        break;
+      }
     }
+    return message;
+  },
+};
+
+function createBaseProgressBatch(): ProgressBatch {
+  return { events: [] };
+}
+
+export const ProgressBatch: MessageFns<ProgressBatch> = {
+  encode(message: ProgressBatch, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.events) {
+      ExecuteToolCallResponse.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ProgressBatch {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseProgressBatch();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.events.push(ExecuteToolCallResponse.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ProgressBatch>): ProgressBatch {
+    return ProgressBatch.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ProgressBatch>): ProgressBatch {
+    const message = createBaseProgressBatch();
+    message.events = object.events?.map((e) => ExecuteToolCallResponse.fromPartial(e)) || [];
     return message;
   },
 };
