@@ -1,8 +1,13 @@
 """Model-direct tool call latency through the registry to a provider in another process.
 
-Topology (three processes besides this client): registry, a provider serving `echo` over its
-Connect stream, and a bare gRPC server for the same-run baselines (unary echo, bidi ping-pong).
-Target: call p50 <= 1.6 x (unary round trip p50 + bidi round trip p50).
+Topology (four processes besides this client): registry, a provider serving `echo` over its
+Connect stream, and a bare gRPC server for the same-run baselines (unary echo, bidi ping-pong)
+with its relay provider. Target: call p50 <= 1.6 x (unary round trip p50 + bidi round trip p50).
+
+Reference, not part of the target: the same message pattern on bare grpc.aio (a server stream
+relayed as one message over a provider's bidi stream and back, no registry logic): what the
+transport alone costs here. The registry's p50 over it is what the registry and its provider
+client add.
 
 The call is measured twice: with every progress event (the default: a `started` message, then
 the result) and with `progress_events=NONE` (the result only: one response message, like the
@@ -60,14 +65,20 @@ async def run(quick: bool) -> dict[str, Any]:
         subprocess_service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base_port,
     ):
         registry_address = f"127.0.0.1:{reg_port}"
-        async with subprocess_service(
-            "-m", "benchmarks._bench_provider", registry_address, ready_prefix="ready"
+        async with (
+            subprocess_service(
+                "-m", "benchmarks._bench_provider", registry_address, ready_prefix="ready"
+            ),
+            subprocess_service(
+                "-m", "benchmarks._baseline_server", "--provider", base_port, ready_prefix="ready"
+            ),
         ):
             channel = grpc.aio.insecure_channel(registry_address)
             base = grpc.aio.insecure_channel(f"127.0.0.1:{base_port}")
             stub = rpb_grpc.RegistryServiceStub(channel)
             echo = base.unary_unary("/bench.Baseline/Echo")
             bidi = base.stream_stream("/bench.Baseline/PingPong")
+            relay_call = base.unary_stream("/bench.Baseline/RelayCall")
             stream = bidi()
             calls = iter(range(10**9))
 
@@ -96,7 +107,11 @@ async def run(quick: bool) -> dict[str, Any]:
                 await stream.write(ARGS.encode())
                 await stream.read()
 
-            ops = (tool_call, result_only, unary, ping)
+            async def relay() -> None:
+                async for _ in relay_call(ARGS.encode()):
+                    pass
+
+            ops = (tool_call, result_only, unary, ping, relay)
             for op in ops:  # warm up connections and code paths
                 await _sequential(op, 50)
             # Interleaved blocks, so drift on a shared machine hits every series alike.
@@ -106,6 +121,7 @@ async def run(quick: bool) -> dict[str, Any]:
                     samples[op] += await _sequential(op, count // 5)
             call_samples, quiet_samples = samples[tool_call], samples[result_only]
             unary_samples, bidi_samples = samples[unary], samples[ping]
+            relay_samples = samples[relay]
             call_tput = await _throughput(tool_call, 50, per_caller)
             quiet_tput = await _throughput(result_only, 50, per_caller)
             unary_tput = await _throughput(unary, 50, per_caller)
@@ -113,7 +129,7 @@ async def run(quick: bool) -> dict[str, Any]:
             await channel.close()
             await base.close()
     call, un, bi = summary_ms(call_samples), summary_ms(unary_samples), summary_ms(bidi_samples)
-    quiet = summary_ms(quiet_samples)
+    quiet, floor = summary_ms(quiet_samples), summary_ms(relay_samples)
     budget = un["p50_ms"] + bi["p50_ms"]
     return {
         "benchmark": "registry_call",
@@ -127,6 +143,9 @@ async def run(quick: bool) -> dict[str, Any]:
             "bidi_ping_pong": bi,
             "unary_echo_50_callers_per_s": round(unary_tput),
         },
+        "reference_relay_1_caller": floor,
+        "reference_relay_ratio_vs_unary_plus_bidi": round(floor["p50_ms"] / budget, 3),
+        "registry_over_reference_relay_p50_ms": round(quiet["p50_ms"] - floor["p50_ms"], 4),
         "ratio_p50_vs_unary_plus_bidi": round(call["p50_ms"] / budget, 3),
         "result_only_ratio_p50_vs_unary_plus_bidi": round(quiet["p50_ms"] / budget, 3),
         "target": "tool_call p50 <= 1.6 x (unary p50 + bidi p50)",
