@@ -133,16 +133,6 @@ class Run:
             fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in worker.output_fds
         }
         worker.listen(partial(self._handle, worker), self._on_channel_eof, self._on_output)
-        worker.send(
-            {
-                "t": "start",
-                "program": self.request.program,
-                "bindings": sorted(self.request.bindings),
-                "max_output_bytes": budgets.max_output_bytes,
-                "memory_bytes": budgets.memory_bytes,
-                "cpu_seconds": budgets.compute_ms / 1000,
-            }
-        )
         on_exit = partial(self._on_worker_exit, worker)
         worker.exited.add_done_callback(on_exit)
         wall = loop.call_later(
@@ -153,6 +143,18 @@ class Run:
             ),
         )
         self._cpu_timer = loop.call_later(CPU_POLL_INTERVAL_S, self._poll_cpu, worker)
+        # The program starts last: the worker runs on at once (often on this CPU), so nothing
+        # of ours should be left to do between this send and waiting for its messages.
+        worker.send(
+            {
+                "t": "start",
+                "program": self.request.program,
+                "bindings": sorted(self.request.bindings),
+                "max_output_bytes": budgets.max_output_bytes,
+                "memory_bytes": budgets.memory_bytes,
+                "cpu_seconds": budgets.compute_ms / 1000,
+            }
+        )
         try:
             await self._settled
         finally:

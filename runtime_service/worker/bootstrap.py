@@ -306,18 +306,29 @@ def finish(channel: Channel, message: dict[str, object]) -> NoReturn:
 
 
 class Worker:
-    """One program run inside this process."""
+    """One program run inside this process.
 
-    def __init__(
-        self, channel: Channel, start: dict[str, Any], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    Built, and its channel reader registered with the loop, before the worker reports ready:
+    those first uses cost far more in a process idle since boot than warm, so only what the
+    start message decides (``begin``) is left for the program's own time.
+    """
+
+    sink: LogSink  # set by ``begin``
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
         self.channel = channel
-        self.program = str(start["program"])
-        self.names = [str(name) for name in start["bindings"]]
-        self.sink = LogSink(channel, int(start["max_output_bytes"]))
         self.loop = loop
+        self.program = ""
+        self.names: list[str] = []
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self.next_id = 1
+        asyncio.set_event_loop(loop)
+        loop.add_reader(channel.sock.fileno(), self.on_readable)
+
+    def begin(self, start: dict[str, Any]) -> None:
+        self.program = str(start["program"])
+        self.names = [str(name) for name in start["bindings"]]
+        self.sink = LogSink(self.channel, int(start["max_output_bytes"]))
 
     # -- bindings ---------------------------------------------------------------------------
     def call(self, name: str, args: object) -> asyncio.Future[Any]:
@@ -371,8 +382,6 @@ class Worker:
         sys.stderr = err
         program_builtins = dict(vars(builtins))
         program_builtins["print"] = make_print(self.sink, (out, err))
-        asyncio.set_event_loop(self.loop)
-        self.loop.add_reader(self.channel.sock.fileno(), self.on_readable)
         try:
             outcome = self.loop.run_until_complete(self.execute(program_builtins))
         except MemoryError:
@@ -458,6 +467,7 @@ def main() -> None:
         sys.path.remove(sys.argv[1])
     loop = asyncio.new_event_loop()
     _prewarm(loop)
+    worker = Worker(channel, loop)
     # No program has run yet: this figure is the worker's own, and the run's compute budget
     # starts from it (the runtime need not read /proc when the program is handed over).
     times = os.times()
@@ -472,7 +482,8 @@ def main() -> None:
         )
     except (OSError, ValueError) as exc:
         finish(channel, {"t": "done", "error": {"kind": "exception", "message": str(exc)}})
-    Worker(channel, start, loop).run()
+    worker.begin(start)
+    worker.run()
 
 
 __all__ = ["EXIT_OUT_OF_MEMORY", "ToolCallError", "compile_program", "main"]
