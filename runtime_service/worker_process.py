@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import functools
 import json
@@ -467,6 +468,7 @@ class WorkerProcess:
         keeps them from leaving the group). Safe until ``close`` reaps the leader."""
         self._killed = True
         if not self._closed:
+            _move_off_this_cpu(self.pid)
             _kill_group(self.pid)
 
     def close_when_exited(self) -> None:
@@ -523,6 +525,32 @@ class WorkerProcess:
         self.signal_group()
         self.close_when_exited()
         return await asyncio.shield(self._exited)
+
+
+def _libc_sched_getcpu() -> Callable[[], int] | None:
+    try:
+        getcpu: Callable[[], int] = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    return getcpu
+
+
+_sched_getcpu = _libc_sched_getcpu()
+
+
+def _move_off_this_cpu(pid: int) -> None:
+    """Let a worker about to be killed die on another CPU than this process's.
+
+    Its teardown is about a millisecond of kernel time on the CPU it runs on, and the kill
+    wakes it on ours, right when the outcome is about to be sent: over gRPC that send then
+    took ~1 ms instead of ~0.25 ms (p50, ``return 1``).
+    """
+    if _sched_getcpu is None:
+        return
+    with contextlib.suppress(OSError):
+        others = os.sched_getaffinity(0) - {_sched_getcpu()}
+        if others:
+            os.sched_setaffinity(pid, others)
 
 
 def _float_or_none(text: str | None) -> float | None:
