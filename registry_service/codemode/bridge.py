@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -122,7 +121,7 @@ class _Run(RunHooks):
     deferred: list[AdditionalContext] = field(default_factory=list)
     concluded: bool = False
     counter: int = 0
-    replies: set[asyncio.Task[None]] = field(default_factory=set)
+    stream: RunStream | None = None
 
     @property
     def telemetry(self) -> RegistryTelemetry:
@@ -155,7 +154,7 @@ class _Run(RunHooks):
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
-            stream = await t.runtime.open_run(spec)
+            stream = self.stream = await t.runtime.open_run(spec)
             terminal = await self._pump(stream)
         except RuntimeLost as exc:
             terminal = RunTerminal(
@@ -165,8 +164,6 @@ class _Run(RunHooks):
             remove()
             self.controller.abort(SETTLED)
             await self.scheduler.quiesce()
-            for task in list(self.replies):
-                task.cancel()
             if stream is not None:
                 self.transport.close_later(stream)
             self.telemetry.run_ended()
@@ -179,7 +176,7 @@ class _Run(RunHooks):
             nonlocal cancel_sent
             if not cancel_sent and reason != SETTLED:
                 cancel_sent = True
-                self._spawn(stream.cancel(reason))
+                stream.cancel(reason)
 
         remove = self.controller.signal.add_listener(on_abort)
         try:
@@ -194,11 +191,6 @@ class _Run(RunHooks):
             remove()
         raise RuntimeLost("the run stream ended without a terminal message")
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self.replies.add(task)
-        task.add_done_callback(self.replies.discard)
-
     # -- binding calls -------------------------------------------------------------------------
 
     def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
@@ -207,10 +199,8 @@ class _Run(RunHooks):
         if self.controller.signal.aborted:
             reason = self.controller.signal.reason
             telemetry.nested_refused("run_over", name)
-            return self._spawn(
-                stream.reply(
-                    call.call_id, False, f"run_code run is over ({reason}); {name} not dispatched"
-                )
+            return stream.reply(
+                call.call_id, False, f"run_code run is over ({reason}); {name} not dispatched"
             )
         try:
             verified = self.transport.minter.verify(call.token, agent=self.outer.agent or "")
@@ -218,17 +208,15 @@ class _Run(RunHooks):
                 raise TokenError("parent token belongs to another run")
         except TokenError as exc:
             telemetry.nested_refused("invalid_token", name)
-            return self._spawn(stream.reply(call.call_id, False, f"nested call refused: {exc}"))
+            return stream.reply(call.call_id, False, f"nested call refused: {exc}")
         if name not in self.bindings:
             telemetry.nested_refused("unknown_binding", name)
-            return self._spawn(stream.reply(call.call_id, False, f'unknown binding "tools.{name}"'))
+            return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
         try:
             arguments = jsonvalue.loads(call.arguments_json)
         except JsonValueError as exc:
             telemetry.nested_refused("invalid_arguments", name)
-            return self._spawn(
-                stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
-            )
+            return stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
         # The nested call's span starts now (it includes the queue wait), as a child of the
@@ -266,19 +254,20 @@ class _Run(RunHooks):
                 tracestate=tracestate,
                 trace=trace,
             ),
-            outcome=asyncio.get_running_loop().create_future(),
+            binding_call_id=call.call_id,
         )
         self.scheduler.submit(nested)
-        self._spawn(self._answer(stream, call.call_id, nested))
         return None
 
-    async def _answer(self, stream: RunStream, call_id: int, nested: NestedCall) -> None:
-        result = await nested.outcome
+    def answer(self, call: NestedCall, result: ToolResult) -> None:
+        # Queued on the stream in this very step: no task or loop turn per nested call.
+        assert self.stream is not None
         if result.is_error:
             message = result.error.message if result.error else "tool call failed"
-            await stream.reply(call_id, False, message)
+            self.stream.reply(call.binding_call_id, False, message)
         else:
-            await stream.reply(call_id, True, result.value_json or jsonvalue.dumps(result.value))
+            payload = result.value_json or jsonvalue.dumps(result.value)
+            self.stream.reply(call.binding_call_id, True, payload)
 
     # -- scheduler hooks -----------------------------------------------------------------------
 
@@ -326,7 +315,7 @@ class _Run(RunHooks):
         result = error_result(f"run_code run is over ({reason}); {call.name} tool call abandoned")
         call.inp.trace.end(result, ABANDONED)
         self.telemetry.nested_abandoned()
-        call.outcome.set_result(result)
+        self.answer(call, result)
 
     def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
         return build.record(

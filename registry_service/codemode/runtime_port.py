@@ -59,11 +59,14 @@ class RunStream(Protocol):
         """Events until (and including) the terminal; raises `RuntimeLost` if the link breaks."""
         ...
 
-    async def reply(self, call_id: int, ok: bool, payload: str) -> None:
-        """Answers a binding call: `payload` is JSON text when ok, else the error message."""
+    def reply(self, call_id: int, ok: bool, payload: str) -> None:
+        """Answers a binding call: `payload` is JSON text when ok, else the error message.
+        Queues the message and returns at once (never blocks the caller's step)."""
         ...
 
-    async def cancel(self, reason: str) -> None: ...
+    def cancel(self, reason: str) -> None:
+        """Asks the runtime to abort the run; queued like `reply`."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -31,7 +31,7 @@ class NestedCall:
     sub_call_id: str
     name: str
     inp: ExecutionInput
-    outcome: asyncio.Future[ToolResult]  # what the program receives
+    binding_call_id: int = 0  # the runtime's id of the binding call: what the answer names
     arguments_json: str = ""  # the dispatched arguments, encoded once for both records
     submitted_at: float = field(default_factory=time.time)
     started_at: float = 0.0
@@ -56,7 +56,11 @@ class RunHooks:
         """Returns the settle-record write (side work the scheduler tracks), if any."""
         return None
 
-    def abandoned(self, call: NestedCall) -> None: ...
+    def abandoned(self, call: NestedCall) -> None:
+        """A queued call will never start; the hook answers the program itself."""
+
+    def answer(self, call: NestedCall, result: ToolResult) -> None:
+        """Hands the program a committed call's result (once per call, at its commit)."""
 
 
 class RunScheduler:
@@ -191,8 +195,7 @@ class RunScheduler:
             result = await self._executor.finalize(execution, raw)
         call.stage = "committed"
         record = await self._hooks.committed(call, result)
-        if not call.outcome.done():
-            call.outcome.set_result(result)
+        self._hooks.answer(call, result)
         if record is not None:
             work = asyncio.ensure_future(record)
             self._log_work.add(work)
@@ -209,10 +212,3 @@ class RunScheduler:
 def _landed_result(call: NestedCall) -> ToolResult:
     assert call.flight is not None
     return call.flight.result()
-
-
-def program_outcome(result: ToolResult) -> tuple[bool, JsonValue | str]:
-    """What the program sees: the final value, or only the error message."""
-    if result.is_error:
-        return False, result.error.message if result.error else "tool call failed"
-    return True, result.value

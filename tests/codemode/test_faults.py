@@ -149,10 +149,10 @@ class _ForgingRuntime:
                     await asyncio.sleep(0.05)
                 yield RunTerminal(logs=())
 
-            async def reply(self, call_id: int, ok: bool, payload: str) -> None:
+            def reply(self, call_id: int, ok: bool, payload: str) -> None:
                 runtime.replies.append((ok, payload))
 
-            async def cancel(self, reason: str) -> None:
+            def cancel(self, reason: str) -> None:
                 pass
 
             async def close(self) -> None:

@@ -45,12 +45,12 @@ class _ScriptedRuntime:
                 await runtime.answered.wait()
                 yield RunTerminal(logs=())
 
-            async def reply(self, call_id: int, ok: bool, payload: str) -> None:
+            def reply(self, call_id: int, ok: bool, payload: str) -> None:
                 runtime.replies[call_id] = (ok, payload)
                 if len(runtime.replies) == 3:
                     runtime.answered.set()
 
-            async def cancel(self, reason: str) -> None:
+            def cancel(self, reason: str) -> None:
                 pass
 
             async def close(self) -> None:
