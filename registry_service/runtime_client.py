@@ -190,7 +190,7 @@ class GrpcRuntime:
             remaining = Duration()
             remaining.FromNanoseconds(int(spec.timeout * 1e9))
             start.timeout.CopyFrom(remaining)
-        # The start message is queued before the call opens: it leaves with the headers.
+        # Queued before the call opens: the start goes out as soon as the call has started.
         outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
         outbox.put_nowait(pb.RunRequest(start=start))
         return GrpcRunStream(self._stub.Run(_requests(outbox), timeout=timeout), outbox)
