@@ -22,6 +22,7 @@ from codemode_client import (
     ToolProvider,
 )
 from codemode_common import jsonvalue
+from registry_service.domain.execution import ProgramLog
 from registry_service.domain.policy import Ask, PreDecision
 from tests.codemode.conftest import Stack
 
@@ -72,6 +73,21 @@ async def test_async_client_end_to_end_with_a_hinted_provider(stack: Stack) -> N
         history = await client.history(agent.name)
         assert [r.kind for r in history].count("tool/code-dispatch") == 2
         assert [a.name for a in await client.list_agents()] == ["agents/calc"]
+
+
+async def test_batched_progress_arrives_one_event_at_a_time(stack: Stack) -> None:
+    async def chatty(invocation: Any) -> Any:
+        for text in ("a", "b", "c"):  # queued in one step: the registry sends them as a batch
+            invocation.emit(ProgramLog(text))
+        return "done"
+
+    stack.registry.register_tool("chatty", chatty, description="emits three logs")
+    async with RegistryClient(stack.running.address) as client:
+        agent = await client.create_agent("chat", mode="native")  # the stack defaults to code
+        result = await client.call("chatty", agent=agent.name)
+        assert result.value == "done"
+        assert [e.WhichOneof("event") for e in result.events] == ["started", "log", "log", "log"]
+        assert [e.log.text for e in result.events[1:]] == ["a", "b", "c"]
 
 
 async def test_errors_carry_reason_domain_and_metadata(stack: Stack) -> None:
