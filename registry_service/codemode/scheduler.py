@@ -31,7 +31,7 @@ class NestedCall:
     sub_call_id: str
     name: str
     inp: ExecutionInput
-    binding_call_id: int = 0  # the runtime's id of the binding call: what the answer names
+    binding_call_id: int  # the runtime's id of the binding call: what the answer names
     arguments_json: str = ""  # the dispatched arguments, encoded once for both records
     submitted_at: float = field(default_factory=time.time)
     started_at: float = 0.0
