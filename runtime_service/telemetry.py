@@ -26,7 +26,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import LATENCY_BUCKETS_S, Instrumented, context_from
+from codemode_common.telemetry import Instrumented, context_from
 from codemode_common.telemetry.propagation import span_traceparent
 from runtime_service.outcome import RunResult
 
@@ -177,17 +177,13 @@ class RuntimeTelemetry(Instrumented):
     ) -> None:
         super().__init__(INSTRUMENTATION, tracer_provider, meter_provider)
         meter = self._meter
-        self._handoff = meter.create_histogram(
+        self._handoff = self._latency_histogram(
             "codemode.runtime.worker.handoff",
-            unit="s",
-            description="Time to hand a run its worker (from the pool, or a fresh spawn)",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            "Time to hand a run its worker (from the pool, or a fresh spawn)",
         )
-        self._duration = meter.create_histogram(
+        self._duration = self._latency_histogram(
             "codemode.runtime.run.duration",
-            unit="s",
-            description="Run duration, from its start message to its terminal outcome",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            "Run duration, from its start message to its terminal outcome",
         )
         self._terminals = meter.create_counter(
             "codemode.runtime.runs.terminal", description="Runs ended, by terminal kind"

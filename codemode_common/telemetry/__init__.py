@@ -66,3 +66,12 @@ class Instrumented:
             else self.tracer_provider.get_tracer(instrumentation)
         )
         self._meter = (meter_provider or metrics.get_meter_provider()).get_meter(instrumentation)
+
+    def _latency_histogram(self, name: str, description: str) -> metrics.Histogram:
+        """A histogram of durations in seconds, with bucket boundaries that suit seconds."""
+        return self._meter.create_histogram(
+            name,
+            unit="s",
+            description=description,
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+        )

@@ -20,7 +20,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import LATENCY_BUCKETS_S, Instrumented, context_from
+from codemode_common.telemetry import Instrumented, context_from
 from codemode_common.telemetry.propagation import span_traceparent
 from registry_service.domain.results import ToolResult
 
@@ -172,23 +172,17 @@ class RegistryTelemetry(Instrumented):
     ) -> None:
         super().__init__(INSTRUMENTATION, tracer_provider, meter_provider)
         meter = self._meter
-        self._nested_duration = meter.create_histogram(
+        self._nested_duration = self._latency_histogram(
             "codemode.nested_call.duration",
-            unit="s",
-            description="Nested call latency, from the binding call's arrival to its commit",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            "Nested call latency, from the binding call's arrival to its commit",
         )
-        self._queue_wait = meter.create_histogram(
+        self._queue_wait = self._latency_histogram(
             "codemode.scheduler.queue_wait",
-            unit="s",
-            description="Time a nested call waited in its run's scheduler before it started",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            "Time a nested call waited in its run's scheduler before it started",
         )
-        self._approval_wait = meter.create_histogram(
+        self._approval_wait = self._latency_histogram(
             "codemode.approval.wait",
-            unit="s",
-            description="Time a call waited for an approval decision",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+            "Time a call waited for an approval decision",
         )
         self._nested_active = meter.create_up_down_counter(
             "codemode.nested_calls.active",
