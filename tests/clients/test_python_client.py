@@ -147,3 +147,11 @@ async def test_sync_client_from_a_thread(stack: Stack) -> None:
     value, records = await asyncio.to_thread(work)
     assert value == {"logs": ["hi"], "result": [1, 2]}
     assert records == 2
+
+
+async def test_list_calls_follow_every_page(stack: Stack) -> None:
+    async with RegistryClient(stack.running.address) as client:
+        for i in range(230):  # the default page holds 100
+            await client.create_agent(f"a{i:03d}")
+        names = [a.name for a in await client.list_agents()]
+        assert names == sorted(names) and len(set(names)) == 230

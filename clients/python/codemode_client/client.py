@@ -125,6 +125,18 @@ class RegistryClient:
                 raise error from None
         raise AssertionError("unreachable")
 
+    async def _all_pages(
+        self, method: Callable[..., Awaitable[Any]], request: Any, field: str
+    ) -> list[Any]:
+        """Every item of a paginated list RPC: `request` is re-sent with each next page token."""
+        out: list[Any] = []
+        while True:
+            page = await self._unary(method, request, read=True)
+            out.extend(getattr(page, field))
+            if not page.next_page_token:
+                return out
+            request.page_token = page.next_page_token
+
     # -- presets and agents --------------------------------------------------------------------
 
     async def create_preset(
@@ -143,14 +155,7 @@ class RegistryClient:
         return response.preset
 
     async def list_presets(self) -> list[scope_pb2.Preset]:
-        out: list[scope_pb2.Preset] = []
-        token = ""
-        while True:
-            request = rpb.ListPresetsRequest(page_token=token)
-            page = await self._unary(self.stub.ListPresets, request, read=True)
-            out.extend(page.presets)
-            if not (token := page.next_page_token):
-                return out
+        return await self._all_pages(self.stub.ListPresets, rpb.ListPresetsRequest(), "presets")
 
     async def delete_preset(self, name: str) -> None:
         await self._unary(self.stub.DeletePreset, rpb.DeletePresetRequest(name=name))
@@ -171,14 +176,7 @@ class RegistryClient:
         return response.agent
 
     async def list_agents(self) -> list[scope_pb2.Agent]:
-        out: list[scope_pb2.Agent] = []
-        token = ""
-        while True:
-            request = rpb.ListAgentsRequest(page_token=token)
-            page = await self._unary(self.stub.ListAgents, request, read=True)
-            out.extend(page.agents)
-            if not (token := page.next_page_token):
-                return out
+        return await self._all_pages(self.stub.ListAgents, rpb.ListAgentsRequest(), "agents")
 
     async def delete_agent(self, name: str) -> None:
         await self._unary(self.stub.DeleteAgent, rpb.DeleteAgentRequest(name=name))
@@ -308,16 +306,8 @@ class RegistryClient:
     # -- history -------------------------------------------------------------------------------
 
     async def history(self, agent: str, *, call_id: str = "") -> list[history_pb2.HistoryRecord]:
-        out: list[history_pb2.HistoryRecord] = []
-        token = ""
-        while True:
-            request = rpb.ListHistoryRequest(
-                agent=agent, call_id=call_id, page_token=token, page_size=500
-            )
-            page = await self._unary(self.stub.ListHistory, request, read=True)
-            out.extend(page.records)
-            if not (token := page.next_page_token):
-                return out
+        request = rpb.ListHistoryRequest(agent=agent, call_id=call_id, page_size=500)
+        return await self._all_pages(self.stub.ListHistory, request, "records")
 
     async def watch_history(
         self, agent: str, after_seq: int = 0
