@@ -61,3 +61,7 @@ def already_exists(reason: str, message: str, **metadata: str) -> CodemodeError:
 
 def failed_precondition(reason: str, message: str, **metadata: str) -> CodemodeError:
     return CodemodeError(Status.FAILED_PRECONDITION, reason, message, metadata)
+
+
+def unavailable(reason: str, message: str, **metadata: str) -> CodemodeError:
+    return CodemodeError(Status.UNAVAILABLE, reason, message, metadata)

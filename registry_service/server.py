@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -25,14 +26,21 @@ class RunningRegistry:
     registry: Registry
     port: int
     health: health.aio.HealthServicer
+    servicer: RegistryServicer
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: health NOT_SERVING and new RPCs refused at once; tool calls in
+        flight get `grace` seconds; then the long-lived streams end (UNAVAILABLE) and whatever
+        is left is cancelled."""
+        grace = self.registry.settings.shutdown_grace_s if grace is None else grace
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.registry.settings.shutdown_grace_s if grace is None else grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await self.servicer.drain(grace)
+        await stopping
         await self.registry.close()
 
 
@@ -52,13 +60,12 @@ async def start(
         options=base_options(settings.max_message_bytes),
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
-    registry_service_pb2_grpc.add_RegistryServiceServicer_to_server(
-        RegistryServicer(registry), server
-    )
+    servicer = RegistryServicer(registry)
+    registry_service_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server)
     port, health_servicer = await open_server(
         server, service_name=SERVICE_NAME, listen=settings.listen, what="registry"
     )
-    return RunningRegistry(server, registry, port, health_servicer)
+    return RunningRegistry(server, registry, port, health_servicer, servicer)
 
 
 async def serve(settings: RegistrySettings) -> None:

@@ -11,7 +11,7 @@ from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.api.registry.v1 import scope_pb2
-from codemode_common.errors import already_exists, invalid_argument
+from codemode_common.errors import already_exists, invalid_argument, unavailable
 from registry_service import convert
 from registry_service._errors import streaming, unary
 from registry_service.domain.execution import (
@@ -26,10 +26,14 @@ from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortController
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
-from registry_service.streams import approver_stream, provider_stream
+from registry_service.streams import OpenStreams, approver_stream, provider_stream
 
 # grpc is untyped (see pyproject); the alias documents intent.
 Context: TypeAlias = Any
+
+_SHUTTING_DOWN = unavailable(
+    "REGISTRY_SHUTTING_DOWN", "the registry is shutting down; reconnect to continue"
+)
 
 
 class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
@@ -37,6 +41,21 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self._registry = registry
         self._catalog = registry.catalog
         self._inflight: set[tuple[str, str]] = set()
+        self._no_calls = asyncio.Event()  # set while no ExecuteToolCall is in flight
+        self._no_calls.set()
+        self._streams = OpenStreams()
+        self._draining = False
+
+    async def drain(self, grace: float) -> None:
+        """Shutdown, once the server refuses new RPCs: waits up to `grace` seconds for the tool
+        calls in flight (their providers and approvers stay connected meanwhile), then ends the
+        provider, approver and history-watch streams with UNAVAILABLE, so that they neither
+        hold the server to its grace period nor see a bare cancellation."""
+        self._draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_calls.wait(), grace)
+        self._streams.end_all(_SHUTTING_DOWN)
+        self._registry.history.end_watches()
 
     # -- presets and agents ----------------------------------------------------------------
 
@@ -190,6 +209,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             deadline=None if remaining is None else loop.time() + remaining,
         )
         self._inflight.add(key)
+        self._no_calls.clear()
         task = asyncio.create_task(self._execute(inp, _filtered(events.put_nowait, wanted), events))
         outcome: ToolResult | Exception | None = None
         try:
@@ -218,6 +238,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 with contextlib.suppress(Exception):
                     await task
             self._inflight.discard(key)
+            if not self._inflight:
+                self._no_calls.set()
 
     async def _execute(
         self, inp: ExecutionInput, emit: Emit, out: asyncio.Queue[Event | ToolResult | Exception]
@@ -255,19 +277,25 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self._catalog.get_agent(request.agent)
         async for record in self._registry.history.watch(request.agent, request.after_seq):
             yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
+        if self._draining:
+            raise _SHUTTING_DOWN  # the watch was ended by `drain`, not by the history
 
     # -- provider and approver streams ---------------------------------------------------------
 
     async def Connect(
         self, request_iterator: AsyncIterator[rpb.ConnectRequest], context: Context
     ) -> AsyncIterator[rpb.ConnectResponse]:
-        async for response in provider_stream(self._registry, request_iterator, context):
+        async for response in provider_stream(
+            self._registry, request_iterator, context, self._streams
+        ):
             yield response
 
     async def Approve(
         self, request_iterator: AsyncIterator[rpb.ApproveRequest], context: Context
     ) -> AsyncIterator[rpb.ApproveResponse]:
-        async for response in approver_stream(self._registry, request_iterator, context):
+        async for response in approver_stream(
+            self._registry, request_iterator, context, self._streams
+        ):
             yield response
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeAlias, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
@@ -61,6 +61,32 @@ async def _duplex(
                 await task
 
 
+class OpenStreams:
+    """The outgoing queues of the open provider and approver streams, so that a shutting-down
+    registry can end them (they never end on their own and would hold the server to its
+    grace period)."""
+
+    def __init__(self) -> None:
+        self._queues: set[asyncio.Queue[Any]] = set()
+        self._closing: CodemodeError | None = None
+
+    @contextlib.contextmanager
+    def track(self, queue: asyncio.Queue[Any]) -> Iterator[None]:
+        if self._closing is not None:
+            queue.put_nowait(self._closing)
+        self._queues.add(queue)
+        try:
+            yield
+        finally:
+            self._queues.discard(queue)
+
+    def end_all(self, error: CodemodeError) -> None:
+        """Each stream ends with `error` once it has sent what was queued before it."""
+        self._closing = error
+        for queue in self._queues:
+            queue.put_nowait(error)
+
+
 async def _first(requests: AsyncIterator[Any], field: str, what: str) -> Any:
     try:
         first = await anext(requests)
@@ -103,7 +129,10 @@ def _provider_message(message: ProviderMessage) -> rpb.ConnectResponse:
 
 
 async def provider_stream(
-    registry: Registry, requests: AsyncIterator[rpb.ConnectRequest], context: Context
+    registry: Registry,
+    requests: AsyncIterator[rpb.ConnectRequest],
+    context: Context,
+    streams: OpenStreams,
 ) -> AsyncIterator[rpb.ConnectResponse]:
     try:
         opened = await _first(requests, "open", "provider")
@@ -136,8 +165,9 @@ async def provider_stream(
 
     try:
         yield rpb.ConnectResponse(opened=rpb.ProviderOpened(provider_id=session.provider_id))
-        async for item in _duplex(reader, None, session.outbox):
-            yield item if isinstance(item, rpb.ConnectResponse) else _provider_message(item)
+        with streams.track(session.outbox):
+            async for item in _duplex(reader, None, session.outbox):
+                yield item if isinstance(item, rpb.ConnectResponse) else _provider_message(item)
     except CodemodeError as error:
         await abort(context, error)
     finally:
@@ -179,7 +209,10 @@ def _approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
 
 
 async def approver_stream(
-    registry: Registry, requests: AsyncIterator[rpb.ApproveRequest], context: Context
+    registry: Registry,
+    requests: AsyncIterator[rpb.ApproveRequest],
+    context: Context,
+    streams: OpenStreams,
 ) -> AsyncIterator[rpb.ApproveResponse]:
     try:
         opened = await _first(requests, "open", "approver")
@@ -212,8 +245,10 @@ async def approver_stream(
 
     try:
         yield rpb.ApproveResponse(opened=rpb.ApproverOpened(approver_id=session.approver_id))
-        async for response in _duplex(reader, pump, asyncio.Queue()):
-            yield response
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        with streams.track(out):
+            async for response in _duplex(reader, pump, out):
+                yield response
     except CodemodeError as error:
         await abort(context, error)
     finally:

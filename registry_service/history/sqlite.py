@@ -44,7 +44,8 @@ class SqliteHistory:
         self._db.executescript(_SCHEMA)
         self._max_inline = max_inline_bytes
         self._batch: list[tuple[Record, asyncio.Future[Record]]] = []
-        self._watchers: dict[str, set[asyncio.Queue[Record]]] = {}
+        # Live watches by agent; None in a queue ends that watch (shutdown).
+        self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
 
     async def append(self, record: Record) -> Record:
         return await self.submit(record)
@@ -118,7 +119,7 @@ class SqliteHistory:
         return [_row(row) for row in rows]
 
     async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
-        queue: asyncio.Queue[Record] = asyncio.Queue()
+        queue: asyncio.Queue[Record | None] = asyncio.Queue()
         self._watchers.setdefault(agent, set()).add(queue)
         try:
             last = after_seq
@@ -129,13 +130,17 @@ class SqliteHistory:
                     yield record
                 if len(page) < 500:
                     break
-            while True:
-                record = await queue.get()
-                if record.seq > last:
-                    last = record.seq
-                    yield record
+            while (live := await queue.get()) is not None:
+                if live.seq > last:
+                    last = live.seq
+                    yield live
         finally:
             self._watchers[agent].discard(queue)
+
+    def end_watches(self) -> None:
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(None)
 
     async def read_spill(self, locator: str) -> str | None:
         prefix, _, ident = locator.partition(":")
