@@ -206,7 +206,8 @@ def _to_json(record: history_pb2.HistoryRecord) -> JsonValue:
         elif kind == "json":
             content.append({"json": jsonvalue.loads(block.json.json)})
         elif kind == "image":
-            content.append({"image": {"mime_type": block.image.mime_type}})
+            image = block.image
+            content.append({"image": {"mime_type": image.mime_type, "bytes": len(image.data)}})
     arguments = jsonvalue.loads(record.arguments_json) if record.arguments_json else None
     return {
         "seq": record.seq,

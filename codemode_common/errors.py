@@ -65,3 +65,7 @@ def failed_precondition(reason: str, message: str, **metadata: str) -> CodemodeE
 
 def unavailable(reason: str, message: str, **metadata: str) -> CodemodeError:
     return CodemodeError(Status.UNAVAILABLE, reason, message, metadata)
+
+
+def internal(reason: str, message: str, **metadata: str) -> CodemodeError:
+    return CodemodeError(Status.INTERNAL, reason, message, metadata)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from codemode_common import jsonvalue
@@ -235,13 +237,22 @@ def _block_from_json(block: JsonValue) -> tool_pb2.ContentBlock:
         return tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=str(block.get("text", ""))))
     if isinstance(block, dict) and block.get("type") == "json":
         return tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json=str(block.get("json", ""))))
-    # Image bytes are not kept in history; the record says an image was there.
+    # Records written before image data was kept hold only the image's size.
     mime = block.get("mime_type", "") if isinstance(block, dict) else ""
-    return tool_pb2.ContentBlock(image=tool_pb2.ImageContent(mime_type=str(mime)))
+    data = block.get("data") if isinstance(block, dict) else None
+    image = tool_pb2.ImageContent(
+        mime_type=str(mime), data=base64.b64decode(data) if isinstance(data, str) else b""
+    )
+    return tool_pb2.ContentBlock(image=image)
+
+
+def content_from_json(content: str) -> list[tool_pb2.ContentBlock]:
+    """A history record's content JSON (see `history.build.content_json`) as content blocks."""
+    blocks = jsonvalue.loads(content) if content else []
+    return [_block_from_json(b) for b in blocks] if isinstance(blocks, list) else []
 
 
 def record_to_proto(record: Record) -> history_pb2.HistoryRecord:
-    blocks = jsonvalue.loads(record.content_json) if record.content_json else []
     return history_pb2.HistoryRecord(
         seq=record.seq,
         kind=record.kind,
@@ -251,7 +262,7 @@ def record_to_proto(record: Record) -> history_pb2.HistoryRecord:
         parent_call_id=record.parent_call_id,
         tool_name=record.name,
         arguments_json=record.arguments_json,
-        content=[_block_from_json(b) for b in blocks] if isinstance(blocks, list) else [],
+        content=content_from_json(record.content_json),
         is_error=record.is_error,
         error_code=record.error_code,
         time=_timestamp(record.time),

@@ -11,7 +11,13 @@ from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.api.registry.v1 import scope_pb2
-from codemode_common.errors import already_exists, invalid_argument, unavailable
+from codemode_common.errors import (
+    already_exists,
+    internal,
+    invalid_argument,
+    not_found,
+    unavailable,
+)
 from registry_service import convert
 from registry_service._errors import streaming, unary
 from registry_service.domain.execution import (
@@ -279,6 +285,28 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
         if self._draining:
             raise _SHUTTING_DOWN  # the watch was ended by `drain`, not by the history
+
+    @unary
+    async def GetRecordContent(
+        self, request: rpb.GetRecordContentRequest, context: Context
+    ) -> rpb.GetRecordContentResponse:
+        self._catalog.get_agent(request.agent)
+        history = self._registry.history
+        found = await history.list(request.agent, after_seq=request.seq - 1, limit=1)
+        if request.seq <= 0 or not found or found[0].seq != request.seq:
+            raise not_found(
+                "RECORD_NOT_FOUND", f"{request.agent} has no history record {request.seq}"
+            )
+        record = found[0]
+        content = record.content_json
+        if record.spilled:
+            spilled = await history.read_spill(record.spilled)
+            if spilled is None:
+                raise internal(
+                    "SPILL_MISSING", f"the spilled content of record {record.seq} is gone"
+                )
+            content = spilled
+        return rpb.GetRecordContentResponse(content=convert.content_from_json(content))
 
     # -- provider and approver streams ---------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 
 from codemode_common import jsonvalue
@@ -11,16 +12,39 @@ from registry_service.history.records import Record
 
 
 def content_json(result: ToolResult) -> str:
-    """The final rendered content as JSON text; image bytes are not kept, only their size."""
+    """The final rendered content as JSON text, every block in full (image data in base64)."""
     blocks: list[JsonValue] = []
     for block in result.content:
         if isinstance(block, TextBlock):
             blocks.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):
-            blocks.append({"type": "image", "mime_type": block.mime_type, "bytes": len(block.data)})
+            data = base64.b64encode(block.data).decode("ascii")
+            blocks.append({"type": "image", "mime_type": block.mime_type, "data": data})
         else:
             blocks.append({"type": "json", "json": block.json})
     return jsonvalue.dumps(blocks)
+
+
+def content_preview(content: str, limit: int) -> str:
+    """What a record whose content was spilled keeps inline: its blocks as text (an image as a
+    placeholder naming its type and size), cut to `limit` characters."""
+    parts: list[str] = []
+    size = 0
+    blocks = jsonvalue.loads(content)
+    for block in blocks if isinstance(blocks, list) else []:
+        if size > limit:
+            break
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "image":
+            data = block.get("data")
+            length = len(base64.b64decode(data)) if isinstance(data, str) else 0
+            part = f"[image {block.get('mime_type', '')}, {length} bytes]"
+        else:
+            part = str(block.get("text", block.get("json", "")))
+        parts.append(part)
+        size += len(part) + 1
+    return "\n".join(parts)[:limit]
 
 
 def record(

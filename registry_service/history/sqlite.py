@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from registry_service.history.build import content_preview
 from registry_service.history.records import Record
 
 _SCHEMA = """
@@ -81,7 +82,7 @@ class SqliteHistory:
             cursor = self._db.execute(
                 "INSERT INTO spills (content) VALUES (?)", (record.content_json,)
             )
-            preview = record.content_json[: min(2048, self._max_inline)]
+            preview = content_preview(record.content_json, min(2048, self._max_inline))
             record = dataclasses.replace(
                 record,
                 content_json=json.dumps([{"type": "text", "text": preview}]),

@@ -309,6 +309,14 @@ class RegistryClient:
         request = rpb.ListHistoryRequest(agent=agent, call_id=call_id, page_size=500)
         return await self._all_pages(self.stub.ListHistory, request, "records")
 
+    async def record_content(self, agent: str, seq: int) -> list[tool_pb2.ContentBlock]:
+        """A record's full content: what was spilled when the record holds only a preview."""
+        request = rpb.GetRecordContentRequest(agent=agent, seq=seq)
+        response: rpb.GetRecordContentResponse = await self._unary(
+            self.stub.GetRecordContent, request, read=True
+        )
+        return list(response.content)
+
     async def watch_history(
         self, agent: str, after_seq: int = 0
     ) -> AsyncIterator[history_pb2.HistoryRecord]:

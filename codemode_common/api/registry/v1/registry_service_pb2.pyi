@@ -1498,3 +1498,53 @@ class WatchHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchHistoryResponse: _TypeAlias = WatchHistoryResponse  # noqa: Y015
+
+@_typing.final
+class GetRecordContentRequest(_message.Message):
+    """Request for GetRecordContent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent, `agents/{id}`."""
+    seq: _builtins.int
+    """The record's seq."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRecordContentRequest: _TypeAlias = GetRecordContentRequest  # noqa: Y015
+
+@_typing.final
+class GetRecordContentResponse(_message.Message):
+    """Response for GetRecordContent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def content(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ContentBlock]:
+        """The record's final rendered content, in full (empty for records without content)."""
+
+    def __init__(
+        self,
+        *,
+        content: _abc.Iterable[_tool_pb2.ContentBlock] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRecordContentResponse: _TypeAlias = GetRecordContentResponse  # noqa: Y015

@@ -139,6 +139,11 @@ class RegistryServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.FromString,
                 _registered_method=True)
+        self.GetRecordContent = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/GetRecordContent',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -294,6 +299,14 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRecordContent(self, request, context):
+        """The full content of one history record: what was spilled when the record holds a preview
+        (`spill_locator` set), else the content the record already carries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -396,6 +409,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.WatchHistory,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.SerializeToString,
+            ),
+            'GetRecordContent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecordContent,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -941,6 +959,33 @@ class RegistryService:
             '/codemode.registry.v1.RegistryService/WatchHistory',
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.WatchHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRecordContent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/GetRecordContent',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.FromString,
             options,
             channel_credentials,
             insecure,

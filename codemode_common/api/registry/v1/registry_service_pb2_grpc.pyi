@@ -91,6 +91,10 @@ class RegistryServiceStub:
     """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
     WatchHistory: _grpc.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]
     """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
+    GetRecordContent: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.GetRecordContentRequest, _registry_service_pb2.GetRecordContentResponse]
+    """The full content of one history record: what was spilled when the record holds a preview
+    (`spill_locator` set), else the content the record already carries.
+    """
 
 @_typing.type_check_only
 class RegistryServiceAsyncStub(RegistryServiceStub):
@@ -153,6 +157,10 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
     WatchHistory: _aio.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]  # type: ignore[assignment]
     """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
+    GetRecordContent: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.GetRecordContentRequest, _registry_service_pb2.GetRecordContentResponse]  # type: ignore[assignment]
+    """The full content of one history record: what was spilled when the record holds a preview
+    (`spill_locator` set), else the content the record already carries.
+    """
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
     """The registry: scopes and presentation modes, the tool catalog, and the one policy pipeline
@@ -332,5 +340,15 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_registry_service_pb2.WatchHistoryResponse], _abc.AsyncIterator[_registry_service_pb2.WatchHistoryResponse]]:
         """Streams an agent's history: records after `after_seq`, then new ones as they are written."""
+
+    @_abc_1.abstractmethod
+    def GetRecordContent(
+        self,
+        request: _registry_service_pb2.GetRecordContentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_registry_service_pb2.GetRecordContentResponse, _abc.Awaitable[_registry_service_pb2.GetRecordContentResponse]]:
+        """The full content of one history record: what was spilled when the record holds a preview
+        (`spill_locator` set), else the content the record already carries.
+        """
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -36,7 +36,7 @@ import {
   GetWireSchemasResponse,
 } from "./presentation";
 import { Agent, PresentationMode, Preset } from "./scope";
-import { Tool, ToolResult } from "./tool";
+import { ContentBlock, Tool, ToolResult } from "./tool";
 
 export const protobufPackage = "codemode.registry.v1";
 
@@ -531,6 +531,20 @@ export interface WatchHistoryRequest {
 export interface WatchHistoryResponse {
   /** The record. */
   record: HistoryRecord | undefined;
+}
+
+/** Request for GetRecordContent. */
+export interface GetRecordContentRequest {
+  /** The agent, `agents/{id}`. */
+  agent: string;
+  /** The record's seq. */
+  seq: bigint;
+}
+
+/** Response for GetRecordContent. */
+export interface GetRecordContentResponse {
+  /** The record's final rendered content, in full (empty for records without content). */
+  content: ContentBlock[];
 }
 
 function createBaseCreatePresetRequest(): CreatePresetRequest {
@@ -4079,6 +4093,131 @@ export const WatchHistoryResponse: MessageFns<WatchHistoryResponse> = {
   },
 };
 
+function createBaseGetRecordContentRequest(): GetRecordContentRequest {
+  return { agent: "", seq: 0n };
+}
+
+export const GetRecordContentRequest: MessageFns<GetRecordContentRequest> = {
+  encode(message: GetRecordContentRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.agent !== "") {
+      writer.uint32(10).string(message.agent);
+    }
+    if (message.seq !== 0n) {
+      if (BigInt.asIntN(64, message.seq) !== message.seq) {
+        throw new globalThis.Error("value provided for field message.seq of type int64 too large");
+      }
+      writer.uint32(16).int64(message.seq);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetRecordContentRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetRecordContentRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.agent = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.seq = reader.int64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<GetRecordContentRequest>): GetRecordContentRequest {
+    return GetRecordContentRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GetRecordContentRequest>): GetRecordContentRequest {
+    const message = createBaseGetRecordContentRequest();
+    message.agent = object.agent ?? "";
+    message.seq = (object.seq !== undefined && object.seq !== null) ? BigInt(object.seq) : 0n;
+    return message;
+  },
+};
+
+function createBaseGetRecordContentResponse(): GetRecordContentResponse {
+  return { content: [] };
+}
+
+export const GetRecordContentResponse: MessageFns<GetRecordContentResponse> = {
+  encode(message: GetRecordContentResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.content) {
+      ContentBlock.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetRecordContentResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetRecordContentResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.content.push(ContentBlock.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<GetRecordContentResponse>): GetRecordContentResponse {
+    return GetRecordContentResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GetRecordContentResponse>): GetRecordContentResponse {
+    const message = createBaseGetRecordContentResponse();
+    message.content = object.content?.map((e) => ContentBlock.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /**
  * The registry: scopes and presentation modes, the tool catalog, and the one policy pipeline
  * every tool call passes through. Errors are `google.rpc.Status` with an `ErrorInfo` detail in
@@ -4322,6 +4461,21 @@ export const RegistryServiceService = {
       Buffer.from(WatchHistoryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): WatchHistoryResponse => WatchHistoryResponse.decode(value),
   },
+  /**
+   * The full content of one history record: what was spilled when the record holds a preview
+   * (`spill_locator` set), else the content the record already carries.
+   */
+  getRecordContent: {
+    path: "/codemode.registry.v1.RegistryService/GetRecordContent" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetRecordContentRequest): Buffer =>
+      Buffer.from(GetRecordContentRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetRecordContentRequest => GetRecordContentRequest.decode(value),
+    responseSerialize: (value: GetRecordContentResponse): Buffer =>
+      Buffer.from(GetRecordContentResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetRecordContentResponse => GetRecordContentResponse.decode(value),
+  },
 } as const;
 
 export interface RegistryServiceServer extends UntypedServiceImplementation {
@@ -4384,6 +4538,11 @@ export interface RegistryServiceServer extends UntypedServiceImplementation {
   listHistory: handleUnaryCall<ListHistoryRequest, ListHistoryResponse>;
   /** Streams an agent's history: records after `after_seq`, then new ones as they are written. */
   watchHistory: handleServerStreamingCall<WatchHistoryRequest, WatchHistoryResponse>;
+  /**
+   * The full content of one history record: what was spilled when the record holds a preview
+   * (`spill_locator` set), else the content the record already carries.
+   */
+  getRecordContent: handleUnaryCall<GetRecordContentRequest, GetRecordContentResponse>;
 }
 
 export interface RegistryServiceClient extends Client {
@@ -4690,6 +4849,25 @@ export interface RegistryServiceClient extends Client {
     metadata?: Metadata,
     options?: Partial<CallOptions>,
   ): ClientReadableStream<WatchHistoryResponse>;
+  /**
+   * The full content of one history record: what was spilled when the record holds a preview
+   * (`spill_locator` set), else the content the record already carries.
+   */
+  getRecordContent(
+    request: GetRecordContentRequest,
+    callback: (error: ServiceError | null, response: GetRecordContentResponse) => void,
+  ): ClientUnaryCall;
+  getRecordContent(
+    request: GetRecordContentRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetRecordContentResponse) => void,
+  ): ClientUnaryCall;
+  getRecordContent(
+    request: GetRecordContentRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetRecordContentResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const RegistryServiceClient = makeGenericClientConstructor(
