@@ -194,6 +194,45 @@ async def test_non_lossless_tool_output_is_invalid(harness: Harness) -> None:
     assert result.error.code == "INVALID_TOOL_OUTPUT"
 
 
+async def test_around_wrapper_results_meet_the_output_contract(harness: Harness) -> None:
+    """A wrapper that answers instead of the body is held to the tool's output schema and to
+    lossless JSON, like a body (reference §1.10)."""
+    answers: dict[str, ToolResult] = {
+        "schema": ToolResult((), value={"n": "seven"}, has_value=True),
+        "nan": ToolResult((), value={"n": float("nan")}, has_value=True),
+        # A wrapper's own `value_json` is not trusted: the value is what counts.
+        "good": ToolResult((), value={"n": 7}, has_value=True, value_json='{"n":0}'),
+    }
+    ran: list[str] = []
+
+    async def around(e: Any, proceed: Any) -> ToolResult:
+        answer = answers.get(e.call_id)
+        if answer is not None:
+            return answer
+        result: ToolResult = await proceed()
+        return result
+
+    async def body(inv: Any) -> Any:
+        ran.append(inv.call_id)
+        return {"n": 1}
+
+    harness.registry.catalog.hooks("").around.append(around)
+    harness.registry.register_tool(
+        "t", body, output_schema={"type": "object", "properties": {"n": {"type": "number"}}}
+    )
+    _, schema = await harness.execute("t", call_id="schema")
+    assert (schema.error.code, schema.error.name) == ("INVALID_TOOL_OUTPUT", "ToolOutputError")
+    assert '"n" must be a number' in schema.error.message
+    _, nan = await harness.execute("t", call_id="nan")  # a tool error, not an RPC error
+    assert nan.error.code == "INVALID_TOOL_OUTPUT"
+    assert "not lossless JSON" in nan.error.message
+    _, good = await harness.execute("t", call_id="good")
+    assert not good.is_error and good.value_json == '{"n":7}'
+    assert '"n": 7' in result_text(good)  # rendered like a body's value
+    _, through = await harness.execute("t", call_id="through")
+    assert through.value_json == '{"n":1}' and ran == ["through"]
+
+
 async def test_body_failures_become_results(harness: Harness) -> None:
     async def coded(inv: Any) -> Any:
         raise ToolCallFailure("disk full", "ENOSPC")
