@@ -68,6 +68,8 @@ class View:
     scope: str
     mode: Mode
     visible: dict[str, ToolDefinition]  # run_code last when the mode is not native
+    # Where each visible tool is registered (the layer it came from; run_code: global).
+    registered_in: dict[str, str]
     known_names: tuple[str, ...]  # pre-restriction names (inherited + own)
     restrictable_names: frozenset[str]  # inherited names only
 
@@ -317,10 +319,12 @@ class Catalog:
         chain = self.chain(scope)
         own_key = chain[0] if chain else GLOBAL
         inherited: dict[str, ToolDefinition] = {}
+        origin: dict[str, str] = {}
         for key in [GLOBAL, *reversed(chain)]:
             if key == own_key and key != GLOBAL:
                 continue
             inherited.update(self._layers[key].tools)
+            origin.update(dict.fromkeys(self._layers[key].tools, key))
         restrictions = [r for key in chain for r in self._layers[key].restrictions.values()]
         own = self._layers[own_key].tools if own_key != GLOBAL else {}
         visible = {
@@ -329,6 +333,7 @@ class Catalog:
             if name not in own and all(r.admits(name) for r in restrictions)
         }
         visible.update(own)
+        origin.update(dict.fromkeys(own, own_key))
         mode = self.mode_for(scope)
         if mode is not Mode.NATIVE:
             visible[RUN_CODE] = self._run_code
@@ -336,6 +341,7 @@ class Catalog:
             scope=scope,
             mode=mode,
             visible=visible,
+            registered_in={name: origin.get(name, GLOBAL) for name in visible},
             known_names=tuple(dict.fromkeys([*inherited, *own])),
             restrictable_names=frozenset(inherited),
         )
