@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from codemode_common.jsonvalue import JsonValue
 from registry_service.domain.execution import ExecutionInput, ToolCallFailure
 from registry_service.domain.policy import (
     Accept,
@@ -21,7 +22,7 @@ from registry_service.domain.signals import never
 from registry_service.domain.tools import ToolDefinition, is_parallel
 from tests.registry.conftest import Harness, echo_tool, result_text
 
-SCHEMA = {
+SCHEMA: JsonValue = {
     "type": "object",
     "properties": {"path": {"type": "string"}, "mode": {"enum": ["r", "w"]}},
     "required": ["path"],
@@ -334,12 +335,34 @@ def test_execution_mode_only_explicit_true_is_parallel() -> None:
     assert not is_parallel(None, {})
 
 
+def test_execution_mode_is_exclusive_for_schema_invalid_arguments() -> None:
+    async def body(inv: Any) -> Any:
+        return None
+
+    asked: list[Any] = []
+
+    def classifier(args: Any) -> bool:
+        asked.append(args)
+        return True
+
+    safe = ToolDefinition("t", "", SCHEMA, {}, body, is_concurrency_safe=classifier)
+    assert is_parallel(safe, {"path": "/a"})
+    assert asked == [{"path": "/a"}]
+    invalid_arguments: list[JsonValue] = [{}, {"path": 1}, {"path": "/a", "x": 1}, "not an object"]
+    for invalid in invalid_arguments:
+        assert not is_parallel(safe, invalid)
+    assert asked == [{"path": "/a"}]  # never asked about arguments the tool would refuse
+
+
 async def test_execution_mode_for_collapsed_and_unknown(code_harness: Harness) -> None:
-    echo_tool(code_harness.registry, "safe", concurrency_safe=True)
+    echo_tool(code_harness.registry, "safe", concurrency_safe=True, input_schema=SCHEMA)
     executor = code_harness.registry.executor
-    nested = executor.create(ExecutionInput("c", "safe", {}, never(), parent=object()))
-    unknown = executor.create(ExecutionInput("c", "nope", {}, never(), parent=object()))
+    parent = object()
+    nested = executor.create(ExecutionInput("c", "safe", {"path": "/a"}, never(), parent=parent))
+    invalid = executor.create(ExecutionInput("c", "safe", {"path": 1}, never(), parent=parent))
+    unknown = executor.create(ExecutionInput("c", "nope", {}, never(), parent=parent))
     assert executor.execution_mode(nested) == "parallel"  # type: ignore[arg-type]
+    assert executor.execution_mode(invalid) == "exclusive"  # type: ignore[arg-type]
     assert executor.execution_mode(unknown) == "exclusive"  # type: ignore[arg-type]
 
 
