@@ -10,7 +10,7 @@ import pytest
 
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
-from tests.registry.conftest import Harness, echo_tool
+from tests.registry.conftest import Harness, echo_tool, watch_outcomes
 
 
 async def _ask_for(harness: Harness, name: str) -> str:
@@ -86,6 +86,13 @@ async def test_two_approvers_first_answer_wins(harness: Harness) -> None:
 
 async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
     agent = await _ask_for(harness, "write")
+    seen = watch_outcomes(harness, agent)
+    ran: list[str] = []
+
+    async def body(inv: Any) -> Any:
+        ran.append(inv.call_id)
+
+    harness.registry.register_tool("write", body, scope=agent)  # shadows the echo tool
     approver = await _approver(harness)
     stream = harness.stub.ExecuteToolCall(
         rpb.ExecuteToolCallRequest(agent=agent, call_id="c", tool_name="write")
@@ -99,6 +106,15 @@ async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
         request.approval_id,
         rpb.APPROVAL_OUTCOME_CANCELLED,
     )
+    # Reference §1.10: cancelled approval + aborted caller → ABORTED_BEFORE_DISPATCH, and the
+    # result still receives post-execute.
+    record = await harness.settled(agent, "c")
+    assert (record.is_error, record.error_code) == (True, "ABORTED_BEFORE_DISPATCH")
+    assert seen == [
+        ("post", "c", "ABORTED_BEFORE_DISPATCH"),
+        ("observe", "c", "ABORTED_BEFORE_DISPATCH"),
+    ]
+    assert ran == []
     approver.cancel()
 
 

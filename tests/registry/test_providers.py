@@ -14,7 +14,7 @@ from codemode_client import InvocationContext, ProviderError, ToolFailed, ToolPr
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
-from tests.registry.conftest import Harness, echo_tool, result_text
+from tests.registry.conftest import Harness, echo_tool, result_text, watch_outcomes
 
 
 async def test_provider_tools_execute_through_the_pipeline(harness: Harness) -> None:
@@ -137,6 +137,39 @@ async def test_deadline_is_passed_and_aborts(harness: Harness) -> None:
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await asyncio.wait_for(cancelled.wait(), 5)
         assert timeouts[0] is not None and 0 < timeouts[0] <= 0.6
+
+
+@pytest.mark.parametrize("how", ["client-cancel", "deadline"])
+async def test_abandoned_call_settles_aborted_in_history_and_hooks(
+    harness: Harness, how: str
+) -> None:
+    agent = await harness.agent("a")
+    seen = watch_outcomes(harness, agent)
+    provider = ToolProvider(harness.channel, "p")
+    started = asyncio.Event()
+
+    @provider.tool()
+    async def wait(args: Any, ctx: InvocationContext) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    async with provider:
+        request = rpb.ExecuteToolCallRequest(agent=agent, call_id="c", tool_name="wait")
+        if how == "client-cancel":
+            stream = harness.stub.ExecuteToolCall(request)
+            await stream.read()  # started
+            await asyncio.wait_for(started.wait(), 5)
+            stream.cancel()
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in harness.stub.ExecuteToolCall(request, timeout=0.5):
+                    pass
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert started.is_set()
+        record = await harness.settled(agent, "c")
+        assert (record.tool_name, record.is_error, record.error_code) == ("wait", True, "ABORTED")
+        assert [b.text.text for b in record.content] == ["Error: tool call aborted"]
+        assert seen == [("post", "c", "ABORTED"), ("observe", "c", "ABORTED")]
 
 
 async def test_bad_registrations_are_refused_atomically(harness: Harness) -> None:
