@@ -323,7 +323,9 @@ class Executor:
     async def _approve(self, execution: Execution, ask: Ask, emit: Emit) -> PreDecision | None:
         name = execution.name
         if not execution.agent:
-            return Deny(f'tool "{name}" requires approval, but the call has no agent to route it')
+            return Deny(
+                f'tool "{name}" requires approval, but the call has no agent to route it through'
+            )
         request = ApprovalRequest(
             approval_id=self.approvals.next_id(),
             call_id=execution.call_id,

@@ -299,7 +299,10 @@ async def test_ask_without_approver_is_unavailable(harness: Harness) -> None:
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds == ["started", "approval_pending", "approval_resolved"]
     _, no_agent = await harness.execute("t", call_id="c2")
-    assert "has no agent" in no_agent.error.message
+    assert (
+        no_agent.error.message
+        == 'tool "t" requires approval, but the call has no agent to route it through'
+    )
 
 
 async def test_one_argument_snapshot_across_the_pipeline(harness: Harness) -> None:
