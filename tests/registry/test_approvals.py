@@ -51,6 +51,7 @@ async def test_allowed_and_rejected(
     call = asyncio.create_task(harness.execute("write", {"p": 1}, agent=agent))
     request = (await approver.read()).request
     assert (request.tool_name, request.agent, request.arguments_json) == ("write", agent, '{"p":1}')
+    assert request.call_id == "call-1"
     assert request.reason == "write changes files"
     await _decide(approver, request.approval_id, outcome)
     events, result = await call
@@ -59,6 +60,7 @@ async def test_allowed_and_rejected(
         "approval_pending",
         "approval_resolved",
     ]
+    assert events[1].approval_pending.approval_id == request.approval_id
     assert events[2].approval_resolved.outcome == outcome
     if error is None:
         assert not result.is_error

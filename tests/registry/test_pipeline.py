@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.jsonvalue import JsonValue
 from registry_service.domain.execution import ExecutionInput, ToolCallFailure
 from registry_service.domain.policy import (
@@ -298,6 +299,10 @@ async def test_ask_without_approver_is_unavailable(harness: Harness) -> None:
     )
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds == ["started", "approval_pending", "approval_resolved"]
+    pending, resolved = events[1].approval_pending, events[2].approval_resolved
+    assert pending.reason == "writes need a human"
+    assert resolved.approval_id == pending.approval_id
+    assert resolved.outcome == rpb.APPROVAL_OUTCOME_UNAVAILABLE
     _, no_agent = await harness.execute("t", call_id="c2")
     assert (
         no_agent.error.message
