@@ -146,11 +146,11 @@ class Catalog:
         return agent
 
     def list_presets(self, page_size: int, page_token: str) -> tuple[list[Preset], str]:
-        page = _paginate(sorted(self._presets), page_size, page_token)
+        page = _paginate(sorted(self._presets), page_size, page_token, "presets/")
         return [self._presets[n] for n in page.items], page.next_page_token
 
     def list_agents(self, page_size: int, page_token: str) -> tuple[list[Agent], str]:
-        page = _paginate(sorted(self._agents), page_size, page_token)
+        page = _paginate(sorted(self._agents), page_size, page_token, "agents/")
         return [self._agents[n] for n in page.items], page.next_page_token
 
     def delete_preset(self, name: str) -> None:
@@ -359,7 +359,9 @@ class Catalog:
         return self.get(name, scope)
 
 
-def _paginate(names: list[str], page_size: int, page_token: str) -> Page:
+def _paginate(names: list[str], page_size: int, page_token: str, collection: str) -> Page:
+    """A page of `names` after the token's name. A token only continues a listing of the
+    collection that issued it (another one's would silently restart from the top)."""
     if page_size < 0:
         raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
     size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -369,7 +371,7 @@ def _paginate(names: list[str], page_size: int, page_token: str) -> Page:
             after = base64.urlsafe_b64decode(page_token.encode()).decode()
         except (ValueError, UnicodeDecodeError):
             after = ""
-        if not after.startswith(("presets/", "agents/")):
+        if not after.startswith(collection):
             raise invalid_argument("INVALID_PAGE_TOKEN", "page_token is not a valid page token")
     start = bisect.bisect_right(names, after) if after else 0
     items = names[start : start + size]

@@ -68,6 +68,24 @@ async def test_pagination_walks_every_preset_once(harness: Harness) -> None:
     )
 
 
+async def test_page_tokens_do_not_cross_collections(harness: Harness) -> None:
+    for i in range(3):
+        await harness.agent(f"agent-{i}")
+        await harness.preset(f"preset-{i}")
+    agents = await harness.stub.ListAgents(rpb.ListAgentsRequest(page_size=1))
+    presets = await harness.stub.ListPresets(rpb.ListPresetsRequest(page_size=1))
+    await expect_error(
+        harness.stub.ListPresets(rpb.ListPresetsRequest(page_token=agents.next_page_token)),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+    await expect_error(
+        harness.stub.ListAgents(rpb.ListAgentsRequest(page_token=presets.next_page_token)),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+
+
 async def test_preset_crud(harness: Harness) -> None:
     name = await harness.preset("p1", mode=CODE)
     got = await harness.stub.GetPreset(rpb.GetPresetRequest(name=name))
