@@ -169,7 +169,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         scope = self._catalog.require_scope(request.scope)
         view = self._catalog.view(scope)
         return rpb.ListVisibleToolsResponse(
-            tools=[convert.tool_to_proto(view.visible[n], scope) for n in sorted(view.visible)],
+            tools=[
+                convert.tool_to_proto(view.visible[n], view.registered_in[n])
+                for n in sorted(view.visible)
+            ],
             effective_mode=convert.mode_to_proto(view.mode),
         )
 

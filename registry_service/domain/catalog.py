@@ -68,6 +68,8 @@ class View:
     scope: str
     mode: Mode
     visible: dict[str, ToolDefinition]  # run_code last when the mode is not native
+    # Where each visible tool is registered (the layer it came from; run_code: global).
+    registered_in: dict[str, str]
     known_names: tuple[str, ...]  # pre-restriction names (inherited + own)
     restrictable_names: frozenset[str]  # inherited names only
 
@@ -144,11 +146,11 @@ class Catalog:
         return agent
 
     def list_presets(self, page_size: int, page_token: str) -> tuple[list[Preset], str]:
-        page = _paginate(sorted(self._presets), page_size, page_token)
+        page = _paginate(sorted(self._presets), page_size, page_token, "presets/")
         return [self._presets[n] for n in page.items], page.next_page_token
 
     def list_agents(self, page_size: int, page_token: str) -> tuple[list[Agent], str]:
-        page = _paginate(sorted(self._agents), page_size, page_token)
+        page = _paginate(sorted(self._agents), page_size, page_token, "agents/")
         return [self._agents[n] for n in page.items], page.next_page_token
 
     def delete_preset(self, name: str) -> None:
@@ -317,10 +319,12 @@ class Catalog:
         chain = self.chain(scope)
         own_key = chain[0] if chain else GLOBAL
         inherited: dict[str, ToolDefinition] = {}
+        origin: dict[str, str] = {}
         for key in [GLOBAL, *reversed(chain)]:
             if key == own_key and key != GLOBAL:
                 continue
             inherited.update(self._layers[key].tools)
+            origin.update(dict.fromkeys(self._layers[key].tools, key))
         restrictions = [r for key in chain for r in self._layers[key].restrictions.values()]
         own = self._layers[own_key].tools if own_key != GLOBAL else {}
         visible = {
@@ -329,6 +333,7 @@ class Catalog:
             if name not in own and all(r.admits(name) for r in restrictions)
         }
         visible.update(own)
+        origin.update(dict.fromkeys(own, own_key))
         mode = self.mode_for(scope)
         if mode is not Mode.NATIVE:
             visible[RUN_CODE] = self._run_code
@@ -336,6 +341,7 @@ class Catalog:
             scope=scope,
             mode=mode,
             visible=visible,
+            registered_in={name: origin.get(name, GLOBAL) for name in visible},
             known_names=tuple(dict.fromkeys([*inherited, *own])),
             restrictable_names=frozenset(inherited),
         )
@@ -353,7 +359,9 @@ class Catalog:
         return self.get(name, scope)
 
 
-def _paginate(names: list[str], page_size: int, page_token: str) -> Page:
+def _paginate(names: list[str], page_size: int, page_token: str, collection: str) -> Page:
+    """A page of `names` after the token's name. A token only continues a listing of the
+    collection that issued it (another one's would silently restart from the top)."""
     if page_size < 0:
         raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
     size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -363,7 +371,7 @@ def _paginate(names: list[str], page_size: int, page_token: str) -> Page:
             after = base64.urlsafe_b64decode(page_token.encode()).decode()
         except (ValueError, UnicodeDecodeError):
             after = ""
-        if not after.startswith(("presets/", "agents/")):
+        if not after.startswith(collection):
             raise invalid_argument("INVALID_PAGE_TOKEN", "page_token is not a valid page token")
     start = bisect.bisect_right(names, after) if after else 0
     items = names[start : start + size]

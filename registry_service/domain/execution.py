@@ -165,6 +165,8 @@ class Prepared:
 class _Dispatch:
     body_invoked: bool = False
     deferred: list[AdditionalContext] = field(default_factory=list)
+    # What `_body` returned: already normalized, so a wrapper passing it through costs nothing.
+    body_result: ToolResult | None = None
 
 
 def no_events(_event: Event) -> None:
@@ -321,7 +323,9 @@ class Executor:
     async def _approve(self, execution: Execution, ask: Ask, emit: Emit) -> PreDecision | None:
         name = execution.name
         if not execution.agent:
-            return Deny(f'tool "{name}" requires approval, but the call has no agent to route it')
+            return Deny(
+                f'tool "{name}" requires approval, but the call has no agent to route it through'
+            )
         request = ApprovalRequest(
             approval_id=self.approvals.next_id(),
             call_id=execution.call_id,
@@ -355,9 +359,13 @@ class Executor:
         state = _Dispatch()
         wrappers = [w for hooks in self.catalog.chain_hooks(execution.agent) for w in hooks.around]
 
+        async def body() -> ToolResult:
+            state.body_result = await self._body(execution, state, emit)
+            return state.body_result
+
         def call(index: int) -> Callable[[], Awaitable[ToolResult]]:
             if index == len(wrappers):
-                return lambda: self._body(execution, state, emit)
+                return body
             return lambda: wrappers[index](execution, call(index + 1))
 
         started = time.time_ns()
@@ -368,6 +376,8 @@ class Executor:
                 execution.trace.stage(BODY, started)
             else:  # refused before the tool ran (unknown tool, invalid arguments, aborted)
                 execution.trace.stage(BODY, started, invoked=False)
+        if wrappers:
+            result = self._wrapper_result(execution, state.body_result, result)
         if state.deferred:
             result = result.with_contexts((*state.deferred, *result.additional_contexts))
         if execution.signal.aborted and not result.is_error:
@@ -412,8 +422,40 @@ class Executor:
             return aborted(before_dispatch=False)
         return result
 
-    def _normalize(self, defn: ToolDefinition, returned: JsonValue | ToolResult) -> ToolResult:
-        """Validates a body's output against the tool's output schema and renders content."""
+    def _wrapper_result(
+        self, execution: Execution, body_result: ToolResult | None, result: ToolResult
+    ) -> ToolResult:
+        """A result an around wrapper wrote goes through the tool's output contract like a
+        body's (reference §1.10): it must be lossless JSON and match the output schema."""
+        if result is body_result:
+            return result
+        if (
+            body_result is not None
+            and body_result.has_value
+            and not body_result.is_error
+            and result.value is body_result.value
+            and result.value_json == body_result.value_json
+        ):
+            return result  # the body's normalized value, with other fields rewritten
+        returned: object = result
+        if isinstance(returned, ToolResult):
+            # The wrapper's `value_json` vouches for nothing: take our own snapshot.
+            returned = replace(returned, value_json="")
+        defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+        return self._normalize(defn, cast("JsonValue | ToolResult", returned), name=execution.name)
+
+    def _normalize(
+        self,
+        defn: ToolDefinition | None,
+        returned: JsonValue | ToolResult,
+        *,
+        name: str = "",
+    ) -> ToolResult:
+        """Validates a body's output against the tool's output schema and renders content.
+
+        Without a definition (a wrapper answered for an unknown tool) only losslessness is
+        checked."""
+        name = defn.name if defn is not None else name
         if isinstance(returned, ToolResult):
             if returned.is_error:
                 return returned
@@ -426,10 +468,10 @@ class Executor:
             try:
                 value, value_json = jsonvalue.snapshot_with_text(value)
             except JsonValueError as exc:
-                return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
-        violations = validate(defn.output_schema, value, root="result")
+                return _invalid_output(name, [f"output is not lossless JSON: {exc}"])
+        violations = [] if defn is None else validate(defn.output_schema, value, root="result")
         if violations:
-            return _invalid_output(defn.name, violations)
+            return _invalid_output(name, violations)
         rendered = content or (TextBlock(jsonvalue.render_pretty(value)),)
         if not isinstance(returned, ToolResult):
             return ToolResult(rendered, value=value, has_value=True, value_json=value_json)

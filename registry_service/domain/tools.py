@@ -11,7 +11,7 @@ from typing import Any
 from codemode_common import jsonvalue
 from codemode_common.errors import invalid_argument
 from codemode_common.jsonvalue import JsonValue
-from registry_service.domain.jsonschema import SchemaError, check_schema
+from registry_service.domain.jsonschema import SchemaError, check_schema, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 
@@ -58,7 +58,7 @@ class ToolDefinition:
     output_schema: JsonValue
     body: ToolBody
     # Exactly `True` from the classifier means parallel; anything else, raising included, is
-    # exclusive (reference §1.11).
+    # exclusive, and so are arguments that fail the input schema (reference §1.11).
     is_concurrency_safe: Classifier | None = None
     guidance: str = ""
     owner: str = "in-process"
@@ -78,7 +78,16 @@ def _classify(defn: ToolDefinition, arguments: JsonValue) -> object:
 
 
 def is_parallel(defn: ToolDefinition | None, arguments: JsonValue) -> bool:
-    return defn is not None and _classify(defn, arguments) is True
+    """Whether a call may overlap others. Schema-invalid arguments make it exclusive: the call
+    only fails, and a classifier is never asked about arguments its tool would refuse."""
+    if defn is None or defn.is_concurrency_safe is None:
+        return False
+    try:
+        if validate(defn.input_schema, arguments, limit=1):
+            return False
+    except Exception:  # arguments that are not JSON at all
+        return False
+    return _classify(defn, arguments) is True
 
 
 def always_safe(_arguments: JsonValue) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
@@ -9,10 +10,12 @@ import grpc
 import pytest
 
 from codemode_common import jsonvalue
+from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
 from registry_service.config import RegistrySettings
+from registry_service.domain.policy import PostDecision
+from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import Mode
 from registry_service.registry import Registry, build_registry
 from registry_service.server import RunningRegistry, start
@@ -47,6 +50,18 @@ class Harness:
         )
         return str(response.preset.name)
 
+    async def settled(self, agent: str, call_id: str) -> history_pb2.HistoryRecord:
+        """The call's `tool/result` history record, once written (a cancelled call's record
+        lands after the client has gone, so poll with a bound)."""
+        for _ in range(250):
+            page = await self.stub.ListHistory(rpb.ListHistoryRequest(agent=agent, call_id=call_id))
+            for record in page.records:
+                if record.kind == "tool/result":
+                    found: history_pb2.HistoryRecord = record
+                    return found
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no tool/result record for {call_id!r} within 5 s")
+
     async def visible(self, scope: str = "") -> list[str]:
         response = await self.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=scope))
         return [t.name for t in response.tools]
@@ -79,6 +94,23 @@ def echo_tool(registry: Registry, name: str = "echo", scope: str = "", **kwargs:
         return {"echo": invocation.arguments}
 
     registry.register_tool(name, body, description=f"{name} tool", scope=scope, **kwargs)
+
+
+def watch_outcomes(harness: Harness, scope: str) -> list[tuple[str, str, str]]:
+    """Post-execute and result observers of `scope`, as (stage, call id, error code)."""
+    seen: list[tuple[str, str, str]] = []
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        seen.append(("post", e.call_id, r.error.code if r.error else ""))
+        return d
+
+    def observe(e: Any, r: ToolResult) -> None:
+        seen.append(("observe", e.call_id, r.error.code if r.error else ""))
+
+    hooks = harness.registry.catalog.hooks(scope)
+    hooks.post_execute.append(post)
+    hooks.observers.append(observe)
+    return seen
 
 
 def result_text(result: tool_pb2.ToolResult) -> str:

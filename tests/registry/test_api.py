@@ -40,6 +40,52 @@ async def test_pagination_walks_every_agent_once(harness: Harness) -> None:
     )
 
 
+async def test_pagination_walks_every_preset_once(harness: Harness) -> None:
+    names = [await harness.preset(f"preset-{i:02d}") for i in range(7)]
+    await harness.agent("unrelated")  # agents are another collection
+    seen: list[str] = []
+    pages: list[int] = []
+    token = ""
+    while True:
+        page = await harness.stub.ListPresets(rpb.ListPresetsRequest(page_size=3, page_token=token))
+        seen.extend(p.name for p in page.presets)
+        pages.append(len(page.presets))
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == names and pages == [3, 3, 1]
+    everything = await harness.stub.ListPresets(rpb.ListPresetsRequest())
+    assert [p.name for p in everything.presets] == names and not everything.next_page_token
+    await expect_error(
+        harness.stub.ListPresets(rpb.ListPresetsRequest(page_token="garbage")),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+    await expect_error(
+        harness.stub.ListPresets(rpb.ListPresetsRequest(page_size=-1)),
+        INVALID,
+        "INVALID_PAGE_SIZE",
+    )
+
+
+async def test_page_tokens_do_not_cross_collections(harness: Harness) -> None:
+    for i in range(3):
+        await harness.agent(f"agent-{i}")
+        await harness.preset(f"preset-{i}")
+    agents = await harness.stub.ListAgents(rpb.ListAgentsRequest(page_size=1))
+    presets = await harness.stub.ListPresets(rpb.ListPresetsRequest(page_size=1))
+    await expect_error(
+        harness.stub.ListPresets(rpb.ListPresetsRequest(page_token=agents.next_page_token)),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+    await expect_error(
+        harness.stub.ListAgents(rpb.ListAgentsRequest(page_token=presets.next_page_token)),
+        INVALID,
+        "INVALID_PAGE_TOKEN",
+    )
+
+
 async def test_preset_crud(harness: Harness) -> None:
     name = await harness.preset("p1", mode=CODE)
     got = await harness.stub.GetPreset(rpb.GetPresetRequest(name=name))

@@ -10,7 +10,7 @@ import pytest
 
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
-from tests.registry.conftest import Harness, echo_tool
+from tests.registry.conftest import Harness, echo_tool, watch_outcomes
 
 
 async def _ask_for(harness: Harness, name: str) -> str:
@@ -51,6 +51,7 @@ async def test_allowed_and_rejected(
     call = asyncio.create_task(harness.execute("write", {"p": 1}, agent=agent))
     request = (await approver.read()).request
     assert (request.tool_name, request.agent, request.arguments_json) == ("write", agent, '{"p":1}')
+    assert request.call_id == "call-1"
     assert request.reason == "write changes files"
     await _decide(approver, request.approval_id, outcome)
     events, result = await call
@@ -59,6 +60,7 @@ async def test_allowed_and_rejected(
         "approval_pending",
         "approval_resolved",
     ]
+    assert events[1].approval_pending.approval_id == request.approval_id
     assert events[2].approval_resolved.outcome == outcome
     if error is None:
         assert not result.is_error
@@ -86,6 +88,13 @@ async def test_two_approvers_first_answer_wins(harness: Harness) -> None:
 
 async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
     agent = await _ask_for(harness, "write")
+    seen = watch_outcomes(harness, agent)
+    ran: list[str] = []
+
+    async def body(inv: Any) -> Any:
+        ran.append(inv.call_id)
+
+    harness.registry.register_tool("write", body, scope=agent)  # shadows the echo tool
     approver = await _approver(harness)
     stream = harness.stub.ExecuteToolCall(
         rpb.ExecuteToolCallRequest(agent=agent, call_id="c", tool_name="write")
@@ -99,6 +108,15 @@ async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
         request.approval_id,
         rpb.APPROVAL_OUTCOME_CANCELLED,
     )
+    # Reference §1.10: cancelled approval + aborted caller → ABORTED_BEFORE_DISPATCH, and the
+    # result still receives post-execute.
+    record = await harness.settled(agent, "c")
+    assert (record.is_error, record.error_code) == (True, "ABORTED_BEFORE_DISPATCH")
+    assert seen == [
+        ("post", "c", "ABORTED_BEFORE_DISPATCH"),
+        ("observe", "c", "ABORTED_BEFORE_DISPATCH"),
+    ]
+    assert ran == []
     approver.cancel()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.jsonvalue import JsonValue
 from registry_service.domain.execution import ExecutionInput, ToolCallFailure
 from registry_service.domain.policy import (
     Accept,
@@ -21,7 +23,7 @@ from registry_service.domain.signals import never
 from registry_service.domain.tools import ToolDefinition, is_parallel
 from tests.registry.conftest import Harness, echo_tool, result_text
 
-SCHEMA = {
+SCHEMA: JsonValue = {
     "type": "object",
     "properties": {"path": {"type": "string"}, "mode": {"enum": ["r", "w"]}},
     "required": ["path"],
@@ -194,6 +196,45 @@ async def test_non_lossless_tool_output_is_invalid(harness: Harness) -> None:
     assert result.error.code == "INVALID_TOOL_OUTPUT"
 
 
+async def test_around_wrapper_results_meet_the_output_contract(harness: Harness) -> None:
+    """A wrapper that answers instead of the body is held to the tool's output schema and to
+    lossless JSON, like a body (reference §1.10)."""
+    answers: dict[str, ToolResult] = {
+        "schema": ToolResult((), value={"n": "seven"}, has_value=True),
+        "nan": ToolResult((), value={"n": float("nan")}, has_value=True),
+        # A wrapper's own `value_json` is not trusted: the value is what counts.
+        "good": ToolResult((), value={"n": 7}, has_value=True, value_json='{"n":0}'),
+    }
+    ran: list[str] = []
+
+    async def around(e: Any, proceed: Any) -> ToolResult:
+        answer = answers.get(e.call_id)
+        if answer is not None:
+            return answer
+        result: ToolResult = await proceed()
+        return result
+
+    async def body(inv: Any) -> Any:
+        ran.append(inv.call_id)
+        return {"n": 1}
+
+    harness.registry.catalog.hooks("").around.append(around)
+    harness.registry.register_tool(
+        "t", body, output_schema={"type": "object", "properties": {"n": {"type": "number"}}}
+    )
+    _, schema = await harness.execute("t", call_id="schema")
+    assert (schema.error.code, schema.error.name) == ("INVALID_TOOL_OUTPUT", "ToolOutputError")
+    assert '"n" must be a number' in schema.error.message
+    _, nan = await harness.execute("t", call_id="nan")  # a tool error, not an RPC error
+    assert nan.error.code == "INVALID_TOOL_OUTPUT"
+    assert "not lossless JSON" in nan.error.message
+    _, good = await harness.execute("t", call_id="good")
+    assert not good.is_error and good.value_json == '{"n":7}'
+    assert '"n": 7' in result_text(good)  # rendered like a body's value
+    _, through = await harness.execute("t", call_id="through")
+    assert through.value_json == '{"n":1}' and ran == ["through"]
+
+
 async def test_body_failures_become_results(harness: Harness) -> None:
     async def coded(inv: Any) -> Any:
         raise ToolCallFailure("disk full", "ENOSPC")
@@ -258,8 +299,15 @@ async def test_ask_without_approver_is_unavailable(harness: Harness) -> None:
     )
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds == ["started", "approval_pending", "approval_resolved"]
+    pending, resolved = events[1].approval_pending, events[2].approval_resolved
+    assert pending.reason == "writes need a human"
+    assert resolved.approval_id == pending.approval_id
+    assert resolved.outcome == rpb.APPROVAL_OUTCOME_UNAVAILABLE
     _, no_agent = await harness.execute("t", call_id="c2")
-    assert "has no agent" in no_agent.error.message
+    assert (
+        no_agent.error.message
+        == 'tool "t" requires approval, but the call has no agent to route it through'
+    )
 
 
 async def test_one_argument_snapshot_across_the_pipeline(harness: Harness) -> None:
@@ -295,12 +343,34 @@ def test_execution_mode_only_explicit_true_is_parallel() -> None:
     assert not is_parallel(None, {})
 
 
+def test_execution_mode_is_exclusive_for_schema_invalid_arguments() -> None:
+    async def body(inv: Any) -> Any:
+        return None
+
+    asked: list[Any] = []
+
+    def classifier(args: Any) -> bool:
+        asked.append(args)
+        return True
+
+    safe = ToolDefinition("t", "", SCHEMA, {}, body, is_concurrency_safe=classifier)
+    assert is_parallel(safe, {"path": "/a"})
+    assert asked == [{"path": "/a"}]
+    invalid_arguments: list[JsonValue] = [{}, {"path": 1}, {"path": "/a", "x": 1}, "not an object"]
+    for invalid in invalid_arguments:
+        assert not is_parallel(safe, invalid)
+    assert asked == [{"path": "/a"}]  # never asked about arguments the tool would refuse
+
+
 async def test_execution_mode_for_collapsed_and_unknown(code_harness: Harness) -> None:
-    echo_tool(code_harness.registry, "safe", concurrency_safe=True)
+    echo_tool(code_harness.registry, "safe", concurrency_safe=True, input_schema=SCHEMA)
     executor = code_harness.registry.executor
-    nested = executor.create(ExecutionInput("c", "safe", {}, never(), parent=object()))
-    unknown = executor.create(ExecutionInput("c", "nope", {}, never(), parent=object()))
+    parent = object()
+    nested = executor.create(ExecutionInput("c", "safe", {"path": "/a"}, never(), parent=parent))
+    invalid = executor.create(ExecutionInput("c", "safe", {"path": 1}, never(), parent=parent))
+    unknown = executor.create(ExecutionInput("c", "nope", {}, never(), parent=parent))
     assert executor.execution_mode(nested) == "parallel"  # type: ignore[arg-type]
+    assert executor.execution_mode(invalid) == "exclusive"  # type: ignore[arg-type]
     assert executor.execution_mode(unknown) == "exclusive"  # type: ignore[arg-type]
 
 

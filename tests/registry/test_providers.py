@@ -12,8 +12,9 @@ import pytest
 
 from codemode_client import InvocationContext, ProviderError, ToolFailed, ToolProvider
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
-from tests.registry.conftest import Harness, echo_tool, result_text
+from tests.registry.conftest import Harness, echo_tool, result_text, watch_outcomes
 
 
 async def test_provider_tools_execute_through_the_pipeline(harness: Harness) -> None:
@@ -138,6 +139,39 @@ async def test_deadline_is_passed_and_aborts(harness: Harness) -> None:
         assert timeouts[0] is not None and 0 < timeouts[0] <= 0.6
 
 
+@pytest.mark.parametrize("how", ["client-cancel", "deadline"])
+async def test_abandoned_call_settles_aborted_in_history_and_hooks(
+    harness: Harness, how: str
+) -> None:
+    agent = await harness.agent("a")
+    seen = watch_outcomes(harness, agent)
+    provider = ToolProvider(harness.channel, "p")
+    started = asyncio.Event()
+
+    @provider.tool()
+    async def wait(args: Any, ctx: InvocationContext) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    async with provider:
+        request = rpb.ExecuteToolCallRequest(agent=agent, call_id="c", tool_name="wait")
+        if how == "client-cancel":
+            stream = harness.stub.ExecuteToolCall(request)
+            await stream.read()  # started
+            await asyncio.wait_for(started.wait(), 5)
+            stream.cancel()
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in harness.stub.ExecuteToolCall(request, timeout=0.5):
+                    pass
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert started.is_set()
+        record = await harness.settled(agent, "c")
+        assert (record.tool_name, record.is_error, record.error_code) == ("wait", True, "ABORTED")
+        assert [b.text.text for b in record.content] == ["Error: tool call aborted"]
+        assert seen == [("post", "c", "ABORTED"), ("observe", "c", "ABORTED")]
+
+
 async def test_bad_registrations_are_refused_atomically(harness: Harness) -> None:
     provider = ToolProvider(harness.channel, "p")
 
@@ -173,8 +207,6 @@ async def test_registration_errors_have_reasons(
     call = harness.stub.Connect()
     await call.write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name="raw")))
     assert (await call.read()).WhichOneof("message") == "opened"
-    from codemode_common.api.registry.v1 import tool_pb2
-
     await call.write(
         rpb.ConnectRequest(
             register=rpb.RegisterTools(request_id="r1", tools=[tool_pb2.Tool(**tool)])
@@ -234,3 +266,141 @@ async def test_provider_in_another_process(harness: Harness) -> None:
             break
         await asyncio.sleep(0.02)
     assert await harness.visible() == []  # the killed process's tools are gone
+
+
+class RawProvider:
+    """A provider speaking the Connect stream by hand, so tests control every message."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.call = harness.stub.Connect()
+
+    async def open(self, name: str = "raw") -> RawProvider:
+        await self.call.write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name=name)))
+        assert (await self.call.read()).WhichOneof("message") == "opened"
+        return self
+
+    async def register(self, *tools: tool_pb2.Tool, scope: str = "") -> Any:
+        request = rpb.RegisterTools(request_id="r", scope=scope, tools=list(tools))
+        await self.call.write(rpb.ConnectRequest(register=request))
+        ack = (await self.call.read()).registered
+        assert ack.request_id == "r"
+        return ack
+
+    async def answer(self, result: tool_pb2.ToolResult) -> rpb.Invocation:
+        """Answers the next invocation with `result` and returns the invocation."""
+        message = await asyncio.wait_for(self.call.read(), 5)
+        assert message.WhichOneof("message") == "invocation"
+        invocation: rpb.Invocation = message.invocation
+        reply = rpb.InvocationResult(invocation_id=invocation.invocation_id, result=result)
+        await self.call.write(rpb.ConnectRequest(result=reply))
+        return invocation
+
+
+def ack_reason(ack: Any) -> tuple[int, str]:
+    info = error_info(ack.status)
+    assert info is not None and info.domain == "codemode.registry"
+    return ack.status.code, str(info.reason)
+
+
+async def test_provider_registers_into_agent_and_preset_scopes(harness: Harness) -> None:
+    preset = await harness.preset("p")
+    agent = await harness.agent("a", preset=preset)
+    other = await harness.agent("b")
+    raw = await RawProvider(harness).open("scoped")
+    assert (await raw.register(tool_pb2.Tool(name="mine"), scope=agent)).status.code == 0
+    assert (await raw.register(tool_pb2.Tool(name="shared"), scope=preset)).status.code == 0
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    assert {(t.name, t.scope, t.owner) for t in listed.tools} == {
+        ("mine", agent, "scoped"),
+        ("shared", preset, "scoped"),
+    }
+    assert await harness.visible(other) == [] and await harness.visible() == []
+    for name in ("mine", "shared"):
+        call = asyncio.create_task(harness.execute(name, {"x": 1}, agent=agent, call_id=name))
+        invocation = await raw.answer(tool_pb2.ToolResult(value_json=f'"{name} ran"'))
+        assert (invocation.tool_name, invocation.agent) == (name, agent)
+        assert (invocation.call_id, invocation.arguments_json) == (name, '{"x":1}')
+        _, result = await call
+        assert result.value_json == f'"{name} ran"'
+    _, unseen = await harness.execute("mine", agent=other)
+    assert unseen.error.code == "UNKNOWN_TOOL"
+    raw.call.cancel()
+
+
+async def test_provider_registration_conflicts_and_unknown_scopes_change_nothing(
+    harness: Harness,
+) -> None:
+    echo_tool(harness.registry, "taken")
+    raw = await RawProvider(harness).open()
+    ack = await raw.register(tool_pb2.Tool(name="fresh"), tool_pb2.Tool(name="taken"))
+    assert ack_reason(ack) == (grpc.StatusCode.ALREADY_EXISTS.value[0], "TOOL_ALREADY_REGISTERED")
+    assert 'tool "taken" is already registered' in ack.status.message
+    twice = await raw.register(tool_pb2.Tool(name="twin"), tool_pb2.Tool(name="twin"))
+    assert ack_reason(twice)[1] == "TOOL_ALREADY_REGISTERED"
+    unknown = [("agents/nobody", "AGENT_NOT_FOUND"), ("presets/none", "PRESET_NOT_FOUND")]
+    for scope, reason in unknown:
+        missing = await raw.register(tool_pb2.Tool(name="fresh"), scope=scope)
+        assert ack_reason(missing) == (grpc.StatusCode.NOT_FOUND.value[0], reason)
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest())
+    assert [(t.name, t.owner) for t in listed.tools] == [("taken", "in-process")]
+    _, still = await harness.execute("taken", {"a": 1})
+    assert still.value_json == '{"echo":{"a":1}}'  # the original registration still answers
+    # The stream stays usable after refused registrations.
+    assert (await raw.register(tool_pb2.Tool(name="fresh"))).status.code == 0
+    assert await harness.visible() == ["fresh", "taken"]
+    raw.call.cancel()
+
+
+async def test_provider_result_fields_pass_through_unchanged(harness: Harness) -> None:
+    raw = await RawProvider(harness).open()
+    await raw.register(tool_pb2.Tool(name="shot"))
+    sent = tool_pb2.ToolResult(
+        content=[
+            tool_pb2.ContentBlock(text=tool_pb2.TextContent(text="a screenshot")),
+            tool_pb2.ContentBlock(
+                image=tool_pb2.ImageContent(mime_type="image/png", data=b"\x89PNG\r\n\x00\xff")
+            ),
+            tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json='{"w":640,"h":480}')),
+        ],
+        value_json='{"path":"/tmp/s.png"}',
+        additional_contexts=[
+            tool_pb2.AdditionalContext(
+                content=[
+                    tool_pb2.ContentBlock(text=tool_pb2.TextContent(text="look closely")),
+                    tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json="[1,2]")),
+                ],
+                source="vision-plugin",
+            )
+        ],
+        concludes_turn=True,
+    )
+    call = asyncio.create_task(harness.execute("shot"))
+    await raw.answer(sent)
+    _, result = await call
+    assert result == sent
+    raw.call.cancel()
+
+
+@pytest.mark.parametrize(
+    ("value_json", "expected"),
+    [
+        ('{"n":NaN}', "NaN is not valid JSON"),
+        ('{"n":1e400}', "overflows"),
+        ('{"n":1,"n":2}', "duplicate object key"),
+        ('{"n":"seven"}', '"n" must be a number'),
+        ('{"n":1,"extra":true}', '"extra" is not a declared property'),
+    ],
+)
+async def test_invalid_provider_output_is_a_tool_error(
+    harness: Harness, value_json: str, expected: str
+) -> None:
+    raw = await RawProvider(harness).open()
+    schema = '{"type":"object","properties":{"n":{"type":"number"}},"additionalProperties":false}'
+    await raw.register(tool_pb2.Tool(name="count", output_schema_json=schema))
+    call = asyncio.create_task(harness.execute("count"))
+    await raw.answer(tool_pb2.ToolResult(value_json=value_json))
+    _, result = await call
+    assert result.is_error and result.error.code == "INVALID_TOOL_OUTPUT"
+    assert expected in result.error.message
+    assert not result.HasField("value_json")
+    raw.call.cancel()

@@ -270,3 +270,25 @@ async def test_listing_tools_shows_concurrency_owner_and_scope(harness: Harness)
     assert by_name["safe"].concurrency == tool_pb2.CONCURRENCY_SAFE
     assert by_name["unsafe"].concurrency == tool_pb2.CONCURRENCY_EXCLUSIVE
     assert by_name["safe"].owner == "in-process"
+    assert by_name["safe"].scope == ""  # global is the empty scope
+    # Listed for an agent, each tool reports the scope it is registered in, not the query's.
+    preset = await harness.preset("p", mode=BOTH)
+    agent = await harness.agent("x", preset=preset)
+    echo_tool(harness.registry, "from-preset", scope=preset)
+    echo_tool(harness.registry, "own", scope=agent)
+    echo_tool(harness.registry, "unsafe", scope=agent)  # shadows the global one
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    assert {t.name: t.scope for t in listed.tools} == {
+        "safe": "",
+        "unsafe": agent,
+        "from-preset": preset,
+        "own": agent,
+        "run_code": "",
+    }
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=preset))
+    assert {t.name: t.scope for t in listed.tools} == {
+        "safe": "",
+        "unsafe": "",
+        "from-preset": preset,
+        "run_code": "",
+    }
