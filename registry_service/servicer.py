@@ -102,7 +102,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def DeletePreset(
         self, request: rpb.DeletePresetRequest, context: Context
     ) -> rpb.DeletePresetResponse:
-        self._catalog.delete_preset(request.name)
+        self._catalog.delete_preset(request.name, force=request.force)
         return rpb.DeletePresetResponse()
 
     @unary

@@ -13,7 +13,7 @@ import bisect
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from codemode_common.errors import (
     already_exists,
@@ -153,15 +153,20 @@ class Catalog:
         page = _paginate(sorted(self._agents), page_size, page_token, "agents/")
         return [self._agents[n] for n in page.items], page.next_page_token
 
-    def delete_preset(self, name: str) -> None:
+    def delete_preset(self, name: str, *, force: bool = False) -> None:
+        """Removes the preset and everything it declared. Its agents, if `force` allows it,
+        are unparented: the deployment default applies to them again."""
         self.get_preset(name)
         users = sorted(a.name for a in self._agents.values() if a.preset == name)
-        if users:
+        if users and not force:
             raise failed_precondition(
                 "PRESET_IN_USE",
-                f"preset {name!r} still has agents parented under it: {', '.join(users)}",
+                f"preset {name!r} still has agents parented under it: {', '.join(users)} "
+                "(delete with force to unparent them)",
                 preset=name,
             )
+        for agent in users:
+            self._agents[agent] = replace(self._agents[agent], preset="")
         del self._presets[name]
         del self._layers[name]
         self._changed()

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
+from codemode_common.api.registry.v1 import presentation_pb2 as ppb
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
@@ -84,6 +85,18 @@ async def test_opting_out_of_code_deployment(make_registry: Any) -> None:
         _, result = await h.execute("read", agent=agent)
         assert not result.is_error
         assert await h.visible() == ["read", "run_code"]
+        # T-AGENT-4: the opted-out agent gets an empty SDK and no code-mode prompt sections.
+        sdk = await h.stub.GetSdk(ppb.GetSdkRequest(scope=agent, language="python"))
+        assert (sdk.text, sdk.effective_mode) == ("", NATIVE)
+        prompt = await h.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=agent))
+        ids = [section.id for section in prompt.sections]
+        assert "tools:sdk" not in ids and "tools:code-only" not in ids
+        assert "tools:sdk" in [
+            section.id
+            for section in (
+                await h.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=""))
+            ).sections
+        ]
 
 
 async def test_deleting_agent_restores_deployment_default_and_revokes_exactly(
@@ -260,6 +273,37 @@ async def test_delete_preset_in_use_is_refused_then_revokes(harness: Harness) ->
     await harness.stub.DeleteAgent(rpb.DeleteAgentRequest(name=agent))
     await harness.stub.DeletePreset(rpb.DeletePresetRequest(name=preset))
     assert await harness.visible() == ["a"]
+
+
+async def test_force_deleting_a_preset_puts_its_agents_on_the_default(harness: Harness) -> None:
+    echo_tool(harness.registry, "a")
+    echo_tool(harness.registry, "b")
+    preset = await harness.preset("p", mode=CODE)
+    agent = await harness.agent("x", preset=preset)
+    other = await harness.agent("y")
+    echo_tool(harness.registry, "preset-tool", scope=preset)
+    await harness.stub.AddRestriction(rpb.AddRestrictionRequest(scope=preset, deny=["b"]))
+    harness.registry.catalog.hooks(preset).guards.append(lambda e: "blocked by the preset")
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    assert [t.name for t in listed.tools] == ["a", "preset-tool", "run_code"]
+    assert listed.effective_mode == CODE
+    _, blocked = await harness.execute("run_code", {"code": "return 1"}, agent=agent)
+    assert blocked.is_error and blocked.error.message == "blocked by the preset"
+
+    await harness.stub.DeletePreset(rpb.DeletePresetRequest(name=preset, force=True))
+    got = await harness.stub.GetAgent(rpb.GetAgentRequest(name=agent))
+    assert got.agent.preset == ""
+    listed = await harness.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    assert [t.name for t in listed.tools] == ["a", "b"]  # the deployment default: native
+    assert listed.effective_mode == NATIVE
+    _, result = await harness.execute("a", {"k": 1}, agent=agent)
+    assert not result.is_error  # the preset's guard is gone with it
+    assert await harness.visible(other) == ["a", "b"]  # other agents are untouched
+    await expect_error(
+        harness.stub.GetPreset(rpb.GetPresetRequest(name=preset)),
+        grpc.StatusCode.NOT_FOUND,
+        "PRESET_NOT_FOUND",
+    )
 
 
 async def test_listing_tools_shows_concurrency_owner_and_scope(harness: Harness) -> None:

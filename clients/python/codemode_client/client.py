@@ -157,8 +157,10 @@ class RegistryClient:
     async def list_presets(self) -> list[scope_pb2.Preset]:
         return await self._all_pages(self.stub.ListPresets, rpb.ListPresetsRequest(), "presets")
 
-    async def delete_preset(self, name: str) -> None:
-        await self._unary(self.stub.DeletePreset, rpb.DeletePresetRequest(name=name))
+    async def delete_preset(self, name: str, *, force: bool = False) -> None:
+        """`force` also deletes a preset that agents use: they fall back to the default."""
+        request = rpb.DeletePresetRequest(name=name, force=force)
+        await self._unary(self.stub.DeletePreset, request)
 
     async def create_agent(
         self, agent_id: str, *, preset: str = "", mode: ModeName | None = None

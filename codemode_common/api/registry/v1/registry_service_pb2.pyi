@@ -247,16 +247,23 @@ class DeletePresetRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `presets/{preset_id}`."""
+    force: _builtins.bool
+    """Delete even while agents are parented under the preset: they are unparented (their
+    `preset` is cleared) and fall back to the deployment default. Without it such a delete is
+    refused with FAILED_PRECONDITION (`PRESET_IN_USE`).
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

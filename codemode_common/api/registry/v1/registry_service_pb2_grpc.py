@@ -175,7 +175,7 @@ class RegistryServiceServicer:
 
     def DeletePreset(self, request, context):
         """Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-        Refused while agents are parented under it.
+        Refused while agents are parented under it, unless `force` unparents them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

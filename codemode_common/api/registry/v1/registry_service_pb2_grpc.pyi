@@ -46,7 +46,7 @@ class RegistryServiceStub:
     """Lists presets in name order (AIP-158 pagination)."""
     DeletePreset: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.DeletePresetRequest, _registry_service_pb2.DeletePresetResponse]
     """Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-    Refused while agents are parented under it.
+    Refused while agents are parented under it, unless `force` unparents them.
     """
     CreateAgent: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.CreateAgentRequest, _registry_service_pb2.CreateAgentResponse]
     """Creates an agent."""
@@ -112,7 +112,7 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     """Lists presets in name order (AIP-158 pagination)."""
     DeletePreset: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.DeletePresetRequest, _registry_service_pb2.DeletePresetResponse]  # type: ignore[assignment]
     """Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-    Refused while agents are parented under it.
+    Refused while agents are parented under it, unless `force` unparents them.
     """
     CreateAgent: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.CreateAgentRequest, _registry_service_pb2.CreateAgentResponse]  # type: ignore[assignment]
     """Creates an agent."""
@@ -199,7 +199,7 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_registry_service_pb2.DeletePresetResponse, _abc.Awaitable[_registry_service_pb2.DeletePresetResponse]]:
         """Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-        Refused while agents are parented under it.
+        Refused while agents are parented under it, unless `force` unparents them.
         """
 
     @_abc_1.abstractmethod

@@ -119,6 +119,12 @@ export interface ListPresetsResponse {
 export interface DeletePresetRequest {
   /** Resource name `presets/{preset_id}`. */
   name: string;
+  /**
+   * Delete even while agents are parented under the preset: they are unparented (their
+   * `preset` is cleared) and fall back to the deployment default. Without it such a delete is
+   * refused with FAILED_PRECONDITION (`PRESET_IN_USE`).
+   */
+  force: boolean;
 }
 
 /** Response for DeletePreset. */
@@ -920,13 +926,16 @@ export const ListPresetsResponse: MessageFns<ListPresetsResponse> = {
 };
 
 function createBaseDeletePresetRequest(): DeletePresetRequest {
-  return { name: "" };
+  return { name: "", force: false };
 }
 
 export const DeletePresetRequest: MessageFns<DeletePresetRequest> = {
   encode(message: DeletePresetRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.name !== "") {
       writer.uint32(10).string(message.name);
+    }
+    if (message.force !== false) {
+      writer.uint32(16).bool(message.force);
     }
     return writer;
   },
@@ -952,6 +961,14 @@ export const DeletePresetRequest: MessageFns<DeletePresetRequest> = {
             message.name = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.force = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -970,6 +987,7 @@ export const DeletePresetRequest: MessageFns<DeletePresetRequest> = {
   fromPartial(object: DeepPartial<DeletePresetRequest>): DeletePresetRequest {
     const message = createBaseDeletePresetRequest();
     message.name = object.name ?? "";
+    message.force = object.force ?? false;
     return message;
   },
 };
@@ -4258,7 +4276,7 @@ export const RegistryServiceService = {
   },
   /**
    * Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-   * Refused while agents are parented under it.
+   * Refused while agents are parented under it, unless `force` unparents them.
    */
   deletePreset: {
     path: "/codemode.registry.v1.RegistryService/DeletePreset" as const,
@@ -4487,7 +4505,7 @@ export interface RegistryServiceServer extends UntypedServiceImplementation {
   listPresets: handleUnaryCall<ListPresetsRequest, ListPresetsResponse>;
   /**
    * Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-   * Refused while agents are parented under it.
+   * Refused while agents are parented under it, unless `force` unparents them.
    */
   deletePreset: handleUnaryCall<DeletePresetRequest, DeletePresetResponse>;
   /** Creates an agent. */
@@ -4596,7 +4614,7 @@ export interface RegistryServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * Deletes a preset and revokes exactly its registrations, restrictions, guards and mode.
-   * Refused while agents are parented under it.
+   * Refused while agents are parented under it, unless `force` unparents them.
    */
   deletePreset(
     request: DeletePresetRequest,
