@@ -2,7 +2,9 @@
 
 - `RegistryClient` (async) / `SyncRegistryClient` (blocking): agents and presets, tool calls,
   `run_code`, wire schemas, prompt and SDK, history.
-- `ToolProvider`: serve tools from async functions over the `Connect` stream.
+- `ToolProvider`: serve tools from async functions over the `Connect` stream; a handler returns a
+  JSON value or a `ToolOutput` (content blocks `TextContent`, `ImageContent`, `JsonContent`,
+  `AdditionalContext`s, `concludes_turn`), and raises `ToolFailed` to fail the call.
 - `Approver`: answer approval requests from a function.
 - Errors: `CodemodeError` and one subclass per status code, with `reason`, `domain`, `metadata`.
 """
@@ -19,23 +21,37 @@ from codemode_client.errors import (
     Unavailable,
 )
 from codemode_client.provider import InvocationContext, ProviderError, ToolFailed, ToolProvider
+from codemode_client.results import (
+    AdditionalContext,
+    ContentBlock,
+    ImageContent,
+    JsonContent,
+    TextContent,
+    ToolOutput,
+)
 from codemode_client.sync import SyncRegistryClient
 
 __all__ = [
+    "AdditionalContext",
     "AlreadyExists",
     "Approver",
     "CodemodeError",
+    "ContentBlock",
     "DeadlineExceeded",
     "FailedPrecondition",
+    "ImageContent",
     "InvalidArgument",
     "InvocationContext",
+    "JsonContent",
     "NotFound",
     "Progress",
     "ProviderError",
     "RegistryClient",
     "SyncRegistryClient",
+    "TextContent",
     "ToolCallResult",
     "ToolFailed",
+    "ToolOutput",
     "ToolProvider",
     "Unavailable",
     "unbatched",

@@ -20,6 +20,12 @@ from typing import Any, Literal
 import grpc
 
 from codemode_client.errors import CodemodeError, Unavailable, from_rpc_error
+from codemode_client.results import (
+    AdditionalContext,
+    ContentBlock,
+    content_from_proto,
+    contexts_from_proto,
+)
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
@@ -62,6 +68,10 @@ class ToolCallResult:
     concludes_turn: bool
     events: list[rpb.ExecuteToolCallResponse] = field(default_factory=list)
     raw: tool_pb2.ToolResult | None = None
+    content: tuple[ContentBlock, ...] = ()
+    """What the model is shown (`text` joins its text blocks)."""
+    additional_contexts: tuple[AdditionalContext, ...] = ()
+    """Messages to add to the conversation after the result."""
 
     @staticmethod
     def from_proto(
@@ -78,6 +88,8 @@ class ToolCallResult:
             concludes_turn=result.concludes_turn,
             events=events,
             raw=result,
+            content=content_from_proto(result.content),
+            additional_contexts=contexts_from_proto(result.additional_contexts),
         )
 
 

@@ -9,6 +9,11 @@
     async with provider:          # opens the stream and registers every declared tool
         await provider.closed()   # serve until the registry or the caller ends it
 
+A handler returns a JSON value, or a `ToolOutput` for content blocks (text, images, JSON),
+additional contexts or concluding the model's turn (see `codemode_client.results`); it raises
+`ToolFailed` to fail the call. An output that cannot be sent fails the call with
+`INVALID_TOOL_OUTPUT`, as the registry fails an in-process tool's.
+
 The stream's lifetime owns the tools: closing it revokes them in the registry.
 
 Tracing: every invocation runs inside a `serve_tool {name}` span (kind SERVER) continuing the
@@ -23,7 +28,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +36,12 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from codemode_client.results import (
+    AdditionalContext,
+    contexts_to_proto,
+    output_to_proto,
+    readable,
+)
 from codemode_client.schemas import hinted_schemas
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
@@ -50,11 +61,20 @@ class ProviderError(Exception):
 
 
 class ToolFailed(Exception):
-    """Raise from a tool to fail the call with a stable code."""
+    """Raise from a tool to fail the call with a stable code.
 
-    def __init__(self, message: str, code: str = "") -> None:
+    `additional_contexts` still reach the conversation: a failure may explain itself too."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "",
+        *,
+        additional_contexts: Sequence[AdditionalContext] = (),
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.additional_contexts = tuple(additional_contexts)
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,8 @@ class InvocationContext:
     cancelled: asyncio.Event
 
 
-# Handlers return any JSON-shaped value (a TypedDict, say); it is checked when serialized.
+# Handlers return any JSON-shaped value (a TypedDict, say) or a `ToolOutput`; either is checked
+# when serialized.
 Handler = Callable[[Any, InvocationContext], Awaitable[Any]]
 
 
@@ -286,19 +307,44 @@ class ToolProvider:
         try:
             if handler is None:
                 raise ToolFailed(f'provider "{self.name}" has no tool "{invocation.tool_name}"')
-            value = await handler(jsonvalue.loads(invocation.arguments_json), ctx)
-            return tool_pb2.ToolResult(value_json=jsonvalue.dumps(value))
+            returned = await handler(jsonvalue.loads(invocation.arguments_json), ctx)
         except asyncio.CancelledError:
             return None
         except ToolFailed as exc:
-            return _error(str(exc), exc.code)
+            try:
+                contexts = contexts_to_proto(exc.additional_contexts)
+            except Exception as bad:
+                return _invalid_output(invocation.tool_name, bad)
+            return _error(str(exc), exc.code, contexts=contexts)
         except Exception as exc:
             return _error(str(exc) or type(exc).__name__, "")
+        try:
+            return output_to_proto(returned)
+        except Exception as exc:
+            return _invalid_output(invocation.tool_name, exc)
 
 
-def _error(message: str, code: str) -> tool_pb2.ToolResult:
+def _invalid_output(tool: str, exc: Exception) -> tool_pb2.ToolResult:
+    # The registry's code, name and wording for an in-process tool's bad output: the caller sees
+    # the same failure wherever the tool lives. It cannot be left to the registry: what fails
+    # here (NaN, bytes, a lone surrogate in text) cannot even be put on the wire.
+    return _error(
+        f'tool "{tool}" returned invalid output: {exc}', "INVALID_TOOL_OUTPUT", "ToolOutputError"
+    )
+
+
+def _error(
+    message: str,
+    code: str,
+    name: str = "",
+    *,
+    contexts: Sequence[tool_pb2.AdditionalContext] = (),
+) -> tool_pb2.ToolResult:
+    # A lone surrogate (from an exception's text, say) cannot be encoded: unsent, the call hangs.
+    message = readable(message)
     return tool_pb2.ToolResult(
         is_error=True,
-        error=tool_pb2.ToolError(message=message, code=code),
+        error=tool_pb2.ToolError(message=message, code=code, name=name),
         content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=f"Error: {message}"))],
+        additional_contexts=contexts,
     )

@@ -4,10 +4,14 @@ export { CodemodeError, errorInfoOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
 export {
   ToolFailed,
+  ToolOutput,
   ToolProvider,
   type InvocationContext,
+  type OutputBlock,
+  type OutputContext,
   type ToolDefinition,
   type ToolHandler,
+  type ToolOutputInit,
   type ToolProviderOptions,
 } from "./provider";
 export {

@@ -9,22 +9,90 @@
  * The stream's lifetime owns the tools: closing it revokes them in the registry and fails their
  * in-flight calls. Handlers run concurrently; a cancellation from the registry aborts the
  * handler's `ctx.signal` and its eventual result is dropped (the registry settled the call).
+ *
+ * A handler returns a JSON value, or a `ToolOutput` for content blocks (text, images, JSON),
+ * additional contexts or concluding the model's turn; it throws `ToolFailed` to fail the call.
+ * An output that cannot be sent fails the call with `INVALID_TOOL_OUTPUT`, as the registry fails
+ * an in-process tool's.
  */
 import { status as GrpcStatus, type ClientDuplexStream, type ServiceError } from "@grpc/grpc-js";
 import { CodemodeError } from "./errors";
 import type { ConnectRequest, ConnectResponse, Invocation, RegistrationAck } from "./gen/codemode/registry/v1/registry_service";
-import { Concurrency, type Tool, type ToolResult } from "./gen/codemode/registry/v1/tool";
+import { Concurrency, type AdditionalContext, type ContentBlock, type Tool, type ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import type { RegistryClient } from "./registry";
 
 /** Throw from a tool handler to fail the call with a stable code. */
 export class ToolFailed extends Error {
+  /** Still added to the conversation: a failure may explain itself too. */
+  readonly additionalContexts: readonly OutputContext[];
+
   constructor(
     message: string,
     readonly code: string = "",
+    options: { additionalContexts?: readonly OutputContext[] } = {},
   ) {
     super(message);
     this.name = "ToolFailed";
+    this.additionalContexts = options.additionalContexts ?? [];
+  }
+}
+
+/** One block of tool-result content, as a handler writes it. */
+export type OutputBlock =
+  | { type: "text"; text: string }
+  /** Raw image bytes and their IANA media type, e.g. `image/png`. */
+  | { type: "image"; data: Uint8Array; mimeType: string }
+  /** A JSON document, sent as lossless JSON text. */
+  | { type: "json"; value: JsonValue };
+
+/** A message to add to the conversation after the tool result. */
+export interface OutputContext {
+  content: readonly OutputBlock[];
+  /** Who produced the context (free text, e.g. a plugin name). */
+  source?: string;
+}
+
+export interface ToolOutputInit {
+  /**
+   * The call's JSON value: what a `run_code` program's `await tools.x(...)` gets, checked against
+   * the output schema. Omitted: the result is content only (no schema check; a program gets
+   * null). `null` is a value.
+   */
+  value?: JsonValue;
+  /** What the model is shown. Omitted: the registry renders `value` as pretty JSON. */
+  content?: readonly OutputBlock[];
+  /** Messages added to the conversation after the result. */
+  additionalContexts?: readonly OutputContext[];
+  /** Asks the agent loop to end the model's turn after this result. */
+  concludesTurn?: boolean;
+}
+
+/**
+ * What a handler may return instead of a plain JSON value: content blocks for the model, extra
+ * contexts, a request to conclude the turn. A class (not a plain object) so that a handler's
+ * JSON value shaped like `{ content: [...] }` still means that value.
+ *
+ *     return new ToolOutput({
+ *       value: { width: 640, height: 480 },
+ *       content: [{ type: "text", text: "The page:" }, { type: "image", data: png, mimeType: "image/png" }],
+ *       concludesTurn: true,
+ *     });
+ *
+ * When a call from a `run_code` program succeeds with an image in its content, that whole
+ * content is forwarded to the conversation (the program itself gets only the value).
+ */
+export class ToolOutput {
+  readonly value: JsonValue | undefined;
+  readonly content: readonly OutputBlock[];
+  readonly additionalContexts: readonly OutputContext[];
+  readonly concludesTurn: boolean;
+
+  constructor(init: ToolOutputInit = {}) {
+    this.value = init.value;
+    this.content = init.content ?? [];
+    this.additionalContexts = init.additionalContexts ?? [];
+    this.concludesTurn = init.concludesTurn ?? false;
   }
 }
 
@@ -63,7 +131,7 @@ export interface InvocationContext {
   signal: AbortSignal;
 }
 
-/** A tool body: receives the arguments (lossless JSON) and returns a JSON value (`undefined` → null). */
+/** A tool body: receives the arguments (lossless JSON) and returns a JSON value (`undefined` → null) or a `ToolOutput`. */
 export type ToolHandler<A = any> = (args: A, ctx: InvocationContext) => unknown;
 
 interface Declared {
@@ -260,16 +328,10 @@ export class ToolProvider {
       try {
         const handler = this.handlers.get(invocation.toolName);
         if (handler === undefined) throw new ToolFailed(`provider "${this.name}" has no tool "${invocation.toolName}"`);
-        const value = await handler(parseJson(invocation.argumentsJson || "{}"), ctx);
-        let valueJson: string;
-        try {
-          valueJson = stringifyJson(value === undefined ? null : value);
-        } catch (e) {
-          throw new ToolFailed(`tool "${invocation.toolName}" returned a value that is not JSON: ${(e as Error).message}`, "INVALID_TOOL_OUTPUT");
-        }
-        result = { content: [], valueJson, isError: false, error: undefined, additionalContexts: [], concludesTurn: false };
+        const returned = await handler(parseJson(invocation.argumentsJson || "{}"), ctx);
+        result = outputResult(invocation.toolName, returned);
       } catch (e) {
-        result = errorResult(e);
+        result = errorResult(invocation.toolName, e);
       } finally {
         clearTimeout(timer);
         this.running.delete(invocation.invocationId);
@@ -293,25 +355,118 @@ function toTool(d: ToolDefinition): Tool {
   };
 }
 
-function errorResult(e: unknown): ToolResult {
+/** A handler's return as a successful result; an output that cannot be sent as INVALID_TOOL_OUTPUT. */
+function outputResult(tool: string, returned: unknown): ToolResult {
+  try {
+    if (!(returned instanceof ToolOutput)) {
+      return { ...EMPTY_SUCCESS, valueJson: valueJson(returned === undefined ? null : returned) };
+    }
+    if (typeof returned.concludesTurn !== "boolean") throw new TypeError("concludesTurn is not a boolean");
+    return {
+      ...EMPTY_SUCCESS,
+      content: returned.content.map((b, i) => toBlock(b, `content[${i}]`)),
+      valueJson: returned.value === undefined ? undefined : valueJson(returned.value),
+      additionalContexts: toContexts(returned.additionalContexts),
+      concludesTurn: returned.concludesTurn,
+    };
+  } catch (e) {
+    return invalidOutput(tool, e);
+  }
+}
+
+const EMPTY_SUCCESS: ToolResult = {
+  content: [],
+  valueJson: undefined,
+  isError: false,
+  error: undefined,
+  additionalContexts: [],
+  concludesTurn: false,
+};
+
+function valueJson(value: unknown): string {
+  try {
+    return stringifyJson(value);
+  } catch (e) {
+    // The registry's wording for an in-process tool's output.
+    throw new Error(`output is not lossless JSON: ${(e as Error).message}`);
+  }
+}
+
+function toBlock(block: OutputBlock, where: string): ContentBlock {
+  switch (block?.type) {
+    case "text":
+      if (typeof block.text !== "string") throw new TypeError(`${where}.text is not a string`);
+      return { block: { $case: "text", value: { text: block.text } } };
+    case "image": {
+      const data = block.data;
+      if (!(data instanceof Uint8Array)) throw new TypeError(`${where}.data is not a Uint8Array`);
+      if (typeof block.mimeType !== "string") throw new TypeError(`${where}.mimeType is not a string`);
+      const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+      return { block: { $case: "image", value: { mimeType: block.mimeType, data: bytes } } };
+    }
+    case "json": {
+      let json: string;
+      try {
+        json = stringifyJson(block.value);
+      } catch (e) {
+        throw new Error(`${where} is not lossless JSON: ${(e as Error).message}`);
+      }
+      return { block: { $case: "json", value: { json } } };
+    }
+    default:
+      throw new TypeError(`${where} is not a text, image or json block`);
+  }
+}
+
+function toContexts(contexts: readonly OutputContext[]): AdditionalContext[] {
+  return contexts.map((c, i) => {
+    const where = `additionalContexts[${i}]`;
+    if (c === null || typeof c !== "object" || !Array.isArray(c.content)) {
+      throw new TypeError(`${where} is not { content: [...], source? }`);
+    }
+    return {
+      content: c.content.map((b, j) => toBlock(b, `${where}.content[${j}]`)),
+      source: c.source ?? "",
+    };
+  });
+}
+
+function invalidOutput(tool: string, e: unknown): ToolResult {
+  // The registry's code, name and wording for an in-process tool's bad output: the caller sees
+  // the same failure wherever the tool lives.
+  const message = `tool "${tool}" returned invalid output: ${e instanceof Error ? e.message : String(e)}`;
+  return failure(message, "INVALID_TOOL_OUTPUT", "ToolOutputError", []);
+}
+
+function errorResult(tool: string, e: unknown): ToolResult {
   let message: string;
   let code = "";
   let name = "";
+  let contexts: AdditionalContext[] = [];
   if (e instanceof ToolFailed) {
     message = e.message;
     code = e.code;
+    try {
+      contexts = toContexts(e.additionalContexts);
+    } catch (bad) {
+      return invalidOutput(tool, bad);
+    }
   } else if (e instanceof Error) {
     message = e.message || e.name;
     name = e.name;
   } else {
     message = String(e);
   }
+  return failure(message, code, name, contexts);
+}
+
+function failure(message: string, code: string, name: string, contexts: AdditionalContext[]): ToolResult {
   return {
     content: [{ block: { $case: "text", value: { text: `Error: ${message}` } } }],
     valueJson: undefined,
     isError: true,
     error: { message, code, name },
-    additionalContexts: [],
+    additionalContexts: contexts,
     concludesTurn: false,
   };
 }

@@ -14,11 +14,13 @@ import {
   PresentationMode,
   RegistryClient,
   ToolFailed,
+  ToolOutput,
   ToolProvider,
   status,
   type ApprovalRequest,
   type InvocationContext,
   type JsonObject,
+  type JsonValue,
   type RunCodeValue,
   type ToolCallEvent,
   type ToolCallResult,
@@ -304,6 +306,107 @@ describe("RegistryClient against the real services", () => {
     assert.equal(result.isError, true);
     assert.deepEqual([result.error?.code, result.error?.message], ["E_NOPE", "nothing to see here"]);
     assert.equal(result.text, "Error: nothing to see here");
+  });
+
+  it("serves rich results: content blocks, contexts, concluding the turn; refuses bad output", async () => {
+    // Not UTF-8, with a NUL: image bytes must arrive untouched.
+    const png = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x00, 0xff, 0xfe, 0x0d, 0x0a]);
+    const shot = (): ToolOutput =>
+      new ToolOutput({
+        value: { width: 640, height: BIG },
+        content: [
+          { type: "text", text: "The page:" },
+          { type: "image", data: png, mimeType: "image/png" },
+          { type: "json", value: { title: "Ünïcode", n: BIG, ok: [true, null, 1.5] } },
+        ],
+        additionalContexts: [
+          { content: [{ type: "text", text: "Cookies were accepted." }], source: "browser" },
+          { content: [{ type: "image", data: Buffer.from("GIF89a"), mimeType: "image/gif" }] },
+        ],
+        concludesTurn: true,
+      });
+    const schema = { type: "object", properties: { n: { type: "integer" } }, required: ["n"] };
+    const rich = new ToolProvider(client, "ts-rich")
+      .tool({ name: "ts_shot" }, async () => shot())
+      .tool({ name: "ts_words" }, async () => new ToolOutput({ content: [{ type: "text", text: "just words" }] }))
+      .tool({ name: "ts_plain" }, async () => ({ content: ["a plain value"] }))
+      .tool({ name: "ts_off_schema", outputSchema: schema }, async () => new ToolOutput({ value: { n: "seven" } }))
+      .tool({ name: "ts_nan" }, async () => new ToolOutput({ value: { x: NaN }, content: [{ type: "text", text: "x" }] }))
+      .tool({ name: "ts_nan_block" }, async () => new ToolOutput({ content: [{ type: "json", value: Infinity as JsonValue }] }))
+      .tool({ name: "ts_refuse" }, async () => {
+        throw new ToolFailed("quota exceeded", "QUOTA", {
+          additionalContexts: [{ content: [{ type: "text", text: "Try after 5pm." }], source: "billing" }],
+        });
+      });
+    await rich.start();
+    try {
+      const call = (toolName: string): Promise<ToolCallResult> =>
+        client.executeToolCall({ agent: "agents/ts-native", toolName }).result;
+      const got = await call("ts_shot");
+      assert.equal(got.isError, false, got.text);
+      assert.equal(got.valueJson, '{"width":640,"height":9007199254740993}');
+      assert.deepEqual(got.value, { width: 640, height: BIG });
+      assert.equal(got.text, "The page:");
+      assert.deepEqual(
+        got.content.map((b) => b.block?.$case),
+        ["text", "image", "json"],
+      );
+      const image = got.content[1]!.block as { $case: "image"; value: { mimeType: string; data: Buffer } };
+      assert.equal(image.value.mimeType, "image/png");
+      assert.deepEqual(new Uint8Array(image.value.data), png);
+      const json = got.content[2]!.block as { $case: "json"; value: { json: string } };
+      assert.equal(json.value.json, '{"title":"Ünïcode","n":9007199254740993,"ok":[true,null,1.5]}');
+      assert.deepEqual(
+        got.additionalContexts.map((c) => [c.source, c.content.map((b) => b.block?.$case)]),
+        [
+          ["browser", ["text"]],
+          ["", ["image"]],
+        ],
+      );
+      assert.equal(got.concludesTurn, true);
+
+      const words = await call("ts_words");
+      assert.deepEqual([words.isError, words.valueJson, words.text], [false, undefined, "just words"]);
+      // A plain object shaped like an output is still a plain value, rendered by the registry.
+      const plain = await call("ts_plain");
+      assert.deepEqual([plain.value, plain.concludesTurn], [{ content: ["a plain value"] }, false]);
+      assert.match(plain.text, /a plain value/);
+
+      for (const [tool, detail] of [
+        ["ts_off_schema", '"n" must be an integer'],
+        ["ts_nan", "output is not lossless JSON: NaN is not valid JSON"],
+        ["ts_nan_block", "content[0] is not lossless JSON: Infinity is not valid JSON"],
+      ]) {
+        const bad = await call(tool!);
+        assert.equal(bad.isError, true, tool);
+        assert.deepEqual([bad.error?.code, bad.error?.name], ["INVALID_TOOL_OUTPUT", "ToolOutputError"], tool);
+        assert.ok(bad.error!.message.startsWith(`tool "${tool}" returned invalid output: `), bad.error!.message);
+        assert.ok(bad.error!.message.includes(detail!), bad.error!.message);
+      }
+
+      const refused = await call("ts_refuse");
+      assert.deepEqual([refused.isError, refused.error?.code, refused.text], [true, "QUOTA", "Error: quota exceeded"]);
+      assert.deepEqual(
+        refused.additionalContexts.map((c) => c.source),
+        ["billing"],
+      );
+
+      // A program gets the value; the image-bearing content and the contexts ride run_code's result.
+      const run = await client.runCode("agents/ts-code", "return await tools.ts_shot({})", "Take a shot").result;
+      assert.equal(run.isError, false, run.text);
+      assert.deepEqual(run.value, { logs: [], result: { width: 640, height: BIG } });
+      assert.deepEqual(
+        run.additionalContexts.map((c) => [c.source, c.content.length]),
+        [
+          ["tools-code-mode", 3],
+          ["browser", 1],
+          ["", 1],
+        ],
+      );
+      assert.equal(run.concludesTurn, true);
+    } finally {
+      await rich.close();
+    }
   });
 
   it("refuses a conflicting registration and revokes tools when a provider disconnects", async () => {
