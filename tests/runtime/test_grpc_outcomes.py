@@ -1,0 +1,250 @@
+"""Every terminal outcome and budget through the RuntimeService API (real gRPC on loopback, real
+workers): exactly one terminal message, with the kind and text the in-process tests assert."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+import pytest
+
+from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from tests.runtime.conftest import (
+    drive,
+    never_answer,
+    start_message,
+    streamed_logs,
+)
+
+pb = runtime_pb2
+Stub = runtime_pb2_grpc.RuntimeServiceStub
+TIMEOUT = pb.FAILURE_KIND_TIMEOUT
+WORKER_EXIT = pb.FAILURE_KIND_WORKER_EXIT
+INVALID_OUTPUT = pb.FAILURE_KIND_INVALID_OUTPUT
+OUTPUT_LIMIT = pb.FAILURE_KIND_OUTPUT_LIMIT
+
+
+def failure(terminal: runtime_pb2.RunTerminal) -> tuple[int, str]:
+    assert terminal.WhichOneof("outcome") == "failure", terminal
+    return terminal.failure.kind, terminal.failure.message
+
+
+def success_json(terminal: runtime_pb2.RunTerminal) -> str:
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    return terminal.success.value_json
+
+
+# -- timeouts and worker exits (logs admitted before the end are kept) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("program", "limits", "message"),
+    [
+        ("await tools.wait({})", {"wall_ms": 300}, "wall-clock ceiling reached (300ms)"),
+        ("import time\ntime.sleep(30)", {"wall_ms": 300}, "wall-clock ceiling reached (300ms)"),
+        # The caller's deadline (RunStart.timeout) lowers the wall ceiling.
+        ("await tools.wait({})", {"timeout_ms": 200}, "wall-clock ceiling reached (200ms)"),
+    ],
+    ids=["unanswered-call", "sleeping", "deadline"],
+)
+async def test_wall_ceiling(stub: Stub, program: str, limits: dict[str, int], message: str) -> None:
+    first = start_message(f"print('before')\n{program}", "wait", **limits)
+    seen, terminal = await drive(stub, first, never_answer)
+    assert failure(terminal) == (TIMEOUT, message)
+    assert list(terminal.logs) == streamed_logs(seen) == ["before"]
+
+
+@pytest.mark.parametrize(
+    ("program", "message"),
+    [
+        ("import os\nos._exit(7)", "worker exited with code 7 before completing"),
+        (
+            "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
+            "worker killed by signal SIGSEGV before completing",
+        ),
+        (
+            "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+            "worker killed by signal SIGKILL before completing",
+        ),
+        ("x = b'x' * (1 << 30)", "worker exceeded its memory budget (96 MiB)"),
+        (
+            "x = []\nwhile True:\n    x.append(' ' * 100000)",
+            "worker exceeded its memory budget (96 MiB)",
+        ),
+    ],
+    ids=["exit-code", "sigsegv", "sigkill", "one-big-allocation", "growing-list"],
+)
+async def test_worker_exit(stub: Stub, program: str, message: str) -> None:
+    first = start_message(f"print('x')\n{program}", memory_bytes=96 << 20, wall_ms=10_000)
+    seen, terminal = await drive(stub, first)
+    assert failure(terminal) == (WORKER_EXIT, message)
+    assert list(terminal.logs) == streamed_logs(seen) == ["x"]
+
+
+# -- completion values and the output cap --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", ["float('nan')", "float('-inf')", "-0.0", "{1, 2}", "(1, 2)", "{1: 2}", "10**5000"]
+)
+async def test_lossy_completion_is_invalid_output(stub: Stub, value: str) -> None:
+    _, terminal = await drive(stub, start_message(f"print('kept')\nreturn {value}"))
+    assert failure(terminal) == (INVALID_OUTPUT, "program completion must be lossless JSON")
+    assert list(terminal.logs) == ["kept"]
+
+
+# With a 64-byte cap the logs array ["x...x"] (4 + n bytes), or the value "x...x" (2 + n bytes)
+# with the empty logs array (2 bytes), fits exactly at n = 60. Over the cap, the failure message
+# takes 32 bytes and what is kept of the logs fits the other 32.
+@pytest.mark.parametrize(
+    ("program", "logs", "value_json", "logs_over"),
+    [
+        ("print('x' * {n})", ["x" * 60], None, ["x" * 28]),
+        ("return 'x' * {n}", [], f'"{"x" * 60}"', []),
+    ],
+    ids=["log", "value"],
+)
+async def test_output_cap_is_exact(
+    stub: Stub, program: str, logs: list[str], value_json: str | None, logs_over: list[str]
+) -> None:
+    seen, terminal = await drive(stub, start_message(program.format(n=60), max_output_bytes=64))
+    assert terminal.WhichOneof("outcome") == "success"
+    assert list(terminal.logs) == streamed_logs(seen) == logs
+    value = terminal.success.value_json if terminal.success.HasField("value_json") else None
+    assert value == value_json
+    _, terminal = await drive(stub, start_message(program.format(n=61), max_output_bytes=64))
+    assert failure(terminal) == (OUTPUT_LIMIT, "outer output exceeded 64 bytes")
+    assert list(terminal.logs) == logs_over
+
+
+# -- binding calls ---------------------------------------------------------------------------
+
+
+async def test_outstanding_call_cap(stub: Stub) -> None:
+    # Nothing is answered until the third call has been refused (its failure is logged), so
+    # two calls are outstanding when it is made, whatever the timing.
+    program = (
+        "first, second, third = tools.t(1), tools.t(2), tools.t(3)\n"
+        "try:\n    await third\nexcept ToolCallError as exc:\n    print(str(exc))\n"
+        "return [await first, await second]"
+    )
+    call = stub.Run()
+    await call.write(start_message(program, "t", max_outstanding_calls=2))
+    calls: list[runtime_pb2.BindingCall] = []
+    while (message := await call.read()).WhichOneof("kind") != "log":
+        calls.append(message.binding_call)
+    assert message.log.text == "too many outstanding binding calls (limit 2)"
+    assert [(c.call_id, c.arguments_json) for c in calls] == [(1, "1"), (2, "2")]
+    for relayed in calls:
+        result = pb.CallResult(call_id=relayed.call_id, value_json=f"[{relayed.arguments_json}]")
+        await call.write(pb.RunRequest(call_result=result))
+    message = await call.read()
+    assert success_json(message.terminal) == "[[1],[2]]"
+    assert list(message.terminal.logs) == ["too many outstanding binding calls (limit 2)"]
+    await call.done_writing()
+    assert await call.read() is grpc.aio.EOF
+
+
+async def test_pending_call_does_not_consume_compute(stub: Stub) -> None:
+    async def late_answer(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
+        await asyncio.sleep(0.6)
+        return pb.CallResult(call_id=call.call_id, value_json='"late"')
+
+    started = time.monotonic()
+    first = start_message("return await tools.t(1)", "t", compute_ms=300)
+    _, terminal = await drive(stub, first, late_answer)
+    assert success_json(terminal) == '"late"'
+    assert time.monotonic() - started >= 0.6
+
+
+@pytest.mark.parametrize(
+    "value_json",
+    [
+        "NaN",
+        "[1, Infinity]",
+        "1e400",
+        "-0.0",
+        '{"a": 1, "a": 2}',
+        "[1,]",
+        "not json",
+        "",
+        pytest.param(
+            "1" * 5000,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="run.Run._reply catches WireError from flatwire.encode but not the "
+                "ValueError framing.pack raises for an int over sys.int_max_str_digits: it "
+                "escapes the answer callback (PendingCall.resolve reports it to the loop's "
+                "exception handler), the call is never answered and the program waits until "
+                "the wall ceiling",
+            ),
+            id="5000-digit-int",
+        ),
+    ],
+)
+async def test_lossy_call_result_is_a_typed_failure(stub: Stub, value_json: str) -> None:
+    async def lossy(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
+        return pb.CallResult(call_id=call.call_id, value_json=value_json)
+
+    program = (
+        "try:\n    await tools.t(1)\nexcept ToolCallError as e:\n    return [e.toolName, str(e)]"
+    )
+    _, terminal = await drive(stub, start_message(program, "t", wall_ms=1_500), lossy)
+    assert success_json(terminal) == '["t","binding resolution must be lossless JSON"]'
+
+
+async def test_hundred_thousand_deep_values_cross_the_stream(stub: Stub) -> None:
+    depth = 100_000
+    program = (
+        "value = []\ncursor = value\n"
+        f"for _ in range({depth}):\n    child = []\n    cursor.append(child)\n    cursor = child\n"
+        "reply = await tools.echo(value)\n"
+        "levels, node = 0, reply\nwhile node:\n    node, levels = node[0], levels + 1\n"
+        "print(levels)\nreturn reply"
+    )
+    relayed: list[str] = []
+    reply = "[" * (depth + 2) + "]" * (depth + 2)  # one level deeper than the arguments
+
+    async def answer(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
+        relayed.append(call.arguments_json)
+        return pb.CallResult(call_id=call.call_id, value_json=reply)
+
+    _, terminal = await drive(stub, start_message(program, "echo"), answer)
+    assert relayed == ["[" * (depth + 1) + "]" * (depth + 1)]
+    assert list(terminal.logs) == [str(depth + 1)]
+    assert success_json(terminal) == reply
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [
+        "float('nan')",
+        "-0.0",
+        "(1, 2)",
+        "{1: 2}",
+        "object()",
+        "{'a': {1}}",
+        pytest.param(
+            "10**5000",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="bootstrap.Worker.call catches WireError from flatwire.encode but not "
+                "the ValueError framing.pack raises for an int over sys.int_max_str_digits: "
+                "the program gets a bare ValueError from tools.t(...), not a ToolCallError",
+            ),
+            id="5000-digit-int",
+        ),
+    ],
+)
+async def test_unsendable_arguments_raise_a_tool_call_error(stub: Stub, argument: str) -> None:
+    program = (
+        f"try:\n    tools.t({argument})\n"
+        "except ToolCallError as exc:\n    return [exc.toolName, str(exc)]"
+    )
+    seen, terminal = await drive(stub, start_message(program, "t"))
+    name, message = json.loads(success_json(terminal))
+    assert name == "t"
+    assert message.startswith("binding arguments must be lossless JSON")
+    assert [m for m in seen if m.WhichOneof("kind") == "binding_call"] == []
