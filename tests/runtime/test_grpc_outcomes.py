@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import grpc
 import pytest
 
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service.config import ConfigError, load_settings, terminal_headroom
 from tests.runtime.conftest import (
+    connected,
     drive,
+    grpc_settings,
     never_answer,
+    serving,
     start_message,
     streamed_logs,
 )
@@ -248,3 +253,62 @@ async def test_unsendable_arguments_raise_a_tool_call_error(stub: Stub, argument
     assert name == "t"
     assert message.startswith("binding arguments must be lossless JSON")
     assert [m for m in seen if m.WhichOneof("kind") == "binding_call"] == []
+
+
+# -- message-size limits ---------------------------------------------------------------------
+
+
+def test_message_limit_must_hold_a_terminal_at_the_output_cap() -> None:
+    cap = 1 << 20
+    needed = cap + terminal_headroom(cap)
+    budgets: dict[str, Any] = {"max_output_bytes": cap, "default_max_output_bytes": cap}
+    assert load_settings(None, max_message_bytes=needed, **budgets).max_message_bytes == needed
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, max_message_bytes=needed - 1, **budgets)
+    assert str(caught.value).startswith(
+        f"max_message_bytes ({needed - 1}) must be at least {needed}: "
+        f"max_output_bytes ({cap}) plus {needed - cap} bytes of framing"
+    )
+    with pytest.raises(ConfigError, match="max_message_bytes"):
+        load_settings(max_message_bytes=64 << 20)  # the default output cap is 64 MiB
+    load_settings()  # the defaults hold together
+
+
+async def test_a_terminal_at_the_output_cap_fits_the_tightest_message_limit() -> None:
+    # Log entries of 16 KiB are where protobuf framing outgrows the ledger's JSON accounting
+    # (a 3-byte length prefix): 15 of them and a value make exactly the output cap.
+    cap = 256 << 10
+    settings = grpc_settings(
+        max_output_bytes=cap,
+        default_max_output_bytes=cap,
+        max_message_bytes=cap + terminal_headroom(cap),
+    )
+    logs_bytes = 2 + 15 * (16384 + 2) + 14
+    value_chars = cap - logs_bytes - 2
+    program = "for _ in range(15):\n    print('x' * 16384)\nreturn 'v' * {n}"
+    async with serving(settings) as running, connected(running) as stub:
+        _, terminal = await drive(stub, start_message(program.format(n=value_chars)))
+        assert list(terminal.logs) == ["x" * 16384] * 15
+        assert success_json(terminal) == f'"{"v" * value_chars}"'
+        _, terminal = await drive(stub, start_message(program.format(n=value_chars + 1)))
+        assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {cap} bytes")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="servicer._CallRelay.call relays arguments_json of any size: a BindingCall larger "
+    "than max_message_bytes fails the whole Run RPC with RESOURCE_EXHAUSTED ('Sent message "
+    "larger than max') instead of failing that one call, and no terminal message is sent",
+)
+async def test_binding_arguments_over_the_message_limit_fail_only_that_call() -> None:
+    settings = grpc_settings(
+        max_output_bytes=16 << 10, default_max_output_bytes=16 << 10, max_message_bytes=64 << 10
+    )
+    program = (
+        "try:\n    await tools.t('x' * 100000)\n"
+        "except ToolCallError as exc:\n    return [exc.toolName, str(exc)]"
+    )
+    async with serving(settings) as running, connected(running) as stub:
+        _, terminal = await drive(stub, start_message(program, "t", wall_ms=5_000))
+    name, message = json.loads(success_json(terminal))
+    assert name == "t" and str(64 << 10) in message
