@@ -4,6 +4,7 @@ workers): exactly one terminal message, with the kind and text the in-process te
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -12,7 +13,9 @@ import grpc
 import pytest
 
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from runtime_service.config import ConfigError, load_settings, terminal_headroom
+from runtime_service.config import ConfigError, RuntimeSettings, load_settings, terminal_headroom
+from runtime_service.runtime import RuntimeOptions
+from runtime_service.worker import framing
 from tests.runtime.conftest import (
     connected,
     drive,
@@ -312,3 +315,65 @@ async def test_binding_arguments_over_the_message_limit_fail_only_that_call() ->
         _, terminal = await drive(stub, start_message(program, "t", wall_ms=5_000))
     name, message = json.loads(success_json(terminal))
     assert name == "t" and str(64 << 10) in message
+
+
+def test_frame_cap_admits_what_the_default_message_limit_can_carry() -> None:
+    # See framing.MAX_FRAME_BYTES: string content costs at most 3x its JSON text on the wire.
+    assert 3 * RuntimeSettings().max_message_bytes <= framing.MAX_FRAME_BYTES
+
+
+# A fake worker: ready, then a frame one byte over the cap (streamed, never held in memory
+# here), then a log frame, then exit 3.
+OVERSIZED_FRAME_WORKER = f"""\
+import json, os, socket, struct, sys
+sock = socket.socket(fileno=int(sys.argv[2]))
+def send(obj):
+    payload = json.dumps(obj).encode()
+    sock.sendall(struct.pack('>I', len(payload)) + payload)
+send({{'t': 'ready', 'sandbox': {{}}}})
+sock.recv(1 << 20)
+left = {framing.MAX_FRAME_BYTES + 1}
+sock.sendall(struct.pack('>I', left))
+chunk = b'x' * (1 << 20)
+while left > 0:
+    sock.sendall(chunk[:left])
+    left -= len(chunk)
+send({{'t': 'log', 'text': 'after the oversized frame'}})
+os._exit(3)
+"""
+
+
+class FakeWorkerSettings(RuntimeSettings):
+    """Runtime settings whose workers run ``OVERSIZED_FRAME_WORKER`` instead of the bootstrap."""
+
+    def runtime_options(self) -> RuntimeOptions:
+        options = super().runtime_options()
+        worker = dataclasses.replace(options.worker, loader=OVERSIZED_FRAME_WORKER)
+        return dataclasses.replace(options, worker=worker)
+
+
+def _reset_peak_rss() -> int:
+    """Restart this process's peak-RSS count (VmHWM) from its current RSS; return that."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    return _peak_rss_bytes()
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_oversized_frame_is_discarded_unread_and_the_run_ends_as_worker_exit() -> None:
+    settings = FakeWorkerSettings(listen="127.0.0.1:0", pool_size=0, shutdown_grace_s=0.2)
+    async with serving(settings) as running, connected(running) as stub:
+        before = _reset_peak_rss()
+        seen, terminal = await drive(stub, start_message("return 1", wall_ms=20_000))
+        grown = _peak_rss_bytes() - before
+    assert failure(terminal) == (WORKER_EXIT, "worker exited with code 3 before completing")
+    # The channel stays in step past the skipped frame, and nothing of it was held.
+    assert list(terminal.logs) == streamed_logs(seen) == ["after the oversized frame"]
+    assert grown < framing.MAX_FRAME_BYTES // 8, f"peak RSS grew by {grown >> 20} MiB"
