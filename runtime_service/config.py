@@ -18,7 +18,7 @@ from runtime_service.budgets import BudgetError, Budgets
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
 
-__all__ = ["ConfigError", "RuntimeSettings", "load_settings"]
+__all__ = ["ConfigError", "RuntimeSettings", "load_settings", "terminal_headroom"]
 
 
 class ConfigError(ValueError):
@@ -27,6 +27,17 @@ class ConfigError(ValueError):
 
 # gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
 _GRPC_MAX_S = (2**31 - 1) // 1000
+
+
+def terminal_headroom(max_output_bytes: int) -> int:
+    """Bytes a run's terminal message may need beyond ``max_output_bytes``.
+
+    The output ledger charges logs and value as JSON; the terminal message carries them as
+    protobuf, which costs at most the ledger's bytes plus a byte or two per log entry of 16 KiB
+    or more (a longer length prefix than the JSON quotes and comma) and a few dozen bytes of
+    field tags and lengths. Rounded up generously.
+    """
+    return max_output_bytes // 8192 + 1024
 
 
 class RuntimeSettings(BaseSettings):
@@ -67,8 +78,9 @@ class RuntimeSettings(BaseSettings):
     user on the host, and runtimes sharing a host need disjoint ranges."""
     worker_tmp_bytes: int = Field(default=64 << 20, ge=1 << 20)
     """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory."""
-    max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024)
-    """Largest gRPC message accepted or sent (must exceed the output cap plus logs framing)."""
+    max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024, lt=2**31)
+    """Largest gRPC message accepted or sent: at least `max_output_bytes` plus
+    `terminal_headroom` (checked at start), so that any run's terminal message can be sent."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight runs may finish on shutdown before they are aborted."""
     max_connection_age_s: float | None = Field(
@@ -135,6 +147,14 @@ class RuntimeSettings(BaseSettings):
             )
         except BudgetError as exc:
             raise ConfigError(f"invalid runtime budgets: {exc}") from exc
+        needed = self.max_output_bytes + terminal_headroom(self.max_output_bytes)
+        if self.max_message_bytes < needed:
+            raise ConfigError(
+                f"max_message_bytes ({self.max_message_bytes}) must be at least "
+                f"{needed}: max_output_bytes ({self.max_output_bytes}) plus "
+                f"{needed - self.max_output_bytes} bytes of framing, or a run's terminal "
+                "message could not be sent"
+            )
         spec = WorkerSpec(
             uid_base=self.worker_uid_base,
             uid_count=self.worker_uid_count,

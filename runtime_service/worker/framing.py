@@ -17,9 +17,16 @@ __all__ = ["EXIT_OUT_OF_MEMORY", "HEADER", "MAX_FRAME_BYTES", "FrameBuffer", "pa
 HEADER = struct.Struct(">I")
 # Exit status of a worker whose program exhausted its memory budget (uncaught MemoryError).
 EXIT_OUT_OF_MEMORY = 86
-# A frame larger than this is never parsed: the reader discards it unread. Completion values
-# are capped far lower by the output ledger; binding arguments have no byte cap of their own.
-MAX_FRAME_BYTES = 1 << 30
+# The largest frame either side accepts: ``pack`` refuses a larger one and ``FrameBuffer``
+# discards it unread, so a hostile worker makes the runtime buffer at most this much per run.
+# A frame's content (a log line, a value, binding arguments) is relayed in one gRPC message of
+# at most ``max_message_bytes`` (96 MiB by default), and its ASCII flat-wire spelling costs at
+# most 3x that content's JSON text for strings (an astral character escapes to 12 bytes for 4)
+# and about 2x for records with real keys and values. Hence 3x the default message limit.
+# Containers of tiny or no members cost more (nested empty arrays up to 14x) and are refused
+# beyond it; no genuine worker builds a frame this large within the default 512 MiB memory
+# budget anyway. Following a configured limit needs it passed to each ``FrameBuffer``.
+MAX_FRAME_BYTES = 3 * (96 << 20)
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
@@ -35,13 +42,15 @@ def pack(message: dict[str, object]) -> bytes:
 class FrameBuffer:
     """Incremental frame splitter: ``feed`` bytes, then take complete payloads.
 
-    Oversized frames are skipped without buffering them (``skipped`` counts them).
+    Frames over ``max_frame_bytes`` are skipped without buffering them (``skipped`` counts
+    them), so at most one frame's worth of bytes is ever held.
     """
 
-    __slots__ = ("_buf", "_skip", "skipped")
+    __slots__ = ("_buf", "_max", "_skip", "skipped")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
+        self._max = max_frame_bytes
         self._skip = 0
         self.skipped = 0
 
@@ -58,7 +67,7 @@ class FrameBuffer:
         size = HEADER.size
         while len(buf) - pos >= size:
             (length,) = HEADER.unpack_from(buf, pos)
-            if length > MAX_FRAME_BYTES:
+            if length > self._max:
                 self.skipped += 1
                 available = len(buf) - pos - size
                 self._skip = max(length - available, 0)

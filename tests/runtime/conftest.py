@@ -1,18 +1,27 @@
-"""Shared fixtures: a runtime with a small pool, and helpers to run programs through it."""
+"""Shared fixtures: a runtime with a small pool, and helpers to run programs through it, in
+process or through the gRPC service."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import grpc
 import pytest
 
+from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.budgets import Budgets
+from runtime_service.config import RuntimeSettings
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.server import RunningRuntime, start
 from tests.procfs import descendants
+
+pb = runtime_pb2
 
 Handler = Callable[[BindingCall], Awaitable[BindingResult]]
 
@@ -71,6 +80,101 @@ async def runtime() -> AsyncIterator[Runtime]:
 @pytest.fixture
 def run_program(runtime: Runtime) -> ProgramRunner:
     return ProgramRunner(runtime)
+
+
+# -- through the gRPC service -----------------------------------------------------------------
+
+
+def grpc_settings(**overrides: Any) -> RuntimeSettings:
+    """Settings of a loopback runtime for tests (one pooled worker, a short shutdown grace)."""
+    values: dict[str, Any] = {"listen": "127.0.0.1:0", "pool_size": 1, "shutdown_grace_s": 0.2}
+    return RuntimeSettings(**{**values, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: RuntimeSettings) -> AsyncIterator[RunningRuntime]:
+    """A real RuntimeService on loopback; on exit it is stopped and no worker may be left."""
+    running = await start(settings)
+    try:
+        yield running
+    finally:
+        await running.stop(0)
+    assert child_pids() == [], "a worker outlived the runtime"
+
+
+@contextlib.asynccontextmanager
+async def connected(running: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.RuntimeServiceStub]:
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        yield runtime_pb2_grpc.RuntimeServiceStub(channel)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningRuntime]:
+    async with serving(grpc_settings()) as running:
+        yield running
+
+
+@pytest.fixture
+async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.RuntimeServiceStub]:
+    async with connected(server) as client:
+        yield client
+
+
+def start_message(
+    program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+) -> runtime_pb2.RunRequest:
+    start = pb.RunStart(
+        program=program,
+        language="python",
+        binding_names=list(names),
+        token=b"parent-token",
+        budgets=pb.RunBudgets(**budgets),
+    )
+    if timeout_ms is not None:
+        start.timeout.FromMilliseconds(timeout_ms)
+    return pb.RunRequest(start=start)
+
+
+Answer = Callable[[runtime_pb2.BindingCall], Awaitable[runtime_pb2.CallResult | None]]
+
+
+async def echo_answer(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
+    """Answers every binding call with ``{"echo": arguments}``."""
+    args = json.loads(call.arguments_json)
+    return pb.CallResult(call_id=call.call_id, value_json=json.dumps({"echo": args}))
+
+
+async def never_answer(call: runtime_pb2.BindingCall) -> None:
+    return None
+
+
+async def drive(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    first: runtime_pb2.RunRequest,
+    answer: Answer = echo_answer,
+) -> tuple[list[runtime_pb2.RunResponse], runtime_pb2.RunTerminal]:
+    """Run one program to the end of its stream, answering binding calls with ``answer`` (None:
+    no answer). Asserts that the stream ends OK with exactly one terminal message, last."""
+    call = stub.Run()
+    await call.write(first)
+    seen: list[runtime_pb2.RunResponse] = []
+    async for message in call:
+        seen.append(message)
+        kind = message.WhichOneof("kind")
+        if kind == "binding_call":
+            result = await answer(message.binding_call)
+            if result is not None:
+                await call.write(pb.RunRequest(call_result=result))
+        elif kind == "terminal":
+            await call.done_writing()
+    assert await call.code() == grpc.StatusCode.OK
+    kinds = [m.WhichOneof("kind") for m in seen]
+    assert kinds.count("terminal") == 1 and kinds[-1] == "terminal", kinds
+    return seen, seen[-1].terminal
+
+
+def streamed_logs(seen: list[runtime_pb2.RunResponse]) -> list[str]:
+    return [m.log.text for m in seen if m.WhichOneof("kind") == "log"]
 
 
 def child_pids(parent: int | None = None) -> list[int]:

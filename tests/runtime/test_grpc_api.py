@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -12,65 +11,10 @@ from grpc_status import rpc_status
 
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.grpc_status import error_info
-from runtime_service.config import RuntimeSettings
-from runtime_service.server import RunningRuntime, start
-from tests.runtime.conftest import can_isolate, child_pids
+from runtime_service.server import RunningRuntime
+from tests.runtime.conftest import can_isolate, child_pids, drive, start_message
 
 pb = runtime_pb2
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[RunningRuntime]:
-    running = await start(RuntimeSettings(listen="127.0.0.1:0", pool_size=1, shutdown_grace_s=0.2))
-    try:
-        yield running
-    finally:
-        await running.stop(0)
-    assert child_pids() == []
-
-
-@pytest.fixture
-async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.RuntimeServiceStub]:
-    async with grpc.aio.insecure_channel(server.address) as channel:
-        yield runtime_pb2_grpc.RuntimeServiceStub(channel)
-
-
-def start_message(program: str, *names: str, **budgets: int) -> pb.RunRequest:
-    return pb.RunRequest(
-        start=pb.RunStart(
-            program=program,
-            language="python",
-            binding_names=list(names),
-            token=b"parent-token",
-            budgets=pb.RunBudgets(**budgets),
-        )
-    )
-
-
-async def drive(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, first: pb.RunRequest
-) -> tuple[list[pb.RunResponse], pb.RunTerminal]:
-    """Run one program, answering every binding call with {"echo": arguments}."""
-    call = stub.Run()
-    await call.write(first)
-    seen: list[pb.RunResponse] = []
-    async for message in call:
-        seen.append(message)
-        kind = message.WhichOneof("kind")
-        if kind == "binding_call":
-            args = json.loads(message.binding_call.arguments_json)
-            await call.write(
-                pb.RunRequest(
-                    call_result=pb.CallResult(
-                        call_id=message.binding_call.call_id,
-                        value_json=json.dumps({"echo": args}),
-                    )
-                )
-            )
-        elif kind == "terminal":
-            await call.done_writing()
-            return seen, message.terminal
-    raise AssertionError("stream ended without a terminal message")
 
 
 async def test_capabilities_are_honest(stub: runtime_pb2_grpc.RuntimeServiceStub) -> None:
