@@ -68,7 +68,6 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
         "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables",
         "memory: RLIMIT_AS per run; CPU: busy-time budget polled every 25 ms, RLIMIT_CPU backstop",
-        "open files: RLIMIT_NOFILE 64; file size: RLIMIT_FSIZE 64 MiB; core dumps off",
         "output: exact byte ledger checked in the worker and again in the runtime",
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
@@ -80,7 +79,19 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         "no cgroup limits",
         "CPU: the busy-time budget counts the worker process; a descendant is bounded by its "
         "own RLIMIT_CPU and by the run's wall-clock ceiling",
+        "descendants after a runtime crash: the worker dies with the runtime (parent-death "
+        "signal), but processes the program started outlive a runtime that is killed outright",
     ]
+    # setrlimit failures are reported per limit as `rlimit-<resource>`.
+    failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
+    if failed:
+        not_enforced.append(
+            f"open files, file size, core dumps: base rlimits not all applied ({'; '.join(failed)})"
+        )
+    else:
+        enforced.append(
+            "open files: RLIMIT_NOFILE 64; file size: RLIMIT_FSIZE 64 MiB; core dumps off"
+        )
     mib = spec.tmp_bytes >> 20
     if held("filesystem"):
         enforced.append(

@@ -339,6 +339,10 @@ def test_describe_isolation_lists_what_is_missing() -> None:
         assert any(item.startswith(topic) for item in degraded.not_enforced), topic
         assert not any(item.startswith(topic) for item in degraded.enforced), topic
     assert any("Operation not permitted" in item for item in degraded.not_enforced)
+    assert any(item.startswith("open files:") for item in full.enforced)
+    limited = describe_isolation({**REPORT_KEYS, "rlimit-7": "Invalid argument"}, spec)
+    assert not any(item.startswith("open files:") for item in limited.enforced)
+    assert any("Invalid argument" in item for item in limited.not_enforced)
 
 
 # A worker on a host that refuses namespaces, uid changes and seccomp, simulated by making
