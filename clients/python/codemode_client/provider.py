@@ -9,6 +9,9 @@
     async with provider:          # opens the stream and registers every declared tool
         await provider.closed()   # serve until the registry or the caller ends it
 
+    await provider.serve()        # or: serve until close(), reconnecting whenever the stream
+                                  # is lost (a registry restart or shutdown)
+
 A handler returns a JSON value, or a `ToolOutput` for content blocks (text, images, JSON),
 additional contexts or concluding the model's turn (see `codemode_client.results`); it raises
 `ToolFailed` to fail the call. An output that cannot be sent fails the call with
@@ -28,6 +31,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +54,8 @@ from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
 from codemode_common.jsonvalue import JsonValue
 from codemode_common.telemetry import context_from, resolve_tracer_provider
+
+STREAM_ENDED = "STREAM_ENDED"  # ProviderError.reason when the stream ended under a request
 
 
 class ProviderError(Exception):
@@ -113,6 +119,7 @@ class ToolProvider:
     _reader: asyncio.Task[None] | None = None
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _closing: bool = False
     provider_id: str = ""
     tracer_provider: trace.TracerProvider | None = None
     """Where `serve_tool` spans go (None: the global provider; nothing if none is set up)."""
@@ -161,11 +168,14 @@ class ToolProvider:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start(self) -> None:
+    async def start(self, *, wait_for_ready: bool = False) -> None:
+        """Opens the stream and registers every declared tool. `wait_for_ready` waits for the
+        registry to be reachable instead of failing at once with UNAVAILABLE."""
+        self._closing = False
         provider = resolve_tracer_provider(self.tracer_provider)
         self._tracer = None if provider is None else provider.get_tracer("codemode.client")
         stub = rpb_grpc.RegistryServiceStub(self.channel)
-        self._call = stub.Connect()
+        self._call = stub.Connect(wait_for_ready=wait_for_ready)
         await self._write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name=self.name)))
         first = await self._call.read()
         if first is grpc.aio.EOF or first.WhichOneof("message") != "opened":
@@ -197,11 +207,40 @@ class ToolProvider:
             self._handlers[declared.message.name] = declared.handler
 
     async def closed(self) -> None:
-        """Waits until the stream ends."""
+        """Waits until the stream ends (however it ends, `close()` included)."""
         if self._reader is not None:
-            await asyncio.shield(self._reader)
+            await asyncio.wait({self._reader})  # unlike awaiting it: raises nothing of its own
+
+    async def serve(self, *, max_delay: float = 10.0) -> None:
+        """Serves the tools until `close()`, across registry restarts and shutdowns: whenever
+        the stream is lost (UNAVAILABLE when a registry shuts down, a broken connection) it is
+        opened again as soon as a registry is reachable, and the tools are registered again.
+        A registry that refuses the tools (`ProviderError`) ends it."""
+        delay = 0.05
+        while not self._closing:
+            try:
+                await self.start(wait_for_ready=True)
+            except (grpc.aio.AioRpcError, ProviderError) as exc:
+                if isinstance(exc, ProviderError) and exc.reason != STREAM_ENDED:
+                    raise  # the registry refused the tools: retrying changes nothing
+                await self._drop_call()  # e.g. a registry refusing new RPCs while it stops
+            else:
+                delay = 0.05
+                await self.closed()
+            if self._closing:
+                return
+            # Only a stream that failed at once is retried after a pause (up to `max_delay`);
+            # reaching a registry again is left to the channel (wait_for_ready).
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, max_delay)
+
+    async def _drop_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
 
     async def close(self) -> None:
+        self._closing = True
         if self._call is not None:
             with contextlib.suppress(Exception):
                 await self._call.done_writing()
@@ -240,7 +279,12 @@ class ToolProvider:
         finally:
             for future in self._acks.values():
                 if not future.done():
-                    future.set_exception(ProviderError("the provider stream ended"))
+                    future.set_exception(ProviderError("the provider stream ended", STREAM_ENDED))
+            # The registry has failed these invocations already: their results have nowhere
+            # to go, so their handlers are cancelled.
+            for task, cancelled in list(self._running.values()):
+                cancelled.set()
+                task.cancel()
 
     def _start(self, invocation: rpb.Invocation) -> None:
         cancelled = asyncio.Event()
