@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -39,6 +40,7 @@ from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
 __all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "Run", "RunRequest"]
 
+_log = logging.getLogger(__name__)
 CPU_POLL_INTERVAL_S = 0.025  # a compute timeout may overshoot the budget by one interval
 DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
 
@@ -211,14 +213,32 @@ class Run:
 
     def _on_output(self, fd: int, data: bytes) -> None:
         """Raw writes to fds 1/2 become log entries, charged like any other log."""
-        text = self._decoders[fd].decode(data, final=not data)
-        if text:
-            self._admit_log(text)
+        try:
+            # "replace" decoding yields valid UTF-8 text, like ``ledger.valid_text``.
+            text = self._decoders[fd].decode(data, final=not data)
+            if text:
+                self._admit_log(text)
+        except Exception as exc:
+            self._handling_failed(exc)
+
+    def _handling_failed(self, exc: Exception) -> None:
+        """A bug of ours (or of a listener) while handling worker output: end the run with
+        a clear outcome now rather than drop the frame -- and perhaps the completion read
+        with it -- and leave the run to its wall-clock ceiling."""
+        _log.error("run failed while handling worker output", exc_info=exc)
+        message = f"the runtime could not handle the worker's output ({type(exc).__name__})"
+        self._settle(_Terminal(RunFailure("invalid-output", message)))
 
     # -- messages ----------------------------------------------------------------------------
     def _handle(self, worker: WorkerProcess, payload: bytes) -> None:
         if self._terminal is not None:
             return  # nothing the worker says after the outcome counts
+        try:
+            self._dispatch(worker, payload)
+        except Exception as exc:
+            self._handling_failed(exc)
+
+    def _dispatch(self, worker: WorkerProcess, payload: bytes) -> None:
         message = parse_worker_message(payload)
         if isinstance(message, LogMessage):
             self._admit_log(message.text)

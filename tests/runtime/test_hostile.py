@@ -6,13 +6,14 @@ could do -- and one test replaces the worker with a fake that speaks only raw by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import time
 
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.runtime import Runtime, RuntimeOptions
-from runtime_service.worker_process import WorkerSpec
+from runtime_service.worker_process import WorkerProcess, WorkerSpec
 from tests.runtime.conftest import ProgramRunner, echo_handler
 from tests.runtime.deep import list_depth
 
@@ -246,3 +247,65 @@ async def test_a_completion_sent_just_before_the_exit_still_wins(
     result = await run_program(program, bindings=("block",), handler=handler)
     assert result.error is None, result.error
     assert result.value == "x" * 150_000
+
+
+async def test_a_failing_log_listener_ends_the_run_at_once(runtime: Runtime) -> None:
+    # A host-side failure while handling worker output is one clear outcome, not a lost
+    # completion and a wait for the wall-clock ceiling.
+    def on_log(text: str) -> None:
+        raise RuntimeError("listener broke")
+
+    run = runtime.create_run(
+        program="print('one')\nprint('two')\nreturn 1",
+        bindings=[],
+        handler=echo_handler,
+        budgets={"wall_ms": 30_000},
+        on_log=on_log,
+    )
+    started = time.monotonic()
+    result = await runtime.execute(run)
+    assert result.error == RunFailure(
+        "invalid-output", "the runtime could not handle the worker's output (RuntimeError)"
+    )
+    assert result.logs == ["one"]
+    assert time.monotonic() - started < 10
+
+
+BURST_WORKER = """\
+import json, os, socket, struct, sys
+sock = socket.socket(fileno=int(sys.argv[2]))
+def frame(obj):
+    payload = json.dumps(obj).encode()
+    return struct.pack('>I', len(payload)) + payload
+sock.sendall(frame({'t': 'ready', 'sandbox': {}}))
+sock.recv(1 << 20)
+sock.sendall(b''.join(frame({'n': n}) for n in range(3)))
+sock.recv(1 << 20)
+"""
+
+
+async def test_a_failing_frame_handler_loses_no_other_frame() -> None:
+    worker = await WorkerProcess.spawn(WorkerSpec(loader=BURST_WORKER))
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    received: list[object] = []
+    all_read = loop.create_future()
+
+    def on_frame(payload: bytes) -> None:
+        received.append(json.loads(payload)["n"])
+        if len(received) == 3:
+            all_read.set_result(None)
+        if len(received) == 1:
+            raise ValueError("first frame")
+
+    try:
+        worker.listen(on_frame, lambda: None, lambda fd, data: None)
+        worker.send({"t": "go"})
+        await asyncio.wait_for(all_read, 10)
+    finally:
+        loop.set_exception_handler(None)
+        await worker.kill()
+        await worker.closed
+    assert received == [0, 1, 2]
+    assert [str(exc) for exc in reported] == ["first frame"]
