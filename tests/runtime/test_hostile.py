@@ -192,6 +192,33 @@ async def test_forged_invalid_completion_is_invalid_output(run_program: ProgramR
         ), tokens
 
 
+async def test_forged_negative_zero_is_refused_not_read_as_zero(
+    run_program: ProgramRunner,
+) -> None:
+    seen: list[object] = []
+
+    async def handler(call: BindingCall) -> BindingResult:
+        seen.append(call.arguments)
+        return BindingResult.success(call.arguments)
+
+    # json.dumps never writes "-0": the frames are written by hand.
+    program = PRELUDE + (
+        "def send_text(text):\n"
+        "    send_raw(struct.pack('>I', len(text)) + text.encode())\n"
+        'send_text(\'{"t":"call","id":1000,"name":"echo","args":[-0]}\')\n'
+        "reply = recv()\n"
+        'send_text(\'{"t":"call","id":1001,"name":"echo","args":[{"kind":"array","length":1},-0]}\')\n'
+        "replies = [reply, recv()]\n"
+        "if replies == [{'t': 'reply', 'id': i, 'ok': False,"
+        " 'message': 'binding arguments must be lossless JSON'} for i in (1000, 1001)]:\n"
+        '    send_text(\'{"t":"done","value":[-0]}\')\n'
+        "import time\ntime.sleep(5)\nreturn replies"
+    )
+    result = await run_program(program, bindings=("echo",), handler=handler)
+    assert result.error == RunFailure("invalid-output", "program completion must be lossless JSON")
+    assert seen == []
+
+
 async def test_forged_frames_mid_stream_cannot_desync_the_channel(
     run_program: ProgramRunner,
 ) -> None:
