@@ -295,13 +295,16 @@ _DECODER_NEG_ZERO = json.JSONDecoder(
 
 @_gc_paused
 def loads_strict(text: str | bytes) -> Any:
-    """Parse JSON text, rejecting NaN/Infinity literals and duplicate object keys.
+    """Parse JSON text (bytes must be UTF-8), rejecting NaN/Infinity literals and duplicate
+    object keys.
 
     A ``-0`` integer token becomes ``-0.0`` (see ``_parse_int``), so it is never read as 0.
     """
     try:
         if not isinstance(text, str):
-            text = text.decode("utf-8", "surrogatepass")  # as json.loads does
+            # Strict: frames are ASCII. json.loads would pass raw surrogates through, and a
+            # raw high+low pair stays two code points, a string no JSON text can carry.
+            text = text.decode("utf-8")
         # An integer hook costs a call per integer: used only when a "-0" could be one.
         decoder = _DECODER_NEG_ZERO if "-0" in text else _DECODER
         return decoder.decode(text)

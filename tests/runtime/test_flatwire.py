@@ -239,3 +239,11 @@ def test_negative_zero_in_a_frame_field_is_not_an_integer() -> None:
     fields = flatwire.loads_strict('{"id":-0,"n":-10}')
     assert type(fields["id"]) is float and math.copysign(1.0, fields["id"]) < 0
     assert type(fields["n"]) is int and fields["n"] == -10
+
+
+def test_raw_surrogates_in_bytes_are_rejected() -> None:
+    pair = "\ud83d\ude00".encode("utf-8", "surrogatepass")
+    with pytest.raises(WireError):
+        flatwire.loads_strict(b'["' + pair + b'"]')
+    # Escaped, a pair is one character and a lone surrogate stays itself.
+    assert flatwire.decode_text(b'["\\ud83d\\ude00\\ud800"]') == "\U0001f600\ud800"

@@ -145,3 +145,21 @@ async def test_replacement_is_what_the_output_budget_charges(
     assert logs == ["\ufffd"]
     assert terminal.WhichOneof("outcome") == "success"
     assert list(terminal.logs) == ["\ufffd"]
+
+
+async def test_forged_raw_surrogate_bytes_are_junk(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    # Frames are ASCII JSON. Raw (not escaped) surrogates could hold a high+low pair as two
+    # code points, which no JSON text can carry: such a frame is dropped like other junk.
+    program = PRELUDE + (
+        "def send_bytes(body):\n"
+        "    send_raw(struct.pack('>I', len(body)) + body)\n"
+        "pair = '\\ud83d\\ude00'.encode('utf-8', 'surrogatepass')\n"
+        'send_bytes(b\'{"t":"done","value":["\' + pair + b\'"]}\')\n'
+        'send_bytes(b\'{"t":"log","text":"\' + pair + b\'"}\')\n'
+        "return 'real'"
+    )
+    logs, terminal = await run(stub, program)
+    assert logs == []
+    assert json.loads(terminal.success.value_json) == "real"
