@@ -38,11 +38,12 @@ from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.ledger import OutputLedger
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
-__all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "Run", "RunRequest"]
+__all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "EXPIRED_MESSAGE", "Run", "RunRequest"]
 
 _log = logging.getLogger(__name__)
 CPU_POLL_INTERVAL_S = 0.025  # a compute timeout may overshoot the budget by one interval
 DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
+EXPIRED_MESSAGE = "deadline passed before the run started"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,8 @@ class RunRequest:
     bindings: frozenset[str]
     budgets: Budgets
     wall_ms: int
-    """Effective wall-clock ceiling: the budget, lowered by the caller's deadline."""
+    """Effective wall-clock ceiling: the budget, lowered by the caller's deadline (0 when
+    that deadline has already passed: the run then times out without taking a worker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,9 @@ class Run:
             raise RuntimeError("a run executes once")
         self._started = True
         self._settled = asyncio.get_running_loop().create_future()
-        if self._terminal is not None:  # aborted before it started: spawn nothing
+        if self.request.wall_ms <= 0:
+            self._settle(_Terminal(RunFailure("timeout", EXPIRED_MESSAGE)))
+        if self._terminal is not None:  # aborted or expired before it started: spawn nothing
             return self._materialize()
         try:
             worker = await self._acquire()

@@ -4,6 +4,9 @@ Log lines and failure messages travel in protobuf string fields, which cannot ho
 surrogate: the runtime replaces each one with U+FFFD where worker text enters the host (and
 charges the replacement). Completion values are lossless JSON instead: a lone surrogate in a
 string stays, escaped as ``\\udxxx`` in ``value_json``, and reads back unchanged.
+
+Also here, over the same server: a run whose caller's deadline has already passed ends as a
+timeout without taking a worker.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from codemode_common import jsonvalue
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
@@ -44,7 +48,11 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 
 
 async def run(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, *names: str, **budgets: int
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    program: str,
+    *names: str,
+    time_left: Duration | None = None,
+    **budgets: int,
 ) -> tuple[list[str], pb.RunTerminal]:
     """Run ``program`` (binding calls answered with their arguments); return the streamed log
     lines and the terminal message, checking that exactly one terminal ends the stream."""
@@ -54,6 +62,7 @@ async def run(
             language="python",
             binding_names=list(names),
             budgets=pb.RunBudgets(wall_ms=20_000, **budgets),
+            timeout=time_left,
         )
     )
 
@@ -163,3 +172,25 @@ async def test_forged_raw_surrogate_bytes_are_junk(
     logs, terminal = await run(stub, program)
     assert logs == []
     assert json.loads(terminal.success.value_json) == "real"
+
+
+@pytest.mark.parametrize(
+    "time_left",
+    [Duration(), Duration(nanos=900_000), Duration(seconds=-3)],
+    ids=["zero", "under-a-millisecond", "negative"],
+)
+async def test_an_expired_deadline_times_out_without_a_worker(
+    server: RunningRuntime, stub: runtime_pb2_grpc.RuntimeServiceStub, time_left: Duration
+) -> None:
+    pool = server.runtime.pool
+    await pool.wait_filled()
+    before = child_pids()
+    logs, terminal = await run(stub, "return 1", time_left=time_left)
+    assert logs == []
+    assert terminal.failure.kind == pb.FAILURE_KIND_TIMEOUT
+    assert terminal.failure.message == "deadline passed before the run started"
+    assert (pool.idle_count, pool.live_workers) == (1, 1)
+    assert child_pids() == before  # the idle worker is still the same process
+    # A deadline with time left still runs the program.
+    _, terminal = await run(stub, "return 1", time_left=Duration(seconds=30))
+    assert json.loads(terminal.success.value_json) == 1
