@@ -1,8 +1,9 @@
 """One program run driven to exactly one terminal outcome (the first one observed wins).
 
 Pure asyncio; never imports grpc. The worker is a hostile peer: every message is rebuilt by
-``protocol.parse_worker_message``, junk is dropped, each call id is answered at most once,
-and everything it says -- real or forged -- is charged to the same output ledger.
+``protocol.parse_worker_message``, junk is dropped, each call id is answered at most once
+(ids must increase), and everything it says -- real or forged -- is charged to the same output
+ledger.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Run:
         self._baseline = 0.0
         self._decoders: dict[int, codecs.BufferedIncrementalDecoder] = {}
         self._worker: WorkerProcess | None = None
-        self._seen_ids: set[int] = set()
+        self._last_call_id = 0
         self._next_seq = 1
         self._calls: dict[int, asyncio.Future[Any] | PendingCall] = {}
         self._started = False
@@ -281,9 +282,12 @@ class Run:
         self._settle(_Terminal(RunFailure("output-limit", "")))
 
     def _start_call(self, worker: WorkerProcess, call: CallMessage) -> None:
-        if call.call_id in self._seen_ids:
-            return  # each worker call id is answered at most once
-        self._seen_ids.add(call.call_id)
+        # The worker numbers its calls 1, 2, 3, ...: an id not above the last one is a
+        # duplicate (or forged) and is ignored. One number, not a set of every id seen,
+        # keeps each id answered at most once in constant memory however long the run.
+        if call.call_id <= self._last_call_id:
+            return
+        self._last_call_id = call.call_id
         limit = self.request.budgets.max_outstanding_calls
         if len(self._calls) >= limit:
             self._reply(

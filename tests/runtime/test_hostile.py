@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import sys
 import time
 
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
@@ -116,6 +117,44 @@ async def test_forged_calls_unknown_names_and_duplicate_ids(run_program: Program
         {"t": "reply", "id": 1003, "ok": True, "value": ["first"]},
     ]
     assert seen == [(1, "echo", "first")]
+
+
+async def test_call_ids_must_increase(run_program: ProgramRunner) -> None:
+    # Replies come in order, so the reply to 7 shows that 3 (below 5) got none.
+    program = PRELUDE + (
+        "send({'t': 'call', 'id': 5, 'name': 'nope', 'args': [1]})\n"
+        "first = recv()\n"
+        "send({'t': 'call', 'id': 3, 'name': 'nope', 'args': [1]})\n"
+        "send({'t': 'call', 'id': 5, 'name': 'nope', 'args': [1]})\n"
+        "send({'t': 'call', 'id': 7, 'name': 'nope', 'args': [1]})\n"
+        "return [first['id'], recv()['id']]"
+    )
+    result = await run_program(program, bindings=("echo",))
+    assert result.error is None, result.error
+    assert result.value == [5, 7]
+
+
+async def test_a_call_id_flood_leaves_no_per_id_state(runtime: Runtime) -> None:
+    # 100,000 forged calls in one write (each refused: unknown binding), then a completion.
+    # The run must not remember each id: its containers stay small.
+    program = PRELUDE + (
+        "send_raw(b''.join(\n"
+        "    (lambda p: struct.pack('>I', len(p)) + p)(\n"
+        '        b\'{"t":"call","id":%d,"name":"nope","args":[1]}\' % n)\n'
+        "    for n in range(1, 100_001)))\n"
+        "send({'t': 'done', 'value': ['flooded']})\n"
+        "import time\ntime.sleep(30)"
+    )
+    run = runtime.create_run(program=program, bindings=["echo"], handler=echo_handler)
+    result = await runtime.execute(run)
+    assert result.error is None, result.error
+    assert result.value == "flooded"
+    held = sum(
+        sys.getsizeof(value)
+        for value in vars(run).values()
+        if isinstance(value, (set, dict, list, frozenset))
+    )
+    assert held < 64 << 10, held
 
 
 async def test_forged_log_flood_is_capped(run_program: ProgramRunner) -> None:
