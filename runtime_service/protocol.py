@@ -3,6 +3,8 @@
 The worker runs model code and can write anything to its channel, so ``parse_worker_message``
 never trusts a payload: it returns a freshly built message object or ``None`` for junk, and it
 never raises. Flat-wire values stay encoded here; the run decodes them where it needs them.
+Text (log lines, failure messages) is made valid UTF-8 here, before anything charges or relays
+it (``ledger.valid_text``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime_service.worker import flatwire
+from runtime_service.worker.ledger import valid_text
 
 __all__ = [
     "WORKER_ERROR_KINDS",
@@ -63,7 +66,7 @@ def parse_worker_message(payload: bytes) -> WorkerMessage | None:
     kind = raw.get("t")
     if kind == "log":
         text = raw.get("text")
-        return LogMessage(text) if type(text) is str else None
+        return LogMessage(valid_text(text)) if type(text) is str else None
     if kind == "call":
         call_id, name, args = raw.get("id"), raw.get("name"), raw.get("args")
         if type(call_id) is not int or type(name) is not str or type(args) is not list:
@@ -87,7 +90,7 @@ def _parse_done(raw: dict[str, object]) -> DoneMessage | None:
             return None
         if type(message) is not str:
             return None
-        error = (err_kind, message)
+        error = (err_kind, valid_text(message))
     value = raw.get("value")
     if "value" in raw and type(value) is not list:
         # An undecodable value is still a completion: it resolves as invalid output.

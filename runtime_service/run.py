@@ -1,14 +1,16 @@
 """One program run driven to exactly one terminal outcome (the first one observed wins).
 
 Pure asyncio; never imports grpc. The worker is a hostile peer: every message is rebuilt by
-``protocol.parse_worker_message``, junk is dropped, each call id is answered at most once,
-and everything it says -- real or forged -- is charged to the same output ledger.
+``protocol.parse_worker_message``, junk is dropped, each call id is answered at most once
+(ids must increase), and everything it says -- real or forged -- is charged to the same output
+ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -37,10 +39,12 @@ from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.ledger import OutputLedger
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
-__all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "Run", "RunRequest"]
+__all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "EXPIRED_MESSAGE", "Run", "RunRequest"]
 
+_log = logging.getLogger(__name__)
 CPU_POLL_INTERVAL_S = 0.025  # a compute timeout may overshoot the budget by one interval
 DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
+EXPIRED_MESSAGE = "deadline passed before the run started"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +53,8 @@ class RunRequest:
     bindings: frozenset[str]
     budgets: Budgets
     wall_ms: int
-    """Effective wall-clock ceiling: the budget, lowered by the caller's deadline."""
+    """Effective wall-clock ceiling: the budget, lowered by the caller's deadline (0 when
+    that deadline has already passed: the run then times out without taking a worker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,7 @@ class Run:
         self._baseline = 0.0
         self._decoders: dict[int, codecs.BufferedIncrementalDecoder] = {}
         self._worker: WorkerProcess | None = None
-        self._seen_ids: set[int] = set()
+        self._last_call_id = 0
         self._next_seq = 1
         self._calls: dict[int, asyncio.Future[Any] | PendingCall] = {}
         self._started = False
@@ -107,7 +112,9 @@ class Run:
             raise RuntimeError("a run executes once")
         self._started = True
         self._settled = asyncio.get_running_loop().create_future()
-        if self._terminal is not None:  # aborted before it started: spawn nothing
+        if self.request.wall_ms <= 0:
+            self._settle(_Terminal(RunFailure("timeout", EXPIRED_MESSAGE)))
+        if self._terminal is not None:  # aborted or expired before it started: spawn nothing
             return self._materialize()
         try:
             worker = await self._acquire()
@@ -211,14 +218,32 @@ class Run:
 
     def _on_output(self, fd: int, data: bytes) -> None:
         """Raw writes to fds 1/2 become log entries, charged like any other log."""
-        text = self._decoders[fd].decode(data, final=not data)
-        if text:
-            self._admit_log(text)
+        try:
+            # "replace" decoding yields valid UTF-8 text, like ``ledger.valid_text``.
+            text = self._decoders[fd].decode(data, final=not data)
+            if text:
+                self._admit_log(text)
+        except Exception as exc:
+            self._handling_failed(exc)
+
+    def _handling_failed(self, exc: Exception) -> None:
+        """A bug of ours (or of a listener) while handling worker output: end the run with
+        a clear outcome now rather than drop the frame -- and perhaps the completion read
+        with it -- and leave the run to its wall-clock ceiling."""
+        _log.error("run failed while handling worker output", exc_info=exc)
+        message = f"the runtime could not handle the worker's output ({type(exc).__name__})"
+        self._settle(_Terminal(RunFailure("invalid-output", message)))
 
     # -- messages ----------------------------------------------------------------------------
     def _handle(self, worker: WorkerProcess, payload: bytes) -> None:
         if self._terminal is not None:
             return  # nothing the worker says after the outcome counts
+        try:
+            self._dispatch(worker, payload)
+        except Exception as exc:
+            self._handling_failed(exc)
+
+    def _dispatch(self, worker: WorkerProcess, payload: bytes) -> None:
         message = parse_worker_message(payload)
         if isinstance(message, LogMessage):
             self._admit_log(message.text)
@@ -257,9 +282,12 @@ class Run:
         self._settle(_Terminal(RunFailure("output-limit", "")))
 
     def _start_call(self, worker: WorkerProcess, call: CallMessage) -> None:
-        if call.call_id in self._seen_ids:
-            return  # each worker call id is answered at most once
-        self._seen_ids.add(call.call_id)
+        # The worker numbers its calls 1, 2, 3, ...: an id not above the last one is a
+        # duplicate (or forged) and is ignored. One number, not a set of every id seen,
+        # keeps each id answered at most once in constant memory however long the run.
+        if call.call_id <= self._last_call_id:
+            return
+        self._last_call_id = call.call_id
         limit = self.request.budgets.max_outstanding_calls
         if len(self._calls) >= limit:
             self._reply(

@@ -58,7 +58,11 @@ class Runtime:
         deadline_ms: int | None = None,
         on_log: LogListener | None = None,
     ) -> Run:
-        """Validate a request and return its (not yet started) run."""
+        """Validate a request and return its (not yet started) run.
+
+        ``deadline_ms`` is the caller's time left. One already spent (<= 0) is no error: like
+        any deadline reached it ends the run as a ``timeout``, before it takes a worker.
+        """
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
         if language not in LANGUAGES:
@@ -78,9 +82,7 @@ class Runtime:
         resolved = resolve_budgets(self.options.maxima, self.options.defaults, budgets)
         wall_ms = resolved.wall_ms
         if deadline_ms is not None:
-            if deadline_ms <= 0:
-                raise RunRequestError("deadline already passed")
-            wall_ms = min(wall_ms, deadline_ms)
+            wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms)
         return Run(request, self.pool.acquire, handler, on_log)
 

@@ -206,9 +206,8 @@ def _budgets_request(budgets: runtime_pb2.RunBudgets) -> dict[str, int | None]:
 
 
 def _deadline_ms(start: runtime_pb2.RunStart) -> int | None:
-    if not start.HasField("timeout"):
-        return None
-    return max(start.timeout.ToMilliseconds(), 0) or -1
+    # Less than a millisecond left counts as none: the run times out without a worker.
+    return start.timeout.ToMilliseconds() if start.HasField("timeout") else None
 
 
 def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:

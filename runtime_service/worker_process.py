@@ -363,7 +363,14 @@ class WorkerProcess:
         for payload in self.frames.feed(data):
             if not self._reading or handler is None:
                 break
-            handler(payload)
+            try:
+                handler(payload)
+            except Exception as exc:
+                # The frames read with this one are already out of the buffer: a failing
+                # handler must not lose them (one may be the completion).
+                self._loop.call_exception_handler(
+                    {"message": "worker frame handler failed", "exception": exc}
+                )
         return True
 
     def send(self, message: dict[str, Any]) -> None:

@@ -167,6 +167,9 @@ def _encode_tree(value: object) -> list[Any]:
             on_path.discard(ident)
 
 
+_NEG_ZERO_MESSAGE = "negative zero (-0) cannot round-trip through JSON"
+
+
 def _is_valid_scalar(token: object) -> bool:
     kind = type(token)
     if kind in _SCALARS:
@@ -237,6 +240,8 @@ def _decode_tree(tokens: object) -> object:
                     opened = [value, keys, 0, len(keys)]
             else:
                 raise WireError("invalid marker token")
+        elif type(token) is float and token == 0.0:
+            raise WireError(_NEG_ZERO_MESSAGE)  # the only zero _is_valid_scalar refuses
         else:
             raise WireError(f"invalid token of type {type(token).__name__}")
 
@@ -276,11 +281,33 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def _parse_int(token: str) -> int | float:
+    # JSON's "-0" is negative zero (JavaScript reads it so), which Python's int would turn
+    # into 0: keep it a -0.0 float, which ``decode`` then refuses like any other -0.
+    return -0.0 if token == "-0" else int(token)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_pairs)
+_DECODER_NEG_ZERO = json.JSONDecoder(
+    parse_constant=_reject_constant, object_pairs_hook=_unique_pairs, parse_int=_parse_int
+)
+
+
 @_gc_paused
 def loads_strict(text: str | bytes) -> Any:
-    """Parse JSON text, rejecting NaN/Infinity literals and duplicate object keys."""
+    """Parse JSON text (bytes must be UTF-8), rejecting NaN/Infinity literals and duplicate
+    object keys.
+
+    A ``-0`` integer token becomes ``-0.0`` (see ``_parse_int``), so it is never read as 0.
+    """
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_pairs)
+        if not isinstance(text, str):
+            # Strict: frames are ASCII. json.loads would pass raw surrogates through, and a
+            # raw high+low pair stays two code points, a string no JSON text can carry.
+            text = text.decode("utf-8")
+        # An integer hook costs a call per integer: used only when a "-0" could be one.
+        decoder = _DECODER_NEG_ZERO if "-0" in text else _DECODER
+        return decoder.decode(text)
     except WireError:
         raise
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:

@@ -6,12 +6,18 @@ comma between entries) plus either the JSON size of the completion value or the 
 size of the failure message. Sizes are computed without serializing, and value measurement
 stops as soon as the cap is crossed.
 
+Log lines and failure messages are plain text, carried in protobuf string fields that must be
+valid UTF-8: the runtime passes each through ``valid_text`` where it enters the host, before it
+is charged, so the bytes charged are the bytes sent. (Completion values are lossless JSON
+instead: a lone surrogate there stays, written as a ``\\uXXXX`` escape.)
+
 Stdlib only: the worker imports this module to pre-check before anything crosses the channel;
 the runtime re-checks everything it receives.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = [
@@ -21,9 +27,22 @@ __all__ = [
     "json_string_size",
     "json_value_size",
     "overflow_message",
+    "valid_text",
 ]
 
 MIN_OUTPUT_BYTES = 4  # "[]" for the logs plus '""' for the shortest message
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each surrogate code point replaced by U+FFFD, as a UTF-8 decoder does
+    with bytes it cannot decode (a ``surrogateescape`` file name, ``print('\\ud800')``).
+
+    The rule for all worker text that leaves the host as text: a lone surrogate cannot be
+    encoded as UTF-8, so protobuf would refuse the whole message. JSON decoding merges every
+    escaped pair into one character, so only lone surrogates reach this point.
+    """
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _char_size(code: int) -> int:

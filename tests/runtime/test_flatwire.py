@@ -210,6 +210,40 @@ def test_integer_too_long_for_text_is_rejected() -> None:
         flatwire.encode_text(10**5000)
 
 
-def test_minus_zero_integer_text_is_plain_zero() -> None:
-    # JSON text "-0" is the integer 0 in Python: nothing is lost.
-    assert flatwire.decode_text("[-0]") == 0
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[-0]",
+        "[-0.0]",
+        "[-0e3]",
+        "[-0E-2]",
+        "[-1e-400]",
+        '[{"kind":"array","length":2},1,-0]',
+        '[{"kind":"object","keys":["a"]},-0]',
+        b"[-0]",
+    ],
+)
+def test_negative_zero_text_is_rejected(text: str | bytes) -> None:
+    # JSON's -0 is negative zero, which Python's int would read as 0: refused, never coerced.
+    with pytest.raises(WireError, match=r"negative zero \(-0\) cannot round-trip"):
+        flatwire.decode_text(text)
+
+
+@pytest.mark.parametrize("text", ["[0]", "[-0.5]", "[-10]", '["-0"]', '["a-0"]', "[0.0]"])
+def test_zeros_and_minus_zero_lookalikes_are_kept(text: str) -> None:
+    assert flatwire.decode_text(text) == json.loads(text)[0]
+
+
+def test_negative_zero_in_a_frame_field_is_not_an_integer() -> None:
+    # Outside values too, "-0" never reads as the integer 0.
+    fields = flatwire.loads_strict('{"id":-0,"n":-10}')
+    assert type(fields["id"]) is float and math.copysign(1.0, fields["id"]) < 0
+    assert type(fields["n"]) is int and fields["n"] == -10
+
+
+def test_raw_surrogates_in_bytes_are_rejected() -> None:
+    pair = "\ud83d\ude00".encode("utf-8", "surrogatepass")
+    with pytest.raises(WireError):
+        flatwire.loads_strict(b'["' + pair + b'"]')
+    # Escaped, a pair is one character and a lone surrogate stays itself.
+    assert flatwire.decode_text(b'["\\ud83d\\ude00\\ud800"]') == "\U0001f600\ud800"

@@ -6,13 +6,15 @@ could do -- and one test replaces the worker with a fake that speaks only raw by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
+import sys
 import time
 
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.runtime import Runtime, RuntimeOptions
-from runtime_service.worker_process import WorkerSpec
+from runtime_service.worker_process import WorkerProcess, WorkerSpec
 from tests.runtime.conftest import ProgramRunner, echo_handler
 from tests.runtime.deep import list_depth
 
@@ -117,6 +119,44 @@ async def test_forged_calls_unknown_names_and_duplicate_ids(run_program: Program
     assert seen == [(1, "echo", "first")]
 
 
+async def test_call_ids_must_increase(run_program: ProgramRunner) -> None:
+    # Replies come in order, so the reply to 7 shows that 3 (below 5) got none.
+    program = PRELUDE + (
+        "send({'t': 'call', 'id': 5, 'name': 'nope', 'args': [1]})\n"
+        "first = recv()\n"
+        "send({'t': 'call', 'id': 3, 'name': 'nope', 'args': [1]})\n"
+        "send({'t': 'call', 'id': 5, 'name': 'nope', 'args': [1]})\n"
+        "send({'t': 'call', 'id': 7, 'name': 'nope', 'args': [1]})\n"
+        "return [first['id'], recv()['id']]"
+    )
+    result = await run_program(program, bindings=("echo",))
+    assert result.error is None, result.error
+    assert result.value == [5, 7]
+
+
+async def test_a_call_id_flood_leaves_no_per_id_state(runtime: Runtime) -> None:
+    # 100,000 forged calls in one write (each refused: unknown binding), then a completion.
+    # The run must not remember each id: its containers stay small.
+    program = PRELUDE + (
+        "send_raw(b''.join(\n"
+        "    (lambda p: struct.pack('>I', len(p)) + p)(\n"
+        '        b\'{"t":"call","id":%d,"name":"nope","args":[1]}\' % n)\n'
+        "    for n in range(1, 100_001)))\n"
+        "send({'t': 'done', 'value': ['flooded']})\n"
+        "import time\ntime.sleep(30)"
+    )
+    run = runtime.create_run(program=program, bindings=["echo"], handler=echo_handler)
+    result = await runtime.execute(run)
+    assert result.error is None, result.error
+    assert result.value == "flooded"
+    held = sum(
+        sys.getsizeof(value)
+        for value in vars(run).values()
+        if isinstance(value, (set, dict, list, frozenset))
+    )
+    assert held < 64 << 10, held
+
+
 async def test_forged_log_flood_is_capped(run_program: ProgramRunner) -> None:
     program = PRELUDE + "for i in range(1000):\n    send({'t': 'log', 'text': 'line %d' % i})\n"
     result = await run_program(program, max_output_bytes=300)
@@ -191,6 +231,33 @@ async def test_forged_invalid_completion_is_invalid_output(run_program: ProgramR
         ), tokens
 
 
+async def test_forged_negative_zero_is_refused_not_read_as_zero(
+    run_program: ProgramRunner,
+) -> None:
+    seen: list[object] = []
+
+    async def handler(call: BindingCall) -> BindingResult:
+        seen.append(call.arguments)
+        return BindingResult.success(call.arguments)
+
+    # json.dumps never writes "-0": the frames are written by hand.
+    program = PRELUDE + (
+        "def send_text(text):\n"
+        "    send_raw(struct.pack('>I', len(text)) + text.encode())\n"
+        'send_text(\'{"t":"call","id":1000,"name":"echo","args":[-0]}\')\n'
+        "reply = recv()\n"
+        'send_text(\'{"t":"call","id":1001,"name":"echo","args":[{"kind":"array","length":1},-0]}\')\n'
+        "replies = [reply, recv()]\n"
+        "if replies == [{'t': 'reply', 'id': i, 'ok': False,"
+        " 'message': 'binding arguments must be lossless JSON'} for i in (1000, 1001)]:\n"
+        '    send_text(\'{"t":"done","value":[-0]}\')\n'
+        "import time\ntime.sleep(5)\nreturn replies"
+    )
+    result = await run_program(program, bindings=("echo",), handler=handler)
+    assert result.error == RunFailure("invalid-output", "program completion must be lossless JSON")
+    assert seen == []
+
+
 async def test_forged_frames_mid_stream_cannot_desync_the_channel(
     run_program: ProgramRunner,
 ) -> None:
@@ -246,3 +313,65 @@ async def test_a_completion_sent_just_before_the_exit_still_wins(
     result = await run_program(program, bindings=("block",), handler=handler)
     assert result.error is None, result.error
     assert result.value == "x" * 150_000
+
+
+async def test_a_failing_log_listener_ends_the_run_at_once(runtime: Runtime) -> None:
+    # A host-side failure while handling worker output is one clear outcome, not a lost
+    # completion and a wait for the wall-clock ceiling.
+    def on_log(text: str) -> None:
+        raise RuntimeError("listener broke")
+
+    run = runtime.create_run(
+        program="print('one')\nprint('two')\nreturn 1",
+        bindings=[],
+        handler=echo_handler,
+        budgets={"wall_ms": 30_000},
+        on_log=on_log,
+    )
+    started = time.monotonic()
+    result = await runtime.execute(run)
+    assert result.error == RunFailure(
+        "invalid-output", "the runtime could not handle the worker's output (RuntimeError)"
+    )
+    assert result.logs == ["one"]
+    assert time.monotonic() - started < 10
+
+
+BURST_WORKER = """\
+import json, os, socket, struct, sys
+sock = socket.socket(fileno=int(sys.argv[2]))
+def frame(obj):
+    payload = json.dumps(obj).encode()
+    return struct.pack('>I', len(payload)) + payload
+sock.sendall(frame({'t': 'ready', 'sandbox': {}}))
+sock.recv(1 << 20)
+sock.sendall(b''.join(frame({'n': n}) for n in range(3)))
+sock.recv(1 << 20)
+"""
+
+
+async def test_a_failing_frame_handler_loses_no_other_frame() -> None:
+    worker = await WorkerProcess.spawn(WorkerSpec(loader=BURST_WORKER))
+    loop = asyncio.get_running_loop()
+    reported: list[BaseException] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["exception"]))
+    received: list[object] = []
+    all_read = loop.create_future()
+
+    def on_frame(payload: bytes) -> None:
+        received.append(json.loads(payload)["n"])
+        if len(received) == 3:
+            all_read.set_result(None)
+        if len(received) == 1:
+            raise ValueError("first frame")
+
+    try:
+        worker.listen(on_frame, lambda: None, lambda fd, data: None)
+        worker.send({"t": "go"})
+        await asyncio.wait_for(all_read, 10)
+    finally:
+        loop.set_exception_handler(None)
+        await worker.kill()
+        await worker.closed
+    assert received == [0, 1, 2]
+    assert [str(exc) for exc in reported] == ["first frame"]

@@ -12,6 +12,7 @@ from runtime_service.worker.ledger import (
     json_string_size,
     json_value_size,
     overflow_message,
+    valid_text,
 )
 
 
@@ -34,6 +35,22 @@ from runtime_service.worker.ledger import (
 )
 def test_json_string_size(text: str, size: int) -> None:
     assert json_string_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain", "plain"),
+        ("é😀€", "é😀€"),
+        ("\ud800", "\ufffd"),
+        ("a\udcffb\udfff", "a\ufffdb\ufffd"),
+        ("é😀\ud800é😀", "é😀\ufffdé😀"),
+        ("\ud83d\ude00", "\ufffd\ufffd"),  # a pair held as two code points is no character
+    ],
+)
+def test_valid_text_replaces_each_surrogate(text: str, expected: str) -> None:
+    assert valid_text(text) == expected
+    valid_text(text).encode("utf-8")  # what a protobuf string field needs
 
 
 @pytest.mark.parametrize(
