@@ -354,11 +354,11 @@ class Run:
         if result.ok:
             try:
                 tokens = flatwire.encode(result.value)
-            except flatwire.WireError:
-                result = BindingResult.failure("binding resolution must be lossless JSON")
-            else:
                 worker.send({"t": "reply", "id": call_id, "ok": True, "value": tokens})
                 return
+            except (flatwire.WireError, ValueError):  # ValueError: framing refused it (an
+                # integer beyond int_max_str_digits, a frame over the size cap)
+                result = BindingResult.failure("binding resolution must be lossless JSON")
         worker.send({"t": "reply", "id": call_id, "ok": False, "message": result.message})
 
     # -- result ------------------------------------------------------------------------------

@@ -103,7 +103,10 @@ async def start(
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(
-        RuntimeServicer(runtime, capabilities, telemetry), server
+        RuntimeServicer(
+            runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
+        ),
+        server,
     )
     try:
         port, health_servicer = await open_server(

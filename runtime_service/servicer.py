@@ -44,10 +44,13 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         runtime: Runtime,
         capabilities: Capabilities,
         telemetry: RuntimeTelemetry | None = None,
+        *,
+        max_message_bytes: int | None = None,
     ) -> None:
         self._runtime = runtime
         self._capabilities = capabilities
         self._telemetry = telemetry or RuntimeTelemetry()
+        self._max_message_bytes = max_message_bytes
 
     async def GetCapabilities(
         self, request: runtime_pb2.GetCapabilitiesRequest, context: Context
@@ -88,6 +91,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             outgoing,
             start.token,
             trace_pb2.TraceContext(traceparent=traced.traceparent, tracestate=traced.tracestate),
+            self._max_message_bytes,
         )
         try:
             run = self._runtime.create_run(
@@ -135,11 +139,15 @@ class _CallRelay:
         outgoing: asyncio.Queue[runtime_pb2.RunResponse | None],
         token: bytes,
         trace: trace_pb2.TraceContext,
+        max_message_bytes: int | None = None,
     ) -> None:
         self._outgoing = outgoing
         self._token = token
         self._trace = trace
         self._pending: dict[int, PendingCall] = {}
+        # Arguments that cannot fit in one stream message fail their call, not the stream
+        # (room is kept for the message's other fields: name, token, trace context).
+        self._max_arguments = None if max_message_bytes is None else max_message_bytes - 4096
 
     def call(self, call: BindingCall) -> PendingCall:
         """Send the call on the stream; the client's result resolves the returned call (and
@@ -150,6 +158,18 @@ class _CallRelay:
         except jsonvalue.JsonValueError:
             pending.resolve(BindingResult.failure("binding arguments must be lossless JSON"))
             return pending
+        limit = self._max_arguments
+        if limit is not None and len(arguments) > limit // 4:  # UTF-8: at most 4 bytes a char
+            size = len(arguments.encode())
+            if size > limit:
+                pending.resolve(
+                    BindingResult.failure(
+                        f"binding arguments are too large to send: {size} bytes of JSON, over "
+                        f"the runtime's limit of {limit} bytes (max_message_bytes "
+                        f"{limit + 4096})"
+                    )
+                )
+                return pending
         self._pending[call.seq] = pending
         self._outgoing.put_nowait(
             runtime_pb2.RunResponse(

@@ -30,11 +30,11 @@ async def _registry(port: int) -> RunningRegistry:
     return await start(RegistrySettings(listen=f"127.0.0.1:{port}", history_path=":memory:"))
 
 
-async def _visible(address: str, timeout: float = 20) -> list[str]:
+async def _visible(address: str, within: float = 20) -> list[str]:
     """The registry's visible tools once the provider's `echo` has appeared in them."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = rpb_grpc.RegistryServiceStub(channel)
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = asyncio.get_running_loop().time() + within
         while True:
             listed = await stub.ListVisibleTools(rpb.ListVisibleToolsRequest())
             names = [tool.name for tool in listed.tools]

@@ -178,18 +178,7 @@ async def test_pending_call_does_not_consume_compute(stub: Stub) -> None:
         "[1,]",
         "not json",
         "",
-        pytest.param(
-            "1" * 5000,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="run.Run._reply catches WireError from flatwire.encode but not the "
-                "ValueError framing.pack raises for an int over sys.int_max_str_digits: it "
-                "escapes the answer callback (PendingCall.resolve reports it to the loop's "
-                "exception handler), the call is never answered and the program waits until "
-                "the wall ceiling",
-            ),
-            id="5000-digit-int",
-        ),
+        pytest.param("1" * 5000, id="5000-digit-int"),  # beyond int_max_str_digits
     ],
 )
 async def test_lossy_call_result_is_a_typed_failure(stub: Stub, value_json: str) -> None:
@@ -297,12 +286,6 @@ async def test_a_terminal_at_the_output_cap_fits_the_tightest_message_limit() ->
         assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {cap} bytes")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="servicer._CallRelay.call relays arguments_json of any size: a BindingCall larger "
-    "than max_message_bytes fails the whole Run RPC with RESOURCE_EXHAUSTED ('Sent message "
-    "larger than max') instead of failing that one call, and no terminal message is sent",
-)
 async def test_binding_arguments_over_the_message_limit_fail_only_that_call() -> None:
     settings = grpc_settings(
         max_output_bytes=16 << 10, default_max_output_bytes=16 << 10, max_message_bytes=64 << 10
