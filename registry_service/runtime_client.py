@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,8 +29,11 @@ from registry_service.codemode.runtime_port import (
     RunLog,
     RunSpec,
     RunTerminal,
+    RuntimeLimits,
     RuntimeLost,
 )
+
+log = logging.getLogger(__name__)
 
 # Names of pb.FailureKind values, as the bridge reports them in `code run failed (<kind>)`.
 _KINDS = {
@@ -44,6 +50,10 @@ _DEADLINE_GRACE_S = 5.0
 _CLOSE_DRAIN_S = 1.0
 # How long a keepalive ping may go unanswered before its connection counts as dead.
 _KEEPALIVE_TIMEOUT_MS = 10_000
+# The runtime's capabilities (its limits) are read once, then refreshed in the background at
+# most this often, so a redeployed runtime's new limits are picked up without a per-run cost.
+_CAPABILITIES_REFRESH_S = 60.0
+_CAPABILITIES_TIMEOUT_S = 10.0
 
 
 def channel_target(targets: list[str]) -> str:
@@ -174,6 +184,54 @@ class GrpcRuntime:
             interceptors=interceptors or None,
         )
         self._stub = pb_grpc.RuntimeServiceStub(self._channel)
+        self._capabilities: pb.GetCapabilitiesResponse | None = None
+        self._capabilities_at = 0.0
+        self._fetching: asyncio.Task[pb.GetCapabilitiesResponse] | None = None
+
+    async def limits(self) -> RuntimeLimits:
+        """The runtime's limits, from its `GetCapabilities` (0 there means "not reported")."""
+        caps = await self._read_capabilities()
+        wall_ms = caps.max_budgets.wall_ms
+        return RuntimeLimits(max_wall_s=wall_ms / 1000 if wall_ms else None)
+
+    async def _read_capabilities(self) -> pb.GetCapabilitiesResponse:
+        stale = time.monotonic() - self._capabilities_at > _CAPABILITIES_REFRESH_S
+        if self._capabilities is not None and not stale:
+            return self._capabilities
+        if self._fetching is None:
+            self._capabilities_at = time.monotonic()  # one attempt per period, even a failed one
+            # In an empty context: the read belongs to no run's trace (it serves them all), and
+            # a cancelled run does not cancel it for the others waiting on it.
+            self._fetching = asyncio.get_running_loop().create_task(
+                self._get_capabilities(), context=contextvars.Context()
+            )
+            self._fetching.add_done_callback(self._fetched)
+        if self._capabilities is not None:
+            return self._capabilities  # refreshing in the background
+        try:
+            return await asyncio.shield(self._fetching)
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeLost(
+                f"cannot read the runtime's capabilities: {exc.code().name}: {exc.details()}"
+            ) from exc
+
+    async def _get_capabilities(self) -> pb.GetCapabilitiesResponse:
+        request = pb.GetCapabilitiesRequest()
+        response: pb.GetCapabilitiesResponse = await self._stub.GetCapabilities(
+            request, timeout=_CAPABILITIES_TIMEOUT_S
+        )
+        return response
+
+    def _fetched(self, task: asyncio.Task[pb.GetCapabilitiesResponse]) -> None:
+        self._fetching = None
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            if self._capabilities is None:
+                self._capabilities_at = 0.0  # nothing known yet: the next run asks again
+            log.warning("reading the runtime's capabilities failed: %s", exc)
+            return
+        self._capabilities = task.result()
 
     async def open_run(self, spec: RunSpec) -> GrpcRunStream:
         timeout = None if spec.timeout is None else spec.timeout + _DEADLINE_GRACE_S
@@ -196,4 +254,6 @@ class GrpcRuntime:
         return GrpcRunStream(self._stub.Run(_requests(outbox), timeout=timeout), outbox)
 
     async def close(self) -> None:
+        if self._fetching is not None:
+            self._fetching.cancel()
         await self._channel.close()

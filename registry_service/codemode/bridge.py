@@ -19,10 +19,12 @@ from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.codemode.runtime_port import (
     BindingCall,
+    LimitedRuntime,
     RunLog,
     RunSpec,
     RunStream,
     RunTerminal,
+    RuntimeLimits,
     RuntimeLost,
     RuntimePort,
 )
@@ -61,11 +63,31 @@ SETTLED = "run_code settled"
 NO_OUTPUT = "(run_code completed with no output)"
 
 
+# How long a parent token outlives its run's allowed time. The runtime starts a run's wall
+# clock only once the worker has the program (after the pool hand-off, or a spawn), so the run
+# may end a little after `mint + allowed`; the margin covers that hand-off.
+TOKEN_MARGIN_S = 60.0
+# The longest wall-clock ceiling any runtime accepts (`RunBudgets.wall_ms` is capped at int32
+# milliseconds): a run's allowed time when neither a deadline nor the runtime's limits are known.
+_LONGEST_RUN_S = (2**31 - 1) / 1000
+
+
 @dataclass
 class CodeModeConfig:
     max_parallel_sub_calls: int = 10
     language: str = "python"
-    token_ttl_s: float = 3600.0
+
+
+def token_lifetime(timeout: float | None, limits: RuntimeLimits) -> float:
+    """Seconds a run's parent token stays valid: the run's allowed time plus `TOKEN_MARGIN_S`.
+
+    A run may last until the outer call's deadline (`timeout` is the time left), and never
+    longer than the runtime's wall ceiling, whichever comes first: the runtime lowers the run's
+    ceiling to the deadline it is sent. So a binding call the run can still make always
+    carries a valid token, and a token stops verifying soon after its run can be alive.
+    """
+    bounds = [b for b in (timeout, limits.max_wall_s) if b is not None]
+    return (min(bounds) if bounds else _LONGEST_RUN_S) + TOKEN_MARGIN_S
 
 
 class RunCodeTransport:
@@ -132,29 +154,33 @@ class _Run(RunHooks):
         outer = self.outer
         scope = outer.agent or GLOBAL
         bindings = tuple(sorted(n for n in t.executor.catalog.view(scope).visible if n != RUN_CODE))
-        token = t.minter.mint(outer.call_id, outer.agent or "", t.config.token_ttl_s)
-        self.token = token
         self.bindings = frozenset(bindings)
         remove = outer.signal.add_listener(self.controller.abort)
         self.scheduler = RunScheduler(
             t.executor, self.controller.signal, t.config.max_parallel_sub_calls, self, outer.emit
         )
-        loop = asyncio.get_running_loop()
-        spec = RunSpec(
-            program=self.code,
-            language=t.config.language,
-            binding_names=bindings,
-            token=token,
-            timeout=None if outer.deadline is None else max(0.0, outer.deadline - loop.time()),
-            traceparent=outer.traceparent,  # the run_code call's span
-            tracestate=outer.tracestate,
-        )
-        assert t.runtime is not None
+        runtime = t.runtime
+        assert runtime is not None
         terminal: RunTerminal | None = None
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
-            stream = self.stream = await t.runtime.open_run(spec)
+            limits = (
+                await runtime.limits() if isinstance(runtime, LimitedRuntime) else RuntimeLimits()
+            )
+            loop = asyncio.get_running_loop()
+            timeout = None if outer.deadline is None else max(0.0, outer.deadline - loop.time())
+            token = t.minter.mint(outer.call_id, outer.agent or "", token_lifetime(timeout, limits))
+            spec = RunSpec(
+                program=self.code,
+                language=t.config.language,
+                binding_names=bindings,
+                token=token,
+                timeout=timeout,
+                traceparent=outer.traceparent,  # the run_code call's span
+                tracestate=outer.tracestate,
+            )
+            stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)
         except RuntimeLost as exc:
             terminal = RunTerminal(

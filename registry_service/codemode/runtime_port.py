@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,22 @@ class RunStream(Protocol):
 
 class RuntimePort(Protocol):
     async def open_run(self, spec: RunSpec) -> RunStream: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLimits:
+    """What the runtime lets one run use, as far as the port knows (None: unknown)."""
+
+    max_wall_s: float | None = None
+    """The longest wall-clock time any run may get (the runtime's wall ceiling)."""
+
+
+@runtime_checkable
+class LimitedRuntime(Protocol):
+    """A `RuntimePort` that knows the runtime's limits (the gRPC one asks the runtime);
+    ports without it (in-memory test runtimes) are treated as unlimited."""
+
+    async def limits(self) -> RuntimeLimits: ...
 
 
 class RuntimeLost(Exception):
