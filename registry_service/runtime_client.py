@@ -63,13 +63,31 @@ def channel_target(targets: list[str]) -> str:
     return "ipv4:" + ",".join(targets)
 
 
+def payload_limit(max_message_bytes: int) -> int:
+    """The largest JSON text (a run's output, a binding call's arguments, a call's value) whose
+    message still fits in `max_message_bytes`.
+
+    The headroom covers the rest of the message. A run's output is measured by the runtime's
+    ledger as JSON (each log entry its JSON-string size plus a comma), which is never smaller
+    than the entry's protobuf framing except for entries of 16 KiB or more, whose length
+    prefix can be up to 2 bytes longer: at most `max_message_bytes / 8192` bytes in all,
+    plus a few dozen bytes of fixed framing. Twice that, plus 1 KiB, is ample.
+    """
+    return max_message_bytes - (1024 + max_message_bytes // 4096)
+
+
 def channel_options(
     max_message_bytes: int, keepalive_s: float | None = None
 ) -> list[tuple[str, str | int]]:
     """The runtime channel's arguments."""
     options: list[tuple[str, str | int]] = [
         ("grpc.lb_policy_name", "round_robin"),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        # No receive limit of our own: a runtime sends nothing larger than its own
+        # max_message_bytes allows; a run's output is held within our limit by the output
+        # budget we ask for; and a binding call too large to forward must still arrive, so
+        # that the bridge refuses that one call (the program sees a ToolCallError) instead
+        # of the oversized message failing the whole run.
+        ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
     if keepalive_s is not None:
@@ -184,6 +202,7 @@ class GrpcRuntime:
             interceptors=interceptors or None,
         )
         self._stub = pb_grpc.RuntimeServiceStub(self._channel)
+        self._payload_limit = payload_limit(max_message_bytes)
         self._capabilities: pb.GetCapabilitiesResponse | None = None
         self._capabilities_at = 0.0
         self._fetching: asyncio.Task[pb.GetCapabilitiesResponse] | None = None
@@ -192,7 +211,18 @@ class GrpcRuntime:
         """The runtime's limits, from its `GetCapabilities` (0 there means "not reported")."""
         caps = await self._read_capabilities()
         wall_ms = caps.max_budgets.wall_ms
-        return RuntimeLimits(max_wall_s=wall_ms / 1000 if wall_ms else None)
+        # Left to the runtime's default (64 MiB), a run's output could be more than our
+        # max_message_bytes can carry on; so a run asks for what fits, unless the runtime
+        # gives it less anyway (its default), and never above its maximum (that is refused).
+        output = self._payload_limit
+        for known in (caps.default_budgets.max_output_bytes, caps.max_budgets.max_output_bytes):
+            if known:  # 0: not reported
+                output = min(output, known)
+        return RuntimeLimits(
+            max_wall_s=wall_ms / 1000 if wall_ms else None,
+            max_output_bytes=output,
+            max_payload_bytes=self._payload_limit,
+        )
 
     async def _read_capabilities(self) -> pb.GetCapabilitiesResponse:
         stale = time.monotonic() - self._capabilities_at > _CAPABILITIES_REFRESH_S
@@ -240,6 +270,7 @@ class GrpcRuntime:
             language=spec.language,
             binding_names=list(spec.binding_names),
             token=spec.token,
+            budgets=pb.RunBudgets(max_output_bytes=spec.max_output_bytes or 0),
             trace_context=trace_pb2.TraceContext(
                 traceparent=spec.traceparent, tracestate=spec.tracestate
             ),

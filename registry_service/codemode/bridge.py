@@ -144,6 +144,7 @@ class _Run(RunHooks):
     concluded: bool = False
     counter: int = 0
     stream: RunStream | None = None
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)
 
     @property
     def telemetry(self) -> RegistryTelemetry:
@@ -165,9 +166,10 @@ class _Run(RunHooks):
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
-            limits = (
-                await runtime.limits() if isinstance(runtime, LimitedRuntime) else RuntimeLimits()
-            )
+            if isinstance(runtime, LimitedRuntime):
+                self.limits = limits = await runtime.limits()
+            else:
+                limits = self.limits
             loop = asyncio.get_running_loop()
             timeout = None if outer.deadline is None else max(0.0, outer.deadline - loop.time())
             token = t.minter.mint(outer.call_id, outer.agent or "", token_lifetime(timeout, limits))
@@ -179,6 +181,9 @@ class _Run(RunHooks):
                 timeout=timeout,
                 traceparent=outer.traceparent,  # the run_code call's span
                 tracestate=outer.tracestate,
+                # An output the registry could not carry on would fail the run's stream
+                # instead of ending it with `output-limit`.
+                max_output_bytes=limits.max_output_bytes,
             )
             stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)
@@ -238,6 +243,14 @@ class _Run(RunHooks):
         if name not in self.bindings:
             telemetry.nested_refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
+        limit = self.limits.max_payload_bytes
+        if limit is not None and _too_large(call.arguments_json, limit):
+            # It arrived, but could not go on to a tool provider (nor come back): refused
+            # like lossy arguments, so the program can catch it and carry on.
+            telemetry.nested_refused("arguments_too_large", name)
+            return stream.reply(
+                call.call_id, False, f"tool arguments too large: over {limit} bytes of JSON"
+            )
         try:
             arguments = jsonvalue.loads(call.arguments_json)
         except JsonValueError as exc:
@@ -288,11 +301,19 @@ class _Run(RunHooks):
     def answer(self, call: NestedCall, result: ToolResult) -> None:
         # Queued on the stream in this very step: no task or loop turn per nested call.
         assert self.stream is not None
+        limit = self.limits.max_payload_bytes
         if result.is_error:
             message = result.error.message if result.error else "tool call failed"
+            if limit is not None and _too_large(message, limit):
+                message = _cut(message, limit)
+            self.stream.reply(call.binding_call_id, False, message)
+            return
+        payload = result.value_json or jsonvalue.dumps(result.value)
+        if limit is not None and _too_large(payload, limit):
+            # Sent as it is, the answer would exceed the message limit and fail the whole run.
+            message = f"tool result too large for the program: over {limit} bytes of JSON"
             self.stream.reply(call.binding_call_id, False, message)
         else:
-            payload = result.value_json or jsonvalue.dumps(result.value)
             self.stream.reply(call.binding_call_id, True, payload)
 
     # -- scheduler hooks -----------------------------------------------------------------------
@@ -389,6 +410,18 @@ def render_output(value: dict[str, JsonValue]) -> str:
 async def _close_quietly(stream: RunStream) -> None:
     with contextlib.suppress(Exception):  # the run is over: nothing depends on a clean close
         await stream.close()
+
+
+def _too_large(text: str, limit: int) -> bool:
+    """Whether `text` is more than `limit` bytes of UTF-8 (short texts are not encoded)."""
+    if len(text) * 4 <= limit:  # at most 4 bytes per code point
+        return False
+    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def _cut(text: str, limit: int) -> str:
+    """The longest prefix of `text` that is at most `limit` bytes of UTF-8."""
+    return text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

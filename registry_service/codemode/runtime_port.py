@@ -20,6 +20,7 @@ class RunSpec:
     timeout: float | None
     traceparent: str = ""
     tracestate: str = ""
+    max_output_bytes: int | None = None  # the run's output budget; None: the runtime's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,12 @@ class RuntimeLimits:
 
     max_wall_s: float | None = None
     """The longest wall-clock time any run may get (the runtime's wall ceiling)."""
+    max_output_bytes: int | None = None
+    """The output budget a run should ask for: the most the runtime grants a run by default,
+    and that still fits in one message to the registry."""
+    max_payload_bytes: int | None = None
+    """The largest JSON text one run message can carry: a binding call's arguments, or the
+    value that answers it."""
 
 
 @runtime_checkable

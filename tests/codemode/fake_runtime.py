@@ -7,13 +7,20 @@ The registry under test talks to it exactly as to a real runtime (`runtime_targe
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from codemode_common.api.runtime.v1 import runtime_pb2 as pb
 from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from registry_service.config import RegistrySettings
+from registry_service.domain.scopes import Mode
+from registry_service.registry import build_registry
+from registry_service.server import start as start_registry
+from tests.registry.conftest import CODE, Harness, echo_tool
 
 
 @dataclass
@@ -82,3 +89,46 @@ async def serve(runtime: FakeRuntime) -> AsyncIterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         await server.stop(0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> Callable[[], None]:
+        def step() -> None:
+            self.now += seconds
+
+        return step
+
+
+@contextlib.asynccontextmanager
+async def registry_on(
+    runtime: FakeRuntime, **settings: Any
+) -> AsyncIterator[tuple[Harness, FakeClock, str]]:
+    """A registry whose runtime is `runtime`, its token clock faked, an `echo` tool; and a
+    code agent."""
+    async with serve(runtime) as address:
+        config = RegistrySettings(
+            **{
+                "listen": "127.0.0.1:0",
+                "history_path": ":memory:",
+                "default_mode": Mode.CODE,
+                "runtime_targets": [address],
+                **settings,
+            }
+        )
+        running = await start_registry(config, build_registry(config))
+        channel = grpc.aio.insecure_channel(running.address)
+        harness = Harness(running, channel)
+        clock = FakeClock()
+        running.registry.transport.minter.clock = clock
+        echo_tool(running.registry, "echo")
+        try:
+            yield harness, clock, await harness.agent("coder", mode=CODE)
+        finally:
+            await channel.close()
+            await running.stop(0)

@@ -4,61 +4,15 @@ answers each one on the Run stream."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import grpc
 
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.codemode.bridge import TOKEN_MARGIN_S
 from registry_service.codemode.token import TokenMinter
-from registry_service.config import RegistrySettings
-from registry_service.domain.scopes import Mode
-from registry_service.registry import build_registry
-from registry_service.server import start as start_registry
-from tests.codemode.fake_runtime import FakeRuntime, Step, serve
-from tests.registry.conftest import CODE, Harness, echo_tool
+from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
+from tests.registry.conftest import Harness
 
 ECHOED = '{"echo":{}}'
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> Callable[[], None]:
-        def step() -> None:
-            self.now += seconds
-
-        return step
-
-
-@contextlib.asynccontextmanager
-async def registry_on(runtime: FakeRuntime) -> AsyncIterator[tuple[Harness, FakeClock, str]]:
-    """A registry whose runtime is `runtime`, its token clock faked; and a code agent."""
-    async with serve(runtime) as address:
-        config = RegistrySettings(
-            listen="127.0.0.1:0",
-            history_path=":memory:",
-            default_mode=Mode.CODE,
-            runtime_targets=[address],
-        )
-        running = await start_registry(config, build_registry(config))
-        channel = grpc.aio.insecure_channel(running.address)
-        harness = Harness(running, channel)
-        clock = FakeClock()
-        running.registry.transport.minter.clock = clock
-        echo_tool(running.registry, "echo")
-        try:
-            yield harness, clock, await harness.agent("coder", mode=CODE)
-        finally:
-            await channel.close()
-            await running.stop(0)
 
 
 def answers(runtime: FakeRuntime) -> list[tuple[str, str]]:
