@@ -59,6 +59,10 @@ from registry_service.history import build, records
 from registry_service.history.records import HistoryStore, Record
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
+# Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
+# first, with the same texts: runtime_service/worker/bootstrap.py).
+LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
+NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"
 NO_OUTPUT = "(run_code completed with no output)"
 
@@ -251,11 +255,14 @@ class _Run(RunHooks):
             return stream.reply(
                 call.call_id, False, f"tool arguments too large: over {limit} bytes of JSON"
             )
+        if not call.arguments_json.strip():
+            telemetry.nested_refused("invalid_arguments", name)
+            return stream.reply(call.call_id, False, NO_ARGUMENTS)
         try:
             arguments = jsonvalue.loads(call.arguments_json)
         except JsonValueError as exc:
             telemetry.nested_refused("invalid_arguments", name)
-            return stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
+            return stream.reply(call.call_id, False, f"{LOSSY_ARGUMENTS}: {exc}")
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
         # The nested call's span starts now (it includes the queue wait), as a child of the

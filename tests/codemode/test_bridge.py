@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_common.jsonvalue import JsonValueError
 from registry_service.codemode.token import ParentToken
 from registry_service.domain.policy import Block, Deny, PostDecision, PreDecision
 from registry_service.domain.results import (
@@ -17,6 +21,7 @@ from registry_service.domain.results import (
 )
 from registry_service.history.records import MODEL_KINDS
 from tests.codemode.conftest import Stack, value_of
+from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
 from tests.registry.conftest import echo_tool, result_text
 
 
@@ -113,14 +118,62 @@ async def test_lossy_arguments_are_rejected_before_dispatch(stack: Stack) -> Non
         "for bad in [float('nan'), object(), {1, 2}, -0.0]:\n"
         "    try:\n"
         "        await tools.echo({'x': bad})\n"
-        "    except Exception as e:\n"
-        "        out.append(type(e).__name__)\n"
+        "    except ToolCallError as e:\n"
+        "        out.append([e.toolName, str(e)])\n"
+        "try:\n"
+        "    await tools.echo()\n"
+        "except ToolCallError as e:\n"
+        "    out.append([e.toolName, str(e)])\n"
+        "out.append(await tools.echo({'ok': 1}))\n"
         "return out"
     )
     _, result = await stack.run_code(program, agent=agent)
-    assert len(value_of(result)["result"]) == 4
+    lossy = "tool arguments must be lossless JSON"
+    assert value_of(result)["result"] == [
+        ["echo", f"{lossy}: nan is not a finite number"],
+        ["echo", f"{lossy}: object is not a JSON value"],
+        ["echo", f"{lossy}: set is not a JSON value"],
+        ["echo", f"{lossy}: -0.0 cannot round-trip through JSON"],
+        ["echo", f"{lossy} (call the tool with an arguments object, e.g. `{{}}`)"],
+        {"echo": {"ok": 1}},
+    ]
     records = await stack.registry.history.list(agent, after_seq=0, limit=100)
-    assert [r.kind for r in records] == ["tool/call", "tool/result"]  # nothing dispatched
+    # Nothing dispatched or logged for the refused calls, and no sub-call number used.
+    assert [(r.kind, r.call_id) for r in records] == [
+        ("tool/call", "call-1"),
+        ("tool/code-dispatch-start", "call-1:code:1"),
+        ("tool/code-dispatch", "call-1:code:1"),
+        ("tool/result", "call-1"),
+    ]
+
+
+async def test_registry_refuses_unusable_arguments_with_the_same_texts() -> None:
+    # The worker never sends these; a runtime that did gets the worker's own texts back.
+    runtime = FakeRuntime()
+    runtime.steps = [
+        Step(arguments_json=""),
+        Step(arguments_json="[1,"),
+        Step(arguments_json="NaN"),
+        Step(arguments_json="{}"),
+    ]
+    async with registry_on(runtime) as (h, _clock, agent):
+        _, result = await h.execute("run_code", {"code": "pass", "description": "x"}, agent=agent)
+        records = await h.registry.history.list(agent, after_seq=0, limit=100)
+    assert not result.is_error
+    lossy = "tool arguments must be lossless JSON"
+    assert [(r.value_json or r.error_message) for r in runtime.results] == [
+        f"{lossy} (call the tool with an arguments object, e.g. `{{}}`)",
+        f"{lossy}: {_refusal('[1,')}",
+        f"{lossy}: {_refusal('NaN')}",
+        '{"echo":{}}',
+    ]
+    assert [r.call_id for r in records if r.kind == "tool/code-dispatch"] == ["call-1:code:1"]
+
+
+def _refusal(text: str) -> str:
+    with pytest.raises(JsonValueError) as caught:
+        jsonvalue.loads(text)
+    return str(caught.value)
 
 
 async def test_deep_arguments_and_proto_named_tool(stack: Stack) -> None:
