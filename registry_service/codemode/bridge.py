@@ -43,6 +43,7 @@ from registry_service.domain.results import (
     ImageBlock,
     TextBlock,
     ToolResult,
+    aborted,
     error_result,
     success,
 )
@@ -388,6 +389,11 @@ class _Run(RunHooks):
     def _outer_result(self, terminal: RunTerminal | None) -> ToolResult:
         contexts = tuple(self.deferred)
         assert terminal is not None
+        if self._caller_gone():
+            # Whichever outcome raced the caller's cancel or deadline (the runtime's `abort`,
+            # or its `timeout` at the deadline it was given), the call was aborted, as any
+            # tool's call is: one code for it, whatever the race.
+            return aborted(before_dispatch=False).with_contexts(contexts)
         if not terminal.ok:
             message = f"code run failed ({terminal.kind}): {terminal.message}"
             if terminal.logs:
@@ -402,6 +408,12 @@ class _Run(RunHooks):
         if self.concluded:
             result = replace(result, concludes_turn=True)
         return result
+
+    def _caller_gone(self) -> bool:
+        deadline = self.outer.deadline
+        if self.outer.signal.aborted:
+            return True
+        return deadline is not None and asyncio.get_running_loop().time() >= deadline
 
 
 def render_output(value: dict[str, JsonValue]) -> str:
