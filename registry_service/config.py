@@ -56,7 +56,10 @@ class RegistrySettings(BaseSettings):
     plugins: list[str] = Field(default_factory=list)
     """`module:function` entries called with the Registry at start (in-process tools, hooks)."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
-    """Largest gRPC message accepted or sent."""
+    """Largest gRPC message accepted or sent. It also sizes `run_code`: a run's output budget,
+    and the largest arguments or value one nested call can exchange with the program, are just
+    under it (the registry accepts larger messages from a runtime, bounded by the runtime's own
+    limit, only to refuse such a call instead of failing the run)."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight RPCs may finish on shutdown."""
     runtime_targets: list[str] = Field(default_factory=list)

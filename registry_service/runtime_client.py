@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,8 +29,11 @@ from registry_service.codemode.runtime_port import (
     RunLog,
     RunSpec,
     RunTerminal,
+    RuntimeLimits,
     RuntimeLost,
 )
+
+log = logging.getLogger(__name__)
 
 # Names of pb.FailureKind values, as the bridge reports them in `code run failed (<kind>)`.
 _KINDS = {
@@ -44,6 +50,10 @@ _DEADLINE_GRACE_S = 5.0
 _CLOSE_DRAIN_S = 1.0
 # How long a keepalive ping may go unanswered before its connection counts as dead.
 _KEEPALIVE_TIMEOUT_MS = 10_000
+# The runtime's capabilities (its limits) are read once, then refreshed in the background at
+# most this often, so a redeployed runtime's new limits are picked up without a per-run cost.
+_CAPABILITIES_REFRESH_S = 60.0
+_CAPABILITIES_TIMEOUT_S = 10.0
 
 
 def channel_target(targets: list[str]) -> str:
@@ -53,13 +63,31 @@ def channel_target(targets: list[str]) -> str:
     return "ipv4:" + ",".join(targets)
 
 
+def payload_limit(max_message_bytes: int) -> int:
+    """The largest JSON text (a run's output, a binding call's arguments, a call's value) whose
+    message still fits in `max_message_bytes`.
+
+    The headroom covers the rest of the message. A run's output is measured by the runtime's
+    ledger as JSON (each log entry its JSON-string size plus a comma), which is never smaller
+    than the entry's protobuf framing except for entries of 16 KiB or more, whose length
+    prefix can be up to 2 bytes longer: at most `max_message_bytes / 8192` bytes in all,
+    plus a few dozen bytes of fixed framing. Twice that, plus 1 KiB, is ample.
+    """
+    return max_message_bytes - (1024 + max_message_bytes // 4096)
+
+
 def channel_options(
     max_message_bytes: int, keepalive_s: float | None = None
 ) -> list[tuple[str, str | int]]:
     """The runtime channel's arguments."""
     options: list[tuple[str, str | int]] = [
         ("grpc.lb_policy_name", "round_robin"),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        # No receive limit of our own: a runtime sends nothing larger than its own
+        # max_message_bytes allows; a run's output is held within our limit by the output
+        # budget we ask for; and a binding call too large to forward must still arrive, so
+        # that the bridge refuses that one call (the program sees a ToolCallError) instead
+        # of the oversized message failing the whole run.
+        ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
     if keepalive_s is not None:
@@ -174,6 +202,66 @@ class GrpcRuntime:
             interceptors=interceptors or None,
         )
         self._stub = pb_grpc.RuntimeServiceStub(self._channel)
+        self._payload_limit = payload_limit(max_message_bytes)
+        self._capabilities: pb.GetCapabilitiesResponse | None = None
+        self._capabilities_at = 0.0
+        self._fetching: asyncio.Task[pb.GetCapabilitiesResponse] | None = None
+
+    async def limits(self) -> RuntimeLimits:
+        """The runtime's limits, from its `GetCapabilities` (0 there means "not reported")."""
+        caps = await self._read_capabilities()
+        wall_ms = caps.max_budgets.wall_ms
+        # Left to the runtime's default (64 MiB), a run's output could be more than our
+        # max_message_bytes can carry on; so a run asks for what fits, unless the runtime
+        # gives it less anyway (its default), and never above its maximum (that is refused).
+        output = self._payload_limit
+        for known in (caps.default_budgets.max_output_bytes, caps.max_budgets.max_output_bytes):
+            if known:  # 0: not reported
+                output = min(output, known)
+        return RuntimeLimits(
+            max_wall_s=wall_ms / 1000 if wall_ms else None,
+            max_output_bytes=output,
+            max_payload_bytes=self._payload_limit,
+        )
+
+    async def _read_capabilities(self) -> pb.GetCapabilitiesResponse:
+        stale = time.monotonic() - self._capabilities_at > _CAPABILITIES_REFRESH_S
+        if self._capabilities is not None and not stale:
+            return self._capabilities
+        if self._fetching is None:
+            self._capabilities_at = time.monotonic()  # one attempt per period, even a failed one
+            # In an empty context: the read belongs to no run's trace (it serves them all), and
+            # a cancelled run does not cancel it for the others waiting on it.
+            self._fetching = asyncio.get_running_loop().create_task(
+                self._get_capabilities(), context=contextvars.Context()
+            )
+            self._fetching.add_done_callback(self._fetched)
+        if self._capabilities is not None:
+            return self._capabilities  # refreshing in the background
+        try:
+            return await asyncio.shield(self._fetching)
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeLost(
+                f"cannot read the runtime's capabilities: {exc.code().name}: {exc.details()}"
+            ) from exc
+
+    async def _get_capabilities(self) -> pb.GetCapabilitiesResponse:
+        request = pb.GetCapabilitiesRequest()
+        response: pb.GetCapabilitiesResponse = await self._stub.GetCapabilities(
+            request, timeout=_CAPABILITIES_TIMEOUT_S
+        )
+        return response
+
+    def _fetched(self, task: asyncio.Task[pb.GetCapabilitiesResponse]) -> None:
+        self._fetching = None
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            if self._capabilities is None:
+                self._capabilities_at = 0.0  # nothing known yet: the next run asks again
+            log.warning("reading the runtime's capabilities failed: %s", exc)
+            return
+        self._capabilities = task.result()
 
     async def open_run(self, spec: RunSpec) -> GrpcRunStream:
         timeout = None if spec.timeout is None else spec.timeout + _DEADLINE_GRACE_S
@@ -182,6 +270,7 @@ class GrpcRuntime:
             language=spec.language,
             binding_names=list(spec.binding_names),
             token=spec.token,
+            budgets=pb.RunBudgets(max_output_bytes=spec.max_output_bytes or 0),
             trace_context=trace_pb2.TraceContext(
                 traceparent=spec.traceparent, tracestate=spec.tracestate
             ),
@@ -196,4 +285,6 @@ class GrpcRuntime:
         return GrpcRunStream(self._stub.Run(_requests(outbox), timeout=timeout), outbox)
 
     async def close(self) -> None:
+        if self._fetching is not None:
+            self._fetching.cancel()
         await self._channel.close()

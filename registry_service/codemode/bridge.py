@@ -19,10 +19,12 @@ from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.codemode.runtime_port import (
     BindingCall,
+    LimitedRuntime,
     RunLog,
     RunSpec,
     RunStream,
     RunTerminal,
+    RuntimeLimits,
     RuntimeLost,
     RuntimePort,
 )
@@ -41,6 +43,7 @@ from registry_service.domain.results import (
     ImageBlock,
     TextBlock,
     ToolResult,
+    aborted,
     error_result,
     success,
 )
@@ -57,15 +60,39 @@ from registry_service.history import build, records
 from registry_service.history.records import HistoryStore, Record
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
+# Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
+# first, with the same texts: runtime_service/worker/bootstrap.py).
+LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
+NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"
 NO_OUTPUT = "(run_code completed with no output)"
+
+
+# How long a parent token outlives its run's allowed time. The runtime starts a run's wall
+# clock only once the worker has the program (after the pool hand-off, or a spawn), so the run
+# may end a little after `mint + allowed`; the margin covers that hand-off.
+TOKEN_MARGIN_S = 60.0
+# The longest wall-clock ceiling any runtime accepts (`RunBudgets.wall_ms` is capped at int32
+# milliseconds): a run's allowed time when neither a deadline nor the runtime's limits are known.
+_LONGEST_RUN_S = (2**31 - 1) / 1000
 
 
 @dataclass
 class CodeModeConfig:
     max_parallel_sub_calls: int = 10
     language: str = "python"
-    token_ttl_s: float = 3600.0
+
+
+def token_lifetime(timeout: float | None, limits: RuntimeLimits) -> float:
+    """Seconds a run's parent token stays valid: the run's allowed time plus `TOKEN_MARGIN_S`.
+
+    A run may last until the outer call's deadline (`timeout` is the time left), and never
+    longer than the runtime's wall ceiling, whichever comes first: the runtime lowers the run's
+    ceiling to the deadline it is sent. So a binding call the run can still make always
+    carries a valid token, and a token stops verifying soon after its run can be alive.
+    """
+    bounds = [b for b in (timeout, limits.max_wall_s) if b is not None]
+    return (min(bounds) if bounds else _LONGEST_RUN_S) + TOKEN_MARGIN_S
 
 
 class RunCodeTransport:
@@ -122,6 +149,7 @@ class _Run(RunHooks):
     concluded: bool = False
     counter: int = 0
     stream: RunStream | None = None
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)
 
     @property
     def telemetry(self) -> RegistryTelemetry:
@@ -132,29 +160,37 @@ class _Run(RunHooks):
         outer = self.outer
         scope = outer.agent or GLOBAL
         bindings = tuple(sorted(n for n in t.executor.catalog.view(scope).visible if n != RUN_CODE))
-        token = t.minter.mint(outer.call_id, outer.agent or "", t.config.token_ttl_s)
-        self.token = token
         self.bindings = frozenset(bindings)
         remove = outer.signal.add_listener(self.controller.abort)
         self.scheduler = RunScheduler(
             t.executor, self.controller.signal, t.config.max_parallel_sub_calls, self, outer.emit
         )
-        loop = asyncio.get_running_loop()
-        spec = RunSpec(
-            program=self.code,
-            language=t.config.language,
-            binding_names=bindings,
-            token=token,
-            timeout=None if outer.deadline is None else max(0.0, outer.deadline - loop.time()),
-            traceparent=outer.traceparent,  # the run_code call's span
-            tracestate=outer.tracestate,
-        )
-        assert t.runtime is not None
+        runtime = t.runtime
+        assert runtime is not None
         terminal: RunTerminal | None = None
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
-            stream = self.stream = await t.runtime.open_run(spec)
+            if isinstance(runtime, LimitedRuntime):
+                self.limits = limits = await runtime.limits()
+            else:
+                limits = self.limits
+            loop = asyncio.get_running_loop()
+            timeout = None if outer.deadline is None else max(0.0, outer.deadline - loop.time())
+            token = t.minter.mint(outer.call_id, outer.agent or "", token_lifetime(timeout, limits))
+            spec = RunSpec(
+                program=self.code,
+                language=t.config.language,
+                binding_names=bindings,
+                token=token,
+                timeout=timeout,
+                traceparent=outer.traceparent,  # the run_code call's span
+                tracestate=outer.tracestate,
+                # An output the registry could not carry on would fail the run's stream
+                # instead of ending it with `output-limit`.
+                max_output_bytes=limits.max_output_bytes,
+            )
+            stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)
         except RuntimeLost as exc:
             terminal = RunTerminal(
@@ -212,11 +248,22 @@ class _Run(RunHooks):
         if name not in self.bindings:
             telemetry.nested_refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
+        limit = self.limits.max_payload_bytes
+        if limit is not None and _too_large(call.arguments_json, limit):
+            # It arrived, but could not go on to a tool provider (nor come back): refused
+            # like lossy arguments, so the program can catch it and carry on.
+            telemetry.nested_refused("arguments_too_large", name)
+            return stream.reply(
+                call.call_id, False, f"tool arguments too large: over {limit} bytes of JSON"
+            )
+        if not call.arguments_json.strip():
+            telemetry.nested_refused("invalid_arguments", name)
+            return stream.reply(call.call_id, False, NO_ARGUMENTS)
         try:
             arguments = jsonvalue.loads(call.arguments_json)
         except JsonValueError as exc:
             telemetry.nested_refused("invalid_arguments", name)
-            return stream.reply(call.call_id, False, f"tool arguments must be lossless JSON: {exc}")
+            return stream.reply(call.call_id, False, f"{LOSSY_ARGUMENTS}: {exc}")
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
         # The nested call's span starts now (it includes the queue wait), as a child of the
@@ -262,11 +309,19 @@ class _Run(RunHooks):
     def answer(self, call: NestedCall, result: ToolResult) -> None:
         # Queued on the stream in this very step: no task or loop turn per nested call.
         assert self.stream is not None
+        limit = self.limits.max_payload_bytes
         if result.is_error:
             message = result.error.message if result.error else "tool call failed"
+            if limit is not None and _too_large(message, limit):
+                message = _cut(message, limit)
+            self.stream.reply(call.binding_call_id, False, message)
+            return
+        payload = result.value_json or jsonvalue.dumps(result.value)
+        if limit is not None and _too_large(payload, limit):
+            # Sent as it is, the answer would exceed the message limit and fail the whole run.
+            message = f"tool result too large for the program: over {limit} bytes of JSON"
             self.stream.reply(call.binding_call_id, False, message)
         else:
-            payload = result.value_json or jsonvalue.dumps(result.value)
             self.stream.reply(call.binding_call_id, True, payload)
 
     # -- scheduler hooks -----------------------------------------------------------------------
@@ -334,6 +389,11 @@ class _Run(RunHooks):
     def _outer_result(self, terminal: RunTerminal | None) -> ToolResult:
         contexts = tuple(self.deferred)
         assert terminal is not None
+        if self._caller_gone():
+            # Whichever outcome raced the caller's cancel or deadline (the runtime's `abort`,
+            # or its `timeout` at the deadline it was given), the call was aborted, as any
+            # tool's call is: one code for it, whatever the race.
+            return aborted(before_dispatch=False).with_contexts(contexts)
         if not terminal.ok:
             message = f"code run failed ({terminal.kind}): {terminal.message}"
             if terminal.logs:
@@ -349,6 +409,12 @@ class _Run(RunHooks):
             result = replace(result, concludes_turn=True)
         return result
 
+    def _caller_gone(self) -> bool:
+        deadline = self.outer.deadline
+        if self.outer.signal.aborted:
+            return True
+        return deadline is not None and asyncio.get_running_loop().time() >= deadline
+
 
 def render_output(value: dict[str, JsonValue]) -> str:
     """Logs joined by newlines, then the result (strings raw, others pretty JSON)."""
@@ -363,6 +429,18 @@ def render_output(value: dict[str, JsonValue]) -> str:
 async def _close_quietly(stream: RunStream) -> None:
     with contextlib.suppress(Exception):  # the run is over: nothing depends on a clean close
         await stream.close()
+
+
+def _too_large(text: str, limit: int) -> bool:
+    """Whether `text` is more than `limit` bytes of UTF-8 (short texts are not encoded)."""
+    if len(text) * 4 <= limit:  # at most 4 bytes per code point
+        return False
+    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def _cut(text: str, limit: int) -> str:
+    """The longest prefix of `text` that is at most `limit` bytes of UTF-8."""
+    return text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,7 @@ class RunSpec:
     timeout: float | None
     traceparent: str = ""
     tracestate: str = ""
+    max_output_bytes: int | None = None  # the run's output budget; None: the runtime's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,28 @@ class RunStream(Protocol):
 
 class RuntimePort(Protocol):
     async def open_run(self, spec: RunSpec) -> RunStream: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLimits:
+    """What the runtime lets one run use, as far as the port knows (None: unknown)."""
+
+    max_wall_s: float | None = None
+    """The longest wall-clock time any run may get (the runtime's wall ceiling)."""
+    max_output_bytes: int | None = None
+    """The output budget a run should ask for: the most the runtime grants a run by default,
+    and that still fits in one message to the registry."""
+    max_payload_bytes: int | None = None
+    """The largest JSON text one run message can carry: a binding call's arguments, or the
+    value that answers it."""
+
+
+@runtime_checkable
+class LimitedRuntime(Protocol):
+    """A `RuntimePort` that knows the runtime's limits (the gRPC one asks the runtime);
+    ports without it (in-memory test runtimes) are treated as unlimited."""
+
+    async def limits(self) -> RuntimeLimits: ...
 
 
 class RuntimeLost(Exception):

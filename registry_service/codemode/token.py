@@ -12,6 +12,7 @@ import hmac
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _VERSION = 1
@@ -32,13 +33,14 @@ class TokenError(ValueError):
 
 
 class TokenMinter:
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, key: bytes | None = None, clock: Callable[[], float] = time.time) -> None:
         # A random key per process is right for one registry replica; replicas that must accept
         # each other's tokens share `token_key` through configuration.
         self._key = key or os.urandom(32)
+        self.clock = clock  # wall-clock seconds: expiries must mean the same to every replica
 
     def mint(self, execution_id: str, agent: str, ttl_s: float) -> bytes:
-        expires = time.time() + ttl_s
+        expires = self.clock() + ttl_s
         body = _encode(execution_id, agent, expires)
         return body + hmac.new(self._key, body, hashlib.sha256).digest()
 
@@ -51,7 +53,7 @@ class TokenMinter:
         parsed = _decode(body)
         if agent is not None and parsed.agent != agent:
             raise TokenError("parent token belongs to another agent")
-        if parsed.expires_at < time.time():
+        if parsed.expires_at < self.clock():
             raise TokenError("parent token expired")
         return parsed
 

@@ -33,6 +33,10 @@ from runtime_service.worker import flatwire, framing, ledger, sandbox_child
 
 PROGRAM_FILENAME = "<program>"
 EXIT_OUT_OF_MEMORY = framing.EXIT_OUT_OF_MEMORY
+# The program's view of arguments it cannot send: the same texts as the registry's (bridge.py).
+LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
+NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
+_NOTHING = object()  # a binding called without its arguments object
 
 
 class ToolCallError(Exception):
@@ -184,7 +188,7 @@ def make_tools(names: list[str], call: Callable[[str, object], Any]) -> object:
 
 
 def _binding(name: str, call: Callable[[str, object], Any]) -> Callable[[object], Any]:
-    def binding(args: object) -> Any:
+    def binding(args: object = _NOTHING) -> Any:
         return call(name, args)
 
     binding.__name__ = binding.__qualname__ = name
@@ -332,10 +336,13 @@ class Worker:
 
     # -- bindings ---------------------------------------------------------------------------
     def call(self, name: str, args: object) -> asyncio.Future[Any]:
+        # Refused before an id is allocated: a refused call takes no sub-call number.
+        if args is _NOTHING:
+            raise ToolCallError(NO_ARGUMENTS, name)
         try:
             tokens = flatwire.encode(args)
         except flatwire.WireError as exc:
-            raise ToolCallError(f"binding arguments must be lossless JSON: {exc}", name) from None
+            raise ToolCallError(f"{LOSSY_ARGUMENTS}: {exc}", name) from None
         call_id = self.next_id
         self.next_id += 1
         future: asyncio.Future[Any] = self.loop.create_future()

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.trace import TracerProvider
 
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
@@ -56,7 +57,10 @@ __all__ = ["make_registry"]  # re-exported fixture
 @pytest.fixture
 def make_stack() -> Callable[..., Any]:
     @contextlib.asynccontextmanager
-    async def factory(pool_size: int = 2, **settings: Any) -> AsyncIterator[Stack]:
+    async def factory(
+        pool_size: int = 2, tracer_provider: TracerProvider | None = None, **settings: Any
+    ) -> AsyncIterator[Stack]:
+        """`tracer_provider`: the registry's spans go there (default: not traced)."""
         runtime = await start_runtime(RuntimeSettings(listen="127.0.0.1:0", pool_size=pool_size))
         config = RegistrySettings(
             **{
@@ -67,7 +71,9 @@ def make_stack() -> Callable[..., Any]:
                 **settings,
             }
         )
-        registry = await start_registry(config, build_registry(config))
+        registry = await start_registry(
+            config, build_registry(config, tracer_provider=tracer_provider)
+        )
         channel = grpc.aio.insecure_channel(registry.address)
         stack = Stack(registry, channel)
         stack.runtime = runtime

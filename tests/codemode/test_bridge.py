@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+import pytest
+
+from codemode_common import jsonvalue
+from codemode_common.jsonvalue import JsonValueError
 from registry_service.codemode.token import ParentToken
 from registry_service.domain.policy import Block, Deny, PostDecision, PreDecision
 from registry_service.domain.results import (
@@ -17,6 +19,7 @@ from registry_service.domain.results import (
 )
 from registry_service.history.records import MODEL_KINDS
 from tests.codemode.conftest import Stack, value_of
+from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
 from tests.registry.conftest import echo_tool, result_text
 
 
@@ -113,14 +116,62 @@ async def test_lossy_arguments_are_rejected_before_dispatch(stack: Stack) -> Non
         "for bad in [float('nan'), object(), {1, 2}, -0.0]:\n"
         "    try:\n"
         "        await tools.echo({'x': bad})\n"
-        "    except Exception as e:\n"
-        "        out.append(type(e).__name__)\n"
+        "    except ToolCallError as e:\n"
+        "        out.append([e.toolName, str(e)])\n"
+        "try:\n"
+        "    await tools.echo()\n"
+        "except ToolCallError as e:\n"
+        "    out.append([e.toolName, str(e)])\n"
+        "out.append(await tools.echo({'ok': 1}))\n"
         "return out"
     )
     _, result = await stack.run_code(program, agent=agent)
-    assert len(value_of(result)["result"]) == 4
+    lossy = "tool arguments must be lossless JSON"
+    assert value_of(result)["result"] == [
+        ["echo", f"{lossy}: nan is not a finite number"],
+        ["echo", f"{lossy}: object is not a JSON value"],
+        ["echo", f"{lossy}: set is not a JSON value"],
+        ["echo", f"{lossy}: -0.0 cannot round-trip through JSON"],
+        ["echo", f"{lossy} (call the tool with an arguments object, e.g. `{{}}`)"],
+        {"echo": {"ok": 1}},
+    ]
     records = await stack.registry.history.list(agent, after_seq=0, limit=100)
-    assert [r.kind for r in records] == ["tool/call", "tool/result"]  # nothing dispatched
+    # Nothing dispatched or logged for the refused calls, and no sub-call number used.
+    assert [(r.kind, r.call_id) for r in records] == [
+        ("tool/call", "call-1"),
+        ("tool/code-dispatch-start", "call-1:code:1"),
+        ("tool/code-dispatch", "call-1:code:1"),
+        ("tool/result", "call-1"),
+    ]
+
+
+async def test_registry_refuses_unusable_arguments_with_the_same_texts() -> None:
+    # The worker never sends these; a runtime that did gets the worker's own texts back.
+    runtime = FakeRuntime()
+    runtime.steps = [
+        Step(arguments_json=""),
+        Step(arguments_json="[1,"),
+        Step(arguments_json="NaN"),
+        Step(arguments_json="{}"),
+    ]
+    async with registry_on(runtime) as (h, _clock, agent):
+        _, result = await h.execute("run_code", {"code": "pass", "description": "x"}, agent=agent)
+        records = await h.registry.history.list(agent, after_seq=0, limit=100)
+    assert not result.is_error
+    lossy = "tool arguments must be lossless JSON"
+    assert [(r.value_json or r.error_message) for r in runtime.results] == [
+        f"{lossy} (call the tool with an arguments object, e.g. `{{}}`)",
+        f"{lossy}: {_refusal('[1,')}",
+        f"{lossy}: {_refusal('NaN')}",
+        '{"echo":{}}',
+    ]
+    assert [r.call_id for r in records if r.kind == "tool/code-dispatch"] == ["call-1:code:1"]
+
+
+def _refusal(text: str) -> str:
+    with pytest.raises(JsonValueError) as caught:
+        jsonvalue.loads(text)
+    return str(caught.value)
 
 
 async def test_deep_arguments_and_proto_named_tool(stack: Stack) -> None:
@@ -212,44 +263,3 @@ async def test_durable_content_shapes_and_pretty_json(stack: Stack) -> None:
     results = [r for r in records if r.kind == "tool/result"]
     assert len(results) == len(cases)
     assert all(r.kind in MODEL_KINDS for r in records)  # no nested records: no tools called
-
-
-async def test_outer_abort_cancels_in_flight_and_abandons_queued(stack: Stack) -> None:
-    started, cancelled = asyncio.Event(), asyncio.Event()
-    seen: list[str] = []
-
-    async def first(inv: Any) -> Any:
-        seen.append("first")
-        started.set()
-        await inv.signal.wait()
-        cancelled.set()
-
-    async def second(inv: Any) -> Any:
-        seen.append("second")
-
-    stack.registry.register_tool("first", first)
-    stack.registry.register_tool("second", second)
-    agent = await stack.code_agent()
-    program = "import asyncio\nawait asyncio.gather(tools.first({}), tools.second({}))"
-    request = rpb.ExecuteToolCallRequest(
-        agent=agent,
-        call_id="c1",
-        tool_name="run_code",
-        arguments_json='{"code": '
-        + __import__("json").dumps(program)
-        + ', "description": "abort me"}',
-    )
-    call = stack.stub.ExecuteToolCall(request)
-    await asyncio.wait_for(started.wait(), 20)
-    call.cancel()
-    await asyncio.wait_for(cancelled.wait(), 10)
-    for _ in range(200):
-        records = await stack.registry.history.list(agent, after_seq=0, limit=100)
-        if records and records[-1].kind == "tool/result":
-            break
-        await asyncio.sleep(0.02)
-    assert seen == ["first"]
-    kinds = [(r.kind, r.name) for r in records]
-    assert kinds[-1] == ("tool/result", "run_code") and records[-1].is_error
-    assert ("tool/code-dispatch", "first") in kinds
-    assert all(name != "second" for _, name in kinds)

@@ -6,6 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 from registry_service.config import RegistrySettings
@@ -236,6 +240,79 @@ async def test_queued_call_is_abandoned_without_records(stack: Stack) -> None:
     assert [r.call_id for r in records if r.name == "writer"] == []
     settles = [r for r in records if r.kind == "tool/code-dispatch"]
     assert len(settles) == 1 and settles[0].is_error  # the blocker: success replaced by abort
+
+
+async def test_an_abandoned_call_says_why_on_its_span(make_stack: Any) -> None:
+    # The abandonment reply can reach no program: it is queued after the terminal (or after the
+    # cancel), when the worker is gone. The nested call's span is where the text is seen.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    async def blocker(inv: Any) -> Any:
+        await inv.signal.wait()  # until the run settles
+
+    async def writer(inv: Any) -> Any:
+        raise AssertionError("an abandoned call never runs")
+
+    async with make_stack(tracer_provider=provider) as stack:
+        stack.registry.register_tool("blocker", blocker)
+        stack.registry.register_tool("writer", writer)
+        program = (
+            "import asyncio\n"
+            "asyncio.ensure_future(tools.blocker({}))\n"
+            "asyncio.ensure_future(tools.writer({}))\n"
+            "await asyncio.sleep(0.3)\n"
+            "return 'done'"
+        )
+        _, result = await stack.run_code(program)
+    assert value_of(result)["result"] == "done"
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool writer"]
+    assert (span.attributes or {})["codemode.outcome"] == "ABANDONED"
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == (
+        "run_code run is over (run_code settled); writer tool call abandoned"
+    )
+    provider.shutdown()
+
+
+async def test_the_result_waits_for_a_commit_in_progress(stack: Stack) -> None:
+    # T-SCHED-7: the program returns while a call's post-execute (its commit) is running.
+    commit: list[str] = []
+
+    async def slow(inv: Any) -> Any:
+        return "slow value"
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        if e.name == "slow":
+            commit.append("started")
+            await e.signal.wait()  # the run has settled: the program is gone
+            commit.append(f"run over: {e.signal.reason}")
+            await asyncio.sleep(0.3)
+            commit.append("finished")
+        return d
+
+    stack.registry.register_tool("slow", slow)
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    agent = await stack.code_agent()
+    program = (
+        "import asyncio\n"
+        "asyncio.ensure_future(tools.slow({}))\n"
+        "await asyncio.sleep(0.3)\n"
+        "return 'early'"
+    )
+    _, result = await stack.run_code(program, agent=agent)
+    assert value_of(result)["result"] == "early"
+    assert commit == ["started", "run over: run_code settled", "finished"]
+    records = await _records(stack, agent)
+    assert [(r.kind, r.call_id) for r in records] == [
+        ("tool/call", "call-1"),
+        ("tool/code-dispatch-start", "call-1:code:1"),
+        ("tool/code-dispatch", "call-1:code:1"),
+        ("tool/result", "call-1"),
+    ]
+    settle = records[2]
+    assert settle.is_error and settle.error_code == "ABORTED"  # success replaced by abort
 
 
 def test_max_parallel_sub_calls_must_be_positive() -> None:
