@@ -307,7 +307,7 @@ class Run:
             self._reply(
                 worker,
                 call.call_id,
-                BindingResult.failure("binding arguments must be lossless JSON"),
+                BindingResult.failure("tool arguments must be lossless JSON"),
             )
             return
         seq = self._next_seq

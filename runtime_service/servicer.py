@@ -156,7 +156,7 @@ class _CallRelay:
         try:
             arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
-            pending.resolve(BindingResult.failure("binding arguments must be lossless JSON"))
+            pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
         limit = self._max_arguments
         if limit is not None and len(arguments) > limit // 4:  # UTF-8: at most 4 bytes a char

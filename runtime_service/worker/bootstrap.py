@@ -339,15 +339,18 @@ class Worker:
         # Refused before an id is allocated: a refused call takes no sub-call number.
         if args is _NOTHING:
             raise ToolCallError(NO_ARGUMENTS, name)
+        call_id = self.next_id
         try:
             tokens = flatwire.encode(args)
-        except flatwire.WireError as exc:
+            # Framed here, before the id is taken: framing refuses what the wire cannot carry
+            # (an integer beyond int_max_str_digits, a frame over the size cap).
+            frame = framing.pack({"t": "call", "id": call_id, "name": name, "args": tokens})
+        except (flatwire.WireError, ValueError) as exc:
             raise ToolCallError(f"{LOSSY_ARGUMENTS}: {exc}", name) from None
-        call_id = self.next_id
         self.next_id += 1
         future: asyncio.Future[Any] = self.loop.create_future()
         self.pending[call_id] = (future, name)
-        self.channel.send({"t": "call", "id": call_id, "name": name, "args": tokens})
+        self.channel.sock.sendall(frame)
         return future
 
     def on_readable(self) -> None:

@@ -112,7 +112,7 @@ async def test_forged_calls_unknown_names_and_duplicate_ids(run_program: Program
             "t": "reply",
             "id": 1002,
             "ok": False,
-            "message": "binding arguments must be lossless JSON",
+            "message": "tool arguments must be lossless JSON",
         },
         {"t": "reply", "id": 1003, "ok": True, "value": ["first"]},
     ]
@@ -249,7 +249,7 @@ async def test_forged_negative_zero_is_refused_not_read_as_zero(
         'send_text(\'{"t":"call","id":1001,"name":"echo","args":[{"kind":"array","length":1},-0]}\')\n'
         "replies = [reply, recv()]\n"
         "if replies == [{'t': 'reply', 'id': i, 'ok': False,"
-        " 'message': 'binding arguments must be lossless JSON'} for i in (1000, 1001)]:\n"
+        " 'message': 'tool arguments must be lossless JSON'} for i in (1000, 1001)]:\n"
         '    send_text(\'{"t":"done","value":[-0]}\')\n'
         "import time\ntime.sleep(5)\nreturn replies"
     )
