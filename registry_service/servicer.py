@@ -28,7 +28,7 @@ from registry_service.domain.execution import (
     ExecutionInput,
     no_events,
 )
-from registry_service.domain.results import ToolResult
+from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
@@ -50,6 +50,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self._no_calls = asyncio.Event()  # set while no ExecuteToolCall is in flight
         self._no_calls.set()
         self._streams = OpenStreams()
+        self._max_message_bytes = registry.settings.max_message_bytes
         self._draining = False
 
     async def drain(self, grace: float) -> None:
@@ -238,7 +239,16 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 yield _progress_message(ready)
             if isinstance(outcome, Exception):
                 raise outcome
-            yield rpb.ExecuteToolCallResponse(result=convert.result_to_proto(outcome))
+            final = rpb.ExecuteToolCallResponse(result=convert.result_to_proto(outcome))
+            size = final.ByteSize()
+            if size > self._max_message_bytes:
+                # Sent as is, the RPC would fail with a transport error and no result at all.
+                final = rpb.ExecuteToolCallResponse(
+                    result=convert.result_to_proto(
+                        _too_large(request.tool_name, size, self._max_message_bytes)
+                    )
+                )
+            yield final
         finally:
             if not task.done():
                 # The client cancelled or its deadline passed: abort, then wait for quiescence
@@ -344,6 +354,14 @@ def _progress_message(events: list[Event]) -> rpb.ExecuteToolCallResponse:
         return convert.event_to_proto(events[0])
     batch = rpb.ProgressBatch(events=[convert.event_to_proto(e) for e in events])
     return rpb.ExecuteToolCallResponse(batch=batch)
+
+
+def _too_large(tool: str, size: int, limit: int) -> ToolResult:
+    return error_result(
+        f'the result of tool "{tool}" is too large to send: {size} bytes, over the '
+        f"registry's max_message_bytes ({limit})",
+        "RESULT_TOO_LARGE",
+    )
 
 
 def _filtered(emit: Emit, wanted: tuple[type, ...] | None) -> Emit:

@@ -322,3 +322,21 @@ async def test_health_and_reflection(harness: Harness) -> None:
     names = {s.name for s in answer.list_services_response.service}
     assert "codemode.registry.v1.RegistryService" in names
     call.cancel()
+
+
+async def test_a_result_too_large_to_send_is_a_clear_error(make_registry: Any) -> None:
+    async with make_registry(max_message_bytes=64 * 1024) as h:
+
+        async def big(invocation: Any) -> Any:
+            return "x" * 40_000  # sent twice (value and rendered text): over 64 KiB
+
+        async def fits(invocation: Any) -> Any:
+            return "x" * 20_000
+
+        h.registry.register_tool("big", big)
+        h.registry.register_tool("fits", fits)
+        _, result = await h.execute("big")
+        assert result.is_error and result.error.code == "RESULT_TOO_LARGE"
+        assert "max_message_bytes (65536)" in result.error.message
+        _, ok = await h.execute("fits")
+        assert not ok.is_error and len(ok.value_json) == 20_002
