@@ -431,8 +431,9 @@ export class RegistryClient {
     return this.unary(this.stub.listPresets, { pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" }, options, true);
   }
 
-  async deletePreset(name: string, options?: CallOptions): Promise<void> {
-    await this.unary(this.stub.deletePreset, { name }, options, false);
+  /** `force` also deletes a preset that agents use: they fall back to the deployment default. */
+  async deletePreset(name: string, options?: CallOptions & { force?: boolean }): Promise<void> {
+    await this.unary(this.stub.deletePreset, { name, force: options?.force ?? false }, options, false);
   }
 
   async createAgent(
