@@ -9,6 +9,7 @@ export {
   type InvocationContext,
   type OutputBlock,
   type OutputContext,
+  type ServeOptions,
   type ToolDefinition,
   type ToolHandler,
   type ToolOutputInit,

@@ -6,6 +6,9 @@
  *     await provider.start();   // opens the stream and registers every declared tool
  *     await provider.closed;    // serve until the registry or the caller ends it
  *
+ *     await provider.serve();   // or: serve until close(), opening the stream again (and
+ *                               // registering the tools again) whenever it is lost
+ *
  * The stream's lifetime owns the tools: closing it revokes them in the registry and fails their
  * in-flight calls. Handlers run concurrently; a cancellation from the registry aborts the
  * handler's `ctx.signal` and its eventual result is dropped (the registry settled the call).
@@ -145,28 +148,91 @@ export interface ToolProviderOptions {
   timeoutMs?: number;
 }
 
+export interface ServeOptions {
+  /** Longest pause in ms before opening again a stream that failed at once (default 10 000). */
+  maxDelayMs?: number;
+}
+
 interface Running {
   controller: AbortController;
   cancelled: boolean;
 }
 
+interface Deferred<T> {
+  promise: Promise<T>;
+  settled: boolean;
+  settle(value: T): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const d: Deferred<T> = {
+    promise: new Promise<T>((r) => (resolve = r)),
+    settled: false,
+    settle(value) {
+      if (d.settled) return;
+      d.settled = true;
+      resolve(value);
+    },
+  };
+  return d;
+}
+
+/** One `Connect` stream and what lives and dies with it: handshake, acks, running handlers. */
+class Stream {
+  ended = false;
+  closing = false;
+  opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
+  readonly acks = new Map<string, { resolve: (a: RegistrationAck) => void; reject: (e: unknown) => void }>();
+  readonly running = new Map<string, Running>();
+
+  constructor(
+    readonly call: ClientDuplexStream<ConnectRequest, ConnectResponse>,
+    /** Settled when the stream ends: `undefined` after `close()` or a clean end, else the error. */
+    readonly done: Deferred<CodemodeError | undefined>,
+  ) {}
+
+  write(message: ConnectRequest): void {
+    if (!this.ended) this.call.write(message);
+  }
+}
+
+/** A registration the registry refused: `serve()` ends with it instead of retrying. */
+class Refused {
+  constructor(readonly error: CodemodeError) {}
+}
+
+/** Codes no reconnection can fix (a wrong target, missing credentials): `serve()` ends with them. */
+const PERMANENT = new Set<GrpcStatus>([
+  GrpcStatus.INVALID_ARGUMENT,
+  GrpcStatus.UNAUTHENTICATED,
+  GrpcStatus.PERMISSION_DENIED,
+  GrpcStatus.UNIMPLEMENTED,
+]);
+
+const FIRST_DELAY_MS = 50;
+
+interface Serving {
+  stopped: boolean;
+  /** Ends the pause between two attempts (`close()` does not wait it out). */
+  wake: () => void;
+  done: Promise<void>;
+}
+
 export class ToolProvider {
-  /** The registry-assigned id of this provider stream (after `start`). */
+  /** The registry-assigned id of the current (or last) provider stream. */
   providerId = "";
-  /** Resolves when the stream ends: `undefined` after `close()` or a clean end, else the error. */
-  readonly closed: Promise<CodemodeError | undefined>;
 
   private readonly declared: Declared[] = [];
   private readonly handlers = new Map<string, ToolHandler>();
-  private readonly acks = new Map<string, { resolve: (a: RegistrationAck) => void; reject: (e: unknown) => void }>();
-  private readonly running = new Map<string, Running>();
   private readonly timeoutMs: number;
-  private call: ClientDuplexStream<ConnectRequest, ConnectResponse> | undefined;
-  private opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
-  private ended = false;
-  private closing = false;
+  /** The current or last stream. */
+  private stream: Stream | undefined;
+  /** The end of the current or last stream, or of the next one when none was opened yet. */
+  private ends = deferred<CodemodeError | undefined>();
+  private serving: Serving | undefined;
+  private started = false;
   private nextId = 1;
-  private resolveClosed!: (e: CodemodeError | undefined) => void;
 
   constructor(
     private readonly client: RegistryClient,
@@ -174,66 +240,155 @@ export class ToolProvider {
     options: ToolProviderOptions = {},
   ) {
     this.timeoutMs = options.timeoutMs ?? client.timeoutMs;
-    this.closed = new Promise((resolve) => (this.resolveClosed = resolve));
+  }
+
+  /**
+   * Resolves when the current (or last) stream ends: `undefined` after `close()` or a clean end,
+   * else the error. Before the first stream, the promise of the first stream's end.
+   */
+  get closed(): Promise<CodemodeError | undefined> {
+    return this.ends.promise;
   }
 
   /** Declares a tool; it is registered by `start()`. Returns the provider for chaining. */
   tool<A = any>(definition: ToolDefinition, handler: ToolHandler<A>): this {
-    if (this.call !== undefined) throw new Error("the provider is started: use register() to add tools");
+    if (this.started) throw new Error("the provider is started: use register() to add tools");
     this.declared.push({ tool: toTool(definition), handler, scope: definition.scope ?? "" });
     return this;
   }
 
-  /** Opens the stream and registers every declared tool (one atomic registration per scope). */
+  /**
+   * Opens the stream and registers every declared tool (one atomic registration per scope).
+   * Fails at once with UNAVAILABLE when no registry is reachable; `serve()` waits for one.
+   */
   async start(): Promise<void> {
-    if (this.call !== undefined) throw new Error("the provider is already started");
-    const call = this.client.stub.connect(this.client.metadata());
-    this.call = call;
-    call.on("data", (message: ConnectResponse) => this.onMessage(message));
-    call.on("error", (e: ServiceError) => this.finish(CodemodeError.from(e)));
-    call.on("end", () => this.finish(undefined));
-    const opened = new Promise<string>((resolve, reject) => (this.opened = { resolve, reject }));
-    this.write({ message: { $case: "open", value: { providerName: this.name } } });
+    if (this.serving !== undefined) throw new Error("the provider is serving: serve() opens its streams");
+    if (this.stream !== undefined && !this.stream.ended) throw new Error("the provider is already started");
+    try {
+      await this.open(false);
+    } catch (e) {
+      throw e instanceof Refused ? e.error : e;
+    }
+  }
+
+  /**
+   * Serves the tools until `close()`, across registry restarts and shutdowns: whenever the stream
+   * is lost (UNAVAILABLE when a registry shuts down, a broken connection, no registry up yet) it is
+   * opened again as soon as a registry is reachable, and the tools are registered again (those
+   * declared with `tool()` and those added by `register()`). Handlers of calls on a lost stream are
+   * aborted: their results have nowhere to go. Resolves after `close()`; rejects when a registry
+   * refuses the tools (e.g. `TOOL_ALREADY_REGISTERED`) or the stream fails with a code no retry
+   * fixes (`UNAUTHENTICATED`, `PERMISSION_DENIED`, `INVALID_ARGUMENT`, `UNIMPLEMENTED`).
+   */
+  async serve(options: ServeOptions = {}): Promise<void> {
+    if (this.serving !== undefined) throw new Error("the provider is already serving");
+    if (this.stream !== undefined && !this.stream.ended) throw new Error("the provider is already started");
+    const run: Serving = { stopped: false, wake: () => undefined, done: Promise.resolve() };
+    this.serving = run;
+    run.done = this.reconnect(run, options.maxDelayMs ?? 10_000).finally(() => {
+      if (this.serving === run) this.serving = undefined;
+    });
+    return run.done;
+  }
+
+  /** Registers more tools on the open stream, atomically (all or none); `serve()` keeps them. */
+  async register(tools: { definition: ToolDefinition; handler: ToolHandler }[], scope = ""): Promise<void> {
+    const stream = this.stream;
+    const added = tools.map((t) => ({ tool: toTool(t.definition), handler: t.handler, scope }));
+    try {
+      await this.registerOn(stream, scope, added);
+    } catch (e) {
+      throw e instanceof Refused ? e.error : e;
+    }
+    this.declared.push(...added); // registered again on the streams serve() opens next
+  }
+
+  /**
+   * Ends the stream (the registry revokes this provider's tools; running handlers are aborted)
+   * and `serve()`, which has resolved by the time this does.
+   */
+  async close(): Promise<void> {
+    const run = this.serving;
+    if (run !== undefined) {
+      run.stopped = true;
+      run.wake();
+    }
+    if (this.stream !== undefined) await this.closeStream(this.stream);
+    else this.ends.settle(undefined);
+    await run?.done.catch(() => undefined);
+  }
+
+  private async reconnect(run: Serving, maxDelayMs: number): Promise<void> {
+    let delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
+    while (!run.stopped) {
+      let lost: CodemodeError | undefined;
+      try {
+        const stream = await this.open(true);
+        delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
+        lost = await stream.done.promise;
+      } catch (e) {
+        if (e instanceof Refused) throw e.error; // retrying changes nothing
+        if (!(e instanceof CodemodeError)) throw e; // not the stream's failure (e.g. a closed client)
+        lost = e;
+      }
+      if (run.stopped) return;
+      if (lost !== undefined && PERMANENT.has(lost.code)) throw lost;
+      // Only a stream that failed at once comes back here quickly: a pause (jittered, doubling up
+      // to maxDelayMs) keeps a refusing registry from being hammered. Waiting for a registry to
+      // be reachable at all is the channel's business (waitForReady, its reconnect backoff).
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, delayMs * (0.5 + Math.random() / 2));
+        run.wake = () => (clearTimeout(timer), resolve());
+      });
+      delayMs = Math.min(delayMs * 2, maxDelayMs);
+    }
+  }
+
+  /** Opens a stream and registers the declared tools on it; closes it again if that fails. */
+  private async open(waitForReady: boolean): Promise<Stream> {
+    this.started = true;
+    // Tools that register() adds to this stream from now on are not registered twice.
+    const byScope = new Map<string, Declared[]>();
+    for (const d of this.declared) byScope.set(d.scope, [...(byScope.get(d.scope) ?? []), d]);
+    const metadata = this.client.metadata();
+    if (waitForReady) metadata.setOptions({ waitForReady: true });
+    if (this.ends.settled) this.ends = deferred();
+    const stream = new Stream(this.client.stub.connect(metadata), this.ends);
+    this.stream = stream;
+    stream.call.on("data", (message: ConnectResponse) => this.onMessage(stream, message));
+    stream.call.on("error", (e: ServiceError) => this.finish(stream, CodemodeError.from(e)));
+    stream.call.on("end", () => this.finish(stream, undefined));
+    const opened = new Promise<string>((resolve, reject) => (stream.opened = { resolve, reject }));
+    stream.write({ message: { $case: "open", value: { providerName: this.name } } });
     try {
       this.providerId = await this.bounded(opened, "opening the provider stream");
-      const byScope = new Map<string, Declared[]>();
-      for (const d of this.declared) byScope.set(d.scope, [...(byScope.get(d.scope) ?? []), d]);
-      for (const [scope, tools] of byScope) await this.registerDeclared(scope, tools);
+      for (const [scope, tools] of byScope) await this.registerOn(stream, scope, tools);
     } catch (e) {
-      await this.close();
+      await this.closeStream(stream);
       throw e;
     }
+    return stream;
   }
 
-  /** Registers more tools on the open stream, atomically (all or none). */
-  async register(tools: { definition: ToolDefinition; handler: ToolHandler }[], scope = ""): Promise<void> {
-    await this.registerDeclared(
-      scope,
-      tools.map((t) => ({ tool: toTool(t.definition), handler: t.handler, scope })),
-    );
-  }
-
-  /** Ends the stream: the registry revokes this provider's tools; running handlers are aborted. */
-  async close(): Promise<void> {
-    this.closing = true;
-    if (this.call !== undefined && !this.ended) {
-      this.call.end();
-      this.call.cancel();
-    } else if (this.call === undefined) {
-      this.finish(undefined);
+  private async closeStream(stream: Stream): Promise<void> {
+    stream.closing = true;
+    if (!stream.ended) {
+      stream.call.end();
+      stream.call.cancel();
     }
-    await this.closed;
+    await stream.done.promise;
   }
 
-  private async registerDeclared(scope: string, tools: Declared[]): Promise<void> {
-    if (this.call === undefined || this.ended) {
+  /** Throws `Refused` when the registry refuses the tools, anything else when the stream fails. */
+  private async registerOn(stream: Stream | undefined, scope: string, tools: Declared[]): Promise<void> {
+    if (stream === undefined || stream.ended) {
       throw new CodemodeError(GrpcStatus.FAILED_PRECONDITION, "the provider stream is not open");
     }
     const requestId = `reg-${this.nextId++}`;
-    const ack = new Promise<RegistrationAck>((resolve, reject) => this.acks.set(requestId, { resolve, reject }));
-    this.write({ message: { $case: "register", value: { requestId, scope, tools: tools.map((t) => t.tool) } } });
-    const answer = await this.bounded(ack, "registering tools", () => this.acks.delete(requestId));
-    if (answer.status !== undefined && answer.status.code !== 0) throw CodemodeError.fromStatus(answer.status);
+    const ack = new Promise<RegistrationAck>((resolve, reject) => stream.acks.set(requestId, { resolve, reject }));
+    stream.write({ message: { $case: "register", value: { requestId, scope, tools: tools.map((t) => t.tool) } } });
+    const answer = await this.bounded(ack, "registering tools", () => stream.acks.delete(requestId));
+    if (answer.status !== undefined && answer.status.code !== 0) throw new Refused(CodemodeError.fromStatus(answer.status));
     for (const t of tools) this.handlers.set(t.tool.name, t.handler);
   }
 
@@ -250,29 +405,24 @@ export class ToolProvider {
     });
   }
 
-  private write(message: ConnectRequest): void {
-    if (this.call === undefined || this.ended) return;
-    this.call.write(message);
-  }
-
-  private onMessage(message: ConnectResponse): void {
+  private onMessage(stream: Stream, message: ConnectResponse): void {
     const m = message.message;
     switch (m?.$case) {
       case "opened":
-        this.opened?.resolve(m.value.providerId);
-        this.opened = undefined;
+        stream.opened?.resolve(m.value.providerId);
+        stream.opened = undefined;
         break;
       case "registered": {
-        const waiter = this.acks.get(m.value.requestId);
-        this.acks.delete(m.value.requestId);
+        const waiter = stream.acks.get(m.value.requestId);
+        stream.acks.delete(m.value.requestId);
         waiter?.resolve(m.value);
         break;
       }
       case "invocation":
-        this.serve(m.value);
+        this.invoke(stream, m.value);
         break;
       case "cancelled": {
-        const running = this.running.get(m.value.invocationId);
+        const running = stream.running.get(m.value.invocationId);
         if (running !== undefined) {
           running.cancelled = true;
           running.controller.abort(new CodemodeError(GrpcStatus.CANCELLED, m.value.reason || "invocation cancelled"));
@@ -284,23 +434,24 @@ export class ToolProvider {
     }
   }
 
-  private finish(error: CodemodeError | undefined): void {
-    if (this.ended) return;
-    this.ended = true;
-    const final = this.closing && (error === undefined || error.code === GrpcStatus.CANCELLED) ? undefined : error;
+  private finish(stream: Stream, error: CodemodeError | undefined): void {
+    if (stream.ended) return;
+    stream.ended = true;
+    const final = stream.closing && (error === undefined || error.code === GrpcStatus.CANCELLED) ? undefined : error;
     const ended = final ?? new CodemodeError(GrpcStatus.UNAVAILABLE, "the provider stream ended");
-    this.opened?.reject(ended);
-    this.opened = undefined;
-    for (const waiter of this.acks.values()) waiter.reject(ended);
-    this.acks.clear();
-    for (const running of this.running.values()) running.controller.abort(ended);
-    this.resolveClosed(final);
+    stream.opened?.reject(ended);
+    stream.opened = undefined;
+    for (const waiter of stream.acks.values()) waiter.reject(ended);
+    stream.acks.clear();
+    // The registry has failed these invocations already: their results have nowhere to go.
+    for (const running of stream.running.values()) running.controller.abort(ended);
+    stream.done.settle(final);
   }
 
-  private serve(invocation: Invocation): void {
+  private invoke(stream: Stream, invocation: Invocation): void {
     const controller = new AbortController();
     const running: Running = { controller, cancelled: false };
-    this.running.set(invocation.invocationId, running);
+    stream.running.set(invocation.invocationId, running);
     let timeoutMs: number | undefined;
     let timer: NodeJS.Timeout | undefined;
     if (invocation.timeout !== undefined) {
@@ -334,10 +485,10 @@ export class ToolProvider {
         result = errorResult(invocation.toolName, e);
       } finally {
         clearTimeout(timer);
-        this.running.delete(invocation.invocationId);
+        stream.running.delete(invocation.invocationId);
       }
       if (running.cancelled) return; // the registry already settled the call
-      this.write({ message: { $case: "result", value: { invocationId: invocation.invocationId, result } } });
+      stream.write({ message: { $case: "result", value: { invocationId: invocation.invocationId, result } } });
     })();
   }
 }

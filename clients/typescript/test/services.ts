@@ -1,6 +1,7 @@
 /** Starts the real runtime and registry (Python) on 127.0.0.1:0 for the integration tests. */
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
+import { createServer } from "node:net";
 import { resolve } from "node:path";
 
 // dist/test/services.js → the package root is two levels up; the repository root two more.
@@ -14,10 +15,19 @@ export interface Service {
   output(): string;
 }
 
-/** Spawns `python -m <module> --listen 127.0.0.1:0` and waits for `<ready><port>` on stdout. */
-export function startService(module: string, ready: string, env: Record<string, string> = {}, timeoutMs = 30_000): Promise<Service> {
+/**
+ * Spawns `python -m <module> --listen 127.0.0.1:<port>` (default port 0: any free one) and waits
+ * for `<ready><port>` on stdout.
+ */
+export function startService(
+  module: string,
+  ready: string,
+  env: Record<string, string> = {},
+  timeoutMs = 30_000,
+  port = 0,
+): Promise<Service> {
   if (!existsSync(PYTHON)) throw new Error(`no Python at ${PYTHON} (run scripts/bootstrap or set CODEMODE_PYTHON)`);
-  const proc = spawn(PYTHON, ["-m", module, "--listen", "127.0.0.1:0"], {
+  const proc = spawn(PYTHON, ["-m", module, "--listen", `127.0.0.1:${port}`], {
     cwd: REPO_ROOT,
     env: { ...process.env, PYTHONUNBUFFERED: "1", ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -62,4 +72,21 @@ export function stopService(service: Service | undefined, graceMs = 10_000): Pro
     });
     proc.kill("SIGTERM");
   });
+}
+
+/** A port free on 127.0.0.1 right now, for a service that must come back on the same address. */
+export function freePort(): Promise<number> {
+  return new Promise((resolvePromise, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => (typeof address === "object" && address !== null ? resolvePromise(address.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+/** A registry (no runtime, in-memory history) listening on 127.0.0.1:`port`. */
+export function startRegistry(port: number): Promise<Service> {
+  return startService("registry_service", "registry listening on port ", { CODEMODE_REGISTRY_HISTORY_PATH: ":memory:" }, 30_000, port);
 }
