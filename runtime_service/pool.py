@@ -61,6 +61,15 @@ class WorkerPool:
             self._added.clear()
             await self._added.wait()
 
+    def take_idle(self) -> WorkerProcess | None:
+        """A ready, never-used worker at once, or None (then `acquire` waits for one)."""
+        if self._closed or not self._idle or not self._idle[0].alive:
+            return None
+        worker = self._idle.popleft()
+        self._wanted.set()
+        worker.activate()
+        return worker
+
     async def acquire(self) -> WorkerProcess:
         if self._closed:
             raise WorkerLaunchError("worker pool is closed")

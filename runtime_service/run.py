@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -73,9 +74,12 @@ class Run:
         acquire: Callable[[], Awaitable[WorkerProcess]],
         handler: BindingHandler,
         on_log: LogListener | None = None,
+        take_idle: Callable[[], WorkerProcess | None] | None = None,
     ) -> None:
         self.request = request
         self._acquire = acquire
+        self._take_idle = take_idle  # a ready worker at once, if the pool has one
+        self._wall_deadline = 0.0  # loop time: the wall budget counts from execute()
         self._handler = handler
         self._on_log = on_log
         self._ledger = OutputLedger(request.budgets.max_output_bytes)
@@ -111,16 +115,22 @@ class Run:
         if self._started:
             raise RuntimeError("a run executes once")
         self._started = True
-        self._settled = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._settled = loop.create_future()
+        self._wall_deadline = loop.time() + self.request.wall_ms / 1000
         if self.request.wall_ms <= 0:
             self._settle(_Terminal(RunFailure("timeout", EXPIRED_MESSAGE)))
         if self._terminal is not None:  # aborted or expired before it started: spawn nothing
             return self._materialize()
-        try:
-            worker = await self._acquire()
-        except WorkerLaunchError as exc:
-            self._settle(_Terminal(RunFailure("worker-exit", str(exc))))
-            return self._materialize()
+        worker = self._take_idle() if self._take_idle is not None else None
+        if worker is None:
+            try:
+                worker = await self._boot()
+            except WorkerLaunchError as exc:
+                self._settle(_Terminal(RunFailure("worker-exit", str(exc))))
+                return self._materialize()
+            if worker is None:  # aborted or out of time while the worker booted
+                return self._materialize()
         self.spawned = True
         self._worker = worker
         if self._terminal is not None:  # aborted while the worker was being acquired
@@ -128,6 +138,29 @@ class Run:
             worker.close_when_exited()
             return self._materialize()
         return await self._drive(worker)
+
+    async def _boot(self) -> WorkerProcess | None:
+        """A worker that has to be waited for (spawned, or a pool refill): an abort or the
+        run's wall deadline ends the wait, and the half-booted worker is killed (None)."""
+        assert self._settled is not None
+        loop = asyncio.get_running_loop()
+        wall = loop.call_at(self._wall_deadline, self._settle, self._wall_terminal())
+        booting = asyncio.ensure_future(self._acquire())
+        try:
+            waits: set[asyncio.Future[Any]] = {booting, self._settled}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wall.cancel()
+        if booting.done():
+            return booting.result()
+        booting.cancel()  # a cancelled spawn kills its process
+        with contextlib.suppress(asyncio.CancelledError, WorkerLaunchError):
+            await booting
+        return None
+
+    def _wall_terminal(self) -> _Terminal:
+        ceiling = f"wall-clock ceiling reached ({self.request.wall_ms}ms)"
+        return _Terminal(RunFailure("timeout", ceiling))
 
     # -- driving -----------------------------------------------------------------------------
     async def _drive(self, worker: WorkerProcess) -> RunResult:
@@ -142,13 +175,7 @@ class Run:
         worker.listen(partial(self._handle, worker), self._on_channel_eof, self._on_output)
         on_exit = partial(self._on_worker_exit, worker)
         worker.exited.add_done_callback(on_exit)
-        wall = loop.call_later(
-            self.request.wall_ms / 1000,
-            self._settle,
-            _Terminal(
-                RunFailure("timeout", f"wall-clock ceiling reached ({self.request.wall_ms}ms)")
-            ),
-        )
+        wall = loop.call_at(self._wall_deadline, self._settle, self._wall_terminal())
         self._cpu_timer = loop.call_later(CPU_POLL_INTERVAL_S, self._poll_cpu, worker)
         # The program starts last: the worker runs on at once (often on this CPU), so nothing
         # of ours should be left to do between this send and waiting for its messages.

@@ -84,7 +84,7 @@ class Runtime:
         if deadline_ms is not None:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms)
-        return Run(request, self.pool.acquire, handler, on_log)
+        return Run(request, self.pool.acquire, handler, on_log, take_idle=self.pool.take_idle)
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""

@@ -276,8 +276,15 @@ class WorkerProcess:
             if workdir and os.path.dirname(workdir) == spec.fallback_root():
                 worker.workdir = workdir
         except (TimeoutError, WorkerLaunchError, OSError, flatwire.WireError) as exc:
+            why = (
+                f"no ready report within {spec.ready_timeout_s:g} s"
+                if isinstance(exc, TimeoutError)  # its own text is empty
+                else str(exc)
+            )
+            stderr = worker._stderr_so_far()  # what the worker said before it failed
             await asyncio.shield(worker.kill())
-            raise WorkerLaunchError(f"worker did not become ready: {exc}") from exc
+            detail = f"; its stderr: {stderr}" if stderr else ""
+            raise WorkerLaunchError(f"worker did not become ready: {why}{detail}") from exc
         except BaseException:
             # Cancelled mid-boot (pool closing): never leave the process behind.
             await asyncio.shield(worker.kill())
@@ -288,7 +295,7 @@ class WorkerProcess:
         while True:
             data = await self._loop.sock_recv(self.channel, _RECV_BYTES)
             if not data:
-                raise WorkerLaunchError(f"worker exited during boot ({self._exit_hint()})")
+                raise WorkerLaunchError(f"worker exited during boot{self._exit_hint()}")
             for payload in self.frames.feed(data):
                 message = flatwire.loads_strict(payload)
                 if type(message) is dict and message.get("t") == "ready":
@@ -297,9 +304,17 @@ class WorkerProcess:
                         return {str(k): str(v) for k, v in report.items()}
                     return {}
 
+    def _stderr_so_far(self, limit: int = 2048) -> str:
+        """The end of what the worker wrote to stderr so far (non-blocking; boot failures)."""
+        data = b""
+        with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) to read
+            while len(data) < 1 << 16 and (chunk := os.read(self.output_fds[1], 1 << 16)):
+                data += chunk
+        return data.decode("utf-8", "replace").strip()[-limit:]
+
     def _exit_hint(self) -> str:
-        code = self.returncode
-        return "see worker stderr" if code is None else f"exit status {code}"
+        code = self.returncode  # None while its exit is not yet reaped
+        return "" if code is None else f" (exit status {code})"
 
     def activate(self) -> None:
         """The worker is handed a program: give it the normal scheduling priority back."""
