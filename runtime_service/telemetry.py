@@ -212,21 +212,33 @@ class RuntimeTelemetry(Instrumented):
         return RunTrace(self, span, (traceparent, tracestate))
 
     def instrument_pool(self, pool: WorkerPool) -> None:
-        """Times every worker hand-off: wraps this pool's `acquire` (the runtime hands runs
-        `pool.acquire`); the run it belongs to is the current one."""
-        acquire = pool.acquire
+        """Times every worker hand-off: wraps this pool's `take_idle` and `acquire` (the
+        runtime hands runs both); the run it belongs to is the current one."""
+        acquire, take_idle = pool.acquire, pool.take_idle
 
-        async def timed_acquire() -> WorkerProcess:
-            started_ns, clock = time.time_ns(), time.perf_counter()
-            worker = await acquire()
+        def handed_off(started_ns: int, clock: float) -> None:
             seconds = time.perf_counter() - clock
             self._handoff.record(seconds)
             run = _CURRENT_RUN.get()
             if run is not None:
                 run.handed_off(started_ns, seconds)
+
+        def timed_take_idle() -> WorkerProcess | None:
+            started_ns, clock = time.time_ns(), time.perf_counter()
+            worker = take_idle()
+            if worker is not None:  # else the run waits in `acquire`, timed there
+                handed_off(started_ns, clock)
             return worker
 
-        setattr(pool, "acquire", timed_acquire)  # noqa: B010 (an instance override, on purpose)
+        async def timed_acquire() -> WorkerProcess:
+            started_ns, clock = time.time_ns(), time.perf_counter()
+            worker = await acquire()
+            handed_off(started_ns, clock)
+            return worker
+
+        # Instance overrides, on purpose.
+        setattr(pool, "take_idle", timed_take_idle)  # noqa: B010
+        setattr(pool, "acquire", timed_acquire)  # noqa: B010
 
     def observe_pool(self, pool: WorkerPool) -> None:
         """Reports the pool's idle (pre-spawned, never used) workers as a gauge."""
