@@ -6,20 +6,16 @@ Every default works with no setup. Invalid settings fail at start with a clear m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
-from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
+from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.assembly import Section, check_config
 
-
-class ConfigError(ValueError):
-    pass
-
+__all__ = ["ConfigError", "PromptSectionSetting", "RegistrySettings", "load_settings"]
 
 # The runtime accepts pings no closer together than this on a connection without data
 # (runtime_service/server.py MIN_PING_INTERVAL_MS); closer ones earn a GOAWAY that also ends the
@@ -42,7 +38,7 @@ class PromptSectionSetting(BaseModel):
         return Section(self.id, self.order, self.text)
 
 
-class RegistrySettings(BaseSettings):
+class RegistrySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CODEMODE_REGISTRY_", extra="forbid")
 
     listen: str = "127.0.0.1:50051"
@@ -86,28 +82,7 @@ class RegistrySettings(BaseSettings):
     tool_order: list[str] = Field(default_factory=list)
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
-    trace_file: str = "var/traces.jsonl"
-    """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
-    reads it); `off` disables tracing entirely."""
-    otlp_endpoint: str = ""
-    """OTLP collector URL for spans and metrics; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set."""
-    otlp_protocol: Literal["", "grpc", "http/protobuf"] = ""
-    """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
     service_name: str = Field(default="codemode-registry", min_length=1)
-    """`service.name` of this process's spans and metrics (when not set: `OTEL_SERVICE_NAME`,
-    else this default)."""
-    log_format: Literal["text", "json"] = "text"
-    """Log lines as text or one JSON object each; both carry the current trace and span ids."""
-
-    def telemetry_config(self) -> TelemetryConfig:
-        return TelemetryConfig(
-            service_name=resolve_service_name(
-                self.service_name, "service_name" in self.model_fields_set
-            ),
-            trace_file=self.trace_file,
-            otlp_endpoint=self.otlp_endpoint,
-            otlp_protocol=self.otlp_protocol,
-        )
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:
@@ -118,28 +93,7 @@ class RegistrySettings(BaseSettings):
         )
         return self
 
-    @model_validator(mode="after")
-    def _check_telemetry(self) -> RegistrySettings:
-        self.telemetry_config().validate()
-        return self
-
 
 def load_settings(path: Path | None = None, **overrides: Any) -> RegistrySettings:
     """Reads the optional YAML file, then environment variables, then explicit overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read registry config {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"registry config {path}: expected a mapping")
-        data.update(loaded)
-    data.update(overrides)
-    try:
-        # Environment variables take precedence over the file: init values are the lowest
-        # priority only when passed through a settings source, so merge explicitly.
-        from_env = RegistrySettings().model_dump(exclude_unset=True)
-        return RegistrySettings(**{**data, **from_env, **overrides})
-    except ValidationError as exc:
-        raise ConfigError(f"invalid registry settings: {exc}") from exc
+    return load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)

@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
 
-from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
+from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from runtime_service.budgets import BudgetError, Budgets
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
 
 __all__ = ["ConfigError", "RuntimeSettings", "load_settings", "terminal_headroom"]
-
-
-class ConfigError(ValueError):
-    pass
 
 
 # gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
@@ -40,7 +35,7 @@ def terminal_headroom(max_output_bytes: int) -> int:
     return max_output_bytes // 8192 + 1024
 
 
-class RuntimeSettings(BaseSettings):
+class RuntimeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CODEMODE_RUNTIME_", extra="forbid")
 
     listen: str = "127.0.0.1:50052"
@@ -93,33 +88,7 @@ class RuntimeSettings(BaseSettings):
     )
     """After that GOAWAY, how long runs in flight keep their stream before the connection is
     closed (and they fail); none: as long as they last. Needs `max_connection_age_s`."""
-    trace_file: str = "var/traces.jsonl"
-    """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
-    reads it); `off` disables tracing entirely."""
-    otlp_endpoint: str = ""
-    """OTLP collector URL for spans and metrics; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set."""
-    otlp_protocol: Literal["", "grpc", "http/protobuf"] = ""
-    """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
     service_name: str = Field(default="codemode-runtime", min_length=1)
-    """`service.name` of this process's spans and metrics (when not set: `OTEL_SERVICE_NAME`,
-    else this default)."""
-    log_format: Literal["text", "json"] = "text"
-    """Log lines as text or one JSON object each; both carry the current trace and span ids."""
-
-    def telemetry_config(self) -> TelemetryConfig:
-        return TelemetryConfig(
-            service_name=resolve_service_name(
-                self.service_name, "service_name" in self.model_fields_set
-            ),
-            trace_file=self.trace_file,
-            otlp_endpoint=self.otlp_endpoint,
-            otlp_protocol=self.otlp_protocol,
-        )
-
-    @model_validator(mode="after")
-    def _check_telemetry(self) -> RuntimeSettings:
-        self.telemetry_config().validate()
-        return self
 
     @model_validator(mode="after")
     def _check_connection_age(self) -> RuntimeSettings:
@@ -173,19 +142,6 @@ class RuntimeSettings(BaseSettings):
 
 def load_settings(path: Path | None = None, **overrides: Any) -> RuntimeSettings:
     """Reads the optional YAML file, then environment variables, then explicit overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read runtime config {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"runtime config {path}: expected a mapping")
-        data.update(loaded)
-    try:
-        from_env = RuntimeSettings().model_dump(exclude_unset=True)
-        settings = RuntimeSettings(**{**data, **from_env, **overrides})
-    except ValidationError as exc:
-        raise ConfigError(f"invalid runtime settings: {exc}") from exc
+    settings = load_settings_file(RuntimeSettings, path, what="runtime", overrides=overrides)
     settings.runtime_options()  # budgets are validated here, at start
     return settings

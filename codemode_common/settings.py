@@ -1,0 +1,76 @@
+"""What both services' settings share: the telemetry and logging fields, and loading a YAML
+file under environment variables (`CODEMODE_<SERVICE>_*`) and explicit overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import ValidationError, model_validator
+from pydantic_settings import BaseSettings
+
+from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
+
+__all__ = ["ConfigError", "ServiceSettings", "load_settings_file"]
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work; raised at start with a message naming them."""
+
+
+class ServiceSettings(BaseSettings):
+    """Telemetry and logging; each service declares `service_name` with its own default."""
+
+    service_name: str
+    """`service.name` of this process's spans and metrics (when not set: `OTEL_SERVICE_NAME`,
+    else this default)."""
+    trace_file: str = "var/traces.jsonl"
+    """JSON-lines file spans are appended to when no OTLP endpoint is set (`codemode trace`
+    reads it); `off` disables tracing entirely."""
+    otlp_endpoint: str = ""
+    """OTLP collector URL for spans and metrics; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` if set."""
+    otlp_protocol: Literal["", "grpc", "http/protobuf"] = ""
+    """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or one JSON object each; both carry the current trace and span ids."""
+
+    def telemetry_config(self) -> TelemetryConfig:
+        return TelemetryConfig(
+            service_name=resolve_service_name(
+                self.service_name, "service_name" in self.model_fields_set
+            ),
+            trace_file=self.trace_file,
+            otlp_endpoint=self.otlp_endpoint,
+            otlp_protocol=self.otlp_protocol,
+        )
+
+    @model_validator(mode="after")
+    def _check_telemetry(self) -> ServiceSettings:
+        self.telemetry_config().validate()
+        return self
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings_file(
+    cls: type[S], path: Path | None, *, what: str, overrides: dict[str, Any]
+) -> S:
+    """Reads the optional YAML file, then environment variables, then explicit overrides, each
+    over the one before; `what` names the service in errors."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read {what} config {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{what} config {path}: expected a mapping")
+        data.update(loaded)
+    try:
+        # Init values outrank environment variables in pydantic-settings, so merge explicitly.
+        from_env = cls().model_dump(exclude_unset=True)
+        return cls(**{**data, **from_env, **overrides})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid {what} settings: {exc}") from exc
