@@ -9,6 +9,7 @@ from codemode_common.api.registry.v1 import history_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.results import ImageBlock, JsonBlock, TextBlock, success
 from tests.codemode.conftest import Stack, value_of
+from tests.registry.conftest import blocks_of
 
 
 async def _history(stack: Stack, agent: str, call_id: str = "") -> list[history_pb2.HistoryRecord]:
@@ -17,20 +18,6 @@ async def _history(stack: Stack, agent: str, call_id: str = "") -> list[history_
     )
     assert not page.next_page_token
     return list(page.records)
-
-
-def _blocks(content: Any) -> list[tuple[str, Any]]:
-    """Content blocks as comparable (kind, payload) pairs."""
-    out: list[tuple[str, Any]] = []
-    for block in content:
-        kind = block.WhichOneof("block")
-        if kind == "text":
-            out.append(("text", block.text.text))
-        elif kind == "json":
-            out.append(("json", block.json.json))
-        else:
-            out.append(("image", (block.image.mime_type, block.image.data)))
-    return out
 
 
 async def test_stored_outer_result_content(stack: Stack) -> None:
@@ -53,13 +40,13 @@ async def test_stored_outer_result_content(stack: Stack) -> None:
     assert sorted(stored) == sorted(results)
     for call_id, (_, text) in cases.items():
         record = stored[call_id]
-        assert _blocks(record.content) == [("text", text)], call_id
+        assert blocks_of(record.content) == [("text", text)], call_id
         assert not record.is_error and record.error_code == "" and record.spill_locator == ""
-        assert _blocks(results[call_id].content) == _blocks(record.content)
+        assert blocks_of(results[call_id].content) == blocks_of(record.content)
     failed = stored["failed"]
     assert failed.is_error and failed.error_code == "CODE_RUN_FAILED"
-    assert _blocks(failed.content) == _blocks(results["failed"].content)
-    (kind, text), *rest = _blocks(failed.content)
+    assert blocks_of(failed.content) == blocks_of(results["failed"].content)
+    (kind, text), *rest = blocks_of(failed.content)
     assert kind == "text" and rest == []
     assert text.startswith("Error: code run failed (exception): ")
     assert text.endswith("ValueError: boom\nCaptured output:\nbefore")
@@ -147,10 +134,10 @@ async def test_settle_record_keeps_sub_result_content_verbatim(stack: Stack) -> 
         r.tool_name: r for r in await _history(stack, agent) if r.kind == "tool/code-dispatch"
     }
     assert settles["rich"].spill_locator == "" and not settles["rich"].is_error
-    assert _blocks(settles["rich"].content) == [
+    assert blocks_of(settles["rich"].content) == [
         ("text", long_text),
         ("image", ("image/png", image)),
         ("json", doc),
     ]
     assert settles["fails"].is_error and settles["fails"].spill_locator == ""
-    assert _blocks(settles["fails"].content) == [("text", f"Error: {long_error}")]
+    assert blocks_of(settles["fails"].content) == [("text", f"Error: {long_error}")]

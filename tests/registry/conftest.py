@@ -117,6 +117,20 @@ def result_text(result: tool_pb2.ToolResult) -> str:
     return "\n".join(b.text.text for b in result.content if b.WhichOneof("block") == "text")
 
 
+def blocks_of(content: Any) -> list[tuple[str, Any]]:
+    """Content blocks as comparable (kind, payload) pairs: text, (mime type, data), JSON text."""
+    out: list[tuple[str, Any]] = []
+    for block in content:
+        kind = block.WhichOneof("block")
+        if kind == "text":
+            out.append(("text", block.text.text))
+        elif kind == "image":
+            out.append(("image", (block.image.mime_type, block.image.data)))
+        else:
+            out.append(("json", block.json.json))
+    return out
+
+
 @pytest.fixture
 def make_registry() -> Callable[..., AsyncIterator[Harness]]:
     """Factory: `async with make_registry(default_mode=Mode.CODE) as h:`."""

@@ -11,7 +11,7 @@ import pytest
 from codemode_client import RegistryClient
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.results import ImageBlock, JsonBlock, TextBlock, ToolResult
-from tests.registry.conftest import Harness
+from tests.registry.conftest import Harness, blocks_of
 from tests.registry.test_scopes import reason_of
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
@@ -33,19 +33,6 @@ async def _result_record(h: Harness, agent: str, call_id: str) -> Any:
     return record
 
 
-def _blocks(content: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for block in content:
-        kind = block.WhichOneof("block")
-        if kind == "text":
-            out.append(("text", block.text.text))
-        elif kind == "image":
-            out.append(("image", (block.image.mime_type, block.image.data)))
-        else:
-            out.append(("json", block.json.json))
-    return out
-
-
 async def test_records_keep_image_data_and_every_block(make_registry: Any) -> None:
     async with make_registry() as h:
 
@@ -57,13 +44,13 @@ async def test_records_keep_image_data_and_every_block(make_registry: Any) -> No
         _, result = await h.execute("picture", agent=agent, call_id="p1")
         record = await _result_record(h, agent, "p1")
         expected = [("text", "a chart"), ("image", ("image/png", PNG)), ("json", '{"rows":3}')]
-        assert _blocks(record.content) == expected == _blocks(result.content)
+        assert blocks_of(record.content) == expected == blocks_of(result.content)
         assert record.spill_locator == ""
         # Content that was not spilled comes back the same from GetRecordContent.
         full = await h.stub.GetRecordContent(
             rpb.GetRecordContentRequest(agent=agent, seq=record.seq)
         )
-        assert _blocks(full.content) == expected
+        assert blocks_of(full.content) == expected
 
 
 async def test_large_content_is_spilled_and_read_back_in_full(make_registry: Any) -> None:
@@ -78,16 +65,16 @@ async def test_large_content_is_spilled_and_read_back_in_full(make_registry: Any
         await h.execute("report", agent=agent, call_id="r1")
         record = await _result_record(h, agent, "r1")
         assert record.spill_locator
-        [(kind, preview)] = _blocks(record.content)
+        [(kind, preview)] = blocks_of(record.content)
         assert kind == "text" and preview.startswith("line of output\n")
         assert len(preview) <= 2048 and "\\n" not in preview  # readable text, not JSON
         full = await h.stub.GetRecordContent(
             rpb.GetRecordContentRequest(agent=agent, seq=record.seq)
         )
         expected = [("text", long_text), ("image", ("image/png", PNG)), ("json", '{"rows":3}')]
-        assert _blocks(full.content) == expected
+        assert blocks_of(full.content) == expected
         async with RegistryClient(h.channel) as client:  # the Python client reads it too
-            assert _blocks(await client.record_content(agent, record.seq)) == expected
+            assert blocks_of(await client.record_content(agent, record.seq)) == expected
 
 
 async def test_a_spilled_image_is_named_in_the_preview(make_registry: Any) -> None:
@@ -102,7 +89,7 @@ async def test_a_spilled_image_is_named_in_the_preview(make_registry: Any) -> No
         await h.execute("picture", agent=agent, call_id="p1")
         record = await _result_record(h, agent, "p1")
         assert record.spill_locator
-        assert _blocks(record.content) == [("text", f"[image image/png, {len(big)} bytes]")]
+        assert blocks_of(record.content) == [("text", f"[image image/png, {len(big)} bytes]")]
 
 
 @pytest.mark.parametrize("seq", [0, -1, 10_000])

@@ -114,13 +114,7 @@ async def test_a_call_in_flight_finishes_before_its_provider_is_let_go(
 ) -> None:
     async with grpc.aio.insecure_channel(running.address) as channel:
         stub = rpb_grpc.RegistryServiceStub(channel)
-        provider = RawProvider(channel)
-        await provider.open("slow_tool")
-        call = stub.ExecuteToolCall(
-            rpb.ExecuteToolCallRequest(call_id="c1", tool_name="slow_tool", arguments_json="{}")
-        )
-        responses = asyncio.ensure_future(_collect(call))
-        invocation = await asyncio.wait_for(provider.invocations.get(), 5)
+        provider, responses, invocation = await _call_in_flight(channel)
 
         stopping = asyncio.ensure_future(running.stop(grace=10))
         await asyncio.sleep(0.2)
@@ -144,20 +138,26 @@ async def test_a_call_still_running_after_the_grace_period_is_cancelled(
     running: RunningRegistry,
 ) -> None:
     async with grpc.aio.insecure_channel(running.address) as channel:
-        stub = rpb_grpc.RegistryServiceStub(channel)
-        provider = RawProvider(channel)
-        await provider.open("slow_tool")
-        call = stub.ExecuteToolCall(
-            rpb.ExecuteToolCallRequest(call_id="c1", tool_name="slow_tool", arguments_json="{}")
-        )
-        responses = asyncio.ensure_future(_collect(call))
-        await asyncio.wait_for(provider.invocations.get(), 5)  # never answered
+        _, responses, _ = await _call_in_flight(channel)  # never answered
 
         began = time.monotonic()
         await running.stop(grace=0.3)
         assert time.monotonic() - began < 3
         with pytest.raises(grpc.aio.AioRpcError):
             await asyncio.wait_for(responses, 5)
+
+
+async def _call_in_flight(
+    channel: grpc.aio.Channel,
+) -> tuple[RawProvider, asyncio.Future[list[rpb.ExecuteToolCallResponse]], rpb.Invocation]:
+    """A provider, and a call of its tool that it has received and not answered yet."""
+    provider = RawProvider(channel)
+    await provider.open("slow_tool")
+    call = rpb_grpc.RegistryServiceStub(channel).ExecuteToolCall(
+        rpb.ExecuteToolCallRequest(call_id="c1", tool_name="slow_tool", arguments_json="{}")
+    )
+    responses = asyncio.ensure_future(_collect(call))
+    return provider, responses, await asyncio.wait_for(provider.invocations.get(), 5)
 
 
 async def _collect(call: Any) -> list[rpb.ExecuteToolCallResponse]:
