@@ -515,6 +515,12 @@ export class RegistryClient {
     return { records: page.records.map(toEntry), nextPageToken: page.nextPageToken };
   }
 
+  /** A record's full content: what was spilled when the record holds only a preview. */
+  async recordContent(agent: string, seq: bigint | number, options?: CallOptions): Promise<ContentBlock[]> {
+    const response = await this.unary(this.stub.getRecordContent, { agent, seq: BigInt(seq) }, options, true);
+    return response.content;
+  }
+
   /**
    * Follows an agent's history: records after `afterSeq`, then new ones as they are written.
    * Ends when the consumer stops iterating or the signal aborts. A dropped connection

@@ -256,6 +256,9 @@ describe("RegistryClient against the real services", () => {
     assert.ok(records.slice(1, -1).every((r) => r.rootCallId === "run-1" && r.parentCallId === "run-1"));
     assert.deepEqual(records[1]!.arguments, { a: 2n ** 53n, b: 1 });
     assert.equal(typeof records[0]!.seq, "bigint");
+    // A record's content read on its own is the content the listing carries (nothing spilled).
+    const outer = records.at(-1)!;
+    assert.deepEqual(await client.recordContent("agents/ts-code", outer.seq), outer.content);
     const controller = new AbortController();
     const watched: string[] = [];
     for await (const record of client.watchHistory("agents/ts-code", { signal: controller.signal })) {
