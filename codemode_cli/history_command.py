@@ -22,6 +22,7 @@ from codemode_cli.registry_access import (
     add_registry_argument,
     agent_name,
     describe_failure,
+    registry_credentials,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: one of --agent or --call-id is required", file=sys.stderr)
         return 2
     try:
+        args.credentials = registry_credentials(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(_history(args))
     except KeyboardInterrupt:  # before the watch's own handler is in place
         return 0 if args.watch else 130
@@ -70,7 +76,9 @@ async def _history(args: argparse.Namespace) -> int:
     from codemode_client import RegistryClient
     from codemode_client.errors import CodemodeError
 
-    async with RegistryClient(args.registry, timeout=RPC_TIMEOUT_S) as client:
+    async with RegistryClient(
+        args.registry, timeout=RPC_TIMEOUT_S, credentials=args.credentials
+    ) as client:
         try:
             records = await _list(client, args)
             shown = records[-args.limit :] if args.limit else records

@@ -1,12 +1,15 @@
-"""What `codemode run` and `codemode history` share: the registry address option, agent names,
-and one-line wording of RPC failures that names the address."""
+"""What `codemode run` and `codemode history` share: the registry address and TLS options,
+agent names, and one-line wording of RPC failures that names the address."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import grpc
+
     from codemode_client.errors import CodemodeError
 
 DEFAULT_REGISTRY = "127.0.0.1:50051"  # the registry's default `listen`
@@ -20,6 +23,28 @@ def add_registry_argument(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="registry address, host:port (default %(default)s)",
     )
+    parser.add_argument(
+        "--tls-ca",
+        type=Path,
+        metavar="PEM",
+        help="connect with TLS, trusting this CA bundle (default: plaintext)",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="client certificate (mTLS)")
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+
+
+def registry_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS credentials from `--tls-ca/--tls-cert/--tls-key` (None: plaintext); TlsFileError
+    (a ValueError) names an unreadable file or an incomplete combination."""
+    import grpc
+
+    from codemode_common.tls import client_tls
+
+    names = ("--tls-ca", "--tls-cert", "--tls-key", "")
+    tls = client_tls(args.tls_ca, args.tls_cert, args.tls_key, names=names)
+    if tls is None:
+        return None
+    return grpc.ssl_channel_credentials(tls.root_ca, tls.private_key, tls.certificate_chain)
 
 
 def agent_name(agent: str) -> str:

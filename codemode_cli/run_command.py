@@ -22,6 +22,7 @@ from codemode_cli.registry_access import (
     add_registry_argument,
     agent_name,
     describe_failure,
+    registry_credentials,
 )
 
 if TYPE_CHECKING:
@@ -77,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"{PROG}: cannot read {args.program}: {reason}", file=sys.stderr)
+        return 2
+    try:
+        args.credentials = registry_credentials(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     call_id = args.call_id or f"run-{uuid.uuid4().hex[:12]}"
     description = args.description or f"codemode run {label}"
@@ -152,7 +158,9 @@ async def _run(args: argparse.Namespace, program: str, description: str, call_id
     agent = agent_name(args.agent)
     progress = _Progress(live=not args.json, width=len(call_id) + 8)
     result: tool_pb2.ToolResult | None = None
-    async with RegistryClient(args.registry, timeout=RPC_TIMEOUT_S, read_retries=0) as client:
+    async with RegistryClient(
+        args.registry, timeout=RPC_TIMEOUT_S, read_retries=0, credentials=args.credentials
+    ) as client:
         try:
             if args.create_agent:
                 await _ensure_agent(client, agent)

@@ -22,6 +22,7 @@ from opentelemetry.trace import TracerProvider
 
 from codemode_common.telemetry import logs
 from codemode_common.telemetry.setup import TelemetryConfig, TelemetryConfigError, configure
+from codemode_common.tls import ServerTls
 
 __all__ = ["base_options", "open_server", "serve_until_signalled"]
 
@@ -39,15 +40,29 @@ def base_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 async def open_server(
-    server: grpc.aio.Server, *, service_name: str, listen: str, what: str
+    server: grpc.aio.Server,
+    *,
+    service_name: str,
+    listen: str,
+    what: str,
+    tls: ServerTls | None = None,
 ) -> tuple[int, HealthServicer]:
-    """Adds health checking and reflection, binds `listen` (OSError when it cannot), starts the
-    server and reports it SERVING. Returns the bound port and the health servicer."""
+    """Adds health checking and reflection, binds `listen` (TLS only when `tls` is given;
+    OSError when it cannot bind), starts the server and reports it SERVING. Returns the bound
+    port and the health servicer."""
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection([service_name, _HEALTH, reflection.SERVICE_NAME], server)
-    try:
-        port = server.add_insecure_port(listen)  # grpc raises RuntimeError or returns 0
+    try:  # grpc raises RuntimeError or returns 0
+        if tls is None:
+            port = server.add_insecure_port(listen)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.private_key, tls.certificate_chain)],
+                root_certificates=tls.client_ca,
+                require_client_auth=tls.client_ca is not None,
+            )
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError:
         port = 0
     if port == 0:

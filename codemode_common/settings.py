@@ -1,4 +1,4 @@
-"""What both services' settings share: the telemetry and logging fields, and loading a YAML
+"""What both services' settings share: the telemetry, logging and TLS fields, and loading a YAML
 file under environment variables (`CODEMODE_<SERVICE>_*`) and explicit overrides."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pydantic import ValidationError, model_validator
 from pydantic_settings import BaseSettings
 
 from codemode_common.telemetry.config import TelemetryConfig, resolve_service_name
+from codemode_common.tls import ServerTls, server_tls
 
 __all__ = ["ConfigError", "ServiceSettings", "load_settings_file"]
 
@@ -34,6 +35,17 @@ class ServiceSettings(BaseSettings):
     """OTLP transport; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or one JSON object each; both carry the current trace and span ids."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain the server presents; with `tls_key_file` the port serves TLS only
+    (none: plaintext)."""
+    tls_key_file: Path | None = None
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: Path | None = None
+    """PEM CA bundle: every client must present a certificate it signed (mutual TLS)."""
+
+    def server_tls(self) -> ServerTls | None:
+        """The server's TLS material, read from its files (None: plaintext)."""
+        return server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
     def telemetry_config(self) -> TelemetryConfig:
         return TelemetryConfig(
@@ -46,8 +58,9 @@ class ServiceSettings(BaseSettings):
         )
 
     @model_validator(mode="after")
-    def _check_telemetry(self) -> ServiceSettings:
+    def _check_telemetry_and_tls(self) -> ServiceSettings:
         self.telemetry_config().validate()
+        self.server_tls()  # files readable, combination complete: checked at start
         return self
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
+from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.assembly import Section, check_config
 
@@ -67,6 +68,15 @@ class RegistrySettings(ServiceSettings):
     """Ping each runtime connection this often, with or without runs, and drop it when a ping
     goes unanswered for 10 s, so a vanished runtime is noticed without waiting for TCP; none:
     no pings. At least 20 (the runtime refuses closer pings)."""
+    runtime_tls_ca_file: Path | None = None
+    """PEM CA bundle the runtimes' certificates must chain to; set: runs go over TLS (none:
+    plaintext)."""
+    runtime_tls_cert_file: Path | None = None
+    """PEM client certificate presented to runtimes that require mutual TLS."""
+    runtime_tls_key_file: Path | None = None
+    """PEM private key of `runtime_tls_cert_file`."""
+    runtime_tls_server_name: str = ""
+    """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL); `:memory:` keeps history in memory only."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
@@ -83,6 +93,26 @@ class RegistrySettings(ServiceSettings):
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
     service_name: str = Field(default="codemode-registry", min_length=1)
+
+    def runtime_tls(self) -> ClientTls | None:
+        """TLS of the channel to the runtimes, read from its files (None: plaintext)."""
+        return client_tls(
+            self.runtime_tls_ca_file,
+            self.runtime_tls_cert_file,
+            self.runtime_tls_key_file,
+            self.runtime_tls_server_name,
+            names=(
+                "runtime_tls_ca_file",
+                "runtime_tls_cert_file",
+                "runtime_tls_key_file",
+                "runtime_tls_server_name",
+            ),
+        )
+
+    @model_validator(mode="after")
+    def _check_runtime_tls(self) -> RegistrySettings:
+        self.runtime_tls()
+        return self
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:

@@ -122,6 +122,7 @@ def _connect_runtime(
         settings.max_message_bytes,
         tracer_provider=tracer_provider,
         keepalive_s=settings.runtime_keepalive_s,
+        tls=settings.runtime_tls(),
     )
 
 

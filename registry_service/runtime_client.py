@@ -23,6 +23,7 @@ from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2 as pb
 from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from codemode_common.telemetry.interceptors import client_interceptors
+from codemode_common.tls import ClientTls
 from registry_service.codemode.runtime_port import (
     BindingCall,
     RunEvent,
@@ -192,15 +193,27 @@ class GrpcRuntime:
         *,
         tracer_provider: TracerProvider | None = None,
         keepalive_s: float | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         """`tracer_provider`: adds gRPC client spans (None: no interceptor at all).
-        `keepalive_s`: ping interval of every runtime connection (None: no pings)."""
-        interceptors = client_interceptors(tracer_provider)
-        self._channel = grpc.aio.insecure_channel(
-            channel_target(targets),
-            options=channel_options(max_message_bytes, keepalive_s),
-            interceptors=interceptors or None,
-        )
+        `keepalive_s`: ping interval of every runtime connection (None: no pings).
+        `tls`: TLS (mutual when it holds a client certificate) instead of plaintext."""
+        interceptors = client_interceptors(tracer_provider) or None
+        target = channel_target(targets)
+        options = channel_options(max_message_bytes, keepalive_s)
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(
+                target, options=options, interceptors=interceptors
+            )
+        else:
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            credentials = grpc.ssl_channel_credentials(
+                tls.root_ca, tls.private_key, tls.certificate_chain
+            )
+            self._channel = grpc.aio.secure_channel(
+                target, credentials, options=options, interceptors=interceptors
+            )
         self._stub = pb_grpc.RuntimeServiceStub(self._channel)
         self._payload_limit = payload_limit(max_message_bytes)
         self._capabilities: pb.GetCapabilitiesResponse | None = None

@@ -63,7 +63,11 @@ async def start(
     servicer = RegistryServicer(registry)
     registry_service_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server)
     port, health_servicer = await open_server(
-        server, service_name=SERVICE_NAME, listen=settings.listen, what="registry"
+        server,
+        service_name=SERVICE_NAME,
+        listen=settings.listen,
+        what="registry",
+        tls=settings.server_tls(),
     )
     return RunningRegistry(server, registry, port, health_servicer, servicer)
 

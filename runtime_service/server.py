@@ -110,7 +110,11 @@ async def start(
     )
     try:
         port, health_servicer = await open_server(
-            server, service_name=SERVICE_NAME, listen=settings.listen, what="runtime"
+            server,
+            service_name=SERVICE_NAME,
+            listen=settings.listen,
+            what="runtime",
+            tls=settings.server_tls(),
         )
     except OSError:
         await runtime.dispose()

@@ -100,11 +100,17 @@ class RegistryClient:
         *,
         timeout: float = 30.0,
         read_retries: int = 3,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """`target`: an address (the client owns the channel it opens: TLS with
+        `credentials`, e.g. `grpc.ssl_channel_credentials(ca)`, else plaintext) or a channel."""
         self._owned = isinstance(target, str)
-        self.channel: grpc.aio.Channel = (
-            grpc.aio.insecure_channel(target) if isinstance(target, str) else target
-        )
+        if not isinstance(target, str):
+            self.channel: grpc.aio.Channel = target
+        elif credentials is not None:
+            self.channel = grpc.aio.secure_channel(target, credentials)
+        else:
+            self.channel = grpc.aio.insecure_channel(target)
         self.stub = rpb_grpc.RegistryServiceStub(self.channel)
         self.timeout = timeout
         self.read_retries = read_retries
