@@ -79,6 +79,9 @@ class RegistrySettings(ServiceSettings):
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL); `:memory:` keeps history in memory only."""
+    history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Delete whole calls (outer and nested records, spilled content) once their newest record
+    is older than this; none: keep everything."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from registry_service.domain.tools import (
 )
 from registry_service.history import build, records
 from registry_service.history.records import HistoryStore, Record
+from registry_service.history.retention import keep_pruning
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.languages import catalog_language
@@ -57,6 +60,15 @@ class Registry:
     transport: RunCodeTransport
     runtime: RuntimePort | None
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start_background(self) -> None:
+        """Starts what runs beside the RPCs (history retention, when configured)."""
+        days = self.settings.history_retention_days
+        if days is not None and not self._background:
+            self._background.append(
+                asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
+            )
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
@@ -68,6 +80,11 @@ class Registry:
         return result
 
     async def close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         close_runtime = getattr(self.runtime, "close", None)
         if close_runtime is not None:
             await close_runtime()

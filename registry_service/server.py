@@ -69,6 +69,7 @@ async def start(
         what="registry",
         tls=settings.server_tls(),
     )
+    registry.start_background()
     return RunningRegistry(server, registry, port, health_servicer, servicer)
 
 

@@ -56,6 +56,11 @@ class HistoryStore(Protocol):
         """Existing records after `after_seq`, then live ones as they are appended."""
         ...
 
+    def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes up to `limit` whole calls (all records of a root call id, and what they
+        spilled) whose newest record is older than the Unix time `before`; returns how many."""
+        ...
+
     def end_watches(self) -> None:
         """Ends every live watch: its iterator returns once it has yielded what it holds."""
         ...

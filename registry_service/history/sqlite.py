@@ -143,6 +143,35 @@ class SqliteHistory:
             for queue in queues:
                 queue.put_nowait(None)
 
+    def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes whole calls whose newest record is older than `before` (a Unix time): every
+        record sharing their root call id, and the content they spilled, so no trajectory is
+        left half there. At most `limit` calls at a time; returns how many were deleted."""
+        roots = self._db.execute(
+            "SELECT agent, root_call_id FROM records GROUP BY agent, root_call_id"
+            " HAVING MAX(time) < ? LIMIT ?",
+            (before, limit),
+        ).fetchall()
+        if not roots:
+            return 0
+        self._db.execute("BEGIN")
+        try:
+            for agent, root in roots:
+                where = "FROM records WHERE agent = ? AND root_call_id = ?"
+                self._db.execute(
+                    "DELETE FROM spills WHERE id IN (SELECT CAST(substr("
+                    "json_extract(body, '$.spilled'), 7) AS INTEGER) "
+                    + where
+                    + " AND json_extract(body, '$.spilled') LIKE 'spill:%')",
+                    (agent, root),
+                )
+                self._db.execute("DELETE " + where, (agent, root))
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            self._db.execute("ROLLBACK")
+            raise
+        return len(roots)
+
     async def read_spill(self, locator: str) -> str | None:
         prefix, _, ident = locator.partition(":")
         if prefix != "spill" or not ident.isdigit():
