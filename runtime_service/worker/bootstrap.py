@@ -88,6 +88,7 @@ class LogSink:
         self.ledger = ledger.OutputLedger(max_bytes)
 
     def emit(self, text: str) -> None:
+        text = ledger.valid_text(text)  # as the runtime will charge it (lone surrogates: U+FFFD)
         room = self.ledger.remaining_for_entry()
         if ledger.json_string_size(text) <= room:
             self.ledger.admit_log(text)
@@ -436,6 +437,7 @@ class Worker:
         return {"t": "done", "value": tokens}
 
     def failure(self, kind: str, message: str) -> dict[str, object]:
+        message = ledger.valid_text(message)
         if kind != "output-limit" and not self.sink.ledger.fits_message(message):
             kind, message = "output-limit", ""
         return {"t": "done", "error": {"kind": kind, "message": message}}

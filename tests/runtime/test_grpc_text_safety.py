@@ -194,3 +194,13 @@ async def test_an_expired_deadline_times_out_without_a_worker(
     # A deadline with time left still runs the program.
     _, terminal = await run(stub, "return 1", time_left=Duration(seconds=30))
     assert json.loads(terminal.success.value_json) == 1
+
+
+async def test_the_worker_charges_a_lone_surrogate_as_the_runtime_does(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    # 15 lone surrogates become 15 U+FFFD, 3 bytes each: 2 ("[]") + 47 fits in 64 bytes; charged
+    # as 6-byte escapes (what the worker did before it applied the same rule) it would not.
+    logs, terminal = await run(stub, "print('\\ud800' * 15)", max_output_bytes=64)
+    assert logs == ["\ufffd" * 15]
+    assert terminal.WhichOneof("outcome") == "success", terminal
