@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_client import ProviderError, ToolProvider
+from codemode_client import Approver, ProviderError, ToolProvider
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.config import RegistrySettings
@@ -128,3 +129,59 @@ async def test_a_refused_registration_ends_serve() -> None:
             await provider.close()
     finally:
         await running.stop(0)
+
+
+async def test_an_approver_keeps_answering_across_a_registry_restart(tmp_path: Any) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - tool: deploy\n    action: ask\n")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+
+    async def registry() -> RunningRegistry:
+        settings = RegistrySettings(listen=address, history_path=":memory:", policy_rules=rules)
+        running = await start(settings)
+
+        async def deploy(invocation: Any) -> Any:
+            return "deployed"
+
+        running.registry.register_tool("deploy", deploy)
+        return running
+
+    async def deploy_as_agent() -> Any:
+        """The first approved result within 10 s (the approver may still be reconnecting)."""
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = rpb_grpc.RegistryServiceStub(channel)
+            await stub.CreateAgent(rpb.CreateAgentRequest(agent_id="ops"))
+            deadline = asyncio.get_running_loop().time() + 10
+            for attempt in itertools.count():
+                request = rpb.ExecuteToolCallRequest(
+                    agent="agents/ops",
+                    call_id=f"d{attempt}",
+                    tool_name="deploy",
+                    arguments_json="{}",
+                )
+                [*_, last] = [r async for r in stub.ExecuteToolCall(request, timeout=20)]
+                if not last.result.is_error or asyncio.get_running_loop().time() > deadline:
+                    return last.result
+                await asyncio.sleep(0.05)  # no approver connected yet: DENIED, try again
+        raise AssertionError("unreachable")
+
+    first = await registry()
+    options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 200)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        approver = Approver(channel, "oncall", lambda request: True)
+        serving = asyncio.ensure_future(approver.serve())
+        try:
+            assert (await deploy_as_agent()).value_json == '"deployed"'
+            await first.stop(grace=1)  # ends the approver's stream with UNAVAILABLE
+            second = await registry()
+            try:
+                # The approver is back: the call is approved, not left without one.
+                result = await deploy_as_agent()
+                assert not result.is_error, result.error.message
+                assert not serving.done()
+            finally:
+                await second.stop(0)
+        finally:
+            await approver.close()
+            await asyncio.wait_for(serving, 10)

@@ -6,6 +6,9 @@
     async with Approver(channel, "ops-oncall", decide):
         ...  # requests are answered while the block runs
 
+    await approver.serve()  # or: answer until close(), reconnecting whenever the stream is
+                            # lost (a registry restart or shutdown)
+
 Every connected approver receives every request; the first answer wins.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +36,7 @@ class Approver:
         self._decide = decide
         self._call: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.withdrawn: list[rpb.ApprovalWithdrawn] = []
 
     async def __aenter__(self) -> Approver:
@@ -41,8 +46,11 @@ class Approver:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def start(self) -> None:
-        self._call = self._stub.Approve()
+    async def start(self, *, wait_for_ready: bool = False) -> None:
+        """Opens the stream. `wait_for_ready` waits for the registry to be reachable instead of
+        failing at once with UNAVAILABLE."""
+        self._closing = False
+        self._call = self._stub.Approve(wait_for_ready=wait_for_ready)
         await self._call.write(rpb.ApproveRequest(open=rpb.OpenApprover(approver_name=self._name)))
         opened = await self._call.read()
         if opened is grpc.aio.EOF or opened.WhichOneof("message") != "opened":
@@ -68,7 +76,31 @@ class Approver:
                     )
                     await self._call.write(rpb.ApproveRequest(decision=decision))
 
+    async def closed(self) -> None:
+        """Waits until the stream ends (however it ends, `close()` included)."""
+        if self._task is not None:
+            await asyncio.wait({self._task})
+
+    async def serve(self, *, max_delay: float = 10.0) -> None:
+        """Answers requests until `close()`, across registry restarts and shutdowns: a lost
+        stream is opened again as soon as a registry is reachable (the channel waits)."""
+        delay = 0.05
+        while not self._closing:
+            try:
+                await self.start(wait_for_ready=True)
+            except (grpc.aio.AioRpcError, RuntimeError):
+                if self._call is not None:
+                    self._call.cancel()  # e.g. a registry refusing new RPCs while it stops
+            else:
+                delay = 0.05
+                await self.closed()
+            if self._closing:
+                return
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, max_delay)
+
     async def close(self) -> None:
+        self._closing = True
         if self._call is not None:
             self._call.cancel()
         if self._task is not None:
