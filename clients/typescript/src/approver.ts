@@ -3,7 +3,10 @@
  *
  *     const approver = new Approver(client, "ops", async (request) =>
  *       request.toolName === "deploy" && request.arguments.env === "staging" ? "allow" : "reject");
- *     await approver.start();
+ *     await approver.start();   // answers until the stream ends (`approver.closed`)
+ *
+ *     await approver.serve();   // or: answer until close(), opening the stream again whenever
+ *                               // it is lost (a registry restart or shutdown)
  *
  * Every connected approver receives every request; the first answer wins and the others see the
  * request withdrawn (their callback's `signal` aborts, and a late answer is not sent). A callback
@@ -19,6 +22,7 @@ import {
   type ApprovalRequest as ApprovalRequestMessage,
 } from "./gen/codemode/registry/v1/registry_service";
 import { parseJson, type JsonValue } from "./json";
+import type { ServeOptions } from "./provider";
 import { approvalOutcomeName, type ApprovalOutcomeName, type RegistryClient } from "./registry";
 
 export type ApprovalAnswer = "allow" | "reject";
@@ -36,7 +40,7 @@ export interface ApprovalRequest {
 }
 
 export interface ApprovalContext {
-  /** Aborted when the request is withdrawn (answered elsewhere, cancelled) or the stream ends. */
+  /** Aborted when the request is withdrawn (answered elsewhere, cancelled) or its stream ends. */
   signal: AbortSignal;
 }
 
@@ -45,43 +49,179 @@ export type ApprovalHandler = (
   ctx: ApprovalContext,
 ) => ApprovalAnswer | undefined | Promise<ApprovalAnswer | undefined>;
 
-export class Approver {
-  /** The registry-assigned id of this approver stream (after `start`). */
-  approverId = "";
-  /** Resolves when the stream ends: `undefined` after `close()` or a clean end, else the error. */
-  readonly closed: Promise<CodemodeError | undefined>;
+export interface ApproverOptions {
+  /** Bound on the stream handshake in ms (default: the client's timeout). */
+  timeoutMs?: number;
+  /** Called when a request this approver received is settled elsewhere or cancelled. */
+  onWithdrawn?: (approvalId: string, outcome: ApprovalOutcomeName) => void;
+}
 
-  private call: ClientDuplexStream<ApproveRequest, ApproveResponse> | undefined;
-  private opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
-  private readonly pending = new Map<string, AbortController>();
+interface Deferred<T> {
+  promise: Promise<T>;
+  settled: boolean;
+  settle(value: T): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const d: Deferred<T> = {
+    promise: new Promise<T>((r) => (resolve = r)),
+    settled: false,
+    settle(value) {
+      if (d.settled) return;
+      d.settled = true;
+      resolve(value);
+    },
+  };
+  return d;
+}
+
+/** One `Approve` stream and what lives and dies with it: the handshake and the unanswered requests. */
+class Stream {
+  ended = false;
+  closing = false;
+  opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
+  readonly pending = new Map<string, AbortController>();
+
+  constructor(
+    readonly call: ClientDuplexStream<ApproveRequest, ApproveResponse>,
+    /** Settled when the stream ends: `undefined` after `close()` or a clean end, else the error. */
+    readonly done: Deferred<CodemodeError | undefined>,
+  ) {}
+
+  write(message: ApproveRequest): void {
+    if (!this.ended) this.call.write(message);
+  }
+}
+
+/** Codes no reconnection can fix (a wrong target, missing credentials): `serve()` ends with them. */
+const PERMANENT = new Set<GrpcStatus>([
+  GrpcStatus.INVALID_ARGUMENT,
+  GrpcStatus.UNAUTHENTICATED,
+  GrpcStatus.PERMISSION_DENIED,
+  GrpcStatus.UNIMPLEMENTED,
+]);
+
+const FIRST_DELAY_MS = 50;
+
+interface Serving {
+  stopped: boolean;
+  /** Ends the pause between two attempts (`close()` does not wait it out). */
+  wake: () => void;
+  done: Promise<void>;
+}
+
+export class Approver {
+  /** The registry-assigned id of the current (or last) approver stream (after `start`). */
+  approverId = "";
+
   private readonly timeoutMs: number;
-  private ended = false;
-  private closing = false;
-  private resolveClosed!: (e: CodemodeError | undefined) => void;
+  private readonly onWithdrawn: ((approvalId: string, outcome: ApprovalOutcomeName) => void) | undefined;
+  /** The current or last stream. */
+  private stream: Stream | undefined;
+  /** The end of the current or last stream, or of the next one when none was opened yet. */
+  private ends = deferred<CodemodeError | undefined>();
+  private serving: Serving | undefined;
 
   constructor(
     private readonly client: RegistryClient,
     readonly name: string,
     private readonly handler: ApprovalHandler,
-    options: { timeoutMs?: number; onWithdrawn?: (approvalId: string, outcome: ApprovalOutcomeName) => void } = {},
+    options: ApproverOptions = {},
   ) {
     this.timeoutMs = options.timeoutMs ?? client.timeoutMs;
     this.onWithdrawn = options.onWithdrawn;
-    this.closed = new Promise((resolve) => (this.resolveClosed = resolve));
   }
 
-  private readonly onWithdrawn: ((approvalId: string, outcome: ApprovalOutcomeName) => void) | undefined;
+  /**
+   * Resolves when the current (or last) stream ends: `undefined` after `close()` or a clean end,
+   * else the error. Before the first stream, the promise of the first stream's end.
+   */
+  get closed(): Promise<CodemodeError | undefined> {
+    return this.ends.promise;
+  }
 
-  /** Opens the stream; resolves once the registry acknowledged it. */
+  /**
+   * Opens the stream; resolves once the registry acknowledged it. Fails at once with UNAVAILABLE
+   * when no registry is reachable; `serve()` waits for one.
+   */
   async start(): Promise<void> {
-    if (this.call !== undefined) throw new Error("the approver is already started");
-    const call = this.client.stub.approve(this.client.metadata());
-    this.call = call;
-    call.on("data", (message: ApproveResponse) => this.onMessage(message));
-    call.on("error", (e: ServiceError) => this.finish(CodemodeError.from(e)));
-    call.on("end", () => this.finish(undefined));
-    const opened = new Promise<string>((resolve, reject) => (this.opened = { resolve, reject }));
-    call.write({ message: { $case: "open", value: { approverName: this.name } } });
+    if (this.serving !== undefined) throw new Error("the approver is serving: serve() opens its streams");
+    if (this.stream !== undefined && !this.stream.ended) throw new Error("the approver is already started");
+    await this.open(false);
+  }
+
+  /**
+   * Answers requests until `close()`, across registry restarts and shutdowns: whenever the stream
+   * is lost (UNAVAILABLE when a registry shuts down, a broken connection, no registry up yet) it is
+   * opened again as soon as a registry is reachable. Requests pending on a lost stream have their
+   * handler's `signal` aborted: the registry no longer waits for this stream's answer. Resolves
+   * after `close()`; rejects when the stream fails with a code no retry fixes (`UNAUTHENTICATED`,
+   * `PERMISSION_DENIED`, `INVALID_ARGUMENT`, `UNIMPLEMENTED`).
+   */
+  async serve(options: ServeOptions = {}): Promise<void> {
+    if (this.serving !== undefined) throw new Error("the approver is already serving");
+    if (this.stream !== undefined && !this.stream.ended) throw new Error("the approver is already started");
+    const run: Serving = { stopped: false, wake: () => undefined, done: Promise.resolve() };
+    this.serving = run;
+    run.done = this.reconnect(run, options.maxDelayMs ?? 10_000).finally(() => {
+      if (this.serving === run) this.serving = undefined;
+    });
+    return run.done;
+  }
+
+  /**
+   * Ends the stream and `serve()`, which has resolved by the time this does; requests this
+   * approver has not answered stay open for other approvers.
+   */
+  async close(): Promise<void> {
+    const run = this.serving;
+    if (run !== undefined) {
+      run.stopped = true;
+      run.wake();
+    }
+    if (this.stream !== undefined) await this.closeStream(this.stream);
+    else this.ends.settle(undefined);
+    await run?.done.catch(() => undefined);
+  }
+
+  private async reconnect(run: Serving, maxDelayMs: number): Promise<void> {
+    let delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
+    while (!run.stopped) {
+      let lost: CodemodeError | undefined;
+      try {
+        const stream = await this.open(true);
+        delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
+        lost = await stream.done.promise;
+      } catch (e) {
+        if (!(e instanceof CodemodeError)) throw e; // not the stream's failure (e.g. a closed client)
+        lost = e;
+      }
+      if (run.stopped) return;
+      if (lost !== undefined && PERMANENT.has(lost.code)) throw lost;
+      // Only a stream that failed at once comes back here quickly: a pause (jittered, doubling up
+      // to maxDelayMs) keeps a refusing registry from being hammered. Waiting for a registry to
+      // be reachable at all is the channel's business (waitForReady, its reconnect backoff).
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, delayMs * (0.5 + Math.random() / 2));
+        run.wake = () => (clearTimeout(timer), resolve());
+      });
+      delayMs = Math.min(delayMs * 2, maxDelayMs);
+    }
+  }
+
+  /** Opens a stream and waits for the registry's acknowledgement; closes it again if that fails. */
+  private async open(waitForReady: boolean): Promise<Stream> {
+    const metadata = this.client.metadata();
+    if (waitForReady) metadata.setOptions({ waitForReady: true });
+    if (this.ends.settled) this.ends = deferred();
+    const stream = new Stream(this.client.stub.approve(metadata), this.ends);
+    this.stream = stream;
+    stream.call.on("data", (message: ApproveResponse) => this.onMessage(stream, message));
+    stream.call.on("error", (e: ServiceError) => this.finish(stream, CodemodeError.from(e)));
+    stream.call.on("end", () => this.finish(stream, undefined));
+    const opened = new Promise<string>((resolve, reject) => (stream.opened = { resolve, reject }));
+    stream.write({ message: { $case: "open", value: { approverName: this.name } } });
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -92,38 +232,36 @@ export class Approver {
     try {
       this.approverId = await Promise.race([opened, timeout]);
     } catch (e) {
-      await this.close();
+      await this.closeStream(stream);
       throw e;
     } finally {
       clearTimeout(timer);
     }
+    return stream;
   }
 
-  /** Ends the stream; requests it has not answered stay open for other approvers. */
-  async close(): Promise<void> {
-    this.closing = true;
-    if (this.call !== undefined && !this.ended) {
-      this.call.end();
-      this.call.cancel();
-    } else if (this.call === undefined) {
-      this.finish(undefined);
+  private async closeStream(stream: Stream): Promise<void> {
+    stream.closing = true;
+    if (!stream.ended) {
+      stream.call.end();
+      stream.call.cancel();
     }
-    await this.closed;
+    await stream.done.promise;
   }
 
-  private onMessage(message: ApproveResponse): void {
+  private onMessage(stream: Stream, message: ApproveResponse): void {
     const m = message.message;
     switch (m?.$case) {
       case "opened":
-        this.opened?.resolve(m.value.approverId);
-        this.opened = undefined;
+        stream.opened?.resolve(m.value.approverId);
+        stream.opened = undefined;
         break;
       case "request":
-        this.answer(m.value);
+        this.answer(stream, m.value);
         break;
       case "withdrawn": {
-        const controller = this.pending.get(m.value.approvalId);
-        this.pending.delete(m.value.approvalId);
+        const controller = stream.pending.get(m.value.approvalId);
+        stream.pending.delete(m.value.approvalId);
         controller?.abort(new CodemodeError(GrpcStatus.CANCELLED, "the approval request was withdrawn"));
         this.onWithdrawn?.(m.value.approvalId, approvalOutcomeName(m.value.outcome));
         break;
@@ -133,9 +271,9 @@ export class Approver {
     }
   }
 
-  private answer(message: ApprovalRequestMessage): void {
+  private answer(stream: Stream, message: ApprovalRequestMessage): void {
     const controller = new AbortController();
-    this.pending.set(message.approvalId, controller);
+    stream.pending.set(message.approvalId, controller);
     void (async () => {
       let answer: ApprovalAnswer | undefined;
       try {
@@ -152,24 +290,26 @@ export class Approver {
       } catch {
         answer = "reject"; // fail closed
       }
-      if (controller.signal.aborted || this.pending.get(message.approvalId) !== controller) return;
-      this.pending.delete(message.approvalId);
-      if (answer === undefined || this.call === undefined || this.ended) return;
+      if (controller.signal.aborted || stream.pending.get(message.approvalId) !== controller) return;
+      stream.pending.delete(message.approvalId);
+      if (answer === undefined) return;
       const outcome =
         answer === "allow" ? ApprovalOutcome.APPROVAL_OUTCOME_ALLOWED_ONCE : ApprovalOutcome.APPROVAL_OUTCOME_REJECTED;
-      this.call.write({ message: { $case: "decision", value: { approvalId: message.approvalId, outcome } } });
+      // Only on the stream the request came on: a stream opened later is a new approver to the registry.
+      stream.write({ message: { $case: "decision", value: { approvalId: message.approvalId, outcome } } });
     })();
   }
 
-  private finish(error: CodemodeError | undefined): void {
-    if (this.ended) return;
-    this.ended = true;
-    const final = this.closing && (error === undefined || error.code === GrpcStatus.CANCELLED) ? undefined : error;
+  private finish(stream: Stream, error: CodemodeError | undefined): void {
+    if (stream.ended) return;
+    stream.ended = true;
+    const final = stream.closing && (error === undefined || error.code === GrpcStatus.CANCELLED) ? undefined : error;
     const ended = final ?? new CodemodeError(GrpcStatus.UNAVAILABLE, "the approver stream ended");
-    this.opened?.reject(ended);
-    this.opened = undefined;
-    for (const controller of this.pending.values()) controller.abort(ended);
-    this.pending.clear();
-    this.resolveClosed(final);
+    stream.opened?.reject(ended);
+    stream.opened = undefined;
+    // The registry no longer waits for this stream's answers.
+    for (const controller of stream.pending.values()) controller.abort(ended);
+    stream.pending.clear();
+    stream.done.settle(final);
   }
 }

@@ -1,5 +1,12 @@
 /** `@codemode/client`: the TypeScript client of the Codemode registry. */
-export { Approver, type ApprovalAnswer, type ApprovalContext, type ApprovalHandler, type ApprovalRequest } from "./approver";
+export {
+  Approver,
+  type ApprovalAnswer,
+  type ApprovalContext,
+  type ApprovalHandler,
+  type ApprovalRequest,
+  type ApproverOptions,
+} from "./approver";
 export { CodemodeError, errorInfoOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
 export {

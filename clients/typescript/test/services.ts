@@ -86,7 +86,7 @@ export function freePort(): Promise<number> {
   });
 }
 
-/** A registry (no runtime, in-memory history) listening on 127.0.0.1:`port`. */
-export function startRegistry(port: number): Promise<Service> {
-  return startService("registry_service", "registry listening on port ", { CODEMODE_REGISTRY_HISTORY_PATH: ":memory:" }, 30_000, port);
+/** A registry (no runtime, in-memory history) listening on 127.0.0.1:`port`, with extra settings in `env`. */
+export function startRegistry(port: number, env: Record<string, string> = {}): Promise<Service> {
+  return startService("registry_service", "registry listening on port ", { CODEMODE_REGISTRY_HISTORY_PATH: ":memory:", ...env }, 30_000, port);
 }
