@@ -22,7 +22,7 @@ import {
   type ApprovalRequest as ApprovalRequestMessage,
 } from "./gen/codemode/registry/v1/registry_service";
 import { parseJson, type JsonValue } from "./json";
-import type { ServeOptions } from "./provider";
+import { deferred, Reconnector, type Deferred, type ServeOptions } from "./reconnect";
 import { approvalOutcomeName, type ApprovalOutcomeName, type RegistryClient } from "./registry";
 
 export type ApprovalAnswer = "allow" | "reject";
@@ -56,26 +56,6 @@ export interface ApproverOptions {
   onWithdrawn?: (approvalId: string, outcome: ApprovalOutcomeName) => void;
 }
 
-interface Deferred<T> {
-  promise: Promise<T>;
-  settled: boolean;
-  settle(value: T): void;
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (value: T) => void;
-  const d: Deferred<T> = {
-    promise: new Promise<T>((r) => (resolve = r)),
-    settled: false,
-    settle(value) {
-      if (d.settled) return;
-      d.settled = true;
-      resolve(value);
-    },
-  };
-  return d;
-}
-
 /** One `Approve` stream and what lives and dies with it: the handshake and the unanswered requests. */
 class Stream {
   ended = false;
@@ -94,23 +74,6 @@ class Stream {
   }
 }
 
-/** Codes no reconnection can fix (a wrong target, missing credentials): `serve()` ends with them. */
-const PERMANENT = new Set<GrpcStatus>([
-  GrpcStatus.INVALID_ARGUMENT,
-  GrpcStatus.UNAUTHENTICATED,
-  GrpcStatus.PERMISSION_DENIED,
-  GrpcStatus.UNIMPLEMENTED,
-]);
-
-const FIRST_DELAY_MS = 50;
-
-interface Serving {
-  stopped: boolean;
-  /** Ends the pause between two attempts (`close()` does not wait it out). */
-  wake: () => void;
-  done: Promise<void>;
-}
-
 export class Approver {
   /** The registry-assigned id of the current (or last) approver stream (after `start`). */
   approverId = "";
@@ -121,7 +84,7 @@ export class Approver {
   private stream: Stream | undefined;
   /** The end of the current or last stream, or of the next one when none was opened yet. */
   private ends = deferred<CodemodeError | undefined>();
-  private serving: Serving | undefined;
+  private serving: Reconnector | undefined;
 
   constructor(
     private readonly client: RegistryClient,
@@ -162,11 +125,15 @@ export class Approver {
   async serve(options: ServeOptions = {}): Promise<void> {
     if (this.serving !== undefined) throw new Error("the approver is already serving");
     if (this.stream !== undefined && !this.stream.ended) throw new Error("the approver is already started");
-    const run: Serving = { stopped: false, wake: () => undefined, done: Promise.resolve() };
+    const run: Reconnector = new Reconnector(
+      () => this.open(true).then((stream) => ({ ended: stream.done.promise })),
+      options.maxDelayMs ?? 10_000,
+      undefined,
+      () => {
+        if (this.serving === run) this.serving = undefined;
+      },
+    );
     this.serving = run;
-    run.done = this.reconnect(run, options.maxDelayMs ?? 10_000).finally(() => {
-      if (this.serving === run) this.serving = undefined;
-    });
     return run.done;
   }
 
@@ -176,38 +143,10 @@ export class Approver {
    */
   async close(): Promise<void> {
     const run = this.serving;
-    if (run !== undefined) {
-      run.stopped = true;
-      run.wake();
-    }
+    run?.stop();
     if (this.stream !== undefined) await this.closeStream(this.stream);
     else this.ends.settle(undefined);
     await run?.done.catch(() => undefined);
-  }
-
-  private async reconnect(run: Serving, maxDelayMs: number): Promise<void> {
-    let delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
-    while (!run.stopped) {
-      let lost: CodemodeError | undefined;
-      try {
-        const stream = await this.open(true);
-        delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
-        lost = await stream.done.promise;
-      } catch (e) {
-        if (!(e instanceof CodemodeError)) throw e; // not the stream's failure (e.g. a closed client)
-        lost = e;
-      }
-      if (run.stopped) return;
-      if (lost !== undefined && PERMANENT.has(lost.code)) throw lost;
-      // Only a stream that failed at once comes back here quickly: a pause (jittered, doubling up
-      // to maxDelayMs) keeps a refusing registry from being hammered. Waiting for a registry to
-      // be reachable at all is the channel's business (waitForReady, its reconnect backoff).
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, delayMs * (0.5 + Math.random() / 2));
-        run.wake = () => (clearTimeout(timer), resolve());
-      });
-      delayMs = Math.min(delayMs * 2, maxDelayMs);
-    }
   }
 
   /** Opens a stream and waits for the registry's acknowledgement; closes it again if that fails. */

@@ -9,6 +9,7 @@ export {
 } from "./approver";
 export { CodemodeError, errorInfoOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
+export { type ServeOptions } from "./reconnect";
 export {
   ToolFailed,
   ToolOutput,
@@ -16,7 +17,6 @@ export {
   type InvocationContext,
   type OutputBlock,
   type OutputContext,
-  type ServeOptions,
   type ToolDefinition,
   type ToolHandler,
   type ToolOutputInit,

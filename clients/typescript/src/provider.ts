@@ -23,6 +23,7 @@ import { CodemodeError } from "./errors";
 import type { ConnectRequest, ConnectResponse, Invocation, RegistrationAck } from "./gen/codemode/registry/v1/registry_service";
 import { Concurrency, type AdditionalContext, type ContentBlock, type Tool, type ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
+import { deferred, Reconnector, type Deferred, type ServeOptions } from "./reconnect";
 import type { RegistryClient } from "./registry";
 
 /** Throw from a tool handler to fail the call with a stable code. */
@@ -148,34 +149,9 @@ export interface ToolProviderOptions {
   timeoutMs?: number;
 }
 
-export interface ServeOptions {
-  /** Longest pause in ms before opening again a stream that failed at once (default 10 000). */
-  maxDelayMs?: number;
-}
-
 interface Running {
   controller: AbortController;
   cancelled: boolean;
-}
-
-interface Deferred<T> {
-  promise: Promise<T>;
-  settled: boolean;
-  settle(value: T): void;
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (value: T) => void;
-  const d: Deferred<T> = {
-    promise: new Promise<T>((r) => (resolve = r)),
-    settled: false,
-    settle(value) {
-      if (d.settled) return;
-      d.settled = true;
-      resolve(value);
-    },
-  };
-  return d;
 }
 
 /** One `Connect` stream and what lives and dies with it: handshake, acks, running handlers. */
@@ -202,23 +178,6 @@ class Refused {
   constructor(readonly error: CodemodeError) {}
 }
 
-/** Codes no reconnection can fix (a wrong target, missing credentials): `serve()` ends with them. */
-const PERMANENT = new Set<GrpcStatus>([
-  GrpcStatus.INVALID_ARGUMENT,
-  GrpcStatus.UNAUTHENTICATED,
-  GrpcStatus.PERMISSION_DENIED,
-  GrpcStatus.UNIMPLEMENTED,
-]);
-
-const FIRST_DELAY_MS = 50;
-
-interface Serving {
-  stopped: boolean;
-  /** Ends the pause between two attempts (`close()` does not wait it out). */
-  wake: () => void;
-  done: Promise<void>;
-}
-
 export class ToolProvider {
   /** The registry-assigned id of the current (or last) provider stream. */
   providerId = "";
@@ -230,7 +189,7 @@ export class ToolProvider {
   private stream: Stream | undefined;
   /** The end of the current or last stream, or of the next one when none was opened yet. */
   private ends = deferred<CodemodeError | undefined>();
-  private serving: Serving | undefined;
+  private serving: Reconnector | undefined;
   private started = false;
   private nextId = 1;
 
@@ -283,11 +242,15 @@ export class ToolProvider {
   async serve(options: ServeOptions = {}): Promise<void> {
     if (this.serving !== undefined) throw new Error("the provider is already serving");
     if (this.stream !== undefined && !this.stream.ended) throw new Error("the provider is already started");
-    const run: Serving = { stopped: false, wake: () => undefined, done: Promise.resolve() };
+    const run: Reconnector = new Reconnector(
+      () => this.open(true).then((stream) => ({ ended: stream.done.promise })),
+      options.maxDelayMs ?? 10_000,
+      (e) => (e instanceof Refused ? e.error : undefined),
+      () => {
+        if (this.serving === run) this.serving = undefined;
+      },
+    );
     this.serving = run;
-    run.done = this.reconnect(run, options.maxDelayMs ?? 10_000).finally(() => {
-      if (this.serving === run) this.serving = undefined;
-    });
     return run.done;
   }
 
@@ -309,39 +272,10 @@ export class ToolProvider {
    */
   async close(): Promise<void> {
     const run = this.serving;
-    if (run !== undefined) {
-      run.stopped = true;
-      run.wake();
-    }
+    run?.stop();
     if (this.stream !== undefined) await this.closeStream(this.stream);
     else this.ends.settle(undefined);
     await run?.done.catch(() => undefined);
-  }
-
-  private async reconnect(run: Serving, maxDelayMs: number): Promise<void> {
-    let delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
-    while (!run.stopped) {
-      let lost: CodemodeError | undefined;
-      try {
-        const stream = await this.open(true);
-        delayMs = Math.min(FIRST_DELAY_MS, maxDelayMs);
-        lost = await stream.done.promise;
-      } catch (e) {
-        if (e instanceof Refused) throw e.error; // retrying changes nothing
-        if (!(e instanceof CodemodeError)) throw e; // not the stream's failure (e.g. a closed client)
-        lost = e;
-      }
-      if (run.stopped) return;
-      if (lost !== undefined && PERMANENT.has(lost.code)) throw lost;
-      // Only a stream that failed at once comes back here quickly: a pause (jittered, doubling up
-      // to maxDelayMs) keeps a refusing registry from being hammered. Waiting for a registry to
-      // be reachable at all is the channel's business (waitForReady, its reconnect backoff).
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, delayMs * (0.5 + Math.random() / 2));
-        run.wake = () => (clearTimeout(timer), resolve());
-      });
-      delayMs = Math.min(delayMs * 2, maxDelayMs);
-    }
   }
 
   /** Opens a stream and registers the declared tools on it; closes it again if that fails. */
