@@ -19,7 +19,14 @@ import {
   type ApprovalHandler,
   type ToolCallResult,
 } from "../src/index";
-import { freePort, startRegistry, startService, stopService, type Service } from "./services";
+import {
+  freePort,
+  quicklyReconnectingClient,
+  startRegistry,
+  startService,
+  stopService,
+  type Service,
+} from "./services";
 
 const services: Service[] = [];
 const clients: RegistryClient[] = [];
@@ -51,13 +58,7 @@ async function registry(port: number): Promise<Service> {
 }
 
 function client(port: number): RegistryClient {
-  // Reaching a registry again is the channel's job: its reconnect backoff is shortened so that a
-  // restart is noticed quickly, instead of the test sleeping.
-  const c = new RegistryClient(`127.0.0.1:${port}`, {
-    timeoutMs: 10_000,
-    executeTimeoutMs: 30_000,
-    channelOptions: { "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 200 },
-  });
+  const c = quicklyReconnectingClient(port);
   clients.push(c);
   return c;
 }

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { after, afterEach, describe, it } from "node:test";
 import { CodemodeError, RegistryClient, ToolProvider, status } from "../src/index";
-import { freePort, startRegistry, stopService, type Service } from "./services";
+import { freePort, quicklyReconnectingClient, startRegistry, stopService, type Service } from "./services";
 
 const services: Service[] = [];
 const clients: RegistryClient[] = [];
@@ -19,13 +19,7 @@ async function registry(port: number): Promise<Service> {
 }
 
 function client(port: number): RegistryClient {
-  // Reaching a registry again is the channel's job: its reconnect backoff is shortened so that a
-  // restart is noticed quickly, instead of the test sleeping.
-  const c = new RegistryClient(`127.0.0.1:${port}`, {
-    timeoutMs: 10_000,
-    executeTimeoutMs: 30_000,
-    channelOptions: { "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 200 },
-  });
+  const c = quicklyReconnectingClient(port);
   clients.push(c);
   return c;
 }

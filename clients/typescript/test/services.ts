@@ -3,6 +3,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { createServer } from "node:net";
 import { resolve } from "node:path";
+import { RegistryClient } from "../src/index";
 
 // dist/test/services.js → the package root is two levels up; the repository root two more.
 export const PACKAGE_ROOT = resolve(__dirname, "..", "..");
@@ -89,4 +90,16 @@ export function freePort(): Promise<number> {
 /** A registry (no runtime, in-memory history) listening on 127.0.0.1:`port`, with extra settings in `env`. */
 export function startRegistry(port: number, env: Record<string, string> = {}): Promise<Service> {
   return startService("registry_service", "registry listening on port ", { CODEMODE_REGISTRY_HISTORY_PATH: ":memory:", ...env }, 30_000, port);
+}
+
+/**
+ * A client for tests of registry restarts: reaching a registry again is the channel's job, and
+ * its reconnect backoff is shortened so that a restart is noticed quickly instead of waited out.
+ */
+export function quicklyReconnectingClient(port: number): RegistryClient {
+  return new RegistryClient(`127.0.0.1:${port}`, {
+    timeoutMs: 10_000,
+    executeTimeoutMs: 30_000,
+    channelOptions: { "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 200 },
+  });
 }
