@@ -13,7 +13,7 @@
  * that throws rejects (fail closed); returning `undefined` abstains and leaves the request to
  * other approvers.
  */
-import { status as GrpcStatus, type ClientDuplexStream, type ServiceError } from "@grpc/grpc-js";
+import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
 import { CodemodeError } from "./errors";
 import {
   ApprovalOutcome,
@@ -22,7 +22,7 @@ import {
   type ApprovalRequest as ApprovalRequestMessage,
 } from "./gen/codemode/registry/v1/registry_service";
 import { parseJson, type JsonValue } from "./json";
-import { deferred, Reconnector, type Deferred, type ServeOptions } from "./reconnect";
+import { deferred, DuplexStream, Reconnector, type ServeOptions } from "./reconnect";
 import { approvalOutcomeName, type ApprovalOutcomeName, type RegistryClient } from "./registry";
 
 export type ApprovalAnswer = "allow" | "reject";
@@ -57,21 +57,8 @@ export interface ApproverOptions {
 }
 
 /** One `Approve` stream and what lives and dies with it: the handshake and the unanswered requests. */
-class Stream {
-  ended = false;
-  closing = false;
-  opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
+class Stream extends DuplexStream<ApproveRequest, ApproveResponse> {
   readonly pending = new Map<string, AbortController>();
-
-  constructor(
-    readonly call: ClientDuplexStream<ApproveRequest, ApproveResponse>,
-    /** Settled when the stream ends: `undefined` after `close()` or a clean end, else the error. */
-    readonly done: Deferred<CodemodeError | undefined>,
-  ) {}
-
-  write(message: ApproveRequest): void {
-    if (!this.ended) this.call.write(message);
-  }
 }
 
 export class Approver {

@@ -18,12 +18,12 @@
  * An output that cannot be sent fails the call with `INVALID_TOOL_OUTPUT`, as the registry fails
  * an in-process tool's.
  */
-import { status as GrpcStatus, type ClientDuplexStream, type ServiceError } from "@grpc/grpc-js";
+import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
 import { CodemodeError } from "./errors";
 import type { ConnectRequest, ConnectResponse, Invocation, RegistrationAck } from "./gen/codemode/registry/v1/registry_service";
 import { Concurrency, type AdditionalContext, type ContentBlock, type Tool, type ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
-import { deferred, Reconnector, type Deferred, type ServeOptions } from "./reconnect";
+import { deferred, DuplexStream, Reconnector, type ServeOptions } from "./reconnect";
 import type { RegistryClient } from "./registry";
 
 /** Throw from a tool handler to fail the call with a stable code. */
@@ -155,22 +155,9 @@ interface Running {
 }
 
 /** One `Connect` stream and what lives and dies with it: handshake, acks, running handlers. */
-class Stream {
-  ended = false;
-  closing = false;
-  opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
+class Stream extends DuplexStream<ConnectRequest, ConnectResponse> {
   readonly acks = new Map<string, { resolve: (a: RegistrationAck) => void; reject: (e: unknown) => void }>();
   readonly running = new Map<string, Running>();
-
-  constructor(
-    readonly call: ClientDuplexStream<ConnectRequest, ConnectResponse>,
-    /** Settled when the stream ends: `undefined` after `close()` or a clean end, else the error. */
-    readonly done: Deferred<CodemodeError | undefined>,
-  ) {}
-
-  write(message: ConnectRequest): void {
-    if (!this.ended) this.call.write(message);
-  }
 }
 
 /** A registration the registry refused: `serve()` ends with it instead of retrying. */

@@ -2,7 +2,7 @@
  * What `ToolProvider.serve()` and `Approver.serve()` share: a settle-once promise for a stream's
  * end, and the loop that opens a lost stream again.
  */
-import { status as GrpcStatus } from "@grpc/grpc-js";
+import { status as GrpcStatus, type ClientDuplexStream } from "@grpc/grpc-js";
 import { CodemodeError } from "./errors";
 
 export interface ServeOptions {
@@ -28,6 +28,23 @@ export function deferred<T>(): Deferred<T> {
     },
   };
   return d;
+}
+
+/** One bidi stream's state: open (`opened` until the registry acknowledges it), ending, ended. */
+export class DuplexStream<Req, Res> {
+  ended = false;
+  closing = false;
+  opened: { resolve: (id: string) => void; reject: (e: unknown) => void } | undefined;
+
+  constructor(
+    readonly call: ClientDuplexStream<Req, Res>,
+    /** Settled when the stream ends: `undefined` after `close()` or a clean end, else the error. */
+    readonly done: Deferred<CodemodeError | undefined>,
+  ) {}
+
+  write(message: Req): void {
+    if (!this.ended) this.call.write(message);
+  }
 }
 
 /** Codes no reconnection can fix (a wrong target, missing credentials): `serve()` ends with them. */
