@@ -50,6 +50,9 @@ def run(
         return 2
     try:
         asyncio.run(serve(settings))
+    except config_error as exc:  # found while composing the service (plugins, declarations)
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # the servers report a failed bind as OSError
         print(
             f"{prog}: cannot listen on {getattr(settings, 'listen', '?')}: {exc}", file=sys.stderr

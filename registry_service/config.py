@@ -16,7 +16,14 @@ from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.assembly import Section, check_config
 
-__all__ = ["ConfigError", "PromptSectionSetting", "RegistrySettings", "load_settings"]
+__all__ = [
+    "AgentSetting",
+    "ConfigError",
+    "PresetSetting",
+    "PromptSectionSetting",
+    "RegistrySettings",
+    "load_settings",
+]
 
 # The runtime accepts pings no closer together than this on a connection without data
 # (runtime_service/server.py MIN_PING_INTERVAL_MS); closer ones earn a GOAWAY that also ends the
@@ -39,6 +46,26 @@ class PromptSectionSetting(BaseModel):
         return Section(self.id, self.order, self.text)
 
 
+class PresetSetting(BaseModel):
+    """A preset the registry creates at start (`presets/{id}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    mode: Mode | None = None
+
+
+class AgentSetting(BaseModel):
+    """An agent the registry creates at start (`agents/{id}`), after the presets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    preset: str = ""
+    """`presets/{id}` or just the id; empty: unparented."""
+    mode: Mode | None = None
+
+
 class RegistrySettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CODEMODE_REGISTRY_", extra="forbid")
 
@@ -50,6 +77,11 @@ class RegistrySettings(ServiceSettings):
     """Per-run cap on overlapping concurrency-safe nested calls (used by run_code)."""
     policy_rules: Path | None = None
     """Optional YAML rules file applied as the embedded pre-execute policy."""
+    presets: list[PresetSetting] = Field(default_factory=list)
+    """Presets created at start (agents and presets are otherwise held in memory only, so
+    declaring them here brings them back after a restart)."""
+    agents: list[AgentSetting] = Field(default_factory=list)
+    """Agents created at start, after `presets`."""
     plugins: list[str] = Field(default_factory=list)
     """`module:function` entries called with the Registry at start (in-process tools, hooks)."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)

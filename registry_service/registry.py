@@ -13,6 +13,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from codemode_common import jsonvalue
+from codemode_common.errors import CodemodeError
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
@@ -220,6 +221,7 @@ def build_registry(
         runtime=runtime,
         telemetry=telemetry,
     )
+    _declare_scopes(catalog, settings)
     if settings.policy_rules is not None:
         try:
             rules = load_rules(settings.policy_rules)
@@ -229,6 +231,20 @@ def build_registry(
     for entry in settings.plugins:
         _load_plugin(entry)(registry)
     return registry
+
+
+def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:
+    """Creates the configured presets, then agents (a bad entry stops the start)."""
+    try:
+        for preset in settings.presets:
+            catalog.create_preset(preset.id, preset.mode)
+        for agent in settings.agents:
+            parent = agent.preset
+            if parent and not parent.startswith("presets/"):
+                parent = f"presets/{parent}"
+            catalog.create_agent(agent.id, parent, agent.mode)
+    except CodemodeError as exc:
+        raise ConfigError(f"invalid presets/agents settings: {exc.message}") from exc
 
 
 def _load_plugin(entry: str) -> Callable[[Registry], None]:
