@@ -61,15 +61,13 @@ class Registry:
     transport: RunCodeTransport
     runtime: RuntimePort | None
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
-    _background: list[asyncio.Task[None]] = field(default_factory=list)
+    _retention: asyncio.Task[None] | None = None
 
     def start_background(self) -> None:
         """Starts what runs beside the RPCs (history retention, when configured)."""
         days = self.settings.history_retention_days
-        if days is not None and not self._background:
-            self._background.append(
-                asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
-            )
+        if days is not None and self._retention is None:
+            self._retention = asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
@@ -81,11 +79,10 @@ class Registry:
         return result
 
     async def close(self) -> None:
-        for task in self._background:
-            task.cancel()
-        for task in self._background:
+        if self._retention is not None:
+            self._retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._retention
         close_runtime = getattr(self.runtime, "close", None)
         if close_runtime is not None:
             await close_runtime()

@@ -14,6 +14,7 @@ from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.errors import CodemodeError, Status
 from codemode_common.grpc_status import to_rpc_status
+from codemode_common.text import utf8_exceeds
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
@@ -159,17 +160,15 @@ class _CallRelay:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
         limit = self._max_arguments
-        if limit is not None and len(arguments) > limit // 4:  # UTF-8: at most 4 bytes a char
-            size = len(arguments.encode())
-            if size > limit:
-                pending.resolve(
-                    BindingResult.failure(
-                        f"binding arguments are too large to send: {size} bytes of JSON, over "
-                        f"the runtime's limit of {limit} bytes (max_message_bytes "
-                        f"{limit + 4096})"
-                    )
+        if limit is not None and utf8_exceeds(arguments, limit):
+            pending.resolve(
+                BindingResult.failure(
+                    f"binding arguments are too large to send: {len(arguments.encode())} bytes "
+                    f"of JSON, over the runtime's limit of {limit} bytes (max_message_bytes "
+                    f"{limit + 4096})"
                 )
-                return pending
+            )
+            return pending
         self._pending[call.seq] = pending
         self._outgoing.put_nowait(
             runtime_pb2.RunResponse(

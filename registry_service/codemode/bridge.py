@@ -17,6 +17,7 @@ from typing import Any
 
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
+from codemode_common.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
     BindingCall,
     LimitedRuntime,
@@ -249,7 +250,7 @@ class _Run(RunHooks):
             telemetry.nested_refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
         limit = self.limits.max_payload_bytes
-        if limit is not None and _too_large(call.arguments_json, limit):
+        if limit is not None and utf8_exceeds(call.arguments_json, limit):
             # It arrived, but could not go on to a tool provider (nor come back): refused
             # like lossy arguments, so the program can catch it and carry on.
             telemetry.nested_refused("arguments_too_large", name)
@@ -312,12 +313,12 @@ class _Run(RunHooks):
         limit = self.limits.max_payload_bytes
         if result.is_error:
             message = result.error.message if result.error else "tool call failed"
-            if limit is not None and _too_large(message, limit):
+            if limit is not None and utf8_exceeds(message, limit):
                 message = _cut(message, limit)
             self.stream.reply(call.binding_call_id, False, message)
             return
         payload = result.value_json or jsonvalue.dumps(result.value)
-        if limit is not None and _too_large(payload, limit):
+        if limit is not None and utf8_exceeds(payload, limit):
             # Sent as it is, the answer would exceed the message limit and fail the whole run.
             message = f"tool result too large for the program: over {limit} bytes of JSON"
             self.stream.reply(call.binding_call_id, False, message)
@@ -429,13 +430,6 @@ def render_output(value: dict[str, JsonValue]) -> str:
 async def _close_quietly(stream: RunStream) -> None:
     with contextlib.suppress(Exception):  # the run is over: nothing depends on a clean close
         await stream.close()
-
-
-def _too_large(text: str, limit: int) -> bool:
-    """Whether `text` is more than `limit` bytes of UTF-8 (short texts are not encoded)."""
-    if len(text) * 4 <= limit:  # at most 4 bytes per code point
-        return False
-    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
 
 
 def _cut(text: str, limit: int) -> str:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from codemode_client._reconnect import serve_until_closed
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -84,20 +84,18 @@ class Approver:
     async def serve(self, *, max_delay: float = 10.0) -> None:
         """Answers requests until `close()`, across registry restarts and shutdowns: a lost
         stream is opened again as soon as a registry is reachable (the channel waits)."""
-        delay = 0.05
-        while not self._closing:
-            try:
-                await self.start(wait_for_ready=True)
-            except (grpc.aio.AioRpcError, RuntimeError):
-                if self._call is not None:
-                    self._call.cancel()  # e.g. a registry refusing new RPCs while it stops
-            else:
-                delay = 0.05
-                await self.closed()
-            if self._closing:
-                return
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, max_delay)
+        await serve_until_closed(
+            open_stream=lambda: self.start(wait_for_ready=True),
+            stream_ended=self.closed,
+            drop_stream=self._drop_call,
+            closing=lambda: self._closing,
+            transient=(grpc.aio.AioRpcError, RuntimeError),
+            max_delay=max_delay,
+        )
+
+    def _drop_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
 
     async def close(self) -> None:
         self._closing = True

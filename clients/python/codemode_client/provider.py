@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import inspect
 import itertools
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +39,11 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from codemode_client._reconnect import serve_until_closed
 from codemode_client.results import (
     AdditionalContext,
     contexts_to_proto,
     output_to_proto,
-    readable,
 )
 from codemode_client.schemas import hinted_schemas
 from codemode_common import jsonvalue
@@ -54,8 +53,13 @@ from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.grpc_status import error_info
 from codemode_common.jsonvalue import JsonValue
 from codemode_common.telemetry import context_from, resolve_tracer_provider
+from codemode_common.text import without_lone_surrogates
 
 STREAM_ENDED = "STREAM_ENDED"  # ProviderError.reason when the stream ended under a request
+
+
+class _StreamLost(Exception):
+    """The stream ended while `start()` waited for an acknowledgement: worth another try."""
 
 
 class ProviderError(Exception):
@@ -216,25 +220,24 @@ class ToolProvider:
         the stream is lost (UNAVAILABLE when a registry shuts down, a broken connection) it is
         opened again as soon as a registry is reachable, and the tools are registered again.
         A registry that refuses the tools (`ProviderError`) ends it."""
-        delay = 0.05
-        while not self._closing:
-            try:
-                await self.start(wait_for_ready=True)
-            except (grpc.aio.AioRpcError, ProviderError) as exc:
-                if isinstance(exc, ProviderError) and exc.reason != STREAM_ENDED:
-                    raise  # the registry refused the tools: retrying changes nothing
-                await self._drop_call()  # e.g. a registry refusing new RPCs while it stops
-            else:
-                delay = 0.05
-                await self.closed()
-            if self._closing:
-                return
-            # Only a stream that failed at once is retried after a pause (up to `max_delay`);
-            # reaching a registry again is left to the channel (wait_for_ready).
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, max_delay)
+        await serve_until_closed(
+            open_stream=self._open_serving,
+            stream_ended=self.closed,
+            drop_stream=self._drop_call,
+            closing=lambda: self._closing,
+            transient=(grpc.aio.AioRpcError, _StreamLost),
+            max_delay=max_delay,
+        )
 
-    async def _drop_call(self) -> None:
+    async def _open_serving(self) -> None:
+        try:
+            await self.start(wait_for_ready=True)
+        except ProviderError as exc:
+            if exc.reason == STREAM_ENDED:
+                raise _StreamLost from exc
+            raise  # the registry refused the tools: retrying changes nothing
+
+    def _drop_call(self) -> None:
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -385,7 +388,7 @@ def _error(
     contexts: Sequence[tool_pb2.AdditionalContext] = (),
 ) -> tool_pb2.ToolResult:
     # A lone surrogate (from an exception's text, say) cannot be encoded: unsent, the call hangs.
-    message = readable(message)
+    message = without_lone_surrogates(message)
     return tool_pb2.ToolResult(
         is_error=True,
         error=tool_pb2.ToolError(message=message, code=code, name=name),

@@ -34,7 +34,6 @@ Failures are not outputs: raise `ToolFailed`.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -42,6 +41,7 @@ from typing import Any, Generic, Literal, TypeVar
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import tool_pb2
 from codemode_common.jsonvalue import JsonValue
+from codemode_common.text import has_lone_surrogate
 
 
 @dataclass(frozen=True)
@@ -110,18 +110,11 @@ class ToolOutput(Generic[T]):
 
 # -- to and from the wire ----------------------------------------------------------------------
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def readable(text: str) -> str:
-    """`text` with lone surrogates (not encodable as UTF-8, so not sendable) replaced by U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text)
-
 
 def _string(text: object, where: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"{where} is {type(text).__name__}, not str")
-    if _SURROGATE.search(text):
+    if has_lone_surrogate(text):
         raise ValueError(f"{where} holds a lone surrogate (not valid UTF-8)")
     return text
 
