@@ -460,6 +460,12 @@ class Executor:
             if returned.is_error:
                 return returned
             if not returned.has_value:
+                # Content alone is a whole result only for a tool that promises no particular
+                # value: a program's typed binding would otherwise get None for a declared type.
+                if defn is not None and not _accepts_anything(defn.output_schema):
+                    return _invalid_output(
+                        name, ["the result has no value, but the tool declares an output schema"]
+                    )
                 return returned
             value, content, value_json = returned.value, returned.content, returned.value_json
         else:
@@ -539,6 +545,11 @@ def _failure(exc: BaseException) -> ToolResult:
     if isinstance(exc, ToolCallFailure):
         return error_result(str(exc), exc.code, exc.name)
     return error_result(str(exc) or type(exc).__name__, name=type(exc).__name__)
+
+
+def _accepts_anything(schema: JsonValue) -> bool:
+    # `{}` is what a tool that declares no output schema gets.
+    return schema is True or schema == {}
 
 
 def _invalid_output(name: str, violations: list[str]) -> ToolResult:

@@ -74,6 +74,10 @@ async def test_rich_output_reaches_a_model_direct_call_exactly(stack: Stack) -> 
     async def null_value(args: Any, ctx: Any) -> Any:
         return ToolOutput(value=None, content=[TextContent("nothing found")])
 
+    @provider.tool(output_schema={"type": "object"})
+    async def typed_words(args: Any, ctx: Any) -> Any:
+        return ToolOutput(content=[TextContent("words, but an object was promised")])
+
     async with provider, RegistryClient(stack.running.address) as client:
         tools = {t.name: t for t in await client.list_tools()}
         # `-> ToolOutput[Shot]` declares Shot's schema, as `-> Shot` would.
@@ -110,6 +114,14 @@ async def test_rich_output_reaches_a_model_direct_call_exactly(stack: Stack) -> 
         null = await call(client, "null_value", agent)
         assert null.has_value and null.value is None
         assert null.content == (TextContent("nothing found"),)
+
+        # A declared output schema promises a value: content alone breaks that promise.
+        typed = await call(client, "typed_words", agent)
+        assert typed.is_error and typed.error_code == "INVALID_TOOL_OUTPUT"
+        assert typed.error_message == (
+            'tool "typed_words" returned invalid output: '
+            "the result has no value, but the tool declares an output schema"
+        )
 
 
 async def test_a_program_gets_the_value_and_run_code_carries_the_rest(stack: Stack) -> None:
