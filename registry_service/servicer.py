@@ -151,8 +151,16 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def AddRestriction(
         self, request: rpb.AddRestrictionRequest, context: Context
     ) -> rpb.AddRestrictionResponse:
+        # proto3 cannot tell an empty `allow` from an absent one: `allow_none` is the empty list.
+        if request.allow_none and request.allow:
+            raise invalid_argument(
+                "CONFLICTING_ALLOW",
+                "allow_none cannot be combined with a non-empty allow",
+                field="allow_none",
+            )
+        allow: list[str] | None = [] if request.allow_none else list(request.allow) or None
         restriction_id = self._catalog.add_restriction(
-            request.scope, list(request.allow) or None, list(request.deny) or None
+            request.scope, allow, list(request.deny) or None
         )
         return rpb.AddRestrictionResponse(restriction_id=restriction_id)
 

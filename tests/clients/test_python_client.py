@@ -25,6 +25,7 @@ from codemode_common import jsonvalue
 from registry_service.domain.execution import ProgramLog
 from registry_service.domain.policy import Ask, PreDecision
 from tests.codemode.conftest import Stack
+from tests.registry.conftest import echo_tool
 
 
 class AddArgs(TypedDict):
@@ -103,6 +104,23 @@ async def test_errors_carry_reason_domain_and_metadata(stack: Stack) -> None:
         with pytest.raises(InvalidArgument) as bad:
             await client.create_agent("Not Valid")
         assert bad.value.reason == "INVALID_RESOURCE_ID"
+
+
+async def test_add_restriction_with_an_empty_allow_list_hides_inherited_tools(
+    make_registry: Any,
+) -> None:
+    async with make_registry() as h, RegistryClient(h.running.address) as client:
+        echo_tool(h.registry, "a")
+        echo_tool(h.registry, "b")
+        agent = (await client.create_agent("narrow", mode="native")).name
+        echo_tool(h.registry, "own", scope=agent)
+        denied = await client.add_restriction(agent, deny=["a"])  # allow=None: no allow list
+        assert [t.name for t in await client.list_tools(agent)] == ["b", "own"]
+        await client.remove_restriction(agent, denied)
+        none = await client.add_restriction(agent, allow=[])
+        assert [t.name for t in await client.list_tools(agent)] == ["own"]
+        await client.remove_restriction(agent, none)
+        assert [t.name for t in await client.list_tools(agent)] == ["a", "b", "own"]
 
 
 async def test_approver_answers_from_a_function(stack: Stack) -> None:

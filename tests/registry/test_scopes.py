@@ -259,6 +259,64 @@ async def test_remove_restriction(harness: Harness) -> None:
     )
 
 
+async def test_allow_none_hides_every_inherited_tool(harness: Harness) -> None:
+    echo_tool(harness.registry, "a")
+    echo_tool(harness.registry, "b")
+    agent = await harness.agent("x", mode=BOTH)  # BOTH: run_code shown, direct calls allowed
+    sibling = await harness.agent("y")
+    echo_tool(harness.registry, "own", scope=agent)
+    added = await harness.stub.AddRestriction(
+        rpb.AddRestrictionRequest(scope=agent, allow_none=True)
+    )
+    assert await harness.visible(agent) == ["own", "run_code"]  # own tools are exempt
+    echo_tool(harness.registry, "c")  # an allow list naming none excludes later globals too
+    assert await harness.visible(agent) == ["own", "run_code"]
+    assert await harness.visible(sibling) == ["a", "b", "c"]
+    _, hidden = await harness.execute("a", agent=agent)
+    assert hidden.error.code == "UNKNOWN_TOOL"
+    await harness.stub.RemoveRestriction(
+        rpb.RemoveRestrictionRequest(scope=agent, restriction_id=added.restriction_id)
+    )
+    assert await harness.visible(agent) == ["a", "b", "c", "own", "run_code"]
+    _, shown = await harness.execute("a", agent=agent, call_id="call-2")
+    assert not shown.is_error
+
+
+async def test_allow_none_on_a_preset_applies_to_its_agents(harness: Harness) -> None:
+    echo_tool(harness.registry, "a")
+    preset = await harness.preset("p")
+    agent = await harness.agent("x", preset=preset)
+    loner = await harness.agent("y")
+    echo_tool(harness.registry, "preset-tool", scope=preset)
+    echo_tool(harness.registry, "own", scope=agent)
+    await harness.stub.AddRestriction(
+        rpb.AddRestrictionRequest(scope=preset, allow_none=True, deny=["a"])  # deny: redundant
+    )
+    assert await harness.visible(preset) == ["preset-tool"]
+    # The preset's own tool is inherited by its agents, so the preset's restriction hides it there.
+    assert await harness.visible(agent) == ["own"]
+    echo_tool(harness.registry, "later")
+    assert await harness.visible(agent) == ["own"]
+    assert await harness.visible(loner) == ["a", "later"]
+
+
+async def test_allow_none_with_allow_is_refused(harness: Harness) -> None:
+    echo_tool(harness.registry, "a")
+    echo_tool(harness.registry, "b")
+    agent = await harness.agent("x")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.AddRestriction(
+            rpb.AddRestrictionRequest(scope=agent, allow=["a"], allow_none=True)
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    info = error_info(status)
+    assert info is not None and info.reason == "CONFLICTING_ALLOW"
+    assert dict(info.metadata) == {"field": "allow_none"}
+    assert await harness.visible(agent) == ["a", "b"]  # nothing was added
+
+
 async def test_delete_preset_in_use_is_refused_then_revokes(harness: Harness) -> None:
     echo_tool(harness.registry, "a")
     preset = await harness.preset("p", mode=CODE)

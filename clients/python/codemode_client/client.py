@@ -208,7 +208,14 @@ class RegistryClient:
     async def add_restriction(
         self, scope: str, *, allow: list[str] | None = None, deny: list[str] | None = None
     ) -> str:
-        request = rpb.AddRestrictionRequest(scope=scope, allow=allow or [], deny=deny or [])
+        """`allow=None`: no allow list; `allow=[]`: an allow list naming none (hides every
+        inherited tool; the wire spells it `allow_none`, as an empty repeated field is absent)."""
+        request = rpb.AddRestrictionRequest(
+            scope=scope,
+            allow=allow or [],
+            deny=deny or [],
+            allow_none=allow is not None and not allow,
+        )
         response: rpb.AddRestrictionResponse = await self._unary(self.stub.AddRestriction, request)
         return response.restriction_id
 

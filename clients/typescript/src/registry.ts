@@ -470,13 +470,18 @@ export class RegistryClient {
     await this.unary(this.stub.setPresentationMode, { scope, mode: toPresentationMode(mode) }, options, false);
   }
 
-  /** Adds a restriction; returns its id for `removeRestriction`. */
+  /**
+   * Adds a restriction; returns its id for `removeRestriction`. `allow: []` is an allow list
+   * naming none (hides every inherited tool; sent as `allowNone`, since an empty repeated field
+   * is absent on the wire); an omitted `allow` is no allow list.
+   */
   async addRestriction(
     scope: string,
     restriction: { allow?: string[]; deny?: string[] },
     options?: CallOptions,
   ): Promise<string> {
-    const request = { scope, allow: restriction.allow ?? [], deny: restriction.deny ?? [] };
+    const { allow, deny } = restriction;
+    const request = { scope, allow: allow ?? [], deny: deny ?? [], allowNone: allow?.length === 0 };
     return (await this.unary(this.stub.addRestriction, request, options, false)).restrictionId;
   }
 

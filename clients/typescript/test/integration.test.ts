@@ -428,4 +428,22 @@ describe("RegistryClient against the real services", () => {
     assert.equal(gone.error?.code, "UNKNOWN_TOOL");
     assert.ok((await names()).includes("add"), "other providers' tools stay");
   });
+
+  it("hides every inherited tool with addRestriction({ allow: [] })", async () => {
+    const agent = (await client.createAgent("ts-allow-none", { mode: "both" })).name;
+    const names = async (): Promise<string[]> => (await client.listVisibleTools(agent)).tools.map((t) => t.name);
+    try {
+      const denied = await client.addRestriction(agent, { deny: ["add"] }); // no allow list: the rest stay
+      assert.ok(!(await names()).includes("add") && (await names()).includes("echo"));
+      await client.removeRestriction(agent, denied);
+      const none = await client.addRestriction(agent, { allow: [] });
+      assert.deepEqual(await names(), ["run_code"]);
+      const hidden = await client.executeToolCall({ agent, toolName: "echo", arguments: { value: 1 } }).result;
+      assert.equal(hidden.error?.code, "UNKNOWN_TOOL");
+      await client.removeRestriction(agent, none);
+      assert.ok((await names()).includes("echo"));
+    } finally {
+      await client.deleteAgent(agent);
+    }
+  });
 });

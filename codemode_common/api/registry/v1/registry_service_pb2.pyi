@@ -529,11 +529,18 @@ class AddRestrictionRequest(_message.Message):
     SCOPE_FIELD_NUMBER: _builtins.int
     ALLOW_FIELD_NUMBER: _builtins.int
     DENY_FIELD_NUMBER: _builtins.int
+    ALLOW_NONE_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     """The scope: `presets/{id}` or `agents/{id}`."""
+    allow_none: _builtins.bool
+    """Hides every inherited tool (an allow list naming none): only the scope's own tools, and
+    `run_code` where the mode presents it, stay visible. Cannot be combined with `allow`.
+    """
     @_builtins.property
     def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """When non-empty, only these inherited tools stay visible."""
+        """When non-empty, only these inherited tools stay visible. An empty list means no allow list
+        (proto3 cannot tell it from absent): to hide every inherited tool, set `allow_none`.
+        """
 
     @_builtins.property
     def deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -545,10 +552,11 @@ class AddRestrictionRequest(_message.Message):
         scope: _builtins.str = ...,
         allow: _abc.Iterable[_builtins.str] | None = ...,
         deny: _abc.Iterable[_builtins.str] | None = ...,
+        allow_none: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "deny", b"deny", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "allow_none", b"allow_none", "deny", b"deny", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -199,10 +199,18 @@ export interface SetPresentationModeResponse {
 export interface AddRestrictionRequest {
   /** The scope: `presets/{id}` or `agents/{id}`. */
   scope: string;
-  /** When non-empty, only these inherited tools stay visible. */
+  /**
+   * When non-empty, only these inherited tools stay visible. An empty list means no allow list
+   * (proto3 cannot tell it from absent): to hide every inherited tool, set `allow_none`.
+   */
   allow: string[];
   /** These inherited tools are hidden. */
   deny: string[];
+  /**
+   * Hides every inherited tool (an allow list naming none): only the scope's own tools, and
+   * `run_code` where the mode presents it, stay visible. Cannot be combined with `allow`.
+   */
+  allowNone: boolean;
 }
 
 /** Response for AddRestriction. */
@@ -1610,7 +1618,7 @@ export const SetPresentationModeResponse: MessageFns<SetPresentationModeResponse
 };
 
 function createBaseAddRestrictionRequest(): AddRestrictionRequest {
-  return { scope: "", allow: [], deny: [] };
+  return { scope: "", allow: [], deny: [], allowNone: false };
 }
 
 export const AddRestrictionRequest: MessageFns<AddRestrictionRequest> = {
@@ -1623,6 +1631,9 @@ export const AddRestrictionRequest: MessageFns<AddRestrictionRequest> = {
     }
     for (const v of message.deny) {
       writer.uint32(26).string(v!);
+    }
+    if (message.allowNone !== false) {
+      writer.uint32(32).bool(message.allowNone);
     }
     return writer;
   },
@@ -1664,6 +1675,14 @@ export const AddRestrictionRequest: MessageFns<AddRestrictionRequest> = {
             message.deny.push(reader.string());
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.allowNone = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1684,6 +1703,7 @@ export const AddRestrictionRequest: MessageFns<AddRestrictionRequest> = {
     message.scope = object.scope ?? "";
     message.allow = object.allow?.map((e) => e) || [];
     message.deny = object.deny?.map((e) => e) || [];
+    message.allowNone = object.allowNone ?? false;
     return message;
   },
 };
