@@ -294,6 +294,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.WatchHistoryRequest, context: Context
     ) -> AsyncIterator[rpb.WatchHistoryResponse]:
         self._catalog.get_agent(request.agent)
+        if request.after_seq < 0:
+            raise invalid_argument(
+                "INVALID_AFTER_SEQ", "after_seq must not be negative", field="after_seq"
+            )
         async for record in self._registry.history.watch(request.agent, request.after_seq):
             yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
         if self._draining:

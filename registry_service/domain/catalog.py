@@ -289,6 +289,10 @@ class Catalog:
 
     def remove_restriction(self, scope: str, restriction_id: str) -> None:
         self.require_scope(scope, allow_global=False)
+        if not restriction_id:
+            raise invalid_argument(
+                "MISSING_RESTRICTION_ID", "restriction_id is required", field="restriction_id"
+            )
         if self._layers[scope].restrictions.pop(restriction_id, None) is None:
             raise not_found(
                 "RESTRICTION_NOT_FOUND",
