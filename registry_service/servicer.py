@@ -302,6 +302,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.WatchHistoryRequest, context: Context
     ) -> AsyncIterator[rpb.WatchHistoryResponse]:
         self._catalog.get_agent(request.agent)
+        if request.after_seq < 0:
+            raise invalid_argument(
+                "INVALID_AFTER_SEQ", "after_seq must not be negative", field="after_seq"
+            )
         async for record in self._registry.history.watch(request.agent, request.after_seq):
             yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
         if self._draining:
@@ -313,8 +317,13 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     ) -> rpb.GetRecordContentResponse:
         self._catalog.get_agent(request.agent)
         history = self._registry.history
-        found = await history.list(request.agent, after_seq=request.seq - 1, limit=1)
-        if request.seq <= 0 or not found or found[0].seq != request.seq:
+        # No record has a seq <= 0; asking SQLite for one could overflow its integer range.
+        found = (
+            await history.list(request.agent, after_seq=request.seq - 1, limit=1)
+            if request.seq > 0
+            else []
+        )
+        if not found or found[0].seq != request.seq:
             raise not_found(
                 "RECORD_NOT_FOUND", f"{request.agent} has no history record {request.seq}"
             )
@@ -385,9 +394,14 @@ def _filtered(emit: Emit, wanted: tuple[type, ...] | None) -> Emit:
     return only_wanted
 
 
+# The largest seq SQLite can hold (its INTEGER is 64-bit, signed).
+_MAX_SEQ = 2**63 - 1
+
+
 def _history_cursor(token: str) -> int:
     if not token:
         return 0
-    if not token.isdigit():
+    # ASCII digits only (`isdigit` also admits `²` and `١٢`), and few enough of them to be a seq.
+    if not (token.isascii() and token.isdigit() and len(token) <= 19 and int(token) <= _MAX_SEQ):
         raise invalid_argument("INVALID_PAGE_TOKEN", "page_token is not a valid page token")
     return int(token)

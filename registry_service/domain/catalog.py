@@ -229,16 +229,17 @@ class Catalog:
         for defn in batch:
             validate_definition(defn)
             if defn.name in layer.tools or defn.name in seen:
-                hint = (
-                    " (for a per-agent variant, register it into that agent's scope instead)"
-                    if scope == GLOBAL
-                    else " in this scope"
-                )
+                if defn.name in seen:
+                    message = f'tool "{defn.name}" is named twice in this registration'
+                else:
+                    hint = (
+                        " (for a per-agent variant, register it into that agent's scope instead)"
+                        if scope == GLOBAL
+                        else " in this scope"
+                    )
+                    message = f'tool "{defn.name}" is already registered{hint}'
                 raise already_exists(
-                    "TOOL_ALREADY_REGISTERED",
-                    f'tool "{defn.name}" is already registered{hint}',
-                    tool=defn.name,
-                    scope=scope,
+                    "TOOL_ALREADY_REGISTERED", message, tool=defn.name, scope=scope
                 )
             seen.add(defn.name)
         for defn in batch:
@@ -289,6 +290,10 @@ class Catalog:
 
     def remove_restriction(self, scope: str, restriction_id: str) -> None:
         self.require_scope(scope, allow_global=False)
+        if not restriction_id:
+            raise invalid_argument(
+                "MISSING_RESTRICTION_ID", "restriction_id is required", field="restriction_id"
+            )
         if self._layers[scope].restrictions.pop(restriction_id, None) is None:
             raise not_found(
                 "RESTRICTION_NOT_FOUND",

@@ -12,7 +12,8 @@ import re
 from codemode_common.errors import invalid_argument
 
 GLOBAL = ""
-_ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# Matched with `fullmatch`: `$` would also accept a trailing newline (`agents/bob\n`).
+_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 
 
 class Mode(enum.Enum):
@@ -22,7 +23,7 @@ class Mode(enum.Enum):
 
 
 def check_id(kind: str, resource_id: str) -> None:
-    if not _ID_RE.match(resource_id):
+    if not _ID_RE.fullmatch(resource_id):
         raise invalid_argument(
             "INVALID_RESOURCE_ID",
             f"{kind} id {resource_id!r} is invalid: 1-63 characters of [a-z0-9-], "
@@ -34,7 +35,7 @@ def check_id(kind: str, resource_id: str) -> None:
 def parse_name(name: str, *, allow: tuple[str, ...] = ("presets", "agents")) -> tuple[str, str]:
     """Splits `collection/id`, refusing anything else with INVALID_ARGUMENT."""
     collection, sep, resource_id = name.partition("/")
-    if not sep or collection not in allow or not _ID_RE.match(resource_id):
+    if not sep or collection not in allow or not _ID_RE.fullmatch(resource_id):
         wanted = " or ".join(f"`{c}/{{id}}`" for c in allow)
         raise invalid_argument(
             "INVALID_RESOURCE_NAME", f"resource name {name!r} is invalid: expected {wanted}"

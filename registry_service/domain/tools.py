@@ -18,7 +18,8 @@ from registry_service.domain.signals import AbortSignal
 RUN_CODE = "run_code"
 # Names are what the model emits: printable, no whitespace, bounded. Exotic names (`my-tool`,
 # `__proto__`, unicode) are legal; the SDK renderers quote them.
-_NAME_RE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
+# Matched with `fullmatch`: `$` would also accept a trailing newline.
+_NAME_RE = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def always_safe(_arguments: JsonValue) -> bool:
 
 def validate_definition(defn: ToolDefinition) -> None:
     """Refuses a definition the registry could not present or enforce."""
-    if not isinstance(defn.name, str) or not _NAME_RE.match(defn.name):
+    if not isinstance(defn.name, str) or not _NAME_RE.fullmatch(defn.name):
         raise invalid_argument(
             "INVALID_TOOL_NAME",
             f"tool name {defn.name!r} is invalid: 1-128 printable characters without whitespace",

@@ -8,11 +8,14 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_common.grpc_status import error_info
 from registry_service.config import RegistrySettings
 from registry_service.domain.policy import PostDecision
 from registry_service.domain.results import ToolResult
@@ -87,6 +90,16 @@ class Harness:
         events = [e async for e in self.stub.ExecuteToolCall(request)]
         assert events and events[-1].WhichOneof("event") == "result"
         return events[:-1], events[-1].result
+
+
+def error_info_of(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    """The `ErrorInfo` of a failed call's rich status; None when there is none, or when the
+    rich status disagrees with the call's code (a transport error replaced the server's)."""
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:
+        return None
+    return None if status is None else error_info(status)
 
 
 def echo_tool(registry: Registry, name: str = "echo", scope: str = "", **kwargs: Any) -> None:
