@@ -8,6 +8,14 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from codemode_common.errors import CodemodeError, Status
+from codemode_common.text import utf8_exceeds
+
+# A status travels in trailers: the message twice (`grpc-message`, percent-encoded at up to 3
+# bytes per byte, and base64 inside `grpc-status-details-bin`), the ErrorInfo metadata once.
+# Peers refuse trailers over 8-16 KiB, and the call then fails with a bare RESOURCE_EXHAUSTED
+# and no ErrorInfo; so text that echoes a huge input (a 10,000-character name) is shortened.
+MAX_MESSAGE_BYTES = 1024
+MAX_METADATA_VALUE_BYTES = 128
 
 _GRPC_CODES: dict[Status, grpc.StatusCode] = {s: grpc.StatusCode[s.name] for s in Status}
 
@@ -17,12 +25,29 @@ def grpc_code(status: Status) -> grpc.StatusCode:
 
 
 def to_status_proto(error: CodemodeError, domain: str) -> status_pb2.Status:
-    """The `google.rpc.Status` for an error, with one `ErrorInfo` detail."""
-    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=domain, metadata=error.metadata)
+    """The `google.rpc.Status` for an error, with one `ErrorInfo` detail; its message and
+    metadata values shortened to fit in trailers."""
+    metadata = {k: _clip(v, MAX_METADATA_VALUE_BYTES) for k, v in error.metadata.items()}
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=domain, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
     code = code_pb2.Code.Value(error.status.name)
-    return status_pb2.Status(code=code, message=error.message, details=[detail])
+    message = _clip(error.message, MAX_MESSAGE_BYTES)
+    return status_pb2.Status(code=code, message=message, details=[detail])
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` within `limit` bytes of UTF-8, keeping its start and its end (the message's
+    "what" and "why" around an echoed input)."""
+    if not utf8_exceeds(text, limit):
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    keep = limit - 40  # room for the marker
+    head, tail = data[: keep * 2 // 3], data[len(data) - keep // 3 :]
+    elided = len(data) - len(head) - len(tail)
+    # A cut through a character (or a lone surrogate) loses those bytes, nothing else.
+    start, end = head.decode("utf-8", "ignore"), tail.decode("utf-8", "ignore")
+    return f"{start}…[{elided} bytes elided]…{end}"
 
 
 def ok_status_proto() -> status_pb2.Status:

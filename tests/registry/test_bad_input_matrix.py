@@ -447,20 +447,21 @@ def _cases() -> list[Case]:
     )
 
     # Restrictions.
-    for kind, fields, reason in [
-        ("neither-allow-nor-deny", {}, "EMPTY_RESTRICTION"),
-        ("run_code", {"deny": ["run_code"]}, "RESERVED_TOOL_NAME"),
-        ("unknown-target", {"deny": ["ghost"]}, "UNKNOWN_RESTRICTION_TARGET"),
-        ("empty-target", {"allow": [""]}, "UNKNOWN_RESTRICTION_TARGET"),
-        ("10k-char-target", {"deny": [LONG]}, "UNKNOWN_RESTRICTION_TARGET"),
-    ]:
-        add(
-            "AddRestriction",
-            kind,
-            rpb.AddRestrictionRequest(scope=ALICE, **fields),
-            INVALID,
-            reason,
-        )
+    restrictions: list[tuple[str, rpb.AddRestrictionRequest, str]] = [
+        ("neither-allow-nor-deny", rpb.AddRestrictionRequest(), "EMPTY_RESTRICTION"),
+        ("run_code", rpb.AddRestrictionRequest(deny=["run_code"]), "RESERVED_TOOL_NAME"),
+        ("unknown-target", rpb.AddRestrictionRequest(deny=["ghost"]), "UNKNOWN_RESTRICTION_TARGET"),
+        ("empty-target", rpb.AddRestrictionRequest(allow=[""]), "UNKNOWN_RESTRICTION_TARGET"),
+        ("10k-char-target", rpb.AddRestrictionRequest(deny=[LONG]), "UNKNOWN_RESTRICTION_TARGET"),
+        (
+            "allow-none-with-allow",
+            rpb.AddRestrictionRequest(allow=["ghost"], allow_none=True),
+            "CONFLICTING_ALLOW",
+        ),
+    ]
+    for kind, request, reason in restrictions:
+        request.scope = ALICE
+        add("AddRestriction", kind, request, INVALID, reason)
     missing_id = rpb.RemoveRestrictionRequest(scope=ALICE)
     add("RemoveRestriction", "missing-id", missing_id, INVALID, "MISSING_RESTRICTION_ID")
     for kind, rid in (("unknown-id", "r999"), ("10k-char-id", LONG), ("unicode-id", "ｒ1")):
