@@ -39,6 +39,7 @@ _KINDS = {
 }
 _BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
 _CANCELLED_REASON = "run cancelled by the caller"
+_HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
 
@@ -200,6 +201,7 @@ class _CallRelay:
         self._token = token
         self._trace = trace
         self._pending: dict[int, PendingCall] = {}
+        self._closed = False
         # Arguments that cannot fit in one stream message fail their call, not the stream
         # (room is kept for the message's other fields: name, token, trace context).
         self._max_arguments = None if max_message_bytes is None else max_message_bytes - 4096
@@ -208,6 +210,9 @@ class _CallRelay:
         """Send the call on the stream; the client's result resolves the returned call (and
         so answers the worker) synchronously, from the stream reader."""
         pending = PendingCall()
+        if self._closed:
+            pending.resolve(BindingResult.failure(_HALF_CLOSED))
+            return pending
         try:
             arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
@@ -236,6 +241,14 @@ class _CallRelay:
             )
         )
         return pending
+
+    def close(self) -> None:
+        """The client half-closed: no result can come, so waiting calls fail now (rather
+        than at the wall-clock ceiling) and later ones at once."""
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            call.resolve(BindingResult.failure(_HALF_CLOSED))
 
     def resolve(self, result: runtime_pb2.CallResult) -> None:
         pending = self._pending.pop(result.call_id, None)
@@ -274,6 +287,7 @@ async def _read_client(
             return None  # the outcome came first and stands
         run.abort(error.message)
         return error
+    relay.close()
     return None
 
 
