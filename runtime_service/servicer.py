@@ -39,6 +39,7 @@ _KINDS = {
 }
 _BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
 _CANCELLED_REASON = "run cancelled by the caller"
+_MAX_DURATION_S = 315_576_000_000  # google.protobuf.Duration's range, about 10,000 years
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -315,8 +316,22 @@ def _budgets_request(budgets: runtime_pb2.RunBudgets) -> dict[str, int | None]:
 
 
 def _deadline_ms(start: runtime_pb2.RunStart) -> int | None:
+    if not start.HasField("timeout"):
+        return None
+    seconds, nanos = start.timeout.seconds, start.timeout.nanos
+    if (
+        abs(seconds) > _MAX_DURATION_S
+        or abs(nanos) >= 1_000_000_000
+        or (seconds < 0 < nanos)
+        or (nanos < 0 < seconds)
+    ):
+        # protobuf would read such a value anyway (nanos=2e9 as two more seconds)
+        raise RunRequestError(
+            f"timeout is not a valid Duration (seconds {seconds}, nanos {nanos}): seconds "
+            f"must be within +-{_MAX_DURATION_S}, nanos within +-999999999 with the same sign"
+        )
     # Less than a millisecond left counts as none: the run times out without a worker.
-    return start.timeout.ToMilliseconds() if start.HasField("timeout") else None
+    return start.timeout.ToMilliseconds()
 
 
 def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
