@@ -40,6 +40,7 @@ _KINDS = {
 _BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
 _CANCELLED_REASON = "run cancelled by the caller"
 _MAX_DURATION_S = 315_576_000_000  # google.protobuf.Duration's range, about 10,000 years
+_NO_OUTCOME = "the call result carried neither value_json nor error_message"
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -255,13 +256,16 @@ class _CallRelay:
         pending = self._pending.pop(result.call_id, None)
         if pending is None or pending.done:
             return  # unknown or already answered: each call is answered at most once
-        if result.WhichOneof("outcome") == "value_json":
+        outcome = result.WhichOneof("outcome")
+        if outcome == "value_json":
             try:
                 pending.resolve(BindingResult.success(jsonvalue.loads(result.value_json)))
             except jsonvalue.JsonValueError:
                 pending.resolve(BindingResult.failure("binding resolution must be lossless JSON"))
-        else:
+        elif outcome == "error_message":
             pending.resolve(BindingResult.failure(result.error_message))
+        else:  # unset (or an outcome this runtime does not know): fail the call, saying so
+            pending.resolve(BindingResult.failure(_NO_OUTCOME))
 
 
 async def _read_client(
