@@ -41,6 +41,7 @@ _BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
 _CANCELLED_REASON = "run cancelled by the caller"
 _MAX_DURATION_S = 315_576_000_000  # google.protobuf.Duration's range, about 10,000 years
 _NO_OUTCOME = "the call result carried neither value_json nor error_message"
+_FRAMING_BYTES = 4096  # a BindingCall's field tags and lengths, generously
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 M = TypeVar("M", bound=Message)
@@ -204,9 +205,14 @@ class _CallRelay:
         self._trace = trace
         self._pending: dict[int, PendingCall] = {}
         self._closed = False
-        # Arguments that cannot fit in one stream message fail their call, not the stream
-        # (room is kept for the message's other fields: name, token, trace context).
-        self._max_arguments = None if max_message_bytes is None else max_message_bytes - 4096
+        # Arguments that cannot fit in one stream message fail their call, not the stream.
+        # Room is kept for the message's other fields: the token and trace context (as long
+        # as the caller made them), the binding name (per call) and the framing.
+        self._max_message_bytes = max_message_bytes
+        self._max_arguments = None
+        if max_message_bytes is not None:
+            others = len(token) + _utf8_len(trace.traceparent) + _utf8_len(trace.tracestate)
+            self._max_arguments = max_message_bytes - _FRAMING_BYTES - others
 
     def call(self, call: BindingCall) -> PendingCall:
         """Send the call on the stream; the client's result resolves the returned call (and
@@ -220,16 +226,18 @@ class _CallRelay:
         except jsonvalue.JsonValueError:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
-        limit = self._max_arguments
-        if limit is not None and utf8_exceeds(arguments, limit):
-            pending.resolve(
-                BindingResult.failure(
-                    f"binding arguments are too large to send: {len(arguments.encode())} bytes "
-                    f"of JSON, over the runtime's limit of {limit} bytes (max_message_bytes "
-                    f"{limit + 4096})"
+        if self._max_arguments is not None:
+            limit = max(self._max_arguments - _utf8_len(call.name), 0)
+            if utf8_exceeds(arguments, limit):
+                pending.resolve(
+                    BindingResult.failure(
+                        f"binding arguments are too large to send: {_utf8_len(arguments)} "
+                        f"bytes of JSON, over the runtime's limit of {limit} bytes for this call "
+                        f"(max_message_bytes {self._max_message_bytes}, less the binding name, "
+                        "the run's token and trace context, and framing)"
+                    )
                 )
-            )
-            return pending
+                return pending
         self._pending[call.seq] = pending
         self._outgoing.put_nowait(
             runtime_pb2.RunResponse(
@@ -301,6 +309,10 @@ def _refusal(reader: asyncio.Future[CodemodeError | None]) -> CodemodeError | No
     if not reader.done() or reader.cancelled() or reader.exception() is not None:
         return None
     return reader.result()
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _budgets_proto(budgets: Budgets) -> runtime_pb2.RunBudgets:
