@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from dataclasses import dataclass, field
 
 from runtime_service.budgets import Budgets, resolve_budgets
@@ -73,7 +74,9 @@ class Runtime:
             raise RunRequestError(f"program exceeds {self.options.max_program_bytes} bytes")
         names = frozenset(bindings)
         if len(names) != len(bindings):
-            raise RunRequestError("duplicate binding name")
+            counts = collections.Counter(bindings)
+            duplicate = next(name for name in bindings if counts[name] > 1)
+            raise RunRequestError(f"duplicate binding name {duplicate!r}")
         if len(names) > self.options.max_bindings:
             raise RunRequestError(f"more than {self.options.max_bindings} bindings")
         for name in names:

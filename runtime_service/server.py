@@ -19,13 +19,13 @@ from grpc_health.v1 import _async as health_aio
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_common.api.runtime.v1 import runtime_pb2
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
 from codemode_common.telemetry.interceptors import server_interceptors
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
 from runtime_service.runtime import Runtime
-from runtime_service.servicer import RuntimeServicer
+from runtime_service.servicer import RuntimeServicer, add_to_server
 from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["MIN_PING_INTERVAL_MS", "RunningRuntime", "serve", "server_options", "start"]
@@ -102,7 +102,7 @@ async def start(
         options=server_options(settings),
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
-    runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(
+    add_to_server(
         RuntimeServicer(
             runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
         ),

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.errors import CodemodeError, Status
+from codemode_common.errors import CodemodeError, Status, invalid_argument
 from codemode_common.grpc_status import to_rpc_status
 from codemode_common.text import utf8_exceeds
 from runtime_service.budgets import Budgets
@@ -23,9 +25,10 @@ from runtime_service.run import Run
 from runtime_service.runtime import Runtime
 from runtime_service.telemetry import RuntimeTelemetry
 
-__all__ = ["DOMAIN", "RuntimeServicer"]
+__all__ = ["DOMAIN", "Malformed", "RuntimeServicer", "add_to_server"]
 
 DOMAIN = "codemode.runtime"
+SERVICE = runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
 _KINDS = {
     "exception": runtime_pb2.FAILURE_KIND_EXCEPTION,
     "timeout": runtime_pb2.FAILURE_KIND_TIMEOUT,
@@ -36,7 +39,54 @@ _KINDS = {
 }
 _BUDGET_FIELDS = ("compute_ms", "wall_ms", "max_output_bytes", "memory_bytes")
 _CANCELLED_REASON = "run cancelled by the caller"
+_MAX_DURATION_S = 315_576_000_000  # google.protobuf.Duration's range, about 10,000 years
+_NO_OUTCOME = "the call result carried neither value_json nor error_message"
+_FRAMING_BYTES = 4096  # a BindingCall's field tags and lengths, generously
+_HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Request bytes that are not the method's message: what the request parser hands the
+    servicer instead of raising (grpc would answer a bare UNKNOWN, without ErrorInfo)."""
+
+    detail: str
+
+
+def _parser(message_type: type[M]) -> Callable[[bytes], M | Malformed]:
+    def parse(data: bytes) -> M | Malformed:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:  # truncated, a bad wire type, invalid UTF-8 in a string...
+            return Malformed(str(exc))
+
+    return parse
+
+
+def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
+    """Registers the service as the generated ``add_RuntimeServiceServicer_to_server`` does,
+    but with request parsers that never raise."""
+    handlers = {
+        "Run": grpc.stream_stream_rpc_method_handler(
+            servicer.Run,
+            request_deserializer=_parser(runtime_pb2.RunRequest),
+            response_serializer=runtime_pb2.RunResponse.SerializeToString,
+        ),
+        "GetCapabilities": grpc.unary_unary_rpc_method_handler(
+            servicer.GetCapabilities,
+            request_deserializer=_parser(runtime_pb2.GetCapabilitiesRequest),
+            response_serializer=runtime_pb2.GetCapabilitiesResponse.SerializeToString,
+        ),
+    }
+    missing = set(SERVICE.methods_by_name) - set(handlers)
+    if missing:  # the proto gained a method: it must be registered here too
+        raise RuntimeError(f"RuntimeService methods not registered: {sorted(missing)}")
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
@@ -54,8 +104,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self._max_message_bytes = max_message_bytes
 
     async def GetCapabilities(
-        self, request: runtime_pb2.GetCapabilitiesRequest, context: Context
+        self, request: runtime_pb2.GetCapabilitiesRequest | Malformed, context: Context
     ) -> runtime_pb2.GetCapabilitiesResponse:
+        if isinstance(request, Malformed):
+            await context.abort_with_status(to_rpc_status(_malformed(request), DOMAIN))
         caps = self._capabilities
         return runtime_pb2.GetCapabilitiesResponse(
             languages=list(caps.languages),
@@ -71,10 +123,13 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
 
     async def Run(
         self,
-        request_iterator: AsyncIterator[runtime_pb2.RunRequest],
+        request_iterator: AsyncIterator[runtime_pb2.RunRequest | Malformed],
         context: Context,
     ) -> AsyncIterator[runtime_pb2.RunResponse]:
         first = await anext(aiter(request_iterator), None)
+        if isinstance(first, Malformed):
+            await context.abort_with_status(to_rpc_status(_malformed(first), DOMAIN))
+            return
         if first is None or first.WhichOneof("kind") != "start":
             await _abort(context, Status.INVALID_ARGUMENT, "START_REQUIRED",
                          "the first Run message must be a start message")  # fmt: skip
@@ -122,6 +177,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         try:
             while (message := await outgoing.get()) is not None:
                 yield message
+            refusal = _refusal(reader)
+            if refusal is not None:  # the run was aborted for it: the status says why instead
+                await context.abort_with_status(to_rpc_status(refusal, DOMAIN))
             yield runtime_pb2.RunResponse(terminal=_terminal_proto(execution.result()))
         finally:
             reader.cancel()
@@ -146,29 +204,40 @@ class _CallRelay:
         self._token = token
         self._trace = trace
         self._pending: dict[int, PendingCall] = {}
-        # Arguments that cannot fit in one stream message fail their call, not the stream
-        # (room is kept for the message's other fields: name, token, trace context).
-        self._max_arguments = None if max_message_bytes is None else max_message_bytes - 4096
+        self._closed = False
+        # Arguments that cannot fit in one stream message fail their call, not the stream.
+        # Room is kept for the message's other fields: the token and trace context (as long
+        # as the caller made them), the binding name (per call) and the framing.
+        self._max_message_bytes = max_message_bytes
+        self._max_arguments = None
+        if max_message_bytes is not None:
+            others = len(token) + _utf8_len(trace.traceparent) + _utf8_len(trace.tracestate)
+            self._max_arguments = max_message_bytes - _FRAMING_BYTES - others
 
     def call(self, call: BindingCall) -> PendingCall:
         """Send the call on the stream; the client's result resolves the returned call (and
         so answers the worker) synchronously, from the stream reader."""
         pending = PendingCall()
+        if self._closed:
+            pending.resolve(BindingResult.failure(_HALF_CLOSED))
+            return pending
         try:
             arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
-        limit = self._max_arguments
-        if limit is not None and utf8_exceeds(arguments, limit):
-            pending.resolve(
-                BindingResult.failure(
-                    f"binding arguments are too large to send: {len(arguments.encode())} bytes "
-                    f"of JSON, over the runtime's limit of {limit} bytes (max_message_bytes "
-                    f"{limit + 4096})"
+        if self._max_arguments is not None:
+            limit = max(self._max_arguments - _utf8_len(call.name), 0)
+            if utf8_exceeds(arguments, limit):
+                pending.resolve(
+                    BindingResult.failure(
+                        f"binding arguments are too large to send: {_utf8_len(arguments)} "
+                        f"bytes of JSON, over the runtime's limit of {limit} bytes for this call "
+                        f"(max_message_bytes {self._max_message_bytes}, less the binding name, "
+                        "the run's token and trace context, and framing)"
+                    )
                 )
-            )
-            return pending
+                return pending
         self._pending[call.seq] = pending
         self._outgoing.put_nowait(
             runtime_pb2.RunResponse(
@@ -183,29 +252,67 @@ class _CallRelay:
         )
         return pending
 
+    def close(self) -> None:
+        """The client half-closed: no result can come, so waiting calls fail now (rather
+        than at the wall-clock ceiling) and later ones at once."""
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            call.resolve(BindingResult.failure(_HALF_CLOSED))
+
     def resolve(self, result: runtime_pb2.CallResult) -> None:
         pending = self._pending.pop(result.call_id, None)
         if pending is None or pending.done:
             return  # unknown or already answered: each call is answered at most once
-        if result.WhichOneof("outcome") == "value_json":
+        outcome = result.WhichOneof("outcome")
+        if outcome == "value_json":
             try:
                 pending.resolve(BindingResult.success(jsonvalue.loads(result.value_json)))
             except jsonvalue.JsonValueError:
                 pending.resolve(BindingResult.failure("binding resolution must be lossless JSON"))
-        else:
+        elif outcome == "error_message":
             pending.resolve(BindingResult.failure(result.error_message))
+        else:  # unset (or an outcome this runtime does not know): fail the call, saying so
+            pending.resolve(BindingResult.failure(_NO_OUTCOME))
 
 
 async def _read_client(
-    requests: AsyncIterator[runtime_pb2.RunRequest], run: Run, relay: _CallRelay
-) -> None:
+    requests: AsyncIterator[runtime_pb2.RunRequest | Malformed], run: Run, relay: _CallRelay
+) -> CodemodeError | None:
+    """Hands call results and cancels to the run. Any other message breaks the protocol: it
+    aborts the run (unless it is already over) and is returned, to end the stream with."""
     async for message in requests:
-        kind = message.WhichOneof("kind")
-        if kind == "call_result":
-            relay.resolve(message.call_result)
-        elif kind == "cancel":
-            run.abort(message.cancel.reason or _CANCELLED_REASON)
-        # A second start is ignored: the run already has its program.
+        if isinstance(message, Malformed):
+            error = _malformed(message)
+        else:
+            kind = message.WhichOneof("kind")
+            if kind == "call_result":
+                relay.resolve(message.call_result)
+                continue
+            if kind == "cancel":
+                run.abort(message.cancel.reason or _CANCELLED_REASON)
+                continue
+            what = "a second start message" if kind == "start" else "a message of no known kind"
+            error = invalid_argument(
+                "UNEXPECTED_MESSAGE", f"{what}: only call_result and cancel may follow the start"
+            )
+        if run.settled:
+            return None  # the outcome came first and stands
+        run.abort(error.message)
+        return error
+    relay.close()
+    return None
+
+
+def _refusal(reader: asyncio.Future[CodemodeError | None]) -> CodemodeError | None:
+    """The protocol error the stream reader ended with, if any."""
+    if not reader.done() or reader.cancelled() or reader.exception() is not None:
+        return None
+    return reader.result()
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _budgets_proto(budgets: Budgets) -> runtime_pb2.RunBudgets:
@@ -225,8 +332,22 @@ def _budgets_request(budgets: runtime_pb2.RunBudgets) -> dict[str, int | None]:
 
 
 def _deadline_ms(start: runtime_pb2.RunStart) -> int | None:
+    if not start.HasField("timeout"):
+        return None
+    seconds, nanos = start.timeout.seconds, start.timeout.nanos
+    if (
+        abs(seconds) > _MAX_DURATION_S
+        or abs(nanos) >= 1_000_000_000
+        or (seconds < 0 < nanos)
+        or (nanos < 0 < seconds)
+    ):
+        # protobuf would read such a value anyway (nanos=2e9 as two more seconds)
+        raise RunRequestError(
+            f"timeout is not a valid Duration (seconds {seconds}, nanos {nanos}): seconds "
+            f"must be within +-{_MAX_DURATION_S}, nanos within +-999999999 with the same sign"
+        )
     # Less than a millisecond left counts as none: the run times out without a worker.
-    return start.timeout.ToMilliseconds() if start.HasField("timeout") else None
+    return start.timeout.ToMilliseconds()
 
 
 def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
@@ -243,3 +364,7 @@ def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
 
 async def _abort(context: Context, status: Status, reason: str, message: str) -> None:
     await context.abort_with_status(to_rpc_status(CodemodeError(status, reason, message), DOMAIN))
+
+
+def _malformed(request: Malformed) -> CodemodeError:
+    return invalid_argument("MALFORMED_MESSAGE", f"malformed request: {request.detail}")
