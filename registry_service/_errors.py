@@ -10,6 +10,7 @@ import grpc
 
 from codemode_common.errors import CodemodeError
 from codemode_common.grpc_status import to_rpc_status
+from codemode_common.request_parsing import Malformed, malformed_error
 
 DOMAIN = "codemode.registry"
 Req = TypeVar("Req")
@@ -28,6 +29,8 @@ def unary(
         self: Any, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
     ) -> Resp:
         try:
+            if isinstance(request, Malformed):
+                raise malformed_error(request)
             return await handler(self, request, context)
         except CodemodeError as error:
             await abort(context, error)
@@ -44,6 +47,8 @@ def streaming(
         self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Resp]
     ) -> AsyncIterator[Resp]:
         try:
+            if isinstance(request, Malformed):
+                raise malformed_error(request)
             async for response in handler(self, request, context):
                 yield response
         except CodemodeError as error:

@@ -10,8 +10,9 @@ from grpc_health.v1 import health
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.registry.v1 import registry_service_pb2, registry_service_pb2_grpc
+from codemode_common.api.registry.v1 import registry_service_pb2
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
+from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from registry_service.config import RegistrySettings
 from registry_service.registry import Registry, build_registry
@@ -61,7 +62,9 @@ async def start(
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
     servicer = RegistryServicer(registry)
-    registry_service_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server)
+    add_service(
+        server, servicer, registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"]
+    )
     port, health_servicer = await open_server(
         server,
         service_name=SERVICE_NAME,

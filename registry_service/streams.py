@@ -18,6 +18,7 @@ from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.errors import CodemodeError, invalid_argument
 from codemode_common.grpc_status import ok_status_proto, to_status_proto
+from codemode_common.request_parsing import Malformed, malformed_error
 from registry_service import convert
 from registry_service._errors import DOMAIN, abort
 from registry_service.domain.approvals import ApprovalRequest, ApproverMessage
@@ -94,6 +95,8 @@ async def _first(requests: AsyncIterator[Any], field: str, what: str) -> Any:
         raise invalid_argument(
             "STREAM_NOT_OPENED", f"the {what} stream ended before `{field}`"
         ) from None
+    if isinstance(first, Malformed):
+        raise malformed_error(first)
     if first.WhichOneof("message") != field:
         raise invalid_argument("STREAM_NOT_OPENED", f"the first {what} message must be `{field}`")
     return getattr(first, field)
@@ -145,6 +148,9 @@ async def provider_stream(
     # and the acks the reader adds): one hand-off per message on the hot path.
     async def reader(out: asyncio.Queue[Any]) -> None:
         async for message in requests:
+            if isinstance(message, Malformed):
+                out.put_nowait(malformed_error(message))
+                return
             kind = message.WhichOneof("message")
             if kind == "register":
                 out.put_nowait(_register(session, message.register))
@@ -223,6 +229,9 @@ async def approver_stream(
 
     async def reader(out: asyncio.Queue[Any]) -> None:
         async for message in requests:
+            if isinstance(message, Malformed):
+                out.put_nowait(malformed_error(message))
+                return
             if message.WhichOneof("message") != "decision":
                 out.put_nowait(
                     invalid_argument("UNEXPECTED_MESSAGE", "only `decision` may follow `open`")

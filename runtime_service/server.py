@@ -21,11 +21,12 @@ from opentelemetry.trace import TracerProvider
 
 from codemode_common.api.runtime.v1 import runtime_pb2
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
+from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
 from runtime_service.runtime import Runtime
-from runtime_service.servicer import RuntimeServicer, add_to_server
+from runtime_service.servicer import RuntimeServicer
 from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["MIN_PING_INTERVAL_MS", "RunningRuntime", "serve", "server_options", "start"]
@@ -102,11 +103,12 @@ async def start(
         options=server_options(settings),
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
-    add_to_server(
+    add_service(
+        server,
         RuntimeServicer(
             runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
         ),
-        server,
+        runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"],
     )
     try:
         port, health_servicer = await open_server(

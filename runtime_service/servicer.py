@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
 from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.errors import CodemodeError, Status, invalid_argument
 from codemode_common.grpc_status import to_rpc_status
+from codemode_common.request_parsing import Malformed, malformed_error
 from codemode_common.text import utf8_exceeds
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
@@ -25,10 +24,9 @@ from runtime_service.run import Run
 from runtime_service.runtime import Runtime
 from runtime_service.telemetry import RuntimeTelemetry
 
-__all__ = ["DOMAIN", "Malformed", "RuntimeServicer", "add_to_server"]
+__all__ = ["DOMAIN", "RuntimeServicer"]
 
 DOMAIN = "codemode.runtime"
-SERVICE = runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
 _KINDS = {
     "exception": runtime_pb2.FAILURE_KIND_EXCEPTION,
     "timeout": runtime_pb2.FAILURE_KIND_TIMEOUT,
@@ -44,49 +42,6 @@ _NO_OUTCOME = "the call result carried neither value_json nor error_message"
 _FRAMING_BYTES = 4096  # a BindingCall's field tags and lengths, generously
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-M = TypeVar("M", bound=Message)
-
-
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """Request bytes that are not the method's message: what the request parser hands the
-    servicer instead of raising (grpc would answer a bare UNKNOWN, without ErrorInfo)."""
-
-    detail: str
-
-
-def _parser(message_type: type[M]) -> Callable[[bytes], M | Malformed]:
-    def parse(data: bytes) -> M | Malformed:
-        try:
-            return message_type.FromString(data)
-        except DecodeError as exc:  # truncated, a bad wire type, invalid UTF-8 in a string...
-            return Malformed(str(exc))
-
-    return parse
-
-
-def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
-    """Registers the service as the generated ``add_RuntimeServiceServicer_to_server`` does,
-    but with request parsers that never raise."""
-    handlers = {
-        "Run": grpc.stream_stream_rpc_method_handler(
-            servicer.Run,
-            request_deserializer=_parser(runtime_pb2.RunRequest),
-            response_serializer=runtime_pb2.RunResponse.SerializeToString,
-        ),
-        "GetCapabilities": grpc.unary_unary_rpc_method_handler(
-            servicer.GetCapabilities,
-            request_deserializer=_parser(runtime_pb2.GetCapabilitiesRequest),
-            response_serializer=runtime_pb2.GetCapabilitiesResponse.SerializeToString,
-        ),
-    }
-    missing = set(SERVICE.methods_by_name) - set(handlers)
-    if missing:  # the proto gained a method: it must be registered here too
-        raise RuntimeError(f"RuntimeService methods not registered: {sorted(missing)}")
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
-    )
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
@@ -107,7 +62,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self, request: runtime_pb2.GetCapabilitiesRequest | Malformed, context: Context
     ) -> runtime_pb2.GetCapabilitiesResponse:
         if isinstance(request, Malformed):
-            await context.abort_with_status(to_rpc_status(_malformed(request), DOMAIN))
+            await context.abort_with_status(to_rpc_status(malformed_error(request), DOMAIN))
         caps = self._capabilities
         return runtime_pb2.GetCapabilitiesResponse(
             languages=list(caps.languages),
@@ -128,7 +83,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
     ) -> AsyncIterator[runtime_pb2.RunResponse]:
         first = await anext(aiter(request_iterator), None)
         if isinstance(first, Malformed):
-            await context.abort_with_status(to_rpc_status(_malformed(first), DOMAIN))
+            await context.abort_with_status(to_rpc_status(malformed_error(first), DOMAIN))
             return
         if first is None or first.WhichOneof("kind") != "start":
             await _abort(context, Status.INVALID_ARGUMENT, "START_REQUIRED",
@@ -283,7 +238,7 @@ async def _read_client(
     aborts the run (unless it is already over) and is returned, to end the stream with."""
     async for message in requests:
         if isinstance(message, Malformed):
-            error = _malformed(message)
+            error = malformed_error(message)
         else:
             kind = message.WhichOneof("kind")
             if kind == "call_result":
@@ -364,7 +319,3 @@ def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
 
 async def _abort(context: Context, status: Status, reason: str, message: str) -> None:
     await context.abort_with_status(to_rpc_status(CodemodeError(status, reason, message), DOMAIN))
-
-
-def _malformed(request: Malformed) -> CodemodeError:
-    return invalid_argument("MALFORMED_MESSAGE", f"malformed request: {request.detail}")
