@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from codemode_common._jsonbase import SURROGATE
 
-__all__ = ["has_lone_surrogate", "utf8_exceeds", "without_lone_surrogates"]
+__all__ = ["has_lone_surrogate", "utf8_exceeds", "utf8_len", "without_lone_surrogates"]
 
 
 def has_lone_surrogate(text: str) -> bool:
@@ -22,4 +22,9 @@ def utf8_exceeds(text: str, limit: int) -> bool:
     point is at most 4 bytes), and lone surrogates count as the 3 bytes of their escape."""
     if len(text) * 4 <= limit:
         return False
-    return len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
+    return len(text) > limit or utf8_len(text) > limit
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of `text` in UTF-8 (a lone surrogate counts as the 3 bytes of its escape)."""
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -6,6 +6,7 @@ import asyncio
 import collections
 from dataclasses import dataclass, field
 
+from codemode_common.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
@@ -70,7 +71,7 @@ class Runtime:
             raise RunRequestError(f"unsupported language {language!r} (supported: python)")
         if type(program) is not str:
             raise RunRequestError("program must be a string")
-        if len(program.encode("utf-8", "surrogatepass")) > self.options.max_program_bytes:
+        if utf8_exceeds(program, self.options.max_program_bytes):
             raise RunRequestError(f"program exceeds {self.options.max_program_bytes} bytes")
         names = frozenset(bindings)
         if len(names) != len(bindings):

@@ -12,10 +12,10 @@ import grpc
 from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.errors import CodemodeError, Status, invalid_argument
+from codemode_common.errors import CodemodeError, invalid_argument, unavailable
 from codemode_common.grpc_status import to_rpc_status
 from codemode_common.request_parsing import Malformed, malformed_error
-from codemode_common.text import utf8_exceeds
+from codemode_common.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
@@ -62,7 +62,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         self, request: runtime_pb2.GetCapabilitiesRequest | Malformed, context: Context
     ) -> runtime_pb2.GetCapabilitiesResponse:
         if isinstance(request, Malformed):
-            await context.abort_with_status(to_rpc_status(malformed_error(request), DOMAIN))
+            await _abort(context, malformed_error(request))
         caps = self._capabilities
         return runtime_pb2.GetCapabilitiesResponse(
             languages=list(caps.languages),
@@ -83,11 +83,13 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
     ) -> AsyncIterator[runtime_pb2.RunResponse]:
         first = await anext(aiter(request_iterator), None)
         if isinstance(first, Malformed):
-            await context.abort_with_status(to_rpc_status(malformed_error(first), DOMAIN))
+            await _abort(context, malformed_error(first))
             return
         if first is None or first.WhichOneof("kind") != "start":
-            await _abort(context, Status.INVALID_ARGUMENT, "START_REQUIRED",
-                         "the first Run message must be a start message")  # fmt: skip
+            await _abort(
+                context,
+                invalid_argument("START_REQUIRED", "the first Run message must be a start message"),
+            )
             return
         start = first.start
         # The run's span continues the caller's context; every binding call names it as parent.
@@ -118,11 +120,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             )
         except RunRequestError as exc:
             traced.refused("invalid-run", str(exc))
-            await _abort(context, Status.INVALID_ARGUMENT, "INVALID_RUN", str(exc))
+            await _abort(context, invalid_argument("INVALID_RUN", str(exc)))
             return
         except RuntimeDisposedError as exc:
             traced.refused("shutting-down", str(exc))
-            await _abort(context, Status.UNAVAILABLE, "RUNTIME_SHUTTING_DOWN", str(exc))
+            await _abort(context, unavailable("RUNTIME_SHUTTING_DOWN", str(exc)))
             return
         with traced.activated():  # the execution task (and the worker hand-off) run inside it
             execution = asyncio.ensure_future(self._runtime.execute(run))
@@ -134,7 +136,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 yield message
             refusal = _refusal(reader)
             if refusal is not None:  # the run was aborted for it: the status says why instead
-                await context.abort_with_status(to_rpc_status(refusal, DOMAIN))
+                await _abort(context, refusal)
             yield runtime_pb2.RunResponse(terminal=_terminal_proto(execution.result()))
         finally:
             reader.cancel()
@@ -166,7 +168,7 @@ class _CallRelay:
         self._max_message_bytes = max_message_bytes
         self._max_arguments = None
         if max_message_bytes is not None:
-            others = len(token) + _utf8_len(trace.traceparent) + _utf8_len(trace.tracestate)
+            others = len(token) + utf8_len(trace.traceparent) + utf8_len(trace.tracestate)
             self._max_arguments = max_message_bytes - _FRAMING_BYTES - others
 
     def call(self, call: BindingCall) -> PendingCall:
@@ -182,11 +184,11 @@ class _CallRelay:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
         if self._max_arguments is not None:
-            limit = max(self._max_arguments - _utf8_len(call.name), 0)
+            limit = max(self._max_arguments - utf8_len(call.name), 0)
             if utf8_exceeds(arguments, limit):
                 pending.resolve(
                     BindingResult.failure(
-                        f"binding arguments are too large to send: {_utf8_len(arguments)} "
+                        f"binding arguments are too large to send: {utf8_len(arguments)} "
                         f"bytes of JSON, over the runtime's limit of {limit} bytes for this call "
                         f"(max_message_bytes {self._max_message_bytes}, less the binding name, "
                         "the run's token and trace context, and framing)"
@@ -266,10 +268,6 @@ def _refusal(reader: asyncio.Future[CodemodeError | None]) -> CodemodeError | No
     return reader.result()
 
 
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
 def _budgets_proto(budgets: Budgets) -> runtime_pb2.RunBudgets:
     return runtime_pb2.RunBudgets(
         compute_ms=budgets.compute_ms,
@@ -317,5 +315,5 @@ def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
     return terminal
 
 
-async def _abort(context: Context, status: Status, reason: str, message: str) -> None:
-    await context.abort_with_status(to_rpc_status(CodemodeError(status, reason, message), DOMAIN))
+async def _abort(context: Context, error: CodemodeError) -> None:
+    await context.abort_with_status(to_rpc_status(error, DOMAIN))
