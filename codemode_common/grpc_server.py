@@ -93,7 +93,17 @@ Starter = Callable[[S, TracerProvider | None, MeterProvider | None], Awaitable[R
 
 async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> None:
     """Sets telemetry up, starts the service, prints `<what> listening on port N` (the line
-    supervisors wait for), and stops it gracefully on SIGINT/SIGTERM."""
+    supervisors wait for), and stops it gracefully on SIGINT/SIGTERM.
+
+    The signal handlers go in first: a supervisor may send SIGTERM the moment it reads the
+    listening line (or while the service is still starting), and the default disposition
+    would kill the process without draining. A signal during start-up stops the service as
+    soon as it is up, without announcing it.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         telemetry = configure(settings.telemetry_config())
     except TelemetryConfigError as exc:
@@ -104,14 +114,11 @@ async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> No
     log.info("%s traces: %s", what, telemetry.destination)
     try:
         running = await start(settings, telemetry.tracer_provider, telemetry.meter_provider)
-        log.info("%s listening on port %d", what, running.port)
-        print(f"{what} listening on port {running.port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         try:
-            await stop.wait()
+            if not stop.is_set():
+                log.info("%s listening on port %d", what, running.port)
+                print(f"{what} listening on port {running.port}", flush=True)
+                await stop.wait()
         finally:
             await running.stop()
     finally:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -308,3 +309,33 @@ def test_up_exits_nonzero_when_a_child_dies(tmp_path: Path) -> None:
     assert f"codemode up: {message}; stopping the rest" in (tmp_path / "up.err").read_text()
     assert lines.rest()[-1] == "registry stopped"
     assert wait_gone({registry}) == set()
+
+
+@pytest.mark.parametrize("service", ["registry", "runtime"])
+@pytest.mark.parametrize("moment", ["while starting", "at the listening line"])
+def test_sigterm_right_away_still_stops_gracefully(
+    tmp_path: Path, service: str, moment: str
+) -> None:
+    """Handlers are installed before the service starts: a supervisor's SIGTERM sent as soon as
+    it reads the listening line, or while the service is still starting, drains and exits 0
+    instead of killing the process (-15)."""
+    err = tmp_path / f"{service}.err"
+    proc, lines = spawn(
+        [*CLI, service, "--listen", "127.0.0.1:0"], service_env(tmp_path), tmp_path, err
+    )
+    try:
+        if moment == "while starting":
+            # The traces line is logged after the handlers go in and before the server binds.
+            for _ in range(6000):
+                if "traces:" in err.read_text() or proc.poll() is not None:
+                    break
+                threading.Event().wait(0.005)
+        else:
+            lines.expect(lambda line: "listening" in line, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert status == 0, err.read_text()
