@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
 from codemode_cli.processes import running
 from codemode_cli.trace import find_call, render
+from codemode_client import open_channel
 from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
@@ -80,7 +79,7 @@ async def run_demo(program: str | None = None) -> int:
                 tracer_provider=telemetry.tracer_provider,
                 meter_provider=telemetry.meter_provider,
             )
-            channel = grpc.aio.insecure_channel(registry.address)
+            channel = open_channel(registry.address)
             try:
                 async with running(
                     "-m", "codemode_client.demo_tools", registry.address, ready="ready"

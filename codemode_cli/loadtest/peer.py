@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from codemode_cli.loadtest.workload import EXCLUSIVE, EXCLUSIVE_APPROVE, SAFE, SAFE_APPROVE, TOOLS
-from codemode_client import ToolProvider
+from codemode_client import ToolProvider, open_channel
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -79,7 +79,7 @@ async def approve(channel: grpc.aio.Channel, agent: str, ready: asyncio.Event) -
 
 
 async def main(address: str, agent: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         approver_ready = asyncio.Event()
         approver = asyncio.create_task(approve(channel, agent, approver_ready))
         async with provider(channel, agent) as served:

@@ -20,6 +20,7 @@ from codemode_client import (
     RegistryClient,
     SyncRegistryClient,
     ToolProvider,
+    open_channel,
 )
 from codemode_common import jsonvalue
 from registry_service.domain.execution import ProgramLog
@@ -173,3 +174,27 @@ async def test_list_calls_follow_every_page(stack: Stack) -> None:
             await client.create_agent(f"a{i:03d}")
         names = [a.name for a in await client.list_agents()]
         assert names == sorted(names) and len(set(names)) == 230
+
+
+async def test_default_channels_carry_arguments_and_results_up_to_the_registry_limit(
+    stack: Stack,
+) -> None:
+    """gRPC's 4 MiB receive default broke a provider's stream on a 5 MB argument (revoking all
+    its tools) and failed valid 4-16 MiB results in the client: the client's channels take
+    what the registry takes (16 MiB by default)."""
+    text = "x" * (5 * 1024 * 1024)
+    async with open_channel(stack.running.address) as channel:
+        provider = ToolProvider(channel, "big")
+
+        @provider.tool(input_schema={"type": "object"}, output_schema={"type": "object"})
+        async def echo_big(args: Any, ctx: Any) -> Any:
+            return {"size": len(args["text"]), "text": args["text"]}
+
+        async with provider, RegistryClient(stack.running.address) as client:
+            agent = (await client.create_agent("big-calls", mode="native")).name
+            result = await client.call("echo_big", {"text": text}, agent=agent)
+            assert not result.is_error, result.error_message
+            assert isinstance(result.value, dict) and result.value["size"] == len(text)
+            assert result.value["text"] == text
+            again = await client.call("echo_big", {"text": "small"}, agent=agent)  # stream kept
+            assert isinstance(again.value, dict) and again.value["size"] == 5

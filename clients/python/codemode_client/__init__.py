@@ -6,10 +6,13 @@
   JSON value or a `ToolOutput` (content blocks `TextContent`, `ImageContent`, `JsonContent`,
   `AdditionalContext`s, `concludes_turn`), and raises `ToolFailed` to fail the call.
 - `Approver`: answer approval requests from a function.
+- `open_channel`: a channel whose message limits match the registry's (use it for
+  `ToolProvider` and `Approver`: gRPC's 4 MiB default breaks on large arguments).
 - Errors: `CodemodeError` and one subclass per status code, with `reason`, `domain`, `metadata`.
 """
 
 from codemode_client.approver import Approver
+from codemode_client.channel import open_channel
 from codemode_client.client import Progress, RegistryClient, ToolCallResult, unbatched
 from codemode_client.errors import (
     AlreadyExists,
@@ -54,5 +57,6 @@ __all__ = [
     "ToolOutput",
     "ToolProvider",
     "Unavailable",
+    "open_channel",
     "unbatched",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import grpc
 
+from codemode_client.channel import open_channel
 from codemode_client.errors import CodemodeError, Unavailable, from_rpc_error
 from codemode_client.results import (
     AdditionalContext,
@@ -107,10 +108,8 @@ class RegistryClient:
         self._owned = isinstance(target, str)
         if not isinstance(target, str):
             self.channel: grpc.aio.Channel = target
-        elif credentials is not None:
-            self.channel = grpc.aio.secure_channel(target, credentials)
         else:
-            self.channel = grpc.aio.insecure_channel(target)
+            self.channel = open_channel(target, credentials=credentials)
         self.stub = rpb_grpc.RegistryServiceStub(self.channel)
         self.timeout = timeout
         self.read_retries = read_retries

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from codemode_client.channel import open_channel
 from codemode_client.provider import InvocationContext, ToolFailed, ToolProvider
 
 FILES = {
@@ -69,7 +70,7 @@ def build(channel: grpc.aio.Channel) -> ToolProvider:
 
 
 async def main(address: str) -> None:
-    provider = build(grpc.aio.insecure_channel(address))
+    provider = build(open_channel(address))
     async with provider:
         print("ready", flush=True)
         await provider.closed()
