@@ -89,11 +89,16 @@ async def run_demo(program: str | None = None) -> int:
                 await channel.close()
                 await registry.stop(1)
                 telemetry.shutdown()
-        _print_trace(trace_file, "call-1")  # the runtime has exited: its spans are flushed
+        # The runtime has exited: its spans are flushed.
+        _print_trace(trace_file, "call-1", telemetry.destination)
     return 0
 
 
-def _print_trace(trace_file: str, call_id: str) -> None:
+def _print_trace(trace_file: str, call_id: str, destination: str) -> None:
+    if not Path(trace_file).exists():
+        # An OTLP endpoint in the environment sends the spans there instead of to the file.
+        print(f"\ntrace of {call_id}: exported to {destination}")
+        return
     tree = find_call(read_spans(trace_file), call_id)
     if tree is None:
         return

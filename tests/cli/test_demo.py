@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def test_demo_prints_the_nested_trajectory_and_outer_result() -> None:
@@ -24,6 +26,47 @@ def test_demo_prints_the_nested_trajectory_and_outer_result() -> None:
     assert "call-1:code:5" in out and "error ENOENT" in out
     assert '"total": 3' in out
     assert "'tool/code-dispatch': 5" in out
+
+
+def test_demo_exports_to_an_otlp_endpoint_from_the_environment() -> None:
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set, the demo crashed looking for its trace file;
+    now its spans reach the collector (a real HTTP/protobuf receiver on loopback here)."""
+    posted: list[str] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            posted.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "codemode_cli", "demo"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            check=False,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    assert "trace of call-1: exported to otlp http/protobuf" in done.stdout
+    assert "/v1/traces" in posted
 
 
 def test_help_lists_commands() -> None:
