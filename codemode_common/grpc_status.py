@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -57,6 +59,20 @@ def ok_status_proto() -> status_pb2.Status:
 def to_rpc_status(error: CodemodeError, domain: str) -> grpc.Status:
     """A `grpc.Status` carrying the rich status in its trailing metadata."""
     return rpc_status.to_status(to_status_proto(error, domain))
+
+
+async def abort_rpc(
+    context: grpc.aio.ServicerContext[Any, Any], error: CodemodeError, domain: str
+) -> None:
+    """End the RPC with the error's rich status (raises, as `abort` does).
+
+    Through `abort`, not `abort_with_status`: the OpenTelemetry aio server interceptor wraps
+    the context and records the status on the server span from `abort`/`set_code`, while
+    grpc's `abort_with_status` calls the unwrapped context's `abort`, so every failed RPC was
+    traced as OK.
+    """
+    status = to_rpc_status(error, domain)
+    await context.abort(status.code, status.details, status.trailing_metadata)
 
 
 def error_info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo | None:

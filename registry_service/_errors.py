@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import grpc
 
 from codemode_common.errors import CodemodeError
-from codemode_common.grpc_status import to_rpc_status
+from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
 
 DOMAIN = "codemode.registry"
@@ -18,7 +18,7 @@ Resp = TypeVar("Resp")
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], error: CodemodeError) -> None:
-    await context.abort_with_status(to_rpc_status(error, DOMAIN))
+    await abort_rpc(context, error, DOMAIN)
 
 
 def unary(

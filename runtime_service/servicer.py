@@ -13,7 +13,7 @@ from codemode_common import jsonvalue
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.errors import CodemodeError, invalid_argument, unavailable
-from codemode_common.grpc_status import to_rpc_status
+from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
 from codemode_common.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
@@ -316,4 +316,4 @@ def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
 
 
 async def _abort(context: Context, error: CodemodeError) -> None:
-    await context.abort_with_status(to_rpc_status(error, DOMAIN))
+    await abort_rpc(context, error, DOMAIN)

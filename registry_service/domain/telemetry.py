@@ -32,6 +32,8 @@ INSTRUMENTATION = "codemode.registry"
 OPERATION = "gen_ai.operation.name"
 CALL_ID = "gen_ai.tool.call.id"
 TOOL_NAME = "gen_ai.tool.name"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+ERROR_TYPE = "error.type"  # the general semantic conventions' failure class of an operation
 ROOT_CALL_ID = "codemode.root_call_id"
 PARENT_CALL_ID = "codemode.parent_call_id"
 AGENT = "codemode.agent"
@@ -124,6 +126,11 @@ class CallTrace:
         if self._span is not None:
             self._span.set_attribute(key, value)
 
+    def describe(self, description: str) -> None:
+        """The called tool's description, once the call has resolved its tool."""
+        if self._span is not None and description:
+            self._span.set_attribute(TOOL_DESCRIPTION, description)
+
     def propagation(self, traceparent: str, tracestate: str) -> tuple[str, str]:
         """The W3C context naming this span as the parent; the given one when not tracing."""
         if self._span is None:
@@ -146,6 +153,7 @@ class CallTrace:
             span.set_attribute(OUTCOME, outcome or outcome_of(result))
         if result.is_error:
             message = result.error.message if result.error is not None else ""
+            span.set_attribute(ERROR_TYPE, outcome_of(result))
             span.set_status(Status(StatusCode.ERROR, message[:512]))
         span.end()
 
@@ -154,7 +162,7 @@ class CallTrace:
         span = self._span
         if span is None:
             return
-        span.set_attribute(OUTCOME, type(exc).__name__)
+        span.set_attributes({OUTCOME: type(exc).__name__, ERROR_TYPE: type(exc).__name__})
         span.set_status(Status(StatusCode.ERROR, str(exc)[:512] or type(exc).__name__))
         span.end()
 

@@ -12,6 +12,8 @@ import io
 from contextlib import redirect_stdout
 from typing import Any
 
+import grpc
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -265,9 +267,28 @@ async def test_model_direct_calls(
     # The collapse refuses the call at creation: no stage ran, and the span is an error.
     assert list(calls["d-2"].events) == []
     assert calls["d-2"].status.status_code is StatusCode.ERROR
+    assert attrs(calls["d-2"])["error.type"] == "UNKNOWN_TOOL"
+    assert "error.type" not in attrs(calls["d-1"])
     assert [e.name for e in calls["d-1"].events] == STAGES
 
     provider = await captured.file_spans(lambda r: any(x["name"] == "serve_tool lookup" for x in r))
     (served,) = [r for r in provider if r["name"] == "serve_tool lookup"]
     assert served["trace_id"] == f"{calls['d-1'].context.trace_id:032x}"
     assert served["parent_span_id"] == f"{calls['d-1'].context.span_id:016x}"
+
+
+async def test_failed_rpcs_are_errors_on_their_server_spans(
+    traced_stack: Stack, captured: Captured
+) -> None:
+    """The services end failed RPCs through `abort`, which the OpenTelemetry interceptor sees
+    (`abort_with_status` bypassed it and every failed RPC was traced as OK). The status code
+    is on the span; a NOT_FOUND is the caller's error, so the server span's status stays
+    unset (ERROR is for server-side codes such as UNAVAILABLE or INTERNAL)."""
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await traced_stack.stub.GetAgent(rpb.GetAgentRequest(name="agents/nobody"))
+    assert failed.value.code() is grpc.StatusCode.NOT_FOUND
+    await traced_stack.stub.GetAgent(rpb.GetAgentRequest(name=await traced_stack.agent("here")))
+    spans = await captured.wait_for(lambda s: sum(x.name.endswith("/GetAgent") for x in s) >= 2)
+    servers = [s for s in spans if s.name.endswith("/GetAgent") and s.kind is SpanKind.SERVER]
+    codes = sorted(attrs(s).get("rpc.grpc.status_code", 0) for s in servers)
+    assert codes == [grpc.StatusCode.OK.value[0], grpc.StatusCode.NOT_FOUND.value[0]]
