@@ -13,8 +13,9 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
-from registry_service.domain.scopes import Mode
+from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.presentation.assembly import Section, check_config
+from registry_service.presentation.languages import FALLBACK_LANGUAGE
 
 __all__ = [
     "AgentSetting",
@@ -53,6 +54,8 @@ class PresetSetting(BaseModel):
 
     id: str
     mode: Mode | None = None
+    code_language: str | None = None
+    """The program language this preset declares (`python` or `typescript`); none: inherit."""
 
 
 class AgentSetting(BaseModel):
@@ -64,6 +67,8 @@ class AgentSetting(BaseModel):
     preset: str = ""
     """`presets/{id}` or just the id; empty: unparented."""
     mode: Mode | None = None
+    code_language: str | None = None
+    """The program language this agent declares (`python` or `typescript`); none: inherit."""
 
 
 class RegistrySettings(ServiceSettings):
@@ -121,6 +126,11 @@ class RegistrySettings(ServiceSettings):
     registry replicas must accept each other's tokens)."""
     runtime_languages: list[str] = Field(default_factory=lambda: ["python"])
     """Languages the code runtime serves, first = default (empty: no runtime, native only)."""
+    code_language: str = ""
+    """Deployment default program language of `run_code` (`python` or `typescript`), for
+    scopes that declare none; empty: the first of `runtime_languages` (TypeScript, the
+    reference's, when that list is empty). A scope whose language no runtime serves fails
+    prompt assembly and `run_code` with FAILED_PRECONDITION."""
     prompt_sections: list[PromptSectionSetting] = Field(default_factory=list)
     """Deployment system-prompt sections `{id, order, text}` (ids `tool:*`, `tools:sdk` and
     `tools:code-only` are reserved)."""
@@ -148,6 +158,20 @@ class RegistrySettings(ServiceSettings):
     def _check_runtime_tls(self) -> RegistrySettings:
         self.runtime_tls()
         return self
+
+    @model_validator(mode="after")
+    def _check_code_language(self) -> RegistrySettings:
+        if self.code_language and self.code_language not in PROGRAM_LANGUAGES:
+            known = ", ".join(PROGRAM_LANGUAGES)
+            raise ValueError(f"code_language {self.code_language!r} is not one of {known}")
+        return self
+
+    def default_code_language(self) -> str:
+        """`code_language`, else the first configured runtime language (the reference's
+        TypeScript when none is configured)."""
+        if self.code_language:
+            return self.code_language
+        return self.runtime_languages[0] if self.runtime_languages else FALLBACK_LANGUAGE
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:

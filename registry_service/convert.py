@@ -75,19 +75,24 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
-def preset_to_proto(preset: catalog.Preset, mode: Mode | None) -> scope_pb2.Preset:
+def preset_to_proto(preset: catalog.Preset, scopes: catalog.Catalog) -> scope_pb2.Preset:
     return scope_pb2.Preset(
-        name=preset.name, mode=mode_to_proto(mode), create_time=_timestamp(preset.create_time)
+        name=preset.name,
+        mode=mode_to_proto(scopes.declared_mode(preset.name)),
+        create_time=_timestamp(preset.create_time),
+        code_language=scopes.declared_language(preset.name) or "",
     )
 
 
-def agent_to_proto(agent: catalog.Agent, mode: Mode | None, effective: Mode) -> scope_pb2.Agent:
+def agent_to_proto(agent: catalog.Agent, scopes: catalog.Catalog) -> scope_pb2.Agent:
     return scope_pb2.Agent(
         name=agent.name,
         preset=agent.preset,
-        mode=mode_to_proto(mode),
-        effective_mode=mode_to_proto(effective),
+        mode=mode_to_proto(scopes.declared_mode(agent.name)),
+        effective_mode=mode_to_proto(scopes.mode_for(agent.name)),
         create_time=_timestamp(agent.create_time),
+        code_language=scopes.declared_language(agent.name) or "",
+        effective_code_language=scopes.language_for(agent.name),
     )
 
 

@@ -184,7 +184,7 @@ def build_registry(
         output_schema=RUN_CODE_OUTPUT_SCHEMA,
         body=run_code_body,
     )
-    catalog = Catalog(settings.default_mode, run_code)
+    catalog = Catalog(settings.default_mode, run_code, settings.default_code_language())
     presentation = PresentationConfig(
         runtime_languages=tuple(settings.runtime_languages),
         prompt_sections=tuple(s.to_section() for s in settings.prompt_sections),
@@ -199,10 +199,7 @@ def build_registry(
         executor,
         runtime,
         history,
-        CodeModeConfig(
-            max_parallel_sub_calls=settings.max_parallel_sub_calls,
-            language=catalog_language(settings.runtime_languages),
-        ),
+        CodeModeConfig(max_parallel_sub_calls=settings.max_parallel_sub_calls),
         TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
     )
     holder.append(transport)
@@ -234,12 +231,12 @@ def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:
     """Creates the configured presets, then agents (a bad entry stops the start)."""
     try:
         for preset in settings.presets:
-            catalog.create_preset(preset.id, preset.mode)
+            catalog.create_preset(preset.id, preset.mode, preset.code_language)
         for agent in settings.agents:
             parent = agent.preset
             if parent and not parent.startswith("presets/"):
                 parent = f"presets/{parent}"
-            catalog.create_agent(agent.id, parent, agent.mode)
+            catalog.create_agent(agent.id, parent, agent.mode, agent.code_language)
     except CodemodeError as exc:
         raise ConfigError(f"invalid presets/agents settings: {exc.message}") from exc
 

@@ -30,6 +30,7 @@ from registry_service.domain.execution import (
 )
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
+from registry_service.domain.tools import RUN_CODE
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
 from registry_service.streams import OpenStreams, approver_stream, provider_stream
@@ -68,20 +69,19 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
 
     def _preset(self, name: str) -> scope_pb2.Preset:
         preset = self._catalog.get_preset(name)
-        return convert.preset_to_proto(preset, self._catalog.declared_mode(name))
+        return convert.preset_to_proto(preset, self._catalog)
 
     def _agent(self, name: str) -> scope_pb2.Agent:
         agent = self._catalog.get_agent(name)
-        return convert.agent_to_proto(
-            agent, self._catalog.declared_mode(name), self._catalog.mode_for(name)
-        )
+        return convert.agent_to_proto(agent, self._catalog)
 
     @unary
     async def CreatePreset(
         self, request: rpb.CreatePresetRequest, context: Context
     ) -> rpb.CreatePresetResponse:
         mode = convert.mode_from_proto(request.preset.mode, allow_unspecified=True)
-        preset = self._catalog.create_preset(request.preset_id, mode)
+        language = request.preset.code_language or None
+        preset = self._catalog.create_preset(request.preset_id, mode, language)
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
 
     @unary
@@ -111,7 +111,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.CreateAgentRequest, context: Context
     ) -> rpb.CreateAgentResponse:
         mode = convert.mode_from_proto(request.agent.mode, allow_unspecified=True)
-        agent = self._catalog.create_agent(request.agent_id, request.agent.preset, mode)
+        language = request.agent.code_language or None
+        agent = self._catalog.create_agent(request.agent_id, request.agent.preset, mode, language)
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))
 
     @unary
@@ -204,6 +205,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 f"unknown progress_events value {request.progress_events}",
                 field="progress_events",
             )
+        if request.tool_name == RUN_CODE:
+            # A program in a language no runtime serves cannot run: the same refusal as the
+            # scope's prompt assembly, before anything of the call exists.
+            self._registry.assembler.code_language(request.agent)
         wanted = _PROGRESS[request.progress_events]
         arguments = convert.parse_json(request.arguments_json, "arguments_json", default={})
         arguments_json = jsonvalue.dumps(arguments)  # canonical; a parsed value always encodes

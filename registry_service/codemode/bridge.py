@@ -81,7 +81,6 @@ _LONGEST_RUN_S = (2**31 - 1) / 1000
 @dataclass
 class CodeModeConfig:
     max_parallel_sub_calls: int = 10
-    language: str = "python"
 
 
 def token_lifetime(timeout: float | None, limits: RuntimeLimits) -> float:
@@ -181,7 +180,7 @@ class _Run(RunHooks):
             token = t.minter.mint(outer.call_id, outer.agent or "", token_lifetime(timeout, limits))
             spec = RunSpec(
                 program=self.code,
-                language=t.config.language,
+                language=t.executor.catalog.language_for(scope),
                 binding_names=bindings,
                 token=token,
                 timeout=timeout,

@@ -22,7 +22,14 @@ from codemode_common.errors import (
     not_found,
 )
 from registry_service.domain.policy import Guard, PolicyHooks
-from registry_service.domain.scopes import GLOBAL, Mode, check_id, parse_name, parse_scope
+from registry_service.domain.scopes import (
+    GLOBAL,
+    Mode,
+    check_id,
+    check_language,
+    parse_name,
+    parse_scope,
+)
 from registry_service.domain.tools import RUN_CODE, ToolDefinition, validate_definition
 
 DEFAULT_PAGE_SIZE = 50
@@ -46,6 +53,7 @@ class Layer:
     restrictions: dict[str, Restriction] = field(default_factory=dict)
     hooks: PolicyHooks = field(default_factory=PolicyHooks)
     mode: Mode | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,7 @@ class View:
 
     scope: str
     mode: Mode
+    language: str  # the program language in force (nearest declaration, else the default)
     visible: dict[str, ToolDefinition]  # run_code last when the mode is not native
     # Where each visible tool is registered (the layer it came from; run_code: global).
     registered_in: dict[str, str]
@@ -81,8 +90,13 @@ class Page:
 
 
 class Catalog:
-    def __init__(self, default_mode: Mode, run_code: ToolDefinition) -> None:
+    def __init__(
+        self, default_mode: Mode, run_code: ToolDefinition, default_language: str = "python"
+    ) -> None:
         self.default_mode = default_mode
+        # Not checked here: the deployment's first runtime language is the default even when
+        # no flavour exists for it, and then every non-native assembly says so (§1.9).
+        self.default_language = default_language
         self._run_code = run_code
         self._layers: dict[str, Layer] = {GLOBAL: Layer()}
         self._presets: dict[str, Preset] = {}
@@ -106,19 +120,27 @@ class Catalog:
 
     # -- resources -----------------------------------------------------------------------------
 
-    def create_preset(self, preset_id: str, mode: Mode | None) -> Preset:
+    def create_preset(
+        self, preset_id: str, mode: Mode | None, language: str | None = None
+    ) -> Preset:
         check_id("preset", preset_id)
+        if language is not None:
+            check_language(language)
         name = f"presets/{preset_id}"
         if name in self._presets:
             raise already_exists("PRESET_EXISTS", f"preset {name!r} already exists", preset=name)
         preset = Preset(name=name, create_time=time.time())
         self._presets[name] = preset
-        self._layers[name] = Layer(mode=mode)
+        self._layers[name] = Layer(mode=mode, language=language)
         self._changed()
         return preset
 
-    def create_agent(self, agent_id: str, preset: str, mode: Mode | None) -> Agent:
+    def create_agent(
+        self, agent_id: str, preset: str, mode: Mode | None, language: str | None = None
+    ) -> Agent:
         check_id("agent", agent_id)
+        if language is not None:
+            check_language(language)
         name = f"agents/{agent_id}"
         if preset:
             parse_name(preset, allow=("presets",))
@@ -127,7 +149,7 @@ class Catalog:
             raise already_exists("AGENT_EXISTS", f"agent {name!r} already exists", agent=name)
         agent = Agent(name=name, preset=preset, create_time=time.time())
         self._agents[name] = agent
-        self._layers[name] = Layer(mode=mode)
+        self._layers[name] = Layer(mode=mode, language=language)
         self._changed()
         return agent
 
@@ -203,6 +225,19 @@ class Catalog:
             )
         layer.mode = mode
         self._changed()
+
+    # -- program languages ---------------------------------------------------------------------
+
+    def declared_language(self, scope: str) -> str | None:
+        return self._layers[scope].language
+
+    def language_for(self, scope: str) -> str:
+        """The program language in force: the nearest declaration, else the default."""
+        for key in self.chain(scope):
+            language = self._layers[key].language
+            if language is not None:
+                return language
+        return self.default_language
 
     def chain(self, scope: str) -> list[str]:
         """Scope keys nearest-first, excluding the global layer."""
@@ -350,6 +385,7 @@ class Catalog:
         return View(
             scope=scope,
             mode=mode,
+            language=self.language_for(scope),
             visible=visible,
             registered_in={name: origin.get(name, GLOBAL) for name in visible},
             known_names=tuple(dict.fromkeys([*inherited, *own])),

@@ -1,4 +1,4 @@
-"""Scope names and presentation modes.
+"""Scope names, presentation modes and program languages.
 
 A scope key is `""` (global), `presets/{id}` or `agents/{id}`. Presets and agents are resources;
 an agent may be parented under one preset, giving the chain agent → preset → global.
@@ -20,6 +20,23 @@ class Mode(enum.Enum):
     NATIVE = "native"
     CODE = "code"
     BOTH = "both"
+
+
+# The languages a `run_code` program may be written in (an agent declares one like its mode).
+# Whether a runtime serves it is the deployment's concern (`runtime_languages`).
+PROGRAM_LANGUAGES = ("python", "typescript")
+
+
+def check_language(language: str, *, field: str = "code_language") -> str:
+    """`language` if it is a program language, else INVALID_ARGUMENT naming the known ones."""
+    if language not in PROGRAM_LANGUAGES:
+        known = ", ".join(f'"{name}"' for name in PROGRAM_LANGUAGES)
+        raise invalid_argument(
+            "UNKNOWN_CODE_LANGUAGE",
+            f"code language {language[:64]!r} is not a program language (known: {known})",
+            field=field,
+        )
+    return language
 
 
 def check_id(kind: str, resource_id: str) -> None:

@@ -190,6 +190,12 @@ class Assembler:
     def sdk(self, scope: str, language: str = "") -> Sdk:
         return self._cached(self._sdks, scope, language, self._build_sdk)
 
+    def code_language(self, scope: str) -> str:
+        """The language `run_code` runs in for `scope` ("" when it is effectively native);
+        FAILED_PRECONDITION naming the mode and the language when no runtime serves it."""
+        self._catalog.require_scope(scope)
+        return self._language(self._catalog.view(scope), "")
+
     # -- building --------------------------------------------------------------------------
 
     def _cached(
@@ -206,13 +212,16 @@ class Assembler:
             hit = cache.put(key, build(self._catalog.view(scope), language))
         return hit
 
-    def _language(self, mode: Mode, requested: str) -> str:
-        if mode is Mode.NATIVE:
+    def _language(self, view: View, requested: str) -> str:
+        """The language to render for: the one asked for, else the scope's own."""
+        if view.mode is Mode.NATIVE:
             return ""
-        return resolve_language(mode, self.config.runtime_languages, requested)
+        return resolve_language(
+            view.mode, self.config.runtime_languages, requested or view.language
+        )
 
     def _build_wire(self, view: View, requested: str) -> WireSchemas:
-        language = self._language(view.mode, requested)
+        language = self._language(view, requested)
         self._check_tool_order(view)
         schemas: list[WireSchema] = []
         names = [RUN_CODE] if view.mode is Mode.CODE else list(view.visible)
@@ -226,11 +235,11 @@ class Assembler:
         return WireSchemas(view.mode, language, tuple(schemas))
 
     def _build_sdk(self, view: View, requested: str) -> Sdk:
-        language = self._language(view.mode, requested)
+        language = self._language(view, requested)
         return Sdk(view.mode, language, self._sdk_text(view, language) if language else "")
 
     def _build_prompt(self, view: View, requested: str) -> SystemPrompt:
-        language = self._language(view.mode, requested)
+        language = self._language(view, requested)
         self._check_tool_order(view)
         sections = [
             *self.config.prompt_sections,

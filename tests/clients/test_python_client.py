@@ -198,3 +198,14 @@ async def test_default_channels_carry_arguments_and_results_up_to_the_registry_l
             assert result.value["text"] == text
             again = await client.call("echo_big", {"text": "small"}, agent=agent)  # stream kept
             assert isinstance(again.value, dict) and again.value["size"] == 5
+
+
+async def test_agents_and_presets_declare_their_code_language(stack: Stack) -> None:
+    async with RegistryClient(stack.running.address) as client:
+        preset = await client.create_preset("py-preset", language="python")
+        agent = await client.create_agent("py-member", preset=preset.name)
+        assert (preset.code_language, agent.code_language) == ("python", "")
+        assert agent.effective_code_language == "python"
+        with pytest.raises(InvalidArgument) as refused:
+            await client.create_agent("ts-bad", language="cobol")  # type: ignore[arg-type]
+        assert refused.value.reason == "UNKNOWN_CODE_LANGUAGE"

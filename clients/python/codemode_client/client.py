@@ -34,6 +34,7 @@ from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grp
 from codemode_common.jsonvalue import JsonValue
 
 ModeName = Literal["native", "code", "both"]
+Language = Literal["python", "typescript"]
 # Which progress events an execute stream carries before its result (see ProgressEvents).
 Progress = Literal["all", "approvals", "none"]
 _PROGRESS = {
@@ -157,10 +158,12 @@ class RegistryClient:
     # -- presets and agents --------------------------------------------------------------------
 
     async def create_preset(
-        self, preset_id: str, *, mode: ModeName | None = None
+        self, preset_id: str, *, mode: ModeName | None = None, language: Language | None = None
     ) -> scope_pb2.Preset:
+        """`language`: the program language its agents' `run_code` uses (none: inherit)."""
         preset = scope_pb2.Preset(
-            mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+            mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
+            code_language=language or "",
         )
         request = rpb.CreatePresetRequest(preset_id=preset_id, preset=preset)
         response: rpb.CreatePresetResponse = await self._unary(self.stub.CreatePreset, request)
@@ -180,10 +183,19 @@ class RegistryClient:
         await self._unary(self.stub.DeletePreset, request)
 
     async def create_agent(
-        self, agent_id: str, *, preset: str = "", mode: ModeName | None = None
+        self,
+        agent_id: str,
+        *,
+        preset: str = "",
+        mode: ModeName | None = None,
+        language: Language | None = None,
     ) -> scope_pb2.Agent:
+        """`language`: the program language of its `run_code` (none: the preset's, else the
+        deployment default); the agent's `effective_code_language` says which is in force."""
         agent = scope_pb2.Agent(
-            preset=preset, mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+            preset=preset,
+            mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
+            code_language=language or "",
         )
         request = rpb.CreateAgentRequest(agent_id=agent_id, agent=agent)
         response: rpb.CreateAgentResponse = await self._unary(self.stub.CreateAgent, request)

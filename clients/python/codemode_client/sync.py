@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from codemode_client.client import ModeName, Progress, RegistryClient, ToolCallResult
+from codemode_client.client import Language, ModeName, Progress, RegistryClient, ToolCallResult
 from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.jsonvalue import JsonValue
 
@@ -50,9 +50,16 @@ class SyncRegistryClient:
             self._thread.join(5)
 
     def create_agent(
-        self, agent_id: str, *, preset: str = "", mode: ModeName | None = None
+        self,
+        agent_id: str,
+        *,
+        preset: str = "",
+        mode: ModeName | None = None,
+        language: Language | None = None,
     ) -> scope_pb2.Agent:
-        return self._run(self._client.create_agent(agent_id, preset=preset, mode=mode))
+        return self._run(
+            self._client.create_agent(agent_id, preset=preset, mode=mode, language=language)
+        )
 
     def get_agent(self, name: str) -> scope_pb2.Agent:
         return self._run(self._client.get_agent(name))
@@ -60,8 +67,10 @@ class SyncRegistryClient:
     def delete_agent(self, name: str) -> None:
         self._run(self._client.delete_agent(name))
 
-    def create_preset(self, preset_id: str, *, mode: ModeName | None = None) -> scope_pb2.Preset:
-        return self._run(self._client.create_preset(preset_id, mode=mode))
+    def create_preset(
+        self, preset_id: str, *, mode: ModeName | None = None, language: Language | None = None
+    ) -> scope_pb2.Preset:
+        return self._run(self._client.create_preset(preset_id, mode=mode, language=language))
 
     def list_tools(self, scope: str = "") -> list[tool_pb2.Tool]:
         return self._run(self._client.list_tools(scope))

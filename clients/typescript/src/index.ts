@@ -31,6 +31,7 @@ export {
   toToolCallResult,
   type ApprovalOutcomeName,
   type CallOptions,
+  type CodeLanguage,
   type ExecuteToolCallInput,
   type HistoryEntry,
   type Mode,

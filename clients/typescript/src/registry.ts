@@ -341,6 +341,9 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
 
 const MiB = 1024 * 1024;
 
+/** The languages a `run_code` program may be written in. */
+export type CodeLanguage = "python" | "typescript";
+
 export class RegistryClient {
   /** The generated grpc-js stub, for anything this class does not wrap. */
   readonly stub: RegistryServiceClient;
@@ -418,8 +421,16 @@ export class RegistryClient {
 
   // -- presets and agents ----------------------------------------------------------------------
 
-  async createPreset(presetId: string, preset: { mode?: Mode | PresentationMode } = {}, options?: CallOptions): Promise<Preset> {
-    const request = { presetId, preset: { name: "", mode: toPresentationMode(preset.mode), createTime: undefined } };
+  /** `codeLanguage`: the program language its agents' `run_code` uses (none: inherit). */
+  async createPreset(
+    presetId: string,
+    preset: { mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage } = {},
+    options?: CallOptions,
+  ): Promise<Preset> {
+    const request = {
+      presetId,
+      preset: { name: "", mode: toPresentationMode(preset.mode), createTime: undefined, codeLanguage: preset.codeLanguage ?? "" },
+    };
     return (await this.unary(this.stub.createPreset, request, options, false)).preset!;
   }
 
@@ -436,9 +447,13 @@ export class RegistryClient {
     await this.unary(this.stub.deletePreset, { name, force: options?.force ?? false }, options, false);
   }
 
+  /**
+   * `codeLanguage`: the program language of its `run_code` (none: the preset's, else the
+   * deployment default); the agent's `effectiveCodeLanguage` says which is in force.
+   */
   async createAgent(
     agentId: string,
-    agent: { preset?: string; mode?: Mode | PresentationMode } = {},
+    agent: { preset?: string; mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage } = {},
     options?: CallOptions,
   ): Promise<Agent> {
     const request = {
@@ -449,6 +464,8 @@ export class RegistryClient {
         mode: toPresentationMode(agent.mode),
         effectiveMode: PresentationMode.PRESENTATION_MODE_UNSPECIFIED,
         createTime: undefined,
+        codeLanguage: agent.codeLanguage ?? "",
+        effectiveCodeLanguage: "",
       },
     };
     return (await this.unary(this.stub.createAgent, request, options, false)).agent!;

@@ -143,8 +143,15 @@ describe("RegistryClient against the real services", () => {
       agents.map((a) => a.name),
       ["agents/ts-code", "agents/ts-native"],
     );
-    const preset = await client.createPreset("ts-preset", { mode: "both" });
+    const preset = await client.createPreset("ts-preset", { mode: "both", codeLanguage: "typescript" });
     assert.equal(preset.name, "presets/ts-preset");
+    assert.equal(preset.codeLanguage, "typescript");
+    const member = await client.createAgent("ts-member", { preset: preset.name });
+    assert.deepEqual([member.codeLanguage, member.effectiveCodeLanguage], ["", "typescript"]);
+    const own = await client.createAgent("ts-own", { preset: preset.name, codeLanguage: "python" });
+    assert.deepEqual([own.codeLanguage, own.effectiveCodeLanguage], ["python", "python"]);
+    await client.deleteAgent("agents/ts-member");
+    await client.deleteAgent("agents/ts-own");
     assert.ok(preset.createTime instanceof Date);
     assert.equal((await client.getPreset("presets/ts-preset")).mode, PresentationMode.PRESENTATION_MODE_BOTH);
     assert.deepEqual(

@@ -56,10 +56,15 @@ class Preset(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `presets/{preset_id}`."""
     mode: Global___PresentationMode.ValueType
     """The mode declared in this scope, or UNSPECIFIED when none is declared."""
+    code_language: _builtins.str
+    """The program language declared in this scope (`python` or `typescript`), or empty when none
+    is declared. Fixed at creation.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the preset was created."""
@@ -70,10 +75,11 @@ class Preset(_message.Message):
         name: _builtins.str = ...,
         mode: Global___PresentationMode.ValueType = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        code_language: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "mode", b"mode", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_language", b"code_language", "create_time", b"create_time", "mode", b"mode", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -90,6 +96,8 @@ class Agent(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     EFFECTIVE_MODE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `agents/{agent_id}`."""
     preset: _builtins.str
@@ -98,6 +106,15 @@ class Agent(_message.Message):
     """The mode declared in this scope, or UNSPECIFIED when none is declared."""
     effective_mode: Global___PresentationMode.ValueType
     """Output only. The mode in force: nearest declaration along agent → preset → deployment default."""
+    code_language: _builtins.str
+    """The program language declared in this scope (`python` or `typescript`), or empty when none
+    is declared. Fixed at creation.
+    """
+    effective_code_language: _builtins.str
+    """Output only. The program language in force: nearest declaration along agent → preset →
+    deployment default (`code_language` in the registry settings). It picks the `run_code`
+    flavour, the SDK text and the prompt, and travels with every `Run` to the runtime.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the agent was created."""
@@ -110,10 +127,12 @@ class Agent(_message.Message):
         mode: Global___PresentationMode.ValueType = ...,
         effective_mode: Global___PresentationMode.ValueType = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        code_language: _builtins.str = ...,
+        effective_code_language: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "effective_mode", b"effective_mode", "mode", b"mode", "name", b"name", "preset", b"preset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "mode", b"mode", "name", b"name", "preset", b"preset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

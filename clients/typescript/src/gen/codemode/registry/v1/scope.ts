@@ -33,7 +33,14 @@ export interface Preset {
   /** The mode declared in this scope, or UNSPECIFIED when none is declared. */
   mode: PresentationMode;
   /** Output only. When the preset was created. */
-  createTime: Date | undefined;
+  createTime:
+    | Date
+    | undefined;
+  /**
+   * The program language declared in this scope (`python` or `typescript`), or empty when none
+   * is declared. Fixed at creation.
+   */
+  codeLanguage: string;
 }
 
 /** An agent: the scope a model loop executes tool calls in. */
@@ -47,11 +54,24 @@ export interface Agent {
   /** Output only. The mode in force: nearest declaration along agent → preset → deployment default. */
   effectiveMode: PresentationMode;
   /** Output only. When the agent was created. */
-  createTime: Date | undefined;
+  createTime:
+    | Date
+    | undefined;
+  /**
+   * The program language declared in this scope (`python` or `typescript`), or empty when none
+   * is declared. Fixed at creation.
+   */
+  codeLanguage: string;
+  /**
+   * Output only. The program language in force: nearest declaration along agent → preset →
+   * deployment default (`code_language` in the registry settings). It picks the `run_code`
+   * flavour, the SDK text and the prompt, and travels with every `Run` to the runtime.
+   */
+  effectiveCodeLanguage: string;
 }
 
 function createBasePreset(): Preset {
-  return { name: "", mode: 0, createTime: undefined };
+  return { name: "", mode: 0, createTime: undefined, codeLanguage: "" };
 }
 
 export const Preset: MessageFns<Preset> = {
@@ -64,6 +84,9 @@ export const Preset: MessageFns<Preset> = {
     }
     if (message.createTime !== undefined) {
       Timestamp.encode(toTimestamp(message.createTime), writer.uint32(26).fork()).join();
+    }
+    if (message.codeLanguage !== "") {
+      writer.uint32(34).string(message.codeLanguage);
     }
     return writer;
   },
@@ -105,6 +128,14 @@ export const Preset: MessageFns<Preset> = {
             message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.codeLanguage = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -125,12 +156,21 @@ export const Preset: MessageFns<Preset> = {
     message.name = object.name ?? "";
     message.mode = object.mode ?? 0;
     message.createTime = object.createTime ?? undefined;
+    message.codeLanguage = object.codeLanguage ?? "";
     return message;
   },
 };
 
 function createBaseAgent(): Agent {
-  return { name: "", preset: "", mode: 0, effectiveMode: 0, createTime: undefined };
+  return {
+    name: "",
+    preset: "",
+    mode: 0,
+    effectiveMode: 0,
+    createTime: undefined,
+    codeLanguage: "",
+    effectiveCodeLanguage: "",
+  };
 }
 
 export const Agent: MessageFns<Agent> = {
@@ -149,6 +189,12 @@ export const Agent: MessageFns<Agent> = {
     }
     if (message.createTime !== undefined) {
       Timestamp.encode(toTimestamp(message.createTime), writer.uint32(42).fork()).join();
+    }
+    if (message.codeLanguage !== "") {
+      writer.uint32(50).string(message.codeLanguage);
+    }
+    if (message.effectiveCodeLanguage !== "") {
+      writer.uint32(58).string(message.effectiveCodeLanguage);
     }
     return writer;
   },
@@ -206,6 +252,22 @@ export const Agent: MessageFns<Agent> = {
             message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.codeLanguage = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.effectiveCodeLanguage = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -228,6 +290,8 @@ export const Agent: MessageFns<Agent> = {
     message.mode = object.mode ?? 0;
     message.effectiveMode = object.effectiveMode ?? 0;
     message.createTime = object.createTime ?? undefined;
+    message.codeLanguage = object.codeLanguage ?? "";
+    message.effectiveCodeLanguage = object.effectiveCodeLanguage ?? "";
     return message;
   },
 };

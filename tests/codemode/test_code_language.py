@@ -1,0 +1,149 @@
+"""The program language travels: declared like the mode (deployment default, preset, agent;
+nearest wins), visible on Agent/Preset, choosing the run_code flavour, SDK and prompt, sent on
+every Run, and refused with FAILED_PRECONDITION where no runtime serves it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.domain.scopes import Mode
+from tests.codemode.conftest import value_of
+from tests.registry.conftest import CODE, Harness
+
+BOTH_LANGUAGES = ["python", "typescript"]
+
+
+async def _create_agent(h: Harness, agent_id: str, preset: str = "", language: str = "") -> Any:
+    agent = scope_pb2.Agent(preset=preset, mode=CODE, code_language=language)
+    response = await h.stub.CreateAgent(rpb.CreateAgentRequest(agent_id=agent_id, agent=agent))
+    return response.agent
+
+
+async def _create_preset(h: Harness, preset_id: str, language: str) -> Any:
+    preset = scope_pb2.Preset(code_language=language)
+    request = rpb.CreatePresetRequest(preset_id=preset_id, preset=preset)
+    return (await h.stub.CreatePreset(request)).preset
+
+
+async def test_nearest_declaration_wins_and_is_visible(make_registry: Any) -> None:
+    settings = {"default_mode": Mode.CODE, "runtime_languages": BOTH_LANGUAGES}
+    async with make_registry(code_language="typescript", **settings) as h:
+        preset = await _create_preset(h, "py-team", "python")
+        assert preset.code_language == "python"
+        plain = await _create_agent(h, "plain")
+        inherits = await _create_agent(h, "inherits", preset=preset.name)
+        overrides = await _create_agent(h, "overrides", preset=preset.name, language="typescript")
+        got = {
+            a.name: (a.code_language, a.effective_code_language)
+            for a in (plain, inherits, overrides)
+        }
+        assert got == {
+            "agents/plain": ("", "typescript"),  # the deployment default
+            "agents/inherits": ("", "python"),  # the preset's
+            "agents/overrides": ("typescript", "typescript"),  # its own
+        }
+        fetched = await h.stub.GetAgent(rpb.GetAgentRequest(name="agents/inherits"))
+        assert fetched.agent.effective_code_language == "python"
+        listed = await h.stub.ListPresets(rpb.ListPresetsRequest())
+        assert [p.code_language for p in listed.presets] == ["python"]
+
+
+async def test_flavour_sdk_and_prompt_follow_the_scope_language(make_registry: Any) -> None:
+    async with make_registry(default_mode=Mode.CODE, runtime_languages=BOTH_LANGUAGES) as h:
+        py = (await _create_agent(h, "py", language="python")).name
+        ts = (await _create_agent(h, "ts", language="typescript")).name
+        cases = ((py, "python", "Python", "```python"), (ts, "typescript", "TypeScript", "```ts"))
+        for scope, language, word, fence in cases:
+            wire = await h.stub.GetWireSchemas(presentation_pb2.GetWireSchemasRequest(scope=scope))
+            assert wire.language == language
+            (run_code,) = wire.schemas
+            assert run_code.description.startswith(f"Execute a {word} program")
+            sdk = await h.stub.GetSdk(presentation_pb2.GetSdkRequest(scope=scope))
+            assert sdk.language == wire.language
+            prompt = await h.stub.GetSystemPrompt(
+                presentation_pb2.GetSystemPromptRequest(scope=scope)
+            )
+            assert prompt.language == wire.language and fence in prompt.text
+        # An explicit language in the request still wins over the scope's.
+        asked = await h.stub.GetSdk(presentation_pb2.GetSdkRequest(scope=py, language="typescript"))
+        assert asked.language == "typescript"
+
+
+async def test_an_unknown_language_is_refused_and_creates_nothing(make_registry: Any) -> None:
+    async with make_registry(default_mode=Mode.CODE) as h:
+        for create in (
+            _create_agent(h, "cobol-agent", language="cobol"),
+            _create_preset(h, "cobol-preset", "cobol"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await create
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "UNKNOWN_CODE_LANGUAGE" in str(refused.value.trailing_metadata())
+        assert not (await h.stub.ListAgents(rpb.ListAgentsRequest())).agents
+        assert not (await h.stub.ListPresets(rpb.ListPresetsRequest())).presets
+
+
+async def test_settings_declare_languages_and_bad_ones_stop_the_start(
+    make_registry: Any,
+) -> None:
+    declared = {
+        "presets": [{"id": "ts-team", "code_language": "typescript"}],
+        "agents": [
+            {"id": "member", "preset": "ts-team"},
+            {"id": "solo", "code_language": "python"},
+        ],
+        "runtime_languages": BOTH_LANGUAGES,
+        "default_mode": Mode.CODE,
+    }
+    async with make_registry(**declared) as h:
+        member = await h.stub.GetAgent(rpb.GetAgentRequest(name="agents/member"))
+        solo = await h.stub.GetAgent(rpb.GetAgentRequest(name="agents/solo"))
+        assert (member.agent.effective_code_language, solo.agent.code_language) == (
+            "typescript",
+            "python",
+        )
+    from codemode_common.settings import ConfigError
+    from registry_service.config import RegistrySettings
+    from registry_service.registry import build_registry
+
+    with pytest.raises(ValueError, match="code_language 'cobol'"):
+        RegistrySettings(code_language="cobol")
+    bad = RegistrySettings(agents=[{"id": "x", "code_language": "cobol"}], history_path=":memory:")
+    with pytest.raises(ConfigError, match=r"not a program language"):
+        build_registry(bad)
+
+
+async def test_a_language_no_runtime_serves_fails_assembly_and_execution(
+    make_stack: Any,
+) -> None:
+    async with make_stack() as stack:  # runtime_languages: ["python"]
+        ts = (await _create_agent(stack, "ts-only", language="typescript")).name
+        with pytest.raises(grpc.aio.AioRpcError) as assembly:
+            await stack.stub.GetSystemPrompt(presentation_pb2.GetSystemPromptRequest(scope=ts))
+        assert assembly.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert 'mode "code": runtime language "typescript"' in (assembly.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as execution:
+            await stack.run_code("return 1", agent=ts)
+        assert execution.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert 'runtime language "typescript"' in (execution.value.details() or "")
+        history = await stack.stub.ListHistory(rpb.ListHistoryRequest(agent=ts))
+        assert list(history.records) == []  # refused before the call existed
+
+
+async def test_run_code_sends_the_scope_language_to_the_runtime(make_stack: Any) -> None:
+    """The registry is told both languages are served; the real runtime serves Python only, so
+    a TypeScript agent's run reaches the runtime and is refused *there*, naming the language
+    it received: the language travelled on Run. A Python agent's run succeeds."""
+    async with make_stack(runtime_languages=BOTH_LANGUAGES) as stack:
+        py = (await _create_agent(stack, "py-runner", language="python")).name
+        ts = (await _create_agent(stack, "ts-runner", language="typescript")).name
+        _events, ok = await stack.run_code("return 6 * 7", agent=py)
+        assert value_of(ok) == {"logs": [], "result": 42}
+        _events, refused = await stack.run_code("return 1", agent=ts, call_id="call-ts")
+        assert refused.is_error
+        assert "typescript" in refused.error.message, refused.error.message
