@@ -109,6 +109,9 @@ class RegistrySettings(ServiceSettings):
     """PEM private key of `runtime_tls_cert_file`."""
     runtime_tls_server_name: str = ""
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
+    history_store: str = "sqlite"
+    """Where history is kept: `sqlite`, the embedded default, in `history_path`. An unknown
+    name stops the start."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL); `:memory:` keeps history in memory only."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)

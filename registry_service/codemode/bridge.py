@@ -58,7 +58,8 @@ from registry_service.domain.telemetry import (
 )
 from registry_service.domain.tools import RUN_CODE, Invocation
 from registry_service.history import build, records
-from registry_service.history.records import HistoryStore, Record
+from registry_service.history.records import Record
+from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
