@@ -78,11 +78,12 @@ def record(
 
 
 def interrupted(start: Record, why: str) -> Record:
-    """The end record that closes a call its process never finished: the kind that ends
-    `start`'s, an error result with code `INTERRUPTED`, saying `why`."""
+    """The end record that closes a call its process never finished (`start` is its start
+    record, or the end record that could not be written): an error result with code
+    `INTERRUPTED`, saying `why`."""
     message = f"tool call {start.name!r} interrupted: {why}"
     return record(
-        END_OF[start.kind],
+        END_OF.get(start.kind, start.kind),
         agent=start.agent,
         call_id=start.call_id,
         root_call_id=start.root_call_id,

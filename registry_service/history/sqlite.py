@@ -198,10 +198,10 @@ class SqliteHistory:
             stored = self._write(records)
         except Exception as exc:
             error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
-            self._owe(records)
-            for _, future in batch:
+            for _, future in batch:  # first: nothing below may leave a caller waiting
                 if not future.done():
                     future.set_exception(error)
+            self._owe(records)
             return
         for (_, future), record in zip(batch, stored[len(stored) - len(batch) :], strict=True):
             if not future.done():
