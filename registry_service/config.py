@@ -14,6 +14,8 @@ from pydantic_settings import SettingsConfigDict
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.scopes import Mode
+from registry_service.history.store import StoreOpenError
+from registry_service.history.stores import check_name
 from registry_service.presentation.assembly import Section, check_config
 
 __all__ = [
@@ -164,4 +166,10 @@ class RegistrySettings(ServiceSettings):
 
 def load_settings(path: Path | None = None, **overrides: Any) -> RegistrySettings:
     """Reads the optional YAML file, then environment variables, then explicit overrides."""
-    return load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)
+    settings = load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)
+    # Checked here, not by pydantic: the error is then one line, and found before serving.
+    try:
+        check_name(settings.history_store)
+    except StoreOpenError as exc:
+        raise ConfigError(str(exc)) from exc
+    return settings

@@ -23,10 +23,14 @@ def _sqlite(path: str, max_inline_bytes: int) -> HistoryStore:
 STORES: dict[str, Callable[[str, int], HistoryStore]] = {"sqlite": _sqlite}
 
 
-def open_store(name: str, *, path: str, max_inline_bytes: int) -> HistoryStore:
-    """The store `name`; StoreOpenError when it is unknown or cannot be opened."""
-    opener = STORES.get(name)
-    if opener is None:
+def check_name(name: str) -> None:
+    """StoreOpenError unless `name` is a known store."""
+    if name not in STORES:
         known = ", ".join(sorted(STORES))
         raise StoreOpenError(f"history_store {name!r} is not a known store (known: {known})")
-    return opener(path, max_inline_bytes)
+
+
+def open_store(name: str, *, path: str, max_inline_bytes: int) -> HistoryStore:
+    """The store `name`; StoreOpenError when it is unknown or cannot be opened."""
+    check_name(name)
+    return STORES[name](path, max_inline_bytes)
