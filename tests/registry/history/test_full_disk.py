@@ -1,7 +1,8 @@
 """A full disk under the history database, for real (a tmpfs filled to its last byte), seen
 through gRPC: every call fails at once with UNAVAILABLE HISTORY_UNAVAILABLE (not at its
 deadline), nothing is written half, health says NOT_SERVING, and once space returns the
-registry serves again by itself with a consistent history."""
+registry serves again by itself with a consistent history. Direct calls, and a run_code call
+whose disk fills between two nested calls."""
 
 from __future__ import annotations
 
@@ -14,11 +15,21 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
+from registry_service.history.records import (
+    DISPATCH,
+    DISPATCH_START,
+    INTERRUPTED,
+    TOOL_CALL,
+    TOOL_RESULT,
+)
 from registry_service.server import SERVICE_NAME
+from tests.codemode.conftest import make_stack
 from tests.registry.conftest import Harness, error_info_of
 from tests.registry.history.disk import require, small_disk
+
+__all__ = ["make_stack"]  # the fixture, imported for the run_code test
 
 CALLS = 7
 LONG_DEADLINE_S = 600.0  # far beyond the test's own bounded waits: a hang cannot pass
@@ -127,3 +138,49 @@ async def test_a_full_disk_fails_calls_at_once_and_the_registry_recovers(
             assert all(kinds == [TOOL_CALL, TOOL_RESULT] for kinds in by_call.values())
             [mid_end] = [r for r in records if r.call_id == "mid" and r.kind == TOOL_RESULT]
             assert mid_end.is_error and mid_end.error_code == INTERRUPTED
+
+
+PROGRAM = """
+await tools.step({"n": 1})
+await tools.step({"n": 2})
+return "done"
+"""
+
+
+async def test_a_disk_filling_during_a_run_fails_the_run_at_once(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    with small_disk(tmp_path / "disk") as maybe_disk:
+        disk = require(maybe_disk)
+        async with make_stack(history_path=str(disk.root / "history.sqlite3")) as h:
+            steps: list[int] = []
+
+            async def step(invocation: Any) -> Any:
+                n = invocation.arguments["n"]
+                steps.append(n)
+                if n == 1:
+                    disk.fill()  # the first nested call's settle record finds no space
+                return {"n": n}
+
+            h.registry.register_tool("step", step)
+            agent = await h.code_agent()
+            request = rpb.ExecuteToolCallRequest(
+                agent=agent,
+                call_id="run-1",
+                tool_name="run_code",
+                arguments_json=jsonvalue.dumps({"code": PROGRAM, "description": "steps"}),
+            )
+            error = await asyncio.wait_for(outcome(h, request), 60)
+            assert_unavailable(error)
+            disk.free()
+            await until(lambda: health_of(h), health_pb2.HealthCheckResponse.SERVING)
+            records = await history(h, agent)
+            # Every call that was started is closed: the nested call whose settle record was
+            # lost and the outer call, INTERRUPTED. (The second nested call's start record
+            # failed, so it left none: nothing half.)
+            assert [(r.call_id, r.kind, r.error_code) for r in records] == [
+                ("run-1", TOOL_CALL, ""),
+                ("run-1:code:1", DISPATCH_START, ""),
+                ("run-1:code:1", DISPATCH, INTERRUPTED),
+                ("run-1", TOOL_RESULT, INTERRUPTED),
+            ]
