@@ -25,6 +25,7 @@ class Status(enum.Enum):
     CANCELLED = "CANCELLED"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     INTERNAL = "INTERNAL"
+    DATA_LOSS = "DATA_LOSS"
 
 
 class CodemodeError(Exception):

@@ -14,6 +14,8 @@ from pydantic_settings import SettingsConfigDict
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
+from registry_service.history.store import StoreOpenError
+from registry_service.history.stores import check_name
 from registry_service.presentation.assembly import Section, check_config
 from registry_service.presentation.languages import FALLBACK_LANGUAGE
 
@@ -114,6 +116,9 @@ class RegistrySettings(ServiceSettings):
     """PEM private key of `runtime_tls_cert_file`."""
     runtime_tls_server_name: str = ""
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
+    history_store: str = "sqlite"
+    """Where history is kept: `sqlite`, the embedded default, in `history_path`. An unknown
+    name stops the start."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL); `:memory:` keeps history in memory only."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -185,4 +190,10 @@ class RegistrySettings(ServiceSettings):
 
 def load_settings(path: Path | None = None, **overrides: Any) -> RegistrySettings:
     """Reads the optional YAML file, then environment variables, then explicit overrides."""
-    return load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)
+    settings = load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)
+    # Checked here, not by pydantic: the error is then one line, and found before serving.
+    try:
+        check_name(settings.history_store)
+    except StoreOpenError as exc:
+        raise ConfigError(str(exc)) from exc
+    return settings

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
@@ -34,12 +34,16 @@ from registry_service.domain.tools import (
     ToolDefinition,
 )
 from registry_service.history import build, records
-from registry_service.history.records import HistoryStore, Record
+from registry_service.history.health import Report, keep_reporting
+from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
-from registry_service.history.sqlite import SqliteHistory
+from registry_service.history.store import HistoryStore, StoreOpenError
+from registry_service.history.stores import open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
+
+log = logging.getLogger(__name__)
 
 RUN_CODE_OUTPUT_SCHEMA: JsonValue = {
     "type": "object",
@@ -61,13 +65,34 @@ class Registry:
     transport: RunCodeTransport
     runtime: RuntimePort | None
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
-    _retention: asyncio.Task[None] | None = None
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def start_background(self) -> None:
-        """Starts what runs beside the RPCs (history retention, when configured)."""
+    async def close_interrupted(self) -> None:
+        """At start, before any call: closes the calls a crash left open in the history."""
+        try:
+            await self.history.close_interrupted()
+        except CodemodeError as exc:  # the store reports itself unavailable; calls fail
+            log.error("history: cannot close the calls left open by a crash: %s", exc.message)
+
+    async def start_background(self, report_health: Report | None = None) -> None:
+        """Starts what runs beside the RPCs: history retention (when configured) and the
+        store's health reports (the first one made before this returns)."""
+        if self._background:
+            return
         days = self.settings.history_retention_days
-        if days is not None and self._retention is None:
-            self._retention = asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
+        if days is not None:
+            self._background.append(
+                asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
+            )
+        if report_health is not None:
+            first = asyncio.Event()
+
+            async def report(serving: bool) -> None:
+                await report_health(serving)
+                first.set()
+
+            self._background.append(asyncio.ensure_future(keep_reporting(self.history, report)))
+            await first.wait()
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
@@ -79,10 +104,10 @@ class Registry:
         return result
 
     async def close(self) -> None:
-        if self._retention is not None:
-            self._retention.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retention
+                await task
         close_runtime = getattr(self.runtime, "close", None)
         if close_runtime is not None:
             await close_runtime()
@@ -119,10 +144,15 @@ class Registry:
         return defn
 
 
-def _open_history(settings: RegistrySettings) -> SqliteHistory:
-    if settings.history_path != ":memory:":
-        Path(settings.history_path).parent.mkdir(parents=True, exist_ok=True)
-    return SqliteHistory(settings.history_path, max_inline_bytes=settings.history_max_inline_bytes)
+def _open_history(settings: RegistrySettings) -> HistoryStore:
+    try:
+        return open_store(
+            settings.history_store,
+            path=settings.history_path,
+            max_inline_bytes=settings.history_max_inline_bytes,
+        )
+    except StoreOpenError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _connect_runtime(

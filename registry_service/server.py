@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health, health_pb2
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
@@ -19,6 +19,7 @@ from registry_service.registry import Registry, build_registry
 from registry_service.servicer import RegistryServicer
 
 SERVICE_NAME = registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -62,6 +63,7 @@ async def start(
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
     servicer = RegistryServicer(registry)
+    await registry.close_interrupted()  # before the first call can start
     add_service(
         server, servicer, registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"]
     )
@@ -72,7 +74,14 @@ async def start(
         what="registry",
         tls=settings.server_tls(),
     )
-    registry.start_background()
+
+    async def report_health(serving: bool) -> None:
+        # Calls with an agent fail while the history store does: not serving, for both names.
+        status = health_pb2.HealthCheckResponse.SERVING if serving else _NOT_SERVING
+        await health_servicer.set(SERVICE_NAME, status)
+        await health_servicer.set("", status)
+
+    await registry.start_background(report_health)
     return RunningRegistry(server, registry, port, health_servicer, servicer)
 
 

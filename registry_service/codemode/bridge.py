@@ -58,7 +58,8 @@ from registry_service.domain.telemetry import (
 )
 from registry_service.domain.tools import RUN_CODE, Invocation
 from registry_service.history import build, records
-from registry_service.history.records import HistoryStore, Record
+from registry_service.history.records import Record
+from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
@@ -66,6 +67,7 @@ CODE_RUN_FAILED = "CODE_RUN_FAILED"
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
 NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"
+HISTORY_FAILED = "the history store failed"
 NO_OUTPUT = "(run_code completed with no output)"
 
 
@@ -361,7 +363,13 @@ class _Run(RunHooks):
         if not self.outer.agent:
             return None
         if call.start_record is not None:
-            await call.start_record  # a failed start record fails the run, as it always did
+            try:
+                await call.start_record  # a failed start record fails the run, as it always did
+            except Exception:
+                # ...and ends it now: else the program waits for this call's answer until its
+                # deadline, and the run_code call hangs with it.
+                self.controller.abort(HISTORY_FAILED)
+                raise
         record = self._record(records.DISPATCH, call, result)
         return asyncio.ensure_future(self.transport.history.append(record))
 

@@ -7,8 +7,12 @@ import time
 
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue
-from registry_service.domain.results import ImageBlock, TextBlock, ToolResult
-from registry_service.history.records import Record
+from registry_service.domain.results import ImageBlock, TextBlock, ToolResult, error_result
+from registry_service.history.records import END_OF, INTERRUPTED, Record
+
+# Why an interrupted call has no real end record.
+CRASHED = "the registry stopped before the call finished"
+NOT_RECORDED = "its end could not be recorded (the history store was unavailable)"
 
 
 def content_json(result: ToolResult) -> str:
@@ -70,4 +74,22 @@ def record(
         is_error=bool(result and result.is_error),
         error_code=result.error.code if result is not None and result.error else "",
         time=time.time(),
+    )
+
+
+def interrupted(start: Record, why: str) -> Record:
+    """The end record that closes a call its process never finished (`start` is its start
+    record, or the end record that could not be written): an error result with code
+    `INTERRUPTED`, saying `why`."""
+    message = f"tool call {start.name!r} interrupted: {why}"
+    return record(
+        END_OF.get(start.kind, start.kind),
+        agent=start.agent,
+        call_id=start.call_id,
+        root_call_id=start.root_call_id,
+        parent_call_id=start.parent_call_id,
+        name=start.name,
+        # A settle record carries the dispatched arguments, as its start does.
+        arguments_json=start.arguments_json if start.parent_call_id else "",
+        result=error_result(message, INTERRUPTED, "InterruptedError"),
     )

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from registry_service.history.records import HistoryStore
+from registry_service.history.store import HistoryStore
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ async def keep_pruning(history: HistoryStore, retention_s: float) -> None:
         before = time.time() - retention_s
         deleted = 0
         try:
-            while pruned := history.prune(before):
+            while pruned := await history.prune(before):
                 deleted += pruned
                 await asyncio.sleep(0)  # let calls in flight go on between batches
         except Exception:  # a failed pass is retried at the next one, never fatal

@@ -3,20 +3,36 @@
 Appends made in the same event-loop turn are committed in one transaction, so a busy run does
 not pay one commit per record; `append` returns only after its transaction committed. Content
 larger than `max_inline_bytes` is stored once in a blob table and the record keeps a preview plus
-a locator.
+a locator. `open_calls` holds the calls whose start record has no end record yet, so closing
+what a crash left open costs a look at the open calls, not a scan of the history.
+
+One process owns a database file (its open calls are that process's calls in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
+from codemode_common.errors import CodemodeError
+from registry_service.history import build
 from registry_service.history.build import content_preview
-from registry_service.history.records import Record
+from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.store import (
+    StoreOpenError,
+    StoreState,
+    store_corrupt,
+    store_unavailable,
+)
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -33,20 +49,135 @@ CREATE INDEX IF NOT EXISTS records_agent ON records (agent, seq);
 CREATE INDEX IF NOT EXISTS records_call ON records (agent, call_id);
 CREATE INDEX IF NOT EXISTS records_root ON records (agent, root_call_id);
 CREATE TABLE IF NOT EXISTS spills (id INTEGER PRIMARY KEY AUTOINCREMENT, content TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS open_calls (
+  seq INTEGER PRIMARY KEY,
+  agent TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  call_id TEXT NOT NULL,
+  root_call_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS open_calls_call ON open_calls (agent, call_id);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
 """
+_VERSION = 1  # PRAGMA user_version: 1 added open_calls (filled from the records once)
+_FILL_OPEN_CALLS = """
+INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id)
+SELECT s.seq, s.agent, s.kind, s.call_id, s.root_call_id FROM records s
+WHERE s.kind IN ('tool/call', 'tool/code-dispatch-start') AND NOT EXISTS (
+  SELECT 1 FROM records e WHERE e.agent = s.agent AND e.call_id = s.call_id AND e.seq > s.seq
+  AND e.kind = CASE s.kind WHEN 'tool/call' THEN 'tool/result' ELSE 'tool/code-dispatch' END)
+"""
+# The oldest open call an end record closes (a call id may be reused after its call ended).
+_CLOSE_OPEN_CALL = (
+    "DELETE FROM open_calls WHERE seq = (SELECT seq FROM open_calls"
+    " WHERE agent = ? AND call_id = ? AND kind = ? ORDER BY seq LIMIT 1)"
+)
+_START_OF = {end: start for start, end in END_OF.items()}
 _BODY_FIELDS = ("name", "arguments_json", "content_json", "is_error", "error_code", "spilled")
+_CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 class SqliteHistory:
     def __init__(self, path: str | Path = ":memory:", *, max_inline_bytes: int = 64 * 1024) -> None:
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._path = str(path)
         self._max_inline = max_inline_bytes
         self._batch: list[tuple[Record, asyncio.Future[Record]]] = []
+        # End records whose write failed, owed as interrupted ones to the next write that works.
+        self._owed: list[Record] = []
         # Live watches by agent; None in a queue ends that watch (shutdown).
         self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
+        self._state = StoreState.OK
+        self._state_waiters: list[asyncio.Future[None]] = []
+        try:
+            self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreOpenError(f"cannot open history database {self._path}: {exc}") from exc
+        try:
+            self._prepare()
+        except sqlite3.Error as exc:
+            if not _is_corrupt(exc):
+                self._db.close()
+                raise StoreOpenError(f"cannot open history database {self._path}: {exc}") from exc
+            self._failed(exc)  # served, reporting the damage, rather than not started at all
+
+    def _prepare(self) -> None:
+        db = self._db
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # A damaged page found now, not by the first call that happens to read it. Linear in
+        # the database's size (about 0.1 s per 50 MB); only its first problem is wanted.
+        [(verdict,)] = db.execute("PRAGMA quick_check(1)").fetchall()
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {verdict}")
+        db.executescript(_SCHEMA)
+        if db.execute("PRAGMA user_version").fetchone()[0] < _VERSION:
+            db.execute("BEGIN")
+            db.execute("DELETE FROM open_calls")
+            db.execute(_FILL_OPEN_CALLS)
+            db.execute(f"PRAGMA user_version = {_VERSION}")
+            db.execute("COMMIT")
+
+    # -- health ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> StoreState:
+        return self._state
+
+    async def state_changed(self, seen: StoreState) -> StoreState:
+        while self._state is seen:
+            waiter = asyncio.get_running_loop().create_future()
+            self._state_waiters.append(waiter)
+            await waiter
+        return self._state
+
+    def _set_state(self, state: StoreState) -> None:
+        if state is self._state or self._state is StoreState.CORRUPT:
+            return  # damage is never undone by a write that happens to work
+        log.log(
+            logging.INFO if state is StoreState.OK else logging.ERROR,
+            "history store %s: %s",
+            self._path,
+            state.value,
+        )
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _failed(self, exc: BaseException) -> CodemodeError:
+        """The error to report for a failed SQLite operation; moves the state accordingly."""
+        if _is_corrupt(exc):
+            log.error("history database %s is damaged: %s", self._path, exc)
+            self._set_state(StoreState.CORRUPT)
+            return store_corrupt(f"{exc}; restore {self._path} from a backup")
+        if not isinstance(exc, sqlite3.Error):
+            log.error("history store %s: unexpected failure", self._path, exc_info=exc)
+        self._set_state(StoreState.UNAVAILABLE)
+        return store_unavailable(str(exc))
+
+    def _refuse_if_corrupt(self) -> None:
+        if self._state is StoreState.CORRUPT:
+            raise store_corrupt(f"{self._path} failed a check; restore it from a backup")
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        self._refuse_if_corrupt()
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
+
+    async def check(self) -> StoreState:
+        if self._state is StoreState.CORRUPT:
+            return self._state
+        try:
+            self._write([], probe=True)
+        except Exception as exc:
+            self._failed(exc)
+        return self._state
+
+    # -- appends ---------------------------------------------------------------------------------
 
     async def append(self, record: Record) -> Record:
         return await self.submit(record)
@@ -61,21 +192,70 @@ class SqliteHistory:
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
+        records = [record for record, _ in batch]
         try:
-            self._db.execute("BEGIN")
-            stored = [self._insert(record) for record, _ in batch]
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._db.execute("ROLLBACK")
-            for _, future in batch:
+            self._refuse_if_corrupt()
+            stored = self._write(records)
+        except Exception as exc:
+            error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
+            for _, future in batch:  # first: nothing below may leave a caller waiting
                 if not future.done():
-                    future.set_exception(exc)
+                    future.set_exception(error)
+            self._owe(records)
             return
-        for (_, future), record in zip(batch, stored, strict=True):
+        for (_, future), record in zip(batch, stored[len(stored) - len(batch) :], strict=True):
             if not future.done():
                 future.set_result(record)
+
+    def _write(self, records: Sequence[Record], *, probe: bool = False) -> list[Record]:
+        """Writes what is owed, then `records`, in one transaction (all or nothing); returns
+        the stored records, the owed ones first, and tells the watchers."""
+        db = self._db
+        owed = self._owed
+        try:
+            if db.in_transaction:  # left open by a ROLLBACK that failed
+                db.execute("ROLLBACK")
+            db.execute("BEGIN")
+            stored = [r for r in map(self._insert_owed, owed) if r is not None]
+            stored += [self._insert(record) for record in records]
+            if probe:
+                db.execute("INSERT OR REPLACE INTO probe (id, at) VALUES (1, ?)", (time.time(),))
+            db.execute("COMMIT")
+        except BaseException:
+            # A failed COMMIT (SQLITE_FULL) may already have rolled back: ROLLBACK would raise.
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise
+        self._owed = []
+        self._set_state(StoreState.OK)
+        for record in stored:
             for queue in self._watchers.get(record.agent, ()):
                 queue.put_nowait(record)
+        return stored
+
+    def _owe(self, failed: Sequence[Record]) -> None:
+        """Remembers the calls a failed batch leaves open: an end record whose start was
+        written earlier is owed as an interrupted end (its caller saw the failure, not the
+        result), so the call is closed once writes work again."""
+        starts = {(r.agent, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        for record in failed:
+            start = _START_OF.get(record.kind)
+            if start is None or (record.agent, record.call_id, start) in starts:
+                continue
+            if record.is_error and record.error_code == INTERRUPTED:
+                self._owed.append(record)  # already an interrupted end: keep its reason
+            else:
+                self._owed.append(build.interrupted(record, build.NOT_RECORDED))
+
+    def _insert_owed(self, record: Record) -> Record | None:
+        # Only while its call is open: the failed end may have been written after all.
+        if self._db.execute(
+            "SELECT 1 FROM open_calls WHERE agent = ? AND call_id = ? AND kind = ?",
+            (record.agent, record.call_id, _START_OF[record.kind]),
+        ).fetchone():
+            return self._insert(record)
+        return None
 
     def _insert(self, record: Record) -> Record:
         if len(record.content_json) > self._max_inline:
@@ -102,8 +282,33 @@ class SqliteHistory:
                 body,
             ),
         )
-        assert cursor.lastrowid is not None
-        return dataclasses.replace(record, seq=cursor.lastrowid)
+        seq = cursor.lastrowid
+        assert seq is not None
+        if record.kind in END_OF:
+            self._db.execute(
+                "INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (seq, record.agent, record.kind, record.call_id, record.root_call_id),
+            )
+        elif (start := _START_OF.get(record.kind)) is not None:
+            self._db.execute(_CLOSE_OPEN_CALL, (record.agent, record.call_id, start))
+        return dataclasses.replace(record, seq=seq)
+
+    async def close_interrupted(self) -> Sequence[Record]:
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT r.seq, r.agent, r.kind, r.call_id, r.root_call_id, r.parent_call_id,"
+                " r.time, r.body FROM open_calls o JOIN records r ON r.seq = o.seq"
+                " ORDER BY o.seq DESC"  # nested starts come after their outer call's
+            ).fetchall()
+        if not rows:
+            return []
+        closing = [build.interrupted(_row(row), build.CRASHED) for row in rows]
+        stored = await asyncio.gather(*map(self.submit, closing))
+        log.warning("history: closed %d calls left open by a crash", len(stored))
+        return stored
+
+    # -- reads -----------------------------------------------------------------------------------
 
     async def list(
         self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
@@ -116,7 +321,8 @@ class SqliteHistory:
         if call_id:
             query += " AND (call_id = ? OR root_call_id = ?)"
             params += [call_id, call_id]
-        rows = self._db.execute(query + " ORDER BY seq LIMIT ?", [*params, limit]).fetchall()
+        with self._reading():
+            rows = self._db.execute(query + " ORDER BY seq LIMIT ?", [*params, limit]).fetchall()
         return [_row(row) for row in rows]
 
     async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
@@ -143,46 +349,67 @@ class SqliteHistory:
             for queue in queues:
                 queue.put_nowait(None)
 
-    def prune(self, before: float, *, limit: int = 500) -> int:
+    async def read_spill(self, locator: str) -> str | None:
+        prefix, _, ident = locator.partition(":")
+        if prefix != "spill" or not ident.isdigit():
+            return None
+        with self._reading():
+            row = self._db.execute(
+                "SELECT content FROM spills WHERE id = ?", (int(ident),)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- retention -------------------------------------------------------------------------------
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
         """Deletes whole calls whose newest record is older than `before` (a Unix time): every
         record sharing their root call id, and the content they spilled, so no trajectory is
         left half there. At most `limit` calls at a time; returns how many were deleted."""
-        roots = self._db.execute(
-            "SELECT agent, root_call_id FROM records GROUP BY agent, root_call_id"
-            " HAVING MAX(time) < ? LIMIT ?",
-            (before, limit),
-        ).fetchall()
+        with self._reading():
+            roots = self._db.execute(
+                "SELECT agent, root_call_id FROM records GROUP BY agent, root_call_id"
+                " HAVING MAX(time) < ? LIMIT ?",
+                (before, limit),
+            ).fetchall()
         if not roots:
             return 0
-        self._db.execute("BEGIN")
+        db = self._db
         try:
+            db.execute("BEGIN")
             for agent, root in roots:
                 where = "FROM records WHERE agent = ? AND root_call_id = ?"
-                self._db.execute(
+                db.execute(
                     "DELETE FROM spills WHERE id IN (SELECT CAST(substr("
                     "json_extract(body, '$.spilled'), 7) AS INTEGER) "
                     + where
                     + " AND json_extract(body, '$.spilled') LIKE 'spill:%')",
                     (agent, root),
                 )
-                self._db.execute("DELETE " + where, (agent, root))
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            self._db.execute("ROLLBACK")
-            raise
+                db.execute("DELETE " + where, (agent, root))
+                db.execute(
+                    "DELETE FROM open_calls WHERE agent = ? AND root_call_id = ?", (agent, root)
+                )
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise self._failed(exc) from exc
         return len(roots)
-
-    async def read_spill(self, locator: str) -> str | None:
-        prefix, _, ident = locator.partition(":")
-        if prefix != "spill" or not ident.isdigit():
-            return None
-        row = self._db.execute("SELECT content FROM spills WHERE id = ?", (int(ident),)).fetchone()
-        return None if row is None else str(row[0])
 
     async def close(self) -> None:
         if self._batch:
             self._flush()
         self._db.close()
+
+
+def _is_corrupt(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # raised by this module (quick_check's verdict)
+        return "malformed" in str(exc)
+    return code & 0xFF in _CORRUPT_CODES
 
 
 def _row(row: tuple[object, ...]) -> Record:

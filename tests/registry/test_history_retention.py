@@ -62,8 +62,8 @@ async def test_prune_deletes_whole_old_calls_and_their_spills() -> None:
         await store.append(record)
     assert store._db.execute("SELECT COUNT(*) FROM spills").fetchone()[0] == 1
 
-    assert store.prune(now - DAY) == 1
-    assert store.prune(now - DAY) == 0  # nothing more is old enough
+    assert await store.prune(now - DAY) == 1
+    assert await store.prune(now - DAY) == 0  # nothing more is old enough
     kept = await _kinds(store, "agents/a")
     assert {call for call, _ in kept} == {"long", "long:code:1", "new", "new:code:1"}
     assert len(kept) == 8  # both calls whole, the one that straddles the cutoff included
@@ -78,7 +78,7 @@ async def test_prune_works_in_batches() -> None:
     for n in range(7):
         for record in _call("agents/a", f"c{n}", old):
             await store.append(record)
-    assert [store.prune(time.time(), limit=3) for _ in range(4)] == [3, 3, 1, 0]
+    assert [await store.prune(time.time(), limit=3) for _ in range(4)] == [3, 3, 1, 0]
     await store.close()
 
 
@@ -113,7 +113,7 @@ async def test_a_pruned_record_is_not_found(make_registry: Any) -> None:
             await h.registry.history.append(r)
             for r in _call(agent, "gone", time.time() - DAY, nested=0)[:1]
         ]
-        assert h.registry.history.prune(time.time()) == 1
+        assert await h.registry.history.prune(time.time()) == 1
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await h.stub.GetRecordContent(rpb.GetRecordContentRequest(agent=agent, seq=record.seq))
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND

@@ -1,0 +1,114 @@
+"""The history store interface: what the registry needs from any durable history backend.
+
+SQLite (`history.sqlite`) is the embedded default; a server database (PostgreSQL) implements the
+same protocol and must pass the same conformance suite (tests/registry/history). The contract:
+
+- Appends are batched and atomic: records submitted in one event-loop turn are written in one
+  transaction, all or nothing. Every future of a failed batch fails at once with a
+  `CodemodeError` (`HISTORY_UNAVAILABLE` or `HISTORY_CORRUPT`); none is left pending.
+- `seq` is strictly increasing per agent, in submission order; a page token is the last `seq`
+  of the page before it.
+- A store failure moves `state` off `OK`; `UNAVAILABLE` recovers by itself (the next write that
+  succeeds, or `check`), `CORRUPT` never does (the operator restores the database).
+- Calls left open by a crash (a start record without its end) are closed once, at start, by
+  `close_interrupted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from codemode_common.errors import CodemodeError, Status, unavailable
+from registry_service.history.records import Record
+
+HISTORY_UNAVAILABLE = "HISTORY_UNAVAILABLE"
+HISTORY_CORRUPT = "HISTORY_CORRUPT"
+
+
+class StoreOpenError(Exception):
+    """The store cannot be opened at all (an unknown store, a path that cannot be created, no
+    permission): the registry does not start."""
+
+
+class StoreState(enum.Enum):
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # writes or reads fail now (full disk, I/O error, lost server)
+    CORRUPT = "corrupt"  # the stored data is damaged: nothing is read or written any more
+
+
+def store_unavailable(detail: str) -> CodemodeError:
+    return unavailable(HISTORY_UNAVAILABLE, f"the history store is unavailable: {detail}")
+
+
+def store_corrupt(detail: str) -> CodemodeError:
+    return CodemodeError(
+        Status.DATA_LOSS, HISTORY_CORRUPT, f"the history database is damaged: {detail}"
+    )
+
+
+class HistoryStore(Protocol):
+    """A durable two-layer history. Every operation raises `CodemodeError` (never a driver's
+    own exception) when the backend fails."""
+
+    @property
+    def state(self) -> StoreState:
+        """The store's health as last observed (the gRPC health service reports it)."""
+        ...
+
+    async def state_changed(self, seen: StoreState) -> StoreState:
+        """Returns the state once it differs from `seen` (at once if it already does)."""
+        ...
+
+    async def check(self) -> StoreState:
+        """Probes the backend with a small write (no history record) and returns the state:
+        how an unavailable store notices it has recovered when no call writes."""
+        ...
+
+    async def append(self, record: Record) -> Record:
+        """Durably appends; returns the record with `seq` (and spill fields) assigned."""
+        ...
+
+    def submit(self, record: Record) -> asyncio.Future[Record]:
+        """`append` without waiting: the write is queued now (records submitted earlier are
+        written first, in the same or an earlier transaction) and the future resolves once it
+        is durable, or fails with the batch."""
+        ...
+
+    async def list(
+        self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
+    ) -> Sequence[Record]:
+        """One page of an agent's records in seq order, after `after_seq`; `call_id` matches
+        call or root call ids."""
+        ...
+
+    def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
+        """Existing records after `after_seq`, then live ones as they are appended."""
+        ...
+
+    def end_watches(self) -> None:
+        """Ends every live watch: its iterator returns once it has yielded what it holds."""
+        ...
+
+    async def read_spill(self, locator: str) -> str | None:
+        """The full content a record spilled (`Record.spilled`), None when it is gone."""
+        ...
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes up to `limit` whole calls (all records of a root call id, and what they
+        spilled) whose newest record is older than the Unix time `before`; returns how many."""
+        ...
+
+    async def close_interrupted(self) -> Sequence[Record]:
+        """Closes every call a crashed process left open (a `tool/call` without its
+        `tool/result`, a dispatch start without its dispatch) with an interrupted end record,
+        nested ones before their outer call; returns the records written. Called once at start,
+        before any call. A store shared by several registries must close only the calls of
+        writers known to be gone."""
+        ...
+
+    async def close(self) -> None:
+        """Writes what is queued, then releases the backend."""
+        ...
