@@ -70,12 +70,17 @@ class Registry:
             self._retention = asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
-        """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
+        """A model-direct call: the outer `tool/call` and `tool/result` records around it.
+
+        A result that carries an `rpc_error` (the code runtime unavailable) is recorded like
+        any other, then raised: the call ends with that status instead of a result."""
         if inp.agent:
             await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
         result = await self.executor.execute(inp, emit)
         if inp.agent:
             await self.history.append(_outer(records.TOOL_RESULT, inp, None, result))
+        if result.rpc_error is not None:
+            raise result.rpc_error
         return result
 
     async def close(self) -> None:
@@ -138,6 +143,8 @@ def _connect_runtime(
         tracer_provider=tracer_provider,
         keepalive_s=settings.runtime_keepalive_s,
         tls=settings.runtime_tls(),
+        start_timeout_s=settings.runtime_start_timeout_s,
+        reconnect_backoff_max_s=settings.runtime_reconnect_backoff_max_s,
     )
 
 
@@ -202,6 +209,7 @@ def build_registry(
         CodeModeConfig(
             max_parallel_sub_calls=settings.max_parallel_sub_calls,
             language=catalog_language(settings.runtime_languages),
+            retry_delay_s=settings.runtime_retry_delay_s,
         ),
         TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
     )
