@@ -6,6 +6,8 @@
   RetryInfo (the program may have run in part); nested calls in flight settle first.
 - The runtime killed and restarted on its address: the first `run_code` after the new runtime
   reports SERVING succeeds (the registry reconnects within its short backoff).
+- Several runtimes: a run goes past a dead one and one shutting down (it refuses runs) to one
+  that takes it; with none left taking runs, phase `connect` again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from codemode_cli.processes import start
 from codemode_client import RegistryClient, Unavailable
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from runtime_service.config import RuntimeSettings
+from runtime_service.server import start as start_runtime
 from tests.registry.conftest import CODE, Harness, error_info_of
 
 REASON = "CODE_RUNTIME_UNAVAILABLE"
@@ -304,3 +308,35 @@ async def test_a_restarted_runtime_is_used_by_the_first_call_after_it_serves(
     finally:
         await listener.close()
         await _kill(proc)
+
+
+# -- several runtimes: a dead one, one shutting down -------------------------------------------
+
+
+async def test_runs_go_past_dead_and_shutting_down_runtimes_until_none_is_left(
+    make_registry: Any,
+) -> None:
+    draining = await start_runtime(RuntimeSettings(listen="127.0.0.1:0", pool_size=1))
+    live = await start_runtime(RuntimeSettings(listen="127.0.0.1:0", pool_size=1))
+    try:
+        targets = [f"127.0.0.1:{_free_port()}", draining.address, live.address]
+        async with make_registry(runtime_targets=targets) as harness:
+            agent = await harness.agent("coder", mode=CODE)
+            client = RegistryClient(harness.channel)
+            # The state a runtime is in during its shutdown grace: connected, refusing runs.
+            draining.runtime.refuse_new_runs()
+            for n in range(6):  # round_robin offers the draining runtime about every other run
+                result = await client.run_code(f"return {n}", "spread", agent=agent)
+                assert result.value == {"logs": [], "result": n}
+
+            live.runtime.refuse_new_runs()  # now no runtime takes runs
+            error = await _failure(harness, _request("return 1", agent, call_id="last"))
+            assert error.code() is grpc.StatusCode.UNAVAILABLE
+            info = error_info_of(error)
+            assert info is not None and info.reason == REASON
+            assert info.metadata["phase"] == "connect"
+            assert _retry_delay(error) == 1.0
+            assert "RUNTIME_SHUTTING_DOWN" in error.details() or "disposed" in error.details()
+    finally:
+        await draining.stop(0)
+        await live.stop(0)
