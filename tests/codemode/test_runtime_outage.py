@@ -32,6 +32,8 @@ from codemode_cli.processes import start
 from codemode_client import RegistryClient, Unavailable
 from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.config import ConfigError, RegistrySettings, load_settings
+from registry_service.runtime_client import channel_options
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
 from tests.registry.conftest import CODE, Harness, error_info_of
@@ -340,3 +342,40 @@ async def test_runs_go_past_dead_and_shutting_down_runtimes_until_none_is_left(
     finally:
         await draining.stop(0)
         await live.stop(0)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_outage_settings_defaults_and_channel_arguments() -> None:
+    settings = RegistrySettings()
+    assert settings.runtime_start_timeout_s == 1.0
+    assert settings.runtime_reconnect_backoff_max_s == 0.5
+    assert settings.runtime_retry_delay_s == 1.0
+    options = dict(
+        channel_options(
+            settings.max_message_bytes,
+            reconnect_backoff_max_s=settings.runtime_reconnect_backoff_max_s,
+        )
+    )
+    assert options["grpc.initial_reconnect_backoff_ms"] == 100
+    assert options["grpc.max_reconnect_backoff_ms"] == 500
+    assert options["grpc.min_reconnect_backoff_ms"] == 1000  # gRPC's minimum connect timeout
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("runtime_start_timeout_s", "0"),
+        ("runtime_start_timeout_s", "soon"),
+        ("runtime_reconnect_backoff_max_s", "0"),
+        ("runtime_reconnect_backoff_max_s", "inf"),
+        ("runtime_retry_delay_s", "-1"),
+    ],
+)
+def test_invalid_outage_settings_fail_clearly(
+    monkeypatch: pytest.MonkeyPatch, field: str, value: str
+) -> None:
+    monkeypatch.setenv(f"CODEMODE_REGISTRY_{field.upper()}", value)
+    with pytest.raises(ConfigError, match=field):
+        load_settings()
