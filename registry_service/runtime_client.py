@@ -301,9 +301,8 @@ class GrpcRuntime:
         try:
             return await asyncio.shield(self._fetching)
         except grpc.aio.AioRpcError as exc:
-            raise RuntimeUnreachable(
-                f"cannot read the runtime's capabilities: {exc.code().name}: {exc.details()}"
-            ) from exc
+            why = f"reading its capabilities failed: {exc.code().name}: {exc.details()}"
+            raise RuntimeUnreachable(self._unreachable(why)) from exc
 
     async def _get_capabilities(self) -> pb.GetCapabilitiesResponse:
         request = pb.GetCapabilitiesRequest()
