@@ -174,10 +174,13 @@ class GrpcRunStream:
                     yield _terminal(message.terminal)
                     return
         except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE and _from_the_runtime(exc):
-                raise RunRefused(f"{exc.code().name}: {exc.details()}") from exc
-            # The transport failed (the runtime died, or its connection was cut): an outage.
-            raise RuntimeLost(f"{exc.code().name}: {exc.details()}") from exc
+            detail = f"{exc.code().name}: {exc.details()}"
+            if exc.code() is grpc.StatusCode.UNAVAILABLE or (
+                exc.code() in _BROKEN_CONNECTION and not _from_the_runtime(exc)
+            ):
+                # The transport failed (the runtime died, its connection was cut): an outage.
+                raise RuntimeLost(detail) from exc
+            raise RunRefused(detail) from exc  # the runtime's own error, or a local one
 
     def reply(self, call_id: int, ok: bool, payload: str) -> None:
         result = (
@@ -207,6 +210,18 @@ class GrpcRunStream:
 async def _requests(outbox: asyncio.Queue[pb.RunRequest | None]) -> AsyncIterator[pb.RunRequest]:
     while (message := await outbox.get()) is not None:
         yield message
+
+
+# Besides UNAVAILABLE, the codes gRPC gives a call whose connection broke (a reset stream, a
+# hung runtime past the run's deadline) when no service set them.
+_BROKEN_CONNECTION = frozenset(
+    {
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 
 
 def _from_the_runtime(exc: grpc.aio.AioRpcError) -> bool:
