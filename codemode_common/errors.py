@@ -2,7 +2,8 @@
 
 Domain code raises `CodemodeError` with a canonical status (`Status`, mirroring gRPC's codes
 without importing grpc) and a stable machine-readable `reason`. The transport layer turns it
-into a `google.rpc.Status` with an `ErrorInfo` detail (see `codemode_common.grpc_status`).
+into a `google.rpc.Status` with an `ErrorInfo` detail, and a `RetryInfo` detail when the error
+says the request may be repeated (see `codemode_common.grpc_status`).
 """
 
 from __future__ import annotations
@@ -37,12 +38,17 @@ class CodemodeError(Exception):
         reason: str,
         message: str,
         metadata: Mapping[str, str] | None = None,
+        *,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.message = message
         self.metadata: dict[str, str] = dict(metadata or {})
+        # Seconds after which the same request may succeed (sent as `google.rpc.RetryInfo`);
+        # None: the caller must not retry blindly.
+        self.retry_delay = retry_delay
 
     def __repr__(self) -> str:
         return f"CodemodeError({self.status.name}, {self.reason!r}, {self.message!r})"
@@ -64,8 +70,11 @@ def failed_precondition(reason: str, message: str, **metadata: str) -> CodemodeE
     return CodemodeError(Status.FAILED_PRECONDITION, reason, message, metadata)
 
 
-def unavailable(reason: str, message: str, **metadata: str) -> CodemodeError:
-    return CodemodeError(Status.UNAVAILABLE, reason, message, metadata)
+def unavailable(
+    reason: str, message: str, *, retry_delay: float | None = None, **metadata: str
+) -> CodemodeError:
+    """`retry_delay`: the request is safe to repeat after that many seconds (RetryInfo)."""
+    return CodemodeError(Status.UNAVAILABLE, reason, message, metadata, retry_delay=retry_delay)
 
 
 def internal(reason: str, message: str, **metadata: str) -> CodemodeError:

@@ -1,11 +1,12 @@
-"""Maps `CodemodeError` to and from gRPC rich status (`google.rpc.Status` + `ErrorInfo`)."""
+"""Maps `CodemodeError` to and from gRPC rich status (`google.rpc.Status` + `ErrorInfo`, and
+`RetryInfo` when the error carries a retry delay)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -27,15 +28,22 @@ def grpc_code(status: Status) -> grpc.StatusCode:
 
 
 def to_status_proto(error: CodemodeError, domain: str) -> status_pb2.Status:
-    """The `google.rpc.Status` for an error, with one `ErrorInfo` detail; its message and
-    metadata values shortened to fit in trailers."""
+    """The `google.rpc.Status` for an error, with one `ErrorInfo` detail (its message and
+    metadata values shortened to fit in trailers), then a `RetryInfo` when it has a delay."""
     metadata = {k: _clip(v, MAX_METADATA_VALUE_BYTES) for k, v in error.metadata.items()}
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=domain, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
+    details = [detail]
+    if error.retry_delay is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(round(max(0.0, error.retry_delay) * 1e9))
+        retry = any_pb2.Any()
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
     code = code_pb2.Code.Value(error.status.name)
     message = _clip(error.message, MAX_MESSAGE_BYTES)
-    return status_pb2.Status(code=code, message=message, details=[detail])
+    return status_pb2.Status(code=code, message=message, details=details)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -82,4 +90,14 @@ def error_info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo | None:
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
             return info
+    return None
+
+
+def retry_delay(status: status_pb2.Status) -> float | None:
+    """Seconds from the first `RetryInfo` detail of a rich status (None: no RetryInfo)."""
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return float(info.retry_delay.ToNanoseconds()) / 1e9
     return None

@@ -107,6 +107,19 @@ class RegistrySettings(ServiceSettings):
     """Ping each runtime connection this often, with or without runs, and drop it when a ping
     goes unanswered for 10 s, so a vanished runtime is noticed without waiting for TCP; none:
     no pings. At least 20 (the runtime refuses closer pings)."""
+    runtime_start_timeout_s: float = Field(default=1.0, gt=0, le=_GRPC_MAX_S, allow_inf_nan=False)
+    """How long a run waits for a runtime to take it: connected (a runtime restarting within
+    this time is used, not failed) and accepting runs (one shutting down refuses; the next in
+    the rotation is tried). Past it, `run_code` fails with UNAVAILABLE CODE_RUNTIME_UNAVAILABLE
+    (phase `connect`: nothing ran, retry after `runtime_retry_delay_s`)."""
+    runtime_reconnect_backoff_max_s: float = Field(
+        default=0.5, ge=0.001, le=_GRPC_MAX_S, allow_inf_nan=False
+    )
+    """Longest pause between attempts to reconnect to a runtime that went away (gRPC's
+    reconnect backoff, which starts at 0.1 s; 20 % jitter): a restarted runtime is used at
+    most about this long after it listens again. Keep it below `runtime_start_timeout_s`."""
+    runtime_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
+    """The retry delay (`google.rpc.RetryInfo`) sent with a `run_code` that no runtime took."""
     runtime_tls_ca_file: Path | None = None
     """PEM CA bundle the runtimes' certificates must chain to; set: runs go over TLS (none:
     plaintext)."""

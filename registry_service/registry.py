@@ -95,12 +95,17 @@ class Registry:
             await first.wait()
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
-        """A model-direct call: the outer `tool/call` and `tool/result` records around it."""
+        """A model-direct call: the outer `tool/call` and `tool/result` records around it.
+
+        A result that carries an `rpc_error` (the code runtime unavailable) is recorded like
+        any other, then raised: the call ends with that status instead of a result."""
         if inp.agent:
             await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
         result = await self.executor.execute(inp, emit)
         if inp.agent:
             await self.history.append(_outer(records.TOOL_RESULT, inp, None, result))
+        if result.rpc_error is not None:
+            raise result.rpc_error
         return result
 
     async def close(self) -> None:
@@ -168,6 +173,8 @@ def _connect_runtime(
         tracer_provider=tracer_provider,
         keepalive_s=settings.runtime_keepalive_s,
         tls=settings.runtime_tls(),
+        start_timeout_s=settings.runtime_start_timeout_s,
+        reconnect_backoff_max_s=settings.runtime_reconnect_backoff_max_s,
     )
 
 
@@ -229,7 +236,10 @@ def build_registry(
         executor,
         runtime,
         history,
-        CodeModeConfig(max_parallel_sub_calls=settings.max_parallel_sub_calls),
+        CodeModeConfig(
+            max_parallel_sub_calls=settings.max_parallel_sub_calls,
+            retry_delay_s=settings.runtime_retry_delay_s,
+        ),
         TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
     )
     holder.append(transport)

@@ -2,6 +2,13 @@
 
 Runs are spread over the configured runtime targets by gRPC client-side load balancing
 (round_robin over an address list, or over DNS records with `dns:///name:port`).
+
+Outages: a run waits up to the start timeout for a runtime to be connected and to accept it,
+trying again (on the next runtime in the rotation) whenever a runtime is unreachable or refuses
+the run because it is shutting down; only then is the runtime unreachable. A runtime says it
+has taken a run with its initial metadata (`codemode_common.run_acceptance`): a connection lost
+before that cost nothing, one lost after it may have cost a partial run. Reconnect backoff is
+kept short, so a restarted runtime is connected again well inside the start timeout.
 """
 
 from __future__ import annotations
@@ -22,16 +29,19 @@ from opentelemetry.trace import TracerProvider
 from codemode_common.api.common.v1 import trace_pb2
 from codemode_common.api.runtime.v1 import runtime_pb2 as pb
 from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from codemode_common.run_acceptance import accepted
 from codemode_common.telemetry.interceptors import client_interceptors
 from codemode_common.tls import ClientTls
 from registry_service.codemode.runtime_port import (
     BindingCall,
     RunEvent,
     RunLog,
+    RunRefused,
     RunSpec,
     RunTerminal,
     RuntimeLimits,
     RuntimeLost,
+    RuntimeUnreachable,
 )
 
 log = logging.getLogger(__name__)
@@ -55,6 +65,20 @@ _KEEPALIVE_TIMEOUT_MS = 10_000
 # most this often, so a redeployed runtime's new limits are picked up without a per-run cost.
 _CAPABILITIES_REFRESH_S = 60.0
 _CAPABILITIES_TIMEOUT_S = 10.0
+# Reconnecting to a runtime that went away: the first attempt this soon, then growing (gRPC's
+# 1.6x with 20 % jitter) up to the configured maximum; gRPC's own defaults (1 s up to 120 s)
+# left a restarted runtime unused for 10-25 s.
+_INITIAL_RECONNECT_BACKOFF_MS = 100
+# gRPC core reads `grpc.min_reconnect_backoff_ms` as the shortest time it gives one connection
+# attempt (default 20 s): a runtime host that drops SYNs is given up on, and tried again, after
+# this instead.
+_MIN_CONNECT_TIMEOUT_MS = 1000
+DEFAULT_RECONNECT_BACKOFF_MAX_S = 0.5
+DEFAULT_START_TIMEOUT_S = 1.0
+# Between two tries of a run that a connected runtime refused (it is shutting down), so a lone
+# draining runtime is not hammered: the pause starts here and doubles up to the cap.
+_RETRY_PAUSE_S = 0.02
+_RETRY_PAUSE_MAX_S = 0.2
 
 
 def channel_target(targets: list[str]) -> str:
@@ -78,11 +102,17 @@ def payload_limit(max_message_bytes: int) -> int:
 
 
 def channel_options(
-    max_message_bytes: int, keepalive_s: float | None = None
+    max_message_bytes: int,
+    keepalive_s: float | None = None,
+    reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
 ) -> list[tuple[str, str | int]]:
     """The runtime channel's arguments."""
+    backoff_max_ms = max(1, math.ceil(reconnect_backoff_max_s * 1000))
     options: list[tuple[str, str | int]] = [
         ("grpc.lb_policy_name", "round_robin"),
+        ("grpc.initial_reconnect_backoff_ms", min(_INITIAL_RECONNECT_BACKOFF_MS, backoff_max_ms)),
+        ("grpc.max_reconnect_backoff_ms", backoff_max_ms),
+        ("grpc.min_reconnect_backoff_ms", _MIN_CONNECT_TIMEOUT_MS),
         # No receive limit of our own: a runtime sends nothing larger than its own
         # max_message_bytes allows; a run's output is held within our limit by the output
         # budget we ask for; and a binding call too large to forward must still arrive, so
@@ -144,7 +174,13 @@ class GrpcRunStream:
                     yield _terminal(message.terminal)
                     return
         except grpc.aio.AioRpcError as exc:
-            raise RuntimeLost(f"{exc.code().name}: {exc.details()}") from exc
+            detail = f"{exc.code().name}: {exc.details()}"
+            if exc.code() is grpc.StatusCode.UNAVAILABLE or (
+                exc.code() in _BROKEN_CONNECTION and not _from_the_runtime(exc)
+            ):
+                # The transport failed (the runtime died, its connection was cut): an outage.
+                raise RuntimeLost(detail) from exc
+            raise RunRefused(detail) from exc  # the runtime's own error, or a local one
 
     def reply(self, call_id: int, ok: bool, payload: str) -> None:
         result = (
@@ -176,6 +212,24 @@ async def _requests(outbox: asyncio.Queue[pb.RunRequest | None]) -> AsyncIterato
         yield message
 
 
+# Besides UNAVAILABLE, the codes gRPC gives a call whose connection broke (a reset stream, a
+# hung runtime past the run's deadline) when no service set them.
+_BROKEN_CONNECTION = frozenset(
+    {
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+
+
+def _from_the_runtime(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed call's status was set by the runtime (it carries a rich status, as
+    every error a service raises does), rather than by the transport."""
+    return any(key == "grpc-status-details-bin" for key, _ in exc.trailing_metadata() or ())
+
+
 def _terminal(message: pb.RunTerminal) -> RunTerminal:
     logs = tuple(message.logs)
     if message.WhichOneof("outcome") == "failure":
@@ -194,13 +248,19 @@ class GrpcRuntime:
         tracer_provider: TracerProvider | None = None,
         keepalive_s: float | None = None,
         tls: ClientTls | None = None,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
     ) -> None:
         """`tracer_provider`: adds gRPC client spans (None: no interceptor at all).
         `keepalive_s`: ping interval of every runtime connection (None: no pings).
-        `tls`: TLS (mutual when it holds a client certificate) instead of plaintext."""
+        `tls`: TLS (mutual when it holds a client certificate) instead of plaintext.
+        `start_timeout_s`: how long a run waits for a runtime to take it.
+        `reconnect_backoff_max_s`: the longest pause between reconnection attempts."""
         interceptors = client_interceptors(tracer_provider) or None
         target = channel_target(targets)
-        options = channel_options(max_message_bytes, keepalive_s)
+        self._targets = ", ".join(targets)
+        self._start_timeout = start_timeout_s
+        options = channel_options(max_message_bytes, keepalive_s, reconnect_backoff_max_s)
         if tls is None:
             self._channel = grpc.aio.insecure_channel(
                 target, options=options, interceptors=interceptors
@@ -222,6 +282,8 @@ class GrpcRuntime:
 
     async def limits(self) -> RuntimeLimits:
         """The runtime's limits, from its `GetCapabilities` (0 there means "not reported")."""
+        if self._capabilities is None:  # nothing known yet: a runtime must answer first
+            await self._wait_connected(asyncio.get_running_loop().time() + self._start_timeout)
         caps = await self._read_capabilities()
         wall_ms = caps.max_budgets.wall_ms
         # Left to the runtime's default (64 MiB), a run's output could be more than our
@@ -254,9 +316,8 @@ class GrpcRuntime:
         try:
             return await asyncio.shield(self._fetching)
         except grpc.aio.AioRpcError as exc:
-            raise RuntimeLost(
-                f"cannot read the runtime's capabilities: {exc.code().name}: {exc.details()}"
-            ) from exc
+            why = f"reading its capabilities failed: {exc.code().name}: {exc.details()}"
+            raise RuntimeUnreachable(self._unreachable(why)) from exc
 
     async def _get_capabilities(self) -> pb.GetCapabilitiesResponse:
         request = pb.GetCapabilitiesRequest()
@@ -277,27 +338,85 @@ class GrpcRuntime:
         self._capabilities = task.result()
 
     async def open_run(self, spec: RunSpec) -> GrpcRunStream:
-        timeout = None if spec.timeout is None else spec.timeout + _DEADLINE_GRACE_S
-        start = pb.RunStart(
-            program=spec.program,
-            language=spec.language,
-            binding_names=list(spec.binding_names),
-            token=spec.token,
-            budgets=pb.RunBudgets(max_output_bytes=spec.max_output_bytes or 0),
-            trace_context=trace_pb2.TraceContext(
-                traceparent=spec.traceparent, tracestate=spec.tracestate
-            ),
+        loop = asyncio.get_running_loop()
+        wait = (
+            self._start_timeout if spec.timeout is None else min(self._start_timeout, spec.timeout)
         )
-        if spec.timeout is not None:
-            remaining = Duration()
-            remaining.FromNanoseconds(int(spec.timeout * 1e9))
-            start.timeout.CopyFrom(remaining)
-        # Queued before the call opens: the start goes out as soon as the call has started.
-        outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
-        outbox.put_nowait(pb.RunRequest(start=start))
-        return GrpcRunStream(self._stub.Run(_requests(outbox), timeout=timeout), outbox)
+        deadline = loop.time() + wait
+        ends = None if spec.timeout is None else loop.time() + spec.timeout
+        pause = _RETRY_PAUSE_S
+        while True:
+            await self._wait_connected(deadline)
+            # The time spent waiting for a runtime comes off the run's own.
+            left = None if ends is None else max(0.0, ends - loop.time())
+            timeout = None if left is None else left + _DEADLINE_GRACE_S
+            # Queued before the call opens: the start goes out as soon as the call has started.
+            outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
+            outbox.put_nowait(pb.RunRequest(start=_start_message(spec, left)))
+            # Still not connected at the deadline, the call fails at once (nothing is sent),
+            # with gRPC's account of the last connection failure.
+            call = self._stub.Run(_requests(outbox), timeout=timeout)
+            try:
+                metadata = await call.initial_metadata()
+            except BaseException:
+                call.cancel()  # our caller went away while the runtime was taking the run
+                raise
+            if accepted(metadata) or not call.done():
+                # Taken (or a runtime that does not say so has begun to answer): from here a
+                # lost connection is a lost run.
+                return GrpcRunStream(call, outbox)
+            code = await call.code()
+            detail = f"{code.name}: {await call.details()}"
+            if code is not grpc.StatusCode.UNAVAILABLE:
+                raise RunRefused(detail)
+            # Not taken: the connection failed first, or the runtime is shutting down. Nothing
+            # ran; the next try goes to the next runtime in the rotation that is connected.
+            if loop.time() + pause >= deadline:
+                raise RuntimeUnreachable(self._unreachable(detail))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RETRY_PAUSE_MAX_S)
+
+    async def _wait_connected(self, deadline: float) -> None:
+        """Returns once the channel has a connected runtime, or at `deadline`. Waiting, not
+        failing at once, is what lets a run use a runtime that is restarting (the channel
+        reconnects within its reconnect backoff)."""
+        loop = asyncio.get_running_loop()
+        state = self._channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            if state is grpc.ChannelConnectivity.SHUTDOWN:
+                raise RuntimeUnreachable("the registry is closing its runtime channel")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._channel.wait_for_state_change(state)
+            state = self._channel.get_state(try_to_connect=True)
+
+    def _unreachable(self, why: str) -> str:
+        wait = f"{self._start_timeout:g} s"
+        return f"no code runtime took the run within {wait} ({self._targets}: {why})"
 
     async def close(self) -> None:
         if self._fetching is not None:
             self._fetching.cancel()
         await self._channel.close()
+
+
+def _start_message(spec: RunSpec, timeout: float | None) -> pb.RunStart:
+    """The run's start message; `timeout`: the time the run has left when it is sent."""
+    start = pb.RunStart(
+        program=spec.program,
+        language=spec.language,
+        binding_names=list(spec.binding_names),
+        token=spec.token,
+        budgets=pb.RunBudgets(max_output_bytes=spec.max_output_bytes or 0),
+        trace_context=trace_pb2.TraceContext(
+            traceparent=spec.traceparent, tracestate=spec.tracestate
+        ),
+    )
+    if timeout is not None:
+        remaining = Duration()
+        remaining.FromNanoseconds(int(max(0.0, timeout) * 1e9))
+        start.timeout.CopyFrom(remaining)
+    return start

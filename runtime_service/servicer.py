@@ -15,6 +15,7 @@ from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_common.errors import CodemodeError, invalid_argument, unavailable
 from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
+from codemode_common.run_acceptance import ACCEPTED
 from codemode_common.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
@@ -132,6 +133,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         execution.add_done_callback(lambda _: outgoing.put_nowait(None))
         reader = asyncio.ensure_future(_read_client(request_iterator, run, relay))
         try:
+            # Tells the caller the program is taken: a connection lost from now on may have
+            # cost a partial run, one lost before it cost nothing (codemode_common.run_acceptance).
+            await context.send_initial_metadata((ACCEPTED,))
             while (message := await outgoing.get()) is not None:
                 yield message
             refusal = _refusal(reader)

@@ -5,6 +5,12 @@ enumerate the agent's visible tools once as bindings (`run_code` excluded), open
 every binding call into a nested call through the per-run scheduler, and, when the run ends,
 reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
 the outer result exists.
+
+A code runtime that cannot be reached, or is lost mid-run, is the service's failure, not the
+program's: the outer result (recorded like any other) carries an UNAVAILABLE
+CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see `ToolResult.rpc_error`), with
+`phase: connect` and a retry delay when nothing ran, `phase: running` and none when the
+program may have run in part.
 """
 
 from __future__ import annotations
@@ -16,18 +22,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codemode_common import jsonvalue
+from codemode_common.errors import unavailable
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from codemode_common.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
     BindingCall,
     LimitedRuntime,
     RunLog,
+    RunRefused,
     RunSpec,
     RunStream,
     RunTerminal,
     RuntimeLimits,
     RuntimeLost,
     RuntimePort,
+    RuntimeUnavailable,
+    RuntimeUnreachable,
 )
 from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
 from registry_service.codemode.token import TokenError, TokenMinter
@@ -62,6 +72,7 @@ from registry_service.history.records import Record
 from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
+CODE_RUNTIME_UNAVAILABLE = "CODE_RUNTIME_UNAVAILABLE"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
 # first, with the same texts: runtime_service/worker/bootstrap.py).
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
@@ -83,6 +94,7 @@ _LONGEST_RUN_S = (2**31 - 1) / 1000
 @dataclass
 class CodeModeConfig:
     max_parallel_sub_calls: int = 10
+    retry_delay_s: float = 1.0  # suggested to callers when no runtime took a run
 
 
 def token_lifetime(timeout: float | None, limits: RuntimeLimits) -> float:
@@ -135,7 +147,7 @@ class RunCodeTransport:
         if self.runtime is None:
             raise ToolCallFailure(
                 "run_code requires a code runtime, and none is configured for this registry",
-                "CODE_RUNTIME_UNAVAILABLE",
+                CODE_RUNTIME_UNAVAILABLE,
             )
         assert isinstance(code, str)
         return await _Run(self, invocation, code).run()
@@ -169,7 +181,7 @@ class _Run(RunHooks):
         )
         runtime = t.runtime
         assert runtime is not None
-        terminal: RunTerminal | None = None
+        terminal: RunTerminal | RuntimeUnavailable | None = None
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
@@ -194,9 +206,11 @@ class _Run(RunHooks):
             )
             stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)
-        except RuntimeLost as exc:
+        except RuntimeUnavailable as exc:
+            terminal = exc
+        except RunRefused as exc:
             terminal = RunTerminal(
-                logs=(), kind="worker-exit", message=f"runtime connection lost: {exc}"
+                logs=(), kind="worker-exit", message=f"the runtime ended the run: {exc}"
             )
         finally:
             remove()
@@ -394,7 +408,7 @@ class _Run(RunHooks):
 
     # -- the outer result ----------------------------------------------------------------------
 
-    def _outer_result(self, terminal: RunTerminal | None) -> ToolResult:
+    def _outer_result(self, terminal: RunTerminal | RuntimeUnavailable | None) -> ToolResult:
         contexts = tuple(self.deferred)
         assert terminal is not None
         if self._caller_gone():
@@ -402,6 +416,8 @@ class _Run(RunHooks):
             # or its `timeout` at the deadline it was given), the call was aborted, as any
             # tool's call is: one code for it, whatever the race.
             return aborted(before_dispatch=False).with_contexts(contexts)
+        if isinstance(terminal, RuntimeUnavailable):
+            return self._runtime_unavailable(terminal).with_contexts(contexts)
         if not terminal.ok:
             message = f"code run failed ({terminal.kind}): {terminal.message}"
             if terminal.logs:
@@ -416,6 +432,25 @@ class _Run(RunHooks):
         if self.concluded:
             result = replace(result, concludes_turn=True)
         return result
+
+    def _runtime_unavailable(self, lost: RuntimeUnavailable) -> ToolResult:
+        """The outer result when no runtime took the run, or the one that had it was lost."""
+        if isinstance(lost, RuntimeUnreachable):
+            message = (
+                f"the code runtime is unavailable: {lost}; the program did not run, so the "
+                "call is safe to repeat"
+            )
+            delay: float | None = self.transport.config.retry_delay_s
+        else:
+            message = (
+                f"the code runtime was lost while the program was running: {lost}; the "
+                "program may have run in part (its tool calls are in history), so do not "
+                "repeat the call blindly"
+            )
+            delay = None
+        error = unavailable(CODE_RUNTIME_UNAVAILABLE, message, retry_delay=delay, phase=lost.phase)
+        failed = error_result(message, CODE_RUNTIME_UNAVAILABLE, "CodeRuntimeUnavailableError")
+        return replace(failed, rpc_error=error)
 
     def _caller_gone(self) -> bool:
         deadline = self.outer.deadline

@@ -57,7 +57,8 @@ RunEvent = BindingCall | RunLog | RunTerminal
 
 class RunStream(Protocol):
     def events(self) -> AsyncIterator[RunEvent]:
-        """Events until (and including) the terminal; raises `RuntimeLost` if the link breaks."""
+        """Events until (and including) the terminal; raises `RuntimeLost` if the link breaks,
+        `RunRefused` if the runtime ends the stream with an error status."""
         ...
 
     def reply(self, call_id: int, ok: bool, payload: str) -> None:
@@ -73,7 +74,10 @@ class RunStream(Protocol):
 
 
 class RuntimePort(Protocol):
-    async def open_run(self, spec: RunSpec) -> RunStream: ...
+    async def open_run(self, spec: RunSpec) -> RunStream:
+        """A run the runtime has accepted. Raises `RuntimeUnreachable` when no runtime takes
+        it in time (nothing ran), `RunRefused` when a runtime rejects it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,5 +102,27 @@ class LimitedRuntime(Protocol):
     async def limits(self) -> RuntimeLimits: ...
 
 
-class RuntimeLost(Exception):
-    """The connection to the runtime failed mid-run (the runtime process died, say)."""
+class RuntimeUnavailable(Exception):
+    """No runtime could take the run, or the one that had it is gone: an outage of the code
+    runtime, not a failure of the program. `phase` says whether the program was handed over."""
+
+    phase = ""
+
+
+class RuntimeUnreachable(RuntimeUnavailable):
+    """No runtime took the run (none reachable in time, or each one refused it because it is
+    shutting down): the program never ran, so the same call is safe to repeat."""
+
+    phase = "connect"
+
+
+class RuntimeLost(RuntimeUnavailable):
+    """The connection to the runtime failed after the runtime accepted the run (the runtime
+    process died, say): the program may have run, and made calls, before it was lost."""
+
+    phase = "running"
+
+
+class RunRefused(Exception):
+    """A reachable runtime ended the run with an error status of its own (a protocol or input
+    error it reports with its ErrorInfo): not an outage, so the run just fails."""

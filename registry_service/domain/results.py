@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from codemode_common.errors import CodemodeError
 from codemode_common.jsonvalue import JsonValue
 
 ABORTED = "ABORTED"
@@ -68,6 +69,10 @@ class ToolResult:
     additional_contexts: tuple[AdditionalContext, ...] = field(default=())
     concludes_turn: bool = False
     value_json: str = ""
+    rpc_error: CodemodeError | None = None
+    """Set (only by the registry itself) when the failure is the service's, not the tool's: the
+    code runtime was unavailable. The result is recorded as usual, then the call's RPC ends
+    with this error instead of carrying the result. Results from providers never set it."""
 
     def with_contexts(self, contexts: tuple[AdditionalContext, ...]) -> ToolResult:
         return replace(self, additional_contexts=contexts)

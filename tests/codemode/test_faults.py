@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from codemode_cli.processes import start
 from codemode_client import ToolProvider
@@ -26,7 +27,7 @@ from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from tests.codemode.conftest import Stack, value_of
 from tests.procfs import alive, children
-from tests.registry.conftest import CODE, Harness
+from tests.registry.conftest import CODE, Harness, error_info_of
 
 
 async def _runtime_process() -> tuple[asyncio.subprocess.Process, str]:
@@ -67,14 +68,19 @@ async def test_runtime_killed_mid_run_fails_cleanly_and_settles_nested_calls(
         await asyncio.wait_for(started.wait(), 20)
         workers = children(proc.pid)
         proc.send_signal(signal.SIGKILL)
-        _, result = await asyncio.wait_for(call, 20)
-        assert result.is_error and result.error.code == "CODE_RUN_FAILED"
-        assert "runtime connection lost" in result.error.message
+        # An outage, not the program's failure (tests/codemode/test_runtime_outage.py).
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(call, 20)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+        info = error_info_of(caught.value)
+        assert info is not None and info.reason == "CODE_RUNTIME_UNAVAILABLE"
+        assert info.metadata["phase"] == "running"
         records = await harness.registry.history.list(agent, after_seq=0, limit=100)
         starts = [r.call_id for r in records if r.kind == "tool/code-dispatch-start"]
         settles = [r.call_id for r in records if r.kind == "tool/code-dispatch"]
         assert starts == settles == ["call-1:code:1"]
         assert records[-1].kind == "tool/result"
+        assert records[-1].error_code == "CODE_RUNTIME_UNAVAILABLE"
         for _ in range(100):
             if not any(alive(pid) for pid in workers):
                 break

@@ -1,8 +1,9 @@
 """Scale-out: one registry, three runtime processes.
 
 Runs spread over all three; SIGKILLing one while it serves runs fails exactly those runs,
-cleanly (a CODE_RUN_FAILED result, every nested call they started settled once in history),
-and runs started after the kill all go to the other two and succeed.
+cleanly (UNAVAILABLE CODE_RUNTIME_UNAVAILABLE with `phase: running`, the failure recorded,
+every nested call they started settled once in history), and runs started after the kill all
+go to the other two and succeed.
 
 Which runtime served a run is read from the host, not from the services: programs see host pid
 numbers (workers share the runtime's pid namespace), so a program reports its worker's pid and
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from codemode_client import ToolProvider
 from codemode_client.provider import InvocationContext
@@ -32,7 +34,7 @@ from registry_service.server import start as start_registry
 from tests.codemode.conftest import value_of
 from tests.codemode.test_faults import _runtime_process
 from tests.procfs import children, parent
-from tests.registry.conftest import CODE, Harness
+from tests.registry.conftest import CODE, Harness, error_info_of
 
 RUNTIMES = 3
 IN_FLIGHT = 9  # runs parked in a nested call when one runtime is killed
@@ -132,6 +134,15 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
         )
         return result
 
+    async def lost_run(call_id: str) -> None:
+        """A run of the killed runtime: it ends as an outage (after its nested calls)."""
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(parked[call_id], _WAIT_S)
+        info = error_info_of(caught.value)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE, caught.value
+        assert info is not None and info.reason == "CODE_RUNTIME_UNAVAILABLE", caught.value
+        assert info.metadata["phase"] == "running"
+
     try:
         await provider.start()
         agent = await harness.agent("scale", mode=CODE)
@@ -172,9 +183,7 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
 
         # The victim's runs end on their own (no hang), as clean failures.
         for call_id in lost:
-            result = await asyncio.wait_for(parked[call_id], _WAIT_S)
-            assert result.is_error and result.error.code == "CODE_RUN_FAILED", result
-            assert "runtime connection lost" in result.error.message
+            await lost_run(call_id)
         gate.set()
         for call_id in set(parked) - lost:
             value = value_of(await asyncio.wait_for(parked[call_id], _WAIT_S))
@@ -185,7 +194,7 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
         outer = {r.call_id: r for r in records if r.kind == "tool/result"}
         assert set(outer) >= set(parked) | {f"after-{n}" for n in range(AFTER_KILL)}
         assert {c for c, r in outer.items() if r.is_error} == lost
-        assert {outer[c].error_code for c in lost} == {"CODE_RUN_FAILED"}
+        assert {outer[c].error_code for c in lost} == {"CODE_RUNTIME_UNAVAILABLE"}
         starts = collections.Counter(
             r.call_id for r in records if r.kind == "tool/code-dispatch-start"
         )

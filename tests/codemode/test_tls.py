@@ -22,6 +22,7 @@ from registry_service.server import RunningRegistry
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
+from tests.registry.conftest import error_info_of
 
 TLS = Path(__file__).resolve().parents[1] / "tls"
 
@@ -122,9 +123,13 @@ async def test_runs_reach_a_runtime_over_mutual_tls() -> None:
     without_cert = await start_registry(RegistrySettings(**common))
     try:
         assert await _run_code(with_cert) == {"logs": ["over TLS"], "result": 2}
-        failed = await _run_code(without_cert)  # the runtime refuses its handshake
-        assert failed["code"] == "CODE_RUN_FAILED"
-        assert "runtime connection lost" in failed["message"], failed
+        # The runtime refuses its handshake: no runtime is reachable for this registry.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _run_code(without_cert)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+        info = error_info_of(caught.value)
+        assert info is not None and info.reason == "CODE_RUNTIME_UNAVAILABLE"
+        assert info.metadata["phase"] == "connect"
     finally:
         await with_cert.stop(0)
         await without_cert.stop(0)

@@ -6,6 +6,10 @@ except NotFound as exc:
     exc.reason    # "AGENT_NOT_FOUND"
     exc.domain    # "codemode.registry"
     exc.metadata  # {"agent": "agents/nope"}
+
+`retry_delay` is the delay (seconds) of the status's `google.rpc.RetryInfo`, set when the
+service says the same request may succeed after it (a `run_code` that no code runtime took:
+`Unavailable`, reason `CODE_RUNTIME_UNAVAILABLE`, metadata `phase: connect`); None otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import grpc
 from grpc_status import rpc_status
 
 from codemode_common.grpc_status import error_info
+from codemode_common.grpc_status import retry_delay as retry_delay_of
 
 
 class CodemodeError(Exception):
@@ -31,12 +36,14 @@ class CodemodeError(Exception):
         domain: str = "",
         metadata: dict[str, str] | None = None,
         code: grpc.StatusCode | None = None,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
         self.domain = domain
         self.metadata = metadata or {}
+        self.retry_delay = retry_delay
         if code is not None:
             self.code = code
 
@@ -113,4 +120,5 @@ def from_rpc_error(error: Any) -> CodemodeError:
         domain=info.domain if info else "",
         metadata=dict(info.metadata) if info else {},
         code=code,
+        retry_delay=retry_delay_of(status) if status is not None else None,
     )

@@ -1,12 +1,13 @@
 /**
  * The client's one error type for RPC failures: the gRPC code plus the `ErrorInfo` (reason,
- * domain, metadata) the services put in the `grpc-status-details-bin` trailer.
+ * domain, metadata) and `RetryInfo` the services put in the `grpc-status-details-bin` trailer.
  */
 import { Metadata, status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
-import { ErrorInfo } from "./gen/google/rpc/error_details";
+import { ErrorInfo, RetryInfo } from "./gen/google/rpc/error_details";
 import { Status } from "./gen/google/rpc/status";
 
 const ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo";
+const RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo";
 const STATUS_TRAILER = "grpc-status-details-bin";
 
 export class CodemodeError extends Error {
@@ -22,11 +23,17 @@ export class CodemodeError extends Error {
   readonly metadata: Readonly<Record<string, string>>;
   /** The trailing metadata of the failed call, when there was one. */
   readonly grpcMetadata: Metadata | undefined;
+  /**
+   * Milliseconds after which the same request may succeed, from the status's `RetryInfo`
+   * (e.g. a `runCode` that no code runtime took: `UNAVAILABLE`, reason
+   * `CODE_RUNTIME_UNAVAILABLE`, metadata `phase: connect`); undefined without RetryInfo.
+   */
+  readonly retryDelay: number | undefined;
 
   constructor(
     code: GrpcStatus,
     message: string,
-    info: { reason?: string; domain?: string; metadata?: Record<string, string> } = {},
+    info: { reason?: string; domain?: string; metadata?: Record<string, string>; retryDelay?: number } = {},
     grpcMetadata?: Metadata,
     options?: { cause?: unknown },
   ) {
@@ -38,11 +45,13 @@ export class CodemodeError extends Error {
     this.domain = info.domain ?? "";
     this.metadata = Object.freeze({ ...(info.metadata ?? {}) });
     this.grpcMetadata = grpcMetadata;
+    this.retryDelay = info.retryDelay;
   }
 
   /** Builds the error from a `google.rpc.Status` (e.g. a registration acknowledgement). */
   static fromStatus(status: Status, grpcMetadata?: Metadata, cause?: unknown): CodemodeError {
-    return new CodemodeError(status.code as GrpcStatus, status.message, errorInfoOf(status) ?? {}, grpcMetadata, { cause });
+    const info = { ...(errorInfoOf(status) ?? {}), retryDelay: retryDelayOf(status) };
+    return new CodemodeError(status.code as GrpcStatus, status.message, info, grpcMetadata, { cause });
   }
 
   /** Converts anything thrown by a grpc-js call; other errors are wrapped as UNKNOWN. */
@@ -69,6 +78,16 @@ export class CodemodeError extends Error {
 export function errorInfoOf(status: Status): ErrorInfo | undefined {
   for (const detail of status.details) {
     if (detail.typeUrl === ERROR_INFO_TYPE) return ErrorInfo.decode(detail.value);
+  }
+  return undefined;
+}
+
+/** The delay of the first `RetryInfo` detail of a rich status, in milliseconds, if any. */
+export function retryDelayOf(status: Status): number | undefined {
+  for (const detail of status.details) {
+    if (detail.typeUrl !== RETRY_INFO_TYPE) continue;
+    const delay = RetryInfo.decode(detail.value).retryDelay;
+    return delay === undefined ? 0 : Number(delay.seconds) * 1000 + delay.nanos / 1e6;
   }
   return undefined;
 }

@@ -7,7 +7,7 @@ export {
   type ApprovalRequest,
   type ApproverOptions,
 } from "./approver";
-export { CodemodeError, errorInfoOf } from "./errors";
+export { CodemodeError, errorInfoOf, retryDelayOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
 export { type ServeOptions } from "./reconnect";
 export {

@@ -93,8 +93,8 @@ class GetWireSchemasRequest(_message.Message):
     scope: _builtins.str
     """`agents/{id}`, `presets/{id}`, or empty for the global scope."""
     language: _builtins.str
-    """Runtime language for the `run_code` flavour: `python` or `typescript`. Empty means the first
-    configured runtime language. Ignored for an effectively native scope.
+    """Runtime language for the `run_code` flavour: `python` or `typescript`. Empty means the
+    scope's effective code language. Ignored for an effectively native scope.
     """
     def __init__(
         self,
@@ -156,7 +156,7 @@ class GetSystemPromptRequest(_message.Message):
     scope: _builtins.str
     """`agents/{id}`, `presets/{id}`, or empty for the global scope."""
     language: _builtins.str
-    """Runtime language of the SDK section. Empty means the first configured runtime language.
+    """Runtime language of the SDK section. Empty means the scope's effective code language.
     Ignored for an effectively native scope.
     """
     def __init__(
@@ -222,7 +222,7 @@ class GetSdkRequest(_message.Message):
     scope: _builtins.str
     """`agents/{id}`, `presets/{id}`, or empty for the global scope."""
     language: _builtins.str
-    """`python` or `typescript`. Empty means the first configured runtime language."""
+    """`python` or `typescript`. Empty means the scope's effective code language."""
     def __init__(
         self,
         *,
