@@ -357,23 +357,7 @@ async def run_path(
     )
 
 
-# Where the nested path disagreed with the model-direct one on the code before one driver.
-DISAGREEING = {"around-throw"}
-
-
-@pytest.mark.parametrize(
-    "scenario",
-    [
-        pytest.param(
-            s,
-            id=s.id,
-            marks=[pytest.mark.xfail(strict=True, reason="nested path disagrees")]
-            if s.id in DISAGREEING
-            else [],
-        )
-        for s in SCENARIOS
-    ],
-)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
 async def test_direct_and_nested_calls_run_the_same_pipeline(
     make_stack: Any, scenario: Scenario
 ) -> None:
@@ -439,4 +423,41 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "cancel-during-post-execute": ("ABORTED", _ALL),
     "cancel-during-post-of-denied": ("DENIED", ["pre", "post", "observe"]),
 }
+
+
+@pytest.mark.parametrize("path", ["direct", "nested"])
+async def test_a_call_runs_the_plan_resolved_at_its_creation(make_stack: Any, path: str) -> None:
+    """Hooks and the tool are resolved once, at create: a hook registered while a call runs
+    observes the next call, not this one; both paths alike."""
+    async with make_stack(pool_size=1) as stack:
+        agent = await stack.agent("plan", mode=BOTH)
+        hooks = stack.registry.catalog.hooks("")
+        seen: list[str] = []
+
+        async def pre(e: Any, d: PreDecision) -> PreDecision:
+            if e.name == TOOL and not seen:
+                seen.append(f"pre {e.call_id}")
+                hooks.observers.append(late)
+            return d
+
+        def late(e: Any, r: ToolResult) -> None:
+            if e.name == TOOL:
+                seen.append(f"late observer {e.call_id}")
+
+        async def body(invocation: Any) -> Any:
+            return {"n": 1}
+
+        hooks.pre_execute.append(pre)
+        stack.registry.register_tool(TOOL, body)
+        for n in (1, 2):
+            if path == "direct":
+                _, result = await stack.execute(TOOL, {}, agent=agent, call_id=f"c{n}")
+                assert not result.is_error
+            else:
+                _, result = await stack.run_code(program({}), agent=agent, call_id=f"c{n}")
+                assert value_of(result)["result"] == {"ok": {"n": 1}}
+        first, second = ("c1", "c2") if path == "direct" else ("c1:code:1", "c2:code:1")
+        assert seen == [f"pre {first}", f"late observer {second}"]
+
+
 __all__ = ["make_stack"]  # the fixture, imported
