@@ -18,6 +18,7 @@ from typing import Literal, cast
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
+from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.jsonschema import format_invalid_args, validate
 from registry_service.domain.policy import (
@@ -45,74 +46,21 @@ from registry_service.domain.results import (
     text_of,
 )
 from registry_service.domain.scopes import GLOBAL
-from registry_service.domain.signals import AbortSignal, fuse
+from registry_service.domain.signals import fuse
 from registry_service.domain.telemetry import (
     APPROVAL_WAIT,
     BODY,
     GUARDS,
-    NO_TRACE,
     POST_EXECUTE,
     PRE_EXECUTE,
-    CallTrace,
     RegistryTelemetry,
 )
 from registry_service.domain.tools import Invocation, ToolDefinition, is_parallel
 
+# A call's types are re-exported: callers name them where they call the pipeline.
+__all__ = ["DIRECT", "Execution", "ExecutionInput", "Executor", "Gate", "Plan", "ToolCallFailure"]
+
 log = logging.getLogger(__name__)
-
-
-class ToolCallFailure(Exception):
-    """Raised by a tool body to fail with a stable code (anything else fails without one)."""
-
-    def __init__(self, message: str, code: str = "", name: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.name = name
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionInput:
-    call_id: str
-    name: str
-    arguments: object
-    signal: AbortSignal
-    agent: str | None = None
-    root_call_id: str | None = None
-    parent: object | None = None  # the run_code parent token; set only for nested calls
-    deadline: float | None = None
-    traceparent: str = ""  # W3C context of the caller (the parent of this call's span)
-    tracestate: str = ""
-    trace: CallTrace = NO_TRACE  # the call's span when the caller started it (nested calls)
-    # `dumps(arguments)`, from a caller that has just decoded `arguments` and shares it with no
-    # one (a wire message): the pipeline then takes the pair as its snapshot without copying.
-    arguments_json: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Execution:
-    """One admitted call. `token` identifies it; `arguments` is an immutable snapshot."""
-
-    token: object
-    call_id: str
-    root_call_id: str
-    name: str
-    arguments: JsonValue
-    arguments_json: str
-    agent: str | None
-    parent: object | None
-    signal: AbortSignal
-    deadline: float | None
-    traceparent: str
-    tracestate: str
-    trace: CallTrace = NO_TRACE
-
-    @property
-    def scope(self) -> str:
-        return self.agent or GLOBAL
-
-    @property
-    def nested(self) -> bool:
-        return self.parent is not None
 
 
 @dataclass(frozen=True, slots=True)
