@@ -64,8 +64,6 @@ class RunHooks:
 class _LaneGate(Gate):
     """One nested call's gate: its stage boundaries, as the run's lane allows them."""
 
-    __slots__ = ("_call", "_scheduler")
-
     def __init__(self, scheduler: RunScheduler, call: NestedCall) -> None:
         self._scheduler = scheduler
         self._call = call
@@ -144,7 +142,7 @@ class RunScheduler:
                 self._commits.popleft()
                 self._take_lane(head)
                 head.stage = "committing"
-                if head.commit_turn is not None:
+                if head.commit_turn is not None and not head.commit_turn.done():
                     head.commit_turn.set_result(None)
                 return
             if not self._pending:
@@ -241,7 +239,9 @@ class RunScheduler:
         self._leave(call)
 
     def _leave(self, call: NestedCall) -> None:
-        if call.exclusive and call.stage != "pending":
+        """The call is done with the lane: an exclusive one lifts its barrier here, after its
+        own commit."""
+        if call.exclusive:
             self._exclusive_active = False
         self._release_lane(call)
         self._pump()
