@@ -1,11 +1,13 @@
-"""The per-run scheduler for nested calls (reference §7).
+"""The per-run scheduler for nested calls (reference §7): *when* each call's stages may enter.
 
-One ordered lane runs starts (start record, create, pre-execute, approval, guards) and commits
-(post-execute, context forwarding, program resolution, settle-record launch) strictly in
-submission order; only dispatch (around wrappers + body) overlaps, at most `max_parallel` at a
-time. A call that is not concurrency-safe waits for the pool to drain, runs alone and holds the
-barrier through its own commit. Classification is re-read from the live registry right before a
-call starts.
+Every nested call runs the one pipeline driver (`Executor.run`) in a task of its own, through a
+`Gate` from this scheduler. The scheduler keeps one ordered lane: a call's start section
+(start record, create, pre-execute, approval, guards) and its commit section (post-execute,
+result observers, context forwarding, program resolution, settle-record launch) hold the lane,
+one call at a time, starts in submission order and commits in submission order; only dispatch
+(around wrappers + body) overlaps, at most `max_parallel` at a time. A call that is not
+concurrency-safe waits for the pool to drain, runs alone and holds the barrier through its own
+commit. Classification is re-read from the live registry right before a call starts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from codemode_common.jsonvalue import JsonValue
-from registry_service.domain.execution import Emit, Execution, ExecutionInput, Executor
-from registry_service.domain.results import ToolResult, error_result
+from registry_service.domain.execution import Emit, ExecutionInput, Executor, Gate
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.tools import is_parallel
 
@@ -36,15 +38,11 @@ class NestedCall:
     submitted_at: float = field(default_factory=time.time)
     started_at: float = 0.0
     exclusive: bool = True
-    execution: Execution | None = None
-    stage: str = "pending"  # pending → started → (flying →) settled → committed | abandoned
-    early: tuple[str, ToolResult] | None = None  # ("final" | "post", result) when prepare decided
-    flight: asyncio.Task[ToolResult] | None = None
+    # pending → started → (flying →) committing → committed | abandoned
+    stage: str = "pending"
     start_record: asyncio.Future[Any] | None = None  # the durable dispatch-start write
-
-    @property
-    def settled(self) -> bool:
-        return self.early is not None or (self.flight is not None and self.flight.done())
+    holds_lane: bool = False
+    commit_turn: asyncio.Future[None] | None = None  # set when the call may commit
 
 
 class RunHooks:
@@ -61,6 +59,32 @@ class RunHooks:
 
     def answer(self, call: NestedCall, result: ToolResult) -> None:
         """Hands the program a committed call's result (once per call, at its commit)."""
+
+
+class _LaneGate(Gate):
+    """One nested call's gate: its stage boundaries, as the run's lane allows them."""
+
+    def __init__(self, scheduler: RunScheduler, call: NestedCall) -> None:
+        self._scheduler = scheduler
+        self._call = call
+
+    async def start(self) -> None:
+        # The lane was granted when the call's task was created (`RunScheduler._start`).
+        await self._scheduler._hooks.started(self._call)
+
+    async def dispatch(self) -> None:
+        self._scheduler._fly(self._call)
+        # One loop turn before the body: the start record's write, queued on the loop by the
+        # `started` hook, goes first (it is durable before the body runs), and the next call's
+        # start, just granted the lane, gets going alongside.
+        await asyncio.sleep(0)
+
+    async def commit(self) -> None:
+        await self._scheduler._await_commit(self._call)
+
+    async def done(self, result: ToolResult) -> ToolResult:
+        await self._scheduler._committed(self._call, result)
+        return result
 
 
 class RunScheduler:
@@ -80,62 +104,68 @@ class RunScheduler:
         self._hooks = hooks
         self._emit = emit
         self._pending: collections.deque[NestedCall] = collections.deque()
-        self._commits: collections.deque[NestedCall] = collections.deque()
-        self._inflight: set[asyncio.Task[ToolResult]] = set()
+        self._commits: collections.deque[NestedCall] = collections.deque()  # started, in order
+        self._flying = 0  # calls in dispatch (around wrappers + body)
+        self._lane_busy = False
         self._exclusive_active = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
         self._log_work: set[asyncio.Future[None]] = set()
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._driver: asyncio.Task[None] | None = None
         self.peak_parallel = 0
 
     # -- submission ----------------------------------------------------------------------------
 
     def submit(self, call: NestedCall) -> None:
         self._pending.append(call)
-        self._ensure_driver()
-        self._wake.set()
-
-    def _ensure_driver(self) -> None:
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.create_task(self._drive())
+        self._pump()
 
     async def quiesce(self) -> None:
         """After the run settled: abandon queued calls, settle in-flight ones, write records."""
-        self._closed = True
-        self._wake.set()
-        self._ensure_driver()
-        assert self._driver is not None
-        await self._driver
+        while True:
+            self._pump()
+            if not self._tasks:
+                break
+            await asyncio.wait(set(self._tasks))
         while self._log_work:
             await asyncio.gather(*list(self._log_work), return_exceptions=True)
+        if self._failure is not None:
+            raise self._failure
 
     # -- the ordered lane ----------------------------------------------------------------------
 
-    async def _drive(self) -> None:
-        while True:
-            # Clear before inspecting state: a wake-up during inspection is never lost.
-            self._wake.clear()
+    def _pump(self) -> None:
+        """Hands the free lane to the next stage that may enter: the head commit once it is
+        ready, else the head of the queue once it may start."""
+        while not self._lane_busy:
             head = self._commits[0] if self._commits else None
-            if head is not None and head.settled:
+            if head is not None and head.stage == "settled":
                 self._commits.popleft()
-                await self._commit(head)
-                if head.exclusive:
-                    self._exclusive_active = False
-                continue
-            if self._pending:
-                call = self._pending[0]
-                if self._signal.aborted:
-                    self._pending.popleft()
-                    self._abandon(call)
-                    continue
-                if self._can_start(call):
-                    self._pending.popleft()
-                    await self._start(call)
-                    continue
-            if not self._pending and not self._commits and not self._inflight:
+                self._take_lane(head)
+                head.stage = "committing"
+                if head.commit_turn is not None and not head.commit_turn.done():
+                    head.commit_turn.set_result(None)
                 return
-            await self._wake.wait()
+            if not self._pending:
+                return
+            call = self._pending[0]
+            if self._signal.aborted:
+                self._pending.popleft()
+                self._abandon(call)
+                continue
+            if not self._can_start(call):
+                return
+            self._pending.popleft()
+            self._start(call)
+            return
+
+    def _take_lane(self, call: NestedCall) -> None:
+        self._lane_busy = True
+        call.holds_lane = True
+
+    def _release_lane(self, call: NestedCall) -> None:
+        if call.holds_lane:
+            call.holds_lane = False
+            self._lane_busy = False
 
     def _can_start(self, call: NestedCall) -> bool:
         defn = self._executor.catalog.resolve_execution(
@@ -146,53 +176,56 @@ class RunScheduler:
         if self._exclusive_active:
             return False
         if call.exclusive:
-            return not self._inflight
-        return len(self._inflight) < self._max
+            return not self._flying
+        return self._flying < self._max
 
-    async def _start(self, call: NestedCall) -> None:
+    def _start(self, call: NestedCall) -> None:
         if call.exclusive:
             self._exclusive_active = True
         self._commits.append(call)
+        self._take_lane(call)
         call.stage = "started"
         call.started_at = time.time()
-        await self._hooks.started(call)
-        created = self._executor.create(call.inp)
-        if isinstance(created, ToolResult):
-            call.early = ("final", created)
-            return
-        call.execution = created
-        prepared = await self._executor.prepare(created, self._emit)
-        if prepared.action != "dispatch":
-            assert prepared.result is not None
-            call.early = (prepared.action, prepared.result)
-            return
-        flight = asyncio.create_task(self._fly(created))
-        call.flight = flight
-        call.stage = "flying"
-        self._inflight.add(flight)
-        self.peak_parallel = max(self.peak_parallel, len(self._inflight))
-        flight.add_done_callback(self._landed)
+        task = asyncio.create_task(self._run(call))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _fly(self, execution: Execution) -> ToolResult:
+    async def _run(self, call: NestedCall) -> None:
         try:
-            return await self._executor.dispatch(execution)
-        except Exception as exc:  # an around wrapper threw: final, no post-execute
-            return error_result(str(exc) or type(exc).__name__, name=type(exc).__name__)
+            with call.inp.trace.activated():
+                await self._executor.run(call.inp, self._emit, _LaneGate(self, call))
+        except BaseException as exc:
+            # A failed record write (or a bug) fails the run once it is quiescent; the lane
+            # moves on so that the other calls still settle.
+            if call.stage == "flying":
+                self._flying -= 1
+            if call in self._commits:
+                self._commits.remove(call)
+            self._leave(call)
+            if not isinstance(exc, Exception):
+                raise
+            if self._failure is None:
+                self._failure = exc
 
-    def _landed(self, flight: asyncio.Task[ToolResult]) -> None:
-        self._inflight.discard(flight)
-        self._wake.set()
+    def _fly(self, call: NestedCall) -> None:
+        """The call's start section is over and its body begins: the lane is free."""
+        call.stage = "flying"
+        self._flying += 1
+        self.peak_parallel = max(self.peak_parallel, self._flying)
+        self._release_lane(call)
+        self._pump()
 
-    async def _commit(self, call: NestedCall) -> None:
-        execution = call.execution
-        if call.early is not None and call.early[0] == "final":
-            result = call.early[1]
-            if execution is not None:
-                result = self._executor.finish(execution, result)
-        else:
-            raw = call.early[1] if call.early is not None else _landed_result(call)
-            assert execution is not None
-            result = await self._executor.finalize(execution, raw)
+    async def _await_commit(self, call: NestedCall) -> None:
+        if call.stage == "flying":
+            self._flying -= 1
+        call.stage = "settled"
+        self._release_lane(call)  # a call that ran no body still holds it from its start
+        self._pump()
+        if call.stage != "committing":
+            call.commit_turn = asyncio.get_running_loop().create_future()
+            await call.commit_turn
+
+    async def _committed(self, call: NestedCall, result: ToolResult) -> None:
         call.stage = "committed"
         record = await self._hooks.committed(call, result)
         self._hooks.answer(call, result)
@@ -203,12 +236,16 @@ class RunScheduler:
             # Backpressure: the lane waits while too many settle records are still being written.
             while len(self._log_work) > self._max:
                 await asyncio.wait(set(self._log_work), return_when=asyncio.FIRST_COMPLETED)
+        self._leave(call)
+
+    def _leave(self, call: NestedCall) -> None:
+        """The call is done with the lane: an exclusive one lifts its barrier here, after its
+        own commit."""
+        if call.exclusive:
+            self._exclusive_active = False
+        self._release_lane(call)
+        self._pump()
 
     def _abandon(self, call: NestedCall) -> None:
         call.stage = "abandoned"
         self._hooks.abandoned(call)
-
-
-def _landed_result(call: NestedCall) -> ToolResult:
-    assert call.flight is not None
-    return call.flight.result()

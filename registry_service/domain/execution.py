@@ -1,8 +1,10 @@
 """The one pipeline every tool call passes through (reference §1.8–§1.11).
 
-create (argument snapshot, collapse) → prepare (pre-execute, approval, guards) → dispatch (around
-wrappers, body, output validation) → finalize (post-execute) → finish (result observers).
-The stages are separate methods because the code-mode scheduler runs them in different lanes.
+create (argument snapshot, collapse; the call's plan) → pre-execute → approval → guards →
+around wrappers → body (input and output validation) → post-execute → result observers.
+`Executor.run` is the only driver of that sequence. A caller that must order stages across
+calls (the per-run scheduler of nested calls) passes a `Gate` that the driver awaits at each
+stage boundary; it decides when a stage may enter, never what the stage does.
 """
 
 from __future__ import annotations
@@ -16,9 +18,22 @@ from typing import Literal, cast
 from codemode_common import jsonvalue
 from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
+from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.jsonschema import format_invalid_args, validate
-from registry_service.domain.policy import Accept, Allow, Ask, Block, Deny, PreDecision
+from registry_service.domain.policy import (
+    Accept,
+    Allow,
+    AroundHook,
+    Ask,
+    Block,
+    Deny,
+    Guard,
+    PostExecuteHook,
+    PreDecision,
+    PreExecuteHook,
+    ResultObserver,
+)
 from registry_service.domain.results import (
     INVALID_ARGS,
     INVALID_TOOL_OUTPUT,
@@ -31,74 +46,21 @@ from registry_service.domain.results import (
     text_of,
 )
 from registry_service.domain.scopes import GLOBAL
-from registry_service.domain.signals import AbortSignal, fuse
+from registry_service.domain.signals import fuse
 from registry_service.domain.telemetry import (
     APPROVAL_WAIT,
     BODY,
     GUARDS,
-    NO_TRACE,
     POST_EXECUTE,
     PRE_EXECUTE,
-    CallTrace,
     RegistryTelemetry,
 )
 from registry_service.domain.tools import Invocation, ToolDefinition, is_parallel
 
+# A call's types are re-exported: callers name them where they call the pipeline.
+__all__ = ["DIRECT", "Execution", "ExecutionInput", "Executor", "Gate", "Plan", "ToolCallFailure"]
+
 log = logging.getLogger(__name__)
-
-
-class ToolCallFailure(Exception):
-    """Raised by a tool body to fail with a stable code (anything else fails without one)."""
-
-    def __init__(self, message: str, code: str = "", name: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.name = name
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionInput:
-    call_id: str
-    name: str
-    arguments: object
-    signal: AbortSignal
-    agent: str | None = None
-    root_call_id: str | None = None
-    parent: object | None = None  # the run_code parent token; set only for nested calls
-    deadline: float | None = None
-    traceparent: str = ""  # W3C context of the caller (the parent of this call's span)
-    tracestate: str = ""
-    trace: CallTrace = NO_TRACE  # the call's span when the caller started it (nested calls)
-    # `dumps(arguments)`, from a caller that has just decoded `arguments` and shares it with no
-    # one (a wire message): the pipeline then takes the pair as its snapshot without copying.
-    arguments_json: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Execution:
-    """One admitted call. `token` identifies it; `arguments` is an immutable snapshot."""
-
-    token: object
-    call_id: str
-    root_call_id: str
-    name: str
-    arguments: JsonValue
-    arguments_json: str
-    agent: str | None
-    parent: object | None
-    signal: AbortSignal
-    deadline: float | None
-    traceparent: str
-    tracestate: str
-    trace: CallTrace = NO_TRACE
-
-    @property
-    def scope(self) -> str:
-        return self.agent or GLOBAL
-
-    @property
-    def nested(self) -> bool:
-        return self.parent is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,12 +115,45 @@ Event = (
 Emit = Callable[[Event], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What prepare decided: dispatch the body, or a result that skips it."""
+class Gate:
+    """Where a call's stages wait before they enter: the caller decides *when*, never *what*.
 
-    action: Literal["dispatch", "post", "final"]
-    result: ToolResult | None = None
+    The pipeline driver (`Executor.run`) awaits the gate at each boundary of the stage
+    sequence. This base gate never waits: a model-direct call runs straight through. A
+    `run_code` run's scheduler supplies a gate per nested call that keeps its ordered lane
+    (starts and commits one at a time in submission order; only bodies overlap).
+    """
+
+    async def start(self) -> None:
+        """Before create: the call's start section (create, pre-execute, approval, guards)."""
+
+    async def dispatch(self) -> None:
+        """Before around wrappers and the body, which may overlap other calls' bodies."""
+
+    async def commit(self) -> None:
+        """Before the commit section (post-execute, result observers), with or without a
+        body having run."""
+
+    async def done(self, result: ToolResult) -> ToolResult:
+        """After the commit section: the call's final result, handed to the caller."""
+        return result
+
+
+DIRECT = Gate()  # a model-direct call's gate: no stage waits
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one call will run, resolved once at create (reference §1.7, §1.10): the tool as
+    `resolve_execution` sees it, and the hooks of the agent's chain (global first, then
+    farthest → nearest). Later registry changes do not reach a call already created."""
+
+    definition: ToolDefinition | None
+    pre_execute: tuple[PreExecuteHook, ...]
+    guards: tuple[Guard, ...]
+    around: tuple[AroundHook, ...]
+    post_execute: tuple[PostExecuteHook, ...]
+    observers: tuple[ResultObserver, ...]
 
 
 @dataclass
@@ -167,6 +162,11 @@ class _Dispatch:
     deferred: list[AdditionalContext] = field(default_factory=list)
     # What `_body` returned: already normalized, so a wrapper passing it through costs nothing.
     body_result: ToolResult | None = None
+
+
+# How a result leaves the start section or dispatch: run the body, go through post-execute,
+# or skip post-execute (a throwing pre-execute hook, guard or around wrapper: reference §1.10).
+_Next = Literal["dispatch", "post", "final"]
 
 
 def no_events(_event: Event) -> None:
@@ -200,30 +200,39 @@ class Executor:
                 inp = replace(inp, trace=trace)
         try:
             with trace.activated():
-                result = await self._execute(inp, emit)
+                result = await self.run(inp, emit)
         except BaseException as exc:
             trace.fail(exc)
             raise
         trace.end(result)
         return result
 
-    async def _execute(self, inp: ExecutionInput, emit: Emit) -> ToolResult:
+    async def run(
+        self, inp: ExecutionInput, emit: Emit = no_events, gate: Gate = DIRECT
+    ) -> ToolResult:
+        """The one driver of the stage sequence, for every call (model-direct or nested):
+        create → pre-execute → approval → guards → around → body → post-execute → finish."""
+        await gate.start()
         created = self.create(inp)
-        if isinstance(created, ToolResult):
-            return created
-        emit(CallStarted(created.call_id, created.name))
-        prepared = await self.prepare(created, emit)
-        if prepared.action == "final":
-            assert prepared.result is not None
-            return self.finish(created, prepared.result)
-        result = prepared.result
-        if prepared.action == "dispatch":
+        if isinstance(created, ToolResult):  # refused at creation: no policy observes it
+            await gate.commit()
+            return await gate.done(created)
+        plan = self.plan(created)
+        if not created.nested:  # a nested call's start is announced by its run
+            emit(CallStarted(created.call_id, created.name))
+        step, result = await self._prepare(created, plan, emit)
+        if step == "dispatch":
+            await gate.dispatch()
             try:
-                result = await self.dispatch(created, emit)
+                result = await self._dispatch(created, plan, emit)
+                step = "post"
             except Exception as exc:  # an around wrapper threw: final, no post-execute
-                return self.finish(created, _failure(exc))
+                step, result = "final", _failure(exc)
+        await gate.commit()
         assert result is not None
-        return await self.finalize(created, result)
+        if step == "post":
+            result = await self._post_execute(created, plan, result)
+        return await gate.done(self._finish(created, plan, result))
 
     # -- create --------------------------------------------------------------------------------
 
@@ -267,33 +276,50 @@ class Executor:
             trace=inp.trace,
         )
 
+    def plan(self, execution: Execution) -> Plan:
+        chain = self.catalog.chain_hooks(execution.agent)
+        return Plan(
+            definition=self.catalog.resolve_execution(
+                execution.name, execution.scope, execution.nested
+            ),
+            pre_execute=tuple(h for hooks in chain for h in hooks.pre_execute),
+            guards=tuple(g for hooks in chain for g in hooks.guards),
+            around=tuple(w for hooks in chain for w in hooks.around),
+            post_execute=tuple(h for hooks in chain for h in hooks.post_execute),
+            observers=tuple(o for hooks in chain for o in hooks.observers),
+        )
+
     def execution_mode(self, execution: Execution) -> Literal["parallel", "exclusive"]:
         defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
         return "parallel" if is_parallel(defn, execution.arguments) else "exclusive"
 
-    # -- prepare -------------------------------------------------------------------------------
+    # -- pre-execute, approval, guards -----------------------------------------------------------
 
-    async def prepare(self, execution: Execution, emit: Emit = no_events) -> Prepared:
+    async def _prepare(
+        self, execution: Execution, plan: Plan, emit: Emit
+    ) -> tuple[_Next, ToolResult | None]:
         if execution.signal.aborted:
-            return Prepared("final", aborted(before_dispatch=True))
+            return "final", aborted(before_dispatch=True)
         # A stage with nothing to run (no hooks, no guards) records no event.
         trace = execution.trace
         try:
-            started = time.time_ns()
-            decision, hooks = await self._pre_execute(execution)
-            if hooks and isinstance(decision, Allow):
-                trace.stage(PRE_EXECUTE, started)
-            elif hooks:
-                trace.stage(PRE_EXECUTE, started, decision=type(decision).__name__.lower())
+            decision: PreDecision = Allow()
+            if plan.pre_execute:
+                started = time.time_ns()
+                for hook in plan.pre_execute:
+                    decision = await hook(execution, decision)
+                if isinstance(decision, Allow):
+                    trace.stage(PRE_EXECUTE, started)
+                else:
+                    trace.stage(PRE_EXECUTE, started, decision=type(decision).__name__.lower())
             if isinstance(decision, Ask):
                 approved = await self._approve(execution, decision, emit)
                 if approved is None:  # approval cancelled because the caller went away
-                    return Prepared("post", aborted(before_dispatch=True))
+                    return "post", aborted(before_dispatch=True)
                 decision = approved
-            guards = self.catalog.guards(execution.agent)
-            if isinstance(decision, Allow) and guards:
+            if isinstance(decision, Allow) and plan.guards:
                 started = time.time_ns()
-                for guard in guards:
+                for guard in plan.guards:
                     reason = guard(execution)
                     if reason is not None:
                         decision = Deny(reason)
@@ -303,22 +329,12 @@ class Executor:
                 else:
                     trace.stage(GUARDS, started)
         except Exception as exc:
-            return Prepared("final", _failure(exc))
+            return "final", _failure(exc)
         if isinstance(decision, Deny):
-            return Prepared("post", error_result(decision.reason, "DENIED"))
+            return "post", error_result(decision.reason, "DENIED")
         if execution.signal.aborted:
-            return Prepared("post", aborted(before_dispatch=True))
-        return Prepared("dispatch")
-
-    async def _pre_execute(self, execution: Execution) -> tuple[PreDecision, int]:
-        """The waterfall's decision, and how many hooks made it."""
-        decision: PreDecision = Allow()
-        count = 0
-        for hooks in self.catalog.chain_hooks(execution.agent):
-            for hook in hooks.pre_execute:
-                decision = await hook(execution, decision)
-                count += 1
-        return decision, count
+            return "post", aborted(before_dispatch=True)
+        return "dispatch", None
 
     async def _approve(self, execution: Execution, ask: Ask, emit: Emit) -> PreDecision | None:
         name = execution.name
@@ -352,15 +368,15 @@ class Executor:
             return Deny(f'approval for tool "{name}" was cancelled')
         return Deny(f'tool "{name}" requires approval, but no approval channel is available')
 
-    # -- dispatch ------------------------------------------------------------------------------
+    # -- around wrappers and the body ----------------------------------------------------------
 
-    async def dispatch(self, execution: Execution, emit: Emit = no_events) -> ToolResult:
+    async def _dispatch(self, execution: Execution, plan: Plan, emit: Emit) -> ToolResult:
         """Around wrappers (outermost: global) then the body. A wrapper's throw propagates."""
         state = _Dispatch()
-        wrappers = [w for hooks in self.catalog.chain_hooks(execution.agent) for w in hooks.around]
+        wrappers = plan.around
 
         async def body() -> ToolResult:
-            state.body_result = await self._body(execution, state, emit)
+            state.body_result = await self._body(execution, plan, state, emit)
             return state.body_result
 
         def call(index: int) -> Callable[[], Awaitable[ToolResult]]:
@@ -377,7 +393,7 @@ class Executor:
             else:  # refused before the tool ran (unknown tool, invalid arguments, aborted)
                 execution.trace.stage(BODY, started, invoked=False)
         if wrappers:
-            result = self._wrapper_result(execution, state.body_result, result)
+            result = self._wrapper_result(execution, plan, state.body_result, result)
         if state.deferred:
             result = result.with_contexts((*state.deferred, *result.additional_contexts))
         if execution.signal.aborted and not result.is_error:
@@ -386,10 +402,12 @@ class Executor:
             )
         return result
 
-    async def _body(self, execution: Execution, state: _Dispatch, emit: Emit) -> ToolResult:
+    async def _body(
+        self, execution: Execution, plan: Plan, state: _Dispatch, emit: Emit
+    ) -> ToolResult:
         if execution.signal.aborted:
             return aborted(before_dispatch=True)
-        defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+        defn = plan.definition
         if defn is None:
             return error_result(
                 f'unknown tool "{execution.name}"', UNKNOWN_TOOL, "ToolNotFoundError"
@@ -423,7 +441,11 @@ class Executor:
         return result
 
     def _wrapper_result(
-        self, execution: Execution, body_result: ToolResult | None, result: ToolResult
+        self,
+        execution: Execution,
+        plan: Plan,
+        body_result: ToolResult | None,
+        result: ToolResult,
     ) -> ToolResult:
         """A result an around wrapper wrote goes through the tool's output contract like a
         body's (reference §1.10): it must be lossless JSON and match the output schema."""
@@ -441,8 +463,9 @@ class Executor:
         if isinstance(returned, ToolResult):
             # The wrapper's `value_json` vouches for nothing: take our own snapshot.
             returned = replace(returned, value_json="")
-        defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
-        return self._normalize(defn, cast("JsonValue | ToolResult", returned), name=execution.name)
+        return self._normalize(
+            plan.definition, cast("JsonValue | ToolResult", returned), name=execution.name
+        )
 
     def _normalize(
         self,
@@ -485,29 +508,28 @@ class Executor:
             returned, value=value, content=rendered, has_value=True, value_json=value_json
         )
 
-    # -- finalize / finish ---------------------------------------------------------------------
+    # -- post-execute, result observers ----------------------------------------------------------
 
-    async def finalize(self, execution: Execution, result: ToolResult) -> ToolResult:
-        """Post-execute waterfall (default accept), then finish."""
-        started = time.time_ns()
-        count = 0
-        try:
-            decision: Accept | Block = Accept()
-            for hooks in self.catalog.chain_hooks(execution.agent):
-                for hook in hooks.post_execute:
+    async def _post_execute(
+        self, execution: Execution, plan: Plan, result: ToolResult
+    ) -> ToolResult:
+        """The post-execute waterfall (default accept)."""
+        if plan.post_execute:  # a stage with no hooks records no event
+            started = time.time_ns()
+            try:
+                decision: Accept | Block = Accept()
+                for hook in plan.post_execute:
                     decision = await hook(execution, result, decision)
-                    count += 1
-            result = self._apply_post(execution, result, decision)
-        except Exception as exc:
-            result = _failure(exc)
-        if count:  # a stage with no hooks records no event
+                result = self._apply_post(execution, plan, result, decision)
+            except Exception as exc:
+                result = _failure(exc)
             execution.trace.stage(POST_EXECUTE, started)
         if execution.signal.aborted and not result.is_error:
             result = aborted(before_dispatch=False).with_contexts(result.additional_contexts)
-        return self.finish(execution, result)
+        return result
 
     def _apply_post(
-        self, execution: Execution, result: ToolResult, decision: Accept | Block
+        self, execution: Execution, plan: Plan, result: ToolResult, decision: Accept | Block
     ) -> ToolResult:
         if isinstance(decision, Block):
             message = text_of(decision.feedback) or "tool result blocked by post-execute policy"
@@ -520,7 +542,7 @@ class Executor:
         if decision.replace_value:
             if result.is_error:
                 raise TypeError("post-execute cannot replace the value of a failed result")
-            defn = self.catalog.resolve_execution(execution.name, execution.scope, execution.nested)
+            defn = plan.definition
             if defn is None:
                 raise TypeError(f'unknown tool "{execution.name}"')
             result = self._normalize(defn, decision.value)
@@ -530,14 +552,13 @@ class Executor:
             result = result.with_contexts((*result.additional_contexts, *decision.contexts))
         return result
 
-    def finish(self, execution: Execution, result: ToolResult) -> ToolResult:
+    def _finish(self, execution: Execution, plan: Plan, result: ToolResult) -> ToolResult:
         """Notifies result observers; their failures are logged, never propagated."""
-        for hooks in self.catalog.chain_hooks(execution.agent):
-            for observer in hooks.observers:
-                try:
-                    observer(execution, result)
-                except Exception:
-                    log.exception("result observer failed for call %s", execution.call_id)
+        for observer in plan.observers:
+            try:
+                observer(execution, result)
+            except Exception:
+                log.exception("result observer failed for call %s", execution.call_id)
         return result
 
 

@@ -12,16 +12,14 @@ import fnmatch
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import yaml
 
 from codemode_common.jsonvalue import JsonValue
+from registry_service.domain.calls import Execution
 from registry_service.domain.results import AdditionalContext, ContentBlock, ToolResult
-
-if TYPE_CHECKING:
-    from registry_service.domain.execution import Execution
-    from registry_service.presentation.assembly import Section
+from registry_service.domain.sections import Section
 
 
 @dataclass(frozen=True, slots=True)

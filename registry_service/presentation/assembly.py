@@ -29,12 +29,16 @@ from codemode_common.errors import failed_precondition
 from codemode_common.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog, View
 from registry_service.domain.scopes import GLOBAL, Mode
+from registry_service.domain.sections import Section
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
 from registry_service.presentation._sdk_common import utf16_sort_key
 from registry_service.presentation.languages import SDK_RENDERERS, resolve_language
 from registry_service.presentation.lru import Lru
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 from registry_service.presentation.sdk_model import SdkTool
+
+# `Section` is the domain's (policy prompt hooks take it too), re-exported here.
+__all__ = ["Assembler", "PresentationConfig", "Section", "SystemPrompt", "check_config"]
 
 CODE_ONLY_ID: Final = "tools:code-only"
 SDK_ID: Final = "tools:sdk"
@@ -51,13 +55,6 @@ CODE_ONLY_TEXT: Final = (
 # costs a view and a join (the text cache still hits), so the per-scope caches can stay small.
 DEFAULT_CACHE_SIZE: Final = 128
 DEFAULT_SDK_CACHE_SIZE: Final = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Section:
-    id: str
-    order: int
-    text: str
 
 
 @dataclass(frozen=True, slots=True)

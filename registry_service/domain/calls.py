@@ -1,0 +1,69 @@
+"""One tool call as the pipeline's stages and hooks see it: what a caller asks for
+(`ExecutionInput`), the admitted call (`Execution`), and the failure a body raises with a code.
+
+A module of its own so that policy (whose hooks receive an `Execution`) and the execution
+pipeline (which runs those hooks) do not import each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codemode_common.jsonvalue import JsonValue
+from registry_service.domain.scopes import GLOBAL
+from registry_service.domain.signals import AbortSignal
+from registry_service.domain.telemetry import NO_TRACE, CallTrace
+
+
+class ToolCallFailure(Exception):
+    """Raised by a tool body to fail with a stable code (anything else fails without one)."""
+
+    def __init__(self, message: str, code: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionInput:
+    call_id: str
+    name: str
+    arguments: object
+    signal: AbortSignal
+    agent: str | None = None
+    root_call_id: str | None = None
+    parent: object | None = None  # the run_code parent token; set only for nested calls
+    deadline: float | None = None
+    traceparent: str = ""  # W3C context of the caller (the parent of this call's span)
+    tracestate: str = ""
+    trace: CallTrace = NO_TRACE  # the call's span when the caller started it (nested calls)
+    # `dumps(arguments)`, from a caller that has just decoded `arguments` and shares it with no
+    # one (a wire message): the pipeline then takes the pair as its snapshot without copying.
+    arguments_json: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One admitted call. `token` identifies it; `arguments` is an immutable snapshot."""
+
+    token: object
+    call_id: str
+    root_call_id: str
+    name: str
+    arguments: JsonValue
+    arguments_json: str
+    agent: str | None
+    parent: object | None
+    signal: AbortSignal
+    deadline: float | None
+    traceparent: str
+    tracestate: str
+    trace: CallTrace = NO_TRACE
+
+    @property
+    def scope(self) -> str:
+        return self.agent or GLOBAL
+
+    @property
+    def nested(self) -> bool:
+        return self.parent is not None
