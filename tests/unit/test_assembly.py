@@ -34,7 +34,10 @@ def _tool(name: str, guidance: str = "") -> ToolDefinition:
 
 
 def _assembler(mode: Mode = Mode.CODE, **config: Any) -> tuple[Catalog, Assembler]:
-    catalog = Catalog(mode, ToolDefinition(RUN_CODE, "run", {"type": "object"}, {}, _body))
+    # As the registry composes it: the default program language is the first runtime language.
+    languages = config.get("runtime_languages", ("python",))
+    run_code = ToolDefinition(RUN_CODE, "run", {"type": "object"}, {}, _body)
+    catalog = Catalog(mode, run_code, languages[0] if languages else "typescript")
     catalog.register("", [_tool("read", "Read first."), _tool("write", "Write last.")])
     return catalog, Assembler(catalog, PresentationConfig(**config))
 
