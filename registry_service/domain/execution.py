@@ -218,6 +218,8 @@ class Executor:
             await gate.commit()
             return await gate.done(created)
         plan = self.plan(created)
+        if plan.definition is not None:
+            created.trace.describe(plan.definition.description)
         if not created.nested:  # a nested call's start is announced by its run
             emit(CallStarted(created.call_id, created.name))
         step, result = await self._prepare(created, plan, emit)

@@ -121,13 +121,15 @@ async def test_run_code_call_is_one_tree(
     parent_id = root.parent.span_id
     (server,) = [s for s in spans if s.context.span_id == parent_id]
     assert server.kind is SpanKind.SERVER and server.name.endswith("/ExecuteToolCall")
-    assert {k: v for k, v in attrs(root).items() if not k.startswith("gen_ai.operation")} == {
+    skipped = ("gen_ai.operation", "gen_ai.tool.description")
+    assert {k: v for k, v in attrs(root).items() if not k.startswith(skipped)} == {
         "gen_ai.tool.call.id": "call-1",
         "gen_ai.tool.name": "run_code",
         "codemode.root_call_id": "call-1",
         "codemode.agent": agent,
         "codemode.outcome": "ok",
     }
+    assert str(attrs(root)["gen_ai.tool.description"]).startswith("Execute a Python program")
     assert root.status.status_code is not StatusCode.ERROR
     assert [e.name for e in root.events] == STAGES
 
@@ -152,7 +154,7 @@ async def test_run_code_call_is_one_tree(
         assert a["codemode.root_call_id"] == "call-1"
         assert a["codemode.parent_call_id"] == "call-1"
         assert a["codemode.agent"] == agent
-
+        assert a["gen_ai.tool.description"]  # every nested tool has one here
         assert a["codemode.outcome"] == outcome
         assert a["codemode.execution_mode"] == mode
         assert [e.name for e in span.events] == stages, tool
@@ -269,6 +271,8 @@ async def test_model_direct_calls(
     assert calls["d-2"].status.status_code is StatusCode.ERROR
     assert attrs(calls["d-2"])["error.type"] == "UNKNOWN_TOOL"
     assert "error.type" not in attrs(calls["d-1"])
+    assert attrs(calls["d-1"])["gen_ai.tool.description"]  # the resolved tool's description
+    assert "gen_ai.tool.description" not in attrs(calls["d-2"])  # refused: no tool resolved
     assert [e.name for e in calls["d-1"].events] == STAGES
 
     provider = await captured.file_spans(lambda r: any(x["name"] == "serve_tool lookup" for x in r))
