@@ -38,6 +38,7 @@ __all__ = [
     "decode_text",
     "encode_text",
     "plain_depth",
+    "plain_text",
     "text_depth",
 ]
 
@@ -115,13 +116,12 @@ def _recursion_bounded() -> bool:
     return sys.getrecursionlimit() <= _SAFE_RECURSION_LIMIT
 
 
-def encode_text(value: object) -> str | None:
-    """Compact JSON text of a plain value whose text is at least ``MIN_FAST_TEXT`` long, else
-    None.
+def plain_text(value: object, min_length: int = 0) -> str | None:
+    """Compact JSON text of a plain value, or None (also for a text under ``min_length``).
 
-    Non-ASCII characters stay themselves (the frame that carries the text escapes them once);
-    a text holding any surrogate is declined: a lone one must be escaped and a pair refused,
-    which the token path does.
+    Non-ASCII characters stay themselves, so the text's UTF-8 length is the value's JSON size
+    as the output ledger counts it; a text holding any surrogate is declined: a lone one must
+    be escaped and a pair refused, which the token path does.
     """
     if not (_ints_bounded() and _recursion_bounded()):
         return None
@@ -131,7 +131,7 @@ def encode_text(value: object) -> str | None:
         text: str = _ENCODER.encode(value)
     except (ValueError, TypeError, RecursionError):
         return None
-    if len(text) < MIN_FAST_TEXT:
+    if len(text) < min_length:
         return None
     if not text.isascii():
         try:
@@ -143,6 +143,14 @@ def encode_text(value: object) -> str | None:
     if plain_depth(value) is None:
         return None
     return text
+
+
+def encode_text(value: object) -> str | None:
+    """The text of a json token for ``value`` (``plain_text`` of at least ``MIN_FAST_TEXT``).
+
+    The frame that carries it escapes its non-ASCII characters once.
+    """
+    return plain_text(value, MIN_FAST_TEXT)
 
 
 # -- reading ---------------------------------------------------------------------------------

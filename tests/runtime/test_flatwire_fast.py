@@ -199,7 +199,8 @@ def test_fast_and_token_paths_agree_on_random_values(seed: int) -> None:
             fast_seen += 1
             assert tokens == json_token(tokens[0]["text"])
             text = tokens[0]["text"]
-            # The bytes the ledger charges are those of the fast text.
+            # The bytes the ledger's walk charges are those of the fast text.
+            assert ledger._walk_size(value, 1 << 40) == len(text.encode("utf-8"))
             assert ledger.json_value_size(value, 1 << 40) == len(text.encode("utf-8"))
         assert same(flatwire.decode(tokens), flatwire.decode(slow))
         assert same(flatwire.decode(tokens), value)
@@ -292,7 +293,7 @@ def test_unicode_beyond_the_bmp_takes_the_fast_path() -> None:
     wire = flatwire.encode_text(value)
     assert wire.isascii()  # the frame stays ASCII: the token text is escaped once in it
     assert same(flatwire.decode_text(wire), value)
-    assert ledger.json_value_size(value, 1 << 40) == len(text.encode("utf-8"))
+    assert ledger._walk_size(value, 1 << 40) == len(text.encode("utf-8"))
 
 
 def test_huge_ints_within_the_limit_are_exact() -> None:
@@ -575,3 +576,14 @@ async def test_forged_json_tokens_from_a_hostile_worker_are_refused(
     result = await run_program(program, bindings=("echo",), handler=handler)
     assert result.error == RunFailure("invalid-output", "program completion must be lossless JSON")
     assert seen == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_ledger_charges_what_its_walk_charges(seed: int) -> None:
+    # json_value_size measures plain values by their C-encoded text: the same byte counts as
+    # the walk, at and around every limit.
+    rng = random.Random(seed)
+    for value in random_values(seed, 100):
+        size = ledger._walk_size(value, 1 << 40)
+        for limit in (0, size - 1, size, size + 1, rng.randrange(size + 1)):
+            assert ledger.json_value_size(value, limit) == ledger._walk_size(value, limit)
