@@ -60,6 +60,7 @@ _SAFE_RECURSION_LIMIT = 4000
 _NoneType = type(None)
 _JSON_TYPES = frozenset({dict, list, str, int, float, bool, _NoneType})
 _STR_ONLY = frozenset({str})
+_FEW_NODES = 24
 _flat = chain.from_iterable
 
 
@@ -145,11 +146,28 @@ def plain_text(value: object, min_length: int = 0) -> str | None:
     return text
 
 
+def _few_nodes(value: object) -> bool:
+    """Whether ``value`` holds fewer than ``_FEW_NODES`` values (it need not be valid JSON:
+    the walk stops once it has seen that many, cycles included)."""
+    level: list[object] = [value]
+    seen = 0
+    while level:
+        seen += len(level)
+        if seen >= _FEW_NODES:
+            return False
+        level = get_referents(*level)
+    return True
+
+
 def encode_text(value: object) -> str | None:
     """The text of a json token for ``value`` (``plain_text`` of at least ``MIN_FAST_TEXT``).
 
-    The frame that carries it escapes its non-ASCII characters once.
+    The frame that carries it escapes its non-ASCII characters once. Small values (most
+    binding arguments and results) cost the token path no more: they skip the C encoder's
+    attempt, whose text would mostly be declined as too short anyway.
     """
+    if _few_nodes(value):
+        return None
     return plain_text(value, MIN_FAST_TEXT)
 
 

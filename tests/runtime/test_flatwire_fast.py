@@ -91,12 +91,12 @@ def fast_text(value: object) -> str:
 
 def padded(value: object) -> dict[str, object]:
     """``value`` inside a document large enough for the fast path."""
-    return {"pad": ["x" * 40] * 10, "value": value}
+    return {"pad": ["x" * 40] * 24, "value": value}
 
 
 def keyed(key: object) -> dict[object, object]:
     """A document large enough for the fast path, with one more member under ``key``."""
-    document: dict[object, object] = {"pad": ["x" * 40] * 10}
+    document: dict[object, object] = {"pad": ["x" * 40] * 24}
     document[key] = 1
     return document
 
@@ -314,10 +314,13 @@ def test_floats_round_trip_bit_for_bit() -> None:
 
 def test_small_values_keep_the_token_encoding() -> None:
     assert flatwire.encode({"echo": 5}) == [{"kind": "object", "keys": ["echo"]}, 5]
-    value = ["y" * (MIN_FAST_TEXT - 5)]
-    assert len(json.dumps(value)) == MIN_FAST_TEXT - 1
+    # A few values, however long, are not worth the C encoder's attempt.
+    few = {"a": "y" * 1000, "b": [2, {"c": "y" * 1000}]}
+    assert flatwire.encode(few) == token_path(few)
+    value = [[0] * 30, ["y" * (MIN_FAST_TEXT - 69)]]
+    assert len(json.dumps(value, separators=(",", ":"))) == MIN_FAST_TEXT - 1
     assert flatwire.encode(value) == token_path(value)
-    fast_text(["y" * (MIN_FAST_TEXT - 4)])
+    fast_text([[0] * 30, ["y" * (MIN_FAST_TEXT - 68)]])
 
 
 def _nested(depth: int) -> list[object]:
