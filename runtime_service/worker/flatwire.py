@@ -10,6 +10,12 @@ The token list is at most three levels deep (list -> marker -> keys), so the JSO
 carries it can be parsed by the stdlib ``json`` module however deep the value itself is.
 Both directions are iterative: depth is bounded only by memory.
 
+A plain value of at most ``FAST_DEPTH`` levels (and not tiny) travels instead as one token,
+``{"kind": "json", "text": <its compact JSON text>}``, which the C ``json`` module writes and
+reads (``flatwire_fast``). It is accepted only as the sole token, its text must be at most
+``FAST_DEPTH`` levels deep, and it obeys the same rules: whatever the fast path declines is
+redone on the token path, so both accept the same values and raise the same errors.
+
 This module is imported by the worker under ``python -I -S``: stdlib only, nothing heavy.
 """
 
@@ -19,10 +25,15 @@ import gc
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
+from runtime_service.worker import flatwire_fast
+from runtime_service.worker.flatwire_fast import FAST_DEPTH
+
 __all__ = [
+    "FAST_DEPTH",
     "WireError",
     "decode",
     "decode_text",
@@ -96,6 +107,14 @@ def encode(value: object) -> list[Any]:
     if kind is float:
         _check_float(value)  # type: ignore[arg-type]
         return [value]
+    return _encode_container(value)
+
+
+@_gc_paused
+def _encode_container(value: object) -> list[Any]:
+    text = flatwire_fast.encode_text(value)
+    if text is not None:
+        return [{"kind": "json", "text": text}]
     return _encode_tree(value)
 
 
@@ -182,10 +201,68 @@ def _is_valid_scalar(token: object) -> bool:
 
 def decode(tokens: object) -> object:
     """Rebuild the value encoded by ``tokens``; raise ``WireError`` for any invalid encoding
-    (see ``_decode_tree``)."""
-    if type(tokens) is list and len(tokens) == 1 and _is_valid_scalar(tokens[0]):
-        return tokens[0]  # a lone scalar: nothing to walk
+    (see ``_decode_tree`` and ``_decode_json_token``)."""
+    if type(tokens) is list and len(tokens) == 1:
+        token = tokens[0]
+        if _is_valid_scalar(token):
+            return token  # a lone scalar: nothing to walk
+        if type(token) is dict and token.get("kind") == "json":
+            return _decode_json_token(token)
     return _decode_tree(tokens)
+
+
+def _with_headroom(fn: Callable[[str], _R], text: str) -> _R:
+    """``fn(text)`` for a text proven at most ``FAST_DEPTH`` deep, given the recursion room
+    that needs if the limit is lower (a program may lower it in its worker)."""
+    try:
+        return fn(text)
+    except RecursionError:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + FAST_DEPTH + 50)
+        try:
+            return fn(text)
+        finally:
+            sys.setrecursionlimit(limit)
+
+
+@_gc_paused
+def _decode_json_token(marker: dict[object, object]) -> object:
+    """The value of a ``{"kind": "json", "text": ...}`` token.
+
+    Declined texts are parsed again as ``loads_strict`` does (its errors for invalid JSON, NaN
+    and duplicate keys) and the result checked as tokens, so ``-0`` and overflowing numbers get
+    the token path's errors too.
+    """
+    text = marker.get("text")
+    if len(marker) != 2 or type(text) is not str:
+        raise WireError("invalid marker token")
+    try:
+        return _with_headroom(flatwire_fast.decode_text, text)
+    except flatwire_fast.TooDeep:
+        raise WireError(f"json token text is nested deeper than {FAST_DEPTH} levels") from None
+    except ValueError:
+        pass  # declined: its depth is proven, so the C parser below is safe too
+    return _decode_tree(_tokens_of(_with_headroom(loads_strict, text)))
+
+
+def _tokens_of(value: object) -> list[Any]:
+    """The token list of a parsed JSON value, unchecked (``_decode_tree`` checks it)."""
+    tokens: list[Any] = []
+    stack: list[Iterator[object]] = [iter((value,))]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                tokens.append({"kind": "array", "length": len(item)})
+                stack.append(iter(item))
+                break
+            if type(item) is dict:
+                tokens.append({"kind": "object", "keys": list(item)})
+                stack.append(iter(item.values()))
+                break
+            tokens.append(item)
+        else:
+            stack.pop()
+    return tokens
 
 
 @_gc_paused
