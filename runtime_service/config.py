@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -72,7 +72,19 @@ class RuntimeSettings(ServiceSettings):
     """Size of that range: the most workers alive at once. The range must belong to no other
     user on the host, and runtimes sharing a host need disjoint ranges."""
     worker_tmp_bytes: int = Field(default=64 << 20, ge=1 << 20)
-    """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory."""
+    """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory. With
+    a run cgroup its pages also count against the run's memory budget; without one they come
+    on top of it, so keep it small."""
+    worker_pids_max: int = Field(default=64, ge=8, le=1_000_000)
+    """Processes and threads one run may have at once (its cgroup's ``pids.max``)."""
+    cgroups: Literal["auto", "v1", "v2", "off"] = "auto"
+    """Run cgroups (memory incl. shmem/tmpfs, pids and CPU time of every process of a run):
+    ``auto`` uses cgroup v2 where memory and pids are delegated to the runtime's cgroup, else
+    the v1 hierarchies (memory, pids, cpuacct, freezer); ``v1``/``v2`` insist on one; ``off``
+    disables them. Where none can be made, limits are per process and GetCapabilities says
+    why."""
+    cgroup_root: str = Field(default="/sys/fs/cgroup", min_length=1)
+    """Where the cgroup filesystems are mounted: only cgroup mounts below it are used."""
     max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024, lt=2**31)
     """Largest gRPC message accepted or sent: at least `max_output_bytes` plus
     `terminal_headroom` (checked at start), so that any run's terminal message can be sent."""
@@ -128,6 +140,9 @@ class RuntimeSettings(ServiceSettings):
             uid_base=self.worker_uid_base,
             uid_count=self.worker_uid_count,
             tmp_bytes=self.worker_tmp_bytes,
+            cgroups=self.cgroups,
+            cgroup_root=self.cgroup_root,
+            pids_max=self.worker_pids_max,
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)

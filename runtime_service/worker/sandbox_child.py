@@ -47,10 +47,12 @@ __all__ = [
     "SandboxConfig",
     "apply_run_limits",
     "isolate",
+    "join_cgroups",
 ]
 
 # Report keys and the value each has when the step is in force.
 REPORT_KEYS: dict[str, str] = {
+    "cgroup": "joined",
     "network": "namespace",
     "ipc": "namespace",
     "filesystem": "private-root",
@@ -150,7 +152,7 @@ BASE_LIMITS: tuple[tuple[int, int], ...] = (
 class SandboxConfig:
     """What the runtime asks for (decoded from the worker's command line)."""
 
-    __slots__ = ("hide", "tmp_bytes", "tmp_root", "uid")
+    __slots__ = ("cgroups", "hide", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -161,6 +163,8 @@ class SandboxConfig:
         self.tmp_bytes = tmp if type(tmp) is int and tmp > 0 else 64 << 20
         root = raw.get("tmp_root")
         self.tmp_root = root if type(root) is str else None
+        cgroups = raw.get("cgroups")
+        self.cgroups = [p for p in cgroups if type(p) is str] if type(cgroups) is list else []
 
 
 class _Libc:
@@ -212,6 +216,7 @@ class _Libc:
 def isolate(config: SandboxConfig) -> dict[str, str]:
     """Apply boot-time isolation; return an honest report of what took effect."""
     report: dict[str, str] = {}
+    join_cgroups(config.cgroups, report)
     libc = _Libc()
     parent = os.getppid()
     _die_with_parent(libc, parent)
@@ -237,6 +242,27 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
         except (OSError, ValueError) as exc:
             report[f"rlimit-{which}"] = str(exc)
     return report
+
+
+def join_cgroups(paths: list[str], report: dict[str, str]) -> None:
+    """Move this process into the run's cgroups (one per v1 hierarchy, or one v2 directory)
+    before anything else, while still root: every process it starts is then counted and
+    limited with it. Reported as ``cgroup``: ``joined``, or what failed."""
+    if not paths:
+        report["cgroup"] = "none (the runtime made no cgroup for this run)"
+        return
+    pid = str(os.getpid()).encode()
+    for path in paths:
+        try:
+            fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            report["cgroup"] = f"not joined ({path}: {exc.strerror or exc})"
+            return
+    report["cgroup"] = "joined"
 
 
 def _own_workdir(config: SandboxConfig, report: dict[str, str]) -> None:
