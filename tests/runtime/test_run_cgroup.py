@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,7 +28,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def created(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RunCgroup]]:
+def created(monkeypatch: pytest.MonkeyPatch) -> list[RunCgroup]:
     """Every run cgroup the runtime creates during the test."""
     made: list[RunCgroup] = []
     original = CgroupHost.create
@@ -40,7 +39,7 @@ def created(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RunCgroup]]:
         return cgroup
 
     monkeypatch.setattr(CgroupHost, "create", create)
-    yield made
+    return made
 
 
 def used(cgroups: list[RunCgroup]) -> list[run_cgroup.CgroupUsage]:
