@@ -148,7 +148,7 @@ def run_filter(program: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -
         if code == 0x20:
             acc = data[offsets[k]]
         elif code == 0x06:
-            return k
+            return int(k)
         elif code in (0x15, 0x35, 0x45):
             taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
             pc += jt if taken else jf
