@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +221,74 @@ async def test_process_count_is_limited_per_run(created: list[RunCgroup]) -> Non
     count = int(terminal.success.value_json)
     assert count < 12
     used(created)
+
+
+def mechanisms(caps: runtime_pb2.GetCapabilitiesResponse) -> dict[str, tuple[bool, int, str]]:
+    return {m.name: (m.enforced, m.scope, m.detail) for m in caps.isolation.mechanisms}
+
+
+@needs_cgroups
+async def test_capabilities_report_per_run_cgroup_mechanisms() -> None:
+    async with serving(grpc_settings()) as running, connected(running) as stub:
+        caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    found = mechanisms(caps)
+    for name in ("memory", "pids", "compute", "cleanup"):
+        enforced, scope, detail = found[name]
+        assert (enforced, scope) == (True, pb.ISOLATION_SCOPE_PER_RUN), (name, detail)
+        assert HOST.version is not None
+    assert f"{HOST.version} memory." in found["memory"][2]
+    assert "memfd" in found["memory"][2]
+    assert {"network", "filesystem", "seccomp", "uid", "pid-namespace", "rlimits"} <= set(found)
+    assert caps.isolation.mechanism.endswith("+cgroup")
+    assert any(item.startswith("memory: per-run") for item in caps.isolation.enforced)
+
+
+async def test_without_cgroups_capabilities_say_per_process_and_why(tmp_path: Path) -> None:
+    # A cgroup root with no cgroup filesystem below it, as on a host without delegation.
+    settings = grpc_settings(cgroup_root=str(tmp_path), pool_size=0)
+    async with serving(settings) as running, connected(running) as stub:
+        caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+        _, terminal = await drive(stub, start_message("return 1"))
+    assert terminal.success.value_json == "1"
+    found = mechanisms(caps)
+    for name in ("memory", "compute", "cleanup"):
+        enforced, scope, detail = found[name]
+        assert (enforced, scope) == (True, pb.ISOLATION_SCOPE_PER_PROCESS), (name, detail)
+        assert f"no run cgroup: no cgroup2 mount under {tmp_path}" in detail, detail
+    assert "not shared-memory, memfd or /tmp pages" in found["memory"][2]
+    assert not caps.isolation.mechanism.endswith("+cgroup")
+    assert any(item.startswith("memory: per-process") for item in caps.isolation.not_enforced)
+    assert not any(item.startswith("memory:") for item in caps.isolation.enforced)
+
+
+async def test_cgroups_off_is_reported_as_configured() -> None:
+    async with serving(grpc_settings(cgroups="off")) as running, connected(running) as stub:
+        caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    enforced, scope, detail = mechanisms(caps)["compute"]
+    assert (enforced, scope) == (True, pb.ISOLATION_SCOPE_PER_PROCESS)
+    assert "disabled by configuration (cgroups: off)" in detail
+
+
+@needs_cgroups
+def test_stale_run_cgroups_of_a_dead_runtime_are_swept_with_their_processes() -> None:
+    # A run cgroup named after a runtime that is gone (pid 1 with another start time), still
+    # holding a process, as a SIGKILLed runtime leaves it; and one of this live runtime.
+    stale = RunCgroup(HOST, "codemode-run-1.999999999-7", {})
+    live = HOST.create()
+    for controller, base in HOST.bases.items():
+        path = os.path.join(base, stale.name)
+        os.mkdir(path)
+        stale.dirs[controller] = path
+    survivor = subprocess.Popen(["sleep", "600"])
+    try:
+        for path in stale.paths:
+            with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+                procs.write(str(survivor.pid))
+        assert HOST.sweep_stale() == 1
+        assert survivor.wait(timeout=10) == -signal.SIGKILL
+        assert not any(os.path.exists(path) for path in stale.paths)
+        assert all(os.path.isdir(path) for path in live.paths)  # a live runtime's: untouched
+    finally:
+        survivor.kill()
+        survivor.wait()
+        assert live.try_remove()
