@@ -43,13 +43,14 @@ class RuntimeSettings(ServiceSettings):
     pool_size: int = Field(default=2, ge=0, le=256)
     """Pre-spawned never-used workers kept ready (0 = spawn each worker on demand)."""
     default_compute_ms: int = 60_000
-    """Busy-CPU budget of a run that does not set one."""
+    """Busy-CPU budget (every process of the run) of a run that does not set one."""
     default_wall_ms: int = 600_000
     """Wall-clock ceiling of a run that does not set one."""
     default_max_output_bytes: int = 64 << 20
     """Output ledger cap of a run that does not set one."""
     default_memory_bytes: int = 512 << 20
-    """Worker address-space limit of a run that does not set one."""
+    """Memory budget (every process of the run, shmem and /tmp included) of a run that does
+    not set one."""
     default_max_outstanding_calls: int = 256
     """Concurrent pending binding calls of a run that does not set a cap."""
     max_compute_ms: int = 60_000
@@ -59,7 +60,7 @@ class RuntimeSettings(ServiceSettings):
     max_output_bytes: int = 64 << 20
     """Largest output cap a run may ask for."""
     max_memory_bytes: int = 512 << 20
-    """Largest worker memory limit a run may ask for."""
+    """Largest memory budget a run may ask for."""
     max_outstanding_calls: int = 256
     """Largest outstanding-call cap a run may ask for."""
     max_program_bytes: int = Field(default=1 << 20, ge=1)
@@ -135,6 +136,13 @@ class RuntimeSettings(ServiceSettings):
                 f"{needed}: max_output_bytes ({self.max_output_bytes}) plus "
                 f"{needed - self.max_output_bytes} bytes of framing, or a run's terminal "
                 "message could not be sent"
+            )
+        if self.worker_tmp_bytes > self.max_memory_bytes:
+            # /tmp is memory: its pages count against the run's budget (cgroup), and without a
+            # run cgroup its cap is all that bounds them.
+            raise ConfigError(
+                f"worker_tmp_bytes ({self.worker_tmp_bytes}) must not exceed max_memory_bytes "
+                f"({self.max_memory_bytes}): /tmp is memory-backed"
             )
         spec = WorkerSpec(
             uid_base=self.worker_uid_base,

@@ -151,6 +151,8 @@ class RunCgroup:
             _write(f"{memory}/memory.max", str(limit))
             with contextlib.suppress(FileNotFoundError):  # no swap accounting compiled in
                 _write(f"{memory}/memory.swap.max", "0")
+            with contextlib.suppress(FileNotFoundError):  # Linux < 4.19
+                _write(f"{memory}/memory.oom.group", "1")  # an OOM kill takes the whole run
             return
         # v1: memsw (memory + swap) may never be below memory: lower memory first.
         _write(f"{memory}/memory.limit_in_bytes", str(limit))

@@ -292,3 +292,11 @@ def test_stale_run_cgroups_of_a_dead_runtime_are_swept_with_their_processes() ->
         survivor.kill()
         survivor.wait()
         assert live.try_remove()
+
+
+def test_tmp_cap_may_not_exceed_the_largest_memory_budget() -> None:
+    from runtime_service.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=r"worker_tmp_bytes .* must not exceed max_memory_bytes"):
+        load_settings(worker_tmp_bytes=(512 << 20) + 1)
+    assert load_settings(worker_tmp_bytes=512 << 20).worker_tmp_bytes == 512 << 20

@@ -192,13 +192,17 @@ class RunBudgets(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MAX_OUTSTANDING_CALLS_FIELD_NUMBER: _builtins.int
     compute_ms: _builtins.int
-    """Busy CPU time of the worker in milliseconds; awaiting binding calls is not busy time."""
+    """Busy CPU time in milliseconds of every process of the run together (of the worker alone
+    where GetCapabilities reports compute per process); awaiting binding calls is not busy.
+    """
     wall_ms: _builtins.int
     """Wall-clock ceiling in milliseconds."""
     max_output_bytes: _builtins.int
     """Output ledger cap in bytes (logs plus completion value or failure message); at least 4."""
     memory_bytes: _builtins.int
-    """Address-space limit of the worker process in bytes."""
+    """Memory in bytes of every process of the run together, shared-memory and /tmp pages
+    included (per process address space where GetCapabilities reports memory per process).
+    """
     max_outstanding_calls: _builtins.int
     """Binding calls that may await a result at the same time."""
     def __init__(

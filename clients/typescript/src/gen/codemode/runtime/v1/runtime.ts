@@ -101,13 +101,19 @@ export interface RunStart {
  * A value above the deployment maximum is rejected with INVALID_ARGUMENT.
  */
 export interface RunBudgets {
-  /** Busy CPU time of the worker in milliseconds; awaiting binding calls is not busy time. */
+  /**
+   * Busy CPU time in milliseconds of every process of the run together (of the worker alone
+   * where GetCapabilities reports compute per process); awaiting binding calls is not busy.
+   */
   computeMs: bigint;
   /** Wall-clock ceiling in milliseconds. */
   wallMs: bigint;
   /** Output ledger cap in bytes (logs plus completion value or failure message); at least 4. */
   maxOutputBytes: bigint;
-  /** Address-space limit of the worker process in bytes. */
+  /**
+   * Memory in bytes of every process of the run together, shared-memory and /tmp pages
+   * included (per process address space where GetCapabilities reports memory per process).
+   */
   memoryBytes: bigint;
   /** Binding calls that may await a result at the same time. */
   maxOutstandingCalls: bigint;
