@@ -86,6 +86,11 @@ class RuntimeSettings(ServiceSettings):
     why."""
     cgroup_root: str = Field(default="/sys/fs/cgroup", min_length=1)
     """Where the cgroup filesystems are mounted: only cgroup mounts below it are used."""
+    cgroup_remount: bool = False
+    """Where the cgroup2 mount is read-only (as container runtimes mount it), mount a writable
+    cgroup2 over it in the runtime's own mount namespace (needs CAP_SYS_ADMIN and a cgroup
+    namespace of the container's own: the new mount shows only the container's subtree). The
+    deploy/ manifests set it."""
     max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024, lt=2**31)
     """Largest gRPC message accepted or sent: at least `max_output_bytes` plus
     `terminal_headroom` (checked at start), so that any run's terminal message can be sent."""
@@ -150,6 +155,7 @@ class RuntimeSettings(ServiceSettings):
             tmp_bytes=self.worker_tmp_bytes,
             cgroups=self.cgroups,
             cgroup_root=self.cgroup_root,
+            cgroup_remount=self.cgroup_remount,
             pids_max=self.worker_pids_max,
         )
         if self.worker_python:

@@ -383,6 +383,7 @@ class _Mount:
     root: str
     fstype: str
     options: frozenset[str]
+    read_only: bool = False
 
 
 def _mounts() -> list[_Mount]:
@@ -399,8 +400,10 @@ def _mounts() -> list[_Mount]:
         if len(fields) < 5 or len(tail) < 3:
             continue
         point = fields[4].replace("\\040", " ")
-        mounts.append(_Mount(point, fields[3], tail[0], frozenset(tail[2].split(","))))
-    return mounts
+        read_only = "ro" in fields[5].split(",")
+        mounts.append(_Mount(point, fields[3], tail[0], frozenset(tail[2].split(",")), read_only))
+    # Topmost first: of two mounts on one point, the later one is what paths resolve to.
+    return mounts[::-1]
 
 
 def _own_cgroups() -> tuple[dict[str, str], str | None]:
@@ -528,12 +531,48 @@ def _enable_v2_controllers(base: str) -> str | None:
     return None
 
 
-def _detect_v2(cgroup_root: str, mounts: list[_Mount], own: str | None) -> CgroupHost:
+def _remount_writable(point: str) -> str | None:
+    """Make the cgroup2 mount at ``point`` writable; None when done, else why not.
+
+    Container runtimes mount the container's cgroup subtree read-only. With a cgroup
+    namespace of its own (the default on v2) that mount shows only the container's cgroup, so
+    a runtime holding CAP_SYS_ADMIN may remount it read-write and delegate below itself -- never
+    above, where the pod's limits stay. It changes this process's mount namespace only (the
+    runtime's container). A remount changes the filesystem's flags and this mount's; a bind
+    remount (where the first is refused) only this mount's.
+    """
+    import ctypes  # only on this path
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    keep = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+    remount, bind = 32, 4096
+    why = ""
+    for flags in (remount | keep, remount | bind | keep):
+        if libc.mount(None, point.encode(), None, ctypes.c_ulong(flags), None) == 0:
+            return None
+        why = os.strerror(ctypes.get_errno())
+    return f"cannot remount {point} read-write ({why})"
+
+
+def _detect_v2(
+    cgroup_root: str, mounts: list[_Mount], own: str | None, remount: bool
+) -> CgroupHost:
     mount = next(
         (m for m in mounts if m.fstype == "cgroup2" and _under(m.point, cgroup_root)), None
     )
     if mount is None or own is None:
         return CgroupHost(None, f"no cgroup2 mount under {cgroup_root}")
+    if mount.read_only:
+        if not remount:
+            return CgroupHost(
+                None,
+                f"cgroup v2 mount {mount.point} is read-only (set cgroup_remount to remount it "
+                "read-write, as the deploy/ manifests do)",
+            )
+        problem = _remount_writable(mount.point)
+        if problem is not None:
+            return CgroupHost(None, f"cgroup v2: {problem}")
+        return _detect_v2(cgroup_root, _mounts(), _own_cgroups()[1], remount=False)
     base = _directory(mount, own)
     if base is None:
         return CgroupHost(None, f"the runtime's cgroup {own} is not visible in {mount.point}")
@@ -564,11 +603,14 @@ def _detect_v2(cgroup_root: str, mounts: list[_Mount], own: str | None) -> Cgrou
     return host
 
 
-def detect(mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup") -> CgroupHost:
+def detect(
+    mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup", remount: bool = False
+) -> CgroupHost:
     """Find where this runtime can create run cgroups (``mode``: auto, v1, v2 or off).
 
     ``auto`` prefers v2 (the unified hierarchy with memory and pids available) and falls back
     to v1 hierarchies; a host offering neither gets a host without cgroups and the reason.
+    ``remount``: a read-only cgroup2 mount (a container's) is mounted again, writable.
     """
     if mode == "off":
         return CgroupHost(None, "disabled by configuration (cgroups: off)")
@@ -578,7 +620,7 @@ def detect(mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup") -> CgroupHos
     v1_own, v2_own = _own_cgroups()
     reasons: list[str] = []
     if mode in ("auto", "v2"):
-        host = _detect_v2(cgroup_root, mounts, v2_own)
+        host = _detect_v2(cgroup_root, mounts, v2_own, remount)
         if host.available or mode == "v2":
             return host
         reasons.append(host.reason)
@@ -588,15 +630,17 @@ def detect(mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup") -> CgroupHos
     return host
 
 
-def shared_host(mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup") -> CgroupHost:
+def shared_host(
+    mode: str = "auto", cgroup_root: str = "/sys/fs/cgroup", remount: bool = False
+) -> CgroupHost:
     """The detection for this process (every runtime in it shares one): done once, and the
     stale run cgroups of runtimes that are gone are swept right after."""
-    return _shared_host(mode, os.path.realpath(cgroup_root))
+    return _shared_host(mode, os.path.realpath(cgroup_root), remount)
 
 
 @functools.cache
-def _shared_host(mode: str, cgroup_root: str) -> CgroupHost:
-    host = detect(mode, cgroup_root)
+def _shared_host(mode: str, cgroup_root: str, remount: bool) -> CgroupHost:
+    host = detect(mode, cgroup_root, remount)
     if host.available:
         host.sweep_stale()
     return host

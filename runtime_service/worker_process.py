@@ -95,12 +95,14 @@ class WorkerSpec:
     (``run_cgroup``). Where none can be made, runs fall back to per-process limits."""
     cgroup_root: str = "/sys/fs/cgroup"
     """Where the cgroup filesystems are mounted (only mounts below it are used)."""
+    cgroup_remount: bool = False
+    """Mount a writable cgroup2 over a read-only one (a container's; needs CAP_SYS_ADMIN)."""
     pids_max: int = 64
     """Processes and threads a run may have at once (its cgroup's ``pids.max``)."""
 
     def cgroup_host(self) -> run_cgroup.CgroupHost:
         """Where this spec's workers get their run cgroups (detected once per process)."""
-        return run_cgroup.shared_host(self.cgroups, self.cgroup_root)
+        return run_cgroup.shared_host(self.cgroups, self.cgroup_root, self.cgroup_remount)
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""

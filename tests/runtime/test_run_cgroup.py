@@ -300,3 +300,40 @@ def test_tmp_cap_may_not_exceed_the_largest_memory_budget() -> None:
     with pytest.raises(ConfigError, match=r"worker_tmp_bytes .* must not exceed max_memory_bytes"):
         load_settings(worker_tmp_bytes=(512 << 20) + 1)
     assert load_settings(worker_tmp_bytes=512 << 20).worker_tmp_bytes == 512 << 20
+
+
+REMOUNT_PROBE = """\
+import json, subprocess
+from runtime_service import run_cgroup
+point = next(m.point for m in run_cgroup._mounts() if m.fstype == "cgroup2")
+subprocess.run(["mount", "-o", "remount,bind,ro", point], check=True)  # as a container has it
+refused = run_cgroup.detect("v2", remount=False).reason
+run_cgroup.detect("v2", remount=True)
+after = next(m for m in run_cgroup._mounts() if m.point == point)
+print(json.dumps([point, refused, after.read_only]))
+"""
+
+
+def test_a_read_only_cgroup2_mount_is_remounted_only_when_configured() -> None:
+    # In a mount namespace of its own (nothing changes for this host), the cgroup2 mount is
+    # made read-only the way container runtimes mount it.
+    mounts = [m for m in run_cgroup._mounts() if m.fstype == "cgroup2"]
+    if os.geteuid() != 0 or not mounts or not os.path.exists("/usr/bin/unshare"):
+        pytest.skip("needs root, a cgroup2 mount and unshare(1)")
+    import json
+    import sys
+
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", REMOUNT_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    )
+    point, refused, read_only_after = json.loads(done.stdout)
+    assert refused == (
+        f"cgroup v2 mount {point} is read-only (set cgroup_remount to remount it read-write, "
+        "as the deploy/ manifests do)"
+    )
+    assert read_only_after is False
+    assert not next(m for m in run_cgroup._mounts() if m.point == point).read_only
