@@ -191,8 +191,10 @@ class RunCgroup:
         return self.oom_kills() > self._oom_at_start
 
     def mark_start(self) -> None:
-        """The program starts now: OOM kills before this (none expected) are not its own."""
-        self._oom_at_start = self.oom_kills()
+        """The program starts now. Before it, the cgroup had no memory limit of its own and
+        ran only the worker's boot, so its OOM count starts at zero: no read (about 0.1 ms
+        for v1's memory.oom_control) on the hand-off path."""
+        self._oom_at_start = 0
 
     def memory_peak(self) -> int | None:
         """Highest memory charge of the run (boot included), or None where not kept."""
@@ -217,7 +219,9 @@ class RunCgroup:
     # -- ending ------------------------------------------------------------------------------
     def kill_all(self) -> None:
         """SIGKILL every process of the run, including any that left the process group."""
-        _kill_cgroup(self.host.version, self.dirs)
+        # Usually nothing is left by now, and reading the members is cheaper than a freeze.
+        if self.populated():
+            _kill_cgroup(self.host.version, self.dirs)
 
     def populated(self) -> bool:
         return _populated(self.paths)

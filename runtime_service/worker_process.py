@@ -7,7 +7,9 @@ environment, ``/`` as cwd (it moves into its private root, or into a fresh direc
 reports when it cannot build one), its own session/process group, stdin on /dev/null,
 stdout/stderr on pipes, and the channel socket as the only other descriptor (``close_fds``).
 It isolates itself before it reports ready (see ``worker/sandbox_child.py``) and drops to a uid
-of its own, leased here from a configured range for as long as the process lives.
+of its own, leased here from a configured range for as long as the process lives. Its run's
+cgroup (``run_cgroup``) is made here before the spawn and joined by the worker as its first
+step; it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
 socket, both pipes and a pidfd (for the exit) are watched with ``add_reader``. The pidfd
