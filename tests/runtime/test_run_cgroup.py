@@ -284,7 +284,8 @@ def test_stale_run_cgroups_of_a_dead_runtime_are_swept_with_their_processes() ->
         for path in stale.paths:
             with open(os.path.join(path, "cgroup.procs"), "w") as procs:
                 procs.write(str(survivor.pid))
-        assert HOST.sweep_stale() == 1
+        # Others may be swept too: runtimes other tests SIGKILLed (tests/codemode/test_faults).
+        assert HOST.sweep_stale() >= 1
         assert survivor.wait(timeout=10) == -signal.SIGKILL
         assert not any(os.path.exists(path) for path in stale.paths)
         assert all(os.path.isdir(path) for path in live.paths)  # a live runtime's: untouched
