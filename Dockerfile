@@ -9,8 +9,10 @@
 #
 # The image runs as the unprivileged user 10001. The runtime is the one exception, chosen by its
 # deployment (compose / kustomize), not by the image: its worker sandbox creates mount and network
-# namespaces and drops each worker to a uid of its own, which only a root process holding
-# CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID can do (deploy/README.md, "Runtime pod security").
+# namespaces, a cgroup per run below the container's own (remounting the container's read-only
+# cgroup2 mount read-write: CODEMODE_RUNTIME_CGROUP_REMOUNT) and drops each worker to a uid of its
+# own, which only a root process holding CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID can do
+# (deploy/README.md, "Runtime pod security").
 #
 # Pin the base by digest in CI (--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:...).
 ARG PYTHON_IMAGE=python:3.11-slim

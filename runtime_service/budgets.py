@@ -30,13 +30,18 @@ class Budgets:
     """Limits of one run. The defaults are the reference's."""
 
     compute_ms: int = 60_000
-    """Busy CPU time of the worker process; time spent awaiting binding calls is free."""
+    """Busy CPU time of every process of the run together (its cgroup; where the host has no
+    run cgroup, of the worker process alone), counted from the moment the program is handed
+    over; time spent awaiting binding calls is free (nothing runs)."""
     wall_ms: int = 600_000
     """Wall-clock ceiling from the moment the program is handed to the worker."""
     max_output_bytes: int = 64 << 20
     """Output ledger cap (logs plus completion value or failure message)."""
     memory_bytes: int = 512 << 20
-    """Address-space limit of the worker process (``RLIMIT_AS``)."""
+    """Memory of every process of the run together, with its shared-memory, memfd and
+    ``/tmp`` pages and no swap (the run's cgroup: ``memory.max`` or v1
+    ``memory.limit_in_bytes``); also each process's address-space limit (``RLIMIT_AS``), the
+    only bound where the host has no run cgroup."""
     max_outstanding_calls: int = 256
     """Binding calls awaiting a reply at once; further calls fail immediately."""
 

@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass, field
+from typing import Literal
 
 from runtime_service.budgets import Budgets
 from runtime_service.runtime import LANGUAGES, Runtime
 from runtime_service.worker.sandbox_child import BASE_LIMITS, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
 
-__all__ = ["Capabilities", "Isolation", "describe_isolation", "probe_capabilities"]
+__all__ = ["Capabilities", "Isolation", "Mechanism", "describe_isolation", "probe_capabilities"]
+
+Scope = Literal["per-run", "per-process", ""]
+
+
+@dataclass(frozen=True, slots=True)
+class Mechanism:
+    """One isolation mechanism: in force or not, and whether it bounds the whole run (every
+    process of it together) or each process on its own."""
+
+    name: str
+    enforced: bool
+    scope: Scope
+    detail: str
+    """How it is enforced, or why it is not (and what stands in for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +33,7 @@ class Isolation:
     mechanism: str
     enforced: list[str] = field(default_factory=list)
     not_enforced: list[str] = field(default_factory=list)
+    mechanisms: list[Mechanism] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +83,28 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
         "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables",
-        "memory: RLIMIT_AS per run; CPU: busy-time budget polled every 25 ms, RLIMIT_CPU backstop",
         "output: exact byte ledger checked in the worker and again in the runtime",
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
     not_enforced = [
-        "pid namespace: the host's (pids are host pids; other processes are hidden, not gone)",
         "kernel: shared with the host (namespaces, not a virtual machine): a kernel exploit "
         "escapes the sandbox",
-        "memory: RLIMIT_AS bounds each process, not the total of a program's processes; "
-        "no cgroup limits",
-        "CPU: the busy-time budget counts the worker process; a descendant is bounded by its "
-        "own RLIMIT_CPU and by the run's wall-clock ceiling",
-        "descendants after a runtime crash: the worker dies with the runtime (parent-death "
-        "signal), but processes the program started outlive a runtime that is killed outright",
     ]
+    mechanisms = _mechanisms(report, spec)
+    for item in mechanisms:
+        if item.name in _SUMMARISED:
+            # Only a bound on the whole run counts as in force here: a per-process fallback
+            # is listed with what it leaves open.
+            in_force = item.enforced and item.scope == "per-run"
+            scope = f"{item.scope}, " if item.scope else ""
+            line = f"{_SUMMARISED[item.name]}: {scope}{item.detail}"
+            (enforced if in_force else not_enforced).append(line)
+    if not any(item.name == "pid-namespace" and item.enforced for item in mechanisms):
+        not_enforced.append(
+            "descendants after a runtime crash: the worker dies with the runtime (parent-death "
+            "signal), but processes the program started outlive a runtime that is killed "
+            "outright"
+        )
     # setrlimit failures are reported per limit as `rlimit-<resource>`.
     failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
     if failed:
@@ -127,8 +150,11 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("seccomp"):
         enforced.append(
             "system calls: a seccomp filter refuses setsid/setpgid (no descendant can leave the "
-            "worker's process group, so all of them die with the run), ptrace, "
-            "process_vm_readv/writev, namespace and mount calls, bpf, perf_event_open, keyctl"
+            "worker's process group, so all of them die with the run), ptrace and the other "
+            "cross-process calls, namespace and mount calls, io_uring, bpf, perf_event_open, "
+            "userfaultfd, keyrings, sockets other than Unix, IP and netlink routing (no "
+            "AF_VSOCK to the VM host), and the privileged calls Docker's default profile "
+            "refuses (the table is in runtime_service/worker/seccomp.py)"
         )
     else:
         not_enforced.append(
@@ -148,4 +174,111 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         not_enforced.append(f"IPC: System V IPC and POSIX queues shared ({why('ipc')})")
     mechanism = "process" + ("+namespaces" if held("filesystem") else "")
     mechanism += "+seccomp" if held("seccomp") else ""
-    return Isolation(mechanism, enforced, not_enforced)
+    mechanism += "+cgroup" if _cgroup_in_force(report, spec) else ""
+    return Isolation(mechanism, enforced, not_enforced, mechanisms)
+
+
+# Mechanisms whose line in `enforced`/`not_enforced` is written from their entry here (the
+# others keep their own, longer, text below).
+_SUMMARISED = {
+    "memory": "memory",
+    "pids": "process count",
+    "compute": "CPU",
+    "pid-namespace": "pid namespace",
+}
+
+
+def _cgroup_in_force(report: dict[str, str], spec: WorkerSpec) -> bool:
+    return spec.cgroup_host().available and report.get("cgroup") == REPORT_KEYS["cgroup"]
+
+
+def _mechanisms(report: dict[str, str], spec: WorkerSpec) -> list[Mechanism]:
+    """Each mechanism, per run where the host allows it, else the per-process fallback."""
+    host = spec.cgroup_host()
+
+    def held(key: str) -> bool:
+        return report.get(key) == REPORT_KEYS[key]
+
+    if not host.available:
+        no_cgroup = f"no run cgroup: {host.reason}"
+    elif not held("cgroup"):
+        no_cgroup = f"no run cgroup: the worker reported {report.get('cgroup', 'nothing')!r}"
+    else:
+        no_cgroup = ""
+    items: list[Mechanism] = []
+    if not no_cgroup:
+        v1 = host.version == "v1"
+        limit = "memory.limit_in_bytes" if v1 else "memory.max"
+        swap = (
+            (" and memory.memsw.limit_in_bytes" if v1 else ", memory.swap.max 0")
+            if (host.swap_limited)
+            else " (swap not accounted)"
+        )
+        items += [
+            Mechanism("memory", True, "per-run", (
+                f"one budget for every process of the run in its cgroup ({host.version} {limit}"
+                f"{swap}), shared-memory, memfd and /tmp pages included; an out-of-memory kill "
+                "ends the run; RLIMIT_AS per process as a backstop"
+            )),
+            Mechanism("pids", True, "per-run", (
+                f"at most {spec.pids_max} processes and threads per run (pids.max)"
+            )),
+            Mechanism("compute", True, "per-run", (
+                "busy CPU time of every process of the run ("
+                + ("cpuacct.usage" if v1 else "cpu.stat usage_usec")
+                + "), polled every 25 ms; RLIMIT_CPU per process as a backstop"
+            )),
+            Mechanism("cleanup", True, "per-run", (
+                f"every process of the run is killed through its cgroup ({host.killable}), "
+                "also one that left the process group, and the cgroup removed"
+            )),
+        ]  # fmt: skip
+    else:
+        nproc = f"RLIMIT_NPROC {_nproc()} for the worker's uid" if held("user") else ""
+        items += [
+            Mechanism("memory", True, "per-process", (
+                f"RLIMIT_AS bounds each process's address space, not the total of a program's "
+                f"processes, and not shared-memory, memfd or /tmp pages ({no_cgroup})"
+            )),
+            Mechanism("pids", bool(nproc), "per-process" if nproc else "", (
+                f"{nproc} ({no_cgroup})" if nproc
+                else f"no limit: root is not bound by RLIMIT_NPROC ({no_cgroup})"
+            )),
+            Mechanism("compute", True, "per-process", (
+                "the busy-time budget counts the worker process; a descendant is bounded by its "
+                f"own RLIMIT_CPU and by the run's wall-clock ceiling ({no_cgroup})"
+            )),
+            Mechanism("cleanup", True, "per-process", (
+                f"the worker's process group is killed ({no_cgroup})"
+            )),
+        ]  # fmt: skip
+    pid = report.get("pid")
+    items.append(
+        Mechanism("pid-namespace", True, "per-run", "own pid namespace per run")
+        if pid == "namespace"
+        else Mechanism(
+            "pid-namespace", False, "",
+            "the host's (pids are host pids; other processes are hidden, not gone)"
+            + (f": {pid}" if pid else ""),
+        )
+    )  # fmt: skip
+    for name, key, what in (
+        ("network", "network", "own empty network namespace"),
+        ("ipc", "ipc", "own IPC, UTS and cgroup namespaces"),
+        ("filesystem", "filesystem", f"private read-only root, {spec.tmp_bytes >> 20} MiB /tmp"),
+        ("proc", "proc", "private /proc listing only the run's processes"),
+        ("uid", "user", "an unprivileged uid of its own per live worker, no capabilities"),
+        ("seccomp", "seccomp", "system-call filter, inherited by every process of the run"),
+    ):
+        if held(key):
+            items.append(Mechanism(name, True, "per-run", what))
+        else:
+            items.append(Mechanism(name, False, "", report.get(key, "not reported")))
+    failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
+    items.append(
+        Mechanism("rlimits", not failed, "per-process" if not failed else "", (
+            "open files 64, file size 64 MiB, no core dumps, per process"
+            if not failed else "; ".join(failed)
+        ))
+    )  # fmt: skip
+    return items

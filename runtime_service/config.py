@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -43,13 +43,14 @@ class RuntimeSettings(ServiceSettings):
     pool_size: int = Field(default=2, ge=0, le=256)
     """Pre-spawned never-used workers kept ready (0 = spawn each worker on demand)."""
     default_compute_ms: int = 60_000
-    """Busy-CPU budget of a run that does not set one."""
+    """Busy-CPU budget (every process of the run) of a run that does not set one."""
     default_wall_ms: int = 600_000
     """Wall-clock ceiling of a run that does not set one."""
     default_max_output_bytes: int = 64 << 20
     """Output ledger cap of a run that does not set one."""
     default_memory_bytes: int = 512 << 20
-    """Worker address-space limit of a run that does not set one."""
+    """Memory budget (every process of the run, shmem and /tmp included) of a run that does
+    not set one."""
     default_max_outstanding_calls: int = 256
     """Concurrent pending binding calls of a run that does not set a cap."""
     max_compute_ms: int = 60_000
@@ -59,7 +60,7 @@ class RuntimeSettings(ServiceSettings):
     max_output_bytes: int = 64 << 20
     """Largest output cap a run may ask for."""
     max_memory_bytes: int = 512 << 20
-    """Largest worker memory limit a run may ask for."""
+    """Largest memory budget a run may ask for."""
     max_outstanding_calls: int = 256
     """Largest outstanding-call cap a run may ask for."""
     max_program_bytes: int = Field(default=1 << 20, ge=1)
@@ -72,7 +73,24 @@ class RuntimeSettings(ServiceSettings):
     """Size of that range: the most workers alive at once. The range must belong to no other
     user on the host, and runtimes sharing a host need disjoint ranges."""
     worker_tmp_bytes: int = Field(default=64 << 20, ge=1 << 20)
-    """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory."""
+    """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory. With
+    a run cgroup its pages also count against the run's memory budget; without one they come
+    on top of it, so keep it small."""
+    worker_pids_max: int = Field(default=64, ge=8, le=1_000_000)
+    """Processes and threads one run may have at once (its cgroup's ``pids.max``)."""
+    cgroups: Literal["auto", "v1", "v2", "off"] = "auto"
+    """Run cgroups (memory incl. shmem/tmpfs, pids and CPU time of every process of a run):
+    ``auto`` uses cgroup v2 where memory and pids are delegated to the runtime's cgroup, else
+    the v1 hierarchies (memory, pids, cpuacct, freezer); ``v1``/``v2`` insist on one; ``off``
+    disables them. Where none can be made, limits are per process and GetCapabilities says
+    why."""
+    cgroup_root: str = Field(default="/sys/fs/cgroup", min_length=1)
+    """Where the cgroup filesystems are mounted: only cgroup mounts below it are used."""
+    cgroup_remount: bool = False
+    """Where the cgroup2 mount is read-only (as container runtimes mount it), mount a writable
+    cgroup2 over it in the runtime's own mount namespace (needs CAP_SYS_ADMIN and a cgroup
+    namespace of the container's own: the new mount shows only the container's subtree). The
+    deploy/ manifests set it."""
     max_message_bytes: int = Field(default=96 * 1024 * 1024, ge=64 * 1024, lt=2**31)
     """Largest gRPC message accepted or sent: at least `max_output_bytes` plus
     `terminal_headroom` (checked at start), so that any run's terminal message can be sent."""
@@ -124,10 +142,21 @@ class RuntimeSettings(ServiceSettings):
                 f"{needed - self.max_output_bytes} bytes of framing, or a run's terminal "
                 "message could not be sent"
             )
+        if self.worker_tmp_bytes > self.max_memory_bytes:
+            # /tmp is memory: its pages count against the run's budget (cgroup), and without a
+            # run cgroup its cap is all that bounds them.
+            raise ConfigError(
+                f"worker_tmp_bytes ({self.worker_tmp_bytes}) must not exceed max_memory_bytes "
+                f"({self.max_memory_bytes}): /tmp is memory-backed"
+            )
         spec = WorkerSpec(
             uid_base=self.worker_uid_base,
             uid_count=self.worker_uid_count,
             tmp_bytes=self.worker_tmp_bytes,
+            cgroups=self.cgroups,
+            cgroup_root=self.cgroup_root,
+            cgroup_remount=self.cgroup_remount,
+            pids_max=self.worker_pids_max,
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)

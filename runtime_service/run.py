@@ -167,8 +167,21 @@ class Run:
         budgets = self.request.budgets
         loop = asyncio.get_running_loop()
         assert self._settled is not None
-        boot = worker.boot_cpu_s
-        self._baseline = boot if boot is not None else (worker.cpu_seconds() or 0.0)
+        cgroup = worker.cgroup
+        if cgroup is not None:
+            # The run's memory budget is known only now; it covers every process of the run
+            # (and its shmem/tmpfs pages) before the program exists. CPU counts from here:
+            # the worker's boot is not the program's.
+            try:
+                cgroup.set_memory_limit(budgets.memory_bytes)
+            except OSError as exc:
+                message = f"cannot apply the run's memory budget: {exc.strerror or exc}"
+                self._settle(_Terminal(RunFailure("worker-exit", message)))
+            cgroup.mark_start()
+            self._baseline = cgroup.cpu_seconds() or 0.0
+        else:
+            boot = worker.boot_cpu_s
+            self._baseline = boot if boot is not None else (worker.cpu_seconds() or 0.0)
         self._decoders = {
             fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in worker.output_fds
         }
@@ -179,16 +192,17 @@ class Run:
         self._cpu_timer = loop.call_later(CPU_POLL_INTERVAL_S, self._poll_cpu, worker)
         # The program starts last: the worker runs on at once (often on this CPU), so nothing
         # of ours should be left to do between this send and waiting for its messages.
-        worker.send(
-            {
-                "t": "start",
-                "program": self.request.program,
-                "bindings": sorted(self.request.bindings),
-                "max_output_bytes": budgets.max_output_bytes,
-                "memory_bytes": budgets.memory_bytes,
-                "cpu_seconds": budgets.compute_ms / 1000,
-            }
-        )
+        if self._terminal is None:
+            worker.send(
+                {
+                    "t": "start",
+                    "program": self.request.program,
+                    "bindings": sorted(self.request.bindings),
+                    "max_output_bytes": budgets.max_output_bytes,
+                    "memory_bytes": budgets.memory_bytes,
+                    "cpu_seconds": budgets.compute_ms / 1000,
+                }
+            )
         try:
             await self._settled
         finally:
@@ -221,9 +235,12 @@ class Run:
     def _on_worker_exit(self, worker: WorkerProcess, exited: asyncio.Future[int]) -> None:
         # Whatever the worker sent before it exited is already queued on the channel.
         worker.read_pending()
-        self._settle(_Terminal(RunFailure("worker-exit", self._exit_message(exited.result()))))
+        message = self._exit_message(exited.result(), worker)
+        self._settle(_Terminal(RunFailure("worker-exit", message)))
 
-    def _exit_message(self, status: int) -> str:
+    def _exit_message(self, status: int, worker: WorkerProcess) -> str:
+        if worker.cgroup is not None and worker.cgroup.oom_killed():
+            return self._oom_message()
         if status == EXIT_OUT_OF_MEMORY:
             mib = self.request.budgets.memory_bytes / (1 << 20)
             return f"worker exceeded its memory budget ({mib:g} MiB)"
@@ -231,11 +248,27 @@ class Run:
             return f"worker killed by signal {_signal_name(-status)} before completing"
         return f"worker exited with code {status} before completing"
 
+    def _oom_message(self) -> str:
+        mib = self.request.budgets.memory_bytes / (1 << 20)
+        return (
+            f"run exceeded its memory budget ({mib:g} MiB, all its processes and their "
+            "shared-memory and /tmp pages together): the kernel's out-of-memory killer ended it"
+        )
+
     def _poll_cpu(self, worker: WorkerProcess) -> None:
         if self._terminal is not None:
             return
         budget_ms = self.request.budgets.compute_ms
-        used = worker.cpu_seconds()
+        cgroup = worker.cgroup
+        if cgroup is not None:
+            # Every process of the run, also one the out-of-memory killer ended (the run
+            # ends then: a program must not go on with some of its processes missing).
+            if cgroup.oom_killed():
+                self._settle(_Terminal(RunFailure("worker-exit", self._oom_message())))
+                return
+            used = cgroup.cpu_seconds()
+        else:
+            used = worker.cpu_seconds()
         if used is not None and (used - self._baseline) * 1000 > budget_ms:
             message = f"compute budget exhausted ({budget_ms}ms busy)"
             self._settle(_Terminal(RunFailure("timeout", message)))

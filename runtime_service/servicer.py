@@ -43,6 +43,11 @@ _NO_OUTCOME = "the call result carried neither value_json nor error_message"
 _FRAMING_BYTES = 4096  # a BindingCall's field tags and lengths, generously
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+_SCOPES = {
+    "per-run": runtime_pb2.ISOLATION_SCOPE_PER_RUN,
+    "per-process": runtime_pb2.ISOLATION_SCOPE_PER_PROCESS,
+    "": runtime_pb2.ISOLATION_SCOPE_UNSPECIFIED,
+}
 
 
 class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
@@ -71,6 +76,15 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 mechanism=caps.isolation.mechanism,
                 enforced=caps.isolation.enforced,
                 not_enforced=caps.isolation.not_enforced,
+                mechanisms=[
+                    runtime_pb2.IsolationMechanism(
+                        name=item.name,
+                        enforced=item.enforced,
+                        scope=_SCOPES[item.scope],
+                        detail=item.detail,
+                    )
+                    for item in caps.isolation.mechanisms
+                ],
             ),
             default_budgets=_budgets_proto(caps.defaults),
             max_budgets=_budgets_proto(caps.maxima),

@@ -7,7 +7,9 @@ environment, ``/`` as cwd (it moves into its private root, or into a fresh direc
 reports when it cannot build one), its own session/process group, stdin on /dev/null,
 stdout/stderr on pipes, and the channel socket as the only other descriptor (``close_fds``).
 It isolates itself before it reports ready (see ``worker/sandbox_child.py``) and drops to a uid
-of its own, leased here from a configured range for as long as the process lives.
+of its own, leased here from a configured range for as long as the process lives. Its run's
+cgroup (``run_cgroup``) is made here before the spawn and joined by the worker as its first
+step; it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
 socket, both pipes and a pidfd (for the exit) are watched with ``add_reader``. The pidfd
@@ -38,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime_service import run_cgroup
+from runtime_service.run_cgroup import RunCgroup
 from runtime_service.worker import flatwire, framing
 
 __all__ = ["UidLeases", "WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
@@ -88,13 +92,27 @@ class WorkerSpec:
     """Size cap of a worker's private ``/tmp`` (its working directory)."""
     hidden_paths: tuple[str, ...] = field(default_factory=_runtime_paths)
     """Runtime paths masked inside the worker's root should an exposed tree contain them."""
+    cgroups: str = "auto"
+    """Run cgroups: ``auto`` (v2 where delegated, else v1), ``v1``, ``v2`` or ``off``
+    (``run_cgroup``). Where none can be made, runs fall back to per-process limits."""
+    cgroup_root: str = "/sys/fs/cgroup"
+    """Where the cgroup filesystems are mounted (only mounts below it are used)."""
+    cgroup_remount: bool = False
+    """Mount a writable cgroup2 over a read-only one (a container's; needs CAP_SYS_ADMIN)."""
+    pids_max: int = 64
+    """Processes and threads a run may have at once (its cgroup's ``pids.max``)."""
+
+    def cgroup_host(self) -> run_cgroup.CgroupHost:
+        """Where this spec's workers get their run cgroups (detected once per process)."""
+        return run_cgroup.shared_host(self.cgroups, self.cgroup_root, self.cgroup_remount)
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
         return os.path.realpath(self.temp_root or tempfile.gettempdir())
 
-    def argv(self, channel_fd: int, uid: int) -> list[str]:
+    def argv(self, channel_fd: int, uid: int, cgroups: list[str] | None = None) -> list[str]:
         config = {
+            "cgroups": cgroups or [],
             "uid": uid,
             "hide": list(self.hidden_paths),
             "tmp_bytes": self.tmp_bytes,
@@ -172,6 +190,7 @@ class WorkerProcess:
         outputs: tuple[int, int],
         uid: int,
         spawned_at: float,
+        cgroup: RunCgroup | None = None,
     ) -> None:
         self.process = process
         self.pid = process.pid
@@ -185,6 +204,9 @@ class WorkerProcess:
         (no private root): removed after the worker is gone."""
         self.uid = uid
         self.spawned_at = spawned_at
+        self.cgroup = cgroup
+        """The run's cgroup (memory, pids and CPU of every process of the run), joined by the
+        worker at boot; None where the host offers none (per-process limits only)."""
         self.sandbox: dict[str, str] = {}
         self.frames = framing.FrameBuffer()
         self.returncode: int | None = None
@@ -216,6 +238,11 @@ class WorkerProcess:
         ``activate`` restores the normal priority."""
         started = time.monotonic()
         uid = UidLeases.acquire(spec.uid_base, spec.uid_count)
+        try:
+            cgroup = _create_cgroup(spec)
+        except OSError as exc:
+            UidLeases.release(uid)
+            raise WorkerLaunchError(f"cannot create the run's cgroup: {exc}") from exc
         parent = child = None
         pipes: list[int] = []
         try:
@@ -225,7 +252,7 @@ class WorkerProcess:
             pipes = [out_r, out_w, err_r, err_w]
             # Synchronous, like asyncio's own subprocess transport: vfork + exec, ~0.15 ms.
             process = subprocess.Popen(  # noqa: ASYNC220
-                spec.argv(child.fileno(), uid),
+                spec.argv(child.fileno(), uid, cgroup.paths if cgroup is not None else None),
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
@@ -241,6 +268,8 @@ class WorkerProcess:
             for sock in (parent, child):
                 if sock is not None:
                     sock.close()
+            if cgroup is not None:
+                cgroup.try_remove()
             UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
         child.close()
@@ -259,6 +288,7 @@ class WorkerProcess:
                 outputs=(out_r, err_r),
                 uid=uid,
                 spawned_at=started,
+                cgroup=cgroup,
             )
         except OSError as exc:  # no pidfd (Linux < 5.3): do not leave the process behind
             _kill_group(process.pid)
@@ -266,6 +296,9 @@ class WorkerProcess:
             for fd in (out_r, err_r):
                 os.close(fd)
             parent.close()
+            if cgroup is not None:
+                cgroup.kill_all()
+                cgroup.try_remove()
             UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot watch worker: {exc}") from exc
         try:
@@ -506,8 +539,11 @@ class WorkerProcess:
             return
         self._closed = True
         # Members of the group that outlived the leader die now; the leader is still a
-        # zombie, so the group id is still theirs.
+        # zombie, so the group id is still theirs. The cgroup holds every process of the run,
+        # also one that left the group.
         _kill_group(self.pid)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
         self.process.returncode = self.returncode  # Popen must never wait for it again
@@ -521,18 +557,26 @@ class WorkerProcess:
             self._close_output(fd)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        if _group_exists(self.pid):
+        if _group_exists(self.pid) or self._cgroup_left():
             # Killed descendants are still on their way out (tearing down takes the kernel
             # about a millisecond per process): the uid is free only once they are gone.
             self._reaper = self._loop.create_task(self._await_group_gone())
         else:
             self._release()
 
+    def _cgroup_left(self) -> bool:
+        """Whether the run's cgroup still exists (it is removed here once it is empty)."""
+        return self.cgroup is not None and not self.cgroup.try_remove()
+
     async def _await_group_gone(self) -> None:
         deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT_S
         try:
-            while _live_group_members(self.pid) and time.monotonic() < deadline:
+            while (_live_group_members(self.pid) or self._cgroup_left()) and (
+                time.monotonic() < deadline
+            ):
                 _kill_group(self.pid)
+                if self.cgroup is not None:
+                    self.cgroup.kill_all()
                 await asyncio.sleep(_GROUP_POLL_S)
         finally:
             self._release()
@@ -547,6 +591,20 @@ class WorkerProcess:
         self.signal_group()
         self.close_when_exited()
         return await asyncio.shield(self._exited)
+
+
+def _create_cgroup(spec: WorkerSpec) -> RunCgroup | None:
+    """The run's cgroup, made before its worker starts (None where the host has none)."""
+    host = spec.cgroup_host()
+    if not host.available:
+        return None
+    cgroup = host.create()
+    try:
+        cgroup.set_pids_limit(spec.pids_max)
+    except OSError:
+        cgroup.try_remove()
+        raise
+    return cgroup
 
 
 def _libc_sched_getcpu() -> Callable[[], int] | None:

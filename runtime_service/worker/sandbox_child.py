@@ -18,7 +18,9 @@ At boot, before it reports ready, as the runtime's user:
 4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities) and
    set ``PR_SET_NO_NEW_PRIVS``; with a real uid, ``RLIMIT_NPROC`` counts;
 5. install a seccomp filter refusing the calls that would let a program leave its process
-   group (``setsid``/``setpgid``), debug other processes, or touch namespaces and mounts;
+   group (``setsid``/``setpgid``), debug other processes, touch namespaces and mounts, reach
+   the VM host (AF_VSOCK) or risky kernel surface (io_uring, bpf, ...): the table of what is
+   refused and why is in ``worker/seccomp.py``;
 6. lower the limits every run shares.
 
 Each step reports what actually took effect; a step that fails (no privileges, an old kernel)
@@ -40,17 +42,21 @@ import signal
 import struct
 import sys
 
+from runtime_service.worker import seccomp
+from runtime_service.worker.seccomp import ARCHES as _ARCHES
+
 __all__ = [
     "BASE_LIMITS",
-    "DENIED_SYSCALLS",
     "REPORT_KEYS",
     "SandboxConfig",
     "apply_run_limits",
     "isolate",
+    "join_cgroups",
 ]
 
 # Report keys and the value each has when the step is in force.
 REPORT_KEYS: dict[str, str] = {
+    "cgroup": "joined",
     "network": "namespace",
     "ipc": "namespace",
     "filesystem": "private-root",
@@ -93,39 +99,6 @@ _MS_PRIVATE = 1 << 18
 _MS_MOVE = 8192
 _MNT_DETACH = 2
 
-# Linux syscall numbers per architecture: (AUDIT_ARCH, pivot_root, {name: number}).
-_X86_64 = {
-    "setsid": 112, "setpgid": 109, "ptrace": 101, "process_vm_readv": 310,
-    "process_vm_writev": 311, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
-    "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "bpf": 321,
-    "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
-    "userfaultfd": 323, "open_by_handle_at": 304, "kexec_load": 246, "init_module": 175,
-    "clone": 56, "clone3": 435,
-}  # fmt: skip
-# The generic table (asm-generic/unistd.h), used by aarch64.
-_GENERIC = {
-    "setsid": 157, "setpgid": 154, "ptrace": 117, "process_vm_readv": 270,
-    "process_vm_writev": 271, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39,
-    "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "bpf": 280,
-    "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
-    "userfaultfd": 282, "open_by_handle_at": 265, "kexec_load": 104, "init_module": 105,
-    "clone": 220, "clone3": 435,
-}  # fmt: skip
-_ARCHES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (0xC000003E, _X86_64),
-    "aarch64": (0xC00000B7, _GENERIC),
-}
-# Refused with EPERM. ``clone`` is refused only with namespace flags; ``clone3`` answers
-# ENOSYS so that libc falls back to ``clone``, whose flags the filter can read.
-DENIED_SYSCALLS = (
-    "setsid", "setpgid", "ptrace", "process_vm_readv", "process_vm_writev", "unshare",
-    "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
-    "fsconfig", "fsmount", "fspick", "mount_setattr", "bpf", "perf_event_open", "keyctl",
-    "add_key", "request_key", "userfaultfd", "open_by_handle_at", "kexec_load", "init_module",
-)  # fmt: skip
-
 # Trees exposed read-only inside the private root (when they exist), besides the interpreter.
 _SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache",)
@@ -150,7 +123,7 @@ BASE_LIMITS: tuple[tuple[int, int], ...] = (
 class SandboxConfig:
     """What the runtime asks for (decoded from the worker's command line)."""
 
-    __slots__ = ("hide", "tmp_bytes", "tmp_root", "uid")
+    __slots__ = ("cgroups", "hide", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -161,6 +134,8 @@ class SandboxConfig:
         self.tmp_bytes = tmp if type(tmp) is int and tmp > 0 else 64 << 20
         root = raw.get("tmp_root")
         self.tmp_root = root if type(root) is str else None
+        cgroups = raw.get("cgroups")
+        self.cgroups = [p for p in cgroups if type(p) is str] if type(cgroups) is list else []
 
 
 class _Libc:
@@ -212,6 +187,7 @@ class _Libc:
 def isolate(config: SandboxConfig) -> dict[str, str]:
     """Apply boot-time isolation; return an honest report of what took effect."""
     report: dict[str, str] = {}
+    join_cgroups(config.cgroups, report)
     libc = _Libc()
     parent = os.getppid()
     _die_with_parent(libc, parent)
@@ -237,6 +213,27 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
         except (OSError, ValueError) as exc:
             report[f"rlimit-{which}"] = str(exc)
     return report
+
+
+def join_cgroups(paths: list[str], report: dict[str, str]) -> None:
+    """Move this process into the run's cgroups (one per v1 hierarchy, or one v2 directory)
+    before anything else, while still root: every process it starts is then counted and
+    limited with it. Reported as ``cgroup``: ``joined``, or what failed."""
+    if not paths:
+        report["cgroup"] = "none (the runtime made no cgroup for this run)"
+        return
+    pid = str(os.getpid()).encode()
+    for path in paths:
+        try:
+            fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            report["cgroup"] = f"not joined ({path}: {exc.strerror or exc})"
+            return
+    report["cgroup"] = "joined"
 
 
 def _own_workdir(config: SandboxConfig, report: dict[str, str]) -> None:
@@ -409,36 +406,8 @@ def _drop_privileges(libc: _Libc, config: SandboxConfig, report: dict[str, str])
 
 
 def _seccomp_program(audit_arch: int, numbers: dict[str, int]) -> bytes:
-    """A classic BPF filter: other ABIs are killed, DENIED_SYSCALLS get EPERM, namespace
-    flags on ``clone`` get EPERM, ``clone3`` gets ENOSYS; everything else is allowed."""
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    allow, kill = 0x7FFF0000, 0x80000000
-    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
-    denied = [numbers[name] for name in DENIED_SYSCALLS]
-    insns: list[tuple[int, int, int, int]] = [
-        (ld, 0, 0, 4),  # arch
-        (jeq, 1, 0, audit_arch),
-        (ret, 0, 0, kill),
-        (ld, 0, 0, 0),  # syscall number
-        (jge, 0, 1, 0x40000000),  # x32 ABI on x86_64
-        (ret, 0, 0, kill),
-    ]
-    # Each denied number jumps to the shared EPERM return at the end of the list.
-    tail = 6  # instructions after the comparisons: clone checks (4), clone3 (2)
-    for index, number in enumerate(denied):
-        remaining = len(denied) - index - 1
-        insns.append((jeq, remaining + tail + 1, 0, number))
-    insns += [
-        (jeq, 0, 3, numbers["clone"]),
-        (ld, 0, 0, 16),  # clone flags (low 32 bits of the first argument)
-        (jset, 4, 0, _NAMESPACE_FLAGS),
-        (ret, 0, 0, allow),
-        (jeq, 0, 1, numbers["clone3"]),
-        (ret, 0, 0, enosys),
-        (ret, 0, 0, allow),
-        (ret, 0, 0, eperm),
-    ]
-    return b"".join(struct.pack("=HBBI", *insn) for insn in insns)
+    """The filter of ``worker/seccomp.py`` (its docstring says what is refused and why)."""
+    return seccomp.build(audit_arch, numbers, _NAMESPACE_FLAGS)
 
 
 def _install_seccomp(

@@ -261,6 +261,11 @@ def test_settings_and_env_load_as_the_services_would(
             grace = int(env["CODEMODE_RUNTIME_MAX_CONNECTION_AGE_GRACE_S"])
             # The grace must outlast the longest run the runtime accepts.
             assert 0 < age < grace and grace * 1000 > settings.max_wall_ms
+            # A cgroup per run below the container's: the read-only cgroup2 mount is remounted
+            # read-write, which needs SYS_ADMIN (absent only where the sandbox is traded away).
+            assert settings.cgroups == "auto" and settings.cgroup_remount is True
+            added = container["securityContext"]["capabilities"].get("add", [])
+            assert ("SYS_ADMIN" in added) == (variant != "prod+restricted")
         termination = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert settings.shutdown_grace_s < termination
 

@@ -329,7 +329,8 @@ async def test_working_directory_is_private_and_capped(
 def test_describe_isolation_lists_what_is_missing() -> None:
     spec = WorkerSpec()
     full = describe_isolation(dict(REPORT_KEYS), spec)
-    assert full.mechanism == "process+namespaces+seccomp"
+    cgroup = "+cgroup" if spec.cgroup_host().available else ""
+    assert full.mechanism == "process+namespaces+seccomp" + cgroup
     for topic in ("filesystem:", "processes:", "privileges:", "system calls:", "network:"):
         assert any(item.startswith(topic) for item in full.enforced), topic
         assert not any(item.startswith(topic) for item in full.not_enforced), topic

@@ -62,6 +62,30 @@ FAILURE_KIND_OUTPUT_LIMIT: FailureKind.ValueType  # 6
 """Logs plus value or message exceeded the output ledger."""
 Global___FailureKind: _TypeAlias = FailureKind  # noqa: Y015
 
+class _IsolationScope:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _IsolationScopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_IsolationScope.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ISOLATION_SCOPE_UNSPECIFIED: _IsolationScope.ValueType  # 0
+    """Not enforced, or not applicable."""
+    ISOLATION_SCOPE_PER_RUN: _IsolationScope.ValueType  # 1
+    """Every process of a run together (a cgroup, a namespace per run)."""
+    ISOLATION_SCOPE_PER_PROCESS: _IsolationScope.ValueType  # 2
+    """Each process on its own (rlimits, per-process accounting)."""
+
+class IsolationScope(_IsolationScope, metaclass=_IsolationScopeEnumTypeWrapper):
+    """IsolationScope is what one mechanism bounds."""
+
+ISOLATION_SCOPE_UNSPECIFIED: IsolationScope.ValueType  # 0
+"""Not enforced, or not applicable."""
+ISOLATION_SCOPE_PER_RUN: IsolationScope.ValueType  # 1
+"""Every process of a run together (a cgroup, a namespace per run)."""
+ISOLATION_SCOPE_PER_PROCESS: IsolationScope.ValueType  # 2
+"""Each process on its own (rlimits, per-process accounting)."""
+Global___IsolationScope: _TypeAlias = IsolationScope  # noqa: Y015
+
 @_typing.final
 class RunRequest(_message.Message):
     """RunRequest is one client message on the `Run` stream."""
@@ -168,13 +192,17 @@ class RunBudgets(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     MAX_OUTSTANDING_CALLS_FIELD_NUMBER: _builtins.int
     compute_ms: _builtins.int
-    """Busy CPU time of the worker in milliseconds; awaiting binding calls is not busy time."""
+    """Busy CPU time in milliseconds of every process of the run together (of the worker alone
+    where GetCapabilities reports compute per process); awaiting binding calls is not busy.
+    """
     wall_ms: _builtins.int
     """Wall-clock ceiling in milliseconds."""
     max_output_bytes: _builtins.int
     """Output ledger cap in bytes (logs plus completion value or failure message); at least 4."""
     memory_bytes: _builtins.int
-    """Address-space limit of the worker process in bytes."""
+    """Memory in bytes of every process of the run together, shared-memory and /tmp pages
+    included (per process address space where GetCapabilities reports memory per process).
+    """
     max_outstanding_calls: _builtins.int
     """Binding calls that may await a result at the same time."""
     def __init__(
@@ -508,6 +536,7 @@ class Isolation(_message.Message):
     MECHANISM_FIELD_NUMBER: _builtins.int
     ENFORCED_FIELD_NUMBER: _builtins.int
     NOT_ENFORCED_FIELD_NUMBER: _builtins.int
+    MECHANISMS_FIELD_NUMBER: _builtins.int
     mechanism: _builtins.str
     """Short label of the mechanism, e.g. "process"."""
     @_builtins.property
@@ -518,17 +547,60 @@ class Isolation(_message.Message):
     def not_enforced(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """What is NOT protected, e.g. "filesystem: readable as the runtime's user"."""
 
+    @_builtins.property
+    def mechanisms(self) -> _containers.RepeatedCompositeFieldContainer[Global___IsolationMechanism]:
+        """One entry per isolation mechanism (memory, pids, compute, pid-namespace, network,
+        filesystem, seccomp, uid, ...): whether it is enforced on this host, and for what scope.
+        """
+
     def __init__(
         self,
         *,
         mechanism: _builtins.str = ...,
         enforced: _abc.Iterable[_builtins.str] | None = ...,
         not_enforced: _abc.Iterable[_builtins.str] | None = ...,
+        mechanisms: _abc.Iterable[Global___IsolationMechanism] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforced", b"enforced", "mechanism", b"mechanism", "not_enforced", b"not_enforced"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforced", b"enforced", "mechanism", b"mechanism", "mechanisms", b"mechanisms", "not_enforced", b"not_enforced"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Isolation: _TypeAlias = Isolation  # noqa: Y015
+
+@_typing.final
+class IsolationMechanism(_message.Message):
+    """IsolationMechanism says whether one mechanism is in force and whether it bounds the whole
+    run (every process of it together) or each process on its own.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ENFORCED_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Mechanism name, e.g. "memory", "pids", "compute", "pid-namespace", "seccomp"."""
+    enforced: _builtins.bool
+    """Whether the mechanism is in force on this host."""
+    scope: Global___IsolationScope.ValueType
+    """What it bounds when enforced (unspecified when it is not)."""
+    detail: _builtins.str
+    """How it is enforced (e.g. "cgroup v1 memory.limit_in_bytes"), or why it is not."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        enforced: _builtins.bool = ...,
+        scope: Global___IsolationScope.ValueType = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "enforced", b"enforced", "name", b"name", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IsolationMechanism: _TypeAlias = IsolationMechanism  # noqa: Y015

@@ -47,6 +47,17 @@ export enum FailureKind {
   UNRECOGNIZED = -1,
 }
 
+/** IsolationScope is what one mechanism bounds. */
+export enum IsolationScope {
+  /** ISOLATION_SCOPE_UNSPECIFIED - Not enforced, or not applicable. */
+  ISOLATION_SCOPE_UNSPECIFIED = 0,
+  /** ISOLATION_SCOPE_PER_RUN - Every process of a run together (a cgroup, a namespace per run). */
+  ISOLATION_SCOPE_PER_RUN = 1,
+  /** ISOLATION_SCOPE_PER_PROCESS - Each process on its own (rlimits, per-process accounting). */
+  ISOLATION_SCOPE_PER_PROCESS = 2,
+  UNRECOGNIZED = -1,
+}
+
 /** RunRequest is one client message on the `Run` stream. */
 export interface RunRequest {
   /** The message kind. */
@@ -90,13 +101,19 @@ export interface RunStart {
  * A value above the deployment maximum is rejected with INVALID_ARGUMENT.
  */
 export interface RunBudgets {
-  /** Busy CPU time of the worker in milliseconds; awaiting binding calls is not busy time. */
+  /**
+   * Busy CPU time in milliseconds of every process of the run together (of the worker alone
+   * where GetCapabilities reports compute per process); awaiting binding calls is not busy.
+   */
   computeMs: bigint;
   /** Wall-clock ceiling in milliseconds. */
   wallMs: bigint;
   /** Output ledger cap in bytes (logs plus completion value or failure message); at least 4. */
   maxOutputBytes: bigint;
-  /** Address-space limit of the worker process in bytes. */
+  /**
+   * Memory in bytes of every process of the run together, shared-memory and /tmp pages
+   * included (per process address space where GetCapabilities reports memory per process).
+   */
   memoryBytes: bigint;
   /** Binding calls that may await a result at the same time. */
   maxOutstandingCalls: bigint;
@@ -220,6 +237,26 @@ export interface Isolation {
   enforced: string[];
   /** What is NOT protected, e.g. "filesystem: readable as the runtime's user". */
   notEnforced: string[];
+  /**
+   * One entry per isolation mechanism (memory, pids, compute, pid-namespace, network,
+   * filesystem, seccomp, uid, ...): whether it is enforced on this host, and for what scope.
+   */
+  mechanisms: IsolationMechanism[];
+}
+
+/**
+ * IsolationMechanism says whether one mechanism is in force and whether it bounds the whole
+ * run (every process of it together) or each process on its own.
+ */
+export interface IsolationMechanism {
+  /** Mechanism name, e.g. "memory", "pids", "compute", "pid-namespace", "seccomp". */
+  name: string;
+  /** Whether the mechanism is in force on this host. */
+  enforced: boolean;
+  /** What it bounds when enforced (unspecified when it is not). */
+  scope: IsolationScope;
+  /** How it is enforced (e.g. "cgroup v1 memory.limit_in_bytes"), or why it is not. */
+  detail: string;
 }
 
 function createBaseRunRequest(): RunRequest {
@@ -1365,7 +1402,7 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
 };
 
 function createBaseIsolation(): Isolation {
-  return { mechanism: "", enforced: [], notEnforced: [] };
+  return { mechanism: "", enforced: [], notEnforced: [], mechanisms: [] };
 }
 
 export const Isolation: MessageFns<Isolation> = {
@@ -1378,6 +1415,9 @@ export const Isolation: MessageFns<Isolation> = {
     }
     for (const v of message.notEnforced) {
       writer.uint32(26).string(v!);
+    }
+    for (const v of message.mechanisms) {
+      IsolationMechanism.encode(v!, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -1419,6 +1459,14 @@ export const Isolation: MessageFns<Isolation> = {
             message.notEnforced.push(reader.string());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.mechanisms.push(IsolationMechanism.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1439,6 +1487,98 @@ export const Isolation: MessageFns<Isolation> = {
     message.mechanism = object.mechanism ?? "";
     message.enforced = object.enforced?.map((e) => e) || [];
     message.notEnforced = object.notEnforced?.map((e) => e) || [];
+    message.mechanisms = object.mechanisms?.map((e) => IsolationMechanism.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseIsolationMechanism(): IsolationMechanism {
+  return { name: "", enforced: false, scope: 0, detail: "" };
+}
+
+export const IsolationMechanism: MessageFns<IsolationMechanism> = {
+  encode(message: IsolationMechanism, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    if (message.enforced !== false) {
+      writer.uint32(16).bool(message.enforced);
+    }
+    if (message.scope !== 0) {
+      writer.uint32(24).int32(message.scope);
+    }
+    if (message.detail !== "") {
+      writer.uint32(34).string(message.detail);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): IsolationMechanism {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseIsolationMechanism();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.enforced = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.scope = reader.int32() as any;
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.detail = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<IsolationMechanism>): IsolationMechanism {
+    return IsolationMechanism.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<IsolationMechanism>): IsolationMechanism {
+    const message = createBaseIsolationMechanism();
+    message.name = object.name ?? "";
+    message.enforced = object.enforced ?? false;
+    message.scope = object.scope ?? 0;
+    message.detail = object.detail ?? "";
     return message;
   },
 };
