@@ -223,13 +223,15 @@ class RunScheduler:
         except BaseException as exc:
             # A failed record write (or a bug) fails the run once it is quiescent; the lane
             # moves on so that the other calls still settle.
-            if call.stage == "flying":
-                self._flying -= 1
-            if call in self._commits:
-                self._commits.remove(call)
-            if call in self._pending:  # cancelled while it waited to start
+            if call.stage == "pending":  # cancelled while it waited to start
                 self._pending.remove(call)
-            self._leave(call)
+                self._pump()
+            else:
+                if call.stage == "flying":
+                    self._flying -= 1
+                if call in self._commits:
+                    self._commits.remove(call)
+                self._leave(call)
             if not isinstance(exc, Exception):
                 raise
             if self._failure is None:
