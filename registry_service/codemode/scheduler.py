@@ -42,7 +42,8 @@ class NestedCall:
     stage: str = "pending"
     start_record: asyncio.Future[Any] | None = None  # the durable dispatch-start write
     holds_lane: bool = False
-    commit_turn: asyncio.Future[None] | None = None  # set when the call may commit
+    start_turn: asyncio.Future[None] | None = None  # set when a parked call may start
+    commit_turn: asyncio.Future[None] | None = None  # set when a parked call may commit
 
 
 class RunHooks:
@@ -69,15 +70,16 @@ class _LaneGate(Gate):
         self._call = call
 
     async def start(self) -> None:
-        # The lane was granted when the call's task was created (`RunScheduler._start`).
+        await self._scheduler._await_start(self._call)
         await self._scheduler._hooks.started(self._call)
 
     async def dispatch(self) -> None:
         self._scheduler._fly(self._call)
-        # One loop turn before the body: the start record's write, queued on the loop by the
-        # `started` hook, goes first (it is durable before the body runs), and the next call's
-        # start, just granted the lane, gets going alongside.
-        await asyncio.sleep(0)
+        record = self._call.start_record
+        if record is not None and not record.done():
+            # One loop turn before the body: the start record's write, queued on the loop by
+            # the `started` hook, goes first, so it is durable before the body runs.
+            await asyncio.sleep(0)
 
     async def commit(self) -> None:
         await self._scheduler._await_commit(self._call)
@@ -116,8 +118,13 @@ class RunScheduler:
     # -- submission ----------------------------------------------------------------------------
 
     def submit(self, call: NestedCall) -> None:
+        """Queues the call; its task starts it as soon as the lane allows. Calls submitted in
+        one loop turn start in one turn: each start section runs as its task first runs, when
+        the call is the head of the queue and the lane is free (no hand-off per call)."""
         self._pending.append(call)
-        self._pump()
+        task = asyncio.create_task(self._run(call))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def quiesce(self) -> None:
         """After the run settled: abandon queued calls, settle in-flight ones, write records."""
@@ -142,8 +149,7 @@ class RunScheduler:
                 self._commits.popleft()
                 self._take_lane(head)
                 head.stage = "committing"
-                if head.commit_turn is not None and not head.commit_turn.done():
-                    head.commit_turn.set_result(None)
+                _wake(head.commit_turn)
                 return
             if not self._pending:
                 return
@@ -151,12 +157,33 @@ class RunScheduler:
             if self._signal.aborted:
                 self._pending.popleft()
                 self._abandon(call)
+                _wake(call.start_turn)
                 continue
-            if not self._can_start(call):
-                return
-            self._pending.popleft()
-            self._start(call)
+            # The head starts itself when its task runs: the pump only wakes a parked one, and
+            # leaves the lane free meanwhile (commits landing in this turn go on inline).
+            turn = call.start_turn
+            if turn is not None and not turn.done() and self._can_start(call):
+                turn.set_result(None)
             return
+
+    async def _await_start(self, call: NestedCall) -> None:
+        while call.stage == "pending":
+            if self._may_start_now(call):
+                self._pending.popleft()
+                self._start(call)
+                return
+            call.start_turn = asyncio.get_running_loop().create_future()
+            self._pump()  # may wake it at once, or abandon it
+            await call.start_turn
+        if call.stage == "abandoned":
+            raise _Abandoned
+
+    def _may_start_now(self, call: NestedCall) -> bool:
+        if self._lane_busy or not self._pending or self._pending[0] is not call:
+            return False
+        if self._signal.aborted or (self._commits and self._commits[0].stage == "settled"):
+            return False  # the pump abandons it, or commits first
+        return self._can_start(call)
 
     def _take_lane(self, call: NestedCall) -> None:
         self._lane_busy = True
@@ -186,22 +213,25 @@ class RunScheduler:
         self._take_lane(call)
         call.stage = "started"
         call.started_at = time.time()
-        task = asyncio.create_task(self._run(call))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _run(self, call: NestedCall) -> None:
         try:
             with call.inp.trace.activated():
                 await self._executor.run(call.inp, self._emit, _LaneGate(self, call))
+        except _Abandoned:
+            return
         except BaseException as exc:
             # A failed record write (or a bug) fails the run once it is quiescent; the lane
             # moves on so that the other calls still settle.
-            if call.stage == "flying":
-                self._flying -= 1
-            if call in self._commits:
-                self._commits.remove(call)
-            self._leave(call)
+            if call.stage == "pending":  # cancelled while it waited to start
+                self._pending.remove(call)
+                self._pump()
+            else:
+                if call.stage == "flying":
+                    self._flying -= 1
+                if call in self._commits:
+                    self._commits.remove(call)
+                self._leave(call)
             if not isinstance(exc, Exception):
                 raise
             if self._failure is None:
@@ -249,3 +279,12 @@ class RunScheduler:
     def _abandon(self, call: NestedCall) -> None:
         call.stage = "abandoned"
         self._hooks.abandoned(call)
+
+
+class _Abandoned(Exception):
+    """A queued call's run ended before it started: its pipeline never runs."""
+
+
+def _wake(turn: asyncio.Future[None] | None) -> None:
+    if turn is not None and not turn.done():
+        turn.set_result(None)
