@@ -7,8 +7,9 @@ declared is never silently left unenforced):
   array object), `enum` (non-empty array), `const`, `oneOf`, `anyOf` (non-empty arrays of schemas);
 - objects: `properties`, `required` (unique strings), `additionalProperties` (bool or schema);
 - arrays: `items` (one schema; the tuple form is refused), `minItems`, `maxItems`;
-- strings: `minLength`, `maxLength` (counted in code points), `pattern` (Python `re`, searched
-  anywhere in the string as JSON Schema specifies);
+- strings: `minLength`, `maxLength` (counted in code points), `pattern` (ECMA-262 as RE2 reads
+  it, in linear time, searched anywhere in the string as JSON Schema specifies: see
+  `registry_service.domain.patterns` for what RE2 refuses at registration);
 - numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, not the
   draft-04 booleans);
 - annotations, accepted and ignored: description title default examples format $schema $comment
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
+from registry_service.domain.patterns import PatternError, compile_pattern, pattern_matches
 
 __all__ = ["MAX_MESSAGES", "SchemaError", "check_schema", "format_invalid_args", "validate"]
 
@@ -127,9 +129,9 @@ def _check_keyword(key: str, arg: JsonValue, ptr: str, todo: list[tuple[JsonValu
         if type(arg) is not str:
             raise SchemaError(f"pattern must be a string at {where}")
         try:
-            re.compile(arg)
-        except re.error as exc:
-            raise SchemaError(f"pattern does not compile ({exc}) at {where}") from None
+            compile_pattern(arg)  # also fills the cache validation reads
+        except PatternError as exc:
+            raise SchemaError(f"pattern does not compile with RE2 ({exc}) at {where}") from None
     elif key != "const" and key not in _ANNOTATIONS:  # these two take any JSON value
         raise SchemaError(f'unsupported JSON Schema keyword "{key}" at {ptr}')
 
@@ -383,7 +385,7 @@ def _check(task: _Check) -> list[_Task]:
     if isinstance(value, str):
         _check_length(schema, len(value), "characters", path, sink)
         pattern = schema.get("pattern")
-        if type(pattern) is str and re.search(pattern, value) is None:
+        if type(pattern) is str and not pattern_matches(pattern, value):
             sink.add(path, "{name} must match the pattern {0}", _Later(_shown, pattern))
     elif isinstance(value, bool) or value is None:
         pass
