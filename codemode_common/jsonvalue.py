@@ -29,7 +29,7 @@ import math
 import re
 import sys
 from functools import partial
-from itertools import chain
+from itertools import chain, islice
 from typing import NoReturn, cast
 
 from codemode_common._jsonbase import JsonTooDeep, JsonValue, JsonValueError
@@ -181,21 +181,65 @@ def loads(text: str | bytes, *, max_depth: int | None = None) -> JsonValue:
     return parse(text, max_depth)
 
 
-def loads_canonical(text: str | bytes, *, max_depth: int | None = None) -> tuple[JsonValue, str]:
+def loads_canonical(
+    text: str | bytes, *, max_depth: int | None = None, yielding: bool = False
+) -> tuple[JsonValue, str]:
     """`loads(text)` and the canonical text `dumps` gives for it, for less than the two calls:
     a value the C decoder has just built needs no proof of its types before the C encoder
-    writes it. Same errors as `loads`."""
+    writes it. Same errors as `loads`.
+
+    `yielding` is for a worker thread: the C codec holds the interpreter lock for all of one
+    call (a second or more for a few MB of numbers on a loaded machine), stalling every other
+    thread, the event loop's included. Yielding, the decoder calls a Python hook per integer
+    (where the lock can change hands) and the encoder writes large containers in pieces."""
     text = _text_of(text)
     if _c_decoder_usable(text):
         try:
-            value = _decode_fast(text)
+            # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
+            value: JsonValue = _FAST_DECODER_NEG.decode(text) if yielding else _decode_fast(text)
         except (ValueError, RecursionError):
             pass
         else:
             if max_depth is None or _within_depth(text, value, max_depth):
-                return value, _encode_decoded(value)
+                return value, _encode_pieces(value) if yielding else _encode_decoded(value)
     value = parse(text, max_depth)
     return value, dumps(value)
+
+
+_PIECE = 4096  # members per C encoder call when writing in pieces
+_PIECE_LEVELS = 4  # containers this deep or deeper are written in one call, whatever their size
+
+
+def _is_big(value: object) -> bool:
+    return (type(value) is list or type(value) is dict) and len(value) > _PIECE
+
+
+def _encode_pieces(value: JsonValue, levels: int = _PIECE_LEVELS) -> str:
+    """`_encode_decoded(value)`, written with no C call over more than `_PIECE` members of a
+    container in the top `_PIECE_LEVELS` levels (deeper large containers: one call each)."""
+    if levels == 0 or not (type(value) is list or type(value) is dict):
+        return _encode_decoded(value)
+    if type(value) is list:
+        parts: list[str] = []
+        for start in range(0, len(value), _PIECE):
+            piece = value[start : start + _PIECE]
+            if any(map(_is_big, piece)):
+                parts.extend(_encode_pieces(item, levels - 1) for item in piece)
+            else:
+                parts.append(_encode_decoded(piece)[1:-1])
+        return "[" + ",".join(parts) + "]"
+    assert isinstance(value, dict)
+    members = iter(value.items())
+    parts = []
+    while chunk := dict(islice(members, _PIECE)):
+        if any(map(_is_big, chunk.values())):
+            parts.extend(
+                _encode_decoded(key) + ":" + _encode_pieces(item, levels - 1)
+                for key, item in chunk.items()
+            )
+        else:
+            parts.append(_encode_decoded(chunk)[1:-1])
+    return "{" + ",".join(parts) + "}"
 
 
 def _encode_decoded(value: JsonValue) -> str:

@@ -267,7 +267,7 @@ class _Run(RunHooks):
                 len(call.arguments_json),
                 decode_text,
                 call.arguments_json,
-                json_limits.max_depth,
+                json_limits,
             )
         except JsonTooDeep as exc:
             telemetry.nested_refused("arguments_too_deep", name)

@@ -20,6 +20,7 @@ values tool providers return:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,7 +87,51 @@ async def off_loop(
     if size <= limits.offload_bytes:
         return func(*args, **kwargs)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(), functools.partial(func, *args, **kwargs))
+    try:
+        return await loop.run_in_executor(_pool(), functools.partial(func, *args, **kwargs))
+    finally:
+        if size > _RELEASE_AFTER_CHARS:
+            _release_soon(loop)
+
+
+# -- giving memory back ------------------------------------------------------------------------
+# glibc keeps what a large request freed: the item arrays of big lists and big strings come
+# from its heap (its mmap threshold rises after the first big free), so one 8 MB argument left
+# the process about 100 MB larger for good. `malloc_trim` hands the free pages back. It runs in
+# a pool thread (ctypes drops the GIL), once, a second after the last large piece of work, by
+# when the request that did it has usually ended and dropped its values.
+
+_RELEASE_AFTER_CHARS = 1024 * 1024
+_RELEASE_DELAY_S = 1.0
+_pending_release: list[asyncio.TimerHandle] = []
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        trim: Callable[[int], int] = libc.malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def _trim() -> None:
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _release_soon(loop: asyncio.AbstractEventLoop) -> None:
+    while _pending_release:
+        _pending_release.pop().cancel()  # debounced: only the last large piece of work counts
+
+    def release() -> None:
+        _pending_release.clear()
+        if not loop.is_closed():
+            loop.run_in_executor(_pool(), _trim)
+
+    _pending_release.append(loop.call_later(_RELEASE_DELAY_S, release))
 
 
 def _refusal(exc: JsonValueError, field: str, too_deep: str) -> CodemodeError:
@@ -112,15 +157,18 @@ def parse_text(
         raise _refusal(exc, field, too_deep) from exc
 
 
-def decode_text(text: str, max_depth: int) -> tuple[JsonValue, str]:
-    """(value, canonical text) of a JSON text nesting at most `max_depth` deep; raises the
-    codec's JsonTooDeep or JsonValueError. Cost grows with the text: see `off_loop`."""
-    return jsonvalue.loads_canonical(text, max_depth=max_depth)
+def decode_text(text: str, limits: JsonLimits) -> tuple[JsonValue, str]:
+    """(value, canonical text) of a JSON text nesting at most `limits.max_depth` deep; raises
+    the codec's JsonTooDeep or JsonValueError. Run it through `off_loop`: a text large enough
+    to go to a worker thread is decoded so that the thread lets go of the interpreter lock
+    often (the C codec alone would hold it for the whole text)."""
+    yielding = len(text) > limits.offload_bytes
+    return jsonvalue.loads_canonical(text, max_depth=limits.max_depth, yielding=yielding)
 
 
-def _decode_field(text: str, max_depth: int, field: str) -> tuple[JsonValue, str]:
+def _decode_field(text: str, limits: JsonLimits, field: str) -> tuple[JsonValue, str]:
     try:
-        return decode_text(text, max_depth)
+        return decode_text(text, limits)
     except JsonValueError as exc:
         raise _refusal(exc, field, ARGUMENTS_TOO_DEEP) from exc
 
@@ -142,4 +190,4 @@ async def decode_arguments(
             field=field,
             max_bytes=str(limit),
         )
-    return await off_loop(limits, len(text), _decode_field, text, limits.max_depth, field)
+    return await off_loop(limits, len(text), _decode_field, text, limits, field)
