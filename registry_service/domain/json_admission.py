@@ -12,9 +12,14 @@ values tool providers return:
   and of the runtime, whose wire carries program values of any depth): a call over it fails
   with a clear error, nothing is cut or coerced;
 - a size bound on arguments (`max_argument_bytes`), independent of the gRPC message limit;
-- work on a large text (over `offload_bytes`: parsing, the canonical encoding, schema
-  validation) runs in a small pool of worker threads, so the loop keeps serving other RPCs.
-  The threads share the GIL with the loop, which gets it back every switch interval (5 ms).
+- work on a large text (over `offload_bytes`: parsing, the canonical encoding, input and
+  output validation, the pretty content) runs in a small pool of worker threads, so the loop
+  keeps serving other RPCs. The threads share the interpreter lock with the loop: Python code
+  hands it over every switch interval (5 ms), and the C codec, which would hold it for a
+  whole text, is driven so that it lets go often (`jsonvalue.loads_canonical(yielding=True)`).
+
+Not bounded here: one C call over a single huge string, and the output of a tool's own body
+before it reaches the pipeline (its snapshot is taken on the loop, at C speed).
 """
 
 from __future__ import annotations
