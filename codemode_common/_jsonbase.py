@@ -26,6 +26,19 @@ class JsonValueError(ValueError):
         self.path = path
 
 
+class JsonTooDeep(JsonValueError):
+    """A text with a container inside more than the caller's `max_depth` others (an admission
+    bound, not a property of JSON: the codec itself has no depth limit). `offset` is where the
+    first such container opens."""
+
+    def __init__(self, max_depth: int, offset: int) -> None:
+        super().__init__(
+            f"JSON nested deeper than {max_depth} levels (the limit is reached at offset {offset})",
+            offset=offset,
+        )
+        self.max_depth = max_depth
+
+
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 _encode_basestring = json.encoder.encode_basestring  # C, escapes like ensure_ascii=False
 

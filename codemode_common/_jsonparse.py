@@ -10,7 +10,13 @@ import json
 import re
 from collections.abc import Callable
 
-from codemode_common._jsonbase import JsonValue, JsonValueError, digits_to_int, quote
+from codemode_common._jsonbase import (
+    JsonTooDeep,
+    JsonValue,
+    JsonValueError,
+    digits_to_int,
+    quote,
+)
 
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -92,9 +98,13 @@ def _scalar(text: str, pos: int) -> tuple[JsonValue, int]:
     raise parse_error(text, pos, f"unexpected character {text[pos]!r}, expected a value")
 
 
-def parse(text: str) -> JsonValue:
-    """Parse one JSON text; raises JsonValueError with the offset of the first problem."""
+def parse(text: str, max_depth: int | None = None) -> JsonValue:
+    """Parse one JSON text; raises JsonValueError with the offset of the first problem, and
+    JsonTooDeep at the first container nested deeper than `max_depth` (a container's depth is
+    the number of containers around it: the root's is 0), having read no further."""
     end = len(text)
+    # The open containers are the ancestors of the one about to open: past `max_depth`, refuse.
+    deepest = end if max_depth is None else max_depth + 1
     # One frame per open container; `keys[i]` is the pending key of frame i (unused for arrays).
     stack: list[list[JsonValue] | dict[str, JsonValue]] = []
     keys: list[str] = []
@@ -102,6 +112,9 @@ def parse(text: str) -> JsonValue:
     while True:
         char = text[pos : pos + 1]
         value: JsonValue
+        if len(stack) >= deepest and char in ("[", "{"):
+            assert max_depth is not None
+            raise JsonTooDeep(max_depth, pos)
         if char == "[":
             pos = _skip(text, pos + 1)
             if not text.startswith("]", pos):

@@ -29,18 +29,20 @@ import math
 import re
 import sys
 from functools import partial
-from itertools import chain
+from itertools import chain, islice
 from typing import NoReturn, cast
 
-from codemode_common._jsonbase import JsonValue, JsonValueError
+from codemode_common._jsonbase import JsonTooDeep, JsonValue, JsonValueError
 from codemode_common._jsonencode import END, Cursor, Refused, atom, encode
 from codemode_common._jsonparse import parse, parse_error
 
 __all__ = [
+    "JsonTooDeep",
     "JsonValue",
     "JsonValueError",
     "dumps",
     "loads",
+    "loads_canonical",
     "render_pretty",
     "snapshot",
     "snapshot_with_text",
@@ -161,15 +163,112 @@ def _text_of(data: str | bytes) -> str:
     raise TypeError(f"loads() takes str or bytes, not {type(data).__qualname__}")
 
 
-def loads(text: str | bytes) -> JsonValue:
-    """Parse one strict RFC 8259 JSON text (bytes must be UTF-8, no byte order mark)."""
+def loads(text: str | bytes, *, max_depth: int | None = None) -> JsonValue:
+    """Parse one strict RFC 8259 JSON text (bytes must be UTF-8, no byte order mark).
+
+    With `max_depth`, a text with a container nested deeper (inside more than `max_depth`
+    others: `[[]]` is 1 deep) is refused with JsonTooDeep, found without building the levels
+    past the limit."""
     text = _text_of(text)
     if _c_decoder_usable(text):
         try:
-            return _decode_fast(text)
+            value = _decode_fast(text)
         except (ValueError, RecursionError):
             pass
-    return parse(text)
+        else:
+            if max_depth is None or _within_depth(text, value, max_depth):
+                return value
+    return parse(text, max_depth)
+
+
+def loads_canonical(
+    text: str | bytes, *, max_depth: int | None = None, yielding: bool = False
+) -> tuple[JsonValue, str]:
+    """`loads(text)` and the canonical text `dumps` gives for it, for less than the two calls:
+    a value the C decoder has just built needs no proof of its types before the C encoder
+    writes it. Same errors as `loads`.
+
+    `yielding` is for a worker thread: the C codec holds the interpreter lock for all of one
+    call (a second or more for a few MB of numbers on a loaded machine), stalling every other
+    thread, the event loop's included. Yielding, the decoder calls a Python hook per integer
+    (where the lock can change hands) and the encoder writes large containers in pieces."""
+    text = _text_of(text)
+    if _c_decoder_usable(text):
+        try:
+            # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
+            value: JsonValue = _FAST_DECODER_NEG.decode(text) if yielding else _decode_fast(text)
+        except (ValueError, RecursionError):
+            pass
+        else:
+            if max_depth is None or _within_depth(text, value, max_depth):
+                return value, _encode_pieces(value) if yielding else _encode_decoded(value)
+    value = parse(text, max_depth)
+    return value, dumps(value)
+
+
+_PIECE = 4096  # members per C encoder call when writing in pieces
+_PIECE_LEVELS = 4  # containers this deep or deeper are written in one call, whatever their size
+
+
+def _is_big(value: object) -> bool:
+    return (type(value) is list or type(value) is dict) and len(value) > _PIECE
+
+
+def _encode_pieces(value: JsonValue, levels: int = _PIECE_LEVELS) -> str:
+    """`_encode_decoded(value)`, written with no C call over more than `_PIECE` members of a
+    container in the top `_PIECE_LEVELS` levels (deeper large containers: one call each)."""
+    if levels == 0 or not (type(value) is list or type(value) is dict):
+        return _encode_decoded(value)
+    if type(value) is list:
+        parts: list[str] = []
+        for start in range(0, len(value), _PIECE):
+            piece = value[start : start + _PIECE]
+            if any(map(_is_big, piece)):
+                parts.extend(_encode_pieces(item, levels - 1) for item in piece)
+            else:
+                parts.append(_encode_decoded(piece)[1:-1])
+        return "[" + ",".join(parts) + "]"
+    assert isinstance(value, dict)
+    members = iter(value.items())
+    parts = []
+    while chunk := dict(islice(members, _PIECE)):
+        if any(map(_is_big, chunk.values())):
+            parts.extend(
+                _encode_decoded(key) + ":" + _encode_pieces(item, levels - 1)
+                for key, item in chunk.items()
+            )
+        else:
+            parts.append(_encode_decoded(chunk)[1:-1])
+    return "{" + ",".join(parts) + "}"
+
+
+def _encode_decoded(value: JsonValue) -> str:
+    """`dumps(value)` of a value `_decode_fast` returned: exact JSON types, str keys, no -0,
+    no non-finite float, and nested no deeper than the C decoder could safely go, which is
+    exactly as deep as the C encoder (it takes the same recursion guard per level) can."""
+    try:
+        text: str = _ENCODER.encode(value)
+        if not text.isascii():
+            text.encode("utf-8")  # fails on a surrogate: the slow path escapes it
+    except (ValueError, RecursionError):
+        return encode(value, "$")
+    return text
+
+
+def _within_depth(text: str, value: JsonValue, max_depth: int) -> bool:
+    """Whether a value the C decoder produced from `text` nests at most `max_depth` deep."""
+    if max_depth >= sys.getrecursionlimit():
+        return True  # the C decoder takes the recursion guard per level: it could not be deeper
+    if text.count("[") + text.count("{") <= max_depth + 1:
+        return True
+    level: list[object] = [value]
+    for _ in range(max_depth + 1):  # then `level` holds the values `max_depth + 1` deep
+        dicts = cast(list[dict[object, object]], list(filter(_is_dict, level)))
+        lists = cast(list[list[object]], list(filter(_is_list, level)))
+        level = list(chain(_flat(lists), _flat(map(dict.values, dicts))))
+        if not level:
+            return True
+    return not any(map(_is_container, level))
 
 
 def _loads_slow(text: str | bytes) -> JsonValue:
@@ -188,6 +287,12 @@ _STR_ONLY = frozenset({str})
 _is_dict = partial(type.__instancecheck__, dict)
 _is_list = partial(type.__instancecheck__, list)
 _is_float = partial(type.__instancecheck__, float)
+
+
+def _is_container(value: object) -> bool:
+    return type(value) is list or type(value) is dict
+
+
 _flat = chain.from_iterable
 
 

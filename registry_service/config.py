@@ -13,6 +13,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
+from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
 from registry_service.history.stores import check_name
@@ -96,6 +97,19 @@ class RegistrySettings(ServiceSettings):
     and the largest arguments or value one nested call can exchange with the program, are just
     under it (the registry accepts larger messages from a runtime, bounded by the runtime's own
     limit, only to refuse such a call instead of failing the run)."""
+    max_json_depth: int = Field(default=DEFAULT_LIMITS.max_depth, ge=0)
+    """Deepest nesting of tool-call arguments (model-direct and from `run_code` programs) and
+    of provider results: a container may sit inside at most this many others (`[[]]` is 1
+    deep). Deeper ones are refused as soon as the parser reaches the level past the bound
+    (ARGUMENTS_TOO_DEEP; a provider's result fails the call as INVALID_TOOL_OUTPUT). The
+    default is what the runtime's wire carries for program values; JSON itself has no limit."""
+    max_argument_bytes: int = Field(default=DEFAULT_LIMITS.max_argument_bytes, ge=1024)
+    """Largest tool-call arguments text in UTF-8 bytes, model-direct or nested; larger ones are
+    refused (ARGUMENTS_TOO_LARGE) whatever `max_message_bytes` allows."""
+    offload_json_bytes: int = Field(default=DEFAULT_LIMITS.offload_bytes, ge=0)
+    """Arguments and provider results longer than this (characters of JSON) are parsed,
+    encoded and validated in a worker thread, so one large request cannot stall the RPCs of
+    others; smaller ones stay on the event loop, where they cost less than a thread hop."""
     shutdown_grace_s: float = Field(default=5.0, ge=0)
     """How long in-flight RPCs may finish on shutdown."""
     runtime_targets: list[str] = Field(default_factory=list)
@@ -156,6 +170,13 @@ class RegistrySettings(ServiceSettings):
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
     service_name: str = Field(default="codemode-registry", min_length=1)
+
+    def json_limits(self) -> JsonLimits:
+        return JsonLimits(
+            max_depth=self.max_json_depth,
+            max_argument_bytes=self.max_argument_bytes,
+            offload_bytes=self.offload_json_bytes,
+        )
 
     def runtime_tls(self) -> ClientTls | None:
         """TLS of the channel to the runtimes, read from its files (None: plaintext)."""

@@ -10,9 +10,10 @@ from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.errors import invalid_argument
-from codemode_common.jsonvalue import JsonValue, JsonValueError
+from codemode_common.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, results
 from registry_service.domain.approvals import ApprovalOutcome
+from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
 from registry_service.domain.providers import ToolSpec
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tools import ToolDefinition
@@ -33,16 +34,14 @@ _OUTCOMES = {
 _OUTCOMES_BACK = {v: k for k, v in _OUTCOMES.items()}
 
 
-def parse_json(text: str, field: str, *, default: JsonValue = None) -> JsonValue:
-    """Parses a JSON text field; empty text gives `default`. Bad JSON is INVALID_ARGUMENT."""
+def parse_json(
+    text: str, field: str, *, default: JsonValue = None, max_depth: int | None = None
+) -> JsonValue:
+    """Parses a JSON text field; empty text gives `default`. Bad JSON is INVALID_ARGUMENT
+    (INVALID_JSON, or VALUE_TOO_DEEP past `max_depth`)."""
     if not text:
         return default
-    try:
-        return jsonvalue.loads(text)
-    except JsonValueError as exc:
-        raise invalid_argument(
-            "INVALID_JSON", f"{field} is not valid lossless JSON: {exc}", field=field
-        ) from exc
+    return parse_text(text, field, max_depth=max_depth, too_deep=VALUE_TOO_DEEP)
 
 
 def mode_from_proto(value: int, *, allow_unspecified: bool) -> Mode | None:
@@ -137,14 +136,16 @@ def content_to_proto(block: results.ContentBlock) -> tool_pb2.ContentBlock:
     return tool_pb2.ContentBlock(json=tool_pb2.JsonContent(json=block.json))
 
 
-def content_from_proto(block: tool_pb2.ContentBlock) -> results.ContentBlock:
+def content_from_proto(
+    block: tool_pb2.ContentBlock, max_depth: int | None = None
+) -> results.ContentBlock:
     kind = block.WhichOneof("block")
     if kind == "text":
         return results.TextBlock(block.text.text)
     if kind == "image":
         return results.ImageBlock(block.image.mime_type, block.image.data)
     if kind == "json":
-        parsed = parse_json(block.json.json, "content json block")
+        parsed = parse_json(block.json.json, "content json block", max_depth=max_depth)
         return results.JsonBlock(jsonvalue.dumps(parsed))
     raise invalid_argument("INVALID_CONTENT", "a content block must set text, image or json")
 
@@ -172,11 +173,16 @@ def result_to_proto(result: results.ToolResult) -> tool_pb2.ToolResult:
     return message
 
 
-def result_from_proto(message: tool_pb2.ToolResult) -> results.ToolResult:
-    """A provider's result. An error without a message gets a generic one."""
-    content = tuple(content_from_proto(b) for b in message.content)
+def result_from_proto(
+    message: tool_pb2.ToolResult, max_depth: int | None = None
+) -> results.ToolResult:
+    """A provider's result, its JSON nesting at most `max_depth` deep. An error without a
+    message gets a generic one."""
+    content = tuple(content_from_proto(b, max_depth) for b in message.content)
     contexts = tuple(
-        results.AdditionalContext(tuple(content_from_proto(b) for b in c.content), c.source)
+        results.AdditionalContext(
+            tuple(content_from_proto(b, max_depth) for b in c.content), c.source
+        )
         for c in message.additional_contexts
     )
     if message.is_error:
@@ -189,7 +195,11 @@ def result_from_proto(message: tool_pb2.ToolResult) -> results.ToolResult:
             additional_contexts=contexts,
         )
     has_value = message.HasField("value_json")
-    value = parse_json(message.value_json, "result value_json") if has_value else None
+    value = (
+        parse_json(message.value_json, "result value_json", max_depth=max_depth)
+        if has_value
+        else None
+    )
     return results.ToolResult(
         content=content,
         value=value,

@@ -181,10 +181,13 @@ def _connect_runtime(
 def _outer(
     kind: str, inp: ExecutionInput, arguments: object, result: ToolResult | None = None
 ) -> Record:
-    try:
-        arguments_json = jsonvalue.dumps(arguments) if result is None else ""
-    except JsonValueError:
-        arguments_json = ""  # the execution reports the lossy arguments as its result
+    arguments_json = ""
+    if result is None and inp.arguments_json is not None:
+        arguments_json = inp.arguments_json  # decoded from the wire: no second encoding
+    elif result is None:
+        # Lossy arguments: the execution reports them as its result.
+        with contextlib.suppress(JsonValueError):
+            arguments_json = jsonvalue.dumps(arguments)
     return build.record(
         kind,
         agent=inp.agent or "",
@@ -229,7 +232,7 @@ def build_registry(
     )
     approvals = ApprovalBroker()
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
-    executor = Executor(catalog, approvals, telemetry)
+    executor = Executor(catalog, approvals, telemetry, settings.json_limits())
     history = _open_history(settings)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     transport = RunCodeTransport(

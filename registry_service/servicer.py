@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
-from codemode_common import jsonvalue
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.api.registry.v1 import scope_pb2
@@ -28,6 +27,7 @@ from registry_service.domain.execution import (
     ExecutionInput,
     no_events,
 )
+from registry_service.domain.json_admission import decode_arguments
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.domain.tools import RUN_CODE
@@ -52,6 +52,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self._no_calls.set()
         self._streams = OpenStreams()
         self._max_message_bytes = registry.settings.max_message_bytes
+        self._json_limits = registry.settings.json_limits()
         self._draining = False
 
     async def drain(self, grace: float) -> None:
@@ -210,8 +211,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             # scope's prompt assembly, before anything of the call exists.
             self._registry.assembler.code_language(request.agent)
         wanted = _PROGRESS[request.progress_events]
-        arguments = convert.parse_json(request.arguments_json, "arguments_json", default={})
-        arguments_json = jsonvalue.dumps(arguments)  # canonical; a parsed value always encodes
+        # Bounded in depth and size; a large text is decoded off the loop (json_admission).
+        arguments, arguments_json = await decode_arguments(
+            request.arguments_json, self._json_limits, default={}
+        )
         key = (request.agent, request.call_id)
         if key in self._inflight:
             raise already_exists(

@@ -22,6 +22,7 @@ from codemode_common.request_parsing import Malformed, malformed_error
 from registry_service import convert
 from registry_service._errors import DOMAIN, abort
 from registry_service.domain.approvals import ApprovalRequest, ApproverMessage
+from registry_service.domain.json_admission import off_loop
 from registry_service.domain.providers import CancellationMessage, ProviderMessage
 from registry_service.domain.results import error_result
 from registry_service.registry import Registry
@@ -143,6 +144,7 @@ async def provider_stream(
         await abort(context, error)
         return
     session = registry.providers.open(opened.provider_name or "provider")
+    limits = registry.settings.json_limits()
 
     # The session's outbox is the stream's only outgoing queue (invocations, cancellations,
     # and the acks the reader adds): one hand-off per message on the hot path.
@@ -155,8 +157,17 @@ async def provider_stream(
             if kind == "register":
                 out.put_nowait(_register(session, message.register))
             elif kind == "result":
+                returned = message.result.result
                 try:
-                    result = convert.result_from_proto(message.result.result)
+                    # Bounded in depth like arguments; a large one is decoded off the loop (this
+                    # provider's next messages wait, in order).
+                    result = await off_loop(
+                        limits,
+                        returned.ByteSize(),
+                        convert.result_from_proto,
+                        returned,
+                        max_depth=limits.max_depth,
+                    )
                 except CodemodeError as error:
                     result = error_result(
                         f"tool provider returned an invalid result: {error.message}",

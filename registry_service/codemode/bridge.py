@@ -23,7 +23,7 @@ from typing import Any
 
 from codemode_common import jsonvalue
 from codemode_common.errors import unavailable
-from codemode_common.jsonvalue import JsonValue, JsonValueError
+from codemode_common.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
 from codemode_common.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
     BindingCall,
@@ -49,6 +49,7 @@ from registry_service.domain.execution import (
     ProgramLog,
     ToolCallFailure,
 )
+from registry_service.domain.json_admission import decode_text, off_loop
 from registry_service.domain.results import (
     AdditionalContext,
     ImageBlock,
@@ -238,22 +239,18 @@ class _Run(RunHooks):
                 if isinstance(event, RunLog):
                     self.outer.emit(ProgramLog(event.text))
                 else:
-                    self._binding_call(stream, event)
+                    await self._binding_call(stream, event)
         finally:
             remove()
         raise RuntimeLost("the run stream ended without a terminal message")
 
     # -- binding calls -------------------------------------------------------------------------
 
-    def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
+    async def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
         name = call.name
         telemetry = self.telemetry
         if self.controller.signal.aborted:
-            reason = self.controller.signal.reason
-            telemetry.nested_refused("run_over", name)
-            return stream.reply(
-                call.call_id, False, f"run_code run is over ({reason}); {name} not dispatched"
-            )
+            return self._refuse_over(stream, call)
         try:
             verified = self.transport.minter.verify(call.token, agent=self.outer.agent or "")
             if verified.execution_id != self.outer.call_id:
@@ -264,8 +261,11 @@ class _Run(RunHooks):
         if name not in self.bindings:
             telemetry.nested_refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
+        json_limits = self.transport.executor.json_limits
         limit = self.limits.max_payload_bytes
-        if limit is not None and utf8_exceeds(call.arguments_json, limit):
+        if limit is None or limit > json_limits.max_argument_bytes:
+            limit = json_limits.max_argument_bytes
+        if utf8_exceeds(call.arguments_json, limit):
             # It arrived, but could not go on to a tool provider (nor come back): refused
             # like lossy arguments, so the program can catch it and carry on.
             telemetry.nested_refused("arguments_too_large", name)
@@ -276,10 +276,26 @@ class _Run(RunHooks):
             telemetry.nested_refused("invalid_arguments", name)
             return stream.reply(call.call_id, False, NO_ARGUMENTS)
         try:
-            arguments = jsonvalue.loads(call.arguments_json)
+            # A large text is decoded off the loop; this run's later messages wait (in order).
+            arguments, arguments_json = await off_loop(
+                json_limits,
+                len(call.arguments_json),
+                decode_text,
+                call.arguments_json,
+                json_limits,
+            )
+        except JsonTooDeep as exc:
+            telemetry.nested_refused("arguments_too_deep", name)
+            return stream.reply(
+                call.call_id,
+                False,
+                f"tool arguments too deep: nested deeper than {exc.max_depth} levels",
+            )
         except JsonValueError as exc:
             telemetry.nested_refused("invalid_arguments", name)
             return stream.reply(call.call_id, False, f"{LOSSY_ARGUMENTS}: {exc}")
+        if self.controller.signal.aborted:  # while the arguments were decoded
+            return self._refuse_over(stream, call)
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
         # The nested call's span starts now (it includes the queue wait), as a child of the
@@ -297,7 +313,6 @@ class _Run(RunHooks):
             tracestate=tracestate,
         )
         telemetry.nested_received()
-        arguments_json = jsonvalue.dumps(arguments)  # canonical: the records and the snapshot
         nested = NestedCall(
             n=self.counter,
             sub_call_id=sub_call_id,
@@ -321,6 +336,13 @@ class _Run(RunHooks):
         )
         self.scheduler.submit(nested)
         return None
+
+    def _refuse_over(self, stream: RunStream, call: BindingCall) -> None:
+        reason = self.controller.signal.reason
+        self.telemetry.nested_refused("run_over", call.name)
+        stream.reply(
+            call.call_id, False, f"run_code run is over ({reason}); {call.name} not dispatched"
+        )
 
     def answer(self, call: NestedCall, result: ToolResult) -> None:
         # Queued on the stream in this very step: no task or loop turn per nested call.

@@ -20,6 +20,7 @@ from codemode_common.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
 from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits, off_loop
 from registry_service.domain.jsonschema import format_invalid_args, validate
 from registry_service.domain.policy import (
     Accept,
@@ -179,10 +180,12 @@ class Executor:
         catalog: Catalog,
         approvals: ApprovalBroker,
         telemetry: RegistryTelemetry | None = None,
+        json_limits: JsonLimits = DEFAULT_LIMITS,
     ) -> None:
         self.catalog = catalog
         self.approvals = approvals
         self.telemetry = telemetry or RegistryTelemetry()
+        self.json_limits = json_limits
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
         """A model-direct call, inside its `execute_tool` span."""
@@ -414,7 +417,11 @@ class Executor:
             return error_result(
                 f'unknown tool "{execution.name}"', UNKNOWN_TOOL, "ToolNotFoundError"
             )
-        violations = validate(defn.input_schema, execution.arguments)
+        # Validation walks the whole value: a large one is validated off the event loop.
+        size = len(execution.arguments_json)
+        violations = await off_loop(
+            self.json_limits, size, validate, defn.input_schema, execution.arguments
+        )
         if violations:
             return error_result(format_invalid_args(violations), INVALID_ARGS, "ToolArgsError")
         state.body_invoked = True
@@ -437,10 +444,25 @@ class Executor:
                 returned = await defn.body(invocation)
         except Exception as exc:
             return _failure(exc)
-        result = self._normalize(defn, returned)
+        result = await self._normalize_output(defn, returned)
         if execution.signal.aborted and not result.is_error:
             return aborted(before_dispatch=False)
         return result
+
+    async def _normalize_output(
+        self, defn: ToolDefinition, returned: JsonValue | ToolResult
+    ) -> ToolResult:
+        """`_normalize` of a body's output, off the event loop when the value is large: its
+        validation and the pretty content rendered from it walk every member in Python."""
+        if not isinstance(returned, ToolResult):
+            # Snapshot first (C-speed), so the value's size is known.
+            try:
+                value, value_json = jsonvalue.snapshot_with_text(returned)
+            except JsonValueError as exc:
+                return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
+            returned = ToolResult((), value=value, has_value=True, value_json=value_json)
+        size = len(returned.value_json)
+        return await off_loop(self.json_limits, size, self._normalize, defn, returned)
 
     def _wrapper_result(
         self,

@@ -7,8 +7,9 @@ declared is never silently left unenforced):
   array object), `enum` (non-empty array), `const`, `oneOf`, `anyOf` (non-empty arrays of schemas);
 - objects: `properties`, `required` (unique strings), `additionalProperties` (bool or schema);
 - arrays: `items` (one schema; the tuple form is refused), `minItems`, `maxItems`;
-- strings: `minLength`, `maxLength` (counted in code points), `pattern` (Python `re`, searched
-  anywhere in the string as JSON Schema specifies);
+- strings: `minLength`, `maxLength` (counted in code points), `pattern` (ECMA-262 as RE2 reads
+  it, in linear time, searched anywhere in the string as JSON Schema specifies: see
+  `registry_service.domain.patterns` for what RE2 refuses at registration);
 - numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, not the
   draft-04 booleans);
 - annotations, accepted and ignored: description title default examples format $schema $comment
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
+from registry_service.domain.patterns import PatternError, compile_pattern, pattern_matches
 
 __all__ = ["MAX_MESSAGES", "SchemaError", "check_schema", "format_invalid_args", "validate"]
 
@@ -127,9 +129,9 @@ def _check_keyword(key: str, arg: JsonValue, ptr: str, todo: list[tuple[JsonValu
         if type(arg) is not str:
             raise SchemaError(f"pattern must be a string at {where}")
         try:
-            re.compile(arg)
-        except re.error as exc:
-            raise SchemaError(f"pattern does not compile ({exc}) at {where}") from None
+            compile_pattern(arg)  # also fills the cache validation reads
+        except PatternError as exc:
+            raise SchemaError(f"pattern does not compile with RE2 ({exc}) at {where}") from None
     elif key != "const" and key not in _ANNOTATIONS:  # these two take any JSON value
         raise SchemaError(f'unsupported JSON Schema keyword "{key}" at {ptr}')
 
@@ -313,7 +315,16 @@ class _Combine:
     sink: _Sink
 
 
-_Task = _Check | _Note | _Combine
+@dataclass(slots=True)
+class _Each:
+    """The checks of a container's members, made one at a time as the walk reaches them: a
+    million-item array costs one task, not a million objects alive at once (which also kept
+    the garbage collector busy in full collections)."""
+
+    members: Iterator[_Check | _Note]
+
+
+_Task = _Check | _Note | _Combine | _Each
 
 
 def validate(
@@ -333,7 +344,12 @@ def validate(
     tasks: list[_Task] = [_Check(schema, value, None, sink)]
     while tasks:
         task = tasks.pop()
-        if isinstance(task, _Note):
+        if isinstance(task, _Each):
+            member = next(task.members, None)
+            if member is not None:
+                tasks.append(task)  # the next member comes after this one and its own checks
+                tasks.append(member)
+        elif isinstance(task, _Note):
             task.sink.add(task.path, task.template)
         elif isinstance(task, _Combine):
             matched = sum(arm.count == 0 for arm in task.arms)
@@ -383,7 +399,7 @@ def _check(task: _Check) -> list[_Task]:
     if isinstance(value, str):
         _check_length(schema, len(value), "characters", path, sink)
         pattern = schema.get("pattern")
-        if type(pattern) is str and re.search(pattern, value) is None:
+        if type(pattern) is str and not pattern_matches(pattern, value):
             sink.add(path, "{name} must match the pattern {0}", _Later(_shown, pattern))
     elif isinstance(value, bool) or value is None:
         pass
@@ -399,8 +415,8 @@ def _check(task: _Check) -> list[_Task]:
     elif isinstance(value, list):
         _check_length(schema, len(value), "items", path, sink)
         items = schema.get("items", True)
-        if items is not True:
-            follow.extend(_Check(items, v, (path, i), sink) for i, v in enumerate(value))
+        if items is not True and value:
+            follow.append(_Each(_Check(items, v, (path, i), sink) for i, v in enumerate(value)))
     elif isinstance(value, dict):
         follow.extend(_check_object(schema, value, path, sink))
     return follow
@@ -441,17 +457,27 @@ def _check_object(
     properties = schema.get("properties")
     declared = properties if type(properties) is dict else {}
     extra = schema.get("additionalProperties", True)
-    follow: list[_Task] = []
+    if not value or (extra is True and not declared):
+        return []
+    return [_Each(_members(value, declared, extra, path, sink))]
+
+
+def _members(
+    value: dict[str, JsonValue],
+    declared: dict[str, JsonValue],
+    extra: JsonValue,
+    path: _Path,
+    sink: _Sink,
+) -> Iterator[_Check | _Note]:
     for key, member in value.items():
         where = (path, key)
         if key in declared:
-            follow.append(_Check(declared[key], member, where, sink))
+            yield _Check(declared[key], member, where, sink)
         elif extra is False:
             template = "{name} is not a declared property (additionalProperties: false)"
-            follow.append(_Note(where, template, sink))
+            yield _Note(where, template, sink)
         elif extra is not True:
-            follow.append(_Check(extra, member, where, sink))
-    return follow
+            yield _Check(extra, member, where, sink)
 
 
 def format_invalid_args(messages: list[str]) -> str:

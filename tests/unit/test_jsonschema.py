@@ -126,7 +126,17 @@ REFUSED: list[tuple[JsonValue, str]] = [
     ({"minimum": "1"}, "minimum must be a number at #/minimum"),
     ({"exclusiveMaximum": True}, "exclusiveMaximum must be a number at #/exclusiveMaximum"),
     ({"pattern": 5}, "pattern must be a string at #/pattern"),
-    ({"pattern": "(unclosed"}, "pattern does not compile (missing ), unterminated subpattern"),
+    (
+        {"pattern": "(unclosed"},
+        "pattern does not compile with RE2 (missing ): (unclosed) at #/pattern",
+    ),
+    # ECMA-262 features RE2 cannot match in linear time are refused at registration.
+    (
+        {"properties": {"p": {"pattern": "^(?=a)"}}},
+        "pattern does not compile with RE2 (invalid perl operator: (?=) at #/properties/p/pattern",
+    ),
+    ({"pattern": "(a)\\1"}, "pattern does not compile with RE2 (invalid escape sequence: \\1)"),
+    ({"pattern": "(?<!a)b"}, "pattern does not compile with RE2 (invalid perl operator: (?<!)"),
     ({"const": float("nan")}, "schema is not lossless JSON: not lossless JSON at $.const: NaN"),
     ({"enum": [(1, 2)]}, "schema is not lossless JSON"),  # type: ignore[list-item]
 ]
@@ -232,6 +242,21 @@ CASES: list[tuple[JsonValue, JsonValue, list[str]]] = [
     ({"properties": {"s": {"maxLength": 1}}}, {"s": "😀"}, []),  # code points, not UTF-16 units
     ({"properties": {"s": {"maxLength": 1}}}, {"s": "ab"}, ['"s" must have at most 1 character']),
     ({"properties": {"s": {"pattern": "b+"}}}, {"s": "abba"}, []),  # search, not full match
+    # ECMA-262 semantics, as RE2 has them: `\uXXXX` escapes, ASCII `\d`, `$` only at the end.
+    ({"properties": {"s": {"pattern": "^[\\u0041-\\u005A]+$"}}}, {"s": "ABC"}, []),
+    ({"properties": {"s": {"pattern": "^\\uD83D\\uDE00$"}}}, {"s": "😀"}, []),
+    (
+        {"properties": {"s": {"pattern": "^\\d$"}}},
+        {"s": "٣"},
+        ['"s" must match the pattern "^\\\\d$"'],
+    ),
+    ({"properties": {"s": {"pattern": "^a$"}}}, {"s": "a\n"}, ['"s" must match the pattern "^a$"']),
+    ({"properties": {"s": {"pattern": "x"}}}, {"s": "\ud800x"}, []),  # a lone surrogate is fine
+    (
+        {"properties": {"s": {"pattern": "^(a+)+$"}}},
+        {"s": "a" * 40 + "!"},
+        ['"s" must match the pattern "^(a+)+$"'],
+    ),
     (
         {"properties": {"s": {"pattern": "^b+$"}}},
         {"s": "abba"},

@@ -9,6 +9,7 @@ import enum
 import math
 import sys
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 
 import pytest
 
@@ -654,3 +655,78 @@ def test_integer_text_conversion() -> None:
     assert _jsonbase.int_to_digits(-(10**1000)) == "-1" + "0" * 1000
     assert _jsonbase.digits_to_int("0" * 1500 + "42") == 42
     assert _jsonbase.int_to_digits(0) == "0"
+
+
+# ---------------------------------------------------------------------------------------------
+# max_depth and loads_canonical (the registry's admission bounds, codemode_common side)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "max_depth", "refused_at"),
+    [
+        ("[]", 0, None),
+        ("1", 0, None),
+        ("[[]]", 0, 1),
+        ("[[]]", 1, None),
+        ('{"a":[{"b":1}]}', 2, None),
+        ('{"a":[{"b":1}]}', 1, 6),
+        ("[[1,2],[3,[4]]]", 1, 10),
+        ("[" * 5000 + "]" * 5000, 4999, None),
+        ("[" * 5000 + "]" * 5000, 4998, 4999),
+    ],
+)
+def test_max_depth_counts_the_containers_around_a_container(
+    text: str, max_depth: int, refused_at: int | None
+) -> None:
+    loaders: list[Callable[[str], object]] = [
+        lambda t: jv.loads(t, max_depth=max_depth),
+        lambda t: jv.loads_canonical(t, max_depth=max_depth)[0],
+        lambda t: jv.loads_canonical(t, max_depth=max_depth, yielding=True)[0],
+    ]
+    for load in loaders:
+        if refused_at is None:
+            assert jv.dumps(load(text)) == text  # (deep values cannot be compared with ==)
+        else:
+            with pytest.raises(jv.JsonTooDeep) as caught:
+                load(text)
+            assert caught.value.offset == refused_at and caught.value.max_depth == max_depth
+            assert f"nested deeper than {max_depth} levels" in str(caught.value)
+
+
+def test_max_depth_holds_under_a_low_recursion_limit() -> None:
+    # The C decoder succeeds on a shallow text; the bound is then checked on its value.
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        assert jv.loads("[[1],[[2]]]", max_depth=2) == [[1], [[2]]]
+        with pytest.raises(jv.JsonTooDeep):
+            jv.loads("[[1],[[2]]]", max_depth=1)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def test_a_too_deep_text_is_refused_without_reading_it_all() -> None:
+    text = "[" * 4_000_000 + "]" * 4_000_000
+    with pytest.raises(jv.JsonTooDeep) as caught:
+        jv.loads(text, max_depth=1000)
+    assert caught.value.offset == 1001
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_loads_canonical_gives_what_dumps_gives(yielding: bool) -> None:
+    big = list(range(10_000))
+    values: list[object] = [
+        {"b": [1, 2.5, "é", "\ud800", None, True], "a": {}},
+        big,
+        {"xs": big, "ys": [{"k": i} for i in range(5000)], "deep": [[[big]]]},
+        [big, [big, {"z": big}]],
+        {f"k{i}": i for i in range(9000)},
+    ]
+    for value in values:
+        text = jv.dumps(value)
+        spaced = text.replace(",", ", ")  # not canonical: the canonical text comes back
+        assert jv.loads_canonical(spaced, yielding=yielding) == (value, text)
+    for bad in ("[-0]", '{"a":[1,-0]}', "[1e400]", "[NaN]", '{"a":1,"a":2}'):
+        with pytest.raises(jv.JsonValueError):
+            jv.loads_canonical(bad, yielding=yielding)
