@@ -9,6 +9,8 @@ it (``ledger.valid_text``).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 from runtime_service.worker import flatwire
@@ -22,6 +24,7 @@ __all__ = [
     "OutputLimitMessage",
     "WorkerMessage",
     "parse_worker_message",
+    "partial_log_text",
 ]
 
 WORKER_ERROR_KINDS = frozenset({"exception", "invalid-output", "output-limit"})
@@ -32,6 +35,8 @@ class CallMessage:
     call_id: int
     name: str
     args: list[object]
+    problem: str | None = None
+    """Why the arguments cannot be read, when the frame held what the wire refuses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class DoneMessage:
     has_value: bool
     value: list[object] | None
     error: tuple[str, str] | None
+    problem: str | None = None
+    """Why the value cannot be read, when the frame held what the wire refuses."""
 
 
 WorkerMessage = CallMessage | LogMessage | OutputLimitMessage | DoneMessage
@@ -59,8 +66,16 @@ WorkerMessage = CallMessage | LogMessage | OutputLimitMessage | DoneMessage
 def parse_worker_message(payload: bytes) -> WorkerMessage | None:
     try:
         raw = flatwire.loads_strict(payload)
+    except flatwire.IntegerTooLong as exc:
+        # A worker whose program lifted the digit limit sent such an integer anyway: the
+        # message still counts (a call is answered, a completion settles), its value cannot.
+        return _with_long_integers(payload, str(exc))
     except Exception:
         return None
+    return _build(raw)
+
+
+def _build(raw: object, problem: str | None = None) -> WorkerMessage | None:
     if type(raw) is not dict:
         return None
     kind = raw.get("t")
@@ -71,15 +86,36 @@ def parse_worker_message(payload: bytes) -> WorkerMessage | None:
         call_id, name, args = raw.get("id"), raw.get("name"), raw.get("args")
         if type(call_id) is not int or type(name) is not str or type(args) is not list:
             return None
-        return CallMessage(call_id, name, args)
+        return CallMessage(call_id, name, args, problem)
     if kind == "done":
-        return _parse_done(raw)
+        return _parse_done(raw, problem)
     if kind == "output-limit":
         return OutputLimitMessage()
     return None
 
 
-def _parse_done(raw: dict[str, object]) -> DoneMessage | None:
+class _LongInteger:
+    """Stands in for an integer too long to convert (never a valid token)."""
+
+    __slots__ = ()
+
+
+def _bounded_int(text: str) -> int | float | _LongInteger:
+    if len(text) - text.startswith("-") > flatwire.MAX_INT_DIGITS:
+        return _LongInteger()
+    return -0.0 if text == "-0" else int(text)
+
+
+def _with_long_integers(payload: bytes, problem: str) -> WorkerMessage | None:
+    """The message of a frame that holds integers too long to read, each one a stand-in."""
+    try:
+        raw = json.loads(payload, parse_int=_bounded_int)
+    except Exception:
+        return None
+    return _build(raw, problem)
+
+
+def _parse_done(raw: dict[str, object], problem: str | None) -> DoneMessage | None:
     error: tuple[str, str] | None = None
     if "error" in raw:
         err = raw["error"]
@@ -95,4 +131,25 @@ def _parse_done(raw: dict[str, object]) -> DoneMessage | None:
     if "value" in raw and type(value) is not list:
         # An undecodable value is still a completion: it resolves as invalid output.
         value = []
-    return DoneMessage("value" in raw, value if "value" in raw else None, error)  # type: ignore[arg-type]
+    return DoneMessage("value" in raw, value if "value" in raw else None, error, problem)  # type: ignore[arg-type]
+
+
+_LOG_TEXT = re.compile(rb'\{\s*"t"\s*:\s*"log"\s*,\s*"text"\s*:\s*"')
+_LONGEST_ESCAPE = 12  # an escaped surrogate pair
+
+
+def partial_log_text(head: bytes, spelled_limit: int) -> str | None:
+    """The text at the start of a log frame read only in part (``head``), from at most its
+    first ``spelled_limit`` spelled bytes; None if ``head`` is no such start."""
+    match = _LOG_TEXT.match(head)
+    if match is None:
+        return None
+    body = head[match.end() : match.end() + spelled_limit]
+    # The cut may fall inside an escape: drop up to one escape's bytes until the rest reads.
+    for cut in range(min(_LONGEST_ESCAPE, len(body)) + 1):
+        try:
+            text = json.loads(b'"' + body[: len(body) - cut] + b'"')
+        except ValueError:
+            continue
+        return valid_text(text) if type(text) is str else None
+    return None

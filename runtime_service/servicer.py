@@ -179,7 +179,9 @@ class _CallRelay:
             pending.resolve(BindingResult.failure(_HALF_CLOSED))
             return pending
         try:
-            arguments = jsonvalue.dumps(call.arguments)
+            arguments = call.arguments_json
+            if arguments is None:
+                arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
@@ -309,7 +311,8 @@ def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
         terminal.failure.kind = _KINDS[result.error.kind]
         terminal.failure.message = result.error.message
     elif result.has_value:
-        terminal.success.value_json = jsonvalue.dumps(result.value)
+        text = result.value_json
+        terminal.success.value_json = jsonvalue.dumps(result.value) if text is None else text
     else:
         terminal.success.SetInParent()
     return terminal

@@ -172,6 +172,10 @@ class OutputLedger:
         room = self.max_bytes - self._logs_size
         return room >= 0 and json_value_size(value, room) <= room
 
+    def fits_size(self, size: int) -> bool:
+        """``fits_value`` for a value whose ``json_value_size`` is already known."""
+        return self._logs_size + size <= self.max_bytes
+
     def fits_message(self, message: str) -> bool:
         return self._logs_size + json_string_size(message) <= self.max_bytes
 
