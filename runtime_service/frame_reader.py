@@ -28,7 +28,7 @@ Memory: one frame at a time, at most ``FrameLimits.max_buffered`` bytes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.worker.framing import HEADER
@@ -75,8 +75,8 @@ class Oversized:
     kind: Literal["output", "call"]
     call_id: int = 0
     """For a call: its id, from the frame's start."""
-    head: bytes = b""
-    """For an output frame: its payload bytes read so far (a log's text is cut to the prefix
+    head: bytearray = field(default_factory=bytearray)
+    """For a log frame: its payload bytes read so far (a log's text is cut to the prefix
     that fits, as any overflowing log is)."""
 
 
@@ -96,6 +96,7 @@ class FrameReader:
         "_kind",
         "_length",
         "_limits",
+        "_log",
         "_markers",
         "_scanned",
         "_skip",
@@ -121,6 +122,7 @@ class FrameReader:
         self._escapes = 0
         self._markers = 0
         self._blanks = 0
+        self._log = False
 
     def feed(self, data: bytes) -> list[FrameEvent]:
         if self.stopped:
@@ -156,7 +158,11 @@ class FrameReader:
             if verdict == "over":
                 if self._kind == "output":
                     self.stopped = True
-                    head = bytes(buf[HEADER.size : HEADER.size + have])
+                    head = bytearray()
+                    if self._log:  # handed over as it is, not copied
+                        head, self._buf = buf, head
+                        del head[HEADER.size + have :]
+                        del head[: HEADER.size]
                     self._buf = bytearray()
                     events.append(Oversized("output", head=head))
                     return False
@@ -193,14 +199,18 @@ class FrameReader:
                 self._bound = self._limits.call_bytes
             else:
                 self._kind = "output"
+                self._log = tag.group(1) == b"log"
                 self._bound = self._limits.output_bytes
                 self._args_at = 0
         if self._args_at < 0 and not self._read_call_head(have):
             return "junk" if have >= min(_MAX_CALL_HEAD, self._length) else None
         # From the announced size alone: more than the worker could hold, or a content that
-        # costs more than its bound even if it were all container markers.
+        # costs more than its bound even if it were all container markers. (Not for a log:
+        # its text is read on until it costs more than the budget, so that the prefix that
+        # fits can be kept.)
         content = self._length - self._args_at - _WRAPPER_BYTES
-        if self._length > self._limits.memory_bytes or content > _MARKER_RATIO * self._bound:
+        too_long = content > _MARKER_RATIO * self._bound
+        if (self._length > self._limits.memory_bytes or too_long) and not self._log:
             return "over"
         # Count the patterns whose matches end in the bytes that arrived since last time (a
         # match straddling the previous end is found now; none is counted twice).

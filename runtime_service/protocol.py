@@ -23,6 +23,7 @@ __all__ = [
     "LogMessage",
     "OutputLimitMessage",
     "WorkerMessage",
+    "build_worker_message",
     "parse_worker_message",
     "partial_log_text",
 ]
@@ -72,10 +73,11 @@ def parse_worker_message(payload: bytes) -> WorkerMessage | None:
         return _with_long_integers(payload, str(exc))
     except Exception:
         return None
-    return _build(raw)
+    return build_worker_message(raw)
 
 
-def _build(raw: object, problem: str | None = None) -> WorkerMessage | None:
+def build_worker_message(raw: object, problem: str | None = None) -> WorkerMessage | None:
+    """The message a parsed payload holds (``problem``: its value cannot be read, why)."""
     if type(raw) is not dict:
         return None
     kind = raw.get("t")
@@ -112,7 +114,7 @@ def _with_long_integers(payload: bytes, problem: str) -> WorkerMessage | None:
         raw = json.loads(payload, parse_int=_bounded_int)
     except Exception:
         return None
-    return _build(raw, problem)
+    return build_worker_message(raw, problem)
 
 
 def _parse_done(raw: dict[str, object], problem: str | None) -> DoneMessage | None:
@@ -138,18 +140,22 @@ _LOG_TEXT = re.compile(rb'\{\s*"t"\s*:\s*"log"\s*,\s*"text"\s*:\s*"')
 _LONGEST_ESCAPE = 12  # an escaped surrogate pair
 
 
-def partial_log_text(head: bytes, spelled_limit: int) -> str | None:
-    """The text at the start of a log frame read only in part (``head``), from at most its
-    first ``spelled_limit`` spelled bytes; None if ``head`` is no such start."""
+def partial_log_text(head: bytearray, spelled_limit: int) -> str | None:
+    """The text at the start of a log frame read only in part (``head``, consumed: it is cut
+    in place rather than copied), from at most its first ``spelled_limit`` spelled bytes;
+    None if ``head`` is no such start."""
     match = _LOG_TEXT.match(head)
     if match is None:
         return None
-    body = head[match.end() : match.end() + spelled_limit]
+    del head[match.end() + spelled_limit :]
+    del head[: match.end() - 1]  # from the opening quote
     # The cut may fall inside an escape: drop up to one escape's bytes until the rest reads.
-    for cut in range(min(_LONGEST_ESCAPE, len(body)) + 1):
+    for _ in range(min(_LONGEST_ESCAPE, len(head) - 1) + 1):
+        head.append(0x22)
         try:
-            text = json.loads(b'"' + body[: len(body) - cut] + b'"')
+            text = json.loads(head)
         except ValueError:
+            del head[-2:]
             continue
         return valid_text(text) if type(text) is str else None
     return None

@@ -308,7 +308,8 @@ class Run:
     def _handle(self, worker: WorkerProcess, event: FrameEvent) -> None:
         if self._terminal is not None:
             return  # nothing the worker says after the outcome counts
-        if self._backlog or (type(event) is bytes and len(event) > LARGE_FRAME_BYTES):
+        large = type(event) is bytes and len(event) > LARGE_FRAME_BYTES
+        if self._draining is not None or large:
             # Off the loop, in order: everything behind a large frame waits for it.
             self._backlog.append(event)
             if self._draining is None:

@@ -76,6 +76,15 @@ def fit_prefix(text: str, budget: int) -> str:
     """Longest code-point prefix of ``text`` whose JSON-string size is at most ``budget``."""
     if json_string_size(text) <= budget:
         return text
+    if text.isascii() and text.isprintable():
+        # One byte per character but two for '"' and '\\': a binary search over counts
+        # (no copies), not a Python loop over what may be a budget's worth of characters.
+        low, high = 0, len(text)
+        while low < high:
+            cut = (low + high + 1) // 2
+            size = cut + 2 + text.count('"', 0, cut) + text.count("\\", 0, cut)
+            low, high = (cut, high) if size <= budget else (low, cut - 1)
+        return text[:low]
     used = 2
     cut = 0
     for ch in text:
