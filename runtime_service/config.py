@@ -166,6 +166,7 @@ class RuntimeSettings(ServiceSettings):
             maxima=maxima,
             worker=spec,
             max_program_bytes=self.max_program_bytes,
+            max_call_bytes=self.max_message_bytes,
         )
 
 

@@ -40,6 +40,9 @@ class BindingCall:
     name: str
     arguments: object
     """A lossless JSON value, freshly decoded: the handler owns it."""
+    arguments_json: str | None = None
+    """Its JSON text (``jsonvalue.dumps``), when the run made it already (large arguments are
+    spelled off the event loop)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,9 @@ class RunResult:
     has_value: bool = False
     value: object = None
     error: RunFailure | None = None
+    value_json: str | None = None
+    """The value's JSON text (``jsonvalue.dumps``), when the run made it already (large
+    values are spelled off the event loop)."""
 
     @property
     def ok(self) -> bool:

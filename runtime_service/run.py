@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,14 @@ from functools import partial
 from typing import Any
 
 from runtime_service.budgets import Budgets
+from runtime_service.frame_decoding import (
+    LARGE_FRAME_BYTES,
+    Decoded,
+    decode,
+    decode_frame,
+    decoding_pool,
+)
+from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
 from runtime_service.outcome import (
     BindingCall,
     BindingHandler,
@@ -34,18 +43,27 @@ from runtime_service.protocol import (
     LogMessage,
     OutputLimitMessage,
     parse_worker_message,
+    partial_log_text,
 )
 from runtime_service.worker import flatwire
-from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY, LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from runtime_service.worker.ledger import OutputLedger
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
-__all__ = ["CPU_POLL_INTERVAL_S", "DRAIN_TIMEOUT_S", "EXPIRED_MESSAGE", "Run", "RunRequest"]
+__all__ = [
+    "CPU_POLL_INTERVAL_S",
+    "DEFAULT_MAX_CALL_BYTES",
+    "DRAIN_TIMEOUT_S",
+    "EXPIRED_MESSAGE",
+    "Run",
+    "RunRequest",
+]
 
 _log = logging.getLogger(__name__)
 CPU_POLL_INTERVAL_S = 0.025  # a compute timeout may overshoot the budget by one interval
 DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
 EXPIRED_MESSAGE = "deadline passed before the run started"
+DEFAULT_MAX_CALL_BYTES = 96 << 20  # the gRPC message limit's default (max_message_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +74,13 @@ class RunRequest:
     wall_ms: int
     """Effective wall-clock ceiling: the budget, lowered by the caller's deadline (0 when
     that deadline has already passed: the run then times out without taking a worker)."""
+    max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
+    """The most JSON bytes of one call's arguments the caller can be sent (its message
+    limit): a call frame beyond it fails unread."""
+
+    def frame_limits(self) -> FrameLimits:
+        budgets = self.budgets
+        return FrameLimits(budgets.max_output_bytes, self.max_call_bytes, budgets.memory_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +88,9 @@ class _Terminal:
     error: RunFailure | None
     has_value: bool = False
     value: object = None
+    value_size: int | None = None
+    """The value's ledger size, when measured off the loop (large frames)."""
+    value_json: str | None = None
 
 
 class Run:
@@ -93,6 +121,10 @@ class Run:
         self._last_call_id = 0
         self._next_seq = 1
         self._calls: dict[int, asyncio.Future[Any] | PendingCall] = {}
+        # Frames waiting behind a large one that is being decoded off the loop, in order.
+        self._backlog: collections.deque[FrameEvent] = collections.deque()
+        self._draining: asyncio.Task[None] | None = None
+        self._exit_status: int | None = None  # an exit seen while the backlog drained
         self._started = False
         self.spawned = False
 
@@ -185,7 +217,12 @@ class Run:
         self._decoders = {
             fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in worker.output_fds
         }
-        worker.listen(partial(self._handle, worker), self._on_channel_eof, self._on_output)
+        worker.listen(
+            partial(self._handle, worker),
+            self._on_channel_eof,
+            self._on_output,
+            self.request.frame_limits(),
+        )
         on_exit = partial(self._on_worker_exit, worker)
         worker.exited.add_done_callback(on_exit)
         wall = loop.call_at(self._wall_deadline, self._settle, self._wall_terminal())
@@ -235,7 +272,13 @@ class Run:
     def _on_worker_exit(self, worker: WorkerProcess, exited: asyncio.Future[int]) -> None:
         # Whatever the worker sent before it exited is already queued on the channel.
         worker.read_pending()
-        message = self._exit_message(exited.result(), worker)
+        if self._draining is not None:
+            self._exit_status = exited.result()  # settled once the frames before it count
+            return
+        self._settle_exit(exited.result(), worker)
+
+    def _settle_exit(self, status: int, worker: WorkerProcess) -> None:
+        message = self._exit_message(status, worker)
         self._settle(_Terminal(RunFailure("worker-exit", message)))
 
     def _exit_message(self, status: int, worker: WorkerProcess) -> str:
@@ -295,27 +338,90 @@ class Run:
         self._settle(_Terminal(RunFailure("invalid-output", message)))
 
     # -- messages ----------------------------------------------------------------------------
-    def _handle(self, worker: WorkerProcess, payload: bytes) -> None:
+    def _handle(self, worker: WorkerProcess, event: FrameEvent) -> None:
         if self._terminal is not None:
             return  # nothing the worker says after the outcome counts
+        large = type(event) is bytes and len(event) > LARGE_FRAME_BYTES
+        if self._draining is not None or large:
+            # Off the loop, in order: everything behind a large frame waits for it.
+            self._backlog.append(event)
+            if self._draining is None:
+                self._draining = asyncio.get_running_loop().create_task(self._drain(worker))
+            return
         try:
-            self._dispatch(worker, payload)
+            self._dispatch(worker, event)
         except Exception as exc:
             self._handling_failed(exc)
 
-    def _dispatch(self, worker: WorkerProcess, payload: bytes) -> None:
-        message = parse_worker_message(payload)
-        if isinstance(message, LogMessage):
+    async def _drain(self, worker: WorkerProcess) -> None:
+        loop = asyncio.get_running_loop()
+        max_output = self.request.budgets.max_output_bytes
+        try:
+            while self._backlog and self._terminal is None:
+                event = self._backlog.popleft()
+                if type(event) is bytes and len(event) > LARGE_FRAME_BYTES:
+                    decoded = await loop.run_in_executor(
+                        decoding_pool(), decode_frame, event, max_output
+                    )
+                    if self._terminal is None:
+                        self._dispatch_decoded(worker, decoded)
+                else:
+                    self._dispatch(worker, event)
+        except Exception as exc:
+            self._handling_failed(exc)
+        finally:
+            self._draining = None
+            self._backlog.clear()
+            if self._exit_status is not None:
+                self._settle_exit(self._exit_status, worker)
+
+    def _dispatch(self, worker: WorkerProcess, event: FrameEvent) -> None:
+        if isinstance(event, Oversized):
+            self._oversized(worker, event)
+            return
+        message = parse_worker_message(event)
+        if isinstance(message, CallMessage | DoneMessage):
+            max_output = self.request.budgets.max_output_bytes
+            self._dispatch_decoded(worker, decode(message, max_output, spell=False))
+        elif isinstance(message, LogMessage):
             self._admit_log(message.text)
-        elif isinstance(message, CallMessage):
-            self._start_call(worker, message)
-        elif isinstance(message, DoneMessage):
-            self._settle(self._completion(message))
         elif isinstance(message, OutputLimitMessage):
             self._overflowed = True
             self._settle(_Terminal(RunFailure("output-limit", "")))
 
-    def _completion(self, done: DoneMessage) -> _Terminal:
+    def _dispatch_decoded(self, worker: WorkerProcess, decoded: Decoded) -> None:
+        message = decoded.message
+        if isinstance(message, CallMessage):
+            self._start_call(worker, message, decoded)
+        elif isinstance(message, DoneMessage):
+            self._settle(self._completion(message, decoded))
+        elif isinstance(message, LogMessage):
+            self._admit_log(message.text)
+        elif isinstance(message, OutputLimitMessage):
+            self._overflowed = True
+            self._settle(_Terminal(RunFailure("output-limit", "")))
+
+    def _oversized(self, worker: WorkerProcess, frame: Oversized) -> None:
+        """A frame over its bound, given up on unread (``frame_reader``)."""
+        if frame.kind == "output":
+            # A log keeps its fitting prefix, as any overflowing log does: enough of its
+            # text to cross the room left (a ledger byte is at most 3 spelled bytes).
+            room = self._ledger.remaining_for_entry()
+            text = partial_log_text(frame.head, 3 * max(room + 1, 0) + 12)
+            if text is not None:
+                self._admit_log(text)
+            self._overflowed = True
+            self._settle(_Terminal(RunFailure("output-limit", "")))
+            return
+        if self._new_call_id(frame.call_id):
+            limit = self.request.max_call_bytes
+            message = (
+                f"binding arguments are too large to send: more than {limit} bytes of JSON, "
+                f"over the runtime's limit (max_message_bytes {limit})"
+            )
+            self._reply(worker, frame.call_id, BindingResult.failure(message))
+
+    def _completion(self, done: DoneMessage, decoded: Decoded) -> _Terminal:
         if done.error is not None:
             kind, text = done.error
             if kind == "output-limit":
@@ -323,13 +429,11 @@ class Run:
             return _Terminal(RunFailure(_failure_kind(kind), text))
         if not done.has_value:
             return _Terminal(None)
-        try:
-            value = flatwire.decode(done.value)
-        except flatwire.WireError:
-            return _Terminal(
-                RunFailure("invalid-output", "program completion must be lossless JSON")
-            )
-        return _Terminal(None, True, value)
+        if decoded.problem is not None:
+            detail = f": {decoded.problem}" if decoded.problem else ""
+            return _Terminal(RunFailure("invalid-output", f"{LOSSY_COMPLETION}{detail}"))
+        size = decoded.value_size or None  # measured off the loop (large frames only)
+        return _Terminal(None, True, decoded.value, size, decoded.value_json)
 
     def _admit_log(self, text: str) -> None:
         if self._overflowed:
@@ -341,13 +445,18 @@ class Run:
         self._overflowed = True
         self._settle(_Terminal(RunFailure("output-limit", "")))
 
-    def _start_call(self, worker: WorkerProcess, call: CallMessage) -> None:
+    def _new_call_id(self, call_id: int) -> bool:
         # The worker numbers its calls 1, 2, 3, ...: an id not above the last one is a
         # duplicate (or forged) and is ignored. One number, not a set of every id seen,
         # keeps each id answered at most once in constant memory however long the run.
-        if call.call_id <= self._last_call_id:
+        if call_id <= self._last_call_id:
+            return False
+        self._last_call_id = call_id
+        return True
+
+    def _start_call(self, worker: WorkerProcess, call: CallMessage, decoded: Decoded) -> None:
+        if not self._new_call_id(call.call_id):
             return
-        self._last_call_id = call.call_id
         limit = self.request.budgets.max_outstanding_calls
         if len(self._calls) >= limit:
             self._reply(
@@ -361,18 +470,14 @@ class Run:
                 worker, call.call_id, BindingResult.failure(f'unknown binding "tools.{call.name}"')
             )
             return
-        try:
-            arguments = flatwire.decode(call.args)
-        except flatwire.WireError:
-            self._reply(
-                worker,
-                call.call_id,
-                BindingResult.failure("tool arguments must be lossless JSON"),
-            )
+        if decoded.problem is not None:
+            detail = f": {decoded.problem}" if decoded.problem else ""
+            self._reply(worker, call.call_id, BindingResult.failure(LOSSY_ARGUMENTS + detail))
             return
+        arguments = decoded.value
         seq = self._next_seq
         self._next_seq += 1
-        binding_call = BindingCall(seq, call.name, arguments)
+        binding_call = BindingCall(seq, call.name, arguments, decoded.value_json)
         try:
             pending = self._handler(binding_call)
         except Exception as exc:  # a failing handler is a failed call
@@ -432,8 +537,14 @@ class Run:
             ):
                 return RunResult(list(ledger.logs), error=terminal.error)
         elif not self._overflowed and terminal.has_value:
-            if ledger.fits_value(terminal.value):
-                return RunResult(list(ledger.logs), has_value=True, value=terminal.value)
+            size = terminal.value_size
+            if ledger.fits_value(terminal.value) if size is None else ledger.fits_size(size):
+                return RunResult(
+                    list(ledger.logs),
+                    has_value=True,
+                    value=terminal.value,
+                    value_json=terminal.value_json,
+                )
         elif not self._overflowed:
             return RunResult(list(ledger.logs))
         logs, message = ledger.overflow_logs()

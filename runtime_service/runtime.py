@@ -11,7 +11,7 @@ from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.pool import WorkerPool
-from runtime_service.run import Run, RunRequest
+from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.worker_process import WorkerSpec
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
@@ -29,6 +29,9 @@ class RuntimeOptions:
     worker: WorkerSpec = field(default_factory=WorkerSpec)
     max_program_bytes: int = 1 << 20
     max_bindings: int = 4096
+    max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
+    """The most JSON bytes of one binding call's arguments the caller can be sent (the gRPC
+    message limit): a worker's call frame beyond it fails that call without being read."""
 
 
 class Runtime:
@@ -87,7 +90,7 @@ class Runtime:
         wall_ms = resolved.wall_ms
         if deadline_ms is not None:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
-        request = RunRequest(program, names, resolved, wall_ms)
+        request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
         return Run(request, self.pool.acquire, handler, on_log, take_idle=self.pool.take_idle)
 
     async def execute(self, run: Run) -> RunResult:

@@ -155,7 +155,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             refusal = _refusal(reader)
             if refusal is not None:  # the run was aborted for it: the status says why instead
                 await _abort(context, refusal)
-            yield runtime_pb2.RunResponse(terminal=_terminal_proto(execution.result()))
+            response = runtime_pb2.RunResponse()
+            _fill_terminal(response.terminal, execution.result())  # a large value: one copy
+            yield response
         finally:
             reader.cancel()
             if not execution.done():
@@ -197,7 +199,9 @@ class _CallRelay:
             pending.resolve(BindingResult.failure(_HALF_CLOSED))
             return pending
         try:
-            arguments = jsonvalue.dumps(call.arguments)
+            arguments = call.arguments_json
+            if arguments is None:
+                arguments = jsonvalue.dumps(call.arguments)
         except jsonvalue.JsonValueError:
             pending.resolve(BindingResult.failure("tool arguments must be lossless JSON"))
             return pending
@@ -321,16 +325,16 @@ def _deadline_ms(start: runtime_pb2.RunStart) -> int | None:
     return start.timeout.ToMilliseconds()
 
 
-def _terminal_proto(result: RunResult) -> runtime_pb2.RunTerminal:
-    terminal = runtime_pb2.RunTerminal(logs=result.logs)
+def _fill_terminal(terminal: runtime_pb2.RunTerminal, result: RunResult) -> None:
+    terminal.logs.extend(result.logs)
     if result.error is not None:
         terminal.failure.kind = _KINDS[result.error.kind]
         terminal.failure.message = result.error.message
     elif result.has_value:
-        terminal.success.value_json = jsonvalue.dumps(result.value)
+        text = result.value_json
+        terminal.success.value_json = jsonvalue.dumps(result.value) if text is None else text
     else:
         terminal.success.SetInParent()
-    return terminal
 
 
 async def _abort(context: Context, error: CodemodeError) -> None:

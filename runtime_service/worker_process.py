@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime_service import run_cgroup
+from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
 from runtime_service.run_cgroup import RunCgroup
 from runtime_service.worker import flatwire, framing
 
@@ -56,6 +57,8 @@ _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on
 _RECV_BYTES = 1 << 16
 _GROUP_POLL_S = 0.002
 _GROUP_EXIT_TIMEOUT_S = 10.0
+# Frame limits of a channel read outside any run: only the framing's own cap.
+_UNBOUNDED = FrameLimits(framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES)
 
 
 class WorkerLaunchError(RuntimeError):
@@ -174,7 +177,7 @@ class UidLeases:
         return frozenset(cls._held)
 
 
-FrameHandler = Callable[[bytes], None]
+FrameHandler = Callable[[FrameEvent], None]
 Listener = Callable[[], None]
 OutputHandler = Callable[[int, bytes], None]
 
@@ -209,6 +212,9 @@ class WorkerProcess:
         worker at boot; None where the host offers none (per-process limits only)."""
         self.sandbox: dict[str, str] = {}
         self.frames = framing.FrameBuffer()
+        """Splits the channel until the worker is ready; ``listen`` hands over to a reader
+        bounded by the run's budgets."""
+        self._reader: FrameReader | None = None
         self.returncode: int | None = None
         self._loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[int] = self._loop.create_future()
@@ -370,8 +376,12 @@ class WorkerProcess:
         on_frame: FrameHandler,
         on_channel_eof: Listener,
         on_output: OutputHandler,
+        limits: FrameLimits = _UNBOUNDED,
     ) -> None:
-        """Deliver channel frames and pipe bytes to callbacks, straight from the event loop."""
+        """Deliver channel frames (or verdicts on frames over ``limits``) and pipe bytes to
+        callbacks, straight from the event loop."""
+        pending, skip = self.frames.leftover()
+        self._reader = FrameReader(limits, pending, skip)
         self._on_frame = on_frame
         self._on_channel_eof = on_channel_eof
         self._output_handler = on_output
@@ -396,6 +406,9 @@ class WorkerProcess:
         self._read_channel_once()
 
     def _read_channel_once(self) -> bool:
+        reader = self._reader
+        if reader is None:
+            return False
         try:
             data = self.channel.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -408,17 +421,20 @@ class WorkerProcess:
                 self._on_channel_eof()
             return False
         handler = self._on_frame
-        for payload in self.frames.feed(data):
+        for event in reader.feed(data):
             if not self._reading or handler is None:
                 break
             try:
-                handler(payload)
+                handler(event)
             except Exception as exc:
                 # The frames read with this one are already out of the buffer: a failing
                 # handler must not lose them (one may be the completion).
                 self._loop.call_exception_handler(
                     {"message": "worker frame handler failed", "exception": exc}
                 )
+        if reader.stopped:
+            self.stop_listening()  # a frame over the run's output bound: nothing more counts
+            return False
         return True
 
     def send(self, message: dict[str, Any]) -> None:

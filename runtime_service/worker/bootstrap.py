@@ -34,7 +34,7 @@ from runtime_service.worker import flatwire, framing, ledger, sandbox_child
 PROGRAM_FILENAME = "<program>"
 EXIT_OUT_OF_MEMORY = framing.EXIT_OUT_OF_MEMORY
 # The program's view of arguments it cannot send: the same texts as the registry's (bridge.py).
-LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
+LOSSY_ARGUMENTS = framing.LOSSY_ARGUMENTS
 NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 _NOTHING = object()  # a binding called without its arguments object
 
@@ -287,7 +287,7 @@ def _flush_stdio() -> None:
             pass
 
 
-def finish(channel: Channel, message: dict[str, object]) -> NoReturn:
+def finish(channel: Channel, message: dict[str, object] | bytes) -> NoReturn:
     """Send the last message, then wait to be killed.
 
     The output pipes are closed first: the runtime drains them to their end before it
@@ -302,7 +302,10 @@ def finish(channel: Channel, message: dict[str, object]) -> NoReturn:
         with contextlib.suppress(OSError):
             os.close(fd)
     try:
-        channel.send(message)
+        if isinstance(message, bytes):
+            channel.sock.sendall(message)  # framed already (a completion value)
+        else:
+            channel.send(message)
         channel.sock.setblocking(True)
         while channel.sock.recv(1 << 16):
             pass
@@ -399,7 +402,7 @@ class Worker:
             os._exit(EXIT_OUT_OF_MEMORY)
         finish(self.channel, outcome)
 
-    async def execute(self, program_builtins: dict[str, Any]) -> dict[str, object]:
+    async def execute(self, program_builtins: dict[str, Any]) -> dict[str, object] | bytes:
         try:
             code = compile_program(self.program)
         except (SyntaxError, ValueError) as exc:
@@ -430,11 +433,23 @@ class Worker:
         try:
             tokens = flatwire.encode(value)
             fits = self.sink.ledger.fits_value(value)
-        except (flatwire.WireError, ValueError, TypeError):
-            return self.failure("invalid-output", "program completion must be lossless JSON")
+        except (flatwire.WireError, ValueError, TypeError) as exc:
+            if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+                # Measuring it hit the interpreter's digit limit: the channel's is the same.
+                exc = flatwire.IntegerTooLong()
+            if isinstance(exc, flatwire.IntegerTooLong):
+                return self.failure("invalid-output", f"{framing.LOSSY_COMPLETION}: {exc}")
+            return self.failure("invalid-output", framing.LOSSY_COMPLETION)
         if not fits:
             return self.failure("output-limit", "")
-        return {"t": "done", "value": tokens}
+        try:
+            # Framed here: framing refuses what the runtime would not read (an integer beyond
+            # the channel's digit limit, even with the interpreter's limit lifted).
+            return framing.pack({"t": "done", "value": tokens})
+        except flatwire.IntegerTooLong as exc:
+            return self.failure("invalid-output", f"{framing.LOSSY_COMPLETION}: {exc}")
+        except ValueError:
+            return self.failure("invalid-output", framing.LOSSY_COMPLETION)
 
     def failure(self, kind: str, message: str) -> dict[str, object]:
         message = ledger.valid_text(message)

@@ -34,6 +34,8 @@ from runtime_service.worker.flatwire_fast import FAST_DEPTH
 
 __all__ = [
     "FAST_DEPTH",
+    "MAX_INT_DIGITS",
+    "IntegerTooLong",
     "WireError",
     "decode",
     "decode_text",
@@ -51,6 +53,22 @@ _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 class WireError(ValueError):
     """A value is not lossless JSON, or a token list is not a valid encoding."""
+
+
+# The longest integer the wire carries: the stdlib's default ``int_max_str_digits``. Longer
+# int<->str conversions are quadratic, so the runtime never lifts the limit; a program that
+# lifts it in its own worker still cannot send more (``framing.pack`` applies it there).
+MAX_INT_DIGITS = 4300
+
+
+class IntegerTooLong(WireError):
+    """JSON text holds an integer of more than ``MAX_INT_DIGITS`` digits."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"an integer has more than {MAX_INT_DIGITS} digits, the most the runtime's "
+            "channel carries (send it as a string)"
+        )
 
 
 def _check_float(value: float) -> None:
@@ -388,6 +406,8 @@ def loads_strict(text: str | bytes) -> Any:
     except WireError:
         raise
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            raise IntegerTooLong from None
         raise WireError(f"invalid JSON text: {exc}") from None
 
 

@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 
-__all__ = ["EXIT_OUT_OF_MEMORY", "HEADER", "MAX_FRAME_BYTES", "FrameBuffer", "pack"]
+from runtime_service.worker.flatwire import MAX_INT_DIGITS, IntegerTooLong
+
+__all__ = [
+    "EXIT_OUT_OF_MEMORY",
+    "HEADER",
+    "LOSSY_ARGUMENTS",
+    "LOSSY_COMPLETION",
+    "MAX_FRAME_BYTES",
+    "FrameBuffer",
+    "pack",
+]
 
 HEADER = struct.Struct(">I")
 # Exit status of a worker whose program exhausted its memory budget (uncaught MemoryError).
@@ -27,13 +38,32 @@ EXIT_OUT_OF_MEMORY = 86
 # beyond it; no genuine worker builds a frame this large within the default 512 MiB memory
 # budget anyway. Following a configured limit needs it passed to each ``FrameBuffer``.
 MAX_FRAME_BYTES = 3 * (96 << 20)
+# What the channel refuses, in the words both sides use: the worker raises them to the program
+# before sending, the runtime answers (or ends the run) with them for frames a modified worker
+# sent anyway. The registry's bridge uses the same arguments text.
+LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
+LOSSY_COMPLETION = "program completion must be lossless JSON"
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def pack(message: dict[str, object]) -> bytes:
-    """Serialize one message as a frame (raises ``ValueError`` for NaN/oversized payloads)."""
-    payload = _dumps(message).encode("ascii")
+    """Serialize one message as a frame (raises ``ValueError`` for NaN/oversized payloads, and
+    ``flatwire.IntegerTooLong`` for an integer the other side would not read)."""
+    limit = sys.get_int_max_str_digits()
+    lifted = not 0 < limit <= MAX_INT_DIGITS  # the program lifted it: keep the runtime's
+    if lifted:
+        sys.set_int_max_str_digits(MAX_INT_DIGITS)
+    try:
+        text = _dumps(message)
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise IntegerTooLong from None
+        raise
+    finally:
+        if lifted:
+            sys.set_int_max_str_digits(limit)
+    payload = text.encode("ascii")
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError("frame too large")
     return HEADER.pack(len(payload)) + payload
@@ -81,3 +111,8 @@ class FrameBuffer:
         if pos:
             del buf[:pos]
         return frames
+
+    def leftover(self) -> tuple[bytes, int]:
+        """The bytes buffered past the last frame taken, and how many more are to be skipped
+        (a frame over the cap in progress): where another reader takes over."""
+        return bytes(self._buf), self._skip

@@ -78,6 +78,15 @@ def fit_prefix(text: str, budget: int) -> str:
     """Longest code-point prefix of ``text`` whose JSON-string size is at most ``budget``."""
     if json_string_size(text) <= budget:
         return text
+    if text.isascii() and text.isprintable():
+        # One byte per character but two for '"' and '\\': a binary search over counts
+        # (no copies), not a Python loop over what may be a budget's worth of characters.
+        low, high = 0, len(text)
+        while low < high:
+            cut = (low + high + 1) // 2
+            size = cut + 2 + text.count('"', 0, cut) + text.count("\\", 0, cut)
+            low, high = (cut, high) if size <= budget else (low, cut - 1)
+        return text[:low]
     used = 2
     cut = 0
     for ch in text:
@@ -184,6 +193,10 @@ class OutputLedger:
         """Whether the logs plus the completion value stay within the cap."""
         room = self.max_bytes - self._logs_size
         return room >= 0 and json_value_size(value, room) <= room
+
+    def fits_size(self, size: int) -> bool:
+        """``fits_value`` for a value whose ``json_value_size`` is already known."""
+        return self._logs_size + size <= self.max_bytes
 
     def fits_message(self, message: str) -> bool:
         return self._logs_size + json_string_size(message) <= self.max_bytes

@@ -483,34 +483,9 @@ async def test_channel_closed_without_a_terminal_message(
 # -- integers too long for Python's int<->str conversion (4,300 digits by default) ---------------
 
 HUGE = "1" * 5000
-HUGE_CALL = b'{"t":"call","id":1,"name":"echo","args":[%s]}' % HUGE.encode()
-HUGE_DONE = b'{"t":"done","value":[%s]}' % HUGE.encode()
 
 
-async def test_forged_frames_with_a_huge_integer_are_dropped_as_junk(host: Host) -> None:
-    # The stdlib parser refuses the integer, so the frame -- call or done -- is junk whose id
-    # cannot be read: it is dropped unanswered, and the runtime keeps serving the channel.
-    host.fake_workers(
-        "ready()\n"
-        f"sock.sendall(raw_frame({HUGE_CALL!r}))\n"
-        f"sock.sendall(raw_frame({HUGE_DONE!r}))\n"
-        "send({'t': 'call', 'id': 2, 'name': 'echo', 'args': ['after']})\n"
-        "finish({'reply': recv(), 'extra': recv_within(0.3)})\n"
-    )
-    seen, terminal, elapsed = await timed_drive(host.stub, start_message("return 1", "echo"))
-    assert binding_calls(seen) == [(1, "echo", '"after"')]
-    assert seen_by_worker(terminal) == {
-        "reply": {
-            "t": "reply",
-            "id": 2,
-            "ok": True,
-            "value": [{"kind": "object", "keys": ["echo"]}, "after"],
-        },
-        "extra": None,
-    }
-    assert elapsed < SLACK_S
-    await assert_no_worker_left(host)
-    await assert_next_run_works(host)
+# Forged frames holding such an integer: tests/runtime/test_huge_values.py.
 
 
 async def raw_echo(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
