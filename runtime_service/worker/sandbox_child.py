@@ -1,13 +1,18 @@
 """Isolation steps the worker applies to itself (stdlib only, Linux).
 
-At boot, before it reports ready, as the runtime's user:
+At boot, before it reports ready, as the runtime's user. A worker forked by the fork server
+(``zygote.py``) is already pid 1 of a pid namespace of its own when it gets here, so every
+process of the run dies with it; a spawned worker (the ``spawn`` launch) shares the host's.
 
-1. die with the runtime (``PR_SET_PDEATHSIG``);
-2. leave the runtime's mount, network, IPC, UTS and cgroup namespaces;
+1. die with its parent (``PR_SET_PDEATHSIG``): the runtime, or the fork server;
+2. join the run's cgroups (``cgroup.procs``), while still root and before any namespace is
+   left, so that the worker and everything it starts are accounted to the run;
+3. leave the runtime's mount, network, IPC, UTS and cgroup namespaces;
 3. build a private root: a small read-only tmpfs holding read-only bind mounts of what the
    interpreter needs (the system trees ``/usr``, ``/lib*``, ``/bin``, ``/sbin``; the Python
    installation, with its site-packages and the runtime's own code masked), five device nodes,
-   a fresh ``/proc`` that shows only the worker's own processes (``hidepid=invisible``) and a
+   a fresh ``/proc`` that shows only the run's own processes (its pid namespace; without one,
+   ``hidepid=invisible`` hides every process it may not trace) and a
    size-capped private ``/tmp`` as the working directory; ``pivot_root`` into it and detach
    the old root (where seccomp refuses ``pivot_root``, as container runtimes' default profiles
    do: move it over ``/`` and chroot), so the runtime's files, ``/root``, ``/home``, ``/work``,
@@ -15,8 +20,10 @@ At boot, before it reports ready, as the runtime's user:
    mounted over ``/tmp`` inside the worker's own mount namespace: nothing appears on the host.
    Without the privileges for this, the worker makes a fresh directory under the host's temp
    directory instead and reports it (the runtime removes it afterwards);
-4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities) and
-   set ``PR_SET_NO_NEW_PRIVS``; with a real uid, ``RLIMIT_NPROC`` counts;
+4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities),
+   check with the kernel that no other process holds that uid (``uid_is_exclusive``), set
+   ``PR_SET_NO_NEW_PRIVS`` and stay not dumpable (no process of the same uid may open its
+   ``/proc/<pid>/mem``); with a real uid, ``RLIMIT_NPROC`` counts;
 5. install a seccomp filter refusing the calls that would let a program leave its process
    group (``setsid``/``setpgid``), debug other processes, or touch namespaces and mounts;
 6. lower the limits every run shares.
@@ -31,6 +38,7 @@ the project tree is not needed once the private root is in place.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import math
@@ -45,8 +53,11 @@ __all__ = [
     "DENIED_SYSCALLS",
     "REPORT_KEYS",
     "SandboxConfig",
+    "UidBusyError",
     "apply_run_limits",
     "isolate",
+    "join_cgroups",
+    "prepare",
 ]
 
 # Report keys and the value each has when the step is in force.
@@ -58,6 +69,9 @@ REPORT_KEYS: dict[str, str] = {
     "user": "unprivileged",
     "seccomp": "filter",
 }
+
+# What else a worker reports (not part of REPORT_KEYS: a spawned worker has no pid namespace).
+PID_NAMESPACE_OWN = "own"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -147,10 +161,14 @@ BASE_LIMITS: tuple[tuple[int, int], ...] = (
 )
 
 
-class SandboxConfig:
-    """What the runtime asks for (decoded from the worker's command line)."""
+class UidBusyError(OSError):
+    """Another process on the host holds the uid the worker was given: it must not run."""
 
-    __slots__ = ("hide", "tmp_bytes", "tmp_root", "uid")
+
+class SandboxConfig:
+    """What the runtime asks for (decoded from the worker's command line or fork request)."""
+
+    __slots__ = ("cgroups", "hide", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -161,6 +179,8 @@ class SandboxConfig:
         self.tmp_bytes = tmp if type(tmp) is int and tmp > 0 else 64 << 20
         root = raw.get("tmp_root")
         self.tmp_root = root if type(root) is str else None
+        cgroups = raw.get("cgroups")
+        self.cgroups = [p for p in cgroups if type(p) is str] if type(cgroups) is list else []
 
 
 class _Libc:
@@ -209,12 +229,24 @@ class _Libc:
         self.check(self.lib.syscall(number, *args), f"syscall {number}")
 
 
+def own_pid_namespace() -> bool:
+    """Whether this process is the init of a pid namespace of its own (forked workers are)."""
+    return os.getpid() == 1
+
+
 def isolate(config: SandboxConfig) -> dict[str, str]:
-    """Apply boot-time isolation; return an honest report of what took effect."""
+    """Apply boot-time isolation; return an honest report of what took effect.
+
+    Raises ``UidBusyError`` when another process on the host holds the sandbox uid.
+    """
     report: dict[str, str] = {}
     libc = _Libc()
     parent = os.getppid()
     _die_with_parent(libc, parent)
+    # First, while root and still in the host's cgroup namespace: every later step, and
+    # every process the program starts, is charged to the run.
+    join_cgroups(config.cgroups)
+    report["pid-namespace"] = PID_NAMESPACE_OWN if own_pid_namespace() else "host (spawned worker)"
     arch = _ARCHES.get(os.uname().machine)
     privileged = _unshare(libc, report)
     if privileged:
@@ -239,6 +271,14 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
     return report
 
 
+def join_cgroups(paths: list[str]) -> None:
+    """Move this process into each of the run's cgroups (one per v1 hierarchy, or one v2
+    directory). "0" names the writer itself, whatever pid namespace it is in."""
+    for path in paths:
+        with open(os.path.join(path, "cgroup.procs"), "w") as handle:
+            handle.write("0")
+
+
 def _own_workdir(config: SandboxConfig, report: dict[str, str]) -> None:
     """Without a private root: a fresh empty directory on the host, reported so that the
     runtime removes it once the worker is gone."""
@@ -257,6 +297,8 @@ def _die_with_parent(libc: _Libc, parent: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         os._exit(0)
+    # In a pid namespace of its own the parent is outside it and getppid() is 0 either way;
+    # the fork server closes that window itself (zygote.py).
     if os.getppid() != parent:
         os._exit(0)  # the runtime is already gone
 
@@ -343,11 +385,14 @@ def _private_root(
     for name, target in _DEV_LINKS.items():
         os.symlink(target, f"{root}/dev/{name}")
     os.mkdir(root + "/proc")
+    # A proc mount shows the pid namespace of the process that mounts it. In the run's own
+    # namespace that is just the run's processes, and they are not dumpable, so hidepid
+    # would hide the program's own children from it; in the host's namespace, hidepid hides
+    # every process the worker may not trace (Linux >= 5.8: per-mount options).
+    # ``subset=pid``: no system-wide files.
+    options = "subset=pid" if own_pid_namespace() else "hidepid=invisible,subset=pid"
     try:
-        # Linux >= 5.8 gives every proc mount its own options: this instance shows only the
-        # processes the worker may ptrace (its own), and no system-wide files.
-        libc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                   "hidepid=invisible,subset=pid")  # fmt: skip
+        libc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options)
         report["proc"] = "private"
     except OSError as exc:
         report["proc"] = f"absent ({exc.strerror})"
@@ -399,13 +444,40 @@ def _drop_privileges(libc: _Libc, config: SandboxConfig, report: dict[str, str])
             report["user"] = f"runtime's user ({exc.strerror})"
         else:
             report["user"] = "unprivileged"
-            # setuid made the process non-dumpable, which would hide the program's own
-            # children from it in /proc; same-uid access is all that dumpable allows.
-            libc.prctl(_PR_SET_DUMPABLE, 1)
+            if not uid_is_exclusive():
+                raise UidBusyError(16, f"another process on the host holds uid {uid}")
+    # Not dumpable (setuid already cleared the flag; a worker that kept the runtime's user
+    # clears it here): no process of the same uid may open /proc/<pid>/mem or attach. The
+    # program's own children inherit it; its pid namespace still shows them in /proc.
+    libc.prctl(_PR_SET_DUMPABLE, 0)
+    report["dumpable"] = "no"
     try:
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:
         report["no-new-privs"] = f"off ({exc.strerror})"
+
+
+def uid_is_exclusive() -> bool:
+    """Whether this process is the only one on the host whose real uid is its own.
+
+    The kernel counts the tasks of each real uid (zombies and every pid namespace included)
+    against ``RLIMIT_NPROC``, for an unprivileged caller. With the soft limit at 2, starting
+    one thread succeeds exactly when this process is the uid's only task -- an exact, O(1)
+    question to the kernel, where reading /proc would cost a scan of every process on the
+    host per run. Must run single-threaded, after the drop to the uid.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (min(2, hard), hard))
+    done = _thread.allocate_lock()
+    done.acquire()
+    try:
+        _thread.start_new_thread(done.release, ())
+    except RuntimeError:  # EAGAIN: the uid already has another task
+        return False
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    done.acquire()  # the probe thread has run (it ends right after)
+    return True
 
 
 def _seccomp_program(audit_arch: int, numbers: dict[str, int]) -> bytes:
@@ -441,13 +513,32 @@ def _seccomp_program(audit_arch: int, numbers: dict[str, int]) -> bytes:
     return b"".join(struct.pack("=HBBI", *insn) for insn in insns)
 
 
+_FILTERS: dict[int, bytes] = {}
+
+
+def seccomp_filter(arch: tuple[int, dict[str, int]]) -> bytes:
+    """The filter for ``arch``, built once per process: the fork server builds it before it
+    forks, so that no worker pays for assembling it again."""
+    program = _FILTERS.get(arch[0])
+    if program is None:
+        program = _FILTERS[arch[0]] = _seccomp_program(*arch)
+    return program
+
+
+def prepare() -> None:
+    """Everything ``isolate`` can compute ahead (for the fork server)."""
+    arch = _ARCHES.get(os.uname().machine)
+    if arch is not None:
+        seccomp_filter(arch)
+
+
 def _install_seccomp(
     libc: _Libc, arch: tuple[int, dict[str, int]] | None, report: dict[str, str]
 ) -> None:
     if arch is None:
         report["seccomp"] = f"off (no syscall table for {os.uname().machine})"
         return
-    program = _seccomp_program(*arch)
+    program = seccomp_filter(arch)
     count = len(program) // 8
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = struct.pack("HxxxxxxP", count, ctypes.addressof(buffer))
