@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from runtime_service.budgets import Budgets
 from runtime_service.runtime import LANGUAGES, Runtime
-from runtime_service.worker.sandbox_child import BASE_LIMITS, REPORT_KEYS
+from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
 
 __all__ = ["Capabilities", "Isolation", "describe_isolation", "probe_capabilities"]
@@ -62,8 +62,15 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     def why(key: str) -> str:
         return report.get(key, "not reported")
 
+    own_pid_ns = report.get("pid-namespace") == PID_NAMESPACE_OWN
     enforced = [
-        "fresh process per run, never reused; its whole process group is killed when the run ends",
+        "fresh process per run, never reused"
+        + (
+            ", forked from a never-used fork server; pid 1 of its own pid namespace: every "
+            "process of the run dies with it, also when the runtime is killed"
+            if own_pid_ns
+            else "; its whole process group is killed when the run ends"
+        ),
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
         "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables",
@@ -72,16 +79,26 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
     not_enforced = [
-        "pid namespace: the host's (pids are host pids; other processes are hidden, not gone)",
         "kernel: shared with the host (namespaces, not a virtual machine): a kernel exploit "
         "escapes the sandbox",
         "memory: RLIMIT_AS bounds each process, not the total of a program's processes; "
         "no cgroup limits",
         "CPU: the busy-time budget counts the worker process; a descendant is bounded by its "
         "own RLIMIT_CPU and by the run's wall-clock ceiling",
-        "descendants after a runtime crash: the worker dies with the runtime (parent-death "
-        "signal), but processes the program started outlive a runtime that is killed outright",
     ]
+    if not own_pid_ns:
+        not_enforced += [
+            "pid namespace: the host's (pids are host pids; other processes are hidden, not "
+            f"gone) ({why('pid-namespace')})",
+            "descendants after a runtime crash: the worker dies with the runtime (parent-death "
+            "signal), but processes the program started outlive a runtime that is killed "
+            "outright (a restarted runtime kills them before it reuses their uids)",
+        ]
+    if report.get("dumpable") == "no":
+        enforced.append(
+            "memory of workers: not dumpable (no process of the same uid may open "
+            "/proc/<pid>/mem or attach)"
+        )
     # setrlimit failures are reported per limit as `rlimit-<resource>`.
     failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
     if failed:
@@ -116,8 +133,10 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("user"):
         enforced.append(
             f"privileges: an unprivileged uid/gid of its own per live worker (from "
-            f"{spec.uid_base}), no supplementary groups, no capabilities, no_new_privs: the "
-            f"runtime and other workers cannot be signalled or traced; RLIMIT_NPROC {_nproc()}"
+            f"{spec.uid_base}) that no other process on the host holds (the kernel is asked "
+            "before the program starts), no supplementary groups, no capabilities, "
+            "no_new_privs: the runtime and other workers cannot be signalled or traced; "
+            f"RLIMIT_NPROC {_nproc()}"
         )
     else:
         not_enforced.append(

@@ -50,15 +50,20 @@ class ForkServerError(RuntimeError):
 
 @dataclass(eq=False, slots=True)
 class ForkedChild:
-    """One worker forked by the fork server (pid as the host sees it)."""
+    """One run's processes forked by the fork server (pids as the host sees them)."""
 
     pid: int
+    """The worker (the process that runs the program)."""
+    init_pid: int
+    """The run's init, pid 1 of its pid namespace (the worker itself without one)."""
     pidfd: int
+    """A pidfd of the init."""
     exited: asyncio.Future[int] = field(repr=False)
-    """Resolves with the exit status (negative: the signal) once the fork server reaped it."""
+    """Resolves with the worker's exit status (negative: the signal) once the fork server
+    reaped the init."""
 
     def kill(self) -> None:
-        """SIGKILL the worker: as the init of its pid namespace, with it everything it ran."""
+        """SIGKILL the run's init: the kernel kills every other process of its namespace."""
         if self.pidfd >= 0:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -209,8 +214,11 @@ class ForkServer:
         if kind == "forked":
             future = self._pending.pop(message["id"], None)
             loop = asyncio.get_running_loop()
-            child = ForkedChild(int(message["pid"]), fds[0], loop.create_future())
-            self._children[child.pid] = child
+            init = int(message["pid"])
+            child = ForkedChild(
+                int(message.get("worker", init)), init, fds[0], loop.create_future()
+            )
+            self._children[init] = child
             for extra in fds[1:]:
                 os.close(extra)
             if future is not None:

@@ -1,8 +1,9 @@
 """Isolation steps the worker applies to itself (stdlib only, Linux).
 
 At boot, before it reports ready, as the runtime's user. A worker forked by the fork server
-(``zygote.py``) is already pid 1 of a pid namespace of its own when it gets here, so every
-process of the run dies with it; a spawned worker (the ``spawn`` launch) shares the host's.
+(``zygote.py``) is already in a pid namespace of its own when it gets here (below the run's
+init, pid 1), so every process of the run dies with it; a spawned worker (the ``spawn``
+launch) shares the host's.
 
 1. die with its parent (``PR_SET_PDEATHSIG``): the runtime, or the fork server;
 2. join the run's cgroups (``cgroup.procs``), while still root and before any namespace is
@@ -79,6 +80,7 @@ _PR_SET_SECCOMP = 22
 _PR_SET_NO_NEW_PRIVS = 38
 _SECCOMP_MODE_FILTER = 2
 
+_CLONE_PARENT = 0x00008000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
 _CLONE_NEWUTS = 0x04000000
@@ -168,7 +170,7 @@ class UidBusyError(OSError):
 class SandboxConfig:
     """What the runtime asks for (decoded from the worker's command line or fork request)."""
 
-    __slots__ = ("cgroups", "hide", "tmp_bytes", "tmp_root", "uid")
+    __slots__ = ("cgroups", "hide", "pid_namespace", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -181,6 +183,9 @@ class SandboxConfig:
         self.tmp_root = root if type(root) is str else None
         cgroups = raw.get("cgroups")
         self.cgroups = [p for p in cgroups if type(p) is str] if type(cgroups) is list else []
+        # Set by the fork server (never by the runtime): the worker runs in a pid namespace
+        # of its own, below the run's init.
+        self.pid_namespace = raw.get("pid_namespace") is True
 
 
 class _Libc:
@@ -229,11 +234,6 @@ class _Libc:
         self.check(self.lib.syscall(number, *args), f"syscall {number}")
 
 
-def own_pid_namespace() -> bool:
-    """Whether this process is the init of a pid namespace of its own (forked workers are)."""
-    return os.getpid() == 1
-
-
 def isolate(config: SandboxConfig) -> dict[str, str]:
     """Apply boot-time isolation; return an honest report of what took effect.
 
@@ -246,7 +246,7 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
     # First, while root and still in the host's cgroup namespace: every later step, and
     # every process the program starts, is charged to the run.
     join_cgroups(config.cgroups)
-    report["pid-namespace"] = PID_NAMESPACE_OWN if own_pid_namespace() else "host (spawned worker)"
+    report["pid-namespace"] = PID_NAMESPACE_OWN if config.pid_namespace else "host (spawned worker)"
     arch = _ARCHES.get(os.uname().machine)
     privileged = _unshare(libc, report)
     if privileged:
@@ -390,7 +390,7 @@ def _private_root(
     # would hide the program's own children from it; in the host's namespace, hidepid hides
     # every process the worker may not trace (Linux >= 5.8: per-mount options).
     # ``subset=pid``: no system-wide files.
-    options = "subset=pid" if own_pid_namespace() else "hidepid=invisible,subset=pid"
+    options = "subset=pid" if config.pid_namespace else "hidepid=invisible,subset=pid"
     try:
         libc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options)
         report["proc"] = "private"
@@ -503,7 +503,7 @@ def _seccomp_program(audit_arch: int, numbers: dict[str, int]) -> bytes:
     insns += [
         (jeq, 0, 3, numbers["clone"]),
         (ld, 0, 0, 16),  # clone flags (low 32 bits of the first argument)
-        (jset, 4, 0, _NAMESPACE_FLAGS),
+        (jset, 4, 0, _NAMESPACE_FLAGS | _CLONE_PARENT),  # CLONE_PARENT: zombies on us
         (ret, 0, 0, allow),
         (jeq, 0, 1, numbers["clone3"]),
         (ret, 0, 0, enosys),

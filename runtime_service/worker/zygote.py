@@ -46,6 +46,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -99,7 +100,8 @@ class Zygote:
     def __init__(self, control: socket.socket, libc: _Libc) -> None:
         self.control = control
         self.libc = libc
-        self.children: set[int] = set()
+        self.children: dict[int, socket.socket] = {}
+        """Each live child (the run's init, or the worker itself) and its report socket."""
         # The namespace the zygote lives in, to return to after each unshare.
         self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         # Lets a child tell, right after it set its parent-death signal, whether the zygote
@@ -140,10 +142,10 @@ class Zygote:
             request = json.loads(data)
             if type(request) is not dict or request.get("t") != "fork" or len(fds) != 3:
                 raise ValueError("malformed fork request")
-            pid = self.fork_child(request, fds)
+            pid, worker = self.fork_child(request, fds)
             pidfd = os.pidfd_open(pid)
             try:
-                message = {"t": "forked", "id": request.get("id"), "pid": pid}
+                message = {"t": "forked", "id": request.get("id"), "pid": pid, "worker": worker}
                 socket.send_fds(self.control, [json.dumps(message).encode()], [pidfd])
             finally:
                 os.close(pidfd)
@@ -160,7 +162,9 @@ class Zygote:
         except OSError:
             os._exit(0)  # the runtime closed the control socket: it is going away
 
-    def fork_child(self, request: dict[str, Any], fds: list[int]) -> int:
+    def fork_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
+        """Fork the run's first process; returns its pid and the worker's (both as the host
+        sees them: the same process without a pid namespace)."""
         new_namespace = False
         if self.pid_namespaces:
             try:
@@ -170,6 +174,8 @@ class Zygote:
                 # No CAP_SYS_ADMIN: workers share the host's pid namespace (they report it).
                 self.pid_namespaces = False
                 print(f"fork server: no pid namespaces ({exc})", file=sys.stderr)
+        report, report_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        report.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         pid = -1
         try:
             pid = os.fork()
@@ -182,15 +188,38 @@ class Zygote:
                     print(f"fork server: cannot leave the unshared namespace ({exc})",
                           file=sys.stderr)  # fmt: skip
                     os._exit(70)
+            if pid != 0:
+                report_child.close()
         if pid == 0:
-            self.become_worker(request, fds)
-        self.children.add(pid)
-        return pid
+            report.close()
+            self.become_worker(request, fds, report_child if new_namespace else None)
+        worker = pid
+        if new_namespace:
+            # The init names its worker with SCM_CREDENTIALS: the kernel translates the pid
+            # into this namespace (a pid the zygote could not know otherwise).
+            try:
+                _, ancillary, _, _ = report.recvmsg(16, socket.CMSG_SPACE(12))
+                for level, kind, data in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                        worker = struct.unpack("3i", data[:12])[0]
+            except OSError:
+                pass  # the init died at once: its exit follows
+        self.children[pid] = report
+        return pid, worker
 
     # -- the child --------------------------------------------------------------------------
-    def become_worker(self, request: dict[str, Any], fds: list[int]) -> NoReturn:
+    def become_worker(
+        self, request: dict[str, Any], fds: list[int], report: socket.socket | None
+    ) -> NoReturn:
         """In the child: die with the zygote, keep only the run's descriptors, isolate (as
-        the worker does), then continue as the requested language's worker."""
+        the worker does), then continue as the requested language's worker.
+
+        In a pid namespace the child first forks once more and stays behind as the
+        namespace's init (``_run_init``). The worker must not be pid 1: the kernel ignores
+        every signal that a namespace's init gets from inside it without a handler, so a
+        program's ``os.kill(os.getpid(), SIGKILL)`` or ``os.abort()`` would do nothing, and
+        orphans would pile up as zombies on a process that never reaps them.
+        """
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -199,6 +228,18 @@ class Zygote:
             poll.register(self.self_pidfd, select.POLLIN)
             if poll.poll(0):
                 os._exit(0)  # the zygote died before the parent-death signal was set
+            config = request.get("config", {})
+            if type(config) is not dict:
+                config = {}
+            if report is not None:
+                # Init and worker are charged to the run from their first instruction.
+                cgroups = sandbox_child.SandboxConfig(config).cgroups
+                sandbox_child.join_cgroups(cgroups)
+                worker = os.fork()
+                if worker != 0:
+                    self._run_init(worker, report)
+                report.close()
+                config = {**config, "pid_namespace": True}
             channel, stdout, stderr = fds
             # Above every fd number the targets could collide with, then into place.
             high = [os.dup(fd) for fd in (channel, stdout, stderr)]
@@ -214,7 +255,7 @@ class Zygote:
             sys.argv = sys.argv[:1]
             language = request.get("language", "python")
             if language == "python":
-                bootstrap.serve(CHANNEL_FD, request.get("config", {}), forked=True)
+                bootstrap.serve(CHANNEL_FD, config, forked=True)
             # The seam for other interpreters (a later issue): isolate with the same
             # sandbox_child steps, then os.execve the interpreter with the channel on fd 3.
             # After exec the process is dumpable again, so such a launcher must keep the
@@ -226,6 +267,33 @@ class Zygote:
                 os.write(2, traceback.format_exc().encode("utf-8", "replace")[-4096:])
             finally:
                 os._exit(1)  # never return into the zygote's loop
+
+    def _run_init(self, worker: int, report: socket.socket) -> NoReturn:
+        """The run's pid 1: reap every process of the run, and when the worker exits, tell
+        the zygote its status and exit (the kernel then kills whatever is left of the run).
+
+        It keeps the runtime's user but holds nothing: no descriptor but ``report``, no
+        program; a program (another uid, seccomp, not dumpable) cannot signal or trace it.
+        """
+        try:
+            ids = struct.pack("3i", worker, os.getuid(), os.getgid())
+            report.sendmsg([b"w"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ids)])
+            os.dup2(report.fileno(), CHANNEL_FD)
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            self.libc.close_from(CHANNEL_FD + 1)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    os._exit(0)
+                if pid == worker:
+                    code = os.waitstatus_to_exitcode(status)
+                    os.write(CHANNEL_FD, struct.pack("i", code))
+                    os._exit(0)
+        except BaseException:
+            os._exit(1)
 
     # -- reaping ----------------------------------------------------------------------------
     def reap(self) -> None:
@@ -247,9 +315,16 @@ class Zygote:
                 _, status = os.waitpid(pid, 0)
             except ChildProcessError:
                 continue
-            if pid in self.children:
-                self.children.discard(pid)
+            report = self.children.pop(pid, None)
+            if report is not None:
                 code = os.waitstatus_to_exitcode(status)
+                # The worker's own status, as the run's init saw it (when there is one).
+                report.setblocking(False)
+                with contextlib.suppress(OSError):
+                    data = report.recv(16)
+                    if len(data) == 4:
+                        code = struct.unpack("i", data)[0]
+                report.close()
                 self.send({"t": "exit", "pid": pid, "status": code})
 
 

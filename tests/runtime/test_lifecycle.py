@@ -25,7 +25,7 @@ async def test_pool_hands_out_never_used_workers_and_refills() -> None:
         assert runtime.pool.idle_count == 2
     finally:
         await runtime.dispose()
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
 
 
 async def test_pool_size_zero_spawns_on_demand() -> None:
@@ -38,7 +38,7 @@ async def test_pool_size_zero_spawns_on_demand() -> None:
         assert runtime.pool.idle_count == 0
     finally:
         await runtime.dispose()
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
 
 
 async def test_disposal_aborts_live_runs_and_leaves_no_processes() -> None:
@@ -67,7 +67,7 @@ async def test_disposal_aborts_live_runs_and_leaves_no_processes() -> None:
     results = await asyncio.gather(*executions)
     for result in results:
         assert result.error == RunFailure("abort", "runtime disposed")
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
     with pytest.raises(RuntimeDisposedError):
         runtime.create_run(program="", bindings=[], handler=echo_handler)
 
@@ -87,7 +87,7 @@ async def test_cancelled_caller_still_ends_the_worker() -> None:
         with pytest.raises(asyncio.CancelledError):
             await execution
         assert run.settled
-        assert child_pids() == []
+        assert child_pids(fork_servers=True) == []
     finally:
         await runtime.dispose()
 
