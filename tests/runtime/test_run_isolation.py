@@ -127,24 +127,28 @@ async def test_a_daemon_of_a_run_dies_when_the_runtime_is_sigkilled() -> None:
         "CODEMODE_RUNTIME_WORKER_UID_COUNT": "4",
         "CODEMODE_RUNTIME_POOL_SIZE": "1",
         "CODEMODE_RUNTIME_TRACE_FILE": "off",
+        # TEST_WORKER_LAUNCH=spawn shows the attack succeeding without pid namespaces.
+        "CODEMODE_RUNTIME_WORKER_LAUNCH": os.environ.get("TEST_WORKER_LAUNCH", "fork-server"),
     }
-    async with running(
-        "-m", "runtime_service", "--listen", "127.0.0.1:0",
-        ready="runtime listening on port", env=env,
-    ) as started:  # fmt: skip
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{started.rest}") as channel:
-            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-            call = stub.Run()
-            await call.write(start_message(DAEMON, "hold"))
-            async for message in call:
-                assert message.WhichOneof("kind") == "binding_call", message
-                uid = json.loads(message.binding_call.arguments_json)["uid"]
-                break
-            # The worker and its daemon are alive, both with the run's uid.
-            assert len(live_processes_of(uid)) >= 2
-            started.proc.send_signal(signal.SIGKILL)
-            await started.proc.wait()
-            call.cancel()
+    async with (
+        running(
+            "-m", "runtime_service", "--listen", "127.0.0.1:0",
+            ready="runtime listening on port", env=env,
+        ) as started,
+        grpc.aio.insecure_channel(f"127.0.0.1:{started.rest}") as channel,
+    ):  # fmt: skip
+        stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+        call = stub.Run()
+        await call.write(start_message(DAEMON, "hold"))
+        async for message in call:
+            assert message.WhichOneof("kind") == "binding_call", message
+            uid = json.loads(message.binding_call.arguments_json)["uid"]
+            break
+        # The worker and its daemon are alive, both with the run's uid.
+        assert len(live_processes_of(uid)) >= 2
+        started.proc.send_signal(signal.SIGKILL)
+        await started.proc.wait()
+        call.cancel()
     await until(lambda: uid_is_empty(uid), what=f"every process of uid {uid} gone")
 
 
