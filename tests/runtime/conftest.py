@@ -179,11 +179,20 @@ def streamed_logs(seen: list[runtime_pb2.RunResponse]) -> list[str]:
 
 def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list[int]:
     """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc:
-    the workers (and what they started), and with ``fork_servers`` the fork servers too."""
+    the workers (and what they started); with ``fork_servers`` also the fork servers and
+    each run's init (pid 1 of its namespace, between fork server and worker)."""
     found = descendants(os.getpid() if parent is None else parent, live_only=True)
     if not fork_servers:
-        found = {pid for pid in found if not is_fork_server(pid)}
+        found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
     return sorted(found)
+
+
+def is_run_init(pid: int) -> bool:
+    """Whether ``pid`` is a run's init: a child of a fork server."""
+    try:
+        return is_fork_server(parent(pid))
+    except ProcessLookupError:
+        return False
 
 
 def is_fork_server(pid: int) -> bool:
