@@ -35,12 +35,7 @@ from benchmarks._support import percentile, service_env, subprocess_service
 from codemode_common.api.runtime.v1 import runtime_pb2 as pb
 from codemode_common.api.runtime.v1 import runtime_pb2_grpc
 
-PROGRAM = (
-    "import time\n"
-    "for i in range(10):\n"
-    "    await tools.echo(i)\n"
-    "return time.process_time()"
-)
+PROGRAM = "import time\nfor i in range(10):\n    await tools.echo(i)\nreturn time.process_time()"
 CONCURRENCY = 50
 _TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -87,6 +87,7 @@ class ForkServer:
         self._closed = False
         self._gone: asyncio.Future[None] | None = None
         self._started_once = False
+        self._dying: list[asyncio.Future[int]] = []
         self.restarts = 0
         """How often the fork server had to be started again after it died."""
 
@@ -140,14 +141,20 @@ class ForkServer:
         process, gone = self._process, self._gone
         if process is None or gone is None:
             return
-        # Closing the control socket ends it cleanly; SIGKILL if it does not go.
-        self._drop_control()
+        # End of requests ends it cleanly (SIGKILL if it does not go); what it still sends
+        # is read to the end, so that a worker forked at the last moment is known and
+        # awaited too (it dies with the fork server).
+        if self._control is not None:
+            with contextlib.suppress(OSError):
+                self._control.shutdown(socket.SHUT_WR)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(gone), _CLOSE_TIMEOUT_S)
         if not gone.done():
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             await gone
+        if self._dying:
+            await asyncio.wait(self._dying, timeout=_CLOSE_TIMEOUT_S)
 
     # -- forking ----------------------------------------------------------------------------
     def fork(
@@ -267,9 +274,11 @@ class ForkServer:
         self._outbox.clear()  # the descriptors belong to the callers, who close them
         # Its workers die with it (parent-death signal): each one's exit is known once its
         # pidfd says it has gone; there is no status to report but the kill.
+        self._dying = []
         for child in self._children.values():
             if child.pidfd >= 0 and not child.exited.done():
                 loop.add_reader(child.pidfd, _orphan_exited, loop, child)
+                self._dying.append(child.exited)
         self._children.clear()
         if self._gone is not None and not self._gone.done():
             self._gone.set_result(None)

@@ -252,7 +252,9 @@ class Zygote:
             self.libc.close_from(CHANNEL_FD + 1)
             os.setsid()
             gc.enable()
-            sys.argv = sys.argv[:1]
+            # The shape of a spawned worker's argv (the package root left out: it is not
+            # mounted), not the fork server's: the channel is fd 3.
+            sys.argv = [sys.argv[0], "", str(CHANNEL_FD)]
             language = request.get("language", "python")
             if language == "python":
                 bootstrap.serve(CHANNEL_FD, config, forked=True)

@@ -87,7 +87,7 @@ async def test_cancelled_caller_still_ends_the_worker() -> None:
         with pytest.raises(asyncio.CancelledError):
             await execution
         assert run.settled
-        assert child_pids(fork_servers=True) == []
+        assert child_pids() == []
     finally:
         await runtime.dispose()
 
@@ -95,10 +95,13 @@ async def test_cancelled_caller_still_ends_the_worker() -> None:
 async def test_many_concurrent_runs_each_get_their_own_worker(runtime: Runtime) -> None:
     runs = [
         runtime.create_run(
-            program="import os\nreturn os.getpid()", bindings=[], handler=echo_handler
+            # pid and uid: each run's worker is pid 2 of its own namespace, with its own uid.
+            program="import os\nreturn [os.getpid(), os.getuid()]",
+            bindings=[],
+            handler=echo_handler,
         )
         for _ in range(8)
     ]
     results = await asyncio.gather(*(runtime.execute(run) for run in runs))
-    pids = [result.value for result in results]
+    pids: list[tuple[object, ...]] = [tuple(result.value) for result in results]  # type: ignore[arg-type]
     assert len(set(pids)) == 8
