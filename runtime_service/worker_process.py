@@ -157,7 +157,7 @@ class WorkerProcess:
         self.process = process if isinstance(process, subprocess.Popen) else None
         """The ``Popen`` of a spawned worker (None for a forked one)."""
         self._forked = process if isinstance(process, ForkedChild) else None
-        self.pid = process.pid
+        self._pid = process.pid
         self.channel = channel
         self.boot_cpu_s: float | None = None
         """CPU time the worker reported at ready, before any program ran."""
@@ -195,6 +195,11 @@ class WorkerProcess:
         self._close_scheduled = False
         self._reaper: asyncio.Task[None] | None = None
         self._killed = False
+
+    @property
+    def pid(self) -> int:
+        """The worker process (as the host sees it)."""
+        return self._forked.pid if self._forked is not None else self._pid
 
     # -- launching --------------------------------------------------------------------------
     @classmethod
@@ -273,7 +278,8 @@ class WorkerProcess:
         child.close()
         os.close(out_w)
         os.close(err_w)
-        if background and _can_renice():
+        # (A forked worker boots in a few ms of CPU and is not named yet: not reniced.)
+        if background and server is None and _can_renice():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, process.pid, _BOOT_NICE)
         for fd in (out_r, err_r):

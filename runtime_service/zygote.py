@@ -53,7 +53,8 @@ class ForkedChild:
     """One run's processes forked by the fork server (pids as the host sees them)."""
 
     pid: int
-    """The worker (the process that runs the program)."""
+    """The worker (the process that runs the program); the init's until the init named it
+    (soon after the fork, before the worker is ready)."""
     init_pid: int
     """The run's init, pid 1 of its pid namespace (the worker itself without one)."""
     pidfd: int
@@ -222,9 +223,9 @@ class ForkServer:
             future = self._pending.pop(message["id"], None)
             loop = asyncio.get_running_loop()
             init = int(message["pid"])
-            child = ForkedChild(
-                int(message.get("worker", init)), init, fds[0], loop.create_future()
-            )
+            worker = message.get("worker")  # None: the init names it soon
+            pid = init if worker is None else int(worker)
+            child = ForkedChild(pid, init, fds[0], loop.create_future())
             self._children[init] = child
             for extra in fds[1:]:
                 os.close(extra)
@@ -239,6 +240,10 @@ class ForkServer:
             future = self._pending.pop(message.get("id"), None)
             if future is not None and not future.done():
                 future.set_exception(ForkServerError(f"fork failed: {message.get('error')}"))
+        elif kind == "worker":  # the init named its worker (after the fork was reported)
+            named = self._children.get(int(message["pid"]))
+            if named is not None:
+                named.pid = int(message["worker"])
         elif kind == "exit":
             exited = self._children.pop(int(message["pid"]), None)
             if exited is not None and not exited.exited.done():

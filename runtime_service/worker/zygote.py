@@ -111,14 +111,19 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         self.pid_namespaces = True
+        self.poller = select.poll()
+        self.naming: dict[int, int] = {}
+        """Report sockets of inits that have not named their worker yet, by fd: init pid."""
 
     def serve(self) -> NoReturn:
-        poller = select.poll()
+        poller = self.poller
         poller.register(self.control.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         while True:
             for fd, _ in poller.poll():
-                if fd == self.wake_r:
+                if fd in self.naming:
+                    self.name_worker(fd)
+                elif fd == self.wake_r:
                     while True:
                         try:
                             if not os.read(self.wake_r, 4096):
@@ -162,9 +167,10 @@ class Zygote:
         except OSError:
             os._exit(0)  # the runtime closed the control socket: it is going away
 
-    def fork_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
-        """Fork the run's first process; returns its pid and the worker's (both as the host
-        sees them: the same process without a pid namespace)."""
+    def fork_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int | None]:
+        """Fork the run's first process; returns its pid and the worker's (as the host sees
+        them: the same process without a pid namespace; None while the init has not named
+        it yet)."""
         new_namespace = False
         if self.pid_namespaces:
             try:
@@ -193,19 +199,25 @@ class Zygote:
         if pid == 0:
             report.close()
             self.become_worker(request, fds, report_child if new_namespace else None)
-        worker = pid
-        if new_namespace:
-            # The init names its worker with SCM_CREDENTIALS: the kernel translates the pid
-            # into this namespace (a pid the zygote could not know otherwise).
-            try:
-                _, ancillary, _, _ = report.recvmsg(16, socket.CMSG_SPACE(12))
-                for level, kind, data in ancillary:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                        worker = struct.unpack("3i", data[:12])[0]
-            except OSError:
-                pass  # the init died at once: its exit follows
         self.children[pid] = report
-        return pid, worker
+        if not new_namespace:
+            return pid, pid
+        # The init names its worker soon (name_worker); the zygote does not wait for it:
+        # on a busy host that wait is a scheduling delay, and it would hold up every fork.
+        report.setblocking(False)
+        self.naming[report.fileno()] = pid
+        self.poller.register(report.fileno(), select.POLLIN)
+        return pid, None
+
+    def name_worker(self, fd: int) -> None:
+        """The init named its worker with SCM_CREDENTIALS (the kernel translated the pid into
+        this namespace, a pid the zygote could not know otherwise): tell the runtime."""
+        init = self.naming.pop(fd)
+        self.poller.unregister(fd)
+        report = self.children.get(init)
+        worker = _read_worker(report) if report is not None else None
+        if worker is not None:
+            self.send({"t": "worker", "pid": init, "worker": worker})
 
     # -- the child --------------------------------------------------------------------------
     def become_worker(
@@ -320,6 +332,9 @@ class Zygote:
             report = self.children.pop(pid, None)
             if report is not None:
                 code = os.waitstatus_to_exitcode(status)
+                if self.naming.pop(report.fileno(), None) is not None:
+                    self.poller.unregister(report.fileno())
+                    _read_worker(report)  # never named: the message is still queued
                 # The worker's own status, as the run's init saw it (when there is one).
                 report.setblocking(False)
                 with contextlib.suppress(OSError):
@@ -328,6 +343,18 @@ class Zygote:
                         code = struct.unpack("i", data)[0]
                 report.close()
                 self.send({"t": "exit", "pid": pid, "status": code})
+
+
+def _read_worker(report: socket.socket) -> int | None:
+    """The worker's pid from the init's first message (None if the init died first)."""
+    try:
+        _, ancillary, _, _ = report.recvmsg(16, socket.CMSG_SPACE(12))
+    except OSError:
+        return None
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return int(struct.unpack("3i", data[:12])[0])
+    return None
 
 
 def fcntl_dupfd(fd: int, lowest: int) -> int:
