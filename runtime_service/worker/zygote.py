@@ -269,7 +269,7 @@ class Zygote:
             sys.argv = [sys.argv[0], "", str(CHANNEL_FD)]
             language = request.get("language", "python")
             if language == "python":
-                bootstrap.serve(CHANNEL_FD, config, forked=True)
+                bootstrap.serve(CHANNEL_FD, config)
             # The seam for other interpreters (a later issue): isolate with the same
             # sandbox_child steps, then os.execve the interpreter with the channel on fd 3.
             # After exec the process is dumpable again, so such a launcher must keep the
