@@ -3,8 +3,11 @@
 Object schemas become named `TypedDict` classes (nested classes first), tools become members
 of a `Tools` protocol. Each `$defs` entry a schema references is declared once, after the
 classes of that schema: a `TypedDict` named after the entry, or a `TypeAlias` for any other
-type; references (recursive ones included) use that name, so cycles cost nothing. `prefixItems`
-tuples with a fixed length become `tuple[A, B]`.
+type; references (recursive ones included) use that name, so cycles cost nothing.
+
+`prefixItems` tuples become `list[A | B]`, not `tuple[A, B]`: a program must pass JSON values,
+and the bridge refuses a Python tuple, so the stub must not ask for one (results arrive as
+lists too).
 
 Schemas are walked with an explicit stack; each class body is collected in its own buffer and
 published when its last field is done, which puts nested classes before their parents without
@@ -344,14 +347,14 @@ def _emit_type(
                 if position:
                     stack.append((_TEXT, buf, " | "))
         elif shape.kind is Kind.TUPLE:
-            buf.append("tuple[")
+            buf.append("list[")
             stack.append((_TEXT, buf, "]"))
             items = shape.children
             for position in range(len(items) - 1, -1, -1):
                 item_base = _cap(f"{_resolve(class_base)}{position + 1}")
                 stack.append((_NODE, items[position], item_base, depth + 1, buf, None))
                 if position:
-                    stack.append((_TEXT, buf, ", "))
+                    stack.append((_TEXT, buf, " | "))
         elif shape.kind is Kind.ARRAY:
             # Items are named after the array itself (`ParentField`, not `ParentFieldItem`).
             buf.append("list[")
@@ -392,8 +395,8 @@ def _leaf_type(shape: Shape, depth: int, named: bool, state: _RenderState) -> st
         state.typing.add("Any")
         return "Any"
     if kind is Kind.TUPLE:
-        # Only a fixed length is a Python tuple type; anything looser is any list.
-        if shape.closed and shape.min_items == len(shape.children) and depth < MAX_LIST_NESTING:
+        # A closed tuple is a list of its position types; with extras allowed, any list.
+        if shape.closed and depth < MAX_LIST_NESTING:
             return None
         state.typing.add("Any")
         return "list[Any]"
