@@ -288,3 +288,18 @@ def test_prefix_items_positions_and_extras() -> None:
     ]
     anything: JsonValue = {"prefixItems": [{"type": "integer"}]}
     assert validate(anything, [1, None, {}]) == []
+
+
+async def test_a_root_ref_to_a_non_object_is_refused_as_input(make_stack: Any) -> None:
+    async with make_stack() as stack:
+        provider = ToolProvider(stack.channel, "p")
+
+        @provider.tool(input_schema={"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S"})
+        async def stringly(args: Any, ctx: Any) -> Any:
+            return 1
+
+        with pytest.raises(ProviderError) as caught:
+            await provider.start()
+        assert caught.value.reason == "INVALID_SCHEMA"
+        assert "input schema must describe an object" in str(caught.value)
+        await provider.close()
