@@ -23,7 +23,8 @@ declared is never silently left unenforced):
 - numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, not the
   draft-04 booleans);
 - annotations, accepted and ignored: description title default examples format $schema $comment
-  $id deprecated readOnly writeOnly.
+  $id deprecated readOnly writeOnly, and OpenAPI's `discriminator` (pydantic emits it next to
+  the `oneOf` of a tagged union; the `oneOf` alone already enforces the same rule).
 
 Type rules: bool is never a number. `integer` accepts an int and also a float with an integral
 value (JSON Schema defines `1.0` as an integer); length bounds likewise accept `2.0`. Equality
@@ -86,6 +87,7 @@ _ANNOTATIONS = frozenset(
         "deprecated",
         "readOnly",
         "writeOnly",
+        "discriminator",
     }
 )
 _COUNTS = frozenset({"minItems", "maxItems", "minLength", "maxLength"})

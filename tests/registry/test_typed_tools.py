@@ -10,9 +10,10 @@ JSON equality for `uniqueItems`) are checked directly below.
 from __future__ import annotations
 
 import json
-from typing import Any, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 import pytest
+from pydantic import Field, TypeAdapter
 from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from codemode_client import InvocationContext, ProviderError, ToolProvider
@@ -303,3 +304,27 @@ async def test_a_root_ref_to_a_non_object_is_refused_as_input(make_stack: Any) -
         assert caught.value.reason == "INVALID_SCHEMA"
         assert "input schema must describe an object" in str(caught.value)
         await provider.close()
+
+
+class Circle(TypedDict):
+    kind: Literal["circle"]
+    radius: float
+
+
+class Square(TypedDict):
+    kind: Literal["square"]
+    side: float
+
+
+class ShapeArgs(TypedDict):
+    shape: Annotated[Circle | Square, Field(discriminator="kind")]
+
+
+def test_pydantic_tagged_union_is_accepted_and_enforced_by_one_of() -> None:
+    schema = TypeAdapter(ShapeArgs).json_schema()
+    assert "discriminator" in json.dumps(schema)  # the annotation pydantic adds
+    check_schema(schema)
+    assert validate(schema, {"shape": {"kind": "circle", "radius": 1.5}}) == []
+    assert validate(schema, {"shape": {"kind": "square", "radius": 1.5}}) == [
+        '"shape" must match exactly one schema in oneOf (matched none)'
+    ]
