@@ -16,6 +16,7 @@ from decimal import Decimal
 from itertools import repeat
 from typing import Any, Final
 
+from codemode_common.jsonvalue import dumps
 from registry_service.domain.jsonschema import ref_name
 from registry_service.presentation.run_code_schema import RUN_CODE
 from registry_service.presentation.sdk_model import SdkTool
@@ -287,6 +288,36 @@ def _count_of(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         return None
     return int(value) if math.isfinite(value) else None
+
+
+MAX_FINGERPRINT_NODES: Final = 5000
+
+
+def definition_fingerprint(defs: dict[str, Any], key: str) -> str | None:
+    """A text equal for two `$defs` entries that declare the same type, so two schemas sharing
+    a definition (pydantic repeats `Point` in every tool that uses it) declare it once: the
+    key and every entry it reaches through `$ref`, as JSON. None when that is not JSON or is
+    too large to compare cheaply (the entry is then declared on its own)."""
+    reached = {key}
+    nodes: list[Any] = [defs[key]]
+    visited = 0
+    while nodes:
+        node = nodes.pop()
+        visited += 1
+        if visited > MAX_FINGERPRINT_NODES:
+            return None
+        if isinstance(node, dict):
+            name = ref_name(node.get("$ref"))
+            if name is not None and name in defs and name not in reached:
+                reached.add(name)
+                nodes.append(defs[name])
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+    try:
+        return dumps([key, {name: defs[name] for name in sorted(reached)}])
+    except Exception:  # not lossless JSON: never shared
+        return None
 
 
 def definitions_of(root: object) -> dict[str, Any]:

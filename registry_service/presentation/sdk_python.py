@@ -34,6 +34,7 @@ from registry_service.presentation._sdk_common import (
     cap_utf16,
     classify,
     collapse_whitespace,
+    definition_fingerprint,
     definitions_of,
     description_of,
     join_surrogate_pairs,
@@ -206,6 +207,7 @@ class _RenderState:
     typing: set[str] = field(default_factory=set)
     field_names_ok: dict[str, bool] = field(default_factory=dict)  # field names repeat a lot
     refs: _RefScope | None = None  # the `$defs` of the schema being rendered
+    shared: dict[str, str] = field(default_factory=dict)  # definition fingerprint → name
 
     def allocate(self, base: str) -> str:
         """A class name unique in this render: the capped base, else base2, base3, …"""
@@ -229,6 +231,8 @@ class _RefScope:
     defs: dict[str, Any]
     names: dict[str, str] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)  # names this scope introduced
+    shared: list[str] = field(default_factory=list)  # fingerprints this scope introduced
 
 
 def _ref_type(key: str, state: _RenderState) -> str | None:
@@ -238,8 +242,16 @@ def _ref_type(key: str, state: _RenderState) -> str | None:
         return None
     name = refs.names.get(key)
     if name is None:
-        name = refs.names[key] = state.allocate(camel_case(key))
-        refs.pending.append(key)
+        fingerprint = definition_fingerprint(refs.defs, key)
+        name = state.shared.get(fingerprint) if fingerprint is not None else None
+        if name is None:  # not declared by an earlier schema: declare it after this one
+            name = state.allocate(camel_case(key))
+            refs.allocated.append(name)
+            refs.pending.append(key)
+            if fingerprint is not None:
+                state.shared[fingerprint] = name
+                refs.shared.append(fingerprint)
+        refs.names[key] = name
     return name
 
 
@@ -263,7 +275,9 @@ def _render_root(schema: object, base: str, state: _RenderState, *, named: bool 
         del state.classes[classes_before:]
         state.used_names.difference_update(allocated)
         if state.refs is not None:
-            state.used_names.difference_update(state.refs.names.values())
+            state.used_names.difference_update(state.refs.allocated)
+            for fingerprint in state.refs.shared:
+                del state.shared[fingerprint]
         state.typing = typing_before | {"Any"}
         return "Any"
     finally:

@@ -22,6 +22,7 @@ from registry_service.presentation._sdk_common import (
     Shape,
     classify,
     collapse_whitespace,
+    definition_fingerprint,
     definitions_of,
     description_of,
     escape_lone_surrogates,
@@ -103,6 +104,7 @@ class _Names:
 
     used: set[str] = field(default_factory=lambda: set(_RESERVED_NAMES))
     declarations: list[str] = field(default_factory=list)
+    shared: dict[str, str] = field(default_factory=dict)  # definition fingerprint → name
 
     def allocate(self, key: str) -> str:
         base = _NOT_IDENTIFIER.sub("_", key)[:120] or "Def"
@@ -129,8 +131,15 @@ class _RefScope:
             return None
         name = self.named.get(key)
         if name is None:
-            name = self.named[key] = self.names.allocate(key)
-            self.pending.append(key)
+            fingerprint = definition_fingerprint(self.defs, key)
+            shared = self.names.shared
+            name = shared.get(fingerprint) if fingerprint is not None else None
+            if name is None:  # not declared by an earlier schema: declare it
+                name = self.names.allocate(key)
+                self.pending.append(key)
+                if fingerprint is not None:
+                    shared[fingerprint] = name
+            self.named[key] = name
         return name
 
 

@@ -27,6 +27,9 @@ from registry_service.domain.jsonschema import (
     validate,
 )
 from registry_service.domain.scopes import Mode
+from registry_service.presentation.sdk_model import SdkTool
+from registry_service.presentation.sdk_python import render_python_sdk
+from registry_service.presentation.sdk_typescript import render_typescript_sdk
 from tests.codemode.conftest import Stack, make_stack, value_of
 
 __all__ = ["make_stack"]  # the fixture, used by name
@@ -148,7 +151,7 @@ async def _typed_tool_end_to_end(stack: Stack) -> None:
             "    tree: NotRequired[Tree]",
             "class Point(TypedDict):",
             "    children: list[Tree]",
-            "    async def place_tool(self, args: PlaceToolArgs) -> Tree2:",
+            "    async def place_tool(self, args: PlaceToolArgs) -> Tree:",
         ):
             assert line in python.split("\n"), line
         assert python.count("class Tree(TypedDict):") == 1
@@ -161,7 +164,7 @@ async def _typed_tool_end_to_end(stack: Stack) -> None:
             "    tags: string[];",
             "    pair: [number, string];",
             "    tree?: Tree;",
-            "  place_tool: Tree2;",
+            "  place_tool: Tree;",
         ):
             assert line in typescript.split("\n"), line
 
@@ -328,3 +331,26 @@ def test_pydantic_tagged_union_is_accepted_and_enforced_by_one_of() -> None:
     assert validate(schema, {"shape": {"kind": "square", "radius": 1.5}}) == [
         '"shape" must match exactly one schema in oneOf (matched none)'
     ]
+
+
+def test_a_definition_shared_by_tools_is_declared_once() -> None:
+    """Same key and same closure: one declaration; same key, other shape: a second name."""
+    point = hinted_schemas(place)[0]
+    other: JsonValue = {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/Point"}},
+        "$defs": {"Point": {"type": "string"}},
+    }
+    tools = [
+        SdkTool("a", "", point, {}),
+        SdkTool("b", "", point, hinted_schemas(place)[1]),
+        SdkTool("c", "", other, {}),
+    ]
+    python = render_python_sdk(tools)
+    assert python.count("class Point(TypedDict):") == 1
+    assert python.count("class Tree(TypedDict):") == 1
+    assert "Point2: TypeAlias = str" in python
+    assert "async def b(self, args: BArgs) -> Tree: ..." in python
+    typescript = render_typescript_sdk(tools)
+    assert typescript.count("type Point = {") == 1 and typescript.count("type Tree = {") == 1
+    assert "type Point2 = string" in typescript and "  b: Tree;" in typescript
