@@ -10,6 +10,10 @@ JSON equality for `uniqueItems`) are checked directly below.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired
 
 import pytest
@@ -35,6 +39,8 @@ from tests.codemode.conftest import Stack, make_stack, value_of
 __all__ = ["make_stack"]  # the fixture, used by name
 
 LANGUAGES = ["python", "typescript"]
+TYPECHECK = Path(__file__).resolve().parents[2] / "tools" / "typecheck"
+TSC = TYPECHECK / "node_modules" / ".bin" / "tsc"
 
 
 class Point(TypedDict):
@@ -80,12 +86,82 @@ def test_pydantic_emits_the_keywords_under_test() -> None:
     check_schema(output)
 
 
-async def test_typed_tool_registered_called_and_rendered(make_stack: Any) -> None:
+async def test_typed_tool_registered_called_and_rendered(make_stack: Any, tmp_path: Path) -> None:
     async with make_stack(runtime_languages=LANGUAGES, default_mode=Mode.BOTH) as stack:
-        await _typed_tool_end_to_end(stack)
+        python, typescript = await _typed_tool_end_to_end(stack)
+    # The SDK text the registry served type-checks, and so does a program using it as typed;
+    # a program passing a wrong nested field type does not.
+    good = '{"where": {"x": 1, "y": 2}, "tags": ["a"], "pair": [1, "x"]}'
+    bad = '{"where": {"x": "1", "y": 2}, "tags": ["a"], "pair": [1, "x"]}'
+    use = "async def program() -> str:\n    tree = await tools.place_tool({args})\n"
+    use += '    return tree["children"][0]["name"]\n'
+    files = {
+        "sdk.py": _code_block(python, "python") + "\n",
+        "good.py": "from sdk import tools\n\n\n" + use.format(args=good),
+        "bad.py": "from sdk import tools\n\n\n" + use.format(args=bad),
+    }
+    assert set(_mypy_errors(tmp_path / "py", files)) == {"bad.py"}
+    if not TSC.exists():
+        pytest.skip("tsc missing: run `npm ci --prefix tools/typecheck`")
+    program = (
+        "{sdk}\n\nexport async function program(): Promise<string> {{\n"
+        "  const tree = await tools.place_tool({args});\n  return tree.children[0].name;\n}}\n"
+    )
+    sdk = _code_block(typescript, "ts")
+    ts_files = {
+        "good.ts": program.format(sdk=sdk, args=good),
+        "bad.ts": program.format(sdk=sdk, args=bad),
+    }
+    assert set(_tsc_errors(tmp_path / "ts", ts_files)) == {"bad.ts"}
 
 
-async def _typed_tool_end_to_end(stack: Stack) -> None:
+def _code_block(section: str, fence: str) -> str:
+    start = section.index(f"```{fence}\n") + len(f"```{fence}\n")
+    assert section.endswith("\n```")
+    return section[start : -len("\n```")]
+
+
+def _mypy_errors(folder: Path, files: dict[str, str]) -> dict[str, list[str]]:
+    """`mypy --strict` over the files: the error lines per file name."""
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    (folder / "mypy.ini").write_text("[mypy]\n", encoding="utf-8")
+    command = [sys.executable, "-m", "mypy", "--strict", "--config-file", "mypy.ini"]
+    command += ["--cache-dir", str(folder / ".cache"), *files]
+    result = subprocess.run(
+        command, cwd=folder, capture_output=True, text=True, timeout=300, check=False
+    )
+    errors: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        if ": error: " in line:
+            errors.setdefault(line.split(":")[0], []).append(line)
+    return errors
+
+
+def _tsc_errors(folder: Path, files: dict[str, str]) -> dict[str, list[str]]:
+    """`tsc --strict` (the SDK check's settings) over the files: error lines per file name."""
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    config = {"extends": str(TYPECHECK / "tsconfig.base.json"), "files": sorted(files)}
+    (folder / "tsconfig.json").write_text(json.dumps(config), encoding="utf-8")
+    result = subprocess.run(
+        [str(TSC), "-p", str(folder / "tsconfig.json"), "--pretty", "false"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    errors: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r"^(\S+?\.ts)\(\d+,\d+\): error ", line)
+        if match:
+            errors.setdefault(Path(match.group(1)).name, []).append(line)
+    return errors
+
+
+async def _typed_tool_end_to_end(stack: Stack) -> tuple[str, str]:
     provider = ToolProvider(stack.channel, "typed")
     seen: list[Any] = []
 
@@ -167,6 +243,7 @@ async def _typed_tool_end_to_end(stack: Stack) -> None:
             "  place_tool: Tree;",
         ):
             assert line in typescript.split("\n"), line
+    return python, typescript
 
 
 @pytest.mark.parametrize(
