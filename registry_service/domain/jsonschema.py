@@ -6,14 +6,25 @@ declared is never silently left unenforced):
 - `type` (a name or a non-empty array of unique names: string number integer boolean null
   array object), `enum` (non-empty array), `const`, `oneOf`, `anyOf` (non-empty arrays of schemas);
 - objects: `properties`, `required` (unique strings), `additionalProperties` (bool or schema);
-- arrays: `items` (one schema; the tuple form is refused), `minItems`, `maxItems`;
+- arrays: `items` (one schema; the draft-04 array form is refused), `prefixItems` (an array of
+  schemas, one per position; `items` then applies only to the items after them, so
+  `items: false` forbids extras), `minItems`, `maxItems`, `uniqueItems` (no two items equal
+  by JSON equality);
+- references: `$defs` (at the root only: an object of schemas) and `$ref`, which must be a
+  local `#/$defs/<name>` naming an existing entry. A `$ref` applies its target next to its
+  sibling keywords. A cycle of references that never descends into the value (`A` is
+  `{"$ref": "#/$defs/A"}`, or reaches itself only through `oneOf`/`anyOf`/`$ref`) is refused:
+  it could never finish. Recursion through `properties`/`items`/… is fine: it ends with the
+  value. Validation also caps reference expansions per call (`MAX_REF_EXPANSIONS`), since
+  references can fan a small schema out exponentially over a deep value;
 - strings: `minLength`, `maxLength` (counted in code points), `pattern` (ECMA-262 as RE2 reads
   it, in linear time, searched anywhere in the string as JSON Schema specifies: see
   `registry_service.domain.patterns` for what RE2 refuses at registration);
 - numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, not the
   draft-04 booleans);
 - annotations, accepted and ignored: description title default examples format $schema $comment
-  $id deprecated readOnly writeOnly.
+  $id deprecated readOnly writeOnly, and OpenAPI's `discriminator` (pydantic emits it next to
+  the `oneOf` of a tagged union; the `oneOf` alone already enforces the same rule).
 
 Type rules: bool is never a number. `integer` accepts an int and also a float with an integral
 value (JSON Schema defines `1.0` as an integer); length bounds likewise accept `2.0`. Equality
@@ -35,9 +46,22 @@ from typing import TypeAlias
 from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
 from registry_service.domain.patterns import PatternError, compile_pattern, pattern_matches
 
-__all__ = ["MAX_MESSAGES", "SchemaError", "check_schema", "format_invalid_args", "validate"]
+__all__ = [
+    "MAX_MESSAGES",
+    "MAX_REF_EXPANSIONS",
+    "SchemaError",
+    "check_schema",
+    "format_invalid_args",
+    "ref_name",
+    "validate",
+]
 
 MAX_MESSAGES = 20
+# Reference expansions one validation may make: a legitimate value needs about one per node of
+# a recursive type (a 20 000-node tree), while a schema whose references fan out over a deep
+# value is cut off after a fraction of a second of CPU instead of running exponentially.
+MAX_REF_EXPANSIONS = 20_000
+_REF_PREFIX = "#/$defs/"
 _MAX_LISTING = 200  # characters of an enum listing or a const value kept in a message
 
 
@@ -63,6 +87,7 @@ _ANNOTATIONS = frozenset(
         "deprecated",
         "readOnly",
         "writeOnly",
+        "discriminator",
     }
 )
 _COUNTS = frozenset({"minItems", "maxItems", "minLength", "maxLength"})
@@ -87,7 +112,13 @@ def _count(value: object) -> int | None:
     return None
 
 
-def _check_keyword(key: str, arg: JsonValue, ptr: str, todo: list[tuple[JsonValue, str]]) -> None:
+def _check_keyword(
+    key: str,
+    arg: JsonValue,
+    ptr: str,
+    todo: list[tuple[JsonValue, str]],
+    defs: dict[str, JsonValue],
+) -> None:
     """Check one keyword's argument; queue the subschemas it holds."""
     where = _pointer(ptr, key)
     if key == "type":
@@ -119,6 +150,19 @@ def _check_keyword(key: str, arg: JsonValue, ptr: str, todo: list[tuple[JsonValu
         raise SchemaError(f"items must be one schema (the array form is not supported) at {where}")
     elif key in ("additionalProperties", "items"):
         todo.append((arg, where))
+    elif key == "prefixItems":
+        if type(arg) is not list:
+            raise SchemaError(f"prefixItems must be an array of schemas at {where}")
+        todo.extend((sub, _pointer(where, str(i))) for i, sub in enumerate(arg))
+    elif key == "uniqueItems":
+        if type(arg) is not bool:
+            raise SchemaError(f"uniqueItems must be a boolean at {where}")
+    elif key == "$ref":
+        _ref_target(arg, defs, where)
+    elif key == "$defs":
+        if ptr != "#":
+            raise SchemaError(f"$defs is only supported at the root of a schema, at {where}")
+        # Entries are queued by check_schema itself.
     elif key in _COUNTS:
         if _count(arg) is None:
             raise SchemaError(f"{key} must be a non-negative integer at {where}")
@@ -142,7 +186,14 @@ def check_schema(schema: JsonValue) -> None:
         dumps(schema)  # enum/const/default values must be lossless JSON too
     except JsonValueError as exc:
         raise SchemaError(f"schema is not lossless JSON: {exc}") from None
+    defs: dict[str, JsonValue] = {}
     todo: list[tuple[JsonValue, str]] = [(schema, "#")]
+    if type(schema) is dict and "$defs" in schema:
+        entries = schema["$defs"]
+        if type(entries) is not dict:
+            raise SchemaError("$defs must be an object of schemas at #/$defs")
+        defs = entries
+        todo.extend((sub, _pointer("#/$defs", name)) for name, sub in entries.items())
     while todo:
         node, ptr = todo.pop()
         if type(node) is bool:
@@ -150,7 +201,70 @@ def check_schema(schema: JsonValue) -> None:
         if type(node) is not dict:
             raise SchemaError(f"a schema must be an object or a boolean, at {ptr}")
         for key, arg in node.items():
-            _check_keyword(key, arg, ptr, todo)
+            _check_keyword(key, arg, ptr, todo, defs)
+    _refuse_in_place_cycles(defs)
+
+
+def _ref_target(ref: JsonValue, defs: dict[str, JsonValue], where: str) -> str:
+    """The `$defs` entry a `$ref` names; refuses anything but an existing local entry."""
+    name = ref_name(ref)
+    if name is None:
+        raise SchemaError(f"$ref must be a local reference #/$defs/<name>, at {where}")
+    if name not in defs:
+        raise SchemaError(f'$ref target "{ref}" is not defined in #/$defs, at {where}')
+    return name
+
+
+def ref_name(ref: JsonValue) -> str | None:
+    """The `$defs` key of a well-formed local `$ref`, else None (used by the SDK renderers)."""
+    if type(ref) is not str or not ref.startswith(_REF_PREFIX) or "/" in ref[len(_REF_PREFIX) :]:
+        return None
+    return ref[len(_REF_PREFIX) :].replace("~1", "/").replace("~0", "~")
+
+
+def _refuse_in_place_cycles(defs: dict[str, JsonValue]) -> None:
+    """Refuse a `$ref` cycle that applies to the same value forever (never descends into it).
+
+    A definition refers to another "in place" through its own `$ref` and those of its
+    `oneOf`/`anyOf` arms (recursively): those apply to the same value. Iterative DFS.
+    """
+    edges: dict[str, list[str]] = {}
+    for name, node in defs.items():
+        targets: list[str] = []
+        nodes = [node]
+        while nodes:
+            current = nodes.pop()
+            if type(current) is not dict:
+                continue
+            target = ref_name(current.get("$ref"))
+            if target is not None:
+                targets.append(target)
+            for keyword in ("oneOf", "anyOf"):
+                arms = current.get(keyword)
+                if type(arms) is list:
+                    nodes.extend(arms)
+        edges[name] = targets
+    done: set[str] = set()
+    for start in defs:
+        if start in done:
+            continue
+        on_path: set[str] = {start}
+        stack: list[tuple[str, Iterator[str]]] = [(start, iter(edges[start]))]
+        while stack:
+            name, pending = stack[-1]
+            target = next(pending, None)
+            if target is None:
+                stack.pop()
+                on_path.discard(name)
+                done.add(name)
+            elif target in on_path:
+                where = _pointer("#/$defs", target)
+                raise SchemaError(
+                    f"$ref cycle at {where} never descends into the value (it would not end)"
+                )
+            elif target not in done:
+                on_path.add(target)
+                stack.append((target, iter(edges[target])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,6 +455,8 @@ def validate(
     shortened with `…`. After `limit` messages one more says how many were left out.
     """
     sink = _Sink(limit, root)
+    defs = schema.get("$defs") if type(schema) is dict else None
+    refs = _Refs(defs if type(defs) is dict else {})
     tasks: list[_Task] = [_Check(schema, value, None, sink)]
     while tasks:
         task = tasks.pop()
@@ -361,19 +477,42 @@ def validate(
                 task.sink.add(task.path, "{name} must match at least one schema in anyOf")
         else:
             # Children run in document order: push them in reverse.
-            tasks.extend(reversed(_check(task)))
+            tasks.extend(reversed(_check(task, refs)))
+            if refs.expansions > MAX_REF_EXPANSIONS:
+                sink.add(
+                    None,
+                    "validating {name} needs more than {0} $ref expansions "
+                    "(the schema's references fan out too much)",
+                    MAX_REF_EXPANSIONS,
+                )
+                break
     if sink.count > len(sink.messages):
         sink.messages.append(f"… and {sink.count - len(sink.messages)} more")
     return sink.messages
 
 
-def _check(task: _Check) -> list[_Task]:
+@dataclass(slots=True)
+class _Refs:
+    """The root's `$defs` and how many references this validation has followed."""
+
+    defs: dict[str, JsonValue]
+    expansions: int = 0
+
+
+def _check(task: _Check, refs: _Refs) -> list[_Task]:
     """Apply one schema to one value: report its own problems, return the follow-up tasks."""
     schema, value, path, sink = task.schema, task.value, task.path, task.sink
     if schema is True or type(schema) is not dict:
         if schema is False:
             sink.add(path, "{name} is not allowed")
         return []
+    follow: list[_Task] = []
+    if "$ref" in schema:
+        # The target applies in place, before this node's own keywords (document order).
+        name = ref_name(schema["$ref"])
+        if name is not None and name in refs.defs:
+            refs.expansions += 1
+            follow.append(_Check(refs.defs[name], value, path, sink))
     declared = schema.get("type")
     if declared is not None:
         names = declared if type(declared) is list else [declared]
@@ -387,7 +526,6 @@ def _check(task: _Check) -> list[_Task]:
         sink.add(path, "{name} must be one of {0}", _Later(_listing, options))
     if "const" in schema and not _json_equal(value, schema["const"]):
         sink.add(path, "{name} must equal {0}", _Later(_shown, schema["const"]))
-    follow: list[_Task] = []
     for keyword in ("oneOf", "anyOf"):
         arms = schema.get(keyword)
         if type(arms) is list:
@@ -414,9 +552,13 @@ def _check(task: _Check) -> list[_Task]:
                 sink.add(path, "{name} must be {0} {1}", symbol, _Later(_shown, bound))
     elif isinstance(value, list):
         _check_length(schema, len(value), "items", path, sink)
+        if schema.get("uniqueItems") is True:
+            _check_unique(value, path, sink)
+        prefix = schema.get("prefixItems")
+        prefix = prefix if type(prefix) is list else []
         items = schema.get("items", True)
-        if items is not True and value:
-            follow.append(_Each(_Check(items, v, (path, i), sink) for i, v in enumerate(value)))
+        if value and (prefix or items is not True):
+            follow.append(_Each(_array_members(value, prefix, items, path, sink)))
     elif isinstance(value, dict):
         follow.extend(_check_object(schema, value, path, sink))
     return follow
@@ -444,6 +586,66 @@ def _check_length(
         sink.add(path, "{name} must have at least {0} {1}", least, _plural(least, unit))
     if most is not None and size > most:
         sink.add(path, "{name} must have at most {0} {1}", most, _plural(most, unit))
+
+
+def _array_members(
+    value: list[JsonValue], prefix: list[JsonValue], items: JsonValue, path: _Path, sink: _Sink
+) -> Iterator[_Check]:
+    """Position `i` is checked by `prefixItems[i]`; the items after the prefix by `items`."""
+    for index, member in enumerate(value):
+        schema = prefix[index] if index < len(prefix) else items
+        if schema is not True:
+            yield _Check(schema, member, (path, index), sink)
+
+
+def _check_unique(value: list[JsonValue], path: _Path, sink: _Sink) -> None:
+    """Report the first pair of equal items (JSON equality, via a canonical text per item)."""
+    seen: dict[str, int] = {}
+    for index, member in enumerate(value):
+        first = seen.setdefault(_canonical(member), index)
+        if first != index:
+            template = "{name} must not contain duplicate items (items {0} and {1} are equal)"
+            sink.add(path, template, first, index)
+            return
+
+
+def _canonical(value: JsonValue) -> str:
+    """A text equal for JSON-equal values: numbers by value (`1` is `1.0`), keys sorted."""
+    out: list[str] = []
+    pending: list[JsonValue | _Text] = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, _Text):
+            out.append(node.text)
+        elif type(node) is bool or node is None or type(node) is str:
+            out.append(dumps(node))
+        elif type(node) is int:
+            out.append(str(node))
+        elif type(node) is float:
+            out.append(str(int(node)) if node.is_integer() else repr(node))
+        elif type(node) is list:
+            out.append("[")
+            pending.append(_Text("]"))
+            for index in range(len(node) - 1, -1, -1):
+                pending.append(node[index])
+                if index:
+                    pending.append(_Text(","))
+        elif type(node) is dict:
+            out.append("{")
+            pending.append(_Text("}"))
+            keys = sorted(node)
+            for index in range(len(keys) - 1, -1, -1):
+                pending.extend((node[keys[index]], _Text(dumps(keys[index]) + ":")))
+                if index:
+                    pending.append(_Text(","))
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Text:
+    """Literal text in `_canonical`'s work list (distinct from a JSON string value)."""
+
+    text: str
 
 
 def _check_object(

@@ -11,7 +11,7 @@ from typing import Any
 from codemode_common import jsonvalue
 from codemode_common.errors import invalid_argument
 from codemode_common.jsonvalue import JsonValue
-from registry_service.domain.jsonschema import SchemaError, check_schema, validate
+from registry_service.domain.jsonschema import SchemaError, check_schema, ref_name, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 
@@ -116,8 +116,24 @@ def validate_definition(defn: ToolDefinition) -> None:
                 "INVALID_SCHEMA", f'tool "{defn.name}" {label} schema is not supported: {exc}'
             ) from exc
     if isinstance(defn.input_schema, dict):
-        declared = defn.input_schema.get("type")
+        declared = _root_type(defn.input_schema)
         if declared is not None and declared != "object":
             raise invalid_argument(
                 "INVALID_SCHEMA", f'tool "{defn.name}" input schema must describe an object'
             )
+
+
+def _root_type(schema: dict[str, JsonValue]) -> JsonValue:
+    """The root's `type`, or that of the definition a bare root `$ref` names (pydantic emits
+    `{"$defs": {...}, "$ref": "#/$defs/Tree"}` for a recursive type). `check_schema` has
+    already refused refs that go nowhere and in-place cycles, so following them ends."""
+    seen: set[str] = set()
+    node: JsonValue = schema
+    while isinstance(node, dict) and "type" not in node:
+        name = ref_name(node.get("$ref"))
+        defs = schema.get("$defs")
+        if name is None or name in seen or not isinstance(defs, dict):
+            return None
+        seen.add(name)
+        node = defs.get(name)
+    return node.get("type") if isinstance(node, dict) else None

@@ -16,6 +16,8 @@ from decimal import Decimal
 from itertools import repeat
 from typing import Any, Final
 
+from codemode_common.jsonvalue import dumps
+from registry_service.domain.jsonschema import ref_name
 from registry_service.presentation.run_code_schema import RUN_CODE
 from registry_service.presentation.sdk_model import SdkTool
 
@@ -165,10 +167,12 @@ class Kind(enum.Enum):
 
     UNKNOWN = "unknown"  # malformed or unsupported: `unknown` / `Any`
     ANY_JSON = "any"  # no `type` and no `oneOf`: any JSON value
-    ONE_OF = "oneOf"
+    ONE_OF = "oneOf"  # also `anyOf`: either way the value has one of the arms' types
     SCALAR = "scalar"
     ARRAY = "array"
+    TUPLE = "tuple"  # `prefixItems`: one type per position
     OBJECT = "object"
+    REF = "ref"  # `$ref` to `#/$defs/<name>`: rendered as that definition's declared name
 
 
 Scalar = str | int | float | bool | None
@@ -180,7 +184,18 @@ _NO_PROPERTIES: Final[dict[str, Any]] = {}
 class Shape:
     """One schema node, read and checked but with its children left unread. Read-only."""
 
-    __slots__ = ("children", "closed", "kind", "literals", "properties", "required", "scalar_type")
+    __slots__ = (
+        "children",
+        "closed",
+        "kind",
+        "literals",
+        "min_items",
+        "properties",
+        "ref",
+        "required",
+        "rest",
+        "scalar_type",
+    )
 
     def __init__(
         self,
@@ -192,6 +207,9 @@ class Shape:
         properties: dict[str, Any] = _NO_PROPERTIES,
         required: frozenset[str] = frozenset(),
         closed: bool = False,
+        ref: str = "",
+        rest: Any = None,
+        min_items: int = 0,
     ) -> None:
         self.kind = kind
         self.scalar_type = scalar_type  # for SCALAR: one of SCALAR_TYPES
@@ -199,7 +217,10 @@ class Shape:
         self.children = children  # `oneOf` arms, or the single `items` schema
         self.properties = properties  # the schema's own dict: never mutated
         self.required = required
-        self.closed = closed
+        self.closed = closed  # objects: additionalProperties false; tuples: no extra items
+        self.ref = ref  # for REF: the `$defs` key
+        self.rest = rest  # for an open TUPLE: the schema of the items after the prefix
+        self.min_items = min_items  # for TUPLE: how many leading positions are required
 
 
 UNKNOWN_SHAPE: Final = Shape(Kind.UNKNOWN)
@@ -220,12 +241,16 @@ def classify(node: object) -> Shape:
     """
     if not isinstance(node, dict):
         return UNKNOWN_SHAPE
+    if "$ref" in node:  # siblings only annotate or narrow the target
+        name = ref_name(node["$ref"])
+        return UNKNOWN_SHAPE if name is None else Shape(Kind.REF, ref=name)
     schema_type = node.get("type", _ABSENT)
-    if "oneOf" in node:
-        arms = node["oneOf"]
-        if schema_type is not _ABSENT or not isinstance(arms, list) or not arms:
-            return UNKNOWN_SHAPE
-        return Shape(Kind.ONE_OF, children=tuple(arms))
+    for union in ("oneOf", "anyOf"):
+        if union in node:
+            arms = node[union]
+            if schema_type is not _ABSENT or not isinstance(arms, list) or not arms:
+                return UNKNOWN_SHAPE
+            return Shape(Kind.ONE_OF, children=tuple(arms))
     if schema_type is _ABSENT:
         return ANY_JSON_SHAPE
     if not isinstance(schema_type, str):
@@ -238,10 +263,70 @@ def classify(node: object) -> Shape:
     if schema_type == "object":
         return _classify_object(node)
     if schema_type == "array":
+        if "prefixItems" in node:
+            return _classify_tuple(node)
         if "items" not in node:
             return ARRAY_ANY_ITEMS_SHAPE
         return Shape(Kind.ARRAY, children=(node["items"],))
     return UNKNOWN_SHAPE
+
+
+def _classify_tuple(node: dict[Any, Any]) -> Shape:
+    prefix = node["prefixItems"]
+    if not isinstance(prefix, list) or not prefix:
+        return UNKNOWN_SHAPE
+    rest = node.get("items", True)
+    most = _count_of(node.get("maxItems"))
+    least = _count_of(node.get("minItems")) or 0
+    closed = rest is False or (most is not None and most <= len(prefix))
+    required = min(least, len(prefix))
+    return Shape(Kind.TUPLE, children=tuple(prefix), closed=closed, rest=rest, min_items=required)
+
+
+def _count_of(value: object) -> int | None:
+    """A malformed bound counts as absent: the rendered type stays a superset."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+MAX_FINGERPRINT_NODES: Final = 5000
+
+
+def definition_fingerprint(defs: dict[str, Any], key: str) -> str | None:
+    """A text equal for two `$defs` entries that declare the same type, so two schemas sharing
+    a definition (pydantic repeats `Point` in every tool that uses it) declare it once: the
+    key and every entry it reaches through `$ref`, as JSON. None when that is not JSON or is
+    too large to compare cheaply (the entry is then declared on its own)."""
+    reached = {key}
+    nodes: list[Any] = [defs[key]]
+    visited = 0
+    while nodes:
+        node = nodes.pop()
+        visited += 1
+        if visited > MAX_FINGERPRINT_NODES:
+            return None
+        if isinstance(node, dict):
+            name = ref_name(node.get("$ref"))
+            if name is not None and name in defs and name not in reached:
+                reached.add(name)
+                nodes.append(defs[name])
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+    try:
+        return dumps([key, {name: defs[name] for name in sorted(reached)}])
+    except Exception:  # not lossless JSON: never shared
+        return None
+
+
+def definitions_of(root: object) -> dict[str, Any]:
+    """The root's `$defs` when it is an object, else none."""
+    if isinstance(root, dict):
+        defs = root.get("$defs")
+        if isinstance(defs, dict):
+            return defs
+    return {}
 
 
 def _classify_object(node: dict[Any, Any]) -> Shape:

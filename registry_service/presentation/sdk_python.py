@@ -1,9 +1,17 @@
 """The Python `tools:sdk` section: usage instructions plus a typed stub of every tool.
 
 Object schemas become named `TypedDict` classes (nested classes first), tools become members
-of a `Tools` protocol. Schemas are walked with an explicit stack; each class body is collected
-in its own buffer and published when its last field is done, which puts nested classes before
-their parents without recursion.
+of a `Tools` protocol. Each `$defs` entry a schema references is declared once, after the
+classes of that schema: a `TypedDict` named after the entry, or a `TypeAlias` for any other
+type; references (recursive ones included) use that name, so cycles cost nothing.
+
+`prefixItems` tuples become `list[A | B]`, not `tuple[A, B]`: a program must pass JSON values,
+and the bridge refuses a Python tuple, so the stub must not ask for one (results arrive as
+lists too).
+
+Schemas are walked with an explicit stack; each class body is collected in its own buffer and
+published when its last field is done, which puts nested classes before their parents without
+recursion.
 
 Identifier rules use `str.isidentifier()` (Unicode XID_Start/XID_Continue as known to this
 Python's Unicode database) where the original used JavaScript's `\\p{XID_…}`; the two Unicode
@@ -26,6 +34,8 @@ from registry_service.presentation._sdk_common import (
     cap_utf16,
     classify,
     collapse_whitespace,
+    definition_fingerprint,
+    definitions_of,
     description_of,
     join_surrogate_pairs,
     js_json_string,
@@ -64,7 +74,7 @@ The available tools:"""
 MAX_CLASS_NAME_BASE: Final = 120  # UTF-16 units: keeps names (and total text) linear in depth
 MAX_LIST_NESTING: Final = 180  # CPython's tokenizer refuses more than 200 open brackets
 
-_TYPING_ORDER: Final = ("Any", "Literal", "NotRequired", "Protocol", "TypedDict")
+_TYPING_ORDER: Final = ("Any", "Literal", "NotRequired", "Protocol", "TypeAlias", "TypedDict")
 _HARD_KEYWORDS: Final = frozenset(keyword.kwlist) | {"__debug__"}  # soft keywords stay usable
 _FIXED_NAMES: Final = frozenset({"ToolCallError", "Tools", "tools", *_TYPING_ORDER})
 _BROAD_SCALAR: Final = {"string": "str", "number": "float", "integer": "int", "boolean": "bool"}
@@ -196,6 +206,8 @@ class _RenderState:
     next_suffix: dict[str, int] = field(default_factory=dict)
     typing: set[str] = field(default_factory=set)
     field_names_ok: dict[str, bool] = field(default_factory=dict)  # field names repeat a lot
+    refs: _RefScope | None = None  # the `$defs` of the schema being rendered
+    shared: dict[str, str] = field(default_factory=dict)  # definition fingerprint → name
 
     def allocate(self, base: str) -> str:
         """A class name unique in this render: the capped base, else base2, base3, …"""
@@ -211,6 +223,38 @@ class _RenderState:
         return name
 
 
+@dataclass(slots=True)
+class _RefScope:
+    """One root schema's `$defs`: the name given to each referenced entry, and which entries
+    still need their declaration."""
+
+    defs: dict[str, Any]
+    names: dict[str, str] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)  # names this scope introduced
+    shared: list[str] = field(default_factory=list)  # fingerprints this scope introduced
+
+
+def _ref_type(key: str, state: _RenderState) -> str | None:
+    """The declared name of `$defs[key]`, allocated on first use; None for a missing entry."""
+    refs = state.refs
+    if refs is None or key not in refs.defs:
+        return None
+    name = refs.names.get(key)
+    if name is None:
+        fingerprint = definition_fingerprint(refs.defs, key)
+        name = state.shared.get(fingerprint) if fingerprint is not None else None
+        if name is None:  # not declared by an earlier schema: declare it after this one
+            name = state.allocate(camel_case(key))
+            refs.allocated.append(name)
+            refs.pending.append(key)
+            if fingerprint is not None:
+                state.shared[fingerprint] = name
+                refs.shared.append(fingerprint)
+        refs.names[key] = name
+    return name
+
+
 def _cap(base: str) -> str:
     if not base.isascii() and not unicodedata.is_normalized("NFKC", base):
         base = unicodedata.normalize("NFKC", base)
@@ -223,14 +267,43 @@ def _render_root(schema: object, base: str, state: _RenderState, *, named: bool 
     allocated: list[str] = []
     typing_before = set(state.typing)
     out: list[str] = []
+    state.refs = _RefScope(definitions_of(schema)) if named else None
     try:
         _emit_type(schema, base, state, out, named=named, allocated=allocated)
+        _declare_definitions(state, allocated)
     except Exception:  # defensive: a bad schema must never break prompt assembly
         del state.classes[classes_before:]
         state.used_names.difference_update(allocated)
+        if state.refs is not None:
+            state.used_names.difference_update(state.refs.allocated)
+            for fingerprint in state.refs.shared:
+                del state.shared[fingerprint]
         state.typing = typing_before | {"Any"}
         return "Any"
+    finally:
+        state.refs = None
     return "".join(out)
+
+
+def _declare_definitions(state: _RenderState, allocated: list[str]) -> None:
+    """Declare every referenced `$defs` entry once (declaring one may reference more)."""
+    refs = state.refs
+    if refs is None:  # a context-free render declares nothing
+        return
+    done = 0
+    while done < len(refs.pending):
+        key = refs.pending[done]
+        done += 1
+        name = refs.names[key]
+        node = refs.defs[key]
+        shape = classify(node)
+        if shape.kind is Kind.OBJECT and _is_declarable(shape, state.field_names_ok):
+            _emit_type(node, name, state, [], named=True, allocated=allocated, declare=name)
+        else:
+            out: list[str] = []
+            _emit_type(node, name, state, out, named=True, allocated=allocated)
+            state.typing.add("TypeAlias")
+            state.classes.append(f"{name}: TypeAlias = {''.join(out)}")
 
 
 def _emit_type(
@@ -241,10 +314,18 @@ def _emit_type(
     *,
     named: bool,
     allocated: list[str],
+    declare: str | None = None,
 ) -> None:
-    """Append the type expression for `schema` to `out`; publish classes into `state`."""
+    """Append the type expression for `schema` to `out`; publish classes into `state`.
+
+    With `declare`, `schema` is a declarable object published as the class of that name.
+    """
     on_path: set[int] = set()  # ids of containers being rendered: a cycle renders `Any`
-    stack: list[tuple[Any, ...]] = [(_NODE, schema, base, 0, out, None)]
+    stack: list[tuple[Any, ...]] = []
+    if declare is None:
+        stack.append((_NODE, schema, base, 0, out, None))
+    else:
+        _push_class(classify(schema), declare, state, stack)
     while stack:
         task = stack.pop()
         tag = task[0]
@@ -277,6 +358,15 @@ def _emit_type(
             for position in range(len(arms) - 1, -1, -1):
                 arm_base = _cap(f"{union_base}{position + 1}")
                 stack.append((_NODE, arms[position], arm_base, depth, buf, None))
+                if position:
+                    stack.append((_TEXT, buf, " | "))
+        elif shape.kind is Kind.TUPLE:
+            buf.append("list[")
+            stack.append((_TEXT, buf, "]"))
+            items = shape.children
+            for position in range(len(items) - 1, -1, -1):
+                item_base = _cap(f"{_resolve(class_base)}{position + 1}")
+                stack.append((_NODE, items[position], item_base, depth + 1, buf, None))
                 if position:
                     stack.append((_TEXT, buf, " | "))
         elif shape.kind is Kind.ARRAY:
@@ -312,6 +402,18 @@ def _leaf_type(shape: Shape, depth: int, named: bool, state: _RenderState) -> st
         return f"Literal[{', '.join(_literal(value) for value in shape.literals)}]"
     if kind is Kind.ONE_OF:
         return None
+    if kind is Kind.REF:
+        name = _ref_type(shape.ref, state) if named else None
+        if name is not None:
+            return name
+        state.typing.add("Any")
+        return "Any"
+    if kind is Kind.TUPLE:
+        # A closed tuple is a list of its position types; with extras allowed, any list.
+        if shape.closed and depth < MAX_LIST_NESTING:
+            return None
+        state.typing.add("Any")
+        return "list[Any]"
     if kind is Kind.ARRAY:
         if shape.children and depth < MAX_LIST_NESTING:
             return None

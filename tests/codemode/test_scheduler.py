@@ -210,11 +210,12 @@ async def test_post_execute_and_contexts_follow_submission_order(stack: Stack) -
 
 
 async def test_queued_call_is_abandoned_without_records(stack: Stack) -> None:
-    gate = asyncio.Event()
     ran: list[str] = []
 
     async def blocker(inv: Any) -> Any:
-        await gate.wait()
+        # Returns only once the run's end has aborted it: a slow host cannot let it succeed
+        # (and the writer run) before the program returned.
+        await inv.signal.wait()
 
     async def writer(inv: Any) -> Any:
         ran.append("writer")
@@ -230,10 +231,7 @@ async def test_queued_call_is_abandoned_without_records(stack: Stack) -> None:
         "await asyncio.sleep(0.05)\n"
         "return 'done'"
     )
-    task = asyncio.create_task(stack.run_code(program, agent=agent))
-    await asyncio.sleep(0.5)
-    gate.set()
-    _, result = await task
+    _, result = await asyncio.wait_for(stack.run_code(program, agent=agent), 60)
     assert value_of(result)["result"] == "done"
     assert ran == []
     records = await _records(stack, agent)

@@ -79,18 +79,18 @@ def test_deep_schemas_are_checked_iteratively() -> None:
 
 
 REFUSED: list[tuple[JsonValue, str]] = [
-    ({"$ref": "#/definitions/x"}, 'unsupported JSON Schema keyword "$ref" at #'),
+    ({"$ref": "#/definitions/x"}, "$ref must be a local reference #/$defs/<name>, at #/$ref"),
     ({"allOf": [{}]}, 'unsupported JSON Schema keyword "allOf" at #'),
     ({"not": {}}, 'unsupported JSON Schema keyword "not" at #'),
     ({"if": {}, "then": {}}, 'unsupported JSON Schema keyword "if" at #'),
-    ({"$defs": {}}, 'unsupported JSON Schema keyword "$defs" at #'),
+    ({"$defs": []}, "$defs must be an object of schemas at #/$defs"),
     (
         {"properties": {"a": {"patternProperties": {}}}},
         'unsupported JSON Schema keyword "patternProperties" at #/properties/a',
     ),
     (
-        {"properties": {"a/b": {"items": {"uniqueItems": True}}}},
-        'unsupported JSON Schema keyword "uniqueItems" at #/properties/a~1b/items',
+        {"properties": {"a/b": {"items": {"contains": {}}}}},
+        'unsupported JSON Schema keyword "contains" at #/properties/a~1b/items',
     ),
     (
         {"anyOf": [{}, {"oneOf": [{"minProperties": 1}]}]},

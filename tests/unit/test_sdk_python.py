@@ -473,7 +473,32 @@ async def program() -> object:
 """,
 }
 
+SAMPLES["sample_typed"] = """\
+from __future__ import annotations
+
+from sdk_typed import tools
+
+
+async def program() -> object:
+    tree = await tools.place(
+        {"where": {"x": 1, "y": 2}, "tags": ["a"], "pair": [1, "x"], "opt": None,
+         "tree": {"name": "r", "children": [{"name": "c", "children": []}]}}
+    )
+    child: str = tree["children"][0]["name"]
+    pair = await tools.tuples({"closed": [1, "a"], "unique": [1, 2], "open": [True, "s"]})
+    first: list[int] | str = pair[0]
+    failed = await tools.names({"e": {"code": 1, "rest": ["x"]}, "t": "x", "weird": [[], [[]]]})
+    return [child, first, failed["msg"]]
+"""
+
 BAD = {
+    "wrong_nested_field": "from sdk_typed import tools\n\n\nasync def f() -> None:\n"
+    '    await tools.place({"where": {"x": "1", "y": 2}, "tags": [], "pair": [1, "x"]})\n',
+    "wrong_tuple_item": "from sdk_typed import tools\n\n\nasync def f() -> None:\n"
+    '    await tools.place({"where": {"x": 1, "y": 2}, "tags": [], "pair": [1.5, "x"]})\n',
+    "wrong_recursive_field": "from sdk_typed import tools\n\n\nasync def f() -> int:\n"
+    '    return (await tools.place({"where": {"x": 1, "y": 2}, "tags": [], "pair": [1, "x"]}))'
+    '["children"][0]["name"]\n',
     "wrong_field_type": "from sdk_basics import tools\n\n\nasync def f() -> None:\n"
     '    await tools.read({"path": 42})\n',
     "bad_enum_member": "from sdk_basics import tools\n\n\nasync def f() -> None:\n"

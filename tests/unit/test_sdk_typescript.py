@@ -229,6 +229,8 @@ def test_generated_sdks_type_check_with_tsc(tmp_path: Path) -> None:
         files[f"sdk_{case}.ts"] = _program(render_typescript_sdk(load_case(case)), sample)
     for name, body in NEGATIVE_SAMPLES.items():
         files[f"bad_{name}.ts"] = _program(render_typescript_sdk(load_case("basics")), body)
+    for name, body in NEGATIVE_TYPED.items():
+        files[f"bad_{name}.ts"] = _program(render_typescript_sdk(load_case("typed")), body)
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     config = {"extends": str(TYPECHECK / "tsconfig.base.json"), "files": sorted(files)}
@@ -248,7 +250,7 @@ def test_generated_sdks_type_check_with_tsc(tmp_path: Path) -> None:
             errors.setdefault(Path(match.group(1)).name, []).append(line)
     clean = {name: lines for name, lines in errors.items() if not name.startswith("bad_")}
     assert not clean, "\n".join(line for lines in clean.values() for line in lines)
-    for name in NEGATIVE_SAMPLES:
+    for name in [*NEGATIVE_SAMPLES, *NEGATIVE_TYPED]:
         assert f"bad_{name}.ts" in errors, f"tsc accepted the ill-typed sample {name!r}"
     assert result.returncode != 0
 
@@ -306,6 +308,26 @@ SAMPLES = {
   // A literal without `constructor` would inherit Object's (a Function): TypeScript's own quirk.
   await tools.fields_exotic({ "with space": "a", "": "c", "0": "d", $ref: "e", constructor: "f" });
   await tools.fields_ok({ match: "m", "名前": "n", camel_case_field: { x: "y" } });""",
+}
+
+SAMPLES["typed"] = """\
+  const tree = await tools.place({
+    where: { x: 1, y: 2 }, tags: ["a"], pair: [1, "x"], opt: null,
+    tree: { name: "r", children: [{ name: "c", children: [] }] },
+  });
+  const child: string = tree.children[0].name;
+  const t = await tools.tuples({ closed: [1, "a"], optional: [1], open: [true, "s", null] });
+  const n: number = t[0][0];
+  const e = await tools.names({ e: { code: 1, rest: [] }, t: "x", weird: [[], [[]]] });
+  console.log(child, n, e.msg);"""
+
+NEGATIVE_TYPED = {
+    "wrong_nested_field": "  await tools.place("
+    '{ where: { x: "1", y: 2 }, tags: [], pair: [1, "x"] });',
+    "wrong_tuple_order": '  await tools.place({ where: { x: 1, y: 2 }, tags: [], pair: ["x", 1] })',
+    "tuple_too_long": '  await tools.tuples({ closed: [1, "a", 2] });',
+    "wrong_recursive_field": "  const n: number = (await tools.place({ where: { x: 1, y: 2 }, "
+    'tags: [], pair: [1, "x"] })).children[0].name;',
 }
 
 NEGATIVE_SAMPLES = {

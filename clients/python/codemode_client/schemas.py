@@ -22,10 +22,8 @@ from codemode_common.jsonvalue import JsonValue
 
 def schema_for(annotation: Any) -> JsonValue:
     """The JSON Schema of a type (TypedDict, pydantic model, dataclass, builtin...)."""
+    # Nested types come out as root `$defs` with local `$ref`s, which the registry accepts.
     schema = TypeAdapter(annotation).json_schema()
-    # Inline `$defs` references are outside the registry's supported subset: refuse early.
-    if "$defs" in schema:
-        raise TypeError(f"{annotation!r} needs nested definitions; use flat TypedDicts or dicts")
     schema.pop("title", None)
     return jsonvalue.snapshot(schema)
 
