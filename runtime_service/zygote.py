@@ -140,8 +140,14 @@ class ForkServer:
         """Stop the fork server (workers it forked die with it) and reap it."""
         self._closed = True
         process, gone = self._process, self._gone
-        if process is None or gone is None:
-            return
+        if process is not None and gone is not None:
+            await self._stop(gone)
+        # Also when it died before close: its workers (killed by their parent-death signal)
+        # may still be on their way out.
+        if self._dying:
+            await asyncio.wait(self._dying, timeout=_CLOSE_TIMEOUT_S)
+
+    async def _stop(self, gone: asyncio.Future[None]) -> None:
         # End of requests ends it cleanly (SIGKILL if it does not go); what it still sends
         # is read to the end, so that a worker forked at the last moment is known and
         # awaited too (it dies with the fork server).
@@ -154,8 +160,6 @@ class ForkServer:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             await gone
-        if self._dying:
-            await asyncio.wait(self._dying, timeout=_CLOSE_TIMEOUT_S)
 
     # -- forking ----------------------------------------------------------------------------
     def fork(
@@ -279,7 +283,8 @@ class ForkServer:
         self._outbox.clear()  # the descriptors belong to the callers, who close them
         # Its workers die with it (parent-death signal): each one's exit is known once its
         # pidfd says it has gone; there is no status to report but the kill.
-        self._dying = []
+        # (Those of an earlier instance, if it was restarted, are still awaited by close.)
+        self._dying = [exited for exited in self._dying if not exited.done()]
         for child in self._children.values():
             if child.pidfd >= 0 and not child.exited.done():
                 loop.add_reader(child.pidfd, _orphan_exited, loop, child)
