@@ -74,7 +74,8 @@ async def runtime() -> AsyncIterator[Runtime]:
         yield rt
     finally:
         await rt.dispose()
-        assert child_pids(fork_servers=True) == [], "a worker outlived the runtime"
+        left = child_pids(fork_servers=True)
+        assert left == [], f"a worker outlived the runtime: {describe(left)}"
 
 
 @pytest.fixture
@@ -99,7 +100,8 @@ async def serving(settings: RuntimeSettings) -> AsyncIterator[RunningRuntime]:
         yield running
     finally:
         await running.stop(0)
-    assert child_pids(fork_servers=True) == [], "a worker outlived the runtime"
+    left = child_pids(fork_servers=True)
+    assert left == [], f"a worker outlived the runtime: {describe(left)}"
 
 
 @contextlib.asynccontextmanager
@@ -185,6 +187,23 @@ def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list
     if not fork_servers:
         found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
     return sorted(found)
+
+
+def describe(pids: list[int]) -> list[str]:
+    """Each process as ``pid (parent, state): command line``, to tell what was left."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+            state, ppid = stat[stat.rfind(b")") + 2 :].decode().split()[:2]
+        except OSError:
+            out.append(f"{pid} (gone)")
+            continue
+        out.append(f"{pid} (parent {ppid}, {state}): {argv}")
+    return out
 
 
 def is_run_init(pid: int) -> bool:
