@@ -119,10 +119,15 @@ class Zygote:
         poller = self.poller
         poller.register(self.control.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
+        control = self.control.fileno()
         while True:
             for fd, _ in poller.poll():
-                if fd in self.naming:
-                    self.name_worker(fd)
+                # Each fd is named: an event of a report socket that reap() closed earlier in
+                # this round is stale (its fd may even be reused), and must never be taken for
+                # a request -- a blocking read of the control socket would then wait forever
+                # while the runtime waits for the exits this loop no longer reports.
+                if fd == control:
+                    self.handle_request()
                 elif fd == self.wake_r:
                     while True:
                         try:
@@ -131,15 +136,15 @@ class Zygote:
                         except BlockingIOError:
                             break
                     self.reap()
-                else:
-                    self.handle_request()
+                elif fd in self.naming:
+                    self.name_worker(fd)
 
     # -- requests ---------------------------------------------------------------------------
     def handle_request(self) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.control, _MAX_REQUEST, 4)
-        except InterruptedError:
-            return
+            data, fds, _, _ = socket.recv_fds(self.control, _MAX_REQUEST, 4, socket.MSG_DONTWAIT)
+        except (InterruptedError, BlockingIOError):
+            return  # nothing after all: never block the loop that reaps
         if not data and not fds:
             os._exit(0)  # the runtime closed the control socket: it is going away
         request: object = None
