@@ -338,3 +338,36 @@ def test_a_read_only_cgroup2_mount_is_remounted_only_when_configured() -> None:
     )
     assert read_only_after is False
     assert not next(m for m in run_cgroup._mounts() if m.point == point).read_only
+
+
+def test_v2_file_protocol_on_a_stand_in_directory(tmp_path: Path) -> None:
+    # This host's v2 mount has no memory controller, so the v2 writes and reads are checked on
+    # plain files laid out as a v2 run cgroup (what the kernel would show there).
+    host = CgroupHost("v2", "test", dict.fromkeys(("memory", "pids", "cpu"), str(tmp_path)))
+    cgroup = host.create()
+    (path,) = cgroup.paths
+    files = {
+        # Written files start empty: plain files, unlike cgroup files, keep old bytes.
+        "memory.max": "", "memory.swap.max": "", "memory.oom.group": "",
+        "pids.max": "", "cgroup.kill": "", "cgroup.procs": "4242\n",
+        "cpu.stat": "usage_usec 1250000\nuser_usec 1000000\nsystem_usec 250000\n",
+        "memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
+        "memory.peak": "134217728\n",
+    }  # fmt: skip
+    for name, text in files.items():
+        Path(path, name).write_text(text)
+    cgroup.set_memory_limit(128 * MIB)
+    cgroup.set_pids_limit(64)
+    cgroup.mark_start()
+    assert [Path(path, name).read_text() for name in ("memory.max", "memory.swap.max")] == [
+        str(128 * MIB),
+        "0",
+    ]
+    assert Path(path, "memory.oom.group").read_text() == "1"
+    assert Path(path, "pids.max").read_text() == "64"
+    assert cgroup.cpu_seconds() == 1.25
+    assert cgroup.oom_killed() and cgroup.oom_kills() == 1
+    assert cgroup.memory_peak() == 128 * MIB
+    assert cgroup.procs() == {4242}
+    cgroup.kill_all()  # populated: one write to cgroup.kill, no signal sent by pid
+    assert Path(path, "cgroup.kill").read_text() == "1"
