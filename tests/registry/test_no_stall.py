@@ -25,7 +25,8 @@ from tests.registry.conftest import Harness, echo_tool, error_info_of
 from tests.registry.test_providers import RawProvider
 
 T = TypeVar("T")
-STALL_BOUND_S = 1.0  # generous: the unfixed registry stalled every RPC for 5-30 s
+STALL_BOUND_S = 3.0  # generous: the unfixed registry stalled every RPC for 5-30 s
+CPU_BOUND_S = 1.0  # backtracking took seconds of CPU; linear matching takes microseconds
 # The registry and this test share one process and one event loop, so a stalled loop stalls
 # the probes exactly as it stalls every other client's RPCs.
 
@@ -131,7 +132,7 @@ async def test_a_backtracking_pattern_does_not_stall_the_registry(harness: Harne
     assert f'"s" must match the pattern "{EVIL_PATTERN}"' in result.error.message
     assert probed.slowest < STALL_BOUND_S
     # CPU accounting: matching is linear (microseconds); backtracking took seconds of CPU.
-    assert spent < STALL_BOUND_S
+    assert spent < CPU_BOUND_S
     _, fine = await harness.execute("evil", {"s": "aaaa"}, call_id="ok")
     assert not fine.is_error
 

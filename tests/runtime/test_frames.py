@@ -310,4 +310,6 @@ async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path
     )
     assert success(terminal) == ["a" * 98] * ITEMS
     assert probes_first >= 1
-    assert while_decoding < 1.0, f"the event loop stalled for {while_decoding:.2f} s"
+    # Unfixed: 1.9-2.0 s for this frame; fixed: 0.2-0.9 s at load 12-17. The margin keeps a
+    # loaded CI host from failing on noise while the unfixed stall still fails.
+    assert while_decoding < 1.5, f"the event loop stalled for {while_decoding:.2f} s"
