@@ -67,3 +67,13 @@ export function bareArray() {
   ObjectSetPrototypeOf(list, null);
   return list;
 }
+
+/**
+ * A property descriptor that inherits nothing, so a `get` or `value` a program put on
+ * `Object.prototype` cannot join it.
+ * @param {PropertyDescriptor} fields
+ * @returns {PropertyDescriptor}
+ */
+export function descriptor(fields) {
+  return ObjectSetPrototypeOf(fields, null);
+}

@@ -41,6 +41,7 @@ import {
   ArrayPrototypeJoin,
   JSONParse,
   bareArray,
+  descriptor,
   uncurry,
 } from './intrinsics.js';
 import { OutputLedger, fitPrefix, jsonStringSize, validText } from './ledger.js';
@@ -191,15 +192,15 @@ export class ToolCallError extends Error {
    */
   constructor(message, toolName) {
     super(message);
-    ObjectDefineProperty(this, 'name', {
-      __proto__: null, value: 'ToolCallError', enumerable: true, writable: true, configurable: true,
-    });
+    ObjectDefineProperty(
+      this, 'name', descriptor({ value: 'ToolCallError', enumerable: true, writable: true, configurable: true }),
+    );
     this.toolName = toolName;
   }
 }
-ObjectDefineProperty(ToolCallError.prototype, 'name', {
-  __proto__: null, value: 'ToolCallError', writable: true, configurable: true,
-});
+ObjectDefineProperty(
+  ToolCallError.prototype, 'name', descriptor({ value: 'ToolCallError', writable: true, configurable: true }),
+);
 
 /**
  * The `tools` namespace: one own, enumerable property per binding on an object without a
@@ -220,7 +221,7 @@ export function makeTools(names, call) {
         throw new ToolCallError(/** @type {string} */ (outcome.message), name);
       },
     }[name];
-    ObjectDefineProperty(tools, name, { __proto__: null, value: binding, enumerable: true });
+    ObjectDefineProperty(tools, name, descriptor({ value: binding, enumerable: true }));
   }
   return ObjectFreeze(tools);
 }
@@ -376,8 +377,8 @@ function logStream(sink) {
     if (typeof callback === 'function') nextTick(callback, null);
     return true;
   };
-  ObjectDefineProperty(stream, 'write', { __proto__: null, value: write, writable: true, configurable: true });
-  ObjectDefineProperty(stream, 'isTTY', { __proto__: null, value: false, writable: true, configurable: true });
+  ObjectDefineProperty(stream, 'write', descriptor({ value: write, writable: true, configurable: true }));
+  ObjectDefineProperty(stream, 'isTTY', descriptor({ value: false, writable: true, configurable: true }));
   return stream;
 }
 
@@ -390,11 +391,10 @@ function makeConsole(sink) {
   const log = (...args) => sink.emit(format(...args));
   const shim = {};
   for (const name of ['log', 'info', 'warn', 'error', 'debug']) {
-    ObjectDefineProperty(shim, name, {
-      __proto__: null,
+    ObjectDefineProperty(shim, name, descriptor({
       value: { [name]: (/** @type {any[]} */ ...args) => log(...args) }[name],
       enumerable: true,
-    });
+    }));
   }
   return ObjectFreeze(shim);
 }
@@ -541,7 +541,7 @@ class Worker {
     }
     installOutput(sink);
     // The program sees an empty environment as a plain object (what it is: nothing is set).
-    ObjectDefineProperty(process, "env", { __proto__: null, value: {}, writable: true, configurable: true, enumerable: true });
+    ObjectDefineProperty(process, 'env', descriptor({ value: {}, writable: true, configurable: true, enumerable: true }));
     const tools = makeTools(this.names, (name, args) => this.call(name, args));
     let result;
     try {
@@ -590,8 +590,8 @@ class Worker {
 function installOutput(sink) {
   const out = logStream(sink);
   const err = logStream(sink);
-  ObjectDefineProperty(process, 'stdout', { __proto__: null, get: () => out, configurable: true, enumerable: true });
-  ObjectDefineProperty(process, 'stderr', { __proto__: null, get: () => err, configurable: true, enumerable: true });
+  ObjectDefineProperty(process, 'stdout', descriptor({ get: () => out, configurable: true, enumerable: true }));
+  ObjectDefineProperty(process, 'stderr', descriptor({ get: () => err, configurable: true, enumerable: true }));
 }
 
 /** Pay first-use costs (the type stripper's WebAssembly, the compiler, the codecs) before ready. */
