@@ -8,7 +8,7 @@ from typing import Literal
 
 from runtime_service.budgets import Budgets
 from runtime_service.runtime import LANGUAGES, Runtime
-from runtime_service.worker.sandbox_child import BASE_LIMITS, REPORT_KEYS
+from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
 
 __all__ = ["Capabilities", "Isolation", "Mechanism", "describe_isolation", "probe_capabilities"]
@@ -78,8 +78,15 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     def why(key: str) -> str:
         return report.get(key, "not reported")
 
+    own_pid_ns = report.get("pid-namespace") == PID_NAMESPACE_OWN
     enforced = [
-        "fresh process per run, never reused; its whole process group is killed when the run ends",
+        "fresh process per run, never reused"
+        + (
+            ", forked from a never-used fork server; pid 1 of its own pid namespace: every "
+            "process of the run dies with it, also when the runtime is killed"
+            if own_pid_ns
+            else "; its whole process group is killed when the run ends"
+        ),
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
         "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables",
@@ -99,11 +106,16 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
             scope = f"{item.scope}, " if item.scope else ""
             line = f"{_SUMMARISED[item.name]}: {scope}{item.detail}"
             (enforced if in_force else not_enforced).append(line)
-    if not any(item.name == "pid-namespace" and item.enforced for item in mechanisms):
+    if not own_pid_ns:
         not_enforced.append(
             "descendants after a runtime crash: the worker dies with the runtime (parent-death "
             "signal), but processes the program started outlive a runtime that is killed "
-            "outright"
+            "outright (a restarted runtime kills them before it reuses their uids)"
+        )
+    if report.get("dumpable") == "no":
+        enforced.append(
+            "memory of workers: not dumpable (no process of the same uid may open "
+            "/proc/<pid>/mem or attach)"
         )
     # setrlimit failures are reported per limit as `rlimit-<resource>`.
     failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
@@ -139,8 +151,10 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("user"):
         enforced.append(
             f"privileges: an unprivileged uid/gid of its own per live worker (from "
-            f"{spec.uid_base}), no supplementary groups, no capabilities, no_new_privs: the "
-            f"runtime and other workers cannot be signalled or traced; RLIMIT_NPROC {_nproc()}"
+            f"{spec.uid_base}) that no other process on the host holds (the kernel is asked "
+            "before the program starts), no supplementary groups, no capabilities, "
+            "no_new_privs: the runtime and other workers cannot be signalled or traced; "
+            f"RLIMIT_NPROC {_nproc()}"
         )
     else:
         not_enforced.append(
@@ -252,10 +266,14 @@ def _mechanisms(report: dict[str, str], spec: WorkerSpec) -> list[Mechanism]:
                 f"the worker's process group is killed ({no_cgroup})"
             )),
         ]  # fmt: skip
-    pid = report.get("pid")
+    pid = report.get("pid-namespace")
     items.append(
-        Mechanism("pid-namespace", True, "per-run", "own pid namespace per run")
-        if pid == "namespace"
+        Mechanism("pid-namespace", True, "per-run", (
+            "own pid namespace per run below a run init (pid 1), forked from a never-used "
+            "fork server: every process of the run dies with it, also when the runtime is "
+            "killed"
+        ))
+        if pid == PID_NAMESPACE_OWN
         else Mechanism(
             "pid-namespace", False, "",
             "the host's (pids are host pids; other processes are hidden, not gone)"

@@ -65,6 +65,12 @@ class RuntimeSettings(ServiceSettings):
     """Largest outstanding-call cap a run may ask for."""
     max_program_bytes: int = Field(default=1 << 20, ge=1)
     """Largest accepted program text (UTF-8 bytes)."""
+    worker_launch: Literal["fork-server", "spawn"] = "fork-server"
+    """How workers start: ``fork-server`` forks each from a pre-initialized, never-used fork
+    server, as pid 1 of a pid namespace of its own (every process of a run dies with it, also
+    when the runtime is killed; ~5 ms of CPU per worker); ``spawn`` boots a fresh interpreter
+    per worker (~40-50 ms of CPU, no pid namespace: for comparison and for hosts where the
+    fork server cannot run)."""
     worker_python: str | None = None
     """Interpreter for workers (default: the runtime's own, resolved to its real path)."""
     worker_uid_base: int = Field(default=60_000, ge=1, le=4_000_000_000)
@@ -157,6 +163,7 @@ class RuntimeSettings(ServiceSettings):
             cgroup_root=self.cgroup_root,
             cgroup_remount=self.cgroup_remount,
             pids_max=self.worker_pids_max,
+            launch=self.worker_launch,
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)

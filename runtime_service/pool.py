@@ -5,6 +5,10 @@ keeps ``size`` workers booted up to "waiting for a program" and refills in the b
 spawn at a time (at the lowest CPU priority) so a burst of runs does not starve running
 programs. ``size == 0`` spawns on demand. Every worker the pool ever started is tracked until
 it is reaped, so ``close`` returns only when none is left.
+
+With the ``fork-server`` launch the pool owns the fork server its workers come from: started
+with the pool, restarted by the next launch after it died (its workers die with it, and the
+runs using them end as ``worker-exit``), stopped by ``close`` after the last worker.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import logging
 
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess, WorkerSpec
+from runtime_service.zygote import ForkServer
 
 __all__ = ["WorkerPool"]
 
@@ -40,6 +45,8 @@ class WorkerPool:
         self._filler: asyncio.Task[None] | None = None
         self._closed = False
         self.spawn_failures = 0
+        self.fork_server = ForkServer(spec.python) if spec.forks else None
+        """Where the workers come from (None: each one is spawned)."""
 
     @property
     def idle_count(self) -> int:
@@ -51,6 +58,8 @@ class WorkerPool:
         return len(self._workers)
 
     def start(self) -> None:
+        if self.fork_server is not None:
+            self.fork_server.start()
         if self._filler is None and self.size > 0:
             self._filler = asyncio.create_task(self._fill(), name="worker-pool-fill")
             self._wanted.set()
@@ -84,7 +93,9 @@ class WorkerPool:
         return await self._spawn(background=False)
 
     async def _spawn(self, *, background: bool) -> WorkerProcess:
-        worker = await WorkerProcess.spawn(self.spec, background=background)
+        worker = await WorkerProcess.spawn(
+            self.spec, background=background, fork_server=self.fork_server
+        )
         self._workers.add(worker)
         worker.closed.add_done_callback(lambda _: self._workers.discard(worker))
         return worker
@@ -120,3 +131,5 @@ class WorkerPool:
         workers = list(self._workers)
         await asyncio.gather(*(worker.kill() for worker in workers))
         await asyncio.gather(*(worker.closed for worker in workers))
+        if self.fork_server is not None:
+            await self.fork_server.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 from dataclasses import dataclass, field
 
 from codemode_common.text import utf8_exceeds
@@ -12,6 +13,7 @@ from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
+from runtime_service.sandbox_uids import UidLeases
 from runtime_service.worker_process import WorkerSpec
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
@@ -46,6 +48,11 @@ class Runtime:
         self._idle.set()
 
     async def start(self) -> None:
+        # What a runtime killed outright left in the uid range dies before any of its uids
+        # is leased again (only root can switch uids, or kill what holds them).
+        if os.geteuid() == 0:
+            spec = self.options.worker
+            await UidLeases.reclaim_range(spec.uid_base, spec.uid_count)
         self.pool.start()
 
     @property

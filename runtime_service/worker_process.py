@@ -1,15 +1,23 @@
-"""Host-side handle of one worker process: spawn, channel, output pipes, exit, termination.
+"""Host-side handle of one worker process: launch, channel, output pipes, exit, termination.
 
-Workers are started with ``subprocess.Popen`` (CPython's ``_posixsubprocess`` execs straight
+Two launches (``WorkerSpec.launch``). ``fork-server``, the default: the pool's fork server
+(``zygote.py``) forks the worker from a pre-initialized, never-used process, as pid 1 of a
+pid namespace of its own; the runtime hands it the channel and pipes it made, learns its exit
+from the fork server and kills it through a pidfd -- and with it, every process of the run.
+``spawn``: each worker is a fresh interpreter, as below; a fake worker (a test's ``loader``)
+always spawns.
+
+Spawned workers are started with ``subprocess.Popen`` (CPython's ``_posixsubprocess`` execs straight
 away, with vfork when it can, so no Python code and no ``pthread_atfork`` handler of the
 runtime -- grpc's among them -- runs in the child). The child is ``python -I -S`` with an empty
 environment, ``/`` as cwd (it moves into its private root, or into a fresh directory it
 reports when it cannot build one), its own session/process group, stdin on /dev/null,
 stdout/stderr on pipes, and the channel socket as the only other descriptor (``close_fds``).
-It isolates itself before it reports ready (see ``worker/sandbox_child.py``) and drops to a uid
-of its own, leased here from a configured range for as long as the process lives. Its run's
-cgroup (``run_cgroup``) is made here before the spawn and joined by the worker as its first
-step; it is removed once every process in it is gone.
+Either way the worker isolates itself before it reports ready (see ``worker/sandbox_child.py``)
+and drops to a uid of its own, leased (``sandbox_uids.py``) for as long as any process of the
+run lives. Its run's cgroup (``run_cgroup``) is made here before the launch and joined first
+thing in the child (a forked run's init joins it before it forks the worker, so every process
+of the run is in it); it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
 socket, both pipes and a pidfd (for the exit) are watched with ``add_reader``. The pidfd
@@ -22,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import errno
 import functools
 import json
 import math
@@ -38,14 +45,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runtime_service import run_cgroup
 from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
 from runtime_service.run_cgroup import RunCgroup
+from runtime_service.sandbox_uids import UidLeaseError, UidLeases, live_processes_of
 from runtime_service.worker import flatwire, framing
+from runtime_service.worker.sandbox_child import PID_NAMESPACE_OWN
+from runtime_service.zygote import ForkedChild, ForkServer, ForkServerError
 
-__all__ = ["UidLeases", "WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
+__all__ = ["UidLeases", "WorkerLaunch", "WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOADER = (
@@ -59,10 +69,17 @@ _GROUP_POLL_S = 0.002
 _GROUP_EXIT_TIMEOUT_S = 10.0
 # Frame limits of a channel read outside any run: only the framing's own cap.
 _UNBOUNDED = FrameLimits(framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES)
+_UID_ATTEMPTS = 8  # uids tried per launch when workers find theirs held by another process
+
+WorkerLaunch = Literal["fork-server", "spawn"]
 
 
 class WorkerLaunchError(RuntimeError):
     """A worker could not be started or did not report ready."""
+
+
+class _UidBusy(WorkerLaunchError):
+    """The worker found its uid held by another process on the host."""
 
 
 def _runtime_paths() -> tuple[str, ...]:
@@ -104,77 +121,40 @@ class WorkerSpec:
     """Mount a writable cgroup2 over a read-only one (a container's; needs CAP_SYS_ADMIN)."""
     pids_max: int = 64
     """Processes and threads a run may have at once (its cgroup's ``pids.max``)."""
+    launch: WorkerLaunch = "fork-server"
+    """``fork-server``: forked by the pool's fork server, each run in its own pid namespace;
+    ``spawn``: a fresh interpreter per worker (no pid namespace). A custom ``loader`` always
+    spawns: the fork server runs only the real worker."""
 
     def cgroup_host(self) -> run_cgroup.CgroupHost:
         """Where this spec's workers get their run cgroups (detected once per process)."""
         return run_cgroup.shared_host(self.cgroups, self.cgroup_root, self.cgroup_remount)
 
+    @property
+    def forks(self) -> bool:
+        """Whether workers come from the fork server."""
+        return self.launch == "fork-server" and self.loader == _LOADER
+
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
         return os.path.realpath(self.temp_root or tempfile.gettempdir())
 
-    def argv(self, channel_fd: int, uid: int, cgroups: list[str] | None = None) -> list[str]:
-        config = {
-            "cgroups": cgroups or [],
+    def sandbox_config(self, uid: int, cgroups: list[str] | None = None) -> dict[str, Any]:
+        """What the worker's ``sandbox_child.SandboxConfig`` is built from."""
+        return {
             "uid": uid,
             "hide": list(self.hidden_paths),
             "tmp_bytes": self.tmp_bytes,
             "tmp_root": self.fallback_root(),
+            "cgroups": list(cgroups or ()),
         }
+
+    def argv(self, channel_fd: int, uid: int, cgroups: list[str] | None = None) -> list[str]:
+        config = self.sandbox_config(uid, cgroups)
         return [
             self.python, "-I", "-S", "-c", self.loader, _PACKAGE_ROOT, str(channel_fd),
             json.dumps(config, separators=(",", ":")),
         ]  # fmt: skip
-
-
-class UidLeases:
-    """Leases of sandbox uids: no two live workers ever share one.
-
-    Within this process a set says which uids are taken; across processes (several runtimes,
-    tests and benchmarks on one host) each lease also binds an abstract Unix socket named
-    after the uid, which the kernel frees when the lease ends or this process dies. That
-    covers every runtime in the same network namespace; runtimes in other namespaces (other
-    containers on the host) need disjoint ranges, or user namespaces.
-    """
-
-    _held: dict[int, socket.socket | None] = {}  # noqa: RUF012 - shared by every runtime
-    _cursor = 0
-
-    @classmethod
-    def acquire(cls, base: int, count: int) -> int:
-        for step in range(count):
-            uid = base + (cls._cursor + step) % count
-            if uid in cls._held:
-                continue
-            lock = cls._lock(uid)
-            if lock is False:
-                continue  # leased by another process
-            cls._held[uid] = lock if isinstance(lock, socket.socket) else None
-            cls._cursor = (cls._cursor + step + 1) % count
-            return uid
-        raise WorkerLaunchError(f"no free sandbox uid in [{base}, {base + count})")
-
-    @staticmethod
-    def _lock(uid: int) -> socket.socket | bool:
-        """The host-wide lock for ``uid``: a bound socket, False if another process holds
-        it, True if abstract sockets are unavailable (then only this process coordinates)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(f"\0codemode-sandbox-uid-{uid}")
-        except OSError as exc:
-            sock.close()
-            return exc.errno != errno.EADDRINUSE
-        return sock
-
-    @classmethod
-    def release(cls, uid: int) -> None:
-        lock = cls._held.pop(uid, None)
-        if lock is not None:
-            lock.close()
-
-    @classmethod
-    def leased(cls) -> frozenset[int]:
-        return frozenset(cls._held)
 
 
 FrameHandler = Callable[[FrameEvent], None]
@@ -183,20 +163,22 @@ OutputHandler = Callable[[int, bytes], None]
 
 
 class WorkerProcess:
-    """A spawned worker. Never reused: one program, then ``terminate`` and ``close``."""
+    """A launched worker. Never reused: one program, then ``terminate`` and ``close``."""
 
     def __init__(
         self,
         *,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | ForkedChild,
         channel: socket.socket,
         outputs: tuple[int, int],
         uid: int,
         spawned_at: float,
         cgroup: RunCgroup | None = None,
     ) -> None:
-        self.process = process
-        self.pid = process.pid
+        self.process = process if isinstance(process, subprocess.Popen) else None
+        """The ``Popen`` of a spawned worker (None for a forked one)."""
+        self._forked = process if isinstance(process, ForkedChild) else None
+        self._pid = process.pid
         self.channel = channel
         self.boot_cpu_s: float | None = None
         """CPU time the worker reported at ready, before any program ran."""
@@ -208,8 +190,8 @@ class WorkerProcess:
         self.uid = uid
         self.spawned_at = spawned_at
         self.cgroup = cgroup
-        """The run's cgroup (memory, pids and CPU of every process of the run), joined by the
-        worker at boot; None where the host offers none (per-process limits only)."""
+        """The run's cgroup (memory, pids and CPU of every process of the run), joined at
+        boot; None where the host offers none (per-process limits only)."""
         self.sandbox: dict[str, str] = {}
         self.frames = framing.FrameBuffer()
         """Splits the channel until the worker is ready; ``listen`` hands over to a reader
@@ -220,8 +202,13 @@ class WorkerProcess:
         self._exited: asyncio.Future[int] = self._loop.create_future()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         """Resolves once the worker is reaped and everything it held is released."""
-        self._pidfd = os.pidfd_open(self.pid)
-        self._loop.add_reader(self._pidfd, self._on_exit)
+        self._pidfd = -1
+        if self._forked is not None:
+            # Not our child: the fork server reaps it and reports the status.
+            self._forked.exited.add_done_callback(self._on_forked_exit)
+        else:
+            self._pidfd = os.pidfd_open(self.pid)
+            self._loop.add_reader(self._pidfd, self._on_exit)
         self.output_fds = outputs
         self._outputs: set[int] = set(outputs)
         self._outputs_closed: asyncio.Future[None] = self._loop.create_future()
@@ -236,19 +223,51 @@ class WorkerProcess:
         self._reaper: asyncio.Task[None] | None = None
         self._killed = False
 
-    # -- spawning ---------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        """The worker process (as the host sees it)."""
+        return self._forked.pid if self._forked is not None else self._pid
+
+    # -- launching --------------------------------------------------------------------------
     @classmethod
-    async def spawn(cls, spec: WorkerSpec, *, background: bool = False) -> WorkerProcess:
-        """Start a worker and wait until it is ready. A ``background`` spawn (a pool refill)
-        boots at the lowest CPU priority so that it does not slow running programs down;
-        ``activate`` restores the normal priority."""
+    async def spawn(
+        cls, spec: WorkerSpec, *, background: bool = False, fork_server: ForkServer | None = None
+    ) -> WorkerProcess:
+        """Start a worker and wait until it is ready: forked by ``fork_server`` when given
+        (and ``spec.forks``), else spawned. A ``background`` launch (a pool refill) boots at
+        the lowest CPU priority so that it does not slow running programs down; ``activate``
+        restores the normal priority. A worker that finds its uid held by another process
+        on the host is retried with another uid (and that uid reclaimed)."""
         started = time.monotonic()
-        uid = UidLeases.acquire(spec.uid_base, spec.uid_count)
+        server = fork_server if spec.forks else None
+        for _ in range(_UID_ATTEMPTS):
+            try:
+                uid = UidLeases.acquire(spec.uid_base, spec.uid_count)
+            except UidLeaseError as exc:
+                raise WorkerLaunchError(str(exc)) from exc
+            try:
+                return await cls._launch(spec, uid, started, background, server)
+            except _UidBusy:
+                UidLeases.mark_dirty(uid)
+        raise WorkerLaunchError(
+            f"{_UID_ATTEMPTS} sandbox uids in a row were held by other processes on the host"
+        )
+
+    @classmethod
+    async def _launch(
+        cls,
+        spec: WorkerSpec,
+        uid: int,
+        started: float,
+        background: bool,
+        server: ForkServer | None,
+    ) -> WorkerProcess:
         try:
             cgroup = _create_cgroup(spec)
         except OSError as exc:
             UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot create the run's cgroup: {exc}") from exc
+        cgroups = cgroup.paths if cgroup is not None else None
         parent = child = None
         pipes: list[int] = []
         try:
@@ -256,19 +275,23 @@ class WorkerProcess:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             pipes = [out_r, out_w, err_r, err_w]
-            # Synchronous, like asyncio's own subprocess transport: vfork + exec, ~0.15 ms.
-            process = subprocess.Popen(  # noqa: ASYNC220
-                spec.argv(child.fileno(), uid, cgroup.paths if cgroup is not None else None),
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                pass_fds=(child.fileno(),),
-                env={},
-                cwd="/",
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
+            process: subprocess.Popen[bytes] | ForkedChild
+            if server is not None:
+                process = await cls._fork(server, spec, uid, cgroup, (child.fileno(), out_w, err_w))
+            else:
+                # Synchronous, like asyncio's own subprocess transport: vfork + exec, ~0.15 ms.
+                process = subprocess.Popen(  # noqa: ASYNC220
+                    spec.argv(child.fileno(), uid, cgroups),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    pass_fds=(child.fileno(),),
+                    env={},
+                    cwd="/",
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except (OSError, WorkerLaunchError) as exc:
             for fd in pipes:
                 os.close(fd)
             for sock in (parent, child):
@@ -277,11 +300,21 @@ class WorkerProcess:
             if cgroup is not None:
                 cgroup.try_remove()
             UidLeases.release(uid)
+            if isinstance(exc, WorkerLaunchError):
+                raise
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
+        except BaseException:  # cancelled: _fork has arranged for the worker to die
+            for fd in pipes:
+                os.close(fd)
+            for sock in (parent, child):
+                if sock is not None:
+                    sock.close()
+            raise
         child.close()
         os.close(out_w)
         os.close(err_w)
-        if background and _can_renice():
+        # (A forked worker boots in a few ms of CPU and is not named yet: not reniced.)
+        if background and server is None and _can_renice():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, process.pid, _BOOT_NICE)
         for fd in (out_r, err_r):
@@ -297,6 +330,7 @@ class WorkerProcess:
                 cgroup=cgroup,
             )
         except OSError as exc:  # no pidfd (Linux < 5.3): do not leave the process behind
+            assert isinstance(process, subprocess.Popen)
             _kill_group(process.pid)
             process.wait()
             for fd in (out_r, err_r):
@@ -314,6 +348,10 @@ class WorkerProcess:
             workdir = worker.sandbox.pop("workdir", None)
             if workdir and os.path.dirname(workdir) == spec.fallback_root():
                 worker.workdir = workdir
+        except _UidBusy:
+            await asyncio.shield(worker.kill())
+            await asyncio.shield(worker.closed)  # the lease ends before the uid is reclaimed
+            raise
         except (TimeoutError, WorkerLaunchError, OSError, flatwire.WireError) as exc:
             why = (
                 f"no ready report within {spec.ready_timeout_s:g} s"
@@ -330,6 +368,28 @@ class WorkerProcess:
             raise
         return worker
 
+    @staticmethod
+    async def _fork(
+        server: ForkServer,
+        spec: WorkerSpec,
+        uid: int,
+        cgroup: RunCgroup | None,
+        fds: tuple[int, int, int],
+    ) -> ForkedChild:
+        cgroups = cgroup.paths if cgroup is not None else None
+        try:
+            forking = server.fork(config=spec.sandbox_config(uid, cgroups), fds=fds)
+        except ForkServerError as exc:
+            raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
+        try:
+            return await asyncio.shield(forking)
+        except ForkServerError as exc:
+            raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
+        except asyncio.CancelledError:
+            # It may be forked all the same: then it dies, and the uid is free once it is gone.
+            forking.add_done_callback(functools.partial(_discard_fork, uid, cgroup))
+            raise
+
     async def _read_ready(self) -> dict[str, str]:
         while True:
             data = await self._loop.sock_recv(self.channel, _RECV_BYTES)
@@ -337,6 +397,8 @@ class WorkerProcess:
                 raise WorkerLaunchError(f"worker exited during boot{self._exit_hint()}")
             for payload in self.frames.feed(data):
                 message = flatwire.loads_strict(payload)
+                if type(message) is dict and message.get("t") == "uid-busy":
+                    raise _UidBusy(f"sandbox uid {self.uid} is held by another process")
                 if type(message) is dict and message.get("t") == "ready":
                     report = message.get("sandbox")
                     if type(report) is dict:
@@ -524,6 +586,18 @@ class WorkerProcess:
         if not self._exited.done():
             self._exited.set_result(status)
 
+    def _on_forked_exit(self, exited: asyncio.Future[int]) -> None:
+        status = exited.result() if not exited.cancelled() else 255
+        self.returncode = status
+        if not self._exited.done():
+            self._exited.set_result(status)
+
+    @property
+    def own_pid_namespace(self) -> bool:
+        """Whether the worker is the init of a pid namespace of its own (as it reported):
+        then its exit means every process of the run is gone."""
+        return self.sandbox.get("pid-namespace") == PID_NAMESPACE_OWN
+
     def cpu_seconds(self) -> float | None:
         """User + system CPU time of the worker process so far, or None once it is gone."""
         try:
@@ -540,7 +614,10 @@ class WorkerProcess:
         self._killed = True
         if not self._closed:
             _move_off_this_cpu(self.pid)
-            _kill_group(self.pid)
+            if self._forked is not None:
+                self._forked.kill()  # through its pidfd: never a stranger
+            else:
+                _kill_group(self.pid)
 
     def close_when_exited(self) -> None:
         """Reap and release everything as soon as the worker has exited."""
@@ -554,15 +631,16 @@ class WorkerProcess:
         if self._closed or not self._exited.done():
             return
         self._closed = True
-        # Members of the group that outlived the leader die now; the leader is still a
-        # zombie, so the group id is still theirs. The cgroup holds every process of the run,
-        # also one that left the group.
-        _kill_group(self.pid)
         if self.cgroup is not None:
+            # The cgroup holds every process of the run, also one that left the group.
             self.cgroup.kill_all()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        self.process.returncode = self.returncode  # Popen must never wait for it again
+        if self.process is not None:
+            # Members of the group that outlived the leader die now; the leader is still a
+            # zombie, so the group id is still theirs.
+            _kill_group(self.pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.process.returncode = self.returncode  # Popen must never wait for it again
         self.stop_listening()
         if self._out:
             self._loop.remove_writer(self.channel.fileno())
@@ -573,7 +651,15 @@ class WorkerProcess:
             self._close_output(fd)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        if _group_exists(self.pid) or self._cgroup_left():
+        if self._forked is not None:
+            self._forked.close()
+            if self.own_pid_namespace and not self._cgroup_left():
+                # Reaped init of its pid namespace: the kernel killed and waited for every
+                # other process of the run before that, so nothing of it is left.
+                self._release()
+            else:  # no pid namespace: its descendants are found by uid (and cgroup)
+                self._reaper = self._loop.create_task(self._await_forked_gone())
+        elif _group_exists(self.pid) or self._cgroup_left():
             # Killed descendants are still on their way out (tearing down takes the kernel
             # about a millisecond per process): the uid is free only once they are gone.
             self._reaper = self._loop.create_task(self._await_group_gone())
@@ -591,6 +677,25 @@ class WorkerProcess:
                 time.monotonic() < deadline
             ):
                 _kill_group(self.pid)
+                if self.cgroup is not None:
+                    self.cgroup.kill_all()
+                await asyncio.sleep(_GROUP_POLL_S)
+        finally:
+            self._release()
+
+    async def _await_forked_gone(self) -> None:
+        """A forked run's processes: without a pid namespace found by uid (the worker's pid,
+        and so its group id, may be reused once its init reaped it); and its cgroup."""
+        deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT_S
+        by_uid = not self.own_pid_namespace
+        try:
+            while time.monotonic() < deadline:
+                pids = live_processes_of(self.uid) if by_uid else []
+                if not pids and not self._cgroup_left():
+                    break
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 if self.cgroup is not None:
                     self.cgroup.kill_all()
                 await asyncio.sleep(_GROUP_POLL_S)
@@ -621,6 +726,28 @@ def _create_cgroup(spec: WorkerSpec) -> RunCgroup | None:
         cgroup.try_remove()
         raise
     return cgroup
+
+
+def _discard_fork(uid: int, cgroup: RunCgroup | None, forking: asyncio.Future[ForkedChild]) -> None:
+    """A fork nobody waits for any more: kill the worker, free the uid (and remove the
+    cgroup) once it is gone."""
+    if forking.cancelled() or forking.exception() is not None:
+        if cgroup is not None:
+            cgroup.kill_all()
+            cgroup.try_remove()
+        UidLeases.release(uid)
+        return
+    child = forking.result()
+    child.kill()
+
+    def gone(_: asyncio.Future[int]) -> None:
+        child.close()
+        if cgroup is not None:
+            cgroup.kill_all()
+            cgroup.try_remove()
+        UidLeases.release(uid)
+
+    child.exited.add_done_callback(gone)
 
 
 def _libc_sched_getcpu() -> Callable[[], int] | None:

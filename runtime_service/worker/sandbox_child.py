@@ -1,13 +1,19 @@
 """Isolation steps the worker applies to itself (stdlib only, Linux).
 
-At boot, before it reports ready, as the runtime's user:
+At boot, before it reports ready, as the runtime's user. A worker forked by the fork server
+(``zygote.py``) is already in a pid namespace of its own when it gets here (below the run's
+init, pid 1), so every process of the run dies with it; a spawned worker (the ``spawn``
+launch) shares the host's.
 
-1. die with the runtime (``PR_SET_PDEATHSIG``);
-2. leave the runtime's mount, network, IPC, UTS and cgroup namespaces;
+1. die with its parent (``PR_SET_PDEATHSIG``): the runtime, or the fork server;
+2. join the run's cgroups (``cgroup.procs``), while still root and before any namespace is
+   left, so that the worker and everything it starts are accounted to the run;
+3. leave the runtime's mount, network, IPC, UTS and cgroup namespaces;
 3. build a private root: a small read-only tmpfs holding read-only bind mounts of what the
    interpreter needs (the system trees ``/usr``, ``/lib*``, ``/bin``, ``/sbin``; the Python
    installation, with its site-packages and the runtime's own code masked), five device nodes,
-   a fresh ``/proc`` that shows only the worker's own processes (``hidepid=invisible``) and a
+   a fresh ``/proc`` that shows only the run's own processes (its pid namespace; without one,
+   ``hidepid=invisible`` hides every process it may not trace) and a
    size-capped private ``/tmp`` as the working directory; ``pivot_root`` into it and detach
    the old root (where seccomp refuses ``pivot_root``, as container runtimes' default profiles
    do: move it over ``/`` and chroot), so the runtime's files, ``/root``, ``/home``, ``/work``,
@@ -15,8 +21,10 @@ At boot, before it reports ready, as the runtime's user:
    mounted over ``/tmp`` inside the worker's own mount namespace: nothing appears on the host.
    Without the privileges for this, the worker makes a fresh directory under the host's temp
    directory instead and reports it (the runtime removes it afterwards);
-4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities) and
-   set ``PR_SET_NO_NEW_PRIVS``; with a real uid, ``RLIMIT_NPROC`` counts;
+4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities),
+   check with the kernel that no other process holds that uid (``uid_is_exclusive``), set
+   ``PR_SET_NO_NEW_PRIVS`` and stay not dumpable (no process of the same uid may open its
+   ``/proc/<pid>/mem``); with a real uid, ``RLIMIT_NPROC`` counts;
 5. install a seccomp filter refusing the calls that would let a program leave its process
    group (``setsid``/``setpgid``), debug other processes, touch namespaces and mounts, reach
    the VM host (AF_VSOCK) or risky kernel surface (io_uring, bpf, ...): the table of what is
@@ -33,6 +41,7 @@ the project tree is not needed once the private root is in place.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import math
@@ -49,9 +58,11 @@ __all__ = [
     "BASE_LIMITS",
     "REPORT_KEYS",
     "SandboxConfig",
+    "UidBusyError",
     "apply_run_limits",
     "isolate",
     "join_cgroups",
+    "prepare",
 ]
 
 # Report keys and the value each has when the step is in force.
@@ -64,6 +75,9 @@ REPORT_KEYS: dict[str, str] = {
     "user": "unprivileged",
     "seccomp": "filter",
 }
+
+# What else a worker reports (not part of REPORT_KEYS: a spawned worker has no pid namespace).
+PID_NAMESPACE_OWN = "own"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -120,10 +134,14 @@ BASE_LIMITS: tuple[tuple[int, int], ...] = (
 )
 
 
-class SandboxConfig:
-    """What the runtime asks for (decoded from the worker's command line)."""
+class UidBusyError(OSError):
+    """Another process on the host holds the uid the worker was given: it must not run."""
 
-    __slots__ = ("cgroups", "hide", "tmp_bytes", "tmp_root", "uid")
+
+class SandboxConfig:
+    """What the runtime asks for (decoded from the worker's command line or fork request)."""
+
+    __slots__ = ("cgroups", "hide", "pid_namespace", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -136,6 +154,9 @@ class SandboxConfig:
         self.tmp_root = root if type(root) is str else None
         cgroups = raw.get("cgroups")
         self.cgroups = [p for p in cgroups if type(p) is str] if type(cgroups) is list else []
+        # Set by the fork server (never by the runtime): the worker runs in a pid namespace
+        # of its own, below the run's init.
+        self.pid_namespace = raw.get("pid_namespace") is True
 
 
 class _Libc:
@@ -185,12 +206,18 @@ class _Libc:
 
 
 def isolate(config: SandboxConfig) -> dict[str, str]:
-    """Apply boot-time isolation; return an honest report of what took effect."""
+    """Apply boot-time isolation; return an honest report of what took effect.
+
+    Raises ``UidBusyError`` when another process on the host holds the sandbox uid.
+    """
     report: dict[str, str] = {}
+    # First, while root and still in the host's cgroup namespace: every later step, and
+    # every process the program starts, is charged to the run.
     join_cgroups(config.cgroups, report)
     libc = _Libc()
     parent = os.getppid()
     _die_with_parent(libc, parent)
+    report["pid-namespace"] = PID_NAMESPACE_OWN if config.pid_namespace else "host (spawned worker)"
     arch = _ARCHES.get(os.uname().machine)
     privileged = _unshare(libc, report)
     if privileged:
@@ -218,16 +245,17 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
 def join_cgroups(paths: list[str], report: dict[str, str]) -> None:
     """Move this process into the run's cgroups (one per v1 hierarchy, or one v2 directory)
     before anything else, while still root: every process it starts is then counted and
-    limited with it. Reported as ``cgroup``: ``joined``, or what failed."""
+    limited with it. Reported as ``cgroup``: ``joined``, or what failed. "0" names the
+    writer itself, whatever pid namespace it is in (a forked run's init joins first, then
+    its worker again: already a member, a no-op)."""
     if not paths:
         report["cgroup"] = "none (the runtime made no cgroup for this run)"
         return
-    pid = str(os.getpid()).encode()
     for path in paths:
         try:
             fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
             try:
-                os.write(fd, pid)
+                os.write(fd, b"0")
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -254,6 +282,8 @@ def _die_with_parent(libc: _Libc, parent: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         os._exit(0)
+    # In a pid namespace of its own the parent is outside it and getppid() is 0 either way;
+    # the fork server closes that window itself (zygote.py).
     if os.getppid() != parent:
         os._exit(0)  # the runtime is already gone
 
@@ -340,11 +370,14 @@ def _private_root(
     for name, target in _DEV_LINKS.items():
         os.symlink(target, f"{root}/dev/{name}")
     os.mkdir(root + "/proc")
+    # A proc mount shows the pid namespace of the process that mounts it. In the run's own
+    # namespace that is just the run's processes, and they are not dumpable, so hidepid
+    # would hide the program's own children from it; in the host's namespace, hidepid hides
+    # every process the worker may not trace (Linux >= 5.8: per-mount options).
+    # ``subset=pid``: no system-wide files.
+    options = "subset=pid" if config.pid_namespace else "hidepid=invisible,subset=pid"
     try:
-        # Linux >= 5.8 gives every proc mount its own options: this instance shows only the
-        # processes the worker may ptrace (its own), and no system-wide files.
-        libc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                   "hidepid=invisible,subset=pid")  # fmt: skip
+        libc.mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options)
         report["proc"] = "private"
     except OSError as exc:
         report["proc"] = f"absent ({exc.strerror})"
@@ -396,18 +429,64 @@ def _drop_privileges(libc: _Libc, config: SandboxConfig, report: dict[str, str])
             report["user"] = f"runtime's user ({exc.strerror})"
         else:
             report["user"] = "unprivileged"
-            # setuid made the process non-dumpable, which would hide the program's own
-            # children from it in /proc; same-uid access is all that dumpable allows.
-            libc.prctl(_PR_SET_DUMPABLE, 1)
+            if not uid_is_exclusive():
+                raise UidBusyError(16, f"another process on the host holds uid {uid}")
+    # Not dumpable (setuid already cleared the flag; a worker that kept the runtime's user
+    # clears it here): no process of the same uid may open /proc/<pid>/mem or attach. The
+    # program's own children inherit it; its pid namespace still shows them in /proc.
+    libc.prctl(_PR_SET_DUMPABLE, 0)
+    report["dumpable"] = "no"
     try:
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
     except OSError as exc:
         report["no-new-privs"] = f"off ({exc.strerror})"
 
 
+def uid_is_exclusive() -> bool:
+    """Whether this process is the only one on the host whose real uid is its own.
+
+    The kernel counts the tasks of each real uid (zombies and every pid namespace included)
+    against ``RLIMIT_NPROC``, for an unprivileged caller. With the soft limit at 2, starting
+    one thread succeeds exactly when this process is the uid's only task -- an exact, O(1)
+    question to the kernel, where reading /proc would cost a scan of every process on the
+    host per run. Must run single-threaded, after the drop to the uid.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (min(2, hard), hard))
+    done = _thread.allocate_lock()
+    done.acquire()
+    try:
+        _thread.start_new_thread(done.release, ())
+    except RuntimeError:  # EAGAIN: the uid already has another task
+        return False
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    done.acquire()  # the probe thread has run (it ends right after)
+    return True
+
+
 def _seccomp_program(audit_arch: int, numbers: dict[str, int]) -> bytes:
     """The filter of ``worker/seccomp.py`` (its docstring says what is refused and why)."""
     return seccomp.build(audit_arch, numbers, _NAMESPACE_FLAGS)
+
+
+_FILTERS: dict[int, bytes] = {}
+
+
+def seccomp_filter(arch: tuple[int, dict[str, int]]) -> bytes:
+    """The filter for ``arch``, built once per process: the fork server builds it before it
+    forks, so that no worker pays for assembling it again."""
+    program = _FILTERS.get(arch[0])
+    if program is None:
+        program = _FILTERS[arch[0]] = _seccomp_program(*arch)
+    return program
+
+
+def prepare() -> None:
+    """Everything ``isolate`` can compute ahead (for the fork server)."""
+    arch = _ARCHES.get(os.uname().machine)
+    if arch is not None:
+        seccomp_filter(arch)
 
 
 def _install_seccomp(
@@ -416,7 +495,7 @@ def _install_seccomp(
     if arch is None:
         report["seccomp"] = f"off (no syscall table for {os.uname().machine})"
         return
-    program = _seccomp_program(*arch)
+    program = seccomp_filter(arch)
     count = len(program) // 8
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = struct.pack("HxxxxxxP", count, ctypes.addressof(buffer))

@@ -24,6 +24,8 @@ What is refused (answer: calls -- why):
   ``process_madvise`` -- reading, writing or comparing another process's memory or files.
 - EPERM: ``unshare``, ``setns``, ``clone`` with namespace flags -- new namespaces (user
   namespaces above all) would re-open what the sandbox closed.
+- EPERM: ``clone`` with ``CLONE_PARENT`` -- the child would be the worker's sibling: a child
+  of the run's init or the fork server, whose zombies it would leave there.
 - ENOSYS: ``clone3`` -- its flags live in memory BPF cannot read; libc falls back to ``clone``.
 - EPERM: ``mount``, ``umount2``, ``pivot_root``, ``chroot``, ``open_tree``, ``move_mount``,
   ``fsopen``, ``fsconfig``, ``fsmount``, ``fspick``, ``mount_setattr`` -- the private root
@@ -128,6 +130,7 @@ ENOSYS_SYSCALLS = ("clone3", "io_uring_setup", "io_uring_enter", "io_uring_regis
 SOCKET_DOMAINS = {1: "AF_UNIX", 2: "AF_INET", 10: "AF_INET6", 16: "AF_NETLINK"}
 _AF_NETLINK = 16
 _NETLINK_ROUTE = 0
+_CLONE_PARENT = 0x00008000
 # query (0xffffffff), PER_LINUX, PER_LINUX32, UNAME26, UNAME26|PER_LINUX32: Docker's set.
 PERSONAS = (0xFFFFFFFF, 0x0, 0x8, 0x20000, 0x20008)
 
@@ -194,7 +197,9 @@ def build(audit_arch: int, numbers: dict[str, int], namespace_flags: int) -> byt
 
     asm.label("clone")
     asm.op(_LD, _arg(0))  # clone flags
-    asm.op(_JSET, namespace_flags, "eperm")
+    # CLONE_PARENT: a child made a sibling of the worker would be reparented outside the
+    # run (to its init, or the fork server) and its zombie left on that parent.
+    asm.op(_JSET, namespace_flags | _CLONE_PARENT, "eperm")
     asm.ret(_ALLOW)
 
     asm.label("socket")

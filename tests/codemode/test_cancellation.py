@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import grpc
@@ -14,14 +15,14 @@ import pytest
 from codemode_common.api.registry.v1 import history_pb2
 from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
+from runtime_service.sandbox_uids import live_processes_of
 from tests.codemode.conftest import Stack
 from tests.codemode.fake_runtime import FakeRuntime, registry_on
-from tests.procfs import alive
 from tests.registry.conftest import Harness
 
 PROGRAM = (
     "import asyncio, os\n"
-    "await asyncio.gather(tools.hang({'pid': os.getpid()}), tools.queued({}))\n"
+    "await asyncio.gather(tools.hang({'uid': os.getuid()}), tools.queued({}))\n"
     "return 'unreachable'"
 )
 
@@ -55,7 +56,7 @@ async def test_a_stopped_call_kills_its_worker_and_aborts_its_nested_call(
     ran: list[str] = []
 
     async def hang(inv: Any) -> Any:
-        workers.append(inv.arguments["pid"])
+        workers.append(inv.arguments["uid"])
         started.set()
         await inv.signal.wait()
         return "finished anyway"  # too late: the call was aborted
@@ -84,9 +85,12 @@ async def test_a_stopped_call_kills_its_worker_and_aborts_its_nested_call(
         assert stopped.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
 
     records = await outer_result_record(stack, agent)
-    (worker,) = workers
-    # The runtime reports a run's end only after its worker is gone.
-    assert not alive(worker)
+    (uid,) = workers
+    # The runtime reports a run's end only after its worker is gone: no process of the run's
+    # own uid is left on the host (the worker runs in a pid namespace of its own, so its pid
+    # means nothing here).
+    assert uid != os.getuid(), "needs a sandbox uid (root)"
+    assert not live_processes_of(uid)
     outer = records[-1]
     assert (outer.call_id, outer.is_error, outer.error_code) == ("call-1", True, "ABORTED")
     assert outer.content[0].text.text == "Error: tool call aborted"

@@ -4,6 +4,7 @@ parent tokens."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,11 +31,14 @@ from tests.procfs import alive, children
 from tests.registry.conftest import CODE, Harness, error_info_of
 
 
-async def _runtime_process() -> tuple[asyncio.subprocess.Process, str]:
+async def _runtime_process(
+    env: dict[str, str] | None = None,
+) -> tuple[asyncio.subprocess.Process, str]:
     """A runtime in its own process, left to the caller to stop; and its address."""
     runtime = await start(
-        "-m", "runtime_service", "--listen", "127.0.0.1:0", ready="runtime listening on port "
-    )
+        "-m", "runtime_service", "--listen", "127.0.0.1:0", ready="runtime listening on port ",
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
     return runtime.proc, f"127.0.0.1:{runtime.rest}"
 
 

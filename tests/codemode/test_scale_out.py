@@ -6,8 +6,10 @@ every nested call they started settled once in history), and runs started after 
 go to the other two and succeed.
 
 Which runtime served a run is read from the host, not from the services: programs see host pid
-numbers (workers share the runtime's pid namespace), so a program reports its worker's pid and
-the test finds, in /proc, the runtime process that is that worker's parent.
+numbers (the runtimes spawn their workers, which then share the runtime's pid namespace: a
+forked worker, in a pid namespace of its own, would not know its host pid), so a program
+reports its worker's pid and the test finds, in /proc, the runtime process that is that
+worker's parent.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tests.procfs import children, parent
 from tests.registry.conftest import CODE, Harness, error_info_of
 
 RUNTIMES = 3
+SPAWNING = {"CODEMODE_RUNTIME_WORKER_LAUNCH": "spawn"}
 IN_FLIGHT = 9  # runs parked in a nested call when one runtime is killed
 AFTER_KILL = 6
 _WAIT_S = 60  # generous: three runtimes and their workers share a small, loaded machine
@@ -93,7 +96,7 @@ async def _history(harness: Harness, agent: str) -> list[Any]:
 
 async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: Path) -> None:
     launched = await asyncio.gather(
-        *(_runtime_process() for _ in range(RUNTIMES)), return_exceptions=True
+        *(_runtime_process(SPAWNING) for _ in range(RUNTIMES)), return_exceptions=True
     )
     started = [item for item in launched if not isinstance(item, BaseException)]
     procs = {proc.pid: proc for proc, _ in started}

@@ -19,7 +19,7 @@ from runtime_service.config import RuntimeSettings
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.server import RunningRuntime, start
-from tests.procfs import descendants
+from tests.procfs import descendants, parent
 
 pb = runtime_pb2
 
@@ -74,7 +74,8 @@ async def runtime() -> AsyncIterator[Runtime]:
         yield rt
     finally:
         await rt.dispose()
-        assert child_pids() == [], "a worker outlived the runtime"
+        left = child_pids(fork_servers=True)
+        assert left == [], f"a worker outlived the runtime: {describe(left)}"
 
 
 @pytest.fixture
@@ -99,7 +100,8 @@ async def serving(settings: RuntimeSettings) -> AsyncIterator[RunningRuntime]:
         yield running
     finally:
         await running.stop(0)
-    assert child_pids() == [], "a worker outlived the runtime"
+    left = child_pids(fork_servers=True)
+    assert left == [], f"a worker outlived the runtime: {describe(left)}"
 
 
 @contextlib.asynccontextmanager
@@ -177,9 +179,56 @@ def streamed_logs(seen: list[runtime_pb2.RunResponse]) -> list[str]:
     return [m.log.text for m in seen if m.WhichOneof("kind") == "log"]
 
 
-def child_pids(parent: int | None = None) -> list[int]:
-    """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc."""
-    return sorted(descendants(os.getpid() if parent is None else parent, live_only=True))
+def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list[int]:
+    """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc:
+    the workers (and what they started); with ``fork_servers`` also the fork servers and
+    each run's init (pid 1 of its namespace, between fork server and worker)."""
+    found = descendants(os.getpid() if parent is None else parent, live_only=True)
+    if not fork_servers:
+        found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
+    return sorted(found)
+
+
+def describe(pids: list[int]) -> list[str]:
+    """Each process as ``pid (parent, state): command line``, to tell what was left."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+            state, ppid = stat[stat.rfind(b")") + 2 :].decode().split()[:2]
+        except OSError:
+            out.append(f"{pid} (gone)")
+            continue
+        out.append(f"{pid} (parent {ppid}, {state}): {argv}")
+    return out
+
+
+def is_run_init(pid: int) -> bool:
+    """Whether ``pid`` is a run's init: a child of a fork server."""
+    try:
+        return is_fork_server(parent(pid))
+    except ProcessLookupError:
+        return False
+
+
+def is_fork_server(pid: int) -> bool:
+    """Whether ``pid`` runs the fork server's code and is not one of its children (forked
+    workers inherit its command line)."""
+    try:
+        return _runs_fork_server_code(pid) and not _runs_fork_server_code(parent(pid))
+    except ProcessLookupError:
+        return False
+
+
+def _runs_fork_server_code(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"runtime_service.worker.zygote" in handle.read()
+    except OSError:
+        return False
 
 
 def can_isolate() -> bool:

@@ -692,7 +692,7 @@ async def world() -> AsyncIterator[World]:
             yield World(running, connect(channel))
     finally:
         await running.stop(0)
-    assert child_pids() == [], "a worker outlived the runtime"
+    assert child_pids(fork_servers=True) == [], "a worker outlived the runtime"
 
 
 async def still_serving(world: World) -> None:

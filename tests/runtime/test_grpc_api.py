@@ -141,4 +141,4 @@ async def test_shutdown_aborts_live_runs_with_runtime_disposed(
     await stopping
     assert terminal.failure.kind == pb.FAILURE_KIND_ABORT
     assert terminal.failure.message == "runtime disposed"
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []

@@ -38,7 +38,7 @@ async def server() -> AsyncIterator[RunningRuntime]:
         yield running
     finally:
         await running.stop(0)
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
 
 
 @pytest.fixture

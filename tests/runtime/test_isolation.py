@@ -21,8 +21,9 @@ import pytest
 from runtime_service.capabilities import describe_isolation
 from runtime_service.outcome import RunFailure
 from runtime_service.runtime import Runtime, RuntimeOptions
-from runtime_service.worker.sandbox_child import REPORT_KEYS
-from runtime_service.worker_process import UidLeases, WorkerLaunchError, WorkerProcess, WorkerSpec
+from runtime_service.sandbox_uids import UidLeaseError
+from runtime_service.worker.sandbox_child import PID_NAMESPACE_OWN, REPORT_KEYS
+from runtime_service.worker_process import UidLeases, WorkerProcess, WorkerSpec
 from tests.runtime.conftest import ProgramRunner, can_isolate, child_pids, echo_handler
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,10 @@ async def report(runtime: Runtime) -> dict[str, str]:
         return dict(worker.sandbox)
     finally:
         await worker.kill()
+
+
+def own_pid_ns(report: dict[str, str]) -> bool:
+    return report.get("pid-namespace") == PID_NAMESPACE_OWN
 
 
 def held(report: dict[str, str], key: str) -> bool:
@@ -149,7 +154,9 @@ async def test_runtime_environment_and_process_are_unreachable(
     if held(report, "proc"):
         assert seen["environ"] == seen["cmdline"] == seen["status"] == "FileNotFoundError"
     if held(report, "user"):
-        assert seen["kill"] == "PermissionError"
+        # Not even there in the run's own pid namespace; another uid in the host's.
+        expected = "ProcessLookupError" if own_pid_ns(report) else "PermissionError"
+        assert seen["kill"] == expected
         assert seen["ptrace"] == [-1, 1]  # EPERM
     else:
         assert seen["kill"] == "sent"
@@ -166,7 +173,8 @@ async def test_other_workers_cannot_be_signalled(
             f"import os, signal\ntry:\n    os.kill({neighbour.pid}, signal.SIGKILL)\n"
             "except OSError as exc:\n    return type(exc).__name__\nreturn 'killed'"
         )
-        assert result.value == "PermissionError"
+        expected = "ProcessLookupError" if own_pid_ns(report) else "PermissionError"
+        assert result.value == expected
         assert neighbour.alive
     finally:
         await neighbour.kill()
@@ -451,7 +459,7 @@ def test_uid_leases_skip_uids_held_by_other_processes() -> None:
     try:
         uid = UidLeases.acquire(base, 2)
         assert uid == base + 1
-        with pytest.raises(WorkerLaunchError, match="no free sandbox uid"):
+        with pytest.raises(UidLeaseError, match="no free sandbox uid"):
             UidLeases.acquire(base, 2)
         UidLeases.release(uid)
         assert UidLeases.acquire(base, 2) == base + 1

@@ -25,7 +25,7 @@ async def test_pool_hands_out_never_used_workers_and_refills() -> None:
         assert runtime.pool.idle_count == 2
     finally:
         await runtime.dispose()
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
 
 
 async def test_pool_size_zero_spawns_on_demand() -> None:
@@ -38,7 +38,7 @@ async def test_pool_size_zero_spawns_on_demand() -> None:
         assert runtime.pool.idle_count == 0
     finally:
         await runtime.dispose()
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
 
 
 async def test_disposal_aborts_live_runs_and_leaves_no_processes() -> None:
@@ -67,7 +67,7 @@ async def test_disposal_aborts_live_runs_and_leaves_no_processes() -> None:
     results = await asyncio.gather(*executions)
     for result in results:
         assert result.error == RunFailure("abort", "runtime disposed")
-    assert child_pids() == []
+    assert child_pids(fork_servers=True) == []
     with pytest.raises(RuntimeDisposedError):
         runtime.create_run(program="", bindings=[], handler=echo_handler)
 
@@ -95,10 +95,13 @@ async def test_cancelled_caller_still_ends_the_worker() -> None:
 async def test_many_concurrent_runs_each_get_their_own_worker(runtime: Runtime) -> None:
     runs = [
         runtime.create_run(
-            program="import os\nreturn os.getpid()", bindings=[], handler=echo_handler
+            # pid and uid: each run's worker is pid 2 of its own namespace, with its own uid.
+            program="import os\nreturn [os.getpid(), os.getuid()]",
+            bindings=[],
+            handler=echo_handler,
         )
         for _ in range(8)
     ]
     results = await asyncio.gather(*(runtime.execute(run) for run in runs))
-    pids = [result.value for result in results]
+    pids: list[tuple[object, ...]] = [tuple(result.value) for result in results]  # type: ignore[arg-type]
     assert len(set(pids)) == 8

@@ -9,6 +9,7 @@ was removed. No test asserts on wall-clock time.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -92,6 +93,7 @@ return "held everything"
 """
 
 TMP_PROGRAM = """\
+import json
 import os
 block = b"x" * (1 << 20)
 try:
@@ -151,6 +153,7 @@ async def test_tmp_files_count_against_the_run_budget(created: list[RunCgroup]) 
 
 
 SPINNING_CHILDREN = """\
+import json
 import os
 children = []
 for _ in range(2):
@@ -371,3 +374,28 @@ def test_v2_file_protocol_on_a_stand_in_directory(tmp_path: Path) -> None:
     assert cgroup.procs() == {4242}
     cgroup.kill_all()  # populated: one write to cgroup.kill, no signal sent by pid
     assert Path(path, "cgroup.kill").read_text() == "1"
+
+
+@needs_cgroups
+async def test_a_forked_runs_init_and_worker_are_both_in_the_run_cgroup(
+    created: list[RunCgroup],
+) -> None:
+    # The worker's cgroup namespace is rooted at the run's cgroup (it unshares after it
+    # joined): a process of the run shows "/" in every hierarchy, one outside it "/.."-paths.
+    # Pid 1 of the run's pid namespace is its init (a fork of the fork server): it joins the
+    # cgroup before it forks the worker, so nothing of the run is ever outside it.
+    program = (
+        "def read(pid):\n"
+        "    with open(f'/proc/{pid}/cgroup') as f:\n"
+        "        return sorted(line.strip() for line in f)\n"
+        "return [read(1), read('self')]"
+    )
+    async with serving(grpc_settings(pool_size=0)) as running, connected(running) as stub:
+        _, terminal = await drive(stub, start_message(program))
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    init, worker = json.loads(terminal.success.value_json)
+    if not any(line.endswith(":/") for line in worker):
+        pytest.skip(f"no cgroup namespace for the worker: {worker}")
+    assert init == worker, (init, worker)
+    assert all(line.endswith(":/") for line in init), init
+    used(created)
