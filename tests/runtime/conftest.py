@@ -88,7 +88,12 @@ def run_program(runtime: Runtime) -> ProgramRunner:
 
 def grpc_settings(**overrides: Any) -> RuntimeSettings:
     """Settings of a loopback runtime for tests (one pooled worker, a short shutdown grace)."""
-    values: dict[str, Any] = {"listen": "127.0.0.1:0", "pool_size": 1, "shutdown_grace_s": 0.2}
+    values: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "pool_size": 1,
+        "typescript_pool_size": 0,  # TypeScript workers on demand (tests that want one ask)
+        "shutdown_grace_s": 0.2,
+    }
     return RuntimeSettings(**{**values, **overrides})
 
 
@@ -123,11 +128,15 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 
 
 def start_message(
-    program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+    program: str,
+    *names: str,
+    timeout_ms: int | None = None,
+    language: str = "python",
+    **budgets: int,
 ) -> runtime_pb2.RunRequest:
     start = pb.RunStart(
         program=program,
-        language="python",
+        language=language,
         binding_names=list(names),
         token=b"parent-token",
         budgets=pb.RunBudgets(**budgets),

@@ -757,7 +757,7 @@ async def _read_all(call: grpc.aio.StreamStreamCall) -> list[pb.RunResponse]:
 )
 async def test_capabilities_ignore_unknown_fields(world: World, data: bytes) -> None:
     caps = await asyncio.wait_for(world.client.capabilities(data), HANG_S)
-    assert list(caps.languages) == ["python"]
+    assert list(caps.languages) == ["python", "typescript"]
 
 
 @pytest.mark.parametrize(

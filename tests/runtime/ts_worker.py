@@ -79,8 +79,8 @@ class TsWorker:
         argv = [NODE, str(WORKER_JS)]
         if argv_report is not None:
             argv.append(json.dumps(argv_report))
-        # bash (dash takes one-digit fds only) moves the channel to fd 3 and execs node (no preexec_fn in a threaded
-        # test process); the zygote does the same with dup2 before its execve.
+        # bash (dash takes one-digit fds only) moves the channel to fd 3 and execs node (no
+        # preexec_fn in a threaded test process); the zygote does so with dup2 before execve.
         shell = f'exec "$@" {CHANNEL_FD}<&{child_fd} {child_fd}<&-'
         self.process = subprocess.Popen(
             ["/bin/bash", "-c", shell, "bash", *argv],
