@@ -15,7 +15,7 @@ from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
-from runtime_service.worker_process import WorkerSpec
+from runtime_service.worker_process import WorkerSpec, typescript_installed
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
 
@@ -49,7 +49,7 @@ class Runtime:
         """The Python workers' pool."""
         self.pools: dict[str, WorkerPool] = {"python": self.pool}
         """One pool (and fork server) per language served."""
-        if spec.node is not None:
+        if typescript_installed(spec):
             typescript = dataclasses.replace(
                 spec, language="typescript", node_heap_bytes=self.options.defaults.memory_bytes
             )

@@ -62,6 +62,7 @@ __all__ = [
     "WorkerLaunchError",
     "WorkerProcess",
     "WorkerSpec",
+    "typescript_installed",
 ]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -95,6 +96,18 @@ WorkerLanguage = Literal["python", "typescript"]
 def _find_node() -> str | None:
     found = shutil.which("node")
     return os.path.realpath(found) if found else None
+
+
+def typescript_installed(spec: WorkerSpec) -> bool:
+    """Whether TypeScript workers can start here: Node, and the worker with its pinned type
+    stripper (``npm ci`` in ``runtime_service/worker_ts``, done by scripts/bootstrap). Not
+    where a test substituted the Python worker (a custom ``loader``)."""
+    return (
+        spec.node is not None
+        and spec.loader == _LOADER
+        and os.path.isfile(os.path.join(_TS_WORKER_DIR, "worker.js"))
+        and os.path.isdir(os.path.join(_TS_WORKER_DIR, "node_modules", "amaro"))
+    )
 
 
 class WorkerLaunchError(RuntimeError):
