@@ -101,8 +101,11 @@ async def test_the_worker_is_sandboxed_like_pythons(
         "  socket.on('error', (error: any) => resolve(error.code));\n"
         "});\n"
         "const fs = process.getBuiltinModule('node:fs');\n"
+        "const status = fs.readFileSync('/proc/self/status', 'utf8').split('\\n')\n"
+        "  .filter((line: string) => /^(NoNewPrivs|Seccomp):/.test(line));\n"
+        "const procs = fs.readdirSync('/proc').filter((name: string) => /^[0-9]+$/.test(name));\n"
         "return { reached, uid: process.getuid(), cwd: process.cwd(), env: process.env,"
-        " root: fs.readdirSync('/').sort() };\n"
+        " root: fs.readdirSync('/').sort(), status, procs };\n"
     )
     _, terminal = await drive(ts_stub, ts(program))
     kind, value = outcome(terminal)
@@ -114,6 +117,11 @@ async def test_the_worker_is_sandboxed_like_pythons(
         assert seen["uid"] >= 60_000
         assert seen["cwd"] == "/tmp"
         assert "home" not in seen["root"] and "etc" in seen["root"]
+        # Node is dumpable again after the exec; what keeps others out of it: its own pid
+        # namespace (the run's init and itself), its own uid, no_new_privs and the seccomp
+        # filter (no ptrace) -- all kept across the exec.
+        assert sorted(seen["procs"]) == ["1", "2"]
+        assert seen["status"] == ["NoNewPrivs:\t1", "Seccomp:\t2"]
 
 
 # One behaviour per row, written in each language; both must end exactly alike.
