@@ -352,10 +352,11 @@ class LogSink {
 }
 
 /**
- * `process.stdout` / `process.stderr` for the program: each write is one log entry.
- * @param {LogSink} sink
+ * `process.stdout` / `process.stderr` for the program: each write is one log entry, sent to
+ * `output.sink` (built before ready, so the program does not pay for making streams).
+ * @param {{sink: {emit(text: string): void}}} output
  */
-function logStream(sink) {
+function logStream(output) {
   const stream = new Writable({ decodeStrings: false });
   /** @param {any} chunk @param {any} [encoding] @param {any} [callback] */
   const write = (chunk, encoding, callback) => {
@@ -373,7 +374,7 @@ function logStream(sink) {
     } else {
       throw new TypeError('The "chunk" argument must be of type string or an instance of Buffer or Uint8Array');
     }
-    if (text) sink.emit(text);
+    if (text) output.sink.emit(text);
     if (typeof callback === 'function') nextTick(callback, null);
     return true;
   };
@@ -588,14 +589,25 @@ class Worker {
  * @param {LogSink} sink
  */
 function installOutput(sink) {
-  const out = logStream(sink);
-  const err = logStream(sink);
+  output.sink = sink;
+  const [out, err] = output.streams;
   ObjectDefineProperty(process, 'stdout', descriptor({ get: () => out, configurable: true, enumerable: true }));
   ObjectDefineProperty(process, 'stderr', descriptor({ get: () => err, configurable: true, enumerable: true }));
 }
 
-/** Pay first-use costs (the type stripper's WebAssembly, the compiler, the codecs) before ready. */
+/** Where the program's streams write (a LogSink once the run begins). */
+const output = {
+  /** @type {{emit(text: string): void}} */
+  sink: { emit() {} },
+  /** @type {Writable[]} */
+  streams: [],
+};
+
+/** Pay first-use costs (the type stripper's WebAssembly, the compiler, the codecs, the
+ * program's streams) before ready. */
 async function prewarm() {
+  output.streams = [logStream(output), logStream(output)];
+  for (const stream of output.streams) stream.write('warm-up', () => {});
   const main = compileProgram('const x: number[] = [await tools.a({ n: 1 })];\nreturn { x };');
   const tools = makeTools(['a'], async (_name, args) => ({ ok: true, value: wire.snapshot(args) }));
   const result = await main(tools, ToolCallError, { log() {} });
