@@ -393,6 +393,17 @@ class GrpcRuntime:
                     await self._channel.wait_for_state_change(state)
             state = self._channel.get_state(try_to_connect=True)
 
+    async def open_host(self, start: pb.HostStart) -> Any:
+        """Open a plugin host's `Host` stream (waiting for a connected runtime like a run
+        does) and send its start; returns the call. `RuntimeUnreachable` when none is."""
+        loop = asyncio.get_running_loop()
+        await self._wait_connected(loop.time() + self._start_timeout)
+        if self._channel.get_state() is not grpc.ChannelConnectivity.READY:
+            raise RuntimeUnreachable(self._unreachable("not connected"))
+        call = self._stub.Host()
+        await call.write(pb.HostRequest(start=start))
+        return call
+
     def _unreachable(self, why: str) -> str:
         wait = f"{self._start_timeout:g} s"
         return f"no code runtime took the run within {wait} ({self._targets}: {why})"

@@ -51,7 +51,7 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from runtime_service.worker import bootstrap, sandbox_child
+from runtime_service.worker import bootstrap, plugin_harness, sandbox_child  # noqa: F401 (plugin_harness: imported before any fork, children cannot import it after pivot_root)
 
 __all__ = ["CHANNEL_FD", "LANGUAGES", "main"]
 

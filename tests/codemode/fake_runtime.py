@@ -56,6 +56,12 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
             ),
         )
 
+    async def Host(
+        self, request_iterator: AsyncIterator[pb.HostRequest], context: Any
+    ) -> AsyncIterator[pb.HostResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
+        yield pb.HostResponse()  # unreachable: makes this an async generator
+
     async def Run(
         self, request_iterator: AsyncIterator[pb.RunRequest], context: object
     ) -> AsyncIterator[pb.RunResponse]:

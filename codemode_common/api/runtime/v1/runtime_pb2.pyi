@@ -87,6 +87,398 @@ ISOLATION_SCOPE_PER_PROCESS: IsolationScope.ValueType  # 2
 Global___IsolationScope: _TypeAlias = IsolationScope  # noqa: Y015
 
 @_typing.final
+class HostRequest(_message.Message):
+    """HostRequest is one client message on the `Host` stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    INVOKE_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    RETRACT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___HostStart:
+        """Starts the plugin host; must be the first message and must appear only once."""
+
+    @_builtins.property
+    def invoke(self) -> Global___HostInvoke:
+        """Calls one of the plugin's tools."""
+
+    @_builtins.property
+    def cancel(self) -> Global___HostCancel:
+        """Cancels an invocation still running (its `execute` sees cancellation)."""
+
+    @_builtins.property
+    def retract(self) -> Global___HostRetract:
+        """Disposes the plugin and ends the stream with `retracted`."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___HostStart | None = ...,
+        invoke: Global___HostInvoke | None = ...,
+        cancel: Global___HostCancel | None = ...,
+        retract: Global___HostRetract | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "invoke", "cancel", "retract"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___HostRequest: _TypeAlias = HostRequest  # noqa: Y015
+
+@_typing.final
+class HostStart(_message.Message):
+    """HostStart describes one activation of a host half."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    PLUGIN_ID_FIELD_NUMBER: _builtins.int
+    PACKAGE_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    START_TIMEOUT_FIELD_NUMBER: _builtins.int
+    BUDGETS_FIELD_NUMBER: _builtins.int
+    VISIBLE_TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """The host half: the body of an async function that returns the plugin."""
+    language: _builtins.str
+    """Source language; "python" today (see GetCapabilities)."""
+    plugin_id: _builtins.str
+    """The plugin's id (e.g. "clock-1"), for logs and diagnostics."""
+    package_id: _builtins.str
+    """The package's id (e.g. "pkg-3")."""
+    run_id: _builtins.str
+    """The activation attempt's id (e.g. "run-4")."""
+    visible_tools_json: _builtins.str
+    """The owner's visible tools as a JSON array of {"name", "description", "inputSchema"}
+    objects, for `ctx.tools.schemas()` and `ctx.tools.get(name)`.
+    """
+    @_builtins.property
+    def start_timeout(self) -> _duration_pb2.Duration:
+        """Bounds the host half's evaluation and its plugin's synchronous start. Unset: 5 s."""
+
+    @_builtins.property
+    def budgets(self) -> Global___RunBudgets:
+        """Budgets of the plugin host: memory of all its processes, output per invocation and for
+        the start, and compute per invocation; zero fields take the run defaults.
+        """
+
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        language: _builtins.str = ...,
+        plugin_id: _builtins.str = ...,
+        package_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        start_timeout: _duration_pb2.Duration | None = ...,
+        budgets: Global___RunBudgets | None = ...,
+        visible_tools_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "start_timeout", b"start_timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "language", b"language", "package_id", b"package_id", "plugin_id", b"plugin_id", "run_id", b"run_id", "source", b"source", "start_timeout", b"start_timeout", "visible_tools_json", b"visible_tools_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostStart: _TypeAlias = HostStart  # noqa: Y015
+
+@_typing.final
+class HostInvoke(_message.Message):
+    """HostInvoke calls one tool the plugin registered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.int
+    """Chosen by the client, unique on the stream; the result carries it back."""
+    tool_name: _builtins.str
+    """The registered tool's name."""
+    arguments_json: _builtins.str
+    """The arguments as JSON text (lossless JSON)."""
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.int = ...,
+        tool_name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "invocation_id", b"invocation_id", "tool_name", b"tool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostInvoke: _TypeAlias = HostInvoke  # noqa: Y015
+
+@_typing.final
+class HostCancel(_message.Message):
+    """HostCancel cancels one invocation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.int
+    """The invocation to cancel."""
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invocation_id", b"invocation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostCancel: _TypeAlias = HostCancel  # noqa: Y015
+
+@_typing.final
+class HostRetract(_message.Message):
+    """HostRetract asks the plugin host to dispose the plugin and stop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostRetract: _TypeAlias = HostRetract  # noqa: Y015
+
+@_typing.final
+class HostResponse(_message.Message):
+    """HostResponse is one server message on the `Host` stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    LOG_FIELD_NUMBER: _builtins.int
+    RETRACTED_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def started(self) -> Global___HostRegistrations:
+        """The plugin started (or parked waiting for services); what it registered."""
+
+    @_builtins.property
+    def failed(self) -> Global___HostFailure:
+        """The host half could not be loaded or applied; the stream ends after it."""
+
+    @_builtins.property
+    def changed(self) -> Global___HostRegistrations:
+        """What the plugin holds registered changed after the start."""
+
+    @_builtins.property
+    def result(self) -> Global___HostInvokeResult:
+        """The outcome of one invocation."""
+
+    @_builtins.property
+    def log(self) -> Global___LogLine:
+        """The plugin wrote a log line."""
+
+    @_builtins.property
+    def retracted(self) -> Global___HostRetracted:
+        """The plugin is disposed and its processes are gone; the stream ends after it."""
+
+    @_builtins.property
+    def lost(self) -> Global___HostFailure:
+        """The plugin host ended on its own after the start (crash, out of memory); the stream
+        ends after it.
+        """
+
+    def __init__(
+        self,
+        *,
+        started: Global___HostRegistrations | None = ...,
+        failed: Global___HostFailure | None = ...,
+        changed: Global___HostRegistrations | None = ...,
+        result: Global___HostInvokeResult | None = ...,
+        log: Global___LogLine | None = ...,
+        retracted: Global___HostRetracted | None = ...,
+        lost: Global___HostFailure | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "failed", "changed", "result", "log", "retracted", "lost"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___HostResponse: _TypeAlias = HostResponse  # noqa: Y015
+
+@_typing.final
+class HostRegistrations(_message.Message):
+    """HostRegistrations lists what a running plugin holds registered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    HANDLERS_FIELD_NUMBER: _builtins.int
+    PROVIDES_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___DynamicTool]:
+        """Tools registered with `harness.register_tool` (or `ctx.tools.register`)."""
+
+    @_builtins.property
+    def handlers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Methods registered with `harness.handle` (client-to-host calls)."""
+
+    @_builtins.property
+    def provides(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Services the plugin provides to its owner's other plugins."""
+
+    @_builtins.property
+    def waiting_for(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Injected services that do not exist yet: the plugin is parked ("waiting")."""
+
+    def __init__(
+        self,
+        *,
+        tools: _abc.Iterable[Global___DynamicTool] | None = ...,
+        handlers: _abc.Iterable[_builtins.str] | None = ...,
+        provides: _abc.Iterable[_builtins.str] | None = ...,
+        waiting_for: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handlers", b"handlers", "provides", b"provides", "tools", b"tools", "waiting_for", b"waiting_for"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostRegistrations: _TypeAlias = HostRegistrations  # noqa: Y015
+
+@_typing.final
+class DynamicTool(_message.Message):
+    """DynamicTool is one tool a plugin registered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    OUTPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name."""
+    description: _builtins.str
+    """The tool's description."""
+    input_schema_json: _builtins.str
+    """JSON Schema of the arguments, as JSON text."""
+    output_schema_json: _builtins.str
+    """JSON Schema of the result, as JSON text; empty when the plugin declared none."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        input_schema_json: _builtins.str = ...,
+        output_schema_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema_json", b"input_schema_json", "name", b"name", "output_schema_json", b"output_schema_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DynamicTool: _TypeAlias = DynamicTool  # noqa: Y015
+
+@_typing.final
+class HostFailure(_message.Message):
+    """HostFailure says why a host half failed to start, or why its host ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
+    phase: _builtins.str
+    """"host-load" (the source did not evaluate to a plugin), "host-apply" (its start threw or
+    timed out) or "host-lost" (the plugin host ended after the start).
+    """
+    message: _builtins.str
+    """The reference's text for the failure."""
+    stack: _builtins.str
+    """The traceback, when there is one."""
+    def __init__(
+        self,
+        *,
+        phase: _builtins.str = ...,
+        message: _builtins.str = ...,
+        stack: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "phase", b"phase", "stack", b"stack"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostFailure: _TypeAlias = HostFailure  # noqa: Y015
+
+@_typing.final
+class HostInvokeResult(_message.Message):
+    """HostInvokeResult is the outcome of one invocation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    VALUE_JSON_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.int
+    """The invocation this answers."""
+    value_json: _builtins.str
+    """The tool's value as JSON text (lossless JSON)."""
+    error_message: _builtins.str
+    """The failure's message (the plugin's exception, or why the call could not run)."""
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.int = ...,
+        value_json: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___HostInvokeResult: _TypeAlias = HostInvokeResult  # noqa: Y015
+
+@_typing.final
+class HostRetracted(_message.Message):
+    """HostRetracted confirms that the plugin is gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostRetracted: _TypeAlias = HostRetracted  # noqa: Y015
+
+@_typing.final
 class RunRequest(_message.Message):
     """RunRequest is one client message on the `Run` stream."""
 

@@ -47,6 +47,11 @@ class RuntimeServiceStub:
                 request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.SerializeToString,
                 response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.Host = channel.stream_stream(
+                '/codemode.runtime.v1.RuntimeService/Host',
+                request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.SerializeToString,
+                response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -71,6 +76,18 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Host(self, request_iterator, context):
+        """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+        lives until the plugin is retracted. The first client message must carry `start`; the
+        server answers `started` (with what the plugin registered) or `failed`, then serves
+        `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+        effects are disposed and its processes are gone. Closing the stream from either side
+        retracts too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +100,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.GetCapabilities,
                     request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.FromString,
                     response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.SerializeToString,
+            ),
+            'Host': grpc.stream_stream_rpc_method_handler(
+                    servicer.Host,
+                    request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.FromString,
+                    response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +163,33 @@ class RuntimeService:
             '/codemode.runtime.v1.RuntimeService/GetCapabilities',
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.SerializeToString,
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Host(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/codemode.runtime.v1.RuntimeService/Host',
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.SerializeToString,
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,14 @@ class RuntimeServiceStub:
     """
     GetCapabilities: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetCapabilitiesRequest, _runtime_pb2.GetCapabilitiesResponse]
     """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+    Host: _grpc.StreamStreamMultiCallable[_runtime_pb2.HostRequest, _runtime_pb2.HostResponse]
+    """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+    lives until the plugin is retracted. The first client message must carry `start`; the
+    server answers `started` (with what the plugin registered) or `failed`, then serves
+    `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+    effects are disposed and its processes are gone. Closing the stream from either side
+    retracts too.
+    """
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -60,6 +68,14 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     GetCapabilities: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetCapabilitiesRequest, _runtime_pb2.GetCapabilitiesResponse]  # type: ignore[assignment]
     """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+    Host: _aio.StreamStreamMultiCallable[_runtime_pb2.HostRequest, _runtime_pb2.HostResponse]  # type: ignore[assignment]
+    """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+    lives until the plugin is retracted. The first client message must carry `start`; the
+    server answers `started` (with what the plugin registered) or `failed`, then serves
+    `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+    effects are disposed and its processes are gone. Closing the stream from either side
+    retracts too.
+    """
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """RuntimeService runs model-written programs in fresh, budgeted, never-reused workers. It is
@@ -85,5 +101,19 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.GetCapabilitiesResponse, _abc.Awaitable[_runtime_pb2.GetCapabilitiesResponse]]:
         """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+
+    @_abc_1.abstractmethod
+    def Host(
+        self,
+        request_iterator: _MaybeAsyncIterator[_runtime_pb2.HostRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_runtime_pb2.HostResponse], _abc.AsyncIterator[_runtime_pb2.HostResponse]]:
+        """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+        lives until the plugin is retracted. The first client message must carry `start`; the
+        server answers `started` (with what the plugin registered) or `failed`, then serves
+        `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+        effects are disposed and its processes are gone. Closing the stream from either side
+        retracts too.
+        """
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
