@@ -453,6 +453,7 @@ const EMPTY_SUCCESS: ToolResult = {
   error: undefined,
   additionalContexts: [],
   concludesTurn: false,
+  sharedLogs: [],
 };
 
 function valueJson(value: unknown): string {
@@ -540,5 +541,6 @@ function failure(message: string, code: string, name: string, contexts: Addition
     error: { message, code, name },
     additionalContexts: contexts,
     concludesTurn: false,
+    sharedLogs: [],
   };
 }

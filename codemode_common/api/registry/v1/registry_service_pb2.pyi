@@ -689,6 +689,7 @@ class ExecuteToolCallRequest(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     PROGRESS_EVENTS_FIELD_NUMBER: _builtins.int
     BATCH_PROGRESS_FIELD_NUMBER: _builtins.int
+    SHARE_LOGS_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     """The calling agent, `agents/{id}`. Empty executes in the global scope with no agent."""
     call_id: _builtins.str
@@ -708,6 +709,12 @@ class ExecuteToolCallRequest(_message.Message):
     message, in order. Saves a message, and its CPU on both ends, per event that would
     otherwise wait. Off: every event is its own message (older clients know no `batch`).
     """
+    share_logs: _builtins.bool
+    """Accept results whose logs travel once (`ToolResult.shared_logs`). A `run_code` result shows
+    its program's logs twice, in its value (`logs`) and in its content text: without this, a
+    program whose output is over about half of the registry's message limit gets
+    `RESULT_TOO_LARGE`. Off: results come whole (older clients know no `shared_logs`).
+    """
     def __init__(
         self,
         *,
@@ -717,10 +724,11 @@ class ExecuteToolCallRequest(_message.Message):
         arguments_json: _builtins.str = ...,
         progress_events: Global___ProgressEvents.ValueType = ...,
         batch_progress: _builtins.bool = ...,
+        share_logs: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "batch_progress", b"batch_progress", "call_id", b"call_id", "progress_events", b"progress_events", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "batch_progress", b"batch_progress", "call_id", b"call_id", "progress_events", b"progress_events", "share_logs", b"share_logs", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

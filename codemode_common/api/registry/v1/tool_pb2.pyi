@@ -278,6 +278,7 @@ class ToolResult(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     ADDITIONAL_CONTEXTS_FIELD_NUMBER: _builtins.int
     CONCLUDES_TURN_FIELD_NUMBER: _builtins.int
+    SHARED_LOGS_FIELD_NUMBER: _builtins.int
     value_json: _builtins.str
     """The canonical JSON value of a successful call (JSON text). Absent on errors and when a
     provider returned content only.
@@ -298,6 +299,15 @@ class ToolResult(_message.Message):
     def additional_contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdditionalContext]:
         """Contexts to add to the conversation after the result."""
 
+    @_builtins.property
+    def shared_logs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Logs sent once for both the value and the content, only to a request that set
+        `share_logs`; empty means the result is whole. When set, the result as shown is restored by:
+        the value is the object `value_json` with a first key `logs` holding these lines
+        (`value_json` leaves that key out), and the text of the first content block is these lines
+        joined by `\\n`, followed by `\\n` and the block's text when that is not empty.
+        """
+
     def __init__(
         self,
         *,
@@ -307,10 +317,11 @@ class ToolResult(_message.Message):
         error: Global___ToolError | None = ...,
         additional_contexts: _abc.Iterable[Global___AdditionalContext] | None = ...,
         concludes_turn: _builtins.bool = ...,
+        shared_logs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_value_json", b"_value_json", "error", b"error", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "shared_logs", b"shared_logs", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__value_json: _TypeAlias = _typing.Literal["value_json"]  # noqa: Y015
     _WhichOneofArgType__value_json: _TypeAlias = _typing.Literal["_value_json", b"_value_json"]  # noqa: Y015
