@@ -6,11 +6,11 @@ import base64
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.errors import invalid_argument
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.errors import invalid_argument
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, results
 from registry_service.domain.approvals import ApprovalOutcome
 from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text

@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
-from codemode_common import shared_logs
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import scope_pb2
-from codemode_common.errors import (
+from codemode_wire import shared_logs
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import scope_pb2
+from codemode_wire.errors import (
     already_exists,
     internal,
     invalid_argument,

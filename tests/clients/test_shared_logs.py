@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from codemode_client import RegistryClient
-from codemode_common import jsonvalue, shared_logs
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue, shared_logs
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.codemode.bridge import render_output
 from registry_service.runtime_client import payload_limit
 from tests.codemode.conftest import Stack

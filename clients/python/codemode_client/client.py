@@ -27,11 +27,11 @@ from codemode_client.results import (
     content_from_proto,
     contexts_from_proto,
 )
-from codemode_common import jsonvalue, shared_logs
-from codemode_common.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue, shared_logs
+from codemode_wire.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.jsonvalue import JsonValue
 
 ModeName = Literal["native", "code", "both"]
 Language = Literal["python", "typescript"]

@@ -4,7 +4,7 @@
 isort:skip_file
 """
 
-from codemode_common.api.runtime.v1 import runtime_pb2 as _runtime_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2 as _runtime_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1

@@ -4,7 +4,7 @@
 isort:skip_file
 """
 
-from codemode_common.api.registry.v1 import scope_pb2 as _scope_pb2
+from codemode_wire.api.registry.v1 import scope_pb2 as _scope_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import tool_pb2
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import tool_pb2
 
 __all__ = ["restore", "share"]
 

@@ -32,9 +32,9 @@ from functools import partial
 from itertools import chain, islice
 from typing import NoReturn, cast
 
-from codemode_common._jsonbase import JsonTooDeep, JsonValue, JsonValueError
-from codemode_common._jsonencode import END, Cursor, Refused, atom, encode
-from codemode_common._jsonparse import parse, parse_error
+from codemode_wire._jsonbase import JsonTooDeep, JsonValue, JsonValueError
+from codemode_wire._jsonencode import END, Cursor, Refused, atom, encode
+from codemode_wire._jsonparse import parse, parse_error
 
 __all__ = [
     "JsonTooDeep",

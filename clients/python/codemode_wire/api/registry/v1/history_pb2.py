@@ -23,7 +23,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from codemode_common.api.registry.v1 import tool_pb2 as codemode_dot_registry_dot_v1_dot_tool__pb2
+from codemode_wire.api.registry.v1 import tool_pb2 as codemode_dot_registry_dot_v1_dot_tool__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 

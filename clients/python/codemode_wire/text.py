@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codemode_common._jsonbase import SURROGATE
+from codemode_wire._jsonbase import SURROGATE
 
 __all__ = ["has_lone_surrogate", "utf8_exceeds", "utf8_len", "without_lone_surrogates"]
 

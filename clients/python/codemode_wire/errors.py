@@ -3,7 +3,7 @@
 Domain code raises `CodemodeError` with a canonical status (`Status`, mirroring gRPC's codes
 without importing grpc) and a stable machine-readable `reason`. The transport layer turns it
 into a `google.rpc.Status` with an `ErrorInfo` detail, and a `RetryInfo` detail when the error
-says the request may be repeated (see `codemode_common.grpc_status`).
+says the request may be repeated (see `codemode_wire.grpc_status`).
 """
 
 from __future__ import annotations

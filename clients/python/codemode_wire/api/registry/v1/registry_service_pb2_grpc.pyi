@@ -4,8 +4,8 @@
 isort:skip_file
 """
 
-from codemode_common.api.registry.v1 import presentation_pb2 as _presentation_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as _registry_service_pb2
+from codemode_wire.api.registry.v1 import presentation_pb2 as _presentation_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as _registry_service_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1

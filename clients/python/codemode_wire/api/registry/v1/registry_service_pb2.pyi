@@ -4,10 +4,10 @@
 isort:skip_file
 """
 
-from codemode_common.api.common.v1 import trace_pb2 as _trace_pb2
-from codemode_common.api.registry.v1 import history_pb2 as _history_pb2
-from codemode_common.api.registry.v1 import scope_pb2 as _scope_pb2
-from codemode_common.api.registry.v1 import tool_pb2 as _tool_pb2
+from codemode_wire.api.common.v1 import trace_pb2 as _trace_pb2
+from codemode_wire.api.registry.v1 import history_pb2 as _history_pb2
+from codemode_wire.api.registry.v1 import scope_pb2 as _scope_pb2
+from codemode_wire.api.registry.v1 import tool_pb2 as _tool_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2

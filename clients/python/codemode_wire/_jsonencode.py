@@ -1,7 +1,7 @@
 """The reference JSON writer: iterative, path-aware, strict about what round-trips.
 
 It defines what `dumps` accepts and every refusal message; the C fast path in
-`codemode_common.jsonvalue` is only used where a walk has proved it gives the same text.
+`codemode_wire.jsonvalue` is only used where a walk has proved it gives the same text.
 Private module.
 """
 
@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import NoReturn
 
-from codemode_common._jsonbase import JsonValueError, int_to_digits, quote
+from codemode_wire._jsonbase import JsonValueError, int_to_digits, quote
 
 _SURROGATE_PAIR = re.compile(r"[\ud800-\udbff][\udc00-\udfff]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from codemode_common.api.runtime.v1 import runtime_pb2 as codemode_dot_runtime_dot_v1_dot_runtime__pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2 as codemode_dot_runtime_dot_v1_dot_runtime__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

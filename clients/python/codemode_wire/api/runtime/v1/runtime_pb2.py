@@ -23,7 +23,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from codemode_common.api.common.v1 import trace_pb2 as codemode_dot_common_dot_v1_dot_trace__pb2
+from codemode_wire.api.common.v1 import trace_pb2 as codemode_dot_common_dot_v1_dot_trace__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 

@@ -4,7 +4,7 @@
 isort:skip_file
 """
 
-from codemode_common.api.common.v1 import trace_pb2 as _trace_pb2
+from codemode_wire.api.common.v1 import trace_pb2 as _trace_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2

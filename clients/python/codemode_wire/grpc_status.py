@@ -10,8 +10,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from codemode_common.errors import CodemodeError, Status
-from codemode_common.text import utf8_exceeds
+from codemode_wire.errors import CodemodeError, Status
+from codemode_wire.text import utf8_exceeds
 
 # A status travels in trailers: the message twice (`grpc-message`, percent-encoded at up to 3
 # bytes per byte, and base64 inside `grpc-status-details-bin`), the ErrorInfo metadata once.

@@ -4,8 +4,8 @@
 import grpc
 import warnings
 
-from codemode_common.api.registry.v1 import presentation_pb2 as codemode_dot_registry_dot_v1_dot_presentation__pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as codemode_dot_registry_dot_v1_dot_registry__service__pb2
+from codemode_wire.api.registry.v1 import presentation_pb2 as codemode_dot_registry_dot_v1_dot_presentation__pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as codemode_dot_registry_dot_v1_dot_registry__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

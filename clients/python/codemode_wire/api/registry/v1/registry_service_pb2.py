@@ -23,11 +23,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from codemode_common.api.common.v1 import trace_pb2 as codemode_dot_common_dot_v1_dot_trace__pb2
-from codemode_common.api.registry.v1 import presentation_pb2 as codemode_dot_registry_dot_v1_dot_presentation__pb2
-from codemode_common.api.registry.v1 import history_pb2 as codemode_dot_registry_dot_v1_dot_history__pb2
-from codemode_common.api.registry.v1 import scope_pb2 as codemode_dot_registry_dot_v1_dot_scope__pb2
-from codemode_common.api.registry.v1 import tool_pb2 as codemode_dot_registry_dot_v1_dot_tool__pb2
+from codemode_wire.api.common.v1 import trace_pb2 as codemode_dot_common_dot_v1_dot_trace__pb2
+from codemode_wire.api.registry.v1 import presentation_pb2 as codemode_dot_registry_dot_v1_dot_presentation__pb2
+from codemode_wire.api.registry.v1 import history_pb2 as codemode_dot_registry_dot_v1_dot_history__pb2
+from codemode_wire.api.registry.v1 import scope_pb2 as codemode_dot_registry_dot_v1_dot_scope__pb2
+from codemode_wire.api.registry.v1 import tool_pb2 as codemode_dot_registry_dot_v1_dot_tool__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 

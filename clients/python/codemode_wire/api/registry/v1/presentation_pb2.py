@@ -23,7 +23,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from codemode_common.api.registry.v1 import scope_pb2 as codemode_dot_registry_dot_v1_dot_scope__pb2
+from codemode_wire.api.registry.v1 import scope_pb2 as codemode_dot_registry_dot_v1_dot_scope__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'codemode/registry/v1/presentation.proto\x12\x14\x63odemode.registry.v1\x1a codemode/registry/v1/scope.proto\"H\n\nWireSchema\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"8\n\rPromptSection\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05order\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"8\n\x15GetWireSchemasRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\"\x9d\x01\n\x16GetWireSchemasResponse\x12\x31\n\x07schemas\x18\x01 \x03(\x0b\x32 .codemode.registry.v1.WireSchema\x12>\n\x0e\x65\x66\x66\x65\x63tive_mode\x18\x02 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12\x10\n\x08language\x18\x03 \x01(\t\"9\n\x16GetSystemPromptRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\"\xb0\x01\n\x17GetSystemPromptResponse\x12\x35\n\x08sections\x18\x01 \x03(\x0b\x32#.codemode.registry.v1.PromptSection\x12\x0c\n\x04text\x18\x02 \x01(\t\x12>\n\x0e\x65\x66\x66\x65\x63tive_mode\x18\x03 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12\x10\n\x08language\x18\x04 \x01(\t\"0\n\rGetSdkRequest\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\"p\n\x0eGetSdkResponse\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12>\n\x0e\x65\x66\x66\x65\x63tive_mode\x18\x03 \x01(\x0e\x32&.codemode.registry.v1.PresentationModeb\x06proto3')

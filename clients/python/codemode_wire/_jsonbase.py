@@ -1,6 +1,6 @@
 """Shared pieces of the lossless JSON codec: the value type, its error, exact big-integer text.
 
-Private: import these names from `codemode_common.jsonvalue`.
+Private: import these names from `codemode_wire.jsonvalue`.
 """
 
 from __future__ import annotations

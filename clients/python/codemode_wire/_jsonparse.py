@@ -1,7 +1,7 @@
 """The reference JSON parser: strict RFC 8259, iterative (explicit stack), pure Python.
 
 It defines what `loads` accepts and every parse error message; the C fast path in
-`codemode_common.jsonvalue` is only trusted when it succeeds. Private module.
+`codemode_wire.jsonvalue` is only trusted when it succeeds. Private module.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Callable
 
-from codemode_common._jsonbase import (
+from codemode_wire._jsonbase import (
     JsonTooDeep,
     JsonValue,
     JsonValueError,
