@@ -14,8 +14,11 @@ from codemode_client import RegistryClient
 from codemode_wire import jsonvalue, shared_logs
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
+from registry_service import convert
 from registry_service.codemode.bridge import render_output
+from registry_service.domain.results import TextBlock
 from registry_service.runtime_client import payload_limit
 from tests.codemode.conftest import Stack
 
@@ -123,3 +126,19 @@ def test_what_cannot_be_restored_exactly_goes_whole(value: Any, text: str) -> No
     before = message.SerializeToString()
     assert not shared_logs.share(message, value["logs"])
     assert message.SerializeToString() == before
+
+
+def test_a_provider_result_with_shared_logs_means_the_same_to_the_registry() -> None:
+    value: JsonValue = {"logs": ["a", "b"], "result": 1}
+    message = tool_pb2.ToolResult(
+        value_json=jsonvalue.dumps(value),
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text="a\nb\n1"))],
+    )
+    whole = convert.result_from_proto(message)
+    assert shared_logs.share(message, ["a", "b"])
+    assert convert.result_from_proto(message) == whole
+    assert whole.value == value and whole.content == (TextBlock("a\nb\n1"),)
+    broken = tool_pb2.ToolResult(shared_logs=["a"], value_json="{}")
+    with pytest.raises(CodemodeError, match="no text block") as caught:
+        convert.result_from_proto(broken)
+    assert caught.value.reason == "INVALID_SHARED_LOGS"
