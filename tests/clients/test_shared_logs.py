@@ -65,6 +65,7 @@ async def test_output_over_half_the_limit_arrives_once_and_whole(make_stack: Any
         assert jsonvalue.loads(wire.value_json) == {"result": {"n": 1, "big": 2**70}}
         assert wire.content[0].text.text == render_output({"result": expected_value["result"]})
         assert wire.ByteSize() < MESSAGE_BYTES
+        print(f"run_code result with shared logs: {wire.ByteSize()} bytes ({whole.error.message})")
 
         # The client restores it: the value and the model's text as the whole form has them.
         async with RegistryClient(stack.running.address) as client:
