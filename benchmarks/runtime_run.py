@@ -30,8 +30,8 @@ from typing import Any
 import grpc
 
 from benchmarks._support import subprocess_service, summary_ms
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 from runtime_service.worker import framing
 
 _ECHO_METHOD = "/bench.Echo/Chat"

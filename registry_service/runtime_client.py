@@ -26,12 +26,12 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from codemode_common.run_acceptance import accepted
 from codemode_common.telemetry.interceptors import client_interceptors
 from codemode_common.tls import ClientTls
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from registry_service.codemode.runtime_port import (
     BindingCall,
     RunEvent,

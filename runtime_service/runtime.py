@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from codemode_common.text import utf8_exceeds
+from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult

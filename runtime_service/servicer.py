@@ -9,14 +9,14 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from codemode_common import jsonvalue
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.errors import CodemodeError, invalid_argument, unavailable
-from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
 from codemode_common.run_acceptance import ACCEPTED
-from codemode_common.text import utf8_exceeds, utf8_len
+from codemode_wire import jsonvalue
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.errors import CodemodeError, invalid_argument, unavailable
+from codemode_wire.grpc_status import abort_rpc
+from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
 from runtime_service.errors import RunRequestError, RuntimeDisposedError

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from tests.runtime.conftest import drive, serving, start_message, streamed_logs
 from tests.runtime.test_hostile_worker import (
     REAL_WORKER,
