@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from codemode_common import jsonvalue
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.codemode.runtime_port import RuntimeUnavailable
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.plugin_hosts import (

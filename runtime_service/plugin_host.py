@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from codemode_common import jsonvalue
+from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
 from runtime_service.worker import flatwire

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.signals import AbortSignal
 
 __all__ = [

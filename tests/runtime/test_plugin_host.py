@@ -12,7 +12,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from tests.runtime.conftest import child_pids, connected, grpc_settings, serving
 
 CLOCK = """
