@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.tools import Invocation
 from registry_service.registry import Registry
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.json_codec [--quick]
 
 Prints one JSON object: for each document, loads/dumps medians (ms, MB/s) for
-`codemode_common.jsonvalue` and for the stdlib (`json.loads`, and `json.dumps` with the same
+`codemode_wire.jsonvalue` and for the stdlib (`json.loads`, and `json.dumps` with the same
 compact, non-ASCII-preserving output), the ratio ours/stdlib (time), and a `target` verdict:
 on the ~1 MB document our loads and dumps take at most 1.5x the stdlib time, and the
 10,000-deep document is handled. The stdlib runs at the default recursion limit, so it fails
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from codemode_common import jsonvalue
+from codemode_wire import jsonvalue
 
 TARGET_RATIO = 1.5
 DEEP = 10_000

@@ -27,8 +27,8 @@ from typing import Any
 import grpc
 
 from benchmarks._support import emit, subprocess_service, summary_ms
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
 ARGS = '{"path":"/tmp/example.txt","limit":10}'
 

@@ -25,12 +25,13 @@ import statistics
 import sys
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from benchmarks._support import subprocess_service, summary_ms
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 from runtime_service.worker import framing
 
 _ECHO_METHOD = "/bench.Echo/Chat"
@@ -70,6 +71,12 @@ class _StandInRuntime(runtime_pb2_grpc.RuntimeServiceServicer):
         self, request: pb.GetCapabilitiesRequest, context: object
     ) -> pb.GetCapabilitiesResponse:
         return pb.GetCapabilitiesResponse()
+
+    async def Host(
+        self, request_iterator: AsyncIterator[pb.HostRequest], context: Any
+    ) -> AsyncIterator[pb.HostResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
+        yield pb.HostResponse()  # unreachable: makes this an async generator
 
     async def Run(
         self, request_iterator: AsyncIterator[pb.RunRequest], context: object

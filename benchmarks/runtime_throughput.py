@@ -32,8 +32,8 @@ import time
 import grpc
 
 from benchmarks._support import percentile, service_env, subprocess_service
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 
 PROGRAM = "import time\nfor i in range(10):\n    await tools.echo(i)\nreturn time.process_time()"
 CONCURRENCY = 50

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition

@@ -33,10 +33,10 @@ import grpc
 
 from benchmarks._support import emit, summary_ms
 from codemode_cli.processes import running
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.jsonvalue import JsonValue
 from codemode_common.telemetry.jsonl import read_spans
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.tools import Invocation
 from registry_service.registry import Registry
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from codemode_cli.processes import running
 from codemode_cli.trace import find_call, render
 from codemode_client import open_channel
-from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_common.telemetry.jsonl import read_spans
 from codemode_common.telemetry.setup import configure
+from codemode_wire.api.registry.v1 import presentation_pb2, scope_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.config import RegistrySettings
 from registry_service.server import start as start_registry
 

@@ -27,8 +27,8 @@ from codemode_cli.registry_access import (
 
 if TYPE_CHECKING:
     from codemode_client import RegistryClient
-    from codemode_common.api.registry.v1 import history_pb2
-    from codemode_common.jsonvalue import JsonValue
+    from codemode_wire.api.registry.v1 import history_pb2
+    from codemode_wire.jsonvalue import JsonValue
 
 PROG = "codemode history"
 _SUMMARY_CHARS = 72
@@ -173,7 +173,7 @@ class _Printer:
 
     def print(self, record: history_pb2.HistoryRecord) -> None:
         if self.as_json:
-            from codemode_common import jsonvalue
+            from codemode_wire import jsonvalue
 
             print(jsonvalue.dumps(_to_json(record)), flush=True)
             return
@@ -204,7 +204,7 @@ def _texts(record: history_pb2.HistoryRecord) -> list[str]:
 
 
 def _to_json(record: history_pb2.HistoryRecord) -> JsonValue:
-    from codemode_common import jsonvalue
+    from codemode_wire import jsonvalue
 
     content: list[JsonValue] = []
     for block in record.content:

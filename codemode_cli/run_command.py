@@ -27,9 +27,9 @@ from codemode_cli.registry_access import (
 
 if TYPE_CHECKING:
     from codemode_client import RegistryClient
-    from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-    from codemode_common.api.registry.v1 import tool_pb2
-    from codemode_common.jsonvalue import JsonValue
+    from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+    from codemode_wire.api.registry.v1 import tool_pb2
+    from codemode_wire.jsonvalue import JsonValue
 
 PROG = "codemode run"
 
@@ -198,7 +198,7 @@ def _print_result(
     progress: _Progress,
     result: tool_pb2.ToolResult,
 ) -> None:
-    from codemode_common import jsonvalue
+    from codemode_wire import jsonvalue
 
     text = "\n".join(b.text.text for b in result.content if b.WhichOneof("block") == "text")
     if not args.json:

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from codemode_common.errors import CodemodeError, invalid_argument
+from codemode_wire.errors import CodemodeError, invalid_argument
 
 __all__ = ["Malformed", "add_service", "malformed_error"]
 

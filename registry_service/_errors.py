@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from codemode_common.errors import CodemodeError
-from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
+from codemode_wire.errors import CodemodeError
+from codemode_wire.grpc_status import abort_rpc
 
 DOMAIN = "codemode.registry"
 Req = TypeVar("Req")

@@ -6,11 +6,11 @@ import base64
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.errors import invalid_argument
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue, shared_logs
+from codemode_wire.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.errors import invalid_argument
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, results
 from registry_service.domain.approvals import ApprovalOutcome
 from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
@@ -177,7 +177,12 @@ def result_from_proto(
     message: tool_pb2.ToolResult, max_depth: int | None = None
 ) -> results.ToolResult:
     """A provider's result, its JSON nesting at most `max_depth` deep. An error without a
-    message gets a generic one."""
+    message gets a generic one. Shared logs (a provider has no need to send them, but the wire
+    type allows them) are restored, so they mean here what they mean to a client."""
+    try:
+        shared_logs.restore(message)
+    except ValueError as exc:
+        raise invalid_argument("INVALID_SHARED_LOGS", str(exc)) from None
     content = tuple(content_from_proto(b, max_depth) for b in message.content)
     contexts = tuple(
         results.AdditionalContext(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeAlias
 
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from registry_service import convert
 from registry_service._errors import unary
 from registry_service.registry import Registry

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common import jsonvalue
-from codemode_common.errors import CodemodeError
-from codemode_common.jsonvalue import JsonValue, JsonValueError
+from codemode_wire import jsonvalue
+from codemode_wire.errors import CodemodeError
+from codemode_wire.jsonvalue import JsonValue, JsonValueError
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter

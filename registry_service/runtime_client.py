@@ -26,12 +26,12 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from codemode_common.run_acceptance import accepted
 from codemode_common.telemetry.interceptors import client_interceptors
 from codemode_common.tls import ClientTls
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from registry_service.codemode.runtime_port import (
     BindingCall,
     RunEvent,
@@ -392,6 +392,17 @@ class GrpcRuntime:
                 async with asyncio.timeout(remaining):
                     await self._channel.wait_for_state_change(state)
             state = self._channel.get_state(try_to_connect=True)
+
+    async def open_host(self, start: pb.HostStart) -> Any:
+        """Open a plugin host's `Host` stream (waiting for a connected runtime like a run
+        does) and send its start; returns the call. `RuntimeUnreachable` when none is."""
+        loop = asyncio.get_running_loop()
+        await self._wait_connected(loop.time() + self._start_timeout)
+        if self._channel.get_state() is not grpc.ChannelConnectivity.READY:
+            raise RuntimeUnreachable(self._unreachable("not connected"))
+        call = self._stub.Host()
+        await call.write(pb.HostRequest(start=start))
+        return call
 
     def _unreachable(self, why: str) -> str:
         wait = f"{self._start_timeout:g} s"

@@ -10,10 +10,10 @@ from grpc_health.v1 import health, health_pb2
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.registry.v1 import registry_service_pb2
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
+from codemode_wire.api.registry.v1 import registry_service_pb2
 from registry_service.config import RegistrySettings
 from registry_service.registry import Registry, build_registry
 from registry_service.servicer import RegistryServicer

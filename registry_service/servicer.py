@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import scope_pb2
-from codemode_common.errors import (
+from codemode_wire import shared_logs
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import scope_pb2
+from codemode_wire.errors import (
     already_exists,
     internal,
     invalid_argument,
@@ -255,7 +256,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 yield _progress_message(ready)
             if isinstance(outcome, Exception):
                 raise outcome
-            final = rpb.ExecuteToolCallResponse(result=convert.result_to_proto(outcome))
+            message = convert.result_to_proto(outcome)
+            if request.share_logs:
+                shared_logs.share(message, _logs_of(outcome))
+            final = rpb.ExecuteToolCallResponse(result=message)
             size = final.ByteSize()
             if size > self._max_message_bytes:
                 # Sent as is, the RPC would fail with a transport error and no result at all.
@@ -379,6 +383,14 @@ def _progress_message(events: list[Event]) -> rpb.ExecuteToolCallResponse:
         return convert.event_to_proto(events[0])
     batch = rpb.ProgressBatch(events=[convert.event_to_proto(e) for e in events])
     return rpb.ExecuteToolCallResponse(batch=batch)
+
+
+def _logs_of(result: ToolResult) -> list[str]:
+    """The `logs` of a value shaped like `run_code`'s (`{"logs": [str, ...], ...}`), else none."""
+    logs = result.value.get("logs") if isinstance(result.value, dict) else None
+    if isinstance(logs, list) and all(isinstance(line, str) for line in logs):
+        return logs  # type: ignore[return-value]
+    return []
 
 
 def _too_large(tool: str, size: int, limit: int) -> ToolResult:

@@ -14,11 +14,11 @@ from typing import Any, TypeAlias, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.errors import CodemodeError, invalid_argument
-from codemode_common.grpc_status import ok_status_proto, to_status_proto
 from codemode_common.request_parsing import Malformed, malformed_error
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.errors import CodemodeError, invalid_argument
+from codemode_wire.grpc_status import ok_status_proto, to_status_proto
 from registry_service import convert
 from registry_service._errors import DOMAIN, abort
 from registry_service.domain.approvals import ApprovalRequest, ApproverMessage

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from codemode_common import jsonvalue
+from codemode_wire import jsonvalue
 from runtime_service.protocol import (
     CallMessage,
     DoneMessage,

@@ -6,12 +6,14 @@ import asyncio
 import collections
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from codemode_common.text import utf8_exceeds
+from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
+from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
@@ -57,6 +59,7 @@ class Runtime:
                 typescript, self.options.typescript_pool_size, self.pool.fork_server
             )
         self._live: set[Run] = set()
+        self._hosts: set[PluginHost] = set()
         self._executions: set[asyncio.Task[RunResult]] = set()
         self._disposed = False
         self._accepting = True
@@ -146,6 +149,45 @@ class Runtime:
             if not self._live:
                 self._idle.set()
 
+    def create_plugin_host(
+        self,
+        *,
+        source: str,
+        plugin_id: str,
+        package_id: str,
+        run_id: str,
+        emit: Callable[[HostEvent], None],
+        language: str = "python",
+        budgets: dict[str, int | None] | None = None,
+        start_timeout_s: float = 5.0,
+        visible_tools: Sequence[object] | None = None,
+    ) -> PluginHost:
+        """Validate a plugin host request; ``run_host`` drives it."""
+        if self._disposed or not self._accepting:
+            raise RuntimeDisposedError("runtime disposed")
+        if language not in LANGUAGES:
+            raise RunRequestError(f"unsupported language {language!r} (supported: python)")
+        if utf8_exceeds(source, self.options.max_program_bytes):
+            raise RunRequestError(f"source exceeds {self.options.max_program_bytes} bytes")
+        if not 0 < start_timeout_s <= 600:
+            raise RunRequestError("start_timeout must be above 0 and at most 600 s")
+        resolved = resolve_budgets(self.options.maxima, self.options.defaults, budgets)
+        request = PluginHostRequest(
+            source, plugin_id, package_id, run_id, resolved, start_timeout_s,
+            list(visible_tools or ()),
+        )  # fmt: skip
+        return PluginHost(request, self.pool.acquire, emit)
+
+    async def run_host(self, host: PluginHost) -> None:
+        """Drive ``host`` until it ends; disposal ends it too."""
+        if self._disposed:
+            host.kill()
+        self._hosts.add(host)
+        try:
+            await host.run()
+        finally:
+            self._hosts.discard(host)
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no run is live (or the timeout passes); True when idle."""
         try:
@@ -163,6 +205,10 @@ class Runtime:
         self._disposed = True
         for run in list(self._live):
             run.abort(DISPOSED_REASON)
+        hosts = list(self._hosts)
+        for host in hosts:
+            host.kill()
+        await asyncio.gather(*(host.closed for host in hosts), return_exceptions=True)
         await asyncio.gather(*list(self._executions), return_exceptions=True)
         # The Python pool last: it owns the fork server the others borrow.
         await asyncio.gather(

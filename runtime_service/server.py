@@ -19,10 +19,10 @@ from grpc_health.v1 import _async as health_aio
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.api.runtime.v1 import runtime_pb2
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
+from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
 from runtime_service.runtime import Runtime

@@ -9,18 +9,27 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from codemode_common import jsonvalue
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.errors import CodemodeError, invalid_argument, unavailable
-from codemode_common.grpc_status import abort_rpc
 from codemode_common.request_parsing import Malformed, malformed_error
 from codemode_common.run_acceptance import ACCEPTED
-from codemode_common.text import utf8_exceeds, utf8_len
+from codemode_wire import jsonvalue
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.errors import CodemodeError, invalid_argument, unavailable
+from codemode_wire.grpc_status import abort_rpc
+from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
+from runtime_service.plugin_host import (
+    HostEvent,
+    HostFailed,
+    HostLog,
+    HostRegistrations,
+    HostResult,
+    HostRetracted,
+    PluginHost,
+)
 from runtime_service.run import Run
 from runtime_service.runtime import Runtime
 from runtime_service.telemetry import RuntimeTelemetry
@@ -165,6 +174,136 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 run.abort(_CANCELLED_REASON)
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.shield(execution)
+
+    async def Host(
+        self,
+        request_iterator: AsyncIterator[runtime_pb2.HostRequest | Malformed],
+        context: Context,
+    ) -> AsyncIterator[runtime_pb2.HostResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if isinstance(first, Malformed):
+            await _abort(context, malformed_error(first))
+            return
+        if first is None or first.WhichOneof("kind") != "start":
+            await _abort(
+                context,
+                invalid_argument(
+                    "START_REQUIRED", "the first Host message must be a start message"
+                ),
+            )
+            return
+        start = first.start
+        outgoing: asyncio.Queue[runtime_pb2.HostResponse | None] = asyncio.Queue()
+        try:
+            visible = jsonvalue.loads(start.visible_tools_json) if start.visible_tools_json else []
+            if type(visible) is not list:
+                raise RunRequestError("visible_tools_json must be a JSON array")
+            timeout_s = 5.0
+            if start.HasField("start_timeout"):
+                timeout_s = start.start_timeout.ToMilliseconds() / 1000
+            host = self._runtime.create_plugin_host(
+                source=start.source,
+                plugin_id=start.plugin_id,
+                package_id=start.package_id,
+                run_id=start.run_id,
+                language=start.language or "python",
+                budgets=_budgets_request(start.budgets),
+                start_timeout_s=timeout_s,
+                visible_tools=visible,
+                emit=lambda event: outgoing.put_nowait(_host_response(event)),
+            )
+        except ValueError as exc:  # RunRequestError, or visible_tools_json not lossless JSON
+            await _abort(context, invalid_argument("INVALID_HOST", str(exc)))
+            return
+        except RuntimeDisposedError as exc:
+            await _abort(context, unavailable("RUNTIME_SHUTTING_DOWN", str(exc)))
+            return
+        hosting = asyncio.ensure_future(self._runtime.run_host(host))
+        hosting.add_done_callback(lambda _: outgoing.put_nowait(None))
+        reader = asyncio.ensure_future(_read_host_client(request_iterator, host))
+        try:
+            await context.send_initial_metadata((ACCEPTED,))
+            while (message := await outgoing.get()) is not None:
+                yield message
+            refusal = _refusal(reader)
+            if refusal is not None:
+                await _abort(context, refusal)
+        finally:
+            reader.cancel()
+            if not hosting.done():
+                host.kill()  # the caller went away: closing the stream retracts
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(hosting)
+
+
+def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
+    if isinstance(event, HostRegistrations):
+        regs = runtime_pb2.HostRegistrations(
+            tools=[
+                runtime_pb2.DynamicTool(
+                    name=tool.name,
+                    description=tool.description,
+                    input_schema_json=tool.input_schema_json,
+                    output_schema_json=tool.output_schema_json,
+                )
+                for tool in event.tools
+            ],
+            handlers=event.handlers,
+            provides=event.provides,
+            waiting_for=event.waiting_for,
+        )
+        if event.changed:
+            return runtime_pb2.HostResponse(changed=regs)
+        return runtime_pb2.HostResponse(started=regs)
+    if isinstance(event, HostFailed):
+        failure = runtime_pb2.HostFailure(
+            phase=event.phase, message=event.message, stack=event.stack
+        )
+        if event.phase == "host-lost":
+            return runtime_pb2.HostResponse(lost=failure)
+        return runtime_pb2.HostResponse(failed=failure)
+    if isinstance(event, HostResult):
+        result = runtime_pb2.HostInvokeResult(invocation_id=event.invocation_id)
+        if event.value_json is not None:
+            result.value_json = event.value_json
+        else:
+            result.error_message = event.error_message
+        return runtime_pb2.HostResponse(result=result)
+    if isinstance(event, HostLog):
+        return runtime_pb2.HostResponse(log=runtime_pb2.LogLine(text=event.text))
+    assert isinstance(event, HostRetracted)
+    return runtime_pb2.HostResponse(retracted=runtime_pb2.HostRetracted())
+
+
+async def _read_host_client(
+    requests: AsyncIterator[runtime_pb2.HostRequest | Malformed], host: PluginHost
+) -> CodemodeError | None:
+    """Invocations, cancels and the retract to the host; any other message ends the host."""
+    async for message in requests:
+        if isinstance(message, Malformed):
+            error = malformed_error(message)
+        else:
+            kind = message.WhichOneof("kind")
+            if kind == "invoke":
+                invoke = message.invoke
+                host.invoke(invoke.invocation_id, invoke.tool_name, invoke.arguments_json)
+                continue
+            if kind == "cancel":
+                host.cancel(message.cancel.invocation_id)
+                continue
+            if kind == "retract":
+                await host.retract()
+                return None
+            what = "a second start message" if kind == "start" else "a message of no known kind"
+            error = invalid_argument(
+                "UNEXPECTED_MESSAGE",
+                f"{what}: only invoke, cancel and retract may follow the start",
+            )
+        host.kill()
+        return error
+    # Half-closed by the caller: that retracts as well (cordis.md: closing from either side).
+    await host.retract()
+    return None
 
 
 class _CallRelay:

@@ -26,8 +26,8 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import Instrumented, context_from
-from codemode_common.telemetry.propagation import span_traceparent
+from codemode_wire.telemetry import Instrumented, context_from
+from codemode_wire.telemetry.propagation import span_traceparent
 from runtime_service.outcome import RunResult
 
 if TYPE_CHECKING:

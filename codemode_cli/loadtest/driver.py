@@ -24,7 +24,7 @@ import grpc
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.workload import SAFE, SAFE_APPROVE, Plan, Spec, plan, program
 from codemode_client import unbatched
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 
 OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
 WARMUP_TIMEOUT_S = 60.0

@@ -22,7 +22,7 @@ from typing import Any
 
 from codemode_cli.loadtest.driver import OK, Outcome
 from codemode_cli.loadtest.progress import Progress
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 
 START, SETTLE, RESULT = "tool/code-dispatch-start", "tool/code-dispatch", "tool/result"
 SETTLE_WAIT_S = 10.0  # how long unfinished calls may take to reach quiescence

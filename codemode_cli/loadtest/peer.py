@@ -23,8 +23,8 @@ import grpc
 
 from codemode_cli.loadtest.workload import EXCLUSIVE, EXCLUSIVE_APPROVE, SAFE, SAFE_APPROVE, TOOLS
 from codemode_client import ToolProvider, open_channel
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
 INPUT_SCHEMA: Any = {
     "type": "object",

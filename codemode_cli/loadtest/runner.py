@@ -21,9 +21,9 @@ from codemode_cli.loadtest.driver import Driver, SetupError, warm_up
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.services import StackOptions, own_stack, peer
 from codemode_cli.loadtest.workload import Spec
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import scope_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import scope_pb2
 
 STREAMS_PER_CHANNEL = 100  # HTTP/2 servers commonly cap concurrent streams per connection
 CONNECT_TIMEOUT_S = 10.0

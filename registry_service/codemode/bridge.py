@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codemode_common import jsonvalue
-from codemode_common.errors import unavailable
-from codemode_common.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
-from codemode_common.text import utf8_exceeds
+from codemode_wire import jsonvalue
+from codemode_wire.errors import unavailable
+from codemode_wire.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
+from codemode_wire.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
     BindingCall,
     LimitedRuntime,

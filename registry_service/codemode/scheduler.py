@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, Gate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal

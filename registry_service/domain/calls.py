@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.telemetry import NO_TRACE, CallTrace

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from codemode_common.errors import (
+from codemode_wire.errors import (
     already_exists,
     failed_precondition,
     invalid_argument,

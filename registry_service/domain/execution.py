@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
 
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValue, JsonValueError
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
 from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog

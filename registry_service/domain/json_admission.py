@@ -8,7 +8,7 @@ values tool providers return:
 
 - a depth bound (`max_json_depth`): a text nesting deeper is refused as soon as the parser
   reaches the level past the bound, having built nothing beyond it. It is an admission bound,
-  not a property of the codec (architecture invariant 6 stays true of `codemode_common.jsonvalue`
+  not a property of the codec (architecture invariant 6 stays true of `codemode_wire.jsonvalue`
   and of the runtime, whose wire carries program values of any depth): a call over it fails
   with a clear error, nothing is cut or coerced;
 - a size bound on arguments (`max_argument_bytes`), independent of the gRPC message limit;
@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
-from codemode_common import jsonvalue
-from codemode_common.errors import CodemodeError, invalid_argument
-from codemode_common.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
-from codemode_common.text import utf8_exceeds
+from codemode_wire import jsonvalue
+from codemode_wire.errors import CodemodeError, invalid_argument
+from codemode_wire.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
+from codemode_wire.text import utf8_exceeds
 
 __all__ = [
     "ARGUMENTS_TOO_DEEP",

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from codemode_common.jsonvalue import JsonValue, JsonValueError, dumps
+from codemode_wire.jsonvalue import JsonValue, JsonValueError, dumps
 from registry_service.domain.patterns import PatternError, compile_pattern, pattern_matches
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Literal
 
 import yaml
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import Execution
 from registry_service.domain.results import AdditionalContext, ContentBlock, ToolResult
 from registry_service.domain.sections import Section

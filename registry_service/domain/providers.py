@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from codemode_common.errors import failed_precondition
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.errors import failed_precondition
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.execution import ToolCallFailure
 from registry_service.domain.results import ToolResult, aborted

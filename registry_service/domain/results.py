@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from codemode_common.errors import CodemodeError
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.errors import CodemodeError
+from codemode_wire.jsonvalue import JsonValue
 
 ABORTED = "ABORTED"
 ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import re
 
-from codemode_common.errors import invalid_argument
+from codemode_wire.errors import invalid_argument
 
 GLOBAL = ""
 # Matched with `fullmatch`: `$` would also accept a trailing newline (`agents/bob\n`).

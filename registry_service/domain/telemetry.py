@@ -20,8 +20,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from codemode_common.telemetry import Instrumented, context_from
-from codemode_common.telemetry.propagation import span_traceparent
+from codemode_wire.telemetry import Instrumented, context_from
+from codemode_wire.telemetry.propagation import span_traceparent
 from registry_service.domain.results import ToolResult
 
 __all__ = ["NO_TRACE", "CallTrace", "RegistryTelemetry", "outcome_of"]

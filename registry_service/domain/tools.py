@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from codemode_common import jsonvalue
-from codemode_common.errors import invalid_argument
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.errors import invalid_argument
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.jsonschema import SchemaError, check_schema, ref_name, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal

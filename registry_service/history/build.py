@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import time
 
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.results import ImageBlock, TextBlock, ToolResult, error_result
 from registry_service.history.records import END_OF, INTERRUPTED, Record
 

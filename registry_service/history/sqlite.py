@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
-from codemode_common.errors import CodemodeError
+from codemode_wire.errors import CodemodeError
 from registry_service.history import build
 from registry_service.history.build import content_preview
 from registry_service.history.records import END_OF, INTERRUPTED, Record

@@ -21,7 +21,7 @@ import enum
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from codemode_common.errors import CodemodeError, Status, unavailable
+from codemode_wire.errors import CodemodeError, Status, unavailable
 from registry_service.history.records import Record
 
 HISTORY_UNAVAILABLE = "HISTORY_UNAVAILABLE"

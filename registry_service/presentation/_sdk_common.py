@@ -16,7 +16,7 @@ from decimal import Decimal
 from itertools import repeat
 from typing import Any, Final
 
-from codemode_common.jsonvalue import dumps
+from codemode_wire.jsonvalue import dumps
 from registry_service.domain.jsonschema import ref_name
 from registry_service.presentation.run_code_schema import RUN_CODE
 from registry_service.presentation.sdk_model import SdkTool

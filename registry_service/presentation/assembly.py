@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from codemode_common import jsonvalue
-from codemode_common.errors import failed_precondition
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.errors import failed_precondition
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog, View
 from registry_service.domain.scopes import GLOBAL, Mode
 from registry_service.domain.sections import Section

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-from codemode_common.errors import CodemodeError, failed_precondition
+from codemode_wire.errors import CodemodeError, failed_precondition
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.sdk_model import SdkTool
 from registry_service.presentation.sdk_python import render_python_sdk

@@ -511,6 +511,10 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
     channel.sock.setblocking(True)
     config = sandbox_child.SandboxConfig(raw_config if type(raw_config) is dict else {})
     started = time.perf_counter()
+    # Imported while the runtime's tree is still reachable (the fork server has it already):
+    # a worker that becomes a Cordis plugin host needs it after the private root is in place.
+    from runtime_service.worker import plugin_harness
+
     try:
         report = sandbox_child.isolate(config)
     except sandbox_child.UidBusyError:
@@ -529,6 +533,12 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
     report["cpu-s"] = repr(time.process_time())
     channel.send({"t": "ready", "sandbox": report})
     start = channel.recv_blocking()
+    if start is not None and start.get("t") == "host":
+        try:
+            sandbox_child.apply_run_limits(memory_bytes=int(start["memory_bytes"]), cpu_seconds=0)
+        except (OSError, ValueError, KeyError) as exc:
+            finish(channel, {"t": "failed", "phase": "host-load", "message": str(exc)})
+        plugin_harness.serve_host(channel, loop, start)
     if start is None or start.get("t") != "start":
         os._exit(0)
     try:

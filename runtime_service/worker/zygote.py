@@ -51,7 +51,13 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from runtime_service.worker import bootstrap, sandbox_child, typescript
+# plugin_harness: imported before any fork, children cannot import it after pivot_root.
+from runtime_service.worker import (  # noqa: F401
+    bootstrap,
+    plugin_harness,
+    sandbox_child,
+    typescript,
+)
 
 __all__ = ["CHANNEL_FD", "LANGUAGES", "main"]
 

@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from codemode_client import Approver, ProviderError, ToolProvider
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.config import RegistrySettings
 from registry_service.server import RunningRegistry, start
 

@@ -22,7 +22,7 @@ from codemode_client import (
     ToolProvider,
     open_channel,
 )
-from codemode_common import jsonvalue
+from codemode_wire import jsonvalue
 from registry_service.domain.execution import ProgramLog
 from registry_service.domain.policy import Ask, PreDecision
 from tests.codemode.conftest import Stack

@@ -19,8 +19,8 @@ from codemode_client import (
     ToolOutput,
     ToolProvider,
 )
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue
 from tests.codemode.conftest import Stack
 
 # Not UTF-8, with a NUL: image bytes must arrive untouched.

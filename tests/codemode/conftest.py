@@ -10,8 +10,8 @@ import grpc
 import pytest
 from opentelemetry.trace import TracerProvider
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry

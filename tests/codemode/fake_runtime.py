@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry
@@ -55,6 +55,12 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
                 wall_ms=self.max_wall_ms, max_output_bytes=self.max_output_bytes
             ),
         )
+
+    async def Host(
+        self, request_iterator: AsyncIterator[pb.HostRequest], context: Any
+    ) -> AsyncIterator[pb.HostResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
+        yield pb.HostResponse()  # unreachable: makes this an async generator
 
     async def Run(
         self, request_iterator: AsyncIterator[pb.RunRequest], context: object

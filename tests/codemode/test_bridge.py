@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValueError
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValueError
 from registry_service.codemode.token import ParentToken
 from registry_service.domain.policy import Block, Deny, PostDecision, PreDecision
 from registry_service.domain.results import (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2, tool_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import history_pb2, tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.results import ImageBlock, JsonBlock, TextBlock, success
 from tests.codemode.conftest import Stack, value_of
 from tests.registry.conftest import blocks_of

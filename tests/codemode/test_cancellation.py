@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import history_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import history_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
 from runtime_service.sandbox_uids import live_processes_of
 from tests.codemode.conftest import Stack

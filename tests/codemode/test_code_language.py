@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import presentation_pb2, scope_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import presentation_pb2, scope_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.scopes import Mode
 from tests.codemode.conftest import value_of
 from tests.registry.conftest import CODE, Harness

@@ -15,7 +15,7 @@ import pytest
 
 from codemode_cli.processes import start
 from codemode_client import ToolProvider
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import BindingCall, RunSpec, RunTerminal
 from registry_service.codemode.token import TokenMinter

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from codemode_common.api.registry.v1 import history_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import history_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
 from registry_service.domain.results import ToolResult, error_result
 from tests.codemode.conftest import Stack, value_of

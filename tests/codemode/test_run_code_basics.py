@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.codemode.conftest import Stack, value_of
 from tests.registry.conftest import echo_tool, result_text
 

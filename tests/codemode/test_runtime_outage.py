@@ -30,8 +30,8 @@ from grpc_status import rpc_status
 
 from codemode_cli.processes import start
 from codemode_client import RegistryClient, Unavailable
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import ConfigError, RegistrySettings, load_settings
 from registry_service.runtime_client import channel_options
 from runtime_service.config import RuntimeSettings

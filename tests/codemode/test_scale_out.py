@@ -27,8 +27,8 @@ import pytest
 
 from codemode_client import ToolProvider
 from codemode_client.provider import InvocationContext
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import tool_pb2
 from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import history_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.codemode.conftest import Stack, value_of
 
 # A hostile program can reach past the `tools` namespace: a binding's closure holds the

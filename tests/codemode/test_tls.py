@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.config import ConfigError, RegistrySettings, load_settings
 from registry_service.server import RunningRegistry
 from registry_service.server import start as start_registry

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.codemode.bridge import TOKEN_MARGIN_S
 from registry_service.codemode.token import TokenMinter
 from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on

@@ -10,8 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from codemode_client import unbatched
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2
 from registry_service.domain.execution import ProgramLog
 from tests.registry.conftest import CODE, Harness, echo_tool
 from tests.registry.test_scopes import expect_error

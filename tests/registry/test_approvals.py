@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
 from tests.registry.conftest import Harness, echo_tool, watch_outcomes
 

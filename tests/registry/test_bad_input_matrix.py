@@ -25,10 +25,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2, tool_pb2
+from codemode_wire.grpc_status import error_info
 from registry_service.config import RegistrySettings
 from registry_service.server import start
 from tests.registry.conftest import CODE, NATIVE, Harness, echo_tool, error_info_of

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2
 from registry_service.config import ConfigError, RegistrySettings, load_settings
 from registry_service.registry import build_registry
 from tests.registry.conftest import echo_tool

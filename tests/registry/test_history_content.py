@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from codemode_client import RegistryClient
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.results import ImageBlock, JsonBlock, TextBlock, ToolResult
 from tests.registry.conftest import Harness, blocks_of
 from tests.registry.test_scopes import reason_of

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import RegistrySettings
 from registry_service.history.records import Record
 from registry_service.history.sqlite import SqliteHistory

@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.registry.conftest import Harness, error_info_of
 
 SERVICE = "/codemode.registry.v1.RegistryService/"

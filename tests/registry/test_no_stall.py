@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.grpc_status import error_info
 from registry_service.domain.json_admission import DEFAULT_LIMITS
 from tests.registry.conftest import Harness, echo_tool, error_info_of
 from tests.registry.test_providers import RawProvider
@@ -105,7 +105,7 @@ def _big_channel(harness: Harness) -> grpc.aio.Channel:
 
 
 async def _execute_raw(channel: grpc.aio.Channel, tool: str, text: str) -> tool_pb2.ToolResult:
-    from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+    from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
     stub = rpb_grpc.RegistryServiceStub(channel)
     request = rpb.ExecuteToolCallRequest(call_id="bad", tool_name=tool, arguments_json=text)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.execution import ExecutionInput, ToolCallFailure
 from registry_service.domain.policy import (
     Accept,

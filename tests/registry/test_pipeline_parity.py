@@ -27,10 +27,10 @@ from typing import Any, Literal
 import grpc
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import history_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.execution import ToolCallFailure
 from registry_service.domain.policy import (
     Accept,

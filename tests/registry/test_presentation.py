@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.scopes import Mode
 from registry_service.presentation.assembly import CODE_ONLY_TEXT
 from tests.registry.conftest import BOTH, CODE, NATIVE, Harness, echo_tool

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from codemode_client import InvocationContext, ProviderError, ToolFailed, ToolProvider
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.grpc_status import error_info
 from tests.registry.conftest import Harness, echo_tool, result_text, watch_outcomes
 
 

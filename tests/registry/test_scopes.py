@@ -8,10 +8,10 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.grpc_status import error_info
 from registry_service.domain.execution import ExecutionInput
 from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import Mode

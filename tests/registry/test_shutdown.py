@@ -13,10 +13,10 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import scope_pb2, tool_pb2
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import scope_pb2, tool_pb2
+from codemode_wire.grpc_status import error_info
 from registry_service.config import RegistrySettings
 from registry_service.server import RunningRegistry, start
 

@@ -22,8 +22,8 @@ from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from codemode_client import InvocationContext, ProviderError, ToolProvider
 from codemode_client.schemas import hinted_schemas
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.jsonschema import (
     MAX_REF_EXPANSIONS,
     SchemaError,

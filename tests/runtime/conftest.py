@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.budgets import Budgets
 from runtime_service.config import RuntimeSettings
 from runtime_service.outcome import BindingCall, BindingResult, RunResult

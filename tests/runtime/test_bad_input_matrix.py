@@ -32,8 +32,8 @@ import pytest_asyncio
 from grpc_status import rpc_status
 from opentelemetry.sdk.trace import TracerProvider
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.grpc_status import MAX_MESSAGE_BYTES, error_info
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.grpc_status import MAX_MESSAGE_BYTES, error_info
 from runtime_service.run import EXPIRED_MESSAGE
 from runtime_service.server import RunningRuntime, start
 from tests.runtime.conftest import child_pids, drive, grpc_settings, start_message

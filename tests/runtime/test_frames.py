@@ -18,10 +18,11 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from tests.runtime.conftest import drive, serving, start_message, streamed_logs
 from tests.runtime.test_hostile_worker import (
     REAL_WORKER,
+    SERVICE_BOOT_TIMEOUT_S,
     FakeWorkerSettings,
     Host,
     assert_no_worker_left,
@@ -271,8 +272,9 @@ class LoopLag:
 async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path) -> None:
     # Probe runs (``return 1``), one after the other, from when the large frame is on its way
     # until the large run's terminal arrives: before the fix the loop was frozen while the
-    # runtime decoded it, and no probe could finish first.
-    async with hosting(tmp_path) as host:
+    # runtime decoded it, and no probe could finish first. The probes' workers boot while the
+    # other CPU decodes: on a loaded host that takes more than the fake workers' usual 1 s.
+    async with hosting(tmp_path, boot_timeout_s=SERVICE_BOOT_TIMEOUT_S) as host:
         host.fake_workers(BIG_DONE)
         call = host.stub.Run()
         await call.write(start_message("return 1", wall_ms=120_000))

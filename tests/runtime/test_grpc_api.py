@@ -9,8 +9,8 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_common.grpc_status import error_info
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.grpc_status import error_info
 from runtime_service.server import RunningRuntime
 from tests.runtime.conftest import can_isolate, child_pids, drive, start_message
 

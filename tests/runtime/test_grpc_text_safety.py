@@ -19,8 +19,8 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from codemode_common import jsonvalue
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire import jsonvalue
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import RunningRuntime, start
 from tests.runtime.conftest import child_pids

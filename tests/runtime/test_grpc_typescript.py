@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.server import RunningRuntime
 from runtime_service.worker.bootstrap import NO_ARGUMENTS
 from tests.runtime.conftest import (

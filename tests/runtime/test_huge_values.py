@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service.config import RuntimeSettings
 from tests.runtime.conftest import connected, drive, serving, start_message
 from tests.runtime.test_hostile_worker import (

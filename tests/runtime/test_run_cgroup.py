@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service import run_cgroup
 from runtime_service.run_cgroup import CgroupHost, RunCgroup
 from tests.runtime.conftest import connected, drive, grpc_settings, serving, start_message

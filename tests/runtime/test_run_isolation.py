@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from codemode_cli.processes import running
-from codemode_common.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.budgets import Budgets
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.runtime import Runtime, RuntimeOptions

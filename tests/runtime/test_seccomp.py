@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 from runtime_service.worker import seccomp
 from tests.runtime.conftest import drive, start_message
 

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from codemode_client.provider import InvocationContext, ToolFailed, ToolProvider
-from codemode_common.jsonvalue import JsonValue
 from codemode_common.telemetry.jsonl import JsonLinesSpanExporter
+from codemode_wire.jsonvalue import JsonValue
 
 SERVICE = "telemetry-tools"
 LOOKUP_S = 0.05

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from codemode_common.api.common.v1 import trace_pb2
-from codemode_common.api.runtime.v1 import runtime_pb2 as pb
-from codemode_common.api.runtime.v1 import runtime_pb2_grpc
+from codemode_wire.api.common.v1 import trace_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start
 from tests.telemetry.conftest import Captured

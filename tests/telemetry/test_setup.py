@@ -21,10 +21,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
-from codemode_common.telemetry import logs, resolve_tracer_provider
+from codemode_common.telemetry import logs
 from codemode_common.telemetry.interceptors import client_interceptors, server_interceptors
 from codemode_common.telemetry.jsonl import read_spans
 from codemode_common.telemetry.setup import TelemetryConfig, TelemetryConfigError, configure
+from codemode_wire.telemetry import resolve_tracer_provider
 from registry_service.config import RegistrySettings
 from registry_service.domain.telemetry import NO_TRACE, RegistryTelemetry
 from runtime_service.config import RuntimeSettings

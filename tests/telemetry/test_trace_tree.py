@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from codemode_cli.main import main as cli
 from codemode_client.approver import Approver
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.codemode.conftest import Stack, value_of
 from tests.registry.conftest import NATIVE
 from tests.telemetry.conftest import REGISTRY, RUNTIME, Captured

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from codemode_common.errors import CodemodeError, Status
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.errors import CodemodeError, Status
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.config import RegistrySettings
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.scopes import Mode

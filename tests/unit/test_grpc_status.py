@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from codemode_common.errors import CodemodeError, Status
-from codemode_common.grpc_status import (
+from codemode_wire.errors import CodemodeError, Status
+from codemode_wire.grpc_status import (
     MAX_MESSAGE_BYTES,
     MAX_METADATA_VALUE_BYTES,
     error_info,

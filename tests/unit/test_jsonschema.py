@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codemode_common.jsonvalue import JsonValue, loads
+from codemode_wire.jsonvalue import JsonValue, loads
 from registry_service.domain.jsonschema import (
     MAX_MESSAGES,
     SchemaError,

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from codemode_common import _jsonbase
-from codemode_common import jsonvalue as jv
-from codemode_common.jsonvalue import (
+from codemode_wire import _jsonbase
+from codemode_wire import jsonvalue as jv
+from codemode_wire.jsonvalue import (
     JsonValue,
     JsonValueError,
     dumps,

@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 
 from codemode_client._reconnect import serve_until_closed
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
 Decide = Callable[[rpb.ApprovalRequest], "bool | Awaitable[bool]"]
 

@@ -27,11 +27,11 @@ from codemode_client.results import (
     content_from_proto,
     contexts_from_proto,
 )
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue, shared_logs
+from codemode_wire.api.registry.v1 import history_pb2, presentation_pb2, scope_pb2, tool_pb2
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.jsonvalue import JsonValue
 
 ModeName = Literal["native", "code", "both"]
 Language = Literal["python", "typescript"]
@@ -291,12 +291,15 @@ class RegistryClient:
             arguments_json=jsonvalue.dumps({} if arguments is None else arguments),
             progress_events=_PROGRESS[progress],
             batch_progress=True,
+            share_logs=True,  # restored below: callers see every result whole
         )
         try:
             async for message in self.stub.ExecuteToolCall(
                 request, timeout=deadline or self.timeout
             ):
                 for event in unbatched(message):
+                    if event.WhichOneof("event") == "result":
+                        shared_logs.restore(event.result)
                     yield event
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None

@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from codemode_common.grpc_status import error_info
-from codemode_common.grpc_status import retry_delay as retry_delay_of
+from codemode_wire.grpc_status import error_info
+from codemode_wire.grpc_status import retry_delay as retry_delay_of
 
 
 class CodemodeError(Exception):

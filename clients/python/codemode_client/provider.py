@@ -46,14 +46,14 @@ from codemode_client.results import (
     output_to_proto,
 )
 from codemode_client.schemas import hinted_schemas
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.grpc_status import error_info
-from codemode_common.jsonvalue import JsonValue
-from codemode_common.telemetry import context_from, resolve_tracer_provider
-from codemode_common.text import without_lone_surrogates
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.grpc_status import error_info
+from codemode_wire.jsonvalue import JsonValue
+from codemode_wire.telemetry import context_from, resolve_tracer_provider
+from codemode_wire.text import without_lone_surrogates
 
 STREAM_ENDED = "STREAM_ENDED"  # ProviderError.reason when the stream ended under a request
 

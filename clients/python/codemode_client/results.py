@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import tool_pb2
-from codemode_common.jsonvalue import JsonValue
-from codemode_common.text import has_lone_surrogate
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.jsonvalue import JsonValue
+from codemode_wire.text import has_lone_surrogate
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from pydantic import TypeAdapter
 
 from codemode_client.results import ToolOutput
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue
 
 
 def schema_for(annotation: Any) -> JsonValue:

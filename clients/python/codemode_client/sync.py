@@ -15,8 +15,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from codemode_client.client import Language, ModeName, Progress, RegistryClient, ToolCallResult
-from codemode_common.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
+from codemode_wire.jsonvalue import JsonValue
 
 T = TypeVar("T")
 

@@ -25,6 +25,7 @@ import { Concurrency, type AdditionalContext, type ContentBlock, type Tool, type
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { deferred, DuplexStream, Reconnector, type ServeOptions } from "./reconnect";
 import type { RegistryClient } from "./registry";
+import { toJsonSchema, type ZodInput, type ZodSchemaLike } from "./zod-schema";
 
 /** Throw from a tool handler to fail the call with a stable code. */
 export class ToolFailed extends Error {
@@ -103,10 +104,16 @@ export class ToolOutput {
 export interface ToolDefinition {
   name: string;
   description?: string;
-  /** Input JSON Schema (default `{"type":"object"}`). */
-  inputSchema?: JsonValue;
-  /** Output JSON Schema: results are validated against it and the SDK is typed from it. */
-  outputSchema?: JsonValue;
+  /**
+   * Input JSON Schema (default `{"type":"object"}`), or a zod 4 schema (converted with zod's
+   * `toJSONSchema`, input side; a handler's arguments are then typed from it).
+   */
+  inputSchema?: JsonValue | ZodSchemaLike;
+  /**
+   * Output JSON Schema, or a zod 4 schema (output side): results are validated against it and
+   * the SDK is typed from it.
+   */
+  outputSchema?: JsonValue | ZodSchemaLike;
   /** Calls may overlap with other concurrency-safe calls; otherwise each runs alone. */
   concurrencySafe?: boolean;
   /** System-prompt guidance, the `tool:<name>` section (native/both modes). */
@@ -196,8 +203,13 @@ export class ToolProvider {
     return this.ends.promise;
   }
 
-  /** Declares a tool; it is registered by `start()`. Returns the provider for chaining. */
-  tool<A = any>(definition: ToolDefinition, handler: ToolHandler<A>): this {
+  /**
+   * Declares a tool; it is registered by `start()`. Returns the provider for chaining. With a zod
+   * `inputSchema` the handler's arguments are typed from it.
+   */
+  tool<S extends ZodSchemaLike>(definition: ToolDefinition & { inputSchema: S }, handler: ToolHandler<ZodInput<S>>): this;
+  tool<A = any>(definition: ToolDefinition, handler: ToolHandler<A>): this;
+  tool(definition: ToolDefinition, handler: ToolHandler): this {
     if (this.started) throw new Error("the provider is started: use register() to add tools");
     this.declared.push({ tool: toTool(definition), handler, scope: definition.scope ?? "" });
     return this;
@@ -418,8 +430,9 @@ function toTool(d: ToolDefinition): Tool {
   return {
     name: d.name,
     description: d.description ?? "",
-    inputSchemaJson: d.inputSchema === undefined ? "" : stringifyJson(d.inputSchema),
-    outputSchemaJson: d.outputSchema === undefined ? "" : stringifyJson(d.outputSchema),
+    inputSchemaJson: d.inputSchema === undefined ? "" : stringifyJson(toJsonSchema(d.inputSchema, "input", `tool "${d.name}" inputSchema`)),
+    outputSchemaJson:
+      d.outputSchema === undefined ? "" : stringifyJson(toJsonSchema(d.outputSchema, "output", `tool "${d.name}" outputSchema`)),
     concurrency: d.concurrencySafe ? Concurrency.CONCURRENCY_SAFE : Concurrency.CONCURRENCY_EXCLUSIVE,
     guidance: d.guidance ?? "",
     owner: "",
@@ -453,6 +466,7 @@ const EMPTY_SUCCESS: ToolResult = {
   error: undefined,
   additionalContexts: [],
   concludesTurn: false,
+  sharedLogs: [],
 };
 
 function valueJson(value: unknown): string {
@@ -540,5 +554,6 @@ function failure(message: string, code: string, name: string, contexts: Addition
     error: { message, code, name },
     additionalContexts: contexts,
     concludesTurn: false,
+    sharedLogs: [],
   };
 }

@@ -35,6 +35,7 @@ import { PresentationMode, type Agent, type Preset } from "./gen/codemode/regist
 import type { AdditionalContext, ContentBlock, Tool, ToolError, ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { AsyncQueue } from "./queue";
+import { wholeResult } from "./shared-logs";
 
 export type Mode = "native" | "code" | "both";
 
@@ -233,7 +234,8 @@ export function approvalOutcomeName(outcome: ApprovalOutcome): ApprovalOutcomeNa
   return OUTCOMES[outcome] ?? "unspecified";
 }
 
-export function toToolCallResult(result: ToolResult): ToolCallResult {
+export function toToolCallResult(received: ToolResult): ToolCallResult {
+  const result = wholeResult(received);
   const texts: string[] = [];
   for (const block of result.content) {
     if (block.block?.$case === "text") texts.push(block.block.value.text);
@@ -394,6 +396,7 @@ export class RegistryClient {
       argumentsJson,
       progressEvents: PROGRESS[input.progress ?? "all"],
       batchProgress: true,
+      shareLogs: true, // restored by toToolCallResult: callers see every result whole
     });
     const deadline = new Date(Date.now() + (options.timeoutMs ?? this.executeTimeoutMs));
     const stream = this.stub.executeToolCall(request, this.metadata(), { deadline });

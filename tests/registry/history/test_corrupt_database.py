@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.server import SERVICE_NAME
 from tests.registry.conftest import Harness, echo_tool, error_info_of
 from tests.registry.history.conftest import corrupt_sqlite_file

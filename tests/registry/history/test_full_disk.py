@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.history.records import (
     DISPATCH,
     DISPATCH_START,

@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 
 from codemode_client import ToolProvider
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from tests.cli._processes import listening_port, service_env, spawn
 
 PROGRAM = """

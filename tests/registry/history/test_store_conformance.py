@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from codemode_common.errors import CodemodeError, Status
+from codemode_wire.errors import CodemodeError, Status
 from registry_service.history.records import (
     DISPATCH,
     DISPATCH_START,

@@ -268,6 +268,13 @@ export interface ExecuteToolCallRequest {
    * otherwise wait. Off: every event is its own message (older clients know no `batch`).
    */
   batchProgress: boolean;
+  /**
+   * Accept results whose logs travel once (`ToolResult.shared_logs`). A `run_code` result shows
+   * its program's logs twice, in its value (`logs`) and in its content text: without this, a
+   * program whose output is over about half of the registry's message limit gets
+   * `RESULT_TOO_LARGE`. Off: results come whole (older clients know no `shared_logs`).
+   */
+  shareLogs: boolean;
 }
 
 /** One event of an executing tool call. The last event is always `result`. */
@@ -1996,7 +2003,15 @@ export const ListVisibleToolsResponse: MessageFns<ListVisibleToolsResponse> = {
 };
 
 function createBaseExecuteToolCallRequest(): ExecuteToolCallRequest {
-  return { agent: "", callId: "", toolName: "", argumentsJson: "", progressEvents: 0, batchProgress: false };
+  return {
+    agent: "",
+    callId: "",
+    toolName: "",
+    argumentsJson: "",
+    progressEvents: 0,
+    batchProgress: false,
+    shareLogs: false,
+  };
 }
 
 export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
@@ -2018,6 +2033,9 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     }
     if (message.batchProgress !== false) {
       writer.uint32(48).bool(message.batchProgress);
+    }
+    if (message.shareLogs !== false) {
+      writer.uint32(56).bool(message.shareLogs);
     }
     return writer;
   },
@@ -2083,6 +2101,14 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
             message.batchProgress = reader.bool();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.shareLogs = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2106,6 +2132,7 @@ export const ExecuteToolCallRequest: MessageFns<ExecuteToolCallRequest> = {
     message.argumentsJson = object.argumentsJson ?? "";
     message.progressEvents = object.progressEvents ?? 0;
     message.batchProgress = object.batchProgress ?? false;
+    message.shareLogs = object.shareLogs ?? false;
     return message;
   },
 };

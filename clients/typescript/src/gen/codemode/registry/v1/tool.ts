@@ -127,6 +127,14 @@ export interface ToolResult {
   additionalContexts: AdditionalContext[];
   /** True when the tool asked to conclude the model's turn (successes only). */
   concludesTurn: boolean;
+  /**
+   * Logs sent once for both the value and the content, only to a request that set
+   * `share_logs`; empty means the result is whole. When set, the result as shown is restored by:
+   * the value is the object `value_json` with a first key `logs` holding these lines
+   * (`value_json` leaves that key out), and the text of the first content block is these lines
+   * joined by `\n`, followed by `\n` and the block's text when that is not empty.
+   */
+  sharedLogs: string[];
 }
 
 function createBaseTool(): Tool {
@@ -706,6 +714,7 @@ function createBaseToolResult(): ToolResult {
     error: undefined,
     additionalContexts: [],
     concludesTurn: false,
+    sharedLogs: [],
   };
 }
 
@@ -728,6 +737,9 @@ export const ToolResult: MessageFns<ToolResult> = {
     }
     if (message.concludesTurn !== false) {
       writer.uint32(48).bool(message.concludesTurn);
+    }
+    for (const v of message.sharedLogs) {
+      writer.uint32(58).string(v!);
     }
     return writer;
   },
@@ -793,6 +805,14 @@ export const ToolResult: MessageFns<ToolResult> = {
             message.concludesTurn = reader.bool();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.sharedLogs.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -818,6 +838,7 @@ export const ToolResult: MessageFns<ToolResult> = {
       : undefined;
     message.additionalContexts = object.additionalContexts?.map((e) => AdditionalContext.fromPartial(e)) || [];
     message.concludesTurn = object.concludesTurn ?? false;
+    message.sharedLogs = object.sharedLogs?.map((e) => e) || [];
     return message;
   },
 };

@@ -58,6 +58,162 @@ export enum IsolationScope {
   UNRECOGNIZED = -1,
 }
 
+/** HostRequest is one client message on the `Host` stream. */
+export interface HostRequest {
+  /** The message kind. */
+  kind:
+    | //
+    /** Starts the plugin host; must be the first message and must appear only once. */
+    { $case: "start"; value: HostStart }
+    | //
+    /** Calls one of the plugin's tools. */
+    { $case: "invoke"; value: HostInvoke }
+    | //
+    /** Cancels an invocation still running (its `execute` sees cancellation). */
+    { $case: "cancel"; value: HostCancel }
+    | //
+    /** Disposes the plugin and ends the stream with `retracted`. */
+    { $case: "retract"; value: HostRetract }
+    | undefined;
+}
+
+/** HostStart describes one activation of a host half. */
+export interface HostStart {
+  /** The host half: the body of an async function that returns the plugin. */
+  source: string;
+  /** Source language; "python" today (see GetCapabilities). */
+  language: string;
+  /** The plugin's id (e.g. "clock-1"), for logs and diagnostics. */
+  pluginId: string;
+  /** The package's id (e.g. "pkg-3"). */
+  packageId: string;
+  /** The activation attempt's id (e.g. "run-4"). */
+  runId: string;
+  /** Bounds the host half's evaluation and its plugin's synchronous start. Unset: 5 s. */
+  startTimeout:
+    | Duration
+    | undefined;
+  /**
+   * Budgets of the plugin host: memory of all its processes, output per invocation and for
+   * the start, and compute per invocation; zero fields take the run defaults.
+   */
+  budgets:
+    | RunBudgets
+    | undefined;
+  /**
+   * The owner's visible tools as a JSON array of {"name", "description", "inputSchema"}
+   * objects, for `ctx.tools.schemas()` and `ctx.tools.get(name)`.
+   */
+  visibleToolsJson: string;
+}
+
+/** HostInvoke calls one tool the plugin registered. */
+export interface HostInvoke {
+  /** Chosen by the client, unique on the stream; the result carries it back. */
+  invocationId: bigint;
+  /** The registered tool's name. */
+  toolName: string;
+  /** The arguments as JSON text (lossless JSON). */
+  argumentsJson: string;
+}
+
+/** HostCancel cancels one invocation. */
+export interface HostCancel {
+  /** The invocation to cancel. */
+  invocationId: bigint;
+}
+
+/** HostRetract asks the plugin host to dispose the plugin and stop. */
+export interface HostRetract {
+}
+
+/** HostResponse is one server message on the `Host` stream. */
+export interface HostResponse {
+  /** The message kind. */
+  kind:
+    | //
+    /** The plugin started (or parked waiting for services); what it registered. */
+    { $case: "started"; value: HostRegistrations }
+    | //
+    /** The host half could not be loaded or applied; the stream ends after it. */
+    { $case: "failed"; value: HostFailure }
+    | //
+    /** What the plugin holds registered changed after the start. */
+    { $case: "changed"; value: HostRegistrations }
+    | //
+    /** The outcome of one invocation. */
+    { $case: "result"; value: HostInvokeResult }
+    | //
+    /** The plugin wrote a log line. */
+    { $case: "log"; value: LogLine }
+    | //
+    /** The plugin is disposed and its processes are gone; the stream ends after it. */
+    { $case: "retracted"; value: HostRetracted }
+    | //
+    /**
+     * The plugin host ended on its own after the start (crash, out of memory); the stream
+     * ends after it.
+     */
+    { $case: "lost"; value: HostFailure }
+    | undefined;
+}
+
+/** HostRegistrations lists what a running plugin holds registered. */
+export interface HostRegistrations {
+  /** Tools registered with `harness.register_tool` (or `ctx.tools.register`). */
+  tools: DynamicTool[];
+  /** Methods registered with `harness.handle` (client-to-host calls). */
+  handlers: string[];
+  /** Services the plugin provides to its owner's other plugins. */
+  provides: string[];
+  /** Injected services that do not exist yet: the plugin is parked ("waiting"). */
+  waitingFor: string[];
+}
+
+/** DynamicTool is one tool a plugin registered. */
+export interface DynamicTool {
+  /** The tool's name. */
+  name: string;
+  /** The tool's description. */
+  description: string;
+  /** JSON Schema of the arguments, as JSON text. */
+  inputSchemaJson: string;
+  /** JSON Schema of the result, as JSON text; empty when the plugin declared none. */
+  outputSchemaJson: string;
+}
+
+/** HostFailure says why a host half failed to start, or why its host ended. */
+export interface HostFailure {
+  /**
+   * "host-load" (the source did not evaluate to a plugin), "host-apply" (its start threw or
+   * timed out) or "host-lost" (the plugin host ended after the start).
+   */
+  phase: string;
+  /** The reference's text for the failure. */
+  message: string;
+  /** The traceback, when there is one. */
+  stack: string;
+}
+
+/** HostInvokeResult is the outcome of one invocation. */
+export interface HostInvokeResult {
+  /** The invocation this answers. */
+  invocationId: bigint;
+  /** The outcome. */
+  outcome:
+    | //
+    /** The tool's value as JSON text (lossless JSON). */
+    { $case: "valueJson"; value: string }
+    | //
+    /** The failure's message (the plugin's exception, or why the call could not run). */
+    { $case: "errorMessage"; value: string }
+    | undefined;
+}
+
+/** HostRetracted confirms that the plugin is gone. */
+export interface HostRetracted {
+}
+
 /** RunRequest is one client message on the `Run` stream. */
 export interface RunRequest {
   /** The message kind. */
@@ -258,6 +414,1028 @@ export interface IsolationMechanism {
   /** How it is enforced (e.g. "cgroup v1 memory.limit_in_bytes"), or why it is not. */
   detail: string;
 }
+
+function createBaseHostRequest(): HostRequest {
+  return { kind: undefined };
+}
+
+export const HostRequest: MessageFns<HostRequest> = {
+  encode(message: HostRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.kind?.$case) {
+      case "start":
+        HostStart.encode(message.kind.value, writer.uint32(10).fork()).join();
+        break;
+      case "invoke":
+        HostInvoke.encode(message.kind.value, writer.uint32(18).fork()).join();
+        break;
+      case "cancel":
+        HostCancel.encode(message.kind.value, writer.uint32(26).fork()).join();
+        break;
+      case "retract":
+        HostRetract.encode(message.kind.value, writer.uint32(34).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = { $case: "start", value: HostStart.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.kind = { $case: "invoke", value: HostInvoke.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.kind = { $case: "cancel", value: HostCancel.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.kind = { $case: "retract", value: HostRetract.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostRequest>): HostRequest {
+    return HostRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostRequest>): HostRequest {
+    const message = createBaseHostRequest();
+    switch (object.kind?.$case) {
+      case "start": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "start", value: HostStart.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "invoke": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "invoke", value: HostInvoke.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "cancel": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "cancel", value: HostCancel.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "retract": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "retract", value: HostRetract.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseHostStart(): HostStart {
+  return {
+    source: "",
+    language: "",
+    pluginId: "",
+    packageId: "",
+    runId: "",
+    startTimeout: undefined,
+    budgets: undefined,
+    visibleToolsJson: "",
+  };
+}
+
+export const HostStart: MessageFns<HostStart> = {
+  encode(message: HostStart, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.source !== "") {
+      writer.uint32(10).string(message.source);
+    }
+    if (message.language !== "") {
+      writer.uint32(18).string(message.language);
+    }
+    if (message.pluginId !== "") {
+      writer.uint32(26).string(message.pluginId);
+    }
+    if (message.packageId !== "") {
+      writer.uint32(34).string(message.packageId);
+    }
+    if (message.runId !== "") {
+      writer.uint32(42).string(message.runId);
+    }
+    if (message.startTimeout !== undefined) {
+      Duration.encode(message.startTimeout, writer.uint32(50).fork()).join();
+    }
+    if (message.budgets !== undefined) {
+      RunBudgets.encode(message.budgets, writer.uint32(58).fork()).join();
+    }
+    if (message.visibleToolsJson !== "") {
+      writer.uint32(66).string(message.visibleToolsJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostStart {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostStart();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.source = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.language = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pluginId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.packageId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.startTimeout = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.budgets = RunBudgets.decode(reader, reader.uint32());
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.visibleToolsJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostStart>): HostStart {
+    return HostStart.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostStart>): HostStart {
+    const message = createBaseHostStart();
+    message.source = object.source ?? "";
+    message.language = object.language ?? "";
+    message.pluginId = object.pluginId ?? "";
+    message.packageId = object.packageId ?? "";
+    message.runId = object.runId ?? "";
+    message.startTimeout = (object.startTimeout !== undefined && object.startTimeout !== null)
+      ? Duration.fromPartial(object.startTimeout)
+      : undefined;
+    message.budgets = (object.budgets !== undefined && object.budgets !== null)
+      ? RunBudgets.fromPartial(object.budgets)
+      : undefined;
+    message.visibleToolsJson = object.visibleToolsJson ?? "";
+    return message;
+  },
+};
+
+function createBaseHostInvoke(): HostInvoke {
+  return { invocationId: 0n, toolName: "", argumentsJson: "" };
+}
+
+export const HostInvoke: MessageFns<HostInvoke> = {
+  encode(message: HostInvoke, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.invocationId !== 0n) {
+      if (BigInt.asUintN(64, message.invocationId) !== message.invocationId) {
+        throw new globalThis.Error("value provided for field message.invocationId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.invocationId);
+    }
+    if (message.toolName !== "") {
+      writer.uint32(18).string(message.toolName);
+    }
+    if (message.argumentsJson !== "") {
+      writer.uint32(26).string(message.argumentsJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostInvoke {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostInvoke();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.invocationId = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.toolName = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.argumentsJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostInvoke>): HostInvoke {
+    return HostInvoke.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostInvoke>): HostInvoke {
+    const message = createBaseHostInvoke();
+    message.invocationId = (object.invocationId !== undefined && object.invocationId !== null)
+      ? BigInt(object.invocationId)
+      : 0n;
+    message.toolName = object.toolName ?? "";
+    message.argumentsJson = object.argumentsJson ?? "";
+    return message;
+  },
+};
+
+function createBaseHostCancel(): HostCancel {
+  return { invocationId: 0n };
+}
+
+export const HostCancel: MessageFns<HostCancel> = {
+  encode(message: HostCancel, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.invocationId !== 0n) {
+      if (BigInt.asUintN(64, message.invocationId) !== message.invocationId) {
+        throw new globalThis.Error("value provided for field message.invocationId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.invocationId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostCancel {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostCancel();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.invocationId = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostCancel>): HostCancel {
+    return HostCancel.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostCancel>): HostCancel {
+    const message = createBaseHostCancel();
+    message.invocationId = (object.invocationId !== undefined && object.invocationId !== null)
+      ? BigInt(object.invocationId)
+      : 0n;
+    return message;
+  },
+};
+
+function createBaseHostRetract(): HostRetract {
+  return {};
+}
+
+export const HostRetract: MessageFns<HostRetract> = {
+  encode(_: HostRetract, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostRetract {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostRetract();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostRetract>): HostRetract {
+    return HostRetract.fromPartial(base ?? {});
+  },
+  fromPartial(_: DeepPartial<HostRetract>): HostRetract {
+    const message = createBaseHostRetract();
+    return message;
+  },
+};
+
+function createBaseHostResponse(): HostResponse {
+  return { kind: undefined };
+}
+
+export const HostResponse: MessageFns<HostResponse> = {
+  encode(message: HostResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.kind?.$case) {
+      case "started":
+        HostRegistrations.encode(message.kind.value, writer.uint32(10).fork()).join();
+        break;
+      case "failed":
+        HostFailure.encode(message.kind.value, writer.uint32(18).fork()).join();
+        break;
+      case "changed":
+        HostRegistrations.encode(message.kind.value, writer.uint32(26).fork()).join();
+        break;
+      case "result":
+        HostInvokeResult.encode(message.kind.value, writer.uint32(34).fork()).join();
+        break;
+      case "log":
+        LogLine.encode(message.kind.value, writer.uint32(42).fork()).join();
+        break;
+      case "retracted":
+        HostRetracted.encode(message.kind.value, writer.uint32(50).fork()).join();
+        break;
+      case "lost":
+        HostFailure.encode(message.kind.value, writer.uint32(58).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = { $case: "started", value: HostRegistrations.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.kind = { $case: "failed", value: HostFailure.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.kind = { $case: "changed", value: HostRegistrations.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.kind = { $case: "result", value: HostInvokeResult.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.kind = { $case: "log", value: LogLine.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.kind = { $case: "retracted", value: HostRetracted.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.kind = { $case: "lost", value: HostFailure.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostResponse>): HostResponse {
+    return HostResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostResponse>): HostResponse {
+    const message = createBaseHostResponse();
+    switch (object.kind?.$case) {
+      case "started": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "started", value: HostRegistrations.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "failed": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "failed", value: HostFailure.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "changed": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "changed", value: HostRegistrations.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "result": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "result", value: HostInvokeResult.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "log": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "log", value: LogLine.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "retracted": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "retracted", value: HostRetracted.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "lost": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "lost", value: HostFailure.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseHostRegistrations(): HostRegistrations {
+  return { tools: [], handlers: [], provides: [], waitingFor: [] };
+}
+
+export const HostRegistrations: MessageFns<HostRegistrations> = {
+  encode(message: HostRegistrations, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.tools) {
+      DynamicTool.encode(v!, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.handlers) {
+      writer.uint32(18).string(v!);
+    }
+    for (const v of message.provides) {
+      writer.uint32(26).string(v!);
+    }
+    for (const v of message.waitingFor) {
+      writer.uint32(34).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostRegistrations {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostRegistrations();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tools.push(DynamicTool.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.handlers.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.provides.push(reader.string());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.waitingFor.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostRegistrations>): HostRegistrations {
+    return HostRegistrations.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostRegistrations>): HostRegistrations {
+    const message = createBaseHostRegistrations();
+    message.tools = object.tools?.map((e) => DynamicTool.fromPartial(e)) || [];
+    message.handlers = object.handlers?.map((e) => e) || [];
+    message.provides = object.provides?.map((e) => e) || [];
+    message.waitingFor = object.waitingFor?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseDynamicTool(): DynamicTool {
+  return { name: "", description: "", inputSchemaJson: "", outputSchemaJson: "" };
+}
+
+export const DynamicTool: MessageFns<DynamicTool> = {
+  encode(message: DynamicTool, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    if (message.description !== "") {
+      writer.uint32(18).string(message.description);
+    }
+    if (message.inputSchemaJson !== "") {
+      writer.uint32(26).string(message.inputSchemaJson);
+    }
+    if (message.outputSchemaJson !== "") {
+      writer.uint32(34).string(message.outputSchemaJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DynamicTool {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDynamicTool();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.description = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.inputSchemaJson = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.outputSchemaJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<DynamicTool>): DynamicTool {
+    return DynamicTool.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<DynamicTool>): DynamicTool {
+    const message = createBaseDynamicTool();
+    message.name = object.name ?? "";
+    message.description = object.description ?? "";
+    message.inputSchemaJson = object.inputSchemaJson ?? "";
+    message.outputSchemaJson = object.outputSchemaJson ?? "";
+    return message;
+  },
+};
+
+function createBaseHostFailure(): HostFailure {
+  return { phase: "", message: "", stack: "" };
+}
+
+export const HostFailure: MessageFns<HostFailure> = {
+  encode(message: HostFailure, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.phase !== "") {
+      writer.uint32(10).string(message.phase);
+    }
+    if (message.message !== "") {
+      writer.uint32(18).string(message.message);
+    }
+    if (message.stack !== "") {
+      writer.uint32(26).string(message.stack);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostFailure {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostFailure();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.phase = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.stack = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostFailure>): HostFailure {
+    return HostFailure.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostFailure>): HostFailure {
+    const message = createBaseHostFailure();
+    message.phase = object.phase ?? "";
+    message.message = object.message ?? "";
+    message.stack = object.stack ?? "";
+    return message;
+  },
+};
+
+function createBaseHostInvokeResult(): HostInvokeResult {
+  return { invocationId: 0n, outcome: undefined };
+}
+
+export const HostInvokeResult: MessageFns<HostInvokeResult> = {
+  encode(message: HostInvokeResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.invocationId !== 0n) {
+      if (BigInt.asUintN(64, message.invocationId) !== message.invocationId) {
+        throw new globalThis.Error("value provided for field message.invocationId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.invocationId);
+    }
+    switch (message.outcome?.$case) {
+      case "valueJson":
+        writer.uint32(18).string(message.outcome.value);
+        break;
+      case "errorMessage":
+        writer.uint32(26).string(message.outcome.value);
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostInvokeResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostInvokeResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.invocationId = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.outcome = { $case: "valueJson", value: reader.string() };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.outcome = { $case: "errorMessage", value: reader.string() };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostInvokeResult>): HostInvokeResult {
+    return HostInvokeResult.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostInvokeResult>): HostInvokeResult {
+    const message = createBaseHostInvokeResult();
+    message.invocationId = (object.invocationId !== undefined && object.invocationId !== null)
+      ? BigInt(object.invocationId)
+      : 0n;
+    switch (object.outcome?.$case) {
+      case "valueJson": {
+        if (object.outcome?.value !== undefined && object.outcome?.value !== null) {
+          message.outcome = { $case: "valueJson", value: object.outcome.value };
+        }
+        break;
+      }
+      case "errorMessage": {
+        if (object.outcome?.value !== undefined && object.outcome?.value !== null) {
+          message.outcome = { $case: "errorMessage", value: object.outcome.value };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseHostRetracted(): HostRetracted {
+  return {};
+}
+
+export const HostRetracted: MessageFns<HostRetracted> = {
+  encode(_: HostRetracted, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostRetracted {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostRetracted();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostRetracted>): HostRetracted {
+    return HostRetracted.fromPartial(base ?? {});
+  },
+  fromPartial(_: DeepPartial<HostRetracted>): HostRetracted {
+    const message = createBaseHostRetracted();
+    return message;
+  },
+};
 
 function createBaseRunRequest(): RunRequest {
   return { kind: undefined };
@@ -1616,6 +2794,23 @@ export const RuntimeServiceService = {
       Buffer.from(GetCapabilitiesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetCapabilitiesResponse => GetCapabilitiesResponse.decode(value),
   },
+  /**
+   * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+   * lives until the plugin is retracted. The first client message must carry `start`; the
+   * server answers `started` (with what the plugin registered) or `failed`, then serves
+   * `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+   * effects are disposed and its processes are gone. Closing the stream from either side
+   * retracts too.
+   */
+  host: {
+    path: "/codemode.runtime.v1.RuntimeService/Host" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: HostRequest): Buffer => Buffer.from(HostRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): HostRequest => HostRequest.decode(value),
+    responseSerialize: (value: HostResponse): Buffer => Buffer.from(HostResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): HostResponse => HostResponse.decode(value),
+  },
 } as const;
 
 export interface RuntimeServiceServer extends UntypedServiceImplementation {
@@ -1628,6 +2823,15 @@ export interface RuntimeServiceServer extends UntypedServiceImplementation {
   run: handleBidiStreamingCall<RunRequest, RunResponse>;
   /** GetCapabilities describes the languages, the isolation actually in force, and the limits. */
   getCapabilities: handleUnaryCall<GetCapabilitiesRequest, GetCapabilitiesResponse>;
+  /**
+   * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+   * lives until the plugin is retracted. The first client message must carry `start`; the
+   * server answers `started` (with what the plugin registered) or `failed`, then serves
+   * `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+   * effects are disposed and its processes are gone. Closing the stream from either side
+   * retracts too.
+   */
+  host: handleBidiStreamingCall<HostRequest, HostResponse>;
 }
 
 export interface RuntimeServiceClient extends Client {
@@ -1656,6 +2860,17 @@ export interface RuntimeServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetCapabilitiesResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
+   * lives until the plugin is retracted. The first client message must carry `start`; the
+   * server answers `started` (with what the plugin registered) or `failed`, then serves
+   * `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
+   * effects are disposed and its processes are gone. Closing the stream from either side
+   * retracts too.
+   */
+  host(): ClientDuplexStream<HostRequest, HostResponse>;
+  host(options: Partial<CallOptions>): ClientDuplexStream<HostRequest, HostResponse>;
+  host(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<HostRequest, HostResponse>;
 }
 
 export const RuntimeServiceClient = makeGenericClientConstructor(

@@ -1,0 +1,131 @@
+"""The seam between Cordis in the registry and the plugin hosts that run host halves.
+
+Cordis (identities, packages, pointers, the seven tools) decides *when* a package's host half
+runs; a plugin host runs it: a sandboxed, long-lived worker on a runtime, reached over one
+``RuntimeService`` stream per activation (``design/cordis.md``). This module says what Cordis
+may ask of a plugin host and what it gets back, and nothing about transport: the gRPC adapter
+lives beside the registry's runtime client, and tests may drive Cordis through any
+implementation of ``PluginHosts``.
+
+Lifecycle of one activation (one ``run-<n>`` attempt that got as far as the host):
+
+1. ``PluginHosts.activate(spec)`` starts a fresh plugin host, evaluates the host half and applies
+   the plugin it returns. It resolves once the plugin's synchronous start is over, with the
+   registrations the plugin made (tools, handlers, services it provides, services it still
+   waits for), or raises ``ActivationFailed`` with the diagnostic's phase and message (the host
+   is gone by then).
+2. While active, Cordis calls ``ActiveHost.call_tool`` for each call of a dynamic tool that
+   reached the body stage of the pipeline, and learns of later changes (a tool registered from
+   an effect, a parked plugin starting) through ``on_change``, and of a crash through
+   ``on_lost``.
+3. ``ActiveHost.retract()`` disposes the plugin (effects in reverse order), settles in-flight
+   calls and returns only when the host's processes are gone (quiescence, reference §9.4).
+   It is idempotent, and safe after ``on_lost``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.signals import AbortSignal
+
+__all__ = [
+    "ActivationFailed",
+    "ActivationSpec",
+    "ActiveHost",
+    "DynamicToolSpec",
+    "HostEvents",
+    "HostRegistrations",
+    "PluginHosts",
+]
+
+ActivationPhase = Literal["host-load", "host-apply"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationSpec:
+    """Everything a plugin host needs to run one package's host half."""
+
+    owner: str  # the agent id that owns the plugin
+    plugin_id: str  # e.g. "clock-1"
+    package_id: str  # e.g. "pkg-3"
+    run_id: str  # e.g. "run-4"
+    language: str  # "python" (or "typescript" once that backend runs host halves)
+    source: str  # the host half: an async function body that returns the plugin
+    name: str = ""  # the package's name, for logs and diagnostics
+    start_timeout_s: float = 5.0  # bounds the host half's synchronous start (vmTimeoutMs)
+    memory_bytes: int | None = None  # None: the runtime's default budget
+    compute_ms_per_call: int | None = None  # per handler/tool invocation
+    max_output_bytes: int | None = None
+    # Schemas of the owner's visible tools, for ``ctx.tools.schemas()`` / ``get(name)``.
+    visible_tools: tuple[tuple[str, JsonValue], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicToolSpec:
+    """A tool a running plugin registered (``harness.define_tool`` + ``register_tool``)."""
+
+    name: str
+    description: str
+    input_schema: JsonValue
+    output_schema: JsonValue | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostRegistrations:
+    """What the plugin holds registered right now."""
+
+    tools: tuple[DynamicToolSpec, ...] = ()
+    handlers: tuple[str, ...] = ()  # harness.handle methods (client -> host calls)
+    provides: tuple[str, ...] = ()  # services it provides to the owner's other plugins
+    waiting_for: tuple[str, ...] = ()  # injected services that do not exist yet ("waiting")
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.waiting_for)
+
+
+class ActivationFailed(Exception):
+    """The host half could not be loaded (syntax, wrong return) or applied (its start threw,
+    timed out, or the host died while starting). ``message`` is the reference's text."""
+
+    def __init__(self, phase: ActivationPhase, message: str, stack: str = "") -> None:
+        super().__init__(message)
+        self.phase: ActivationPhase = phase
+        self.message = message
+        self.stack = stack
+
+
+@dataclass(slots=True)
+class HostEvents:
+    """Callbacks Cordis gives an activation (called on the registry's event loop)."""
+
+    on_change: Callable[[HostRegistrations], None] = field(default=lambda _: None)
+    # The host died or the runtime went away after activation: the run is over (the adapter
+    # has already removed nothing; Cordis retracts its tools and steers the owner).
+    on_lost: Callable[[str], None] = field(default=lambda _: None)
+    # A log line the plugin wrote (console/print), for the owner's history/diagnostics.
+    on_log: Callable[[str, str], None] = field(default=lambda _stream, _text: None)
+
+
+class ActiveHost(Protocol):
+    """One running activation."""
+
+    @property
+    def registrations(self) -> HostRegistrations: ...
+
+    async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
+        """Run the plugin's ``execute`` for ``name``; raises ``ToolCallFailure`` with the
+        plugin's message when it throws, or when the host is gone."""
+        ...
+
+    async def retract(self) -> None: ...
+
+
+class PluginHosts(Protocol):
+    """Where activations run (the registry's runtime client implements it)."""
+
+    async def activate(self, spec: ActivationSpec, events: HostEvents) -> ActiveHost: ...

@@ -1,0 +1,342 @@
+"""One Cordis plugin host: a never-used, sandboxed worker that runs one host half until retract.
+
+The worker is taken from the same pool as programs' workers (the same fork server, pid
+namespace, cgroup, uid and seccomp) and told ``host`` instead of ``start``
+(``worker/plugin_harness.py``). Unlike a run it lives on: it answers invocations of the tools
+its plugin registered until the caller retracts it, the caller goes away, the runtime is
+disposed, or it dies. Whatever happens, the worker is killed and reaped before ``closed``
+resolves, so nothing of a plugin host outlives it either.
+
+Transport-free: the servicer turns the events (``HostEvent``) into stream messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from codemode_wire import jsonvalue
+from runtime_service.budgets import Budgets
+from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
+from runtime_service.worker import flatwire
+from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
+
+__all__ = [
+    "HostEvent",
+    "HostFailed",
+    "HostLog",
+    "HostRegistrations",
+    "HostResult",
+    "HostRetracted",
+    "PluginHost",
+    "PluginHostRequest",
+]
+
+_log = logging.getLogger(__name__)
+_RETRACT_TIMEOUT_S = 10.0  # disposers that hang this long are cut short by the kill
+_EXIT_AFTER_EOF_S = 1.0
+_OUT_OF_MEMORY = 86  # framing.EXIT_OUT_OF_MEMORY
+
+
+@dataclass(frozen=True, slots=True)
+class PluginHostRequest:
+    source: str
+    plugin_id: str
+    package_id: str
+    run_id: str
+    budgets: Budgets
+    start_timeout_s: float = 5.0
+    visible_tools: list[object] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicTool:
+    name: str
+    description: str
+    input_schema_json: str
+    output_schema_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostRegistrations:
+    tools: tuple[DynamicTool, ...]
+    handlers: tuple[str, ...]
+    provides: tuple[str, ...]
+    waiting_for: tuple[str, ...]
+    changed: bool = False  # a change after the start (else: the start's registrations)
+
+
+@dataclass(frozen=True, slots=True)
+class HostFailed:
+    phase: str  # host-load | host-apply | host-lost
+    message: str
+    stack: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HostResult:
+    invocation_id: int
+    value_json: str | None  # None: failed with error_message
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HostLog:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostRetracted:
+    pass
+
+
+HostEvent = HostRegistrations | HostFailed | HostResult | HostLog | HostRetracted
+
+
+class PluginHost:
+    """Drives one plugin host from start to retract; reports through ``emit``."""
+
+    def __init__(
+        self,
+        request: PluginHostRequest,
+        acquire: Callable[[], Awaitable[WorkerProcess]],
+        emit: Callable[[HostEvent], None],
+    ) -> None:
+        self.request = request
+        self._acquire = acquire
+        self._emit = emit
+        self._worker: WorkerProcess | None = None
+        self._started = False
+        self._ended = False  # a failed/lost/retracted event was emitted: nothing more is
+        self._retracting = False
+        self._pending: set[int] = set()
+        self._final: HostEvent | None = None
+        self._done = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolves once the worker is reaped (after the last event)."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Start the host and keep it until it ends; returns once its worker is gone."""
+        try:
+            try:
+                worker = await self._acquire()
+            except WorkerLaunchError as exc:
+                self._end(HostFailed("host-load", f"no plugin host could be started: {exc}"))
+                return
+            self._worker = worker
+            budgets = self.request.budgets
+            if worker.cgroup is not None:
+                try:
+                    worker.cgroup.set_memory_limit(budgets.memory_bytes)
+                except OSError as exc:
+                    why = exc.strerror or exc
+                    self._end(HostFailed("host-load", f"cannot apply the memory budget: {why}"))
+                    return
+                worker.cgroup.mark_start()
+            worker.listen(
+                self._on_frame,
+                self._on_eof,
+                lambda _fd, _data: None,  # print/sys.stdout are logs; raw fd writes dropped
+                FrameLimits(budgets.max_output_bytes * 2 + 4096, 1 << 30, budgets.memory_bytes),
+            )
+            worker.exited.add_done_callback(self._on_exit)
+            worker.send(
+                {
+                    "t": "host",
+                    "source": self.request.source,
+                    "plugin_id": self.request.plugin_id,
+                    "package_id": self.request.package_id,
+                    "run_id": self.request.run_id,
+                    "start_timeout_s": self.request.start_timeout_s,
+                    "max_output_bytes": budgets.max_output_bytes,
+                    "memory_bytes": budgets.memory_bytes,
+                    "tools": flatwire.encode(self.request.visible_tools),
+                }
+            )
+            await self._done
+        finally:
+            if self._worker is not None:
+                await self._worker.kill()
+                await self._worker.closed
+            if not self._ended:
+                self._end(HostFailed("host-lost", "the plugin host was stopped"))
+            # The last word, only now: whoever hears "retracted" (or "lost") may rely on the
+            # host's processes being gone (quiescence, reference §9.4).
+            assert self._final is not None
+            self._emit(self._final)
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    def invoke(self, invocation_id: int, tool_name: str, arguments_json: str) -> None:
+        worker = self._worker
+        if (
+            worker is None
+            or not self._started
+            or self._ended
+            or self._retracting
+            or invocation_id in self._pending
+        ):
+            why = (
+                "an invocation with this id is already running"
+                if (invocation_id in self._pending)
+                else "the plugin is not running"
+            )
+            self._emit(HostResult(invocation_id, None, why))
+            return
+        try:
+            arguments = jsonvalue.loads(arguments_json)
+            tokens = flatwire.encode(arguments)
+        except (ValueError, flatwire.WireError):
+            self._emit(HostResult(invocation_id, None, "tool arguments must be lossless JSON"))
+            return
+        self._pending.add(invocation_id)
+        worker.send({"t": "invoke", "id": invocation_id, "name": tool_name, "args": tokens})
+
+    def cancel(self, invocation_id: int) -> None:
+        if self._worker is not None and invocation_id in self._pending and not self._ended:
+            self._worker.send({"t": "cancel", "id": invocation_id})
+
+    async def retract(self) -> None:
+        """Dispose the plugin (its disposers run in reverse), then end; idempotent."""
+        if self._retracting or self._ended:
+            await asyncio.shield(self.closed)
+            return
+        self._retracting = True
+        if self._worker is None or not self._started:
+            self._end(HostRetracted())  # nothing started: killing it is the whole retract
+        else:
+            self._worker.send({"t": "retract"})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._done), _RETRACT_TIMEOUT_S)
+            if not self._ended:
+                self._end(HostRetracted())  # disposers hung: the kill ends them
+        await asyncio.shield(self.closed)
+
+    def kill(self) -> None:
+        """End now (the caller went away, or the runtime is disposed)."""
+        if not self._ended:
+            self._end(HostFailed("host-lost", "the plugin host was stopped"))
+
+    # -- worker messages ---------------------------------------------------------------------
+    def _on_frame(self, event: FrameEvent) -> None:
+        if self._ended:
+            return
+        if isinstance(event, Oversized):
+            self._end(HostFailed(self._phase(), "the plugin host sent a message over its budget"))
+            return
+        try:
+            message = flatwire.loads_strict(event)
+        except (ValueError, flatwire.WireError):
+            return  # junk from a hostile worker: ignored
+        if type(message) is not dict:
+            return
+        try:
+            self._dispatch(message)
+        except (KeyError, TypeError, ValueError, flatwire.WireError) as exc:
+            _log.info("plugin host %s sent a malformed frame: %s", self.request.plugin_id, exc)
+
+    def _dispatch(self, message: dict[str, object]) -> None:
+        kind = message.get("t")
+        if kind == "log" and type(message.get("text")) is str:
+            self._emit(HostLog(str(message["text"])))
+        elif kind in ("started", "regs"):
+            regs = _registrations(flatwire.decode(message.get("regs")), changed=kind == "regs")
+            if kind == "started" and not self._started:
+                self._started = True
+                self._emit(regs)
+            elif kind == "regs" and self._started:
+                self._emit(regs)
+        elif kind == "failed" and not self._started:
+            phase = message.get("phase")
+            self._end(
+                HostFailed(
+                    phase if phase in ("host-load", "host-apply") else "host-apply",
+                    str(message.get("message", "")),
+                    str(message.get("stack", "")),
+                )
+            )
+        elif kind == "result":
+            invocation = message.get("id")
+            if type(invocation) is not int or invocation not in self._pending:
+                return  # unknown or repeated: ignored
+            self._pending.discard(invocation)
+            if message.get("ok") is True:
+                value = flatwire.decode(message.get("value"))
+                self._emit(HostResult(invocation, jsonvalue.dumps(value)))
+            else:
+                text = message.get("message")
+                self._emit(HostResult(invocation, None, text if type(text) is str else "failed"))
+        elif kind == "retracted" and self._retracting:
+            self._end(HostRetracted())
+
+    def _on_eof(self) -> None:
+        # A worker that dies closes its channel first: its exit, which says how it ended, is
+        # about to follow. One that only closed the channel is ended (and killed) shortly.
+        def closed_only() -> None:
+            if not self._ended:
+                self._end(HostFailed(self._phase(), "the plugin host closed its channel"))
+
+        asyncio.get_running_loop().call_later(_EXIT_AFTER_EOF_S, closed_only)
+
+    def _on_exit(self, exited: asyncio.Future[int]) -> None:
+        if self._ended:
+            return
+        status = exited.result() if not exited.cancelled() else None
+        worker = self._worker
+        if worker is not None and worker.cgroup is not None and worker.cgroup.oom_killed():
+            status = _OUT_OF_MEMORY
+        if status == _OUT_OF_MEMORY:
+            text = (
+                f"the plugin host exceeded its memory budget "
+                f"({self.request.budgets.memory_bytes >> 20} MiB)"
+            )
+        else:
+            text = f"the plugin host exited (status {status})"
+        self._end(HostFailed(self._phase(), text))
+
+    def _phase(self) -> str:
+        return "host-lost" if self._started else "host-apply"
+
+    def _end(self, event: HostEvent) -> None:
+        """The host is over: fail what is in flight now; ``event`` goes out once it is reaped."""
+        self._ended = True
+        for invocation in sorted(self._pending):
+            self._emit(HostResult(invocation, None, "the plugin host ended before the call did"))
+        self._pending.clear()
+        self._final = event
+        if not self._done.done():
+            self._done.set_result(None)
+
+
+def _registrations(raw: object, *, changed: bool) -> HostRegistrations:
+    """The worker's registrations, rebuilt field by field (it is a hostile peer)."""
+    if type(raw) is not dict:
+        raise ValueError("registrations must be an object")
+
+    def names(key: str) -> tuple[str, ...]:
+        items = raw.get(key, [])
+        return tuple(item for item in items if type(item) is str) if type(items) is list else ()
+
+    tools: list[DynamicTool] = []
+    seen: set[str] = set()
+    raw_tools = raw.get("tools", [])
+    for item in raw_tools if type(raw_tools) is list else []:
+        if type(item) is not dict or type(item.get("name")) is not str or item["name"] in seen:
+            continue
+        seen.add(item["name"])
+        description, schema, output = item.get("description"), item.get("input"), item.get("output")
+        tools.append(
+            DynamicTool(
+                item["name"],
+                description if type(description) is str else "",
+                schema if type(schema) is str else "{}",
+                output if type(output) is str else "",
+            )
+        )
+    return HostRegistrations(
+        tuple(tools), names("handlers"), names("provides"), names("waiting_for"), changed
+    )

@@ -1,0 +1,171 @@
+"""The Python client installs on its own: its wheel, built from clients/python, in a fresh venv
+that holds only the wheel and its declared dependencies (not the servers' package), imports every
+public module and drives live services: a typed tool served from that venv, called by a program.
+
+No network: the wheel is built without build isolation, and the declared dependencies are copied
+from this environment's installed distributions (their files, as their RECORD lists them)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from tests.codemode.conftest import Stack
+
+CLIENT_SOURCE = Path(__file__).resolve().parents[2] / "clients" / "python"
+
+SCRIPT = """
+import asyncio, importlib, json, pkgutil, sys
+from typing_extensions import TypedDict  # pydantic wants it on 3.11
+
+import codemode_client, codemode_wire
+from codemode_client import RegistryClient, ToolProvider, open_channel
+
+modules = []
+for package in (codemode_client, codemode_wire):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+        modules.append(info.name)
+
+servers = []
+for name in ("codemode_common", "registry_service", "runtime_service", "codemode_cli"):
+    try:
+        importlib.import_module(name)
+        servers.append(name)
+    except ImportError:
+        pass
+
+class Args(TypedDict):
+    word: str
+    times: int
+
+async def main(address: str) -> dict:
+    provider = ToolProvider(open_channel(address), "packaged")
+
+    @provider.tool(concurrency_safe=True)
+    async def repeat(args: Args, ctx: object) -> str:
+        \"\"\"Repeat a word.\"\"\"
+        return args["word"] * args["times"]
+
+    async with provider, RegistryClient(address) as client:
+        agent = await client.create_agent("packaged", mode="code")
+        program = "print('calling')\\nreturn await tools.repeat({'word': 'ab', 'times': 3})"
+        result = await client.run_code(program, "repeat a word", agent=agent.name)
+        tools = {t.name: t for t in await client.list_tools()}
+    return {
+        "value": result.value, "text": result.text,
+        "schema": json.loads(tools["repeat"].input_schema_json),
+        "modules": modules, "servers": servers, "executable": sys.executable,
+    }
+
+print(json.dumps(asyncio.run(main(sys.argv[1]))))
+"""
+
+
+def _site_packages(venv: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return venv / "lib" / version / "site-packages"
+
+
+def _copy_distribution(name: str, into: Path, done: set[str]) -> None:
+    """Copies installed distribution `name` and, transitively, what it requires (for this
+    interpreter, no extras) from this environment into the site-packages `into`."""
+    dist = metadata.distribution(name)
+    key = dist.metadata["Name"].lower().replace("_", "-")
+    if key in done:
+        return
+    done.add(key)
+    here = Path(sysconfig.get_paths()["purelib"])
+    for file in dist.files or ():
+        if file.parts[0] == ".." or "__pycache__" in file.parts:
+            continue  # console scripts, caches
+        source = here / file
+        target = into / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    for spec in dist.requires or ():
+        requirement = Requirement(spec)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            _copy_distribution(requirement.name, into, done)
+
+
+def _install_client(tmp_path: Path) -> Path:
+    """A fresh venv holding the client's wheel and its declared dependencies: its python."""
+    source = tmp_path / "src"
+    shutil.copytree(
+        CLIENT_SOURCE,
+        source,
+        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
+    )
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", wheels, source],
+        check=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = wheels.glob("codemode_client-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], check=True
+    )
+    declared = metadata.PathDistribution(
+        next(_site_packages(venv).glob("codemode_client-*.dist-info"))
+    ).requires
+    assert declared is not None and not any(
+        Requirement(r).name.lower() == "codemode" for r in declared
+    )
+    copied: set[str] = set()
+    for spec in declared:
+        _copy_distribution(Requirement(spec).name, _site_packages(venv), copied)
+    assert "codemode" not in copied
+    # Every declared dependency (and theirs) is there, at versions that satisfy them.
+    subprocess.run([*pip, "--python", python, "check"], check=True)
+    return python
+
+
+async def test_the_client_wheel_works_alone_against_live_services(
+    tmp_path: Path, stack: Stack
+) -> None:
+    # In threads: the live registry serves from this test's event loop.
+    python = await asyncio.to_thread(_install_client, tmp_path)
+    script = tmp_path / "use_the_client.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    done = await asyncio.to_thread(
+        functools.partial(
+            subprocess.run,
+            [str(python), str(script), stack.running.address],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["executable"] == str(python)
+    assert report["servers"] == []  # the servers' packages are not importable there
+    assert {"codemode_client.client", "codemode_wire.api.registry.v1.tool_pb2"} <= set(
+        report["modules"]
+    )
+    assert report["value"] == {"logs": ["calling"], "result": "ababab"}
+    assert report["text"] == "calling\nababab"
+    assert report["schema"]["required"] == ["word", "times"]  # derived by pydantic there

@@ -1,0 +1,54 @@
+"""The Python client's distribution (`codemode_client` and `codemode_wire`, under clients/python)
+imports only itself, the standard library and what its pyproject declares: never the servers'
+packages, which a user who installs only the client does not have. Every import counts, also
+one inside a function. (tests/clients/test_client_package.py proves it by installing it.)"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from tests.unit.test_domain_imports import imported_modules
+
+CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
+# The import names of the declared distributions (a distribution's name is not its modules').
+PROVIDED = {
+    "grpcio": {"grpc"},
+    "grpcio-status": {"grpc_status"},
+    "protobuf": {"google.protobuf"},
+    "googleapis-common-protos": {"google.rpc"},
+    "pydantic": {"pydantic"},
+    "opentelemetry-api": {"opentelemetry"},
+}
+OWN = {"codemode_client", "codemode_wire"}
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+    names = {Requirement(spec).name for spec in project["dependencies"]}
+    assert names == set(PROVIDED), "map the import names of a new dependency in PROVIDED"
+    return set().union(*PROVIDED.values())
+
+
+def _allowed(module: str, declared: set[str]) -> bool:
+    top = module.split(".", maxsplit=1)[0]
+    if top in OWN or top in sys.stdlib_module_names or top == "__future__":
+        return True
+    if module.startswith("opentelemetry.sdk"):
+        return False  # the API only: the SDK is the servers' (and not declared)
+    return any(module == d or module.startswith(d + ".") for d in declared)
+
+
+def test_the_client_distribution_imports_only_what_it_declares() -> None:
+    declared = _declared()
+    offenders = {
+        str(path.relative_to(CLIENT)): sorted(
+            m for m in imported_modules(path) if not _allowed(m, declared)
+        )
+        for package in OWN
+        for path in (CLIENT / package).rglob("*.py")  # the generated stubs too
+    }
+    assert {path: found for path, found in offenders.items() if found} == {}
