@@ -165,7 +165,7 @@ class Runtime:
         """Validate a plugin host request; ``run_host`` drives it."""
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        if language not in LANGUAGES:
+        if language != "python":  # plugin hosts run on the Python worker only
             raise RunRequestError(f"unsupported language {language!r} (supported: python)")
         if utf8_exceeds(source, self.options.max_program_bytes):
             raise RunRequestError(f"source exceeds {self.options.max_program_bytes} bytes")

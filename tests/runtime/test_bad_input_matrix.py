@@ -386,11 +386,12 @@ def _cases() -> list[Case]:
     wide = "#" + "é" * (MAX_PROGRAM_BYTES // 2)
     add(Case("program:over-the-limit-in-utf8-bytes", run(wide), too_big))
 
-    # The language: only "python"; unset (empty) means the one served.
+    # The language: "python" or "typescript", exactly; unset (empty) means python.
     unsupported = Refused("INVALID_RUN", "unsupported language")
     for kind, language in (
         ("unknown", "cobol"),
         ("wrong-case", "Python"),
+        ("wrong-case-typescript", "TypeScript"),
         ("padded", " python"),
         ("nul-suffix", "python\x00"),
         ("10000-chars", LONG),
