@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.budgets import Budgets
-from runtime_service.runtime import LANGUAGES, Runtime
+from runtime_service.runtime import Runtime
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
 
@@ -56,7 +56,7 @@ async def probe_capabilities(runtime: Runtime) -> Capabilities:
         await worker.kill()
     options = runtime.options
     return Capabilities(
-        languages=LANGUAGES,
+        languages=runtime.languages,
         isolation=describe_isolation(report, options.worker),
         defaults=options.defaults,
         maxima=options.maxima,

@@ -41,7 +41,10 @@ class RuntimeSettings(ServiceSettings):
     listen: str = "127.0.0.1:50052"
     """Address the gRPC server binds, ``host:port`` (port 0 picks a free one)."""
     pool_size: int = Field(default=2, ge=0, le=256)
-    """Pre-spawned never-used workers kept ready (0 = spawn each worker on demand)."""
+    """Pre-spawned never-used Python workers kept ready (0 = spawn each worker on demand)."""
+    typescript_pool_size: int = Field(default=1, ge=0, le=256)
+    """Pre-spawned never-used TypeScript workers kept ready (0 = on demand). TypeScript is
+    served where Node 20+ is installed (``worker_node``, else ``node`` on the PATH)."""
     default_compute_ms: int = 60_000
     """Busy-CPU budget (every process of the run) of a run that does not set one."""
     default_wall_ms: int = 600_000
@@ -73,6 +76,9 @@ class RuntimeSettings(ServiceSettings):
     fork server cannot run)."""
     worker_python: str | None = None
     """Interpreter for workers (default: the runtime's own, resolved to its real path)."""
+    worker_node: str | None = None
+    """The Node executable of TypeScript workers (default: ``node`` on the runtime's PATH;
+    without one, TypeScript is not served)."""
     worker_uid_base: int = Field(default=60_000, ge=1, le=4_000_000_000)
     """First uid (and gid) of the range workers run as, one per live worker (root only)."""
     worker_uid_count: int = Field(default=1_000, ge=1, le=1_000_000)
@@ -167,8 +173,11 @@ class RuntimeSettings(ServiceSettings):
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)
+        if self.worker_node:
+            spec = dataclasses.replace(spec, node=self.worker_node)
         return RuntimeOptions(
             pool_size=self.pool_size,
+            typescript_pool_size=self.typescript_pool_size,
             defaults=defaults,
             maxima=maxima,
             worker=spec,

@@ -8,7 +8,9 @@ it is reaped, so ``close`` returns only when none is left.
 
 With the ``fork-server`` launch the pool owns the fork server its workers come from: started
 with the pool, restarted by the next launch after it died (its workers die with it, and the
-runs using them end as ``worker-exit``), stopped by ``close`` after the last worker.
+runs using them end as ``worker-exit``), stopped by ``close`` after the last worker. The pools
+of other languages borrow the same fork server (each request names its language); the owner
+closes last.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _REFILL_DEFER_S = 0.005
 
 
 class WorkerPool:
-    def __init__(self, spec: WorkerSpec, size: int) -> None:
+    def __init__(self, spec: WorkerSpec, size: int, fork_server: ForkServer | None = None) -> None:
         if size < 0:
             raise ValueError("pool size must be >= 0")
         self.spec = spec
@@ -45,7 +47,10 @@ class WorkerPool:
         self._filler: asyncio.Task[None] | None = None
         self._closed = False
         self.spawn_failures = 0
-        self.fork_server = ForkServer(spec.python) if spec.forks else None
+        self._owns_fork_server = fork_server is None
+        if fork_server is None and spec.forks:
+            fork_server = ForkServer(spec.python)
+        self.fork_server = fork_server if spec.forks else None
         """Where the workers come from (None: each one is spawned)."""
 
     @property
@@ -58,7 +63,7 @@ class WorkerPool:
         return len(self._workers)
 
     def start(self) -> None:
-        if self.fork_server is not None:
+        if self.fork_server is not None and self._owns_fork_server:
             self.fork_server.start()
         if self._filler is None and self.size > 0:
             self._filler = asyncio.create_task(self._fill(), name="worker-pool-fill")
@@ -131,5 +136,5 @@ class WorkerPool:
         workers = list(self._workers)
         await asyncio.gather(*(worker.kill() for worker in workers))
         await asyncio.gather(*(worker.closed for worker in workers))
-        if self.fork_server is not None:
+        if self.fork_server is not None and self._owns_fork_server:
             await self.fork_server.close()

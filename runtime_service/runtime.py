@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,18 +17,22 @@ from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
-from runtime_service.worker_process import WorkerSpec
+from runtime_service.worker_process import WorkerSpec, typescript_installed
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
 
-LANGUAGES = ("python",)
+LANGUAGES = ("python", "typescript")
+"""Every language a runtime can serve (one served needs its interpreter: ``languages``)."""
 DISPOSED_REASON = "runtime disposed"
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     pool_size: int = 2
-    """Pre-spawned idle workers (0 = spawn each worker on demand)."""
+    """Pre-spawned idle Python workers (0 = spawn each worker on demand)."""
+    typescript_pool_size: int = 0
+    """Pre-spawned idle TypeScript workers (0 = spawn each worker on demand; the service's
+    setting keeps one)."""
     defaults: Budgets = field(default_factory=Budgets)
     maxima: Budgets = field(default_factory=Budgets)
     worker: WorkerSpec = field(default_factory=WorkerSpec)
@@ -41,7 +46,18 @@ class RuntimeOptions:
 class Runtime:
     def __init__(self, options: RuntimeOptions | None = None) -> None:
         self.options = options or RuntimeOptions()
-        self.pool = WorkerPool(self.options.worker, self.options.pool_size)
+        spec = self.options.worker
+        self.pool = WorkerPool(spec, self.options.pool_size)
+        """The Python workers' pool."""
+        self.pools: dict[str, WorkerPool] = {"python": self.pool}
+        """One pool (and fork server) per language served."""
+        if typescript_installed(spec):
+            typescript = dataclasses.replace(
+                spec, language="typescript", node_heap_bytes=self.options.defaults.memory_bytes
+            )
+            self.pools["typescript"] = WorkerPool(
+                typescript, self.options.typescript_pool_size, self.pool.fork_server
+            )
         self._live: set[Run] = set()
         self._hosts: set[PluginHost] = set()
         self._executions: set[asyncio.Task[RunResult]] = set()
@@ -56,7 +72,13 @@ class Runtime:
         if os.geteuid() == 0:
             spec = self.options.worker
             await UidLeases.reclaim_range(spec.uid_base, spec.uid_count)
-        self.pool.start()
+        for pool in self.pools.values():
+            pool.start()
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The languages this runtime serves (TypeScript needs Node on the host)."""
+        return tuple(language for language in LANGUAGES if language in self.pools)
 
     @property
     def live_runs(self) -> int:
@@ -80,8 +102,10 @@ class Runtime:
         """
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        if language not in LANGUAGES:
-            raise RunRequestError(f"unsupported language {language!r} (supported: python)")
+        pool = self.pools.get(language)
+        if pool is None:
+            supported = ", ".join(self.languages)
+            raise RunRequestError(f"unsupported language {language!r} (supported: {supported})")
         if type(program) is not str:
             raise RunRequestError("program must be a string")
         if utf8_exceeds(program, self.options.max_program_bytes):
@@ -101,7 +125,7 @@ class Runtime:
         if deadline_ms is not None:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
-        return Run(request, self.pool.acquire, handler, on_log, take_idle=self.pool.take_idle)
+        return Run(request, pool.acquire, handler, on_log, take_idle=pool.take_idle)
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""
@@ -141,7 +165,7 @@ class Runtime:
         """Validate a plugin host request; ``run_host`` drives it."""
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        if language not in LANGUAGES:
+        if language != "python":  # plugin hosts run on the Python worker only
             raise RunRequestError(f"unsupported language {language!r} (supported: python)")
         if utf8_exceeds(source, self.options.max_program_bytes):
             raise RunRequestError(f"source exceeds {self.options.max_program_bytes} bytes")
@@ -186,4 +210,8 @@ class Runtime:
             host.kill()
         await asyncio.gather(*(host.closed for host in hosts), return_exceptions=True)
         await asyncio.gather(*list(self._executions), return_exceptions=True)
+        # The Python pool last: it owns the fork server the others borrow.
+        await asyncio.gather(
+            *(pool.close() for pool in self.pools.values() if pool is not self.pool)
+        )
         await self.pool.close()

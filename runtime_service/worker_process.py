@@ -55,13 +55,31 @@ from runtime_service.worker import flatwire, framing
 from runtime_service.worker.sandbox_child import PID_NAMESPACE_OWN
 from runtime_service.zygote import ForkedChild, ForkServer, ForkServerError
 
-__all__ = ["UidLeases", "WorkerLaunch", "WorkerLaunchError", "WorkerProcess", "WorkerSpec"]
+__all__ = [
+    "UidLeases",
+    "WorkerLanguage",
+    "WorkerLaunch",
+    "WorkerLaunchError",
+    "WorkerProcess",
+    "WorkerSpec",
+    "typescript_installed",
+]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOADER = (
     "import sys;sys.path.insert(0,sys.argv[1]);"
     "from runtime_service.worker.bootstrap import main;main()"
 )
+# A spawned TypeScript worker starts as Python too: it isolates, then execs node.
+_TS_LOADER = (
+    "import sys;sys.path.insert(0,sys.argv[1]);"
+    "from runtime_service.worker.typescript import main;main()"
+)
+_TS_WORKER_DIR = str(Path(__file__).resolve().parent / "worker_ts")
+# Node reads the run's memory budget only at start (its heap limit): a pooled worker is started
+# with the runtime's default budget, and the run's cgroup enforces the run's own.
+_NODE_FLAGS = ("--disallow-code-generation-from-strings",)
+_MIB = 1 << 20
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
 _RECV_BYTES = 1 << 16
@@ -72,6 +90,24 @@ _UNBOUNDED = FrameLimits(framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES, frami
 _UID_ATTEMPTS = 8  # uids tried per launch when workers find theirs held by another process
 
 WorkerLaunch = Literal["fork-server", "spawn"]
+WorkerLanguage = Literal["python", "typescript"]
+
+
+def _find_node() -> str | None:
+    found = shutil.which("node")
+    return os.path.realpath(found) if found else None
+
+
+def typescript_installed(spec: WorkerSpec) -> bool:
+    """Whether TypeScript workers can start here: Node, and the worker with its pinned type
+    stripper (``npm ci`` in ``runtime_service/worker_ts``, done by scripts/bootstrap). Not
+    where a test substituted the Python worker (a custom ``loader``)."""
+    return (
+        spec.node is not None
+        and spec.loader == _LOADER
+        and os.path.isfile(os.path.join(_TS_WORKER_DIR, "worker.js"))
+        and os.path.isdir(os.path.join(_TS_WORKER_DIR, "node_modules", "amaro"))
+    )
 
 
 class WorkerLaunchError(RuntimeError):
@@ -125,6 +161,15 @@ class WorkerSpec:
     """``fork-server``: forked by the pool's fork server, each run in its own pid namespace;
     ``spawn``: a fresh interpreter per worker (no pid namespace). A custom ``loader`` always
     spawns: the fork server runs only the real worker."""
+    language: WorkerLanguage = "python"
+    """Which worker: ``python`` (``worker/bootstrap.py``) or ``typescript`` (``node
+    worker_ts/worker.js``, exec'd after the same isolation: ``worker/typescript.py``). One
+    protocol: nothing else in the runtime depends on it."""
+    node: str | None = field(default_factory=_find_node)
+    """The Node 20+ executable of TypeScript workers (None: TypeScript is not served)."""
+    node_heap_bytes: int = 512 << 20
+    """V8's heap limit (``--max-old-space-size``) of a TypeScript worker: the runtime sets it
+    to its default memory budget."""
 
     def cgroup_host(self) -> run_cgroup.CgroupHost:
         """Where this spec's workers get their run cgroups (detected once per process)."""
@@ -140,19 +185,35 @@ class WorkerSpec:
         return os.path.realpath(self.temp_root or tempfile.gettempdir())
 
     def sandbox_config(self, uid: int, cgroups: list[str] | None = None) -> dict[str, Any]:
-        """What the worker's ``sandbox_child.SandboxConfig`` is built from."""
-        return {
+        """What the worker's ``sandbox_child.SandboxConfig`` is built from (and, for a
+        TypeScript worker, how ``worker/typescript.py`` execs node)."""
+        config: dict[str, Any] = {
             "uid": uid,
             "hide": list(self.hidden_paths),
             "tmp_bytes": self.tmp_bytes,
             "tmp_root": self.fallback_root(),
             "cgroups": list(cgroups or ()),
         }
+        if self.language == "typescript":
+            node = self.node or "node"
+            heap_mib = max(self.node_heap_bytes // _MIB, 16)
+            config["node"] = {
+                "path": node,
+                "worker": os.path.join(_TS_WORKER_DIR, "worker.js"),
+                "flags": [f"--max-old-space-size={heap_mib}", *_NODE_FLAGS],
+            }
+            # Read-only in the worker's root: its code (amaro included) and Node's install
+            # (already there when it lives under /usr).
+            config["expose"] = [_TS_WORKER_DIR, os.path.dirname(os.path.dirname(node))]
+        return config
 
     def argv(self, channel_fd: int, uid: int, cgroups: list[str] | None = None) -> list[str]:
         config = self.sandbox_config(uid, cgroups)
+        loader = (
+            _TS_LOADER if self.language == "typescript" and self.loader == _LOADER else self.loader
+        )
         return [
-            self.python, "-I", "-S", "-c", self.loader, _PACKAGE_ROOT, str(channel_fd),
+            self.python, "-I", "-S", "-c", loader, _PACKAGE_ROOT, str(channel_fd),
             json.dumps(config, separators=(",", ":")),
         ]  # fmt: skip
 
@@ -378,7 +439,9 @@ class WorkerProcess:
     ) -> ForkedChild:
         cgroups = cgroup.paths if cgroup is not None else None
         try:
-            forking = server.fork(config=spec.sandbox_config(uid, cgroups), fds=fds)
+            forking = server.fork(
+                config=spec.sandbox_config(uid, cgroups), fds=fds, language=spec.language
+            )
         except ForkServerError as exc:
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
         try:

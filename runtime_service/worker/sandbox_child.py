@@ -141,13 +141,21 @@ class UidBusyError(OSError):
 class SandboxConfig:
     """What the runtime asks for (decoded from the worker's command line or fork request)."""
 
-    __slots__ = ("cgroups", "hide", "pid_namespace", "tmp_bytes", "tmp_root", "uid")
+    __slots__ = ("cgroups", "expose", "hide", "pid_namespace", "tmp_bytes", "tmp_root", "uid")
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
         self.uid = uid if type(uid) is int and uid > 0 else None
         hide = raw.get("hide")
         self.hide = [p for p in hide if type(p) is str] if type(hide) is list else []
+        # Directories another interpreter needs (the TypeScript worker's code and Node's
+        # installation), mounted read-only at the same path, over any mask.
+        expose = raw.get("expose")
+        self.expose = (
+            [p for p in expose if type(p) is str and os.path.isabs(p)]
+            if type(expose) is list
+            else []
+        )
         tmp = raw.get("tmp_bytes")
         self.tmp_bytes = tmp if type(tmp) is int and tmp > 0 else 64 << 20
         root = raw.get("tmp_root")
@@ -360,6 +368,17 @@ def _private_root(
         if inside and os.path.isdir(root + mask):
             libc.mount("tmpfs", root + mask, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
                        "size=4k,nr_inodes=2,mode=0")  # fmt: skip
+    masks = _masked_paths(config)
+    for tree in config.expose:
+        # Already visible: inside an exposed tree and under no mask.
+        visible = any(_within(tree, top) for top in trees) and not any(
+            _within(tree, mask) for mask in masks
+        )
+        if os.path.isdir(tree) and not visible:
+            os.makedirs(root + tree, exist_ok=True)
+            libc.mount(tree, root + tree, None, _MS_BIND | _MS_REC, None)
+            libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
+                       None)  # fmt: skip
     for path in _SYSTEM_FILES:
         if os.path.isfile(path):
             _bind_file(libc, path, root + path, _MS_RDONLY)
@@ -404,6 +423,10 @@ def _private_root(
     libc.mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
     os.chdir("/tmp")
     report["filesystem"] = "private-root"
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
 
 
 def _bind_file(libc: _Libc, source: str, target: str, extra: int) -> None:

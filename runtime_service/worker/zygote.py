@@ -51,12 +51,18 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from runtime_service.worker import bootstrap, plugin_harness, sandbox_child  # noqa: F401 (plugin_harness: imported before any fork, children cannot import it after pivot_root)
+# plugin_harness: imported before any fork, children cannot import it after pivot_root.
+from runtime_service.worker import (  # noqa: F401
+    bootstrap,
+    plugin_harness,
+    sandbox_child,
+    typescript,
+)
 
 __all__ = ["CHANNEL_FD", "LANGUAGES", "main"]
 
 CHANNEL_FD = 3  # where a child finds its channel socket (0-2: /dev/null, stdout, stderr)
-LANGUAGES = ("python",)
+LANGUAGES = ("python", "typescript")
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _CLONE_NEWPID = 0x20000000
@@ -283,10 +289,10 @@ class Zygote:
             language = request.get("language", "python")
             if language == "python":
                 bootstrap.serve(CHANNEL_FD, config)
-            # The seam for other interpreters (a later issue): isolate with the same
-            # sandbox_child steps, then os.execve the interpreter with the channel on fd 3.
-            # After exec the process is dumpable again, so such a launcher must keep the
-            # interpreter in this pid namespace (it is) and re-clear the flag if it can.
+            if language == "typescript":
+                # The same sandbox_child steps, then os.execve of node with the channel on
+                # fd 3 (what the exec keeps and resets: typescript.py).
+                typescript.serve(CHANNEL_FD, config)
             os.write(2, f"fork server: unsupported language {language!r}\n".encode())
             os._exit(2)
         except BaseException:

@@ -136,14 +136,16 @@ async def test_a_language_no_runtime_serves_fails_assembly_and_execution(
 
 
 async def test_run_code_sends_the_scope_language_to_the_runtime(make_stack: Any) -> None:
-    """The registry is told both languages are served; the real runtime serves Python only, so
-    a TypeScript agent's run reaches the runtime and is refused *there*, naming the language
-    it received: the language travelled on Run. A Python agent's run succeeds."""
+    """Both languages are served: a program that only one of them can run succeeds for the
+    agent of that language and fails for the other, so the language travelled on Run."""
     async with make_stack(runtime_languages=BOTH_LANGUAGES) as stack:
         py = (await _create_agent(stack, "py-runner", language="python")).name
         ts = (await _create_agent(stack, "ts-runner", language="typescript")).name
         _events, ok = await stack.run_code("return 6 * 7", agent=py)
         assert value_of(ok) == {"logs": [], "result": 42}
-        _events, refused = await stack.run_code("return 1", agent=ts, call_id="call-ts")
+        typed = "const x: number = 6 * 7;\nreturn x;"
+        _events, ok = await stack.run_code(typed, agent=ts, call_id="call-ts")
+        assert value_of(ok) == {"logs": [], "result": 42}
+        _events, refused = await stack.run_code(typed, agent=py, call_id="call-py")
         assert refused.is_error
-        assert "typescript" in refused.error.message, refused.error.message
+        assert "SyntaxError" in refused.error.message, refused.error.message

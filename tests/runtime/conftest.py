@@ -88,7 +88,12 @@ def run_program(runtime: Runtime) -> ProgramRunner:
 
 def grpc_settings(**overrides: Any) -> RuntimeSettings:
     """Settings of a loopback runtime for tests (one pooled worker, a short shutdown grace)."""
-    values: dict[str, Any] = {"listen": "127.0.0.1:0", "pool_size": 1, "shutdown_grace_s": 0.2}
+    values: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "pool_size": 1,
+        "typescript_pool_size": 0,  # TypeScript workers on demand (tests that want one ask)
+        "shutdown_grace_s": 0.2,
+    }
     return RuntimeSettings(**{**values, **overrides})
 
 

@@ -386,11 +386,12 @@ def _cases() -> list[Case]:
     wide = "#" + "é" * (MAX_PROGRAM_BYTES // 2)
     add(Case("program:over-the-limit-in-utf8-bytes", run(wide), too_big))
 
-    # The language: only "python"; unset (empty) means the one served.
+    # The language: "python" or "typescript", exactly; unset (empty) means python.
     unsupported = Refused("INVALID_RUN", "unsupported language")
     for kind, language in (
         ("unknown", "cobol"),
         ("wrong-case", "Python"),
+        ("wrong-case-typescript", "TypeScript"),
         ("padded", " python"),
         ("nul-suffix", "python\x00"),
         ("10000-chars", LONG),
@@ -757,7 +758,7 @@ async def _read_all(call: grpc.aio.StreamStreamCall) -> list[pb.RunResponse]:
 )
 async def test_capabilities_ignore_unknown_fields(world: World, data: bytes) -> None:
     caps = await asyncio.wait_for(world.client.capabilities(data), HANG_S)
-    assert list(caps.languages) == ["python"]
+    assert list(caps.languages) == ["python", "typescript"]
 
 
 @pytest.mark.parametrize(

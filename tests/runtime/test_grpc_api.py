@@ -19,7 +19,7 @@ pb = runtime_pb2
 
 async def test_capabilities_are_honest(stub: runtime_pb2_grpc.RuntimeServiceStub) -> None:
     caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
-    assert list(caps.languages) == ["python"]
+    assert list(caps.languages) == ["python", "typescript"]
     assert caps.default_budgets.compute_ms == 60_000
     assert caps.max_budgets.max_output_bytes == 64 << 20
     assert any(

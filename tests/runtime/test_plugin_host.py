@@ -275,13 +275,15 @@ async def test_bad_host_input_is_refused_with_canonical_codes(
     assert first.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "must be a start message" in (first.value.details() or "")
 
-    call = stub.Host()
-    start = runtime_pb2.HostStart(source="return 1", language="cobol")
-    await call.write(runtime_pb2.HostRequest(start=start))
-    with pytest.raises(grpc.aio.AioRpcError) as language:
-        await call.read()
-    assert language.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "unsupported language" in (language.value.details() or "")
+    # Plugin hosts are Python only, also where TypeScript programs are served.
+    for unsupported in ("cobol", "typescript"):
+        call = stub.Host()
+        start = runtime_pb2.HostStart(source="return 1", language=unsupported)
+        await call.write(runtime_pb2.HostRequest(start=start))
+        with pytest.raises(grpc.aio.AioRpcError) as language:
+            await call.read()
+        assert language.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unsupported language" in (language.value.details() or "")
 
 
 async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_healthy(

@@ -1,0 +1,250 @@
+"""TypeScript programs through ``RuntimeService.Run`` (real gRPC on loopback, real Node workers
+forked by the fork server into the same sandbox as Python's), held to the Python backend's
+expectations: each row of ``SAME_OUTCOME`` is one behaviour written once per language, and
+both must end exactly alike."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service.server import RunningRuntime
+from runtime_service.worker.bootstrap import NO_ARGUMENTS
+from tests.runtime.conftest import (
+    can_isolate,
+    connected,
+    drive,
+    grpc_settings,
+    serving,
+    start_message,
+    streamed_logs,
+)
+
+pb = runtime_pb2
+Stub = runtime_pb2_grpc.RuntimeServiceStub
+
+
+@pytest.fixture
+async def ts_server() -> AsyncIterator[RunningRuntime]:
+    async with serving(grpc_settings(typescript_pool_size=1)) as running:
+        yield running
+
+
+@pytest.fixture
+async def ts_stub(ts_server: RunningRuntime) -> AsyncIterator[Stub]:
+    async with connected(ts_server) as client:
+        yield client
+
+
+def in_language(language: str, request: runtime_pb2.RunRequest) -> runtime_pb2.RunRequest:
+    request.start.language = language
+    return request
+
+
+def ts(program: str, *names: str, **limits: Any) -> runtime_pb2.RunRequest:
+    return in_language("typescript", start_message(program, *names, **limits))
+
+
+def outcome(terminal: runtime_pb2.RunTerminal) -> tuple[str, str]:
+    """(``success``, value JSON) or (failure kind name, message)."""
+    if terminal.WhichOneof("outcome") == "success":
+        value = terminal.success
+        return "success", value.value_json if value.HasField("value_json") else ""
+    return pb.FailureKind.Name(terminal.failure.kind), terminal.failure.message
+
+
+async def test_capabilities_list_both_languages(ts_stub: Stub) -> None:
+    caps = await ts_stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    assert list(caps.languages) == ["python", "typescript"]
+
+
+async def test_a_typescript_program_runs_end_to_end(ts_stub: Stub) -> None:
+    program = (
+        "interface Reply { echo: { n: number } }\n"
+        "console.log('start');\n"
+        "const first = (await tools.lookup({ n: 1 })) as Reply;\n"
+        "const [a, b] = await Promise.all([tools.lookup({ n: 2 }), tools['my-tool']({ n: 3 })]);\n"
+        "console.log('got', first.echo.n);\n"
+        "return { first, a, b, big: 2n ** 64n };\n"
+    )
+    seen, terminal = await drive(ts_stub, ts(program, "lookup", "my-tool"))
+    calls = [m.binding_call for m in seen if m.WhichOneof("kind") == "binding_call"]
+    assert [(c.binding_name, json.loads(c.arguments_json)) for c in calls] == [
+        ("lookup", {"n": 1}),
+        ("lookup", {"n": 2}),
+        ("my-tool", {"n": 3}),
+    ]
+    assert list(terminal.logs) == streamed_logs(seen) == ["start", "got 1"]
+    kind, value = outcome(terminal)
+    assert kind == "success"
+    assert json.loads(value) == {
+        "first": {"echo": {"n": 1}},
+        "a": {"echo": {"n": 2}},
+        "b": {"echo": {"n": 3}},
+        "big": 2**64,
+    }
+
+
+async def test_the_worker_is_sandboxed_like_pythons(
+    ts_stub: Stub, ts_server: RunningRuntime
+) -> None:
+    port = ts_server.port
+    program = (
+        "const net = process.getBuiltinModule('node:net');\n"
+        "const reached = await new Promise((resolve) => {\n"
+        f"  const socket = net.connect({port}, '127.0.0.1');\n"
+        "  socket.on('connect', () => resolve('connected'));\n"
+        "  socket.on('error', (error: any) => resolve(error.code));\n"
+        "});\n"
+        "const fs = process.getBuiltinModule('node:fs');\n"
+        "const status = fs.readFileSync('/proc/self/status', 'utf8').split('\\n')\n"
+        "  .filter((line: string) => /^(NoNewPrivs|Seccomp):/.test(line));\n"
+        "const procs = fs.readdirSync('/proc').filter((name: string) => /^[0-9]+$/.test(name));\n"
+        "return { reached, uid: process.getuid(), cwd: process.cwd(), env: process.env,"
+        " root: fs.readdirSync('/').sort(), status, procs };\n"
+    )
+    _, terminal = await drive(ts_stub, ts(program))
+    kind, value = outcome(terminal)
+    assert kind == "success", value
+    seen = json.loads(value)
+    assert seen["reached"] != "connected"  # its own empty network namespace
+    assert seen["env"] == {}
+    if can_isolate():
+        assert seen["uid"] >= 60_000
+        assert seen["cwd"] == "/tmp"
+        assert "home" not in seen["root"] and "etc" in seen["root"]
+        # Node is dumpable again after the exec; what keeps others out of it: its own pid
+        # namespace (the run's init and itself), its own uid, no_new_privs and the seccomp
+        # filter (no ptrace) -- all kept across the exec.
+        assert sorted(seen["procs"]) == ["1", "2"]
+        assert seen["status"] == ["NoNewPrivs:\t1", "Seccomp:\t2"]
+
+
+# One behaviour per row, written in each language; both must end exactly alike.
+SAME_OUTCOME: list[tuple[str, str, str, dict[str, int], tuple[str, str]]] = [
+    (
+        "value",
+        "return {'a': [1, 2.5, None, True], 'b': 'é'}",
+        "return { a: [1, 2.5, null, true], b: 'é' };",
+        {},
+        ("success", '{"a":[1,2.5,null,true],"b":"é"}'),
+    ),
+    ("no-value", "x = 1", "const x = 1;", {}, ("success", "")),
+    (
+        "tool-error-caught",
+        "try:\n    await tools.fail({})\n"
+        "except ToolCallError as e:\n    return [e.toolName, e.message]",
+        "try { await tools.fail({}); } catch (e) { return [e.toolName, e.message]; }",
+        {},
+        ("success", '["fail","fail failed"]'),
+    ),
+    (
+        "no-arguments-hint",
+        "try:\n    tools.echo()\nexcept ToolCallError as e:\n    return e.message",
+        "try { await tools.echo(); } catch (e) { return e.message; }",
+        {},
+        ("success", json.dumps(NO_ARGUMENTS)),
+    ),
+    (
+        "lossy-completion",
+        "return float('nan')",
+        "return NaN;",
+        {},
+        ("FAILURE_KIND_INVALID_OUTPUT", "program completion must be lossless JSON"),
+    ),
+    (
+        "exit-code",
+        "import os\nos._exit(7)",
+        "process.exit(7);",
+        {},
+        ("FAILURE_KIND_WORKER_EXIT", "worker exited with code 7 before completing"),
+    ),
+    (
+        "log-fits-the-cap",
+        "print('x' * 60)",
+        "console.log('x'.repeat(60));",
+        {"max_output_bytes": 64},
+        ("success", ""),
+    ),
+    (
+        "log-over-the-cap",
+        "print('x' * 61)",
+        "console.log('x'.repeat(61));",
+        {"max_output_bytes": 64},
+        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 64 bytes"),
+    ),
+    (
+        "value-over-the-cap",
+        "return 'x' * 61",
+        "return 'x'.repeat(61);",
+        {"max_output_bytes": 64},
+        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 64 bytes"),
+    ),
+    (
+        "wall-ceiling",
+        "await tools.wait({})",
+        "await tools.wait({});",
+        {"wall_ms": 3000},
+        ("FAILURE_KIND_TIMEOUT", "wall-clock ceiling reached (3000ms)"),
+    ),
+    (
+        "compute-budget",
+        "while True:\n    pass",
+        "while (true) {}",
+        {"compute_ms": 500},
+        ("FAILURE_KIND_TIMEOUT", "compute budget exhausted (500ms busy)"),
+    ),
+    (
+        "empty-environment",
+        "import os\nreturn dict(os.environ)",
+        "return process.env;",
+        {},
+        ("success", "{}"),
+    ),
+]
+
+
+async def fail_or_echo(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult | None:
+    if call.binding_name == "wait":
+        return None  # never answered
+    if call.binding_name == "fail":
+        return pb.CallResult(call_id=call.call_id, error_message="fail failed")
+    args = json.loads(call.arguments_json)
+    return pb.CallResult(call_id=call.call_id, value_json=json.dumps({"echo": args}))
+
+
+@pytest.mark.parametrize(
+    ("python", "typescript", "limits", "expected"),
+    [row[1:] for row in SAME_OUTCOME],
+    ids=[row[0] for row in SAME_OUTCOME],
+)
+async def test_both_languages_end_alike(
+    ts_stub: Stub, python: str, typescript: str, limits: dict[str, int], expected: tuple[str, str]
+) -> None:
+    names = ("echo", "fail", "wait")
+    for language, program in (("python", python), ("typescript", typescript)):
+        first = in_language(language, start_message(program, *names, **limits))
+        _, terminal = await drive(ts_stub, first, fail_or_echo)
+        assert outcome(terminal) == expected, language
+
+
+async def test_out_of_memory_is_worker_exit_and_the_host_stays_healthy(ts_stub: Stub) -> None:
+    program = "const a: string[] = [];\nwhile (true) a.push('x'.repeat(100000) + a.length);\n"
+    _, terminal = await drive(ts_stub, ts(program, memory_bytes=128 << 20, wall_ms=20_000))
+    kind, message = outcome(terminal)
+    assert kind == "FAILURE_KIND_WORKER_EXIT", message
+    _, terminal = await drive(ts_stub, ts("return 1;"))
+    assert outcome(terminal) == ("success", "1")
+
+
+async def test_non_erasable_syntax_fails_before_any_code_runs(ts_stub: Stub) -> None:
+    seen, terminal = await drive(ts_stub, ts("console.log('ran');\nenum Color { Red }\n"))
+    assert streamed_logs(seen) == []
+    assert outcome(terminal) == (
+        "FAILURE_KIND_EXCEPTION",
+        "SyntaxError: TypeScript enum is not supported in strip-only mode\n    at program.ts:2:1",
+    )
