@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -43,10 +44,19 @@ def clock_v2(label: str = "v2") -> str:
     return CLOCK.replace('"12:00"', f'"{label}"')
 
 
+async def until(predicate: Callable[[], bool], what: str = "condition") -> None:
+    """Polls a latch-like condition with a generous bound (no timing is asserted)."""
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{what} did not happen within 10 s")
+
+
 class CordisHarness(Harness):
     hosts: InProcessHosts | None
 
-    async def agent(  # type: ignore[override]
+    async def agent(
         self,
         agent_id: str,
         preset: str = "",
@@ -73,8 +83,14 @@ class CordisHarness(Harness):
         return jsonvalue.loads(result.value_json)
 
     async def define(
-        self, agent: str, host: str | None = CLOCK, *, prefix: str = "clock",
-        existing: str = "", client: str | None = None, name: str = "Clock",
+        self,
+        agent: str,
+        host: str | None = CLOCK,
+        *,
+        prefix: str = "clock",
+        existing: str = "",
+        client: str | None = None,
+        name: str = "Clock",
     ) -> Any:
         plugin = (
             {"kind": "existing", "pluginId": existing}
@@ -98,7 +114,7 @@ class CordisHarness(Harness):
 def make_cordis() -> Callable[..., Any]:
     @contextlib.asynccontextmanager
     async def factory(
-        hosts: PluginHosts | None | str = "in-process", **settings: Any
+        hosts: PluginHosts | str | None = "in-process", **settings: Any
     ) -> AsyncIterator[CordisHarness]:
         plugin_hosts = InProcessHosts() if hosts == "in-process" else hosts
         config = RegistrySettings(

@@ -106,6 +106,7 @@ class InProcessHost:
         self.waiting_for: tuple[str, ...] = ()
         self.disposers: list[tuple[str, Callable[[], None] | None]] = []
         self.inflight: set[asyncio.Task[Any]] = set()
+        self.settling: set[asyncio.Future[None]] = set()  # resolved once a call has settled
         self.started = False
         self.gone = False
 
@@ -132,7 +133,13 @@ class InProcessHost:
         log.append(("call-start", self.spec.run_id, name))
         task = asyncio.ensure_future(tool.execute(arguments))
         self.inflight.add(task)
-        remove = signal.add_listener(lambda _reason: task.cancel())
+        settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.settling.add(settled)
+
+        def cancel(_reason: str) -> None:
+            task.cancel()
+
+        remove = signal.add_listener(cancel)
         try:
             return await task  # type: ignore[no-any-return]
         except asyncio.CancelledError:
@@ -146,6 +153,8 @@ class InProcessHost:
             remove()
             self.inflight.discard(task)
             log.append(("call-settled", self.spec.run_id, name))
+            self.settling.discard(settled)
+            settled.set_result(None)
 
     async def retract(self) -> None:
         if self.gone:
@@ -155,8 +164,8 @@ class InProcessHost:
         log.append(("retract-start", self.spec.run_id))
         for task in list(self.inflight):
             task.cancel()
-        while self.inflight:
-            await asyncio.sleep(0)  # each in-flight call settles (its caller sees the failure)
+        # Each in-flight call settles (its caller sees the failure) before anything is disposed.
+        await asyncio.gather(*self.settling)
         for label, disposer in reversed(self.disposers):
             if disposer is not None:
                 disposer()
@@ -221,8 +230,8 @@ class InProcessHosts:
             )
         if not callable(plugin) and not callable(getattr(plugin, "apply", None)):
             raise ActivationFailed(
-                "host-load", "the Host half must return a Plugin function or an object with "
-                "apply(ctx)"
+                "host-load",
+                "the Host half must return a Plugin function or an object with apply(ctx)",
             )
         return plugin
 

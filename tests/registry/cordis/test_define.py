@@ -72,28 +72,48 @@ async def test_ids_share_one_counter_and_are_never_reused(cordis: CordisHarness)
     ("arguments", "message"),
     [
         (
-            {"plugin": {"kind": "new", "idPrefix": "Clock"}, "name": "n", "purpose": "p",
-             "code": {"host": "return 1"}},
+            {
+                "plugin": {"kind": "new", "idPrefix": "Clock"},
+                "name": "n",
+                "purpose": "p",
+                "code": {"host": "return 1"},
+            },
             "cordis_define `plugin.idPrefix` must contain 3–6 lowercase English letters",
         ),
         (
-            {"plugin": {"kind": "new", "idPrefix": "ab"}, "name": "n", "purpose": "p",
-             "code": {"host": "return 1"}},
+            {
+                "plugin": {"kind": "new", "idPrefix": "ab"},
+                "name": "n",
+                "purpose": "p",
+                "code": {"host": "return 1"},
+            },
             "cordis_define `plugin.idPrefix` must contain 3–6 lowercase English letters",
         ),
         (
-            {"plugin": {"kind": "new", "idPrefix": "clock"}, "name": "  ", "purpose": "p",
-             "code": {"host": "return 1"}},
+            {
+                "plugin": {"kind": "new", "idPrefix": "clock"},
+                "name": "  ",
+                "purpose": "p",
+                "code": {"host": "return 1"},
+            },
             "cordis_define needs a non-empty `name`",
         ),
         (
-            {"plugin": {"kind": "new", "idPrefix": "clock"}, "name": "n", "purpose": "",
-             "code": {"host": "return 1"}},
+            {
+                "plugin": {"kind": "new", "idPrefix": "clock"},
+                "name": "n",
+                "purpose": "",
+                "code": {"host": "return 1"},
+            },
             "cordis_define needs a non-empty `purpose`",
         ),
         (
-            {"plugin": {"kind": "new", "idPrefix": "clock"}, "name": "n", "purpose": "p",
-             "code": {}},
+            {
+                "plugin": {"kind": "new", "idPrefix": "clock"},
+                "name": "n",
+                "purpose": "p",
+                "code": {},
+            },
             "cordis_define needs `code.host`, `code.client`, or both",
         ),
     ],
@@ -114,8 +134,12 @@ async def test_schema_closes_the_plugin_union(cordis: CordisHarness) -> None:
     result = await cordis.call(
         agent,
         "cordis_define",
-        {"plugin": {"kind": "new", "idPrefix": "clock", "pluginId": "x-1"}, "name": "n",
-         "purpose": "p", "code": {"host": "return 1"}},
+        {
+            "plugin": {"kind": "new", "idPrefix": "clock", "pluginId": "x-1"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"host": "return 1"},
+        },
     )
     assert result.is_error and result.error.code == "INVALID_ARGS"
 
@@ -125,8 +149,12 @@ async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarne
     result = await cordis.call(
         agent,
         "cordis_define",
-        {"plugin": {"kind": "new", "idPrefix": "clock"}, "name": "n", "purpose": "p",
-         "code": {"host": "async def apply(ctx):\n    x = (1,\n\nreturn apply"}},
+        {
+            "plugin": {"kind": "new", "idPrefix": "clock"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"host": "async def apply(ctx):\n    x = (1,\n\nreturn apply"},
+        },
     )
     assert result.is_error and result.error.code == "syntax-error"
     assert result.error.message == (
@@ -140,8 +168,12 @@ async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarne
     js = await cordis.call(
         agent,
         "cordis_define",
-        {"plugin": {"kind": "new", "idPrefix": "clock"}, "name": "n", "purpose": "p",
-         "code": {"host": "const tool = harness.define_tool({})\nreturn tool"}},
+        {
+            "plugin": {"kind": "new", "idPrefix": "clock"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"host": "const tool = harness.define_tool({})\nreturn tool"},
+        },
     )
     assert js.error.message.endswith(
         "Hint: the Host half is Python (an async function body that returns the plugin), "
@@ -156,8 +188,12 @@ async def test_client_half_is_checked_as_javascript(cordis: CordisHarness) -> No
     bad = await cordis.call(
         agent,
         "cordis_define",
-        {"plugin": {"kind": "new", "idPrefix": "panel"}, "name": "n", "purpose": "p",
-         "code": {"client": "const size = (props.size as number)\nreturn {apply() {}}"}},
+        {
+            "plugin": {"kind": "new", "idPrefix": "panel"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"client": "const size = (props.size as number)\nreturn {apply() {}}"},
+        },
     )
     assert bad.is_error and bad.error.code == "syntax-error"
     assert "(line 1)\nconst size = (props.size as number)\n" in bad.error.message
@@ -177,8 +213,15 @@ async def test_another_agents_plugin_reads_as_absent(cordis: CordisHarness) -> N
         "registry restart"
     )
     for name, arguments in [
-        ("cordis_define", {"plugin": {"kind": "existing", "pluginId": "clock-1"}, "name": "n",
-                           "purpose": "p", "code": {"host": "return 1"}}),
+        (
+            "cordis_define",
+            {
+                "plugin": {"kind": "existing", "pluginId": "clock-1"},
+                "name": "n",
+                "purpose": "p",
+                "code": {"host": "return 1"},
+            },
+        ),
         ("cordis_inspect_self", {"pluginId": "clock-1"}),
         ("cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}),
         ("cordis_stop", {"pluginId": "clock-1"}),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import presentation_pb2 as ppb
+from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_common.api.registry.v1 import scope_pb2
 from tests.registry.conftest import CODE, result_text
 from tests.registry.cordis.conftest import CordisHarness
@@ -44,7 +44,7 @@ async def test_declared_on_an_agent_gives_the_tools_and_the_section(
     cordis: CordisHarness,
 ) -> None:
     agent = await cordis.agent("maker")
-    assert SEVEN <= set(await cordis.visible(agent))
+    assert set(await cordis.visible(agent)) >= SEVEN
     sections = await _sections(cordis, agent)
     assert ("tool:cordis", 115) in sections
     prompt = await cordis.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=agent))
@@ -53,20 +53,20 @@ async def test_declared_on_an_agent_gives_the_tools_and_the_section(
     assert got.agent.self_modification is True
     assert got.agent.effective_self_modification is True
     # Its sibling and the global view stay without them.
-    assert SEVEN.isdisjoint(await cordis.visible(await cordis.agent("other", self_modification=None)))
+    assert SEVEN.isdisjoint(
+        await cordis.visible(await cordis.agent("other", self_modification=None))
+    )
     assert SEVEN.isdisjoint(await cordis.visible(""))
 
 
 async def test_nearest_wins_and_the_preset_delete_revokes(cordis: CordisHarness) -> None:
     response = await cordis.stub.CreatePreset(
-        rpb.CreatePresetRequest(
-            preset_id="makers", preset=scope_pb2.Preset(self_modification=True)
-        )
+        rpb.CreatePresetRequest(preset_id="makers", preset=scope_pb2.Preset(self_modification=True))
     )
     assert response.preset.self_modification is True
     inherits = await cordis.agent("inherits", "presets/makers", self_modification=None)
     opts_out = await cordis.agent("opts-out", "presets/makers", self_modification=False)
-    assert SEVEN <= set(await cordis.visible(inherits))
+    assert set(await cordis.visible(inherits)) >= SEVEN
     assert SEVEN.isdisjoint(await cordis.visible(opts_out))
     await cordis.stub.DeletePreset(rpb.DeletePresetRequest(name="presets/makers", force=True))
     assert SEVEN.isdisjoint(await cordis.visible(inherits))
@@ -75,7 +75,7 @@ async def test_nearest_wins_and_the_preset_delete_revokes(cordis: CordisHarness)
 
 async def test_deployment_default_and_the_agent_opt_out(make_cordis: Any) -> None:
     async with make_cordis(self_modification=True) as h:
-        assert SEVEN <= set(await h.visible(await h.agent("a", self_modification=None)))
+        assert set(await h.visible(await h.agent("a", self_modification=None))) >= SEVEN
         assert SEVEN.isdisjoint(await h.visible(await h.agent("b", self_modification=False)))
         # Without an agent the tools answer with the reference's text.
         result = await h.call("", "cordis_inspect_list", {})
@@ -104,5 +104,5 @@ async def test_settings_declare_presets_and_agents(make_cordis: Any) -> None:
         presets=[{"id": "makers", "self_modification": True}],
         agents=[{"id": "bob", "preset": "makers"}, {"id": "eve", "self_modification": False}],
     ) as h:
-        assert SEVEN <= set(await h.visible("agents/bob"))
+        assert set(await h.visible("agents/bob")) >= SEVEN
         assert SEVEN.isdisjoint(await h.visible("agents/eve"))
