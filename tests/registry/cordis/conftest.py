@@ -114,13 +114,19 @@ class CordisHarness(Harness):
 def make_cordis() -> Callable[..., Any]:
     @contextlib.asynccontextmanager
     async def factory(
-        hosts: PluginHosts | str | None = "in-process", **settings: Any
+        hosts: PluginHosts | str | None = "in-process",
+        tracer_provider: Any = None,
+        **settings: Any,
     ) -> AsyncIterator[CordisHarness]:
         plugin_hosts = InProcessHosts() if hosts == "in-process" else hosts
         config = RegistrySettings(
             **{"listen": "127.0.0.1:0", "history_path": ":memory:", **settings}
         )
-        registry = build_registry(config, plugin_hosts=plugin_hosts)  # type: ignore[arg-type]
+        registry = build_registry(
+            config,
+            plugin_hosts=plugin_hosts,  # type: ignore[arg-type]
+            tracer_provider=tracer_provider,
+        )
         running = await start(config, registry)
         channel = grpc.aio.insecure_channel(running.address)
         harness = CordisHarness(running, channel)

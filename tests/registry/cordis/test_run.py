@@ -493,3 +493,29 @@ async def test_resolve_plugin_references_rpc(cordis: CordisHarness) -> None:
             rpb.ResolvePluginReferencesRequest(agent="agents/nobody", text="@clock-1")
         )
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_dynamic_tool_call_has_the_same_span_as_any_tool(make_cordis: Any) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.registry.conftest import echo_tool
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with make_cordis(tracer_provider=provider) as h:
+        agent = await h.agent("maker")
+        echo_tool(h.registry, "echo")
+        await h.define(agent)
+        await h.run(agent, "clock-1", "pkg-1")
+        exporter.clear()
+        await h.ok(agent, "clock_now", {}, "dyn")
+        await h.ok(agent, "echo", {}, "static")
+        spans = {s.name: s for s in exporter.get_finished_spans()}
+        assert {"execute_tool clock_now", "execute_tool echo"} <= set(spans)
+        dynamic, static = spans["execute_tool clock_now"], spans["execute_tool echo"]
+        assert set(dynamic.attributes or {}) == set(static.attributes or {})
+        assert [e.name for e in dynamic.events] == [e.name for e in static.events]
+    provider.shutdown()
