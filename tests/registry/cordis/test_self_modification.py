@@ -106,3 +106,22 @@ async def test_settings_declare_presets_and_agents(make_cordis: Any) -> None:
     ) as h:
         assert set(await h.visible("agents/bob")) >= SEVEN
         assert SEVEN.isdisjoint(await h.visible("agents/eve"))
+
+
+async def test_the_python_client_declares_it_and_resolves_references(
+    cordis: CordisHarness,
+) -> None:
+    from codemode_client import RegistryClient
+
+    async with RegistryClient(cordis.running.address) as client:
+        preset = await client.create_preset("makers", self_modification=True)
+        assert preset.self_modification is True
+        agent = await client.create_agent("maker", preset=preset.name)
+        assert not agent.HasField("self_modification")
+        assert agent.effective_self_modification is True
+        plain = await client.create_agent("plain", self_modification=False)
+        assert plain.effective_self_modification is False
+        await cordis.define(agent.name)
+        [block] = await client.resolve_plugin_references(agent.name, "@clock-1 again")
+        assert block.available and block.text.startswith("<cordis_dynamic_plugin_context>\n")
+        assert await client.resolve_plugin_references(agent.name, "no mention") == []
