@@ -519,3 +519,75 @@ async def test_a_dynamic_tool_call_has_the_same_span_as_any_tool(make_cordis: An
         assert set(dynamic.attributes or {}) == set(static.attributes or {})
         assert [e.name for e in dynamic.events] == [e.name for e in static.events]
     provider.shutdown()
+
+
+async def test_a_plugin_waiting_for_a_service_counts_as_a_successful_start(
+    cordis: CordisHarness,
+) -> None:
+    agent = await cordis.agent("maker")
+    consumer = (
+        "class Plugin:\n"
+        "    inject = ['weather']\n"
+        "    async def apply(self, ctx):\n"
+        "        pass\n"
+        "\n"
+        "return Plugin()\n"
+    )
+    await cordis.define(agent, consumer, prefix="umbr")
+    result = await cordis.run(agent, "umbr-1", "pkg-1")
+    value: Any = jsonvalue.loads(result.value_json)
+    assert value["status"] == "running"
+    assert value["host"] == {"status": "waiting", "provides": [], "waitingFor": ["weather"]}
+    plugin = await cordis.ok(agent, "cordis_inspect_self", {"pluginId": "umbr-1"})
+    assert plugin["state"] == "waiting" and plugin["currentPackageId"] == "pkg-1"
+
+
+async def test_the_host_half_sees_the_owners_tool_schemas_only(cordis: CordisHarness) -> None:
+    from tests.registry.conftest import echo_tool
+
+    owner = await cordis.agent("owner")
+    other = await cordis.agent("other")
+    echo_tool(cordis.registry, "mine", scope=owner)
+    echo_tool(cordis.registry, "theirs", scope=other)
+    looker = (
+        "async def apply(ctx):\n"
+        "    for view in ctx.schemas():\n"
+        "        probe.seen.append(view['name'])\n"
+        "\n"
+        "return apply\n"
+    )
+    await cordis.define(owner, looker, prefix="look")
+    await cordis.run(owner, "look-1", "pkg-1")
+    seen = _hosts(cordis).probe.seen
+    assert "mine" in seen and "cordis_run" in seen
+    assert "theirs" not in seen and "run_code" not in seen
+
+
+async def test_a_cancelled_run_call_still_ends_its_start_consistently(
+    cordis: CordisHarness,
+) -> None:
+    agent = await cordis.agent("maker")
+    await cordis.define(agent)
+    hosts = _hosts(cordis)
+    hosts.activation_gate = asyncio.Event()
+    call = cordis.stub.ExecuteToolCall(
+        rpb.ExecuteToolCallRequest(
+            agent=agent,
+            call_id="run-cancelled",
+            tool_name="cordis_run",
+            arguments_json='{"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}',
+        )
+    )
+    await until(lambda: bool(hosts.log), "the activation")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async for _ in call:
+            pass
+    hosts.activation_gate.set()
+    await until(lambda: ("started", "run-1") in hosts.log, "the start")
+    await cordis.settled(agent, "run-cancelled")
+    plugin = await cordis.ok(agent, "cordis_inspect_self", {"pluginId": "clock-1"})
+    # The start was not abandoned half-way: either it committed (a live, listed run) or nothing.
+    assert plugin["state"] == "running" and plugin["currentPackageId"] == "pkg-1"
+    assert "clock_now" in await cordis.visible(agent)
+    assert hosts.live == {"run-1"}
