@@ -240,9 +240,8 @@ class CordisRunner:
             source=package.host or "",
             name=package.name,
             start_timeout_s=self._start_timeout_s,
-            visible_tools=tuple(
-                (d.name, _schema_view(d)) for d in self.visible_tools(plugin.owner)
-            ),
+            # (name, input schema), as the seam and the runtime adapter read them.
+            visible_tools=tuple((d.name, d.input_schema) for d in self.visible_tools(plugin.owner)),
         )
         events = HostEvents(
             on_change=lambda regs: self._host_changed(plugin, run_id, regs),
@@ -511,15 +510,6 @@ class CordisRunner:
         if plugin is None or plugin.owner != owner:
             return None
         return plugin.reference()
-
-
-def _schema_view(defn: ToolDefinition) -> JsonValue:
-    return {
-        "name": defn.name,
-        "description": defn.description,
-        "inputSchema": defn.input_schema,
-        "outputSchema": defn.output_schema,
-    }
 
 
 def _spec_of(defn: ToolDefinition) -> DynamicToolSpec:

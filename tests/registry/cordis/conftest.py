@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2
 from registry_service.config import RegistrySettings
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.registry import build_registry

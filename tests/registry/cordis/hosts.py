@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.plugin_hosts import (
     ActivationFailed,
@@ -92,7 +92,9 @@ class _Ctx:
         self._host.changed()
 
     def schemas(self) -> list[JsonValue]:
-        return [view for _name, view in self._host.spec.visible_tools]
+        return [
+            {"name": name, "inputSchema": schema} for name, schema in self._host.spec.visible_tools
+        ]
 
 
 class InProcessHost:

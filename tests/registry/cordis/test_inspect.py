@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.jsonvalue import JsonValue
+from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.inspect import InspectRegistry, Method, Provider
 from registry_service.domain.signals import AbortController
 from tests.registry.cordis.conftest import CordisHarness

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.registry.conftest import result_text
 from tests.registry.cordis.conftest import CLOCK, CordisHarness, clock_v2, until
 from tests.registry.cordis.hosts import InProcessHosts

@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_common import jsonvalue
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import RegistrySettings
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry

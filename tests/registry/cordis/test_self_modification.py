@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from codemode_common.api.registry.v1 import presentation_pb2 as ppb
-from codemode_common.api.registry.v1 import registry_service_pb2 as rpb
-from codemode_common.api.registry.v1 import scope_pb2
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2
 from tests.registry.conftest import CODE, result_text
 from tests.registry.cordis.conftest import CordisHarness
 
