@@ -59,6 +59,8 @@ class PresetSetting(BaseModel):
     mode: Mode | None = None
     code_language: str | None = None
     """The program language this preset declares (`python` or `typescript`); none: inherit."""
+    self_modification: bool | None = None
+    """Whether its agents get the dynamic Cordis tools; none: inherit the deployment default."""
 
 
 class AgentSetting(BaseModel):
@@ -72,6 +74,8 @@ class AgentSetting(BaseModel):
     mode: Mode | None = None
     code_language: str | None = None
     """The program language this agent declares (`python` or `typescript`); none: inherit."""
+    self_modification: bool | None = None
+    """Whether this agent gets the dynamic Cordis tools; none: inherit (preset, else default)."""
 
 
 class RegistrySettings(ServiceSettings):
@@ -81,6 +85,10 @@ class RegistrySettings(ServiceSettings):
     """Address the gRPC server binds, `host:port` (port 0 picks a free one)."""
     default_mode: Mode = Mode.NATIVE
     """Deployment default presentation mode: native, code or both."""
+    self_modification: bool = False
+    """Deployment default for dynamic Cordis (self-modification): when on, every agent without
+    its own or its preset's declaration gets the seven `cordis_*` tools and the `tool:cordis`
+    prompt section. Off by default."""
     max_parallel_sub_calls: int = Field(default=10, ge=1)
     """Per-run cap on overlapping concurrency-safe nested calls (used by run_code)."""
     policy_rules: Path | None = None

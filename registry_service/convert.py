@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -74,12 +75,18 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
+def optional_bool(message: Any, field: str) -> bool | None:
+    """A proto3 `optional bool`: None when unset (the scope does not declare it)."""
+    return bool(getattr(message, field)) if message.HasField(field) else None
+
+
 def preset_to_proto(preset: catalog.Preset, scopes: catalog.Catalog) -> scope_pb2.Preset:
     return scope_pb2.Preset(
         name=preset.name,
         mode=mode_to_proto(scopes.declared_mode(preset.name)),
         create_time=_timestamp(preset.create_time),
         code_language=scopes.declared_language(preset.name) or "",
+        self_modification=scopes.declared_self_modification(preset.name),
     )
 
 
@@ -92,6 +99,8 @@ def agent_to_proto(agent: catalog.Agent, scopes: catalog.Catalog) -> scope_pb2.A
         create_time=_timestamp(agent.create_time),
         code_language=scopes.declared_language(agent.name) or "",
         effective_code_language=scopes.language_for(agent.name),
+        self_modification=scopes.declared_self_modification(agent.name),
+        effective_self_modification=scopes.self_modification_for(agent.name),
     )
 
 

@@ -21,7 +21,9 @@ from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
+from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
 from registry_service.domain.results import ToolResult
@@ -64,6 +66,7 @@ class Registry:
     history: HistoryStore
     transport: RunCodeTransport
     runtime: RuntimePort | None
+    cordis: Cordis
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -113,6 +116,7 @@ class Registry:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.cordis.close()  # every host half unwinds before the runtime client closes
         close_runtime = getattr(self.runtime, "close", None)
         if close_runtime is not None:
             await close_runtime()
@@ -206,9 +210,12 @@ def build_registry(
     *,
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
+    plugin_hosts: PluginHosts | None = None,
 ) -> Registry:
     """Composes the registry. Telemetry uses the given providers, else the global ones (a
-    no-op unless the process installed an SDK: see `codemode_common.telemetry.setup`)."""
+    no-op unless the process installed an SDK: see `codemode_common.telemetry.setup`).
+    `plugin_hosts` runs dynamic Cordis host halves (none: a `cordis_run` of a host half fails
+    with a tool error saying so)."""
     # The catalog's run_code (listing, argument validation) speaks the default language; the
     # wire schema is rendered per requested language by the assembler.
     flavour = run_code_tool_schema(catalog_language(settings.runtime_languages))
@@ -224,7 +231,12 @@ def build_registry(
         output_schema=RUN_CODE_OUTPUT_SCHEMA,
         body=run_code_body,
     )
-    catalog = Catalog(settings.default_mode, run_code, settings.default_code_language())
+    catalog = Catalog(
+        settings.default_mode,
+        run_code,
+        settings.default_code_language(),
+        default_self_modification=settings.self_modification,
+    )
     presentation = PresentationConfig(
         runtime_languages=tuple(settings.runtime_languages),
         prompt_sections=tuple(s.to_section() for s in settings.prompt_sections),
@@ -256,6 +268,7 @@ def build_registry(
         history=history,
         transport=transport,
         runtime=runtime,
+        cordis=Cordis(catalog, plugin_hosts),
         telemetry=telemetry,
     )
     _declare_scopes(catalog, settings)
@@ -274,12 +287,16 @@ def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:
     """Creates the configured presets, then agents (a bad entry stops the start)."""
     try:
         for preset in settings.presets:
-            catalog.create_preset(preset.id, preset.mode, preset.code_language)
+            catalog.create_preset(
+                preset.id, preset.mode, preset.code_language, preset.self_modification
+            )
         for agent in settings.agents:
             parent = agent.preset
             if parent and not parent.startswith("presets/"):
                 parent = f"presets/{parent}"
-            catalog.create_agent(agent.id, parent, agent.mode, agent.code_language)
+            catalog.create_agent(
+                agent.id, parent, agent.mode, agent.code_language, agent.self_modification
+            )
     except CodemodeError as exc:
         raise ConfigError(f"invalid presets/agents settings: {exc.message}") from exc
 

@@ -83,7 +83,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     ) -> rpb.CreatePresetResponse:
         mode = convert.mode_from_proto(request.preset.mode, allow_unspecified=True)
         language = request.preset.code_language or None
-        preset = self._catalog.create_preset(request.preset_id, mode, language)
+        self_modification = convert.optional_bool(request.preset, "self_modification")
+        preset = self._catalog.create_preset(request.preset_id, mode, language, self_modification)
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
 
     @unary
@@ -114,7 +115,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     ) -> rpb.CreateAgentResponse:
         mode = convert.mode_from_proto(request.agent.mode, allow_unspecified=True)
         language = request.agent.code_language or None
-        agent = self._catalog.create_agent(request.agent_id, request.agent.preset, mode, language)
+        self_modification = convert.optional_bool(request.agent, "self_modification")
+        agent = self._catalog.create_agent(
+            request.agent_id, request.agent.preset, mode, language, self_modification
+        )
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))
 
     @unary
@@ -349,6 +353,20 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 )
             content = spilled
         return rpb.GetRecordContentResponse(content=convert.content_from_json(content))
+
+    @unary
+    async def ResolvePluginReferences(
+        self, request: rpb.ResolvePluginReferencesRequest, context: Context
+    ) -> rpb.ResolvePluginReferencesResponse:
+        self._catalog.get_agent(request.agent)
+        return rpb.ResolvePluginReferencesResponse(
+            contexts=[
+                rpb.PluginReferenceContext(
+                    plugin_id=block.plugin_id, available=block.available, text=block.text
+                )
+                for block in self._registry.cordis.references(request.agent, request.text)
+            ]
+        )
 
     # -- provider and approver streams ---------------------------------------------------------
 

@@ -54,6 +54,7 @@ class Layer:
     hooks: PolicyHooks = field(default_factory=PolicyHooks)
     mode: Mode | None = None
     language: str | None = None
+    self_modification: bool | None = None  # None: not declared in this scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,9 @@ class View:
     registered_in: dict[str, str]
     known_names: tuple[str, ...]  # pre-restriction names (inherited + own)
     restrictable_names: frozenset[str]  # inherited names only
+    # Dynamic Cordis in force (nearest declaration, else the deployment default): the seven
+    # cordis tools are then visible like inherited tools, and the prompt has `tool:cordis`.
+    self_modification: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +95,19 @@ class Page:
 
 class Catalog:
     def __init__(
-        self, default_mode: Mode, run_code: ToolDefinition, default_language: str = "python"
+        self,
+        default_mode: Mode,
+        run_code: ToolDefinition,
+        default_language: str = "python",
+        *,
+        default_self_modification: bool = False,
     ) -> None:
         self.default_mode = default_mode
+        self.default_self_modification = default_self_modification
+        # The seven Cordis tools (installed once by the registry): visible wherever
+        # self-modification is in force, as if inherited from an overlay below the global layer.
+        self._cordis_tools: dict[str, ToolDefinition] = {}
+        self._delete_listeners: list[Callable[[str], None]] = []
         # Not checked here: the deployment's first runtime language is the default even when
         # no flavour exists for it, and then every non-native assembly says so (§1.9).
         self.default_language = default_language
@@ -112,6 +126,20 @@ class Catalog:
     def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
+    def on_delete(self, listener: Callable[[str], None]) -> None:
+        """`listener(scope)` runs after a preset or agent (and its layer) is deleted."""
+        self._delete_listeners.append(listener)
+
+    def _deleted(self, scope: str) -> None:
+        for listener in self._delete_listeners:
+            listener(scope)
+
+    def install_cordis_tools(self, definitions: Iterable[ToolDefinition]) -> None:
+        for defn in definitions:
+            validate_definition(defn)
+            self._cordis_tools[defn.name] = defn
+        self._changed()
+
     def _changed(self) -> None:
         self.version += 1
         self._views.clear()
@@ -121,7 +149,11 @@ class Catalog:
     # -- resources -----------------------------------------------------------------------------
 
     def create_preset(
-        self, preset_id: str, mode: Mode | None, language: str | None = None
+        self,
+        preset_id: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
     ) -> Preset:
         check_id("preset", preset_id)
         if language is not None:
@@ -131,12 +163,19 @@ class Catalog:
             raise already_exists("PRESET_EXISTS", f"preset {name!r} already exists", preset=name)
         preset = Preset(name=name, create_time=time.time())
         self._presets[name] = preset
-        self._layers[name] = Layer(mode=mode, language=language)
+        self._layers[name] = Layer(
+            mode=mode, language=language, self_modification=self_modification
+        )
         self._changed()
         return preset
 
     def create_agent(
-        self, agent_id: str, preset: str, mode: Mode | None, language: str | None = None
+        self,
+        agent_id: str,
+        preset: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
     ) -> Agent:
         check_id("agent", agent_id)
         if language is not None:
@@ -149,7 +188,9 @@ class Catalog:
             raise already_exists("AGENT_EXISTS", f"agent {name!r} already exists", agent=name)
         agent = Agent(name=name, preset=preset, create_time=time.time())
         self._agents[name] = agent
-        self._layers[name] = Layer(mode=mode, language=language)
+        self._layers[name] = Layer(
+            mode=mode, language=language, self_modification=self_modification
+        )
         self._changed()
         return agent
 
@@ -192,12 +233,14 @@ class Catalog:
         del self._presets[name]
         del self._layers[name]
         self._changed()
+        self._deleted(name)
 
     def delete_agent(self, name: str) -> None:
         self.get_agent(name)
         del self._agents[name]
         del self._layers[name]
         self._changed()
+        self._deleted(name)
 
     def require_scope(self, scope: str, *, allow_global: bool = True) -> str:
         """Validates that `scope` names an existing scope."""
@@ -238,6 +281,19 @@ class Catalog:
             if language is not None:
                 return language
         return self.default_language
+
+    # -- self-modification (dynamic Cordis) -------------------------------------------------
+
+    def declared_self_modification(self, scope: str) -> bool | None:
+        return self._layers[scope].self_modification
+
+    def self_modification_for(self, scope: str) -> bool:
+        """Self-modification in force: the nearest declaration, else the deployment default."""
+        for key in self.chain(scope):
+            declared = self._layers[key].self_modification
+            if declared is not None:
+                return declared
+        return self.default_self_modification
 
     def chain(self, scope: str) -> list[str]:
         """Scope keys nearest-first, excluding the global layer."""
@@ -365,6 +421,9 @@ class Catalog:
         own_key = chain[0] if chain else GLOBAL
         inherited: dict[str, ToolDefinition] = {}
         origin: dict[str, str] = {}
+        self_modification = self.self_modification_for(scope)
+        if self_modification:
+            inherited.update(self._cordis_tools)
         for key in [GLOBAL, *reversed(chain)]:
             if key == own_key and key != GLOBAL:
                 continue
@@ -390,6 +449,7 @@ class Catalog:
             registered_in={name: origin.get(name, GLOBAL) for name in visible},
             known_names=tuple(dict.fromkeys([*inherited, *own])),
             restrictable_names=frozenset(inherited),
+            self_modification=self_modification,
         )
 
     def get(self, name: str, scope: str) -> ToolDefinition | None:

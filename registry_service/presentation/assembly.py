@@ -28,6 +28,7 @@ from codemode_wire import jsonvalue
 from codemode_wire.errors import failed_precondition
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog, View
+from registry_service.domain.cordis import prompt as cordis_prompt
 from registry_service.domain.scopes import GLOBAL, Mode
 from registry_service.domain.sections import Section
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
@@ -249,6 +250,11 @@ class Assembler:
                 if name != RUN_CODE
             ),
             Section(SDK_ID, SDK_ORDER, self._sdk_text(view, language) if language else ""),
+            Section(
+                cordis_prompt.SECTION_ID,
+                cordis_prompt.SECTION_ORDER,
+                cordis_prompt.PROMPT if view.self_modification else "",
+            ),
         ]
         assembled = assemble(sections, view.mode, self.config.tool_order)
         for hooks in self._catalog.chain_hooks(view.scope or None):

@@ -158,12 +158,19 @@ class RegistryClient:
     # -- presets and agents --------------------------------------------------------------------
 
     async def create_preset(
-        self, preset_id: str, *, mode: ModeName | None = None, language: Language | None = None
+        self,
+        preset_id: str,
+        *,
+        mode: ModeName | None = None,
+        language: Language | None = None,
+        self_modification: bool | None = None,
     ) -> scope_pb2.Preset:
-        """`language`: the program language its agents' `run_code` uses (none: inherit)."""
+        """`language`: the program language its agents' `run_code` uses (none: inherit).
+        `self_modification`: whether its agents get the dynamic Cordis tools (none: inherit)."""
         preset = scope_pb2.Preset(
             mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
             code_language=language or "",
+            self_modification=self_modification,
         )
         request = rpb.CreatePresetRequest(preset_id=preset_id, preset=preset)
         response: rpb.CreatePresetResponse = await self._unary(self.stub.CreatePreset, request)
@@ -189,13 +196,16 @@ class RegistryClient:
         preset: str = "",
         mode: ModeName | None = None,
         language: Language | None = None,
+        self_modification: bool | None = None,
     ) -> scope_pb2.Agent:
         """`language`: the program language of its `run_code` (none: the preset's, else the
-        deployment default); the agent's `effective_code_language` says which is in force."""
+        deployment default); the agent's `effective_code_language` says which is in force.
+        `self_modification` likewise (`effective_self_modification`): the Cordis tools."""
         agent = scope_pb2.Agent(
             preset=preset,
             mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
             code_language=language or "",
+            self_modification=self_modification,
         )
         request = rpb.CreateAgentRequest(agent_id=agent_id, agent=agent)
         response: rpb.CreateAgentResponse = await self._unary(self.stub.CreateAgent, request)
@@ -211,6 +221,16 @@ class RegistryClient:
 
     async def delete_agent(self, name: str) -> None:
         await self._unary(self.stub.DeleteAgent, rpb.DeleteAgentRequest(name=name))
+
+    async def resolve_plugin_references(
+        self, agent: str, text: str
+    ) -> list[rpb.PluginReferenceContext]:
+        """The `@pluginId` context blocks for one user message (append them to the step)."""
+        request = rpb.ResolvePluginReferencesRequest(agent=agent, text=text)
+        response: rpb.ResolvePluginReferencesResponse = await self._unary(
+            self.stub.ResolvePluginReferences, request, read=True
+        )
+        return list(response.contexts)
 
     async def set_mode(self, scope: str, mode: ModeName) -> None:
         request = rpb.SetPresentationModeRequest(scope=scope, mode=_MODES[mode])

@@ -29,6 +29,7 @@ import {
   ProgressEvents,
   RegistryServiceClient,
   type ExecuteToolCallResponse,
+  type PluginReferenceContext,
   type WatchHistoryResponse,
 } from "./gen/codemode/registry/v1/registry_service";
 import { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
@@ -424,15 +425,24 @@ export class RegistryClient {
 
   // -- presets and agents ----------------------------------------------------------------------
 
-  /** `codeLanguage`: the program language its agents' `run_code` uses (none: inherit). */
+  /**
+   * `codeLanguage`: the program language its agents' `run_code` uses (none: inherit).
+   * `selfModification`: whether its agents get the dynamic Cordis tools (none: inherit).
+   */
   async createPreset(
     presetId: string,
-    preset: { mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage } = {},
+    preset: { mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage; selfModification?: boolean } = {},
     options?: CallOptions,
   ): Promise<Preset> {
     const request = {
       presetId,
-      preset: { name: "", mode: toPresentationMode(preset.mode), createTime: undefined, codeLanguage: preset.codeLanguage ?? "" },
+      preset: {
+        name: "",
+        mode: toPresentationMode(preset.mode),
+        createTime: undefined,
+        codeLanguage: preset.codeLanguage ?? "",
+        selfModification: preset.selfModification,
+      },
     };
     return (await this.unary(this.stub.createPreset, request, options, false)).preset!;
   }
@@ -453,10 +463,11 @@ export class RegistryClient {
   /**
    * `codeLanguage`: the program language of its `run_code` (none: the preset's, else the
    * deployment default); the agent's `effectiveCodeLanguage` says which is in force.
+   * `selfModification` likewise (`effectiveSelfModification`): the dynamic Cordis tools.
    */
   async createAgent(
     agentId: string,
-    agent: { preset?: string; mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage } = {},
+    agent: { preset?: string; mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage; selfModification?: boolean } = {},
     options?: CallOptions,
   ): Promise<Agent> {
     const request = {
@@ -469,6 +480,8 @@ export class RegistryClient {
         createTime: undefined,
         codeLanguage: agent.codeLanguage ?? "",
         effectiveCodeLanguage: "",
+        selfModification: agent.selfModification,
+        effectiveSelfModification: false,
       },
     };
     return (await this.unary(this.stub.createAgent, request, options, false)).agent!;
@@ -484,6 +497,15 @@ export class RegistryClient {
 
   async deleteAgent(name: string, options?: CallOptions): Promise<void> {
     await this.unary(this.stub.deleteAgent, { name }, options, false);
+  }
+
+  /** The `@pluginId` context blocks for one user message's text (append them to the step). */
+  async resolvePluginReferences(
+    agent: string,
+    text: string,
+    options?: CallOptions,
+  ): Promise<PluginReferenceContext[]> {
+    return (await this.unary(this.stub.resolvePluginReferences, { agent, text }, options, true)).contexts;
   }
 
   async setPresentationMode(scope: string, mode: Mode | PresentationMode, options?: CallOptions): Promise<void> {

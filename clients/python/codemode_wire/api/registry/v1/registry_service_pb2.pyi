@@ -1571,3 +1571,85 @@ class GetRecordContentResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRecordContentResponse: _TypeAlias = GetRecordContentResponse  # noqa: Y015
+
+@_typing.final
+class ResolvePluginReferencesRequest(_message.Message):
+    """Request for ResolvePluginReferences."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent whose user wrote the message, `agents/{id}`. Only its own plugins resolve."""
+    text: _builtins.str
+    """The text of one user-sourced message. Ids are matched as `@<3-6 lowercase letters>-<digits>`
+    between whitespace (or the start/end of the text).
+    """
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolvePluginReferencesRequest: _TypeAlias = ResolvePluginReferencesRequest  # noqa: Y015
+
+@_typing.final
+class ResolvePluginReferencesResponse(_message.Message):
+    """Response for ResolvePluginReferences."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PluginReferenceContext]:
+        """One block per distinct referenced id, in order of first mention; empty when none is named."""
+
+    def __init__(
+        self,
+        *,
+        contexts: _abc.Iterable[Global___PluginReferenceContext] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolvePluginReferencesResponse: _TypeAlias = ResolvePluginReferencesResponse  # noqa: Y015
+
+@_typing.final
+class PluginReferenceContext(_message.Message):
+    """The context one `@pluginId` reference contributes to the agent's next step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLUGIN_ID_FIELD_NUMBER: _builtins.int
+    AVAILABLE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    plugin_id: _builtins.str
+    """The referenced id, e.g. `clock-1`."""
+    available: _builtins.bool
+    """Whether the agent owns a plugin with that id in this registry process."""
+    text: _builtins.str
+    """The block, wrapped in `<cordis_dynamic_plugin_context>` … `</cordis_dynamic_plugin_context>`."""
+    def __init__(
+        self,
+        *,
+        plugin_id: _builtins.str = ...,
+        available: _builtins.bool = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available", b"available", "plugin_id", b"plugin_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PluginReferenceContext: _TypeAlias = PluginReferenceContext  # noqa: Y015

@@ -144,6 +144,11 @@ class RegistryServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.FromString,
                 _registered_method=True)
+        self.ResolvePluginReferences = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/ResolvePluginReferences',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -307,6 +312,15 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolvePluginReferences(self, request, context):
+        """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+        text names, the plugin's source-free reference and directions, or an unavailable notice.
+        The backend appends them to the step as instructions (reference §9.5).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -414,6 +428,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.GetRecordContent,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.SerializeToString,
+            ),
+            'ResolvePluginReferences': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolvePluginReferences,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -986,6 +1005,33 @@ class RegistryService:
             '/codemode.registry.v1.RegistryService/GetRecordContent',
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.GetRecordContentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolvePluginReferences(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/ResolvePluginReferences',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolvePluginReferencesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -95,6 +95,11 @@ class RegistryServiceStub:
     """The full content of one history record: what was spilled when the record holds a preview
     (`spill_locator` set), else the content the record already carries.
     """
+    ResolvePluginReferences: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ResolvePluginReferencesRequest, _registry_service_pb2.ResolvePluginReferencesResponse]
+    """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+    text names, the plugin's source-free reference and directions, or an unavailable notice.
+    The backend appends them to the step as instructions (reference §9.5).
+    """
 
 @_typing.type_check_only
 class RegistryServiceAsyncStub(RegistryServiceStub):
@@ -160,6 +165,11 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     GetRecordContent: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.GetRecordContentRequest, _registry_service_pb2.GetRecordContentResponse]  # type: ignore[assignment]
     """The full content of one history record: what was spilled when the record holds a preview
     (`spill_locator` set), else the content the record already carries.
+    """
+    ResolvePluginReferences: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ResolvePluginReferencesRequest, _registry_service_pb2.ResolvePluginReferencesResponse]  # type: ignore[assignment]
+    """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+    text names, the plugin's source-free reference and directions, or an unavailable notice.
+    The backend appends them to the step as instructions (reference §9.5).
     """
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -349,6 +359,17 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_registry_service_pb2.GetRecordContentResponse, _abc.Awaitable[_registry_service_pb2.GetRecordContentResponse]]:
         """The full content of one history record: what was spilled when the record holds a preview
         (`spill_locator` set), else the content the record already carries.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolvePluginReferences(
+        self,
+        request: _registry_service_pb2.ResolvePluginReferencesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_registry_service_pb2.ResolvePluginReferencesResponse, _abc.Awaitable[_registry_service_pb2.ResolvePluginReferencesResponse]]:
+        """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+        text names, the plugin's source-free reference and directions, or an unavailable notice.
+        The backend appends them to the step as instructions (reference §9.5).
         """
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

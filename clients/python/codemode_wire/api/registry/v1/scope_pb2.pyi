@@ -12,10 +12,10 @@ import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    from typing_extensions import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -57,6 +57,7 @@ class Preset(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `presets/{preset_id}`."""
     mode: Global___PresentationMode.ValueType
@@ -64,6 +65,11 @@ class Preset(_message.Message):
     code_language: _builtins.str
     """The program language declared in this scope (`python` or `typescript`), or empty when none
     is declared. Fixed at creation.
+    """
+    self_modification: _builtins.bool
+    """Whether agents under this preset may extend themselves with dynamic Cordis plugins (the seven
+    `cordis_*` tools and the `tool:cordis` prompt section). Unset: not declared here (the
+    deployment default applies). Fixed at creation; revoked when the preset is deleted.
     """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
@@ -76,12 +82,15 @@ class Preset(_message.Message):
         mode: Global___PresentationMode.ValueType = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         code_language: _builtins.str = ...,
+        self_modification: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "create_time", b"create_time", "self_modification", b"self_modification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_language", b"code_language", "create_time", b"create_time", "mode", b"mode", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "code_language", b"code_language", "create_time", b"create_time", "mode", b"mode", "name", b"name", "self_modification", b"self_modification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__self_modification: _TypeAlias = _typing.Literal["self_modification"]  # noqa: Y015
+    _WhichOneofArgType__self_modification: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__self_modification) -> _WhichOneofReturnType__self_modification | None: ...
 
 Global___Preset: _TypeAlias = Preset  # noqa: Y015
 
@@ -98,6 +107,8 @@ class Agent(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
     EFFECTIVE_CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
+    SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `agents/{agent_id}`."""
     preset: _builtins.str
@@ -115,6 +126,14 @@ class Agent(_message.Message):
     deployment default (`code_language` in the registry settings). It picks the `run_code`
     flavour, the SDK text and the prompt, and travels with every `Run` to the runtime.
     """
+    self_modification: _builtins.bool
+    """Whether this agent may extend itself with dynamic Cordis plugins. Unset: not declared here
+    (its preset's declaration, else the deployment default, applies). Fixed at creation.
+    """
+    effective_self_modification: _builtins.bool
+    """Output only. Self-modification in force: nearest declaration along agent → preset →
+    deployment default (`self_modification` in the registry settings, off by default).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the agent was created."""
@@ -129,11 +148,15 @@ class Agent(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         code_language: _builtins.str = ...,
         effective_code_language: _builtins.str = ...,
+        self_modification: _builtins.bool | None = ...,
+        effective_self_modification: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "create_time", b"create_time", "self_modification", b"self_modification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "mode", b"mode", "name", b"name", "preset", b"preset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "effective_self_modification", b"effective_self_modification", "mode", b"mode", "name", b"name", "preset", b"preset", "self_modification", b"self_modification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__self_modification: _TypeAlias = _typing.Literal["self_modification"]  # noqa: Y015
+    _WhichOneofArgType__self_modification: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__self_modification) -> _WhichOneofReturnType__self_modification | None: ...
 
 Global___Agent: _TypeAlias = Agent  # noqa: Y015

@@ -568,6 +568,33 @@ export interface GetRecordContentResponse {
   content: ContentBlock[];
 }
 
+/** Request for ResolvePluginReferences. */
+export interface ResolvePluginReferencesRequest {
+  /** The agent whose user wrote the message, `agents/{id}`. Only its own plugins resolve. */
+  agent: string;
+  /**
+   * The text of one user-sourced message. Ids are matched as `@<3-6 lowercase letters>-<digits>`
+   * between whitespace (or the start/end of the text).
+   */
+  text: string;
+}
+
+/** Response for ResolvePluginReferences. */
+export interface ResolvePluginReferencesResponse {
+  /** One block per distinct referenced id, in order of first mention; empty when none is named. */
+  contexts: PluginReferenceContext[];
+}
+
+/** The context one `@pluginId` reference contributes to the agent's next step. */
+export interface PluginReferenceContext {
+  /** The referenced id, e.g. `clock-1`. */
+  pluginId: string;
+  /** Whether the agent owns a plugin with that id in this registry process. */
+  available: boolean;
+  /** The block, wrapped in `<cordis_dynamic_plugin_context>` … `</cordis_dynamic_plugin_context>`. */
+  text: string;
+}
+
 function createBaseCreatePresetRequest(): CreatePresetRequest {
   return { presetId: "", preset: undefined };
 }
@@ -4283,6 +4310,207 @@ export const GetRecordContentResponse: MessageFns<GetRecordContentResponse> = {
   },
 };
 
+function createBaseResolvePluginReferencesRequest(): ResolvePluginReferencesRequest {
+  return { agent: "", text: "" };
+}
+
+export const ResolvePluginReferencesRequest: MessageFns<ResolvePluginReferencesRequest> = {
+  encode(message: ResolvePluginReferencesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.agent !== "") {
+      writer.uint32(10).string(message.agent);
+    }
+    if (message.text !== "") {
+      writer.uint32(18).string(message.text);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolvePluginReferencesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolvePluginReferencesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.agent = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.text = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ResolvePluginReferencesRequest>): ResolvePluginReferencesRequest {
+    return ResolvePluginReferencesRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ResolvePluginReferencesRequest>): ResolvePluginReferencesRequest {
+    const message = createBaseResolvePluginReferencesRequest();
+    message.agent = object.agent ?? "";
+    message.text = object.text ?? "";
+    return message;
+  },
+};
+
+function createBaseResolvePluginReferencesResponse(): ResolvePluginReferencesResponse {
+  return { contexts: [] };
+}
+
+export const ResolvePluginReferencesResponse: MessageFns<ResolvePluginReferencesResponse> = {
+  encode(message: ResolvePluginReferencesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.contexts) {
+      PluginReferenceContext.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolvePluginReferencesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolvePluginReferencesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.contexts.push(PluginReferenceContext.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ResolvePluginReferencesResponse>): ResolvePluginReferencesResponse {
+    return ResolvePluginReferencesResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ResolvePluginReferencesResponse>): ResolvePluginReferencesResponse {
+    const message = createBaseResolvePluginReferencesResponse();
+    message.contexts = object.contexts?.map((e) => PluginReferenceContext.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBasePluginReferenceContext(): PluginReferenceContext {
+  return { pluginId: "", available: false, text: "" };
+}
+
+export const PluginReferenceContext: MessageFns<PluginReferenceContext> = {
+  encode(message: PluginReferenceContext, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pluginId !== "") {
+      writer.uint32(10).string(message.pluginId);
+    }
+    if (message.available !== false) {
+      writer.uint32(16).bool(message.available);
+    }
+    if (message.text !== "") {
+      writer.uint32(26).string(message.text);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PluginReferenceContext {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePluginReferenceContext();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.pluginId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.available = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.text = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PluginReferenceContext>): PluginReferenceContext {
+    return PluginReferenceContext.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PluginReferenceContext>): PluginReferenceContext {
+    const message = createBasePluginReferenceContext();
+    message.pluginId = object.pluginId ?? "";
+    message.available = object.available ?? false;
+    message.text = object.text ?? "";
+    return message;
+  },
+};
+
 /**
  * The registry: scopes and presentation modes, the tool catalog, and the one policy pipeline
  * every tool call passes through. Errors are `google.rpc.Status` with an `ErrorInfo` detail in
@@ -4541,6 +4769,23 @@ export const RegistryServiceService = {
       Buffer.from(GetRecordContentResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetRecordContentResponse => GetRecordContentResponse.decode(value),
   },
+  /**
+   * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+   * text names, the plugin's source-free reference and directions, or an unavailable notice.
+   * The backend appends them to the step as instructions (reference §9.5).
+   */
+  resolvePluginReferences: {
+    path: "/codemode.registry.v1.RegistryService/ResolvePluginReferences" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResolvePluginReferencesRequest): Buffer =>
+      Buffer.from(ResolvePluginReferencesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResolvePluginReferencesRequest => ResolvePluginReferencesRequest.decode(value),
+    responseSerialize: (value: ResolvePluginReferencesResponse): Buffer =>
+      Buffer.from(ResolvePluginReferencesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResolvePluginReferencesResponse =>
+      ResolvePluginReferencesResponse.decode(value),
+  },
 } as const;
 
 export interface RegistryServiceServer extends UntypedServiceImplementation {
@@ -4608,6 +4853,12 @@ export interface RegistryServiceServer extends UntypedServiceImplementation {
    * (`spill_locator` set), else the content the record already carries.
    */
   getRecordContent: handleUnaryCall<GetRecordContentRequest, GetRecordContentResponse>;
+  /**
+   * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+   * text names, the plugin's source-free reference and directions, or an unavailable notice.
+   * The backend appends them to the step as instructions (reference §9.5).
+   */
+  resolvePluginReferences: handleUnaryCall<ResolvePluginReferencesRequest, ResolvePluginReferencesResponse>;
 }
 
 export interface RegistryServiceClient extends Client {
@@ -4932,6 +5183,26 @@ export interface RegistryServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetRecordContentResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
+   * text names, the plugin's source-free reference and directions, or an unavailable notice.
+   * The backend appends them to the step as instructions (reference §9.5).
+   */
+  resolvePluginReferences(
+    request: ResolvePluginReferencesRequest,
+    callback: (error: ServiceError | null, response: ResolvePluginReferencesResponse) => void,
+  ): ClientUnaryCall;
+  resolvePluginReferences(
+    request: ResolvePluginReferencesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResolvePluginReferencesResponse) => void,
+  ): ClientUnaryCall;
+  resolvePluginReferences(
+    request: ResolvePluginReferencesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResolvePluginReferencesResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -41,6 +41,12 @@ export interface Preset {
    * is declared. Fixed at creation.
    */
   codeLanguage: string;
+  /**
+   * Whether agents under this preset may extend themselves with dynamic Cordis plugins (the seven
+   * `cordis_*` tools and the `tool:cordis` prompt section). Unset: not declared here (the
+   * deployment default applies). Fixed at creation; revoked when the preset is deleted.
+   */
+  selfModification?: boolean | undefined;
 }
 
 /** An agent: the scope a model loop executes tool calls in. */
@@ -68,10 +74,22 @@ export interface Agent {
    * flavour, the SDK text and the prompt, and travels with every `Run` to the runtime.
    */
   effectiveCodeLanguage: string;
+  /**
+   * Whether this agent may extend itself with dynamic Cordis plugins. Unset: not declared here
+   * (its preset's declaration, else the deployment default, applies). Fixed at creation.
+   */
+  selfModification?:
+    | boolean
+    | undefined;
+  /**
+   * Output only. Self-modification in force: nearest declaration along agent → preset →
+   * deployment default (`self_modification` in the registry settings, off by default).
+   */
+  effectiveSelfModification: boolean;
 }
 
 function createBasePreset(): Preset {
-  return { name: "", mode: 0, createTime: undefined, codeLanguage: "" };
+  return { name: "", mode: 0, createTime: undefined, codeLanguage: "", selfModification: undefined };
 }
 
 export const Preset: MessageFns<Preset> = {
@@ -87,6 +105,9 @@ export const Preset: MessageFns<Preset> = {
     }
     if (message.codeLanguage !== "") {
       writer.uint32(34).string(message.codeLanguage);
+    }
+    if (message.selfModification !== undefined) {
+      writer.uint32(40).bool(message.selfModification);
     }
     return writer;
   },
@@ -136,6 +157,14 @@ export const Preset: MessageFns<Preset> = {
             message.codeLanguage = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.selfModification = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -157,6 +186,7 @@ export const Preset: MessageFns<Preset> = {
     message.mode = object.mode ?? 0;
     message.createTime = object.createTime ?? undefined;
     message.codeLanguage = object.codeLanguage ?? "";
+    message.selfModification = object.selfModification ?? undefined;
     return message;
   },
 };
@@ -170,6 +200,8 @@ function createBaseAgent(): Agent {
     createTime: undefined,
     codeLanguage: "",
     effectiveCodeLanguage: "",
+    selfModification: undefined,
+    effectiveSelfModification: false,
   };
 }
 
@@ -195,6 +227,12 @@ export const Agent: MessageFns<Agent> = {
     }
     if (message.effectiveCodeLanguage !== "") {
       writer.uint32(58).string(message.effectiveCodeLanguage);
+    }
+    if (message.selfModification !== undefined) {
+      writer.uint32(64).bool(message.selfModification);
+    }
+    if (message.effectiveSelfModification !== false) {
+      writer.uint32(72).bool(message.effectiveSelfModification);
     }
     return writer;
   },
@@ -268,6 +306,22 @@ export const Agent: MessageFns<Agent> = {
             message.effectiveCodeLanguage = reader.string();
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.selfModification = reader.bool();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.effectiveSelfModification = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -292,6 +346,8 @@ export const Agent: MessageFns<Agent> = {
     message.createTime = object.createTime ?? undefined;
     message.codeLanguage = object.codeLanguage ?? "";
     message.effectiveCodeLanguage = object.effectiveCodeLanguage ?? "";
+    message.selfModification = object.selfModification ?? undefined;
+    message.effectiveSelfModification = object.effectiveSelfModification ?? false;
     return message;
   },
 };

@@ -1,0 +1,127 @@
+"""End to end with the runtime's real plugin hosts (GrpcPluginHosts over RuntimeService.Host):
+a code agent's program defines and runs a plugin, a second program calls its tool, a broken
+update fails and keeps `current`, stop removes the tool and the host's processes are gone.
+The wiring is the test's own (the registry's composition wires the adapter elsewhere)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from codemode_wire import jsonvalue
+from registry_service.config import RegistrySettings
+from registry_service.plugin_host_client import GrpcPluginHosts
+from registry_service.registry import build_registry
+from registry_service.runtime_client import GrpcRuntime
+from registry_service.server import start as start_registry
+from runtime_service.config import RuntimeSettings
+from runtime_service.server import start as start_runtime
+from tests.registry.conftest import CODE
+from tests.registry.cordis.conftest import CordisHarness
+
+HOST = """\
+def now(args):
+    return {"time": "12:00", "zone": args.get("zone", "utc")}
+
+async def apply(ctx):
+    harness.register_tool(harness.define_tool(
+        name="clock_now", description="The time.",
+        parameters={"type": "object", "properties": {"zone": {"type": "string"}}},
+        execute=now))
+
+return apply
+"""
+BROKEN = "async def apply(ctx):\n    raise RuntimeError('clock face missing')\n\nreturn apply\n"
+
+
+@contextlib.asynccontextmanager
+async def _stack() -> AsyncIterator[CordisHarness]:
+    runtime = await start_runtime(
+        RuntimeSettings(listen="127.0.0.1:0", pool_size=1, shutdown_grace_s=0.2)
+    )
+    config = RegistrySettings(
+        listen="127.0.0.1:0", history_path=":memory:", runtime_targets=[runtime.address]
+    )
+    client = GrpcRuntime([runtime.address], 16 << 20)
+    registry = await start_registry(
+        config, build_registry(config, plugin_hosts=GrpcPluginHosts(client))
+    )
+    channel = grpc.aio.insecure_channel(registry.address)
+    harness = CordisHarness(registry, channel)
+    harness.hosts = None
+    try:
+        yield harness
+    finally:
+        await channel.close()
+        await registry.stop(0)
+        await client.close()
+        await runtime.stop(0)
+
+
+async def _program(h: CordisHarness, agent: str, code: str, call_id: str) -> Any:
+    result = await h.call(agent, "run_code", {"code": code, "description": "cordis"}, call_id)
+    assert not result.is_error, result.error.message
+    return jsonvalue.loads(result.value_json)
+
+
+async def test_define_run_call_failed_update_and_stop_on_real_plugin_hosts() -> None:
+    async with _stack() as h:
+        agent = await h.agent("coder", mode=CODE)
+        first = await _program(
+            h,
+            agent,
+            f"d = await tools.cordis_define({{'plugin': {{'kind': 'new', 'idPrefix': 'clock'}},"
+            f" 'name': 'Clock', 'purpose': 'Tell the time.', 'code': {{'host': {HOST!r}}}}})\n"
+            "r = await tools.cordis_run({'pluginId': d['pluginId'], 'packageId': d['packageId'],"
+            " 'mode': 'run'})\n"
+            "return r",
+            "p1",
+        )
+        assert first["result"]["status"] == "running"
+        assert first["result"]["pluginRunId"] == "run-1"
+        second = await _program(h, agent, "return await tools.clock_now({'zone': 'cet'})", "p2")
+        assert second["result"] == {"time": "12:00", "zone": "cet"}
+        update = await _program(
+            h,
+            agent,
+            f"d = await tools.cordis_define({{'plugin': {{'kind': 'existing', 'pluginId': "
+            f"'clock-1'}}, 'name': 'Broken', 'purpose': 'p', 'code': {{'host': {BROKEN!r}}}}})\n"
+            "try:\n"
+            "    await tools.cordis_run({'pluginId': 'clock-1', 'packageId': d['packageId'],"
+            " 'mode': 'update'})\n"
+            "except Exception as e:\n"
+            "    print(str(e))\n"
+            "return await tools.cordis_inspect_self({'pluginId': 'clock-1'})",
+            "p3",
+        )
+        assert "clock face missing" in update["logs"][0]
+        plugin = update["result"]
+        assert plugin["currentPackageId"] == "pkg-1" and plugin["nextPackageId"] == "pkg-2"
+        assert "clock_now" not in await h.visible(agent)
+        rollback = await _program(
+            h,
+            agent,
+            "return await tools.cordis_run("
+            "{'pluginId': 'clock-1', 'packageId': 'pkg-1', 'mode': 'run'})",
+            "p3b",
+        )
+        assert rollback["result"]["status"] == "running"
+        assert "nextPackageId" not in rollback["result"]  # rollback with run clears next
+        back = await _program(
+            h,
+            agent,
+            "a = await tools.clock_now({})\n"
+            "await tools.cordis_stop({'pluginId': 'clock-1'})\n"
+            "try:\n"
+            "    await tools.clock_now({})\n"
+            "except Exception as e:\n"
+            "    print(str(e))\n"
+            "return a",
+            "p4",
+        )
+        assert back["result"] == {"time": "12:00", "zone": "utc"}
+        assert 'unknown tool "clock_now"' in back["logs"][0]
+        assert "clock_now" not in await h.visible(agent)
