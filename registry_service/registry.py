@@ -182,6 +182,17 @@ def _connect_runtime(
     )
 
 
+def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
+    """Host halves run on the runtimes `run_code` uses (one `Host` stream per activation)."""
+    from registry_service.runtime_client import GrpcRuntime
+
+    if not isinstance(runtime, GrpcRuntime):
+        return None  # no runtime, or one injected by a test: `cordis_run` says hosts are absent
+    from registry_service.plugin_host_client import GrpcPluginHosts
+
+    return GrpcPluginHosts(runtime)
+
+
 def _outer(
     kind: str, inp: ExecutionInput, arguments: object, result: ToolResult | None = None
 ) -> Record:
@@ -214,7 +225,8 @@ def build_registry(
 ) -> Registry:
     """Composes the registry. Telemetry uses the given providers, else the global ones (a
     no-op unless the process installed an SDK: see `codemode_common.telemetry.setup`).
-    `plugin_hosts` runs dynamic Cordis host halves (none: a `cordis_run` of a host half fails
+    `plugin_hosts` runs dynamic Cordis host halves (default: the plugin hosts of the runtimes
+    `run_code` uses; none without a runtime: a `cordis_run` of a host half fails
     with a tool error saying so)."""
     # The catalog's run_code (listing, argument validation) speaks the default language; the
     # wire schema is rendered per requested language by the assembler.
@@ -268,7 +280,7 @@ def build_registry(
         history=history,
         transport=transport,
         runtime=runtime,
-        cordis=Cordis(catalog, plugin_hosts),
+        cordis=Cordis(catalog, plugin_hosts or _plugin_hosts(runtime)),
         telemetry=telemetry,
     )
     _declare_scopes(catalog, settings)

@@ -1,7 +1,7 @@
 """End to end with the runtime's real plugin hosts (GrpcPluginHosts over RuntimeService.Host):
 a code agent's program defines and runs a plugin, a second program calls its tool, a broken
 update fails and keeps `current`, stop removes the tool and the host's processes are gone.
-The wiring is the test's own (the registry's composition wires the adapter elsewhere)."""
+The registry's own composition wires the adapter: configuring runtime targets is all it takes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import grpc
 
 from codemode_wire import jsonvalue
 from registry_service.config import RegistrySettings
-from registry_service.plugin_host_client import GrpcPluginHosts
 from registry_service.registry import build_registry
-from registry_service.runtime_client import GrpcRuntime
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
@@ -45,10 +43,7 @@ async def _stack() -> AsyncIterator[CordisHarness]:
     config = RegistrySettings(
         listen="127.0.0.1:0", history_path=":memory:", runtime_targets=[runtime.address]
     )
-    client = GrpcRuntime([runtime.address], 16 << 20)
-    registry = await start_registry(
-        config, build_registry(config, plugin_hosts=GrpcPluginHosts(client))
-    )
+    registry = await start_registry(config, build_registry(config))
     channel = grpc.aio.insecure_channel(registry.address)
     harness = CordisHarness(registry, channel)
     harness.hosts = None
@@ -57,7 +52,6 @@ async def _stack() -> AsyncIterator[CordisHarness]:
     finally:
         await channel.close()
         await registry.stop(0)
-        await client.close()
         await runtime.stop(0)
 
 
