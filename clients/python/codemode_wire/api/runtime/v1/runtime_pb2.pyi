@@ -147,7 +147,7 @@ class HostStart(_message.Message):
     source: _builtins.str
     """The host half: the body of an async function that returns the plugin."""
     language: _builtins.str
-    """Source language; "python" today (see GetCapabilities)."""
+    """Source language: "python" (the default when empty); plugin hosts run Python host halves."""
     plugin_id: _builtins.str
     """The plugin's id (e.g. "clock-1"), for logs and diagnostics."""
     package_id: _builtins.str
@@ -532,7 +532,9 @@ class RunStart(_message.Message):
     program: _builtins.str
     """The program text: the body of an async function (top-level `await` and `return` work)."""
     language: _builtins.str
-    """Program language; "python" is the only one served today (see GetCapabilities)."""
+    """Program language: "python" (the default when empty) or "typescript" where served (see
+    GetCapabilities.languages).
+    """
     token: _builtins.bytes
     """Opaque bytes echoed unchanged on every binding call (the registry's parent token)."""
     @_builtins.property

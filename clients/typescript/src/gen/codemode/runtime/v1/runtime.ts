@@ -81,7 +81,7 @@ export interface HostRequest {
 export interface HostStart {
   /** The host half: the body of an async function that returns the plugin. */
   source: string;
-  /** Source language; "python" today (see GetCapabilities). */
+  /** Source language: "python" (the default when empty); plugin hosts run Python host halves. */
   language: string;
   /** The plugin's id (e.g. "clock-1"), for logs and diagnostics. */
   pluginId: string;
@@ -234,7 +234,10 @@ export interface RunRequest {
 export interface RunStart {
   /** The program text: the body of an async function (top-level `await` and `return` work). */
   program: string;
-  /** Program language; "python" is the only one served today (see GetCapabilities). */
+  /**
+   * Program language: "python" (the default when empty) or "typescript" where served (see
+   * GetCapabilities.languages).
+   */
   language: string;
   /** Names reachable as `tools.<name>` (or `tools["<name>"]`) in the program. */
   bindingNames: string[];
