@@ -57,22 +57,26 @@ class Service:
         return CpuTimes((utime + stime) / _CLOCK_TICKS, (cutime + cstime) / _CLOCK_TICKS)
 
     def children_cpu(self) -> dict[int, float]:
-        """CPU seconds of each live (not zombie) child: for the runtime, its workers."""
-        pid = self.proc.pid
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                pids = [int(p) for p in f.read().split()]
-        except OSError:
-            return {}
-        out = {}
-        for child in pids:
+        """CPU seconds of each live (not zombie) descendant: for the runtime, its workers --
+        below its fork server and each run's init, or its own children when spawned."""
+        out: dict[int, float] = {}
+        pending = [self.proc.pid]
+        while pending:
+            parent = pending.pop()
             try:
-                with open(f"/proc/{child}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{parent}/task/{parent}/children") as f:
+                    children = [int(p) for p in f.read().split()]
             except OSError:
                 continue
-            if fields[0] != "Z":
-                out[child] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+            for child in children:
+                try:
+                    with open(f"/proc/{child}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[0] != "Z":
+                    out[child] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+                    pending.append(child)
         return out
 
 
