@@ -280,7 +280,7 @@ def build_registry(
         history=history,
         transport=transport,
         runtime=runtime,
-        cordis=Cordis(catalog, plugin_hosts or _plugin_hosts(runtime)),
+        cordis=Cordis(catalog, plugin_hosts or _plugin_hosts(runtime), history.submit),
         telemetry=telemetry,
     )
     _declare_scopes(catalog, settings)

@@ -37,8 +37,15 @@ from registry_service.domain.cordis.model import (
     Plugin,
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing
+from registry_service.domain.cordis.steering import (
+    HOST_LOST,
+    Steering,
+    completed_text,
+    failed_text,
+)
 from registry_service.domain.cordis.syntax import check_javascript_client, check_python_host
 from registry_service.domain.plugin_hosts import (
+    HOST_GONE,
     ActivationFailed,
     ActivationSpec,
     ActiveHost,
@@ -68,9 +75,11 @@ class CordisRunner:
         *,
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
+        steering: Steering | None = None,
     ) -> None:
         self._catalog = catalog
         self.hosts = hosts
+        self.steering = steering or Steering()
         self._reserved = frozenset(reserved_names)
         self._start_timeout_s = start_timeout_s
         self._ids = Ids()
@@ -213,7 +222,38 @@ class CordisRunner:
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
         self._starts[plugin_id] = task
+        task.add_done_callback(lambda t: self._settled_late(plugin, attempt, signal, t))
         return await asyncio.shield(task)
+
+    def _settled_late(
+        self,
+        plugin: Plugin,
+        attempt: Attempt,
+        signal: AbortSignal,
+        task: asyncio.Task[dict[str, JsonValue]],
+    ) -> None:
+        """A start whose `cordis_run` call was cancelled ends after the tool returned: the
+        agent learns the outcome from a steering record instead of the result."""
+        if not signal.aborted or task.cancelled():
+            return
+        p, k, run_id = plugin.plugin_id, attempt.package_id, attempt.run_id
+        metadata: dict[str, JsonValue] = {"pluginId": p, "packageId": k, "pluginRunId": run_id}
+        if task.exception() is None:
+            text = completed_text(attempt.mode, p, k, run_id, plugin.current or k)
+        else:
+            error = attempt.error
+            text = failed_text(
+                attempt.mode,
+                p,
+                k,
+                run_id,
+                returned="cancelled",
+                reason="host-half-failed",
+                detail=_detail(error.message, error.stack) if error else str(task.exception()),
+                current=plugin.current,
+                next_=plugin.next,
+            )
+        self.steering.steer(plugin.owner, text, metadata)
 
     async def _start(
         self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
@@ -362,7 +402,13 @@ class CordisRunner:
                     "running",
                     PLUGIN_NOT_RUNNING,
                 )
-            return await _call_until_aborted(active.host, name, invocation)
+            try:
+                return await _call_until_aborted(active.host, name, invocation)
+            except ToolCallFailure as exc:
+                if exc.code == HOST_GONE and current is not None:
+                    # The host died under this call before its stream said so: the same loss.
+                    self._host_lost(current, run_id, f'a call of tool "{name}" found it gone')
+                raise
 
         return ToolDefinition(
             name=name,
@@ -404,12 +450,30 @@ class CordisRunner:
         plugin.run = None
         self._unregister(plugin, run)
         latest = plugin.latest
+        message = f"the plugin host stopped unexpectedly: {reason}"
         if latest is not None and latest.run_id == run_id:
-            message = f"the plugin host stopped unexpectedly: {reason}"
             diagnostic = Diagnostic("host-apply", message, plugin.plugin_id, run.package_id, run_id)
             latest.status = "failed"
             latest.error = diagnostic
             latest.host = HalfState("failed", (), diagnostic)
+            plugin.next = run.package_id  # the most recently failed target; `current` stays
+            self.steering.steer_once(
+                run_id,
+                HOST_LOST,
+                plugin.owner,
+                failed_text(
+                    latest.mode,
+                    plugin.plugin_id,
+                    run.package_id,
+                    run_id,
+                    returned="running",
+                    reason="plugin-host-lost",
+                    detail=f"the plugin host of {plugin.plugin_id} stopped unexpectedly: {reason}",
+                    current=plugin.current,
+                    next_=plugin.next,
+                ),
+                {"pluginId": plugin.plugin_id, "packageId": run.package_id, "pluginRunId": run_id},
+            )
         if run.host is not None:
             self._in_background(run.host.retract())  # idempotent; reaps whatever is left
 
@@ -488,6 +552,7 @@ class CordisRunner:
                 await self._retract(plugin)
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.steering.flush()
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -510,6 +575,10 @@ class CordisRunner:
         if plugin is None or plugin.owner != owner:
             return None
         return plugin.reference()
+
+
+def _detail(message: str, stack: str) -> str:
+    return f"{message}\n{stack}" if stack else message
 
 
 def _spec_of(defn: ToolDefinition) -> DynamicToolSpec:
