@@ -25,6 +25,12 @@ from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.durable import (
+    CordisStateStore,
+    Persistence,
+    restore,
+    snapshot,
+)
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -76,7 +82,10 @@ class CordisRunner:
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
+        state_store: CordisStateStore | None = None,
     ) -> None:
+        """`state_store`: keep plugins, packages, grants, pointers and id counters there
+        across restarts (loaded now; runs are not restarted). None: process memory only."""
         self._catalog = catalog
         self.hosts = hosts
         self.steering = steering or Steering()
@@ -86,7 +95,20 @@ class CordisRunner:
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._persistence: Persistence | None = None
+        if state_store is not None:
+            saved = state_store.load()
+            if saved is not None:
+                self._plugins = {p.plugin_id: p for p in restore(saved, self._ids)}
+            self._persistence = Persistence(
+                state_store, lambda: snapshot(self._plugins.values(), self._ids)
+            )
         catalog.on_delete(self._scope_deleted)
+
+    def _changed(self) -> None:
+        """Something durable changed (a package, a pointer, an id counter, a plugin)."""
+        if self._persistence is not None:
+            self._persistence.changed()
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -149,6 +171,7 @@ class CordisRunner:
             target = self._owned(owner, cast(str, plugin.get("pluginId", "")))
         package = Package(self._ids.package(), name, purpose, host, client)
         target.packages[package.package_id] = package
+        self._changed()
         return {
             "pluginId": target.plugin_id,
             "packageId": package.package_id,
@@ -218,6 +241,7 @@ class CordisRunner:
         plugin.next = package_id
         plugin.latest = attempt
         plugin.starting = True
+        self._changed()
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
@@ -314,6 +338,7 @@ class CordisRunner:
         attempt.host = HalfState("waiting" if waiting else "running", registrations.waiting_for)
         plugin.current = package.package_id
         plugin.next = None
+        self._changed()
         return {
             "status": "running",
             "pluginId": plugin.plugin_id,
@@ -339,6 +364,7 @@ class CordisRunner:
         attempt.error = diagnostic
         attempt.host = HalfState("failed", (), diagnostic)
         plugin.next = attempt.package_id
+        self._changed()
         return CordisError(message, "host-half-failed")
 
     # -- dynamic tools --------------------------------------------------------------------------
@@ -457,6 +483,7 @@ class CordisRunner:
             latest.error = diagnostic
             latest.host = HalfState("failed", (), diagnostic)
             plugin.next = run.package_id  # the most recently failed target; `current` stays
+            self._changed()
             self.steering.steer_once(
                 run_id,
                 HOST_LOST,
@@ -522,6 +549,7 @@ class CordisRunner:
         was_running = plugin.run is not None
         await self._retract(plugin)
         self._plugins.pop(plugin_id, None)
+        self._changed()
         return {"pluginId": plugin_id, "wasRunning": was_running}
 
     def _scope_deleted(self, scope: str) -> None:
@@ -530,6 +558,7 @@ class CordisRunner:
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
             del self._plugins[plugin.plugin_id]
             self._in_background(self._retract(plugin))
+            self._changed()
 
     def _in_background(self, work: object) -> None:
         async def run() -> None:
@@ -553,6 +582,8 @@ class CordisRunner:
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.steering.flush()
+        if self._persistence is not None:
+            await self._persistence.close()
 
     # -- read-only views ----------------------------------------------------------------------
 

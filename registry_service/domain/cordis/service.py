@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry
 from registry_service.domain.cordis.references import (
@@ -25,11 +26,19 @@ class Cordis:
         catalog: Catalog,
         hosts: PluginHosts | None = None,
         history_submit: Submit | None = None,
+        state_store: CordisStateStore | None = None,
     ) -> None:
-        """`history_submit` writes the steering records (the history store's `submit`)."""
+        """`history_submit` writes the steering records (the history store's `submit`);
+        `state_store` keeps the plugins across restarts (none: process memory only)."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit)
-        self.runner = CordisRunner(catalog, hosts, reserved_names=NAMES, steering=self.steering)
+        self.runner = CordisRunner(
+            catalog,
+            hosts,
+            reserved_names=NAMES,
+            steering=self.steering,
+            state_store=state_store,
+        )
         for provider in host_providers(self.runner.visible_tools, self.runner.provided_services):
             self.inspect.register_host(provider)
         catalog.install_cordis_tools(cordis_tools(self.runner, self.inspect))
