@@ -159,6 +159,12 @@ class RegistrySettings(ServiceSettings):
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""
+    cordis_durable: bool = False
+    """Keep dynamic Cordis plugins, their packages, grants, pointers and id counters in the
+    history database (`history_path`, which must then be a file) across restarts. Runs are not
+    restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
+    reactivates it. Off: process memory only, as in the original (after a restart `@pluginId`
+    references answer unavailable)."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""

@@ -23,6 +23,7 @@ from codemode_wire.jsonvalue import JsonValue
 from registry_service.codemode.runtime_port import RuntimeUnavailable
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.plugin_hosts import (
+    HOST_GONE,
     ActivationFailed,
     ActivationSpec,
     DynamicToolSpec,
@@ -36,6 +37,7 @@ __all__ = ["GrpcPluginHosts"]
 
 _log = logging.getLogger(__name__)
 _HOST_GONE = "the plugin host is not running"
+_GONE = pb.HostInvokeResult(error_message=_HOST_GONE)  # settles calls the stream left pending
 
 
 class GrpcPluginHosts:
@@ -106,7 +108,7 @@ class GrpcActiveHost:
 
     async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
         if self._ended or self._retracting:
-            raise ToolCallFailure(_HOST_GONE)
+            raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         invocation = self._next_id
         self._next_id += 1
         future: asyncio.Future[pb.HostInvokeResult] = asyncio.get_running_loop().create_future()
@@ -119,12 +121,14 @@ class GrpcActiveHost:
             await self._call.write(pb.HostRequest(invoke=request))
             result = await future
         except grpc.aio.AioRpcError as exc:
-            raise ToolCallFailure(f"{_HOST_GONE}: {exc.details()}") from exc
+            raise ToolCallFailure(f"{_HOST_GONE}: {exc.details()}", HOST_GONE) from exc
         finally:
             remove()
             self._pending.pop(invocation, None)
         if result.WhichOneof("outcome") == "value_json":
             return jsonvalue.loads(result.value_json)
+        if result is _GONE:  # the stream ended with the call in flight
+            raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         raise ToolCallFailure(result.error_message or "the plugin's tool failed")
 
     def _cancel(self, invocation: int) -> None:
@@ -169,7 +173,7 @@ class GrpcActiveHost:
             self._ended = True
             for future in self._pending.values():
                 if not future.done():
-                    future.set_result(pb.HostInvokeResult(error_message=_HOST_GONE))
+                    future.set_result(_GONE)
         if lost and not self._retracting:
             self._events.on_lost(lost)
 

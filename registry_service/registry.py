@@ -21,6 +21,7 @@ from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
 from registry_service.domain.plugin_hosts import PluginHosts
@@ -36,6 +37,7 @@ from registry_service.domain.tools import (
     ToolDefinition,
 )
 from registry_service.history import build, records
+from registry_service.history.cordis_state import SqliteCordisState
 from registry_service.history.health import Report, keep_reporting
 from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
@@ -182,6 +184,23 @@ def _connect_runtime(
     )
 
 
+def _cordis(
+    catalog: Catalog, hosts: PluginHosts | None, history: HistoryStore, settings: RegistrySettings
+) -> Cordis:
+    state_store: CordisStateStore | None = None
+    if settings.cordis_durable:
+        if settings.history_store != "sqlite":
+            raise ConfigError("cordis_durable keeps Cordis state in the sqlite history store")
+        try:
+            state_store = SqliteCordisState(settings.history_path)
+        except StoreOpenError as exc:
+            raise ConfigError(str(exc)) from exc
+    try:
+        return Cordis(catalog, hosts, history.submit, state_store)
+    except (ValueError, KeyError, TypeError) as exc:  # a snapshot this version cannot read
+        raise ConfigError(f"the durable Cordis state cannot be read: {exc}") from exc
+
+
 def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
     """Host halves run on the runtimes `run_code` uses (one `Host` stream per activation)."""
     from registry_service.runtime_client import GrpcRuntime
@@ -280,7 +299,7 @@ def build_registry(
         history=history,
         transport=transport,
         runtime=runtime,
-        cordis=Cordis(catalog, plugin_hosts or _plugin_hosts(runtime)),
+        cordis=_cordis(catalog, plugin_hosts or _plugin_hosts(runtime), history, settings),
         telemetry=telemetry,
     )
     _declare_scopes(catalog, settings)

@@ -33,6 +33,7 @@ from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.signals import AbortSignal
 
 __all__ = [
+    "HOST_GONE",
     "ActivationFailed",
     "ActivationSpec",
     "ActiveHost",
@@ -43,6 +44,9 @@ __all__ = [
 ]
 
 ActivationPhase = Literal["host-load", "host-apply"]
+# The `ToolCallFailure` code of a dynamic tool call that found its plugin host gone (not the
+# plugin's own failure): Cordis treats it as the host's loss.
+HOST_GONE = "PLUGIN_HOST_GONE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ class ActiveHost(Protocol):
 
     async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
         """Run the plugin's ``execute`` for ``name``; raises ``ToolCallFailure`` with the
-        plugin's message when it throws, or when the host is gone."""
+        plugin's message when it throws, or with code ``HOST_GONE`` when the host is gone."""
         ...
 
     async def retract(self) -> None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+import uuid
 
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
@@ -74,6 +75,26 @@ def record(
         is_error=bool(result and result.is_error),
         error_code=result.error.code if result is not None and result.error else "",
         time=time.time(),
+    )
+
+
+def agent_message(
+    kind: str, *, agent: str, source: str, text: str, metadata: dict[str, JsonValue]
+) -> Record:
+    """An `agent/steer` or `agent/inject` record: `text` for the agent, written by `source`.
+
+    Its call ids are its own (`<kind>:<uuid>`): it belongs to no tool call, and retention
+    prunes it as a call of its own."""
+    call_id = f"{kind}:{uuid.uuid4().hex}"
+    return record(
+        kind,
+        agent=agent,
+        call_id=call_id,
+        root_call_id=call_id,
+        parent_call_id="",
+        name=source,
+        arguments_json=jsonvalue.dumps(metadata),
+        result=ToolResult((TextBlock(text),)),
     )
 
 

@@ -8,7 +8,14 @@ TOOL_CALL = "tool/call"
 TOOL_RESULT = "tool/result"
 DISPATCH_START = "tool/code-dispatch-start"
 DISPATCH = "tool/code-dispatch"
-KINDS = (TOOL_CALL, TOOL_RESULT, DISPATCH_START, DISPATCH)
+# Messages to the agent's backend, not tool calls: `agent/steer` wakes the agent (an outcome it
+# could not see in a tool result: a late activation outcome, a plugin host that died), and
+# `agent/inject` is context for its next step (a person's panel action). `name` is the source
+# that wrote it (e.g. `cordis-host-runner`), `arguments_json` a JSON object of source metadata
+# (plugin, package and run ids), the content one text block.
+AGENT_STEER = "agent/steer"
+AGENT_INJECT = "agent/inject"
+KINDS = (TOOL_CALL, TOOL_RESULT, DISPATCH_START, DISPATCH, AGENT_STEER, AGENT_INJECT)
 # Only the outer layer derives model messages; nested records are log-only.
 MODEL_KINDS = frozenset({TOOL_CALL, TOOL_RESULT})
 # Each start record and the record that closes its call.

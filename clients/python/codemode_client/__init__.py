@@ -1,7 +1,8 @@
 """Python client for Codemode: call the registry, serve tools, answer approvals.
 
 - `RegistryClient` (async) / `SyncRegistryClient` (blocking): agents and presets, tool calls,
-  `run_code`, wire schemas, prompt and SDK, history.
+  `run_code`, wire schemas, prompt and SDK, history (`watch_agent_messages`: the `agent/steer`
+  and `agent/inject` records as typed `AgentMessage`s).
 - `ToolProvider`: serve tools from async functions over the `Connect` stream; a handler returns a
   JSON value or a `ToolOutput` (content blocks `TextContent`, `ImageContent`, `JsonContent`,
   `AdditionalContext`s, `concludes_turn`), and raises `ToolFailed` to fail the call.
@@ -11,6 +12,7 @@
 - Errors: `CodemodeError` and one subclass per status code, with `reason`, `domain`, `metadata`.
 """
 
+from codemode_client.agent_messages import AgentMessage, agent_message
 from codemode_client.approver import Approver
 from codemode_client.channel import open_channel
 from codemode_client.client import Progress, RegistryClient, ToolCallResult, unbatched
@@ -36,6 +38,7 @@ from codemode_client.sync import SyncRegistryClient
 
 __all__ = [
     "AdditionalContext",
+    "AgentMessage",
     "AlreadyExists",
     "Approver",
     "CodemodeError",
@@ -57,6 +60,7 @@ __all__ = [
     "ToolOutput",
     "ToolProvider",
     "Unavailable",
+    "agent_message",
     "open_channel",
     "unbatched",
 ]

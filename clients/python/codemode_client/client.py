@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import grpc
 
+from codemode_client.agent_messages import AgentMessage, agent_message
 from codemode_client.channel import open_channel
 from codemode_client.errors import CodemodeError, Unavailable, from_rpc_error
 from codemode_client.results import (
@@ -389,3 +390,13 @@ class RegistryClient:
                 yield response.record
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
+
+    async def watch_agent_messages(
+        self, agent: str, after_seq: int = 0
+    ) -> AsyncIterator[AgentMessage]:
+        """`watch_history` reduced to the messages for the agent (`agent/steer`,
+        `agent/inject`) as typed events; the rest of the history is skipped."""
+        async for record in self.watch_history(agent, after_seq):
+            message = agent_message(record)
+            if message is not None:
+                yield message

@@ -26,10 +26,12 @@ export {
 export {
   RegistryClient,
   ToolCall,
+  agentMessage,
   approvalOutcomeName,
   modeName,
   toPresentationMode,
   toToolCallResult,
+  type AgentMessage,
   type ApprovalOutcomeName,
   type CallOptions,
   type CodeLanguage,

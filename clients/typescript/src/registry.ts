@@ -148,6 +148,42 @@ export interface RunCodeValue {
 export type HistoryEntry = HistoryRecord & { arguments: JsonValue | undefined };
 
 /**
+ * A message to the agent in its history: an `agent/steer` record (`kind: "steer"`: wake the
+ * agent, e.g. a dynamic Cordis plugin's host died after its activation) or an `agent/inject`
+ * record (`kind: "inject"`: context for its next step, e.g. a person's panel action).
+ */
+export interface AgentMessage {
+  kind: "steer" | "inject";
+  agent: string;
+  seq: bigint;
+  /** Who wrote it, e.g. `cordis-host-runner`. */
+  source: string;
+  text: string;
+  /** Source metadata, e.g. `pluginId`, `packageId`, `pluginRunId`. */
+  metadata: Record<string, JsonValue>;
+  time: Date | undefined;
+}
+
+const AGENT_MESSAGE_KINDS: Record<string, AgentMessage["kind"]> = { "agent/steer": "steer", "agent/inject": "inject" };
+
+/** The typed message a history record carries; undefined for any other record. */
+export function agentMessage(record: HistoryRecord): AgentMessage | undefined {
+  const kind = AGENT_MESSAGE_KINDS[record.kind];
+  if (kind === undefined) return undefined;
+  const metadata = record.argumentsJson === "" ? {} : parseJson(record.argumentsJson);
+  const text = record.content.map((b) => (b.block?.$case === "text" ? b.block.value.text : "")).join("");
+  return {
+    kind,
+    agent: record.agent,
+    seq: record.seq,
+    source: record.toolName,
+    text,
+    metadata: metadata !== null && typeof metadata === "object" && !Array.isArray(metadata) ? metadata : {},
+    time: record.time,
+  };
+}
+
+/**
  * One executing tool call: iterate it for events (the last is `result`), or await `result`.
  * Breaking out of the iteration early, `cancel()` and the abort signal all cancel the RPC, which
  * aborts the call in the registry.
@@ -611,6 +647,20 @@ export class RegistryClient {
       }
       await sleep(Math.random() * backoff, signal);
       backoff = Math.min(backoff * 2, this.retry.maxBackoffMs);
+    }
+  }
+
+  /**
+   * `watchHistory` reduced to the messages for the agent (`agent/steer`, `agent/inject`) as
+   * typed events; the rest of the history is skipped. Same options and resumption.
+   */
+  async *watchAgentMessages(
+    agent: string,
+    options: { afterSeq?: bigint | number; signal?: AbortSignal; timeoutMs?: number } = {},
+  ): AsyncGenerator<AgentMessage, void, undefined> {
+    for await (const record of this.watchHistory(agent, options)) {
+      const message = agentMessage(record);
+      if (message !== undefined) yield message;
     }
   }
 

@@ -1,10 +1,9 @@
 """Cordis identities (reference §9.1): `<prefix>-<n>` plugin ids with one counter shared by all
 prefixes, `pkg-<n>`, `run-<n>`, `approval-<n>`, `inspect-<n>`. Counters live as long as the
-registry process and never hand out an id twice."""
+registry process (or its store, when Cordis state is durable) and never hand out an id twice."""
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Container
 
@@ -26,27 +25,39 @@ def check_prefix(raw: str) -> str:
 
 
 class Ids:
+    """The counters (the last number handed out of each kind); `counters()` and `restore()`
+    carry them across a restart when Cordis state is durable, so no id is handed out twice."""
+
+    _KINDS = ("plugins", "packages", "runs", "approvals", "inspects")
+
     def __init__(self) -> None:
-        self._plugins = itertools.count(1)  # shared by every prefix: `clock-1`, then `panel-2`
-        self._packages = itertools.count(1)
-        self._runs = itertools.count(1)
-        self._approvals = itertools.count(1)
-        self._inspects = itertools.count(1)
+        self._last = dict.fromkeys(self._KINDS, 0)  # plugins: shared by every prefix
+
+    def _next(self, kind: str) -> int:
+        self._last[kind] += 1
+        return self._last[kind]
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._last)
+
+    def restore(self, counters: dict[str, int]) -> None:
+        for kind in self._KINDS:
+            self._last[kind] = max(self._last[kind], int(counters.get(kind, 0)))
 
     def plugin(self, prefix: str, taken: Container[str]) -> str:
         while True:
-            candidate = f"{prefix}-{next(self._plugins)}"
+            candidate = f"{prefix}-{self._next('plugins')}"
             if candidate not in taken:
                 return candidate
 
     def package(self) -> str:
-        return f"pkg-{next(self._packages)}"
+        return f"pkg-{self._next('packages')}"
 
     def run(self) -> str:
-        return f"run-{next(self._runs)}"
+        return f"run-{self._next('runs')}"
 
     def approval(self) -> str:
-        return f"approval-{next(self._approvals)}"
+        return f"approval-{self._next('approvals')}"
 
     def inspect(self) -> str:
-        return f"inspect-{next(self._inspects)}"
+        return f"inspect-{self._next('inspects')}"

@@ -25,6 +25,12 @@ from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.durable import (
+    CordisStateStore,
+    Persistence,
+    restore,
+    snapshot,
+)
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -37,8 +43,15 @@ from registry_service.domain.cordis.model import (
     Plugin,
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing
+from registry_service.domain.cordis.steering import (
+    HOST_LOST,
+    Steering,
+    completed_text,
+    failed_text,
+)
 from registry_service.domain.cordis.syntax import check_javascript_client, check_python_host
 from registry_service.domain.plugin_hosts import (
+    HOST_GONE,
     ActivationFailed,
     ActivationSpec,
     ActiveHost,
@@ -68,16 +81,34 @@ class CordisRunner:
         *,
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
+        steering: Steering | None = None,
+        state_store: CordisStateStore | None = None,
     ) -> None:
+        """`state_store`: keep plugins, packages, grants, pointers and id counters there
+        across restarts (loaded now; runs are not restarted). None: process memory only."""
         self._catalog = catalog
         self.hosts = hosts
+        self.steering = steering or Steering()
         self._reserved = frozenset(reserved_names)
         self._start_timeout_s = start_timeout_s
         self._ids = Ids()
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._persistence: Persistence | None = None
+        if state_store is not None:
+            saved = state_store.load()
+            if saved is not None:
+                self._plugins = {p.plugin_id: p for p in restore(saved, self._ids)}
+            self._persistence = Persistence(
+                state_store, lambda: snapshot(self._plugins.values(), self._ids)
+            )
         catalog.on_delete(self._scope_deleted)
+
+    def _changed(self) -> None:
+        """Something durable changed (a package, a pointer, an id counter, a plugin)."""
+        if self._persistence is not None:
+            self._persistence.changed()
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -140,6 +171,7 @@ class CordisRunner:
             target = self._owned(owner, cast(str, plugin.get("pluginId", "")))
         package = Package(self._ids.package(), name, purpose, host, client)
         target.packages[package.package_id] = package
+        self._changed()
         return {
             "pluginId": target.plugin_id,
             "packageId": package.package_id,
@@ -209,11 +241,43 @@ class CordisRunner:
         plugin.next = package_id
         plugin.latest = attempt
         plugin.starting = True
+        self._changed()
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
         self._starts[plugin_id] = task
+        task.add_done_callback(lambda t: self._settled_late(plugin, attempt, signal, t))
         return await asyncio.shield(task)
+
+    def _settled_late(
+        self,
+        plugin: Plugin,
+        attempt: Attempt,
+        signal: AbortSignal,
+        task: asyncio.Task[dict[str, JsonValue]],
+    ) -> None:
+        """A start whose `cordis_run` call was cancelled ends after the tool returned: the
+        agent learns the outcome from a steering record instead of the result."""
+        if not signal.aborted or task.cancelled():
+            return
+        p, k, run_id = plugin.plugin_id, attempt.package_id, attempt.run_id
+        metadata: dict[str, JsonValue] = {"pluginId": p, "packageId": k, "pluginRunId": run_id}
+        if task.exception() is None:
+            text = completed_text(attempt.mode, p, k, run_id, plugin.current or k)
+        else:
+            error = attempt.error
+            text = failed_text(
+                attempt.mode,
+                p,
+                k,
+                run_id,
+                returned="cancelled",
+                reason="host-half-failed",
+                detail=_detail(error.message, error.stack) if error else str(task.exception()),
+                current=plugin.current,
+                next_=plugin.next,
+            )
+        self.steering.steer(plugin.owner, text, metadata)
 
     async def _start(
         self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
@@ -274,6 +338,7 @@ class CordisRunner:
         attempt.host = HalfState("waiting" if waiting else "running", registrations.waiting_for)
         plugin.current = package.package_id
         plugin.next = None
+        self._changed()
         return {
             "status": "running",
             "pluginId": plugin.plugin_id,
@@ -299,6 +364,7 @@ class CordisRunner:
         attempt.error = diagnostic
         attempt.host = HalfState("failed", (), diagnostic)
         plugin.next = attempt.package_id
+        self._changed()
         return CordisError(message, "host-half-failed")
 
     # -- dynamic tools --------------------------------------------------------------------------
@@ -362,7 +428,13 @@ class CordisRunner:
                     "running",
                     PLUGIN_NOT_RUNNING,
                 )
-            return await _call_until_aborted(active.host, name, invocation)
+            try:
+                return await _call_until_aborted(active.host, name, invocation)
+            except ToolCallFailure as exc:
+                if exc.code == HOST_GONE and current is not None:
+                    # The host died under this call before its stream said so: the same loss.
+                    self._host_lost(current, run_id, f'a call of tool "{name}" found it gone')
+                raise
 
         return ToolDefinition(
             name=name,
@@ -404,12 +476,31 @@ class CordisRunner:
         plugin.run = None
         self._unregister(plugin, run)
         latest = plugin.latest
+        message = f"the plugin host stopped unexpectedly: {reason}"
         if latest is not None and latest.run_id == run_id:
-            message = f"the plugin host stopped unexpectedly: {reason}"
             diagnostic = Diagnostic("host-apply", message, plugin.plugin_id, run.package_id, run_id)
             latest.status = "failed"
             latest.error = diagnostic
             latest.host = HalfState("failed", (), diagnostic)
+            plugin.next = run.package_id  # the most recently failed target; `current` stays
+            self._changed()
+            self.steering.steer_once(
+                run_id,
+                HOST_LOST,
+                plugin.owner,
+                failed_text(
+                    latest.mode,
+                    plugin.plugin_id,
+                    run.package_id,
+                    run_id,
+                    returned="running",
+                    reason="plugin-host-lost",
+                    detail=f"the plugin host of {plugin.plugin_id} stopped unexpectedly: {reason}",
+                    current=plugin.current,
+                    next_=plugin.next,
+                ),
+                {"pluginId": plugin.plugin_id, "packageId": run.package_id, "pluginRunId": run_id},
+            )
         if run.host is not None:
             self._in_background(run.host.retract())  # idempotent; reaps whatever is left
 
@@ -458,6 +549,7 @@ class CordisRunner:
         was_running = plugin.run is not None
         await self._retract(plugin)
         self._plugins.pop(plugin_id, None)
+        self._changed()
         return {"pluginId": plugin_id, "wasRunning": was_running}
 
     def _scope_deleted(self, scope: str) -> None:
@@ -466,6 +558,7 @@ class CordisRunner:
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
             del self._plugins[plugin.plugin_id]
             self._in_background(self._retract(plugin))
+            self._changed()
 
     def _in_background(self, work: object) -> None:
         async def run() -> None:
@@ -488,6 +581,9 @@ class CordisRunner:
                 await self._retract(plugin)
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.steering.flush()
+        if self._persistence is not None:
+            await self._persistence.close()
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -510,6 +606,10 @@ class CordisRunner:
         if plugin is None or plugin.owner != owner:
             return None
         return plugin.reference()
+
+
+def _detail(message: str, stack: str) -> str:
+    return f"{message}\n{stack}" if stack else message
 
 
 def _spec_of(defn: ToolDefinition) -> DynamicToolSpec:

@@ -3,7 +3,9 @@ providers, the seven tools installed into the catalog, and `@pluginId` resolutio
 
 from __future__ import annotations
 
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry
 from registry_service.domain.cordis.references import (
@@ -13,14 +15,30 @@ from registry_service.domain.cordis.references import (
     render_unavailable,
 )
 from registry_service.domain.cordis.runner import CordisRunner
+from registry_service.domain.cordis.steering import SOURCE, Steering, Submit
 from registry_service.domain.cordis.tools import NAMES, cordis_tools
 from registry_service.domain.plugin_hosts import PluginHosts
 
 
 class Cordis:
-    def __init__(self, catalog: Catalog, hosts: PluginHosts | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        hosts: PluginHosts | None = None,
+        history_submit: Submit | None = None,
+        state_store: CordisStateStore | None = None,
+    ) -> None:
+        """`history_submit` writes the steering records (the history store's `submit`);
+        `state_store` keeps the plugins across restarts (none: process memory only)."""
         self.inspect = InspectRegistry()
-        self.runner = CordisRunner(catalog, hosts, reserved_names=NAMES)
+        self.steering = Steering(history_submit)
+        self.runner = CordisRunner(
+            catalog,
+            hosts,
+            reserved_names=NAMES,
+            steering=self.steering,
+            state_store=state_store,
+        )
         for provider in host_providers(self.runner.visible_tools, self.runner.provided_services):
             self.inspect.register_host(provider)
         catalog.install_cordis_tools(cordis_tools(self.runner, self.inspect))
@@ -44,6 +62,18 @@ class Cordis:
             else:
                 out.append(ReferenceContext(plugin_id, True, render_reference(reference)))
         return out
+
+    def inject(
+        self,
+        agent: str,
+        text: str,
+        metadata: dict[str, JsonValue] | None = None,
+        source: str = SOURCE,
+    ) -> None:
+        """Writes an `agent/inject` record: context for the agent's next step, from a person's
+        action on a plugin panel. The page runner (next issue) calls it for a manual run's
+        outcome, a stop or a remove; nothing in this registry does yet."""
+        self.steering.inject(agent, text, metadata, source)
 
     async def close(self) -> None:
         await self.runner.close()

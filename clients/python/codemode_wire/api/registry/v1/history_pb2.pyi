@@ -44,7 +44,13 @@ class HistoryRecord(_message.Message):
     """Strictly increasing position in the registry's history."""
     kind: _builtins.str
     """Record kind: `tool/call`, `tool/result` (the outer layer, the only one that derives model
-    messages), `tool/code-dispatch-start` or `tool/code-dispatch` (nested calls, log-only).
+    messages), `tool/code-dispatch-start` or `tool/code-dispatch` (nested calls, log-only), or
+    a message to the agent's backend: `agent/steer` (wake the agent: an outcome it could not
+    see in a tool result, such as a plugin host that died after its activation) or
+    `agent/inject` (context for the agent's next step, such as a person's panel action). An
+    `agent/*` record carries its text as one text block in `content`, the source that wrote it
+    in `tool_name` (e.g. `cordis-host-runner`) and source metadata as a JSON object in
+    `arguments_json` (e.g. `pluginId`, `packageId`, `pluginRunId`).
     """
     agent: _builtins.str
     """The agent, `agents/{id}`."""
@@ -55,7 +61,7 @@ class HistoryRecord(_message.Message):
     parent_call_id: _builtins.str
     """For nested records, the id of the `run_code` call that made the call; empty otherwise."""
     tool_name: _builtins.str
-    """The tool name."""
+    """The tool name (for `agent/*` records: the source that wrote the record)."""
     arguments_json: _builtins.str
     """The arguments as dispatched (JSON text); set on call and start records."""
     is_error: _builtins.bool

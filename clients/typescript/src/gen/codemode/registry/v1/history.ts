@@ -20,7 +20,13 @@ export interface HistoryRecord {
   seq: bigint;
   /**
    * Record kind: `tool/call`, `tool/result` (the outer layer, the only one that derives model
-   * messages), `tool/code-dispatch-start` or `tool/code-dispatch` (nested calls, log-only).
+   * messages), `tool/code-dispatch-start` or `tool/code-dispatch` (nested calls, log-only), or
+   * a message to the agent's backend: `agent/steer` (wake the agent: an outcome it could not
+   * see in a tool result, such as a plugin host that died after its activation) or
+   * `agent/inject` (context for the agent's next step, such as a person's panel action). An
+   * `agent/*` record carries its text as one text block in `content`, the source that wrote it
+   * in `tool_name` (e.g. `cordis-host-runner`) and source metadata as a JSON object in
+   * `arguments_json` (e.g. `pluginId`, `packageId`, `pluginRunId`).
    */
   kind: string;
   /** The agent, `agents/{id}`. */
@@ -31,7 +37,7 @@ export interface HistoryRecord {
   rootCallId: string;
   /** For nested records, the id of the `run_code` call that made the call; empty otherwise. */
   parentCallId: string;
-  /** The tool name. */
+  /** The tool name (for `agent/*` records: the source that wrote the record). */
   toolName: string;
   /** The arguments as dispatched (JSON text); set on call and start records. */
   argumentsJson: string;

@@ -1,0 +1,124 @@
+"""Telling the agent what it could not see in a tool result (reference §9.3, design/cordis.md).
+
+The original wakes the owning agent with `agent.steer` and adds context for its next step with
+`agent.inject`. Codemode has no agent loop of its own: both become durable history records of
+the owner (`agent/steer`, `agent/inject`), which `WatchHistory` delivers to the backend that
+runs the loop. Steering is for outcomes that arrive after `cordis_run` returned and for
+failures after an activation succeeded; each distinct kind of failure steers once per run, so a
+crash looping through several symptoms (its tool calls failing, its stream ending) wakes the
+agent once.
+
+`inject` is the seam for the page runner (next issue): a person's panel actions (a manual run's
+outcome, a stop, a remove) are context for the next step rather than a reason to wake up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from codemode_wire.errors import CodemodeError
+from codemode_wire.jsonvalue import JsonValue
+from registry_service.history import build
+from registry_service.history.records import AGENT_INJECT, AGENT_STEER, Record
+
+log = logging.getLogger(__name__)
+
+SOURCE = "cordis-host-runner"  # the source plugin of the original's steering
+INSPECT_DIRECTION = (
+    "Inspect the failed Package, correct it on the same Plugin when needed, and retry the "
+    "activation autonomously."
+)
+# The kinds of post-activation failure a run steers about (once each).
+HOST_LOST = "host-lost"
+
+Submit = Callable[[Record], "asyncio.Future[Record]"]
+
+
+def completed_text(mode: str, plugin_id: str, package_id: str, run_id: str, current: str) -> str:
+    return (
+        f"Cordis {mode} {plugin_id}/{package_id} ({run_id}) completed successfully. "
+        f"currentPackageId is {current}. Continue using the running Plugin."
+    )
+
+
+def failed_text(
+    mode: str,
+    plugin_id: str,
+    package_id: str,
+    run_id: str,
+    *,
+    returned: str,
+    reason: str,
+    detail: str,
+    current: str | None,
+    next_: str | None,
+) -> str:
+    """A technical failure: `returned` is what `cordis_run` answered (`running` when the run
+    failed after its activation had succeeded), `reason` a short kind, `detail` the message
+    (and stack)."""
+    return (
+        f"Cordis {mode} {plugin_id}/{package_id} ({run_id}) failed after cordis_run returned "
+        f"{returned}: {reason}\n{detail}\n"
+        f"currentPackageId: {current or 'none'}\nnextPackageId: {next_ or 'none'}\n"
+        f"{INSPECT_DIRECTION}"
+    )
+
+
+class Steering:
+    """Writes `agent/steer` and `agent/inject` records through the history store's `submit`
+    (called from the event loop, also from synchronous host callbacks: nothing waits)."""
+
+    def __init__(self, submit: Submit | None = None) -> None:
+        self._submit = submit
+        self._once: set[tuple[str, str]] = set()  # (run id, kind) already steered
+        self._writing: set[asyncio.Future[Record]] = set()
+
+    def steer(self, owner: str, text: str, metadata: dict[str, JsonValue]) -> None:
+        self._write(AGENT_STEER, owner, text, metadata, SOURCE)
+
+    def steer_once(
+        self, run_id: str, kind: str, owner: str, text: str, metadata: dict[str, JsonValue]
+    ) -> bool:
+        """Steers unless this run already steered about `kind`; True when it wrote."""
+        if (run_id, kind) in self._once:
+            return False
+        self._once.add((run_id, kind))
+        self.steer(owner, text, metadata)
+        return True
+
+    def inject(
+        self,
+        owner: str,
+        text: str,
+        metadata: dict[str, JsonValue] | None = None,
+        source: str = SOURCE,
+    ) -> None:
+        """Context for the owner's next step (a panel action): the page runner's seam."""
+        self._write(AGENT_INJECT, owner, text, metadata or {}, source)
+
+    def _write(
+        self, kind: str, owner: str, text: str, metadata: dict[str, JsonValue], source: str
+    ) -> None:
+        if self._submit is None:
+            log.info("cordis %s for %s (no history): %s", kind, owner, text)
+            return
+        record = build.agent_message(kind, agent=owner, source=source, text=text, metadata=metadata)
+        future = self._submit(record)
+        self._writing.add(future)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future[Record]) -> None:
+        self._writing.discard(future)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if isinstance(exc, CodemodeError):  # the store says why; the agent misses one message
+            log.error("cordis: a steering record was not written: %s", exc.message)
+        elif exc is not None:
+            log.error("cordis: a steering record was not written", exc_info=exc)
+
+    async def flush(self) -> None:
+        """Waits for the records submitted so far (before the store closes)."""
+        if self._writing:
+            await asyncio.gather(*self._writing, return_exceptions=True)

@@ -1,0 +1,89 @@
+"""Durable Cordis state (`cordis_durable`): plugins, packages, grants, pointers and id counters
+survive a registry restart in its SQLite database; runs are not restarted and `cordis_run`
+reactivates. Without the setting a restart forgets everything, as in the original."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry_service.config import AgentSetting, ConfigError, RegistrySettings
+from registry_service.registry import build_registry
+from tests.registry.cordis.conftest import CLOCK
+from tests.registry.cordis.hosts import InProcessHosts
+
+BROKEN = "async def apply(ctx):\n    raise RuntimeError('clock face missing')\n\nreturn apply\n"
+AGENT = "agents/coder"
+
+
+def _settings(path: Path, durable: bool) -> dict[str, Any]:
+    return {
+        "history_path": str(path / "history.sqlite3"),
+        "cordis_durable": durable,
+        "agents": [AgentSetting(id="coder", self_modification=True)],
+    }
+
+
+async def _before_restart(make_cordis: Any, settings: dict[str, Any]) -> None:
+    async with make_cordis(**settings) as h:
+        await h.define(AGENT)  # clock-1/pkg-1
+        assert not (await h.run(AGENT, "clock-1", "pkg-1")).is_error  # run-1
+        await h.define(AGENT, BROKEN, existing="clock-1", name="Broken")  # pkg-2
+        assert (await h.run(AGENT, "clock-1", "pkg-2", "update")).is_error  # run-2 fails
+        await h.define(AGENT, prefix="gone")  # gone-2/pkg-3
+        await h.ok(AGENT, "cordis_undefine", {"pluginId": "gone-2"})
+
+
+async def test_plugins_packages_and_pointers_survive_a_restart_runs_do_not(
+    make_cordis: Any, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, durable=True)
+    await _before_restart(make_cordis, settings)
+    async with make_cordis(**settings) as h:
+        assert isinstance(h.hosts, InProcessHosts)
+        assert h.hosts.log == []  # nothing was reactivated by the start
+        assert "clock_now" not in await h.visible(AGENT)
+        plugins = await h.ok(AGENT, "cordis_inspect_self", {})
+        assert [p["pluginId"] for p in plugins["plugins"]] == ["clock-1"]  # gone-2 stays gone
+        plugin = await h.ok(AGENT, "cordis_inspect_self", {"pluginId": "clock-1"})
+        assert plugin["state"] == "stopped"
+        assert (plugin["currentPackageId"], plugin["nextPackageId"]) == ("pkg-1", "pkg-2")
+        assert [p["packageId"] for p in plugin["packages"]] == ["pkg-1", "pkg-2"]
+        view = await h.ok(
+            AGENT, "cordis_inspect_self", {"pluginId": "clock-1", "packageId": "pkg-2"}
+        )
+        assert view["code"] == {"host": BROKEN} and view["name"] == "Broken"
+        [reference] = h.registry.cordis.references(AGENT, "look at @clock-1 please")
+        assert reference.available
+        # cordis_run reactivates; the counters went on where they were (no id is reused).
+        run = await h.ok(
+            AGENT, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}
+        )
+        assert run["status"] == "running" and run["pluginRunId"] == "run-3"
+        assert "nextPackageId" not in run
+        assert "clock_now" in await h.visible(AGENT)
+        fresh = await h.define(AGENT, CLOCK.replace("clock_now", "clock_later"), prefix="later")
+        assert (fresh["pluginId"], fresh["packageId"]) == ("later-3", "pkg-4")
+    async with make_cordis(**settings) as h:  # the reactivation's pointers were saved too
+        plugin = await h.ok(AGENT, "cordis_inspect_self", {"pluginId": "clock-1"})
+        assert plugin["currentPackageId"] == "pkg-1" and "nextPackageId" not in plugin
+
+
+async def test_without_the_setting_a_restart_forgets_every_plugin(
+    make_cordis: Any, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, durable=False)
+    await _before_restart(make_cordis, settings)
+    async with make_cordis(**settings) as h:
+        assert (await h.ok(AGENT, "cordis_inspect_self", {}))["plugins"] == []
+        [reference] = h.registry.cordis.references(AGENT, "look at @clock-1 please")
+        assert not reference.available
+        assert (await h.define(AGENT))["pluginId"] == "clock-1"  # a fresh process, fresh ids
+
+
+def test_durability_needs_a_database_file() -> None:
+    settings = RegistrySettings(history_path=":memory:", cordis_durable=True)
+    with pytest.raises(ConfigError, match="set history_path to a file"):
+        build_registry(settings)
