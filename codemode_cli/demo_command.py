@@ -5,10 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
+
+from codemode_cli.run_command import EXTENSIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--program", help="a program file to run instead of the built-in one")
+    parser.add_argument(
+        "--language",
+        choices=("python", "typescript"),
+        help="the agent's program language: the built-in program in it, or --program's "
+        "(default: --program's extension, else python)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,4 +31,5 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
             return 2
-    return asyncio.run(run_demo(program))
+    language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
+    return asyncio.run(run_demo(program, language))
