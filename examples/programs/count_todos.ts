@@ -1,6 +1,6 @@
 // A run_code program: `codemode run examples/programs/count_todos.ts --agent ts-coder --create-agent`
-// against a registry whose runtimes serve TypeScript (CODEMODE_REGISTRY_RUNTIME_LANGUAGES=
-// '["python","typescript"]') with the demo provider (`python -m codemode_client.demo_tools ADDR`).
+// against `codemode up` (it offers TypeScript where its runtimes serve it, i.e. Node is installed)
+// with the demo provider (`python -m codemode_client.demo_tools ADDR`).
 // It fans out over the agent's tools and returns only the summary to the model.
 const files: string[] = await tools.list_files({});
 console.log(`${files.length} files in the workspace`);

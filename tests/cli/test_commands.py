@@ -59,8 +59,6 @@ const texts = await Promise.all(files.map((path) => tools.read_file({ path })));
 return { files: texts.length };
 """
 
-BOTH_LANGUAGES = {"CODEMODE_REGISTRY_RUNTIME_LANGUAGES": '["python", "typescript"]'}
-
 
 @dataclass
 class Stack:
@@ -92,8 +90,7 @@ def _stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> 
 def _up(tmp: Path, runtimes: int) -> tuple[subprocess.Popen[str], Lines]:
     """Starts `codemode up` on free ports; returns it and its output once it is ready."""
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
-    env = {**service_env(tmp), **BOTH_LANGUAGES}  # the registry's default stays python
-    proc, lines = spawn([*argv, "--runtimes", str(runtimes)], env, tmp, tmp / "up.err")
+    proc, lines = spawn([*argv, "--runtimes", str(runtimes)], service_env(tmp), tmp, tmp / "up.err")
     try:
         lines.expect(lambda line: line.startswith("connect:"), timeout=60)
     except AssertionError:
@@ -212,6 +209,7 @@ def test_a_program_that_raises_exits_1_with_the_error_result(stack: Stack) -> No
 
 
 def test_run_takes_the_language_from_the_extension(stack: Stack) -> None:
+    """`up` offers the languages its runtimes serve (here both, Python the default)."""
     ts = stack.cli("run", stack.program(TS_FAN_OUT, ".ts"), "--agent", "cli-ts", "--create-agent")
     assert ts.returncode == 0, ts.stderr
     assert "result [ok] (4 nested calls):\n3 files\n" in ts.stdout

@@ -48,8 +48,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("examples")
-    # The registry's runtimes serve both languages (its default stays python).
-    env = {**service_env(tmp), "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": '["python", "typescript"]'}
+    env = service_env(tmp)  # `up` offers both languages: its runtimes serve them
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
     up, lines = spawn([*argv, "--runtimes", "1"], env, tmp, tmp / "up.err")
     try:
