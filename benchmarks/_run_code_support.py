@@ -51,33 +51,71 @@ class Service:
         return f"127.0.0.1:{self.port}"
 
     def cpu(self) -> CpuTimes:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-        return CpuTimes((utime + stime) / _CLOCK_TICKS, (cutime + cstime) / _CLOCK_TICKS)
+        """The process's own CPU, and its reaped children's plus those its fork server reaped
+        (forked workers are the fork server's children, not the runtime's)."""
+        own, reaped = _stat_cpu(self.proc.pid)
+        for server in self._fork_servers():
+            reaped += _stat_cpu(server)[1]
+        return CpuTimes(own, reaped)
 
     def children_cpu(self) -> dict[int, float]:
-        """CPU seconds of each live (not zombie) descendant: for the runtime, its workers --
-        below its fork server and each run's init, or its own children when spawned."""
-        out: dict[int, float] = {}
-        pending = [self.proc.pid]
-        while pending:
-            parent = pending.pop()
-            try:
-                with open(f"/proc/{parent}/task/{parent}/children") as f:
-                    children = [int(p) for p in f.read().split()]
-            except OSError:
-                continue
-            for child in children:
-                try:
-                    with open(f"/proc/{child}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if fields[0] != "Z":
-                    out[child] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-                    pending.append(child)
+        """CPU seconds of each live worker: for the runtime, one entry per run's process tree
+        (a forked run's init and its worker, children of the fork server; or a spawned
+        worker, a child of the runtime)."""
+        servers = self._fork_servers()
+        roots = [pid for pid in _children(self.proc.pid) if pid not in servers]
+        roots += [pid for server in servers for pid in _children(server)]
+        out = {}
+        for root in roots:
+            cpu = _tree_cpu(root)
+            if cpu is not None:
+                out[root] = cpu
         return out
+
+    def _fork_servers(self) -> list[int]:
+        return [pid for pid in _children(self.proc.pid) if _is_fork_server(pid)]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _stat_cpu(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of a process; zeros once it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return 0.0, 0.0
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (utime + stime) / _CLOCK_TICKS, (cutime + cstime) / _CLOCK_TICKS
+
+
+def _tree_cpu(pid: int) -> float | None:
+    """CPU seconds of a live (not zombie) process and everything below it, None if gone."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":
+        return None
+    total = sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
+    return total + sum(_tree_cpu(child) or 0.0 for child in _children(pid))
+
+
+def _is_fork_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"runtime_service.worker.zygote" in f.read()
+    except OSError:
+        return False
 
 
 @asynccontextmanager

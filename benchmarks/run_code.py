@@ -14,6 +14,11 @@ for the same-run baselines in a third, and the benchmark client here. Figures (i
   the result only.
 - P5: 200 concurrent programs x 10 nested calls: every result successful, 2,000 settle records.
 
+Per language (issue 16), in the same run and interleaved with Python's P1/P2 samples: the same
+programs in TypeScript through a second registry whose deployment language is `typescript` (the
+same runtime, no agent, so the path differs only by the language). Targets: TypeScript's P1 p50
+<= 2 x Python's, its per-nested-call overhead <= 1.2 x Python's; under `languages`.
+
 Sequential samples (P1-P3) each start from a settled stack: the pool refilled and no CPU
 used by the runtime or its workers for 50 ms, so no worker boot overlaps a sample. Waking idle
 processes costs extra on a VM, so P1 also reports a unary round trip taken after the same
@@ -61,6 +66,12 @@ from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 ZERO = "return 1"
 SEQUENTIAL_N = 100
 SEQUENTIAL = f"for _ in range({SEQUENTIAL_N}):\n    await tools.noop({{}})\nreturn 1"
+TS_ZERO = "return 1;"
+TS_SEQUENTIAL = (
+    f"for (let i = 0; i < {SEQUENTIAL_N}; i++) {{\n  await tools.noop({{}});\n}}\nreturn 1;"
+)
+TS_POOL_SIZE = 4
+"""Idle TypeScript workers: the sequential samples take one at a time."""
 SLEEP_ONE = "await tools.sleep100({})\nreturn 1"
 SLEEP_TEN = (
     "import asyncio\nawait asyncio.gather(*(tools.sleep100({}) for _ in range(10)))\nreturn 1"
@@ -171,13 +182,12 @@ class Client:
         return counts
 
 
-async def direct_run(stub: Any, program: str) -> float:
+async def direct_run(stub: Any, program: str, language: str = "python") -> float:
     """A Run straight on the runtime, this process answering every binding call."""
     started = time.perf_counter()
     call = stub.Run()
-    await call.write(
-        pb.RunRequest(start=pb.RunStart(program=program, language="python", binding_names=["noop"]))
-    )
+    start = pb.RunStart(program=program, language=language, binding_names=["noop"])
+    await call.write(pb.RunRequest(start=start))
     async for message in call:
         kind = message.WhichOneof("kind")
         if kind == "binding_call":
@@ -267,13 +277,17 @@ def _us(seconds: float) -> float:
 @contextlib.asynccontextmanager
 async def stack(
     pool_size: int, profile_dir: str | None
-) -> AsyncIterator[tuple[Service, Service, Service]]:
-    """Baseline server, runtime (workers in its pool) and registry wired to it."""
+) -> AsyncIterator[tuple[Service, Service, Service, Service]]:
+    """Baseline server, runtime (workers in its pools) and two registries wired to it: the
+    second one's deployment language is TypeScript."""
 
     def profile(name: str) -> str | None:
         return os.path.join(profile_dir, name) if profile_dir else None
 
-    runtime_env = {"CODEMODE_RUNTIME_POOL_SIZE": str(pool_size)}
+    runtime_env = {
+        "CODEMODE_RUNTIME_POOL_SIZE": str(pool_size),
+        "CODEMODE_RUNTIME_TYPESCRIPT_POOL_SIZE": str(TS_POOL_SIZE),
+    }
     async with (
         service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base,
         service(
@@ -288,34 +302,45 @@ async def stack(
             "CODEMODE_REGISTRY_HISTORY_PATH": ":memory:",
             "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": "16",
             "CODEMODE_REGISTRY_PLUGINS": json.dumps(["benchmarks._run_code_tools:install"]),
+            "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": json.dumps(["python", "typescript"]),
         }
-        async with service(
-            "-m", "registry_service", "--listen", "127.0.0.1:0",
-            ready_prefix="registry listening on port ",
-            env=registry_env, profile_to=profile("registry.prof"),
-        ) as registry:  # fmt: skip
-            yield base, runtime, registry
+        ts_env = {**registry_env, "CODEMODE_REGISTRY_CODE_LANGUAGE": "typescript"}
+        async with (
+            service(
+                "-m", "registry_service", "--listen", "127.0.0.1:0",
+                ready_prefix="registry listening on port ",
+                env=registry_env, profile_to=profile("registry.prof"),
+            ) as registry,
+            service(
+                "-m", "registry_service", "--listen", "127.0.0.1:0",
+                ready_prefix="registry listening on port ", env=ts_env,
+            ) as ts_registry,
+        ):  # fmt: skip
+            yield base, runtime, registry, ts_registry
 
 
 async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
-    rounds = 12 if quick else 60
+    rounds = 8 if quick else 60  # --quick stays under a minute with both languages
     p3_rounds = 5 if quick else 15
     baseline_count = 300 if quick else 2000
     p4_sequential, p4_gathers = (50, 5) if quick else (100, 10)
     profile_dir = tempfile.mkdtemp(prefix="bench-run-code-") if profile else None
     result: dict[str, Any] = {"benchmark": "run_code", "quick": quick, "profiled": profile}
     load_start = os.getloadavg()[0]
-    async with stack(pool_size, profile_dir) as (base, runtime, registry):
-        await wait_for_pool(runtime, pool_size)
+    workers = pool_size + TS_POOL_SIZE  # idle in both pools
+    async with stack(pool_size, profile_dir) as (base, runtime, registry, ts_registry):
+        await wait_for_pool(runtime, workers)
         async with (
             grpc.aio.insecure_channel(registry.address) as channel,
+            grpc.aio.insecure_channel(ts_registry.address) as ts_channel,
             grpc.aio.insecure_channel(base.address) as base_channel,
             grpc.aio.insecure_channel(runtime.address) as runtime_channel,
         ):
             client = Client(channel)
+            ts_client = Client(ts_channel)  # TypeScript programs, otherwise the same path
 
             async def settle() -> None:
-                await wait_for_pool(runtime, pool_size)
+                await wait_for_pool(runtime, workers)
 
             runtime_stub = runtime_pb2_grpc.RuntimeServiceStub(runtime_channel)
             echo = base_channel.unary_unary("/bench.Baseline/Echo")
@@ -336,13 +361,17 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
             pipe_samples = await pipe_round_trips(baseline_count)
 
             # Warm-up: connections, imports and code paths on both services.
-            for _ in range(5):
+            for _ in range(2 if quick else 5):
                 await client.run(ZERO)
                 await client.run(SEQUENTIAL)
                 await client.run(SLEEP_ONE)
                 await direct_run(runtime_stub, ZERO)
                 await direct_run(runtime_stub, SEQUENTIAL)
-            await wait_for_pool(runtime, pool_size)
+                await ts_client.run(TS_ZERO)
+                await ts_client.run(TS_SEQUENTIAL)
+                await direct_run(runtime_stub, TS_ZERO, "typescript")
+                await direct_run(runtime_stub, TS_SEQUENTIAL, "typescript")
+            await settle()
 
             async def unary_after_idle() -> float:
                 started = time.perf_counter()
@@ -357,6 +386,10 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
                 direct_zero,
                 direct_seq,
                 unary_idle,
+                ts_zero,
+                ts_seq,
+                ts_direct_zero,
+                ts_direct_seq,
             ) = await samples_of(
                 [
                     lambda: client.run(ZERO),
@@ -366,6 +399,10 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
                     lambda: direct_run(runtime_stub, ZERO),
                     lambda: direct_run(runtime_stub, SEQUENTIAL),
                     unary_after_idle,
+                    lambda: ts_client.run(TS_ZERO),
+                    lambda: ts_client.run(TS_SEQUENTIAL),
+                    lambda: direct_run(runtime_stub, TS_ZERO, "typescript"),
+                    lambda: direct_run(runtime_stub, TS_SEQUENTIAL, "typescript"),
                 ],
                 rounds,
                 settle,
@@ -383,7 +420,7 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
             # P4: throughput, 50 concurrent programs, a few rounds from a settled stack.
             p4_code = p4_program(p4_sequential, p4_gathers)
             p4_rounds, p4_unbatched, p4_quiet = [], [], []
-            for _ in range(2 if quick else 3):  # alternating: drift hits all alike
+            for _ in range(1 if quick else 3):  # alternating: drift hits all alike
                 await settle()
                 p4_rounds.append(
                     await throughput_round(client, registry, runtime, p4_code, batch=True)
@@ -521,6 +558,12 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
     result["meets_all_targets"] = all(
         v["meets_target"] for k, v in result.items() if k.startswith("P")
     )
+    result["languages"] = _languages(
+        {
+            "python": (zero, seq, direct_zero, direct_seq),
+            "typescript": (ts_zero, ts_seq, ts_direct_zero, ts_direct_seq),
+        }
+    )
     result["notes"] = _notes(result, p4_cpu, all_calls)
     if profile_dir:
         result["profile"] = _profiles(profile_dir)
@@ -531,6 +574,33 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
             )
             result["notes"].append(f"profile {name} (busy {prof['busy_s']} s): {top}")
     return result
+
+
+def _languages(samples: dict[str, tuple[list[float], ...]]) -> dict[str, Any]:
+    """P1 and the per-nested-call overhead of each language (samples interleaved in one run:
+    run_code 0 calls, 100 calls, then the same Runs straight on the runtime), and TypeScript's
+    ratios to Python's against the issue 16 targets."""
+    out: dict[str, Any] = {}
+    for language, (zero, seq, direct_zero, direct_seq) in samples.items():
+        per_call = (statistics.median(seq) - statistics.median(zero)) / SEQUENTIAL_N
+        direct = (statistics.median(direct_seq) - statistics.median(direct_zero)) / SEQUENTIAL_N
+        out[language] = {
+            "P1_run_code": summary_ms(zero),
+            f"run_{SEQUENTIAL_N}_calls": summary_ms(seq),
+            "per_nested_call_ms": _ms(per_call),
+            "runtime_direct_run": summary_ms(direct_zero),
+            "runtime_direct_per_call_ms": _ms(direct),
+        }
+    python, typescript = out["python"], out["typescript"]
+    p1_ratio = typescript["P1_run_code"]["p50_ms"] / python["P1_run_code"]["p50_ms"]
+    call_ratio = typescript["per_nested_call_ms"] / python["per_nested_call_ms"]
+    out["typescript_vs_python"] = {
+        "P1_p50_ratio": round(p1_ratio, 3),
+        "per_nested_call_ratio": round(call_ratio, 3),
+        "target": {"P1_p50_ratio_max": 2.0, "per_nested_call_ratio_max": 1.2},
+        "meets_target": p1_ratio <= 2.0 and call_ratio <= 1.2,
+    }
+    return out
 
 
 def _profiles(profile_dir: str) -> dict[str, Any]:

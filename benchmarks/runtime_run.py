@@ -11,6 +11,10 @@ that answers ``Run`` with the same messages (binding calls, then a terminal) and
 all -- what this exact message pattern costs on grpc.aio. Per-call overhead minus that figure
 is what the runtime and its worker add.
 
+Per language (issue 16): the same two programs in TypeScript, interleaved with Python's on the
+same runtime; ``languages`` holds each one's figures and TypeScript's per-call ratio to Python's
+(target <= 1.2). The top-level figures stay Python's.
+
     .venv/bin/python -m benchmarks.runtime_run [--quick]
 """
 
@@ -29,9 +33,10 @@ from typing import Any
 
 import grpc
 
-from benchmarks._support import subprocess_service, summary_ms
+from benchmarks._support import service_env, subprocess_service, summary_ms
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
+from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.worker import framing
 
 _ECHO_METHOD = "/bench.Echo/Chat"
@@ -101,22 +106,36 @@ async def _serve_stand_in() -> None:
     await server.wait_for_termination()
 
 
-async def _per_call(address: str, runs: int) -> tuple[list[float], list[float]]:
-    """Interleaved runs with 0 and with 100 binding calls against one server."""
-    zero = "return 1"
-    hundred = "for i in range(100):\n    await tools.echo(i)\nreturn 1"
-    zero_samples: list[float] = []
-    hundred_samples: list[float] = []
+PROGRAMS = {
+    "python": ("return 1", "for i in range(100):\n    await tools.echo(i)\nreturn 1"),
+    "typescript": (
+        "return 1;",
+        "for (let i = 0; i < 100; i++) {\n  await tools.echo(i);\n}\nreturn 1;",
+    ),
+}
+"""Per language: the program with 0 and the one with 100 binding calls."""
+REFILL_PAUSE_S = {"python": 0.06, "typescript": 0.3}
+"""After a run, time for its pool to refill outside the measurement (a Node worker boots
+slower than a Python one)."""
+
+
+async def _per_call(
+    address: str, runs: int, languages: tuple[str, ...] = ("python",)
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Interleaved runs with 0 and with 100 binding calls against one server, per language."""
+    samples: dict[str, tuple[list[float], list[float]]] = {lang: ([], []) for lang in languages}
     async with grpc.aio.insecure_channel(address) as channel:
         stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-        for _ in range(3):
-            await _run(stub, zero)  # warm-up
+        for language in languages:
+            for _ in range(3):
+                await _run(stub, PROGRAMS[language][0], language)  # warm-up
+                await asyncio.sleep(REFILL_PAUSE_S[language])
         for _ in range(runs):
-            zero_samples.append(await _run(stub, zero))
-            await asyncio.sleep(0.06)  # let the pool refill outside the measurement
-            hundred_samples.append(await _run(stub, hundred))
-            await asyncio.sleep(0.06)
-    return zero_samples, hundred_samples
+            for language in languages:
+                for program, into in zip(PROGRAMS[language], samples[language], strict=True):
+                    into.append(await _run(stub, program, language))
+                    await asyncio.sleep(REFILL_PAUSE_S[language])
+    return samples
 
 
 async def _bidi_baseline(address: str, samples: int) -> list[float]:
@@ -155,12 +174,13 @@ async def _pipe_baseline(samples: int) -> list[float]:
     return took
 
 
-async def _run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> float:
+async def _run(
+    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, language: str = "python"
+) -> float:
     started = time.perf_counter()
     call = stub.Run()
-    await call.write(
-        pb.RunRequest(start=pb.RunStart(program=program, language="python", binding_names=["echo"]))
-    )
+    start = pb.RunStart(program=program, language=language, binding_names=["echo"])
+    await call.write(pb.RunRequest(start=start))
     async for message in call:
         if message.WhichOneof("kind") == "binding_call":
             await call.write(
@@ -181,20 +201,25 @@ async def _run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> float
 
 async def main(quick: bool) -> dict[str, object]:
     runs = 20 if quick else 40  # 10 left the per-call figure swinging by ~15 % run to run
+    served = Runtime(RuntimeOptions(pool_size=0)).languages  # TypeScript where Node is
+    # A pool of 2 per language: each sample takes one worker, the next finds the other ready.
+    env = service_env(CODEMODE_RUNTIME_POOL_SIZE="2", CODEMODE_RUNTIME_TYPESCRIPT_POOL_SIZE="2")
     async with subprocess_service(
-        "-m", "runtime_service", "--listen", "127.0.0.1:0", ready_prefix="runtime listening on port"
+        "-m", "runtime_service", "--listen", "127.0.0.1:0",
+        ready_prefix="runtime listening on port", env=env,
     ) as port:  # fmt: skip
-        zero_samples, hundred_samples = await _per_call(f"127.0.0.1:{port}", runs)
+        by_language = await _per_call(f"127.0.0.1:{port}", runs, served)
+    zero_samples, hundred_samples = by_language["python"]
     async with subprocess_service(
         "-m", "benchmarks.runtime_run", "--stand-in", ready_prefix="stand-in listening on port"
     ) as port:
-        pattern_zero, pattern_hundred = await _per_call(f"127.0.0.1:{port}", runs)
+        pattern_zero, pattern_hundred = (await _per_call(f"127.0.0.1:{port}", runs))["python"]
     async with subprocess_service(
         "-m", "benchmarks.runtime_run", "--echo-server", ready_prefix="echo listening on port"
     ) as port:
         bidi = await _bidi_baseline(f"127.0.0.1:{port}", 200 if quick else 1000)
     pipe = await _pipe_baseline(200 if quick else 1000)
-    per_call = (statistics.median(hundred_samples) - statistics.median(zero_samples)) / 100
+    per_call = _per_call_s(zero_samples, hundred_samples)
     pattern = (statistics.median(pattern_hundred) - statistics.median(pattern_zero)) / 100
     baseline = statistics.median(pipe) + statistics.median(bidi)
     return {
@@ -209,7 +234,32 @@ async def main(quick: bool) -> dict[str, object]:
         "runtime_and_worker_per_call_ms": round((per_call - pattern) * 1000, 4),
         "target": {"per_call_overhead_max_ms": round(1.5 * baseline * 1000, 4)},
         "meets_target": per_call <= 1.5 * baseline,
+        "languages": _languages(by_language),
     }
+
+
+def _per_call_s(zero: list[float], hundred: list[float]) -> float:
+    return (statistics.median(hundred) - statistics.median(zero)) / 100
+
+
+def _languages(samples: dict[str, tuple[list[float], list[float]]]) -> dict[str, Any]:
+    """Each language's runs and per-call overhead; TypeScript's per-call ratio to Python's."""
+    out: dict[str, Any] = {
+        language: {
+            "run_0_calls": summary_ms(zero),
+            "run_100_calls": summary_ms(hundred),
+            "per_call_overhead_ms": round(_per_call_s(zero, hundred) * 1000, 4),
+        }
+        for language, (zero, hundred) in samples.items()
+    }
+    if "typescript" in out:
+        ratio = _per_call_s(*samples["typescript"]) / _per_call_s(*samples["python"])
+        out["typescript_vs_python"] = {
+            "per_call_ratio": round(ratio, 3),
+            "target": {"per_call_ratio_max": 1.2},
+            "meets_target": ratio <= 1.2,
+        }
+    return out
 
 
 if __name__ == "__main__":

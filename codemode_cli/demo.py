@@ -41,6 +41,27 @@ except ToolCallError as e:
 return {"files_with_todos": todos, "total": sum(todos.values())}
 """
 
+TYPESCRIPT_PROGRAM = """\
+const files: string[] = await tools.list_files({});
+console.log(`${files.length} files in the workspace`);
+const texts = await Promise.all(files.map((path) => tools.read_file({ path })));
+const todos: Record<string, number> = {};
+files.forEach((path, i) => {
+  const count = texts[i].text.split("TODO").length - 1;
+  if (count > 0) todos[path] = count;
+});
+try {
+  await tools.read_file({ path: "missing.txt" });
+} catch (e) {
+  if (!(e instanceof ToolCallError)) throw e;
+  console.log(`expected failure from ${e.toolName}: ${e.message}`);
+}
+const total = Object.values(todos).reduce((sum, n) => sum + n, 0);
+return { files_with_todos: todos, total };
+"""
+PROGRAMS = {"python": PROGRAM, "typescript": TYPESCRIPT_PROGRAM}
+"""The same trajectory in each program language (`codemode demo --language`)."""
+
 
 def _tree(
     started: dict[str, tuple[str, float]], settled: list[rpb.ExecuteToolCallResponse]
@@ -53,8 +74,8 @@ def _tree(
     return [("└─ " if i == len(rows) - 1 else "├─ ") + row for i, row in enumerate(rows)]
 
 
-async def run_demo(program: str | None = None) -> int:
-    program = program or PROGRAM
+async def run_demo(program: str | None = None, language: str = "python") -> int:
+    program = program or PROGRAMS[language]
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = str(Path(tmp) / "traces.jsonl")
         runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": trace_file}
@@ -72,6 +93,8 @@ async def run_demo(program: str | None = None) -> int:
                 runtime_targets=[f"127.0.0.1:{port}"],
                 history_path=str(Path(tmp) / "history.sqlite3"),
                 trace_file=trace_file,
+                # The runtime serves TypeScript where Node is installed (its own check).
+                runtime_languages=["python", "typescript"],
             )
             telemetry = configure(settings.telemetry_config())
             registry = await start_registry(
@@ -84,7 +107,9 @@ async def run_demo(program: str | None = None) -> int:
                 async with running(
                     "-m", "codemode_client.demo_tools", registry.address, ready="ready"
                 ):
-                    await _walkthrough(rpb_grpc.RegistryServiceStub(channel), program, port)
+                    await _walkthrough(
+                        rpb_grpc.RegistryServiceStub(channel), program, language, port
+                    )
             finally:
                 await channel.close()
                 await registry.stop(1)
@@ -106,15 +131,16 @@ def _print_trace(trace_file: str, call_id: str, destination: str) -> None:
     print("".join(f"  {line}\n" for line in render(tree)), end="")
 
 
-async def _walkthrough(stub: rpb_grpc.RegistryServiceStub, program: str, runtime_port: str) -> None:
+async def _walkthrough(
+    stub: rpb_grpc.RegistryServiceStub, program: str, language: str, runtime_port: str
+) -> None:
     print(f"runtime on 127.0.0.1:{runtime_port} · registry up · provider 'demo-files' serving\n")
-    request = rpb.CreateAgentRequest(
-        agent_id="demo-agent", agent=scope_pb2.Agent(mode=scope_pb2.PRESENTATION_MODE_CODE)
-    )
+    declared = scope_pb2.Agent(mode=scope_pb2.PRESENTATION_MODE_CODE, code_language=language)
+    request = rpb.CreateAgentRequest(agent_id="demo-agent", agent=declared)
     agent = (await stub.CreateAgent(request)).agent.name
     visible = await stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
     wire = await stub.GetWireSchemas(presentation_pb2.GetWireSchemasRequest(scope=agent))
-    print(f"{agent} (mode code)")
+    print(f"{agent} (mode code)" if language == "python" else f"{agent} (mode code, {language})")
     behind = ", ".join(t.name for t in visible.tools if t.name != "run_code")
     print(f"  tools behind the SDK: {behind}")
     print(f"  schemas the model sees: {[s.name for s in wire.schemas]}")

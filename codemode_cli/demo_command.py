@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
+
+from codemode_cli.run_command import EXTENSIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,10 +17,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the dynamic Cordis demo: the agent defines, runs, updates and stops a plugin",
     )
+    parser.add_argument(
+        "--language",
+        choices=("python", "typescript"),
+        help="the agent's program language: the built-in program in it, or --program's "
+        "(default: --program's extension, else python)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.cordis:
+        if args.language == "typescript" or args.program:
+            print(
+                "codemode demo: --cordis runs its own Python programs (host halves are Python)",
+                file=sys.stderr,
+            )
+            return 2
         from codemode_cli.demo_cordis import run_cordis_demo
 
         return asyncio.run(run_cordis_demo())
@@ -31,4 +46,5 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
             return 2
-    return asyncio.run(run_demo(program))
+    language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
+    return asyncio.run(run_demo(program, language))

@@ -27,11 +27,15 @@ from codemode_cli.registry_access import (
 
 if TYPE_CHECKING:
     from codemode_client import RegistryClient
+    from codemode_client.client import Language
     from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
     from codemode_wire.api.registry.v1 import tool_pb2
     from codemode_wire.jsonvalue import JsonValue
 
 PROG = "codemode run"
+LANGUAGES = ("python", "typescript")
+EXTENSIONS = {".py": "python", ".ts": "typescript"}
+"""A program file's language by its extension, unless `--language` says otherwise."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("program", metavar="PROGRAM_FILE", help="program file; - reads stdin")
     parser.add_argument("--agent", required=True, help="the agent, `ID` or `agents/ID`")
+    parser.add_argument(
+        "--language",
+        choices=LANGUAGES,
+        help="the program's language (default: from the extension, .py or .ts; for stdin, the "
+        "agent's); the agent must run programs of it, or is created with it by --create-agent",
+    )
     add_registry_argument(parser)
     parser.add_argument("--call-id", help="the outer call id (default: run-<random>)")
     parser.add_argument(
@@ -50,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--create-agent",
         action="store_true",
-        help="create the agent in code mode if it does not exist",
+        help="create the agent in code mode (with the program's language) if it does not exist",
     )
     parser.add_argument(
         "--timeout",
@@ -67,7 +77,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def program_language(args: argparse.Namespace) -> str | None:
+    """`--language`, else the file's by its extension; None for stdin (the agent's language).
+    Raises ValueError for an extension that names no language."""
+    if args.language:
+        return str(args.language)
+    if args.program == "-":
+        return None
+    suffix = Path(args.program).suffix
+    if suffix not in EXTENSIONS:
+        known = ", ".join(f"{ext} is {lang}" for ext, lang in EXTENSIONS.items())
+        raise ValueError(
+            f"cannot tell the language of {args.program} from its extension ({known}); "
+            "pass --language python|typescript"
+        )
+    return EXTENSIONS[suffix]
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        args.language = program_language(args)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.program == "-":
             program = sys.stdin.read()
@@ -141,14 +173,26 @@ class _Progress:
             print(line.rstrip(), flush=True)
 
 
-async def _ensure_agent(client: RegistryClient, agent: str) -> None:
+async def _ensure_agent(client: RegistryClient, agent: str, language: Language | None) -> None:
     from codemode_client.errors import AlreadyExists, NotFound
 
     try:
         await client.get_agent(agent)
     except NotFound:
         with contextlib.suppress(AlreadyExists):  # created concurrently: fine
-            await client.create_agent(agent.removeprefix("agents/"), mode="code")
+            await client.create_agent(agent.removeprefix("agents/"), mode="code", language=language)
+
+
+async def _language_mismatch(client: RegistryClient, agent: str, language: str) -> str | None:
+    """Why the agent cannot run a program of `language` (its run_code takes the agent's
+    declared language, so a mismatch would only fail later as a syntax error), or None."""
+    declared = (await client.get_agent(agent)).effective_code_language
+    if declared == language:
+        return None
+    return (
+        f"{agent} runs {declared} programs, not {language}; use an agent declared with "
+        f"code_language {language} (or pass --language {declared} if the program is {declared})"
+    )
 
 
 async def _run(args: argparse.Namespace, program: str, description: str, call_id: str) -> int:
@@ -163,7 +207,12 @@ async def _run(args: argparse.Namespace, program: str, description: str, call_id
     ) as client:
         try:
             if args.create_agent:
-                await _ensure_agent(client, agent)
+                await _ensure_agent(client, agent, args.language)
+            if args.language and (
+                mismatch := await _language_mismatch(client, agent, args.language)
+            ):
+                print(f"{PROG}: {mismatch}", file=sys.stderr)
+                return 2
             arguments: JsonValue = {"code": program, "description": description}
             async for event in client.execute(
                 "run_code", arguments, agent=agent, call_id=call_id, deadline=args.timeout

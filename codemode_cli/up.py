@@ -148,6 +148,12 @@ class Stack:
             return
         targets = [f"{_connect_host(r.host)}:{r.port}" for r in self.runtimes]
         env = {**os.environ, "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps(targets)}
+        if _LANGUAGES_VARIABLE not in env and not args.config_registry:
+            # Unless told otherwise, the registry offers the languages every runtime serves
+            # (TypeScript where Node is installed), so `codemode run PROGRAM.ts` works as is.
+            languages = await _served_languages(targets)
+            if languages:
+                env[_LANGUAGES_VARIABLE] = json.dumps(languages)
         reg_host, reg_port = args.registry_listen
         argv = ["registry_service", "--listen", f"{reg_host}:{reg_port}"]
         if args.config_registry:
@@ -253,6 +259,29 @@ class Stack:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*child.pumps), 5)
         return clean
+
+
+_LANGUAGES_VARIABLE = "CODEMODE_REGISTRY_RUNTIME_LANGUAGES"
+
+
+async def _served_languages(targets: list[str]) -> list[str]:
+    """The program languages every runtime reports, Python first (the registry's default is
+    the first); empty if one cannot say (the registry keeps its own default then)."""
+    import grpc
+
+    from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+
+    served: list[set[str]] = []
+    for target in targets:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+            try:
+                caps = await stub.GetCapabilities(runtime_pb2.GetCapabilitiesRequest(), timeout=30)
+            except grpc.aio.AioRpcError:
+                return []
+            served.append(set(caps.languages))
+    common = set.intersection(*served) if served else set()
+    return sorted(common, key=lambda language: (language != "python", language))
 
 
 async def _reap(child: Child) -> bool:

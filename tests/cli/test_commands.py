@@ -52,6 +52,13 @@ await tools.list_files({})
 raise ValueError("boom")
 """
 
+TS_FAN_OUT = """\
+const files: string[] = await tools.list_files({});
+console.log(`${files.length} files`);
+const texts = await Promise.all(files.map((path) => tools.read_file({ path })));
+return { files: texts.length };
+"""
+
 
 @dataclass
 class Stack:
@@ -64,8 +71,8 @@ class Stack:
         """`codemode ARGS --registry <this stack>`."""
         return cli(*args, "--registry", self.registry, env=self.env, cwd=self.tmp, stdin=stdin)
 
-    def program(self, text: str) -> str:
-        path = self.tmp / f"program-{uuid.uuid4().hex[:8]}.py"
+    def program(self, text: str, suffix: str = ".py") -> str:
+        path = self.tmp / f"program-{uuid.uuid4().hex[:8]}{suffix}"
         path.write_text(text)
         return str(path)
 
@@ -199,6 +206,32 @@ def test_a_program_that_raises_exits_1_with_the_error_result(stack: Stack) -> No
     assert as_json.returncode == 1
     out = json.loads(as_json.stdout)
     assert out["is_error"] and out["error_code"] == "CODE_RUN_FAILED" and out["value"] is None
+
+
+def test_run_takes_the_language_from_the_extension(stack: Stack) -> None:
+    """`up` offers the languages its runtimes serve (here both, Python the default)."""
+    ts = stack.cli("run", stack.program(TS_FAN_OUT, ".ts"), "--agent", "cli-ts", "--create-agent")
+    assert ts.returncode == 0, ts.stderr
+    assert "result [ok] (4 nested calls):\n3 files\n" in ts.stdout
+    # The agent --create-agent made is a typescript one; a .py file is refused for it, clearly,
+    # before anything runs, and --language says what a file with another extension holds.
+    py = stack.cli("run", stack.program("return 1"), "--agent", "cli-ts")
+    assert py.returncode == 2 and py.stdout == ""
+    assert py.stderr.startswith("codemode run: agents/cli-ts runs typescript programs, not python")
+    plain = stack.program("return [1, 2].length;", ".txt")
+    unknown = stack.cli("run", plain, "--agent", "cli-ts")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr.strip() == (
+        f"codemode run: cannot tell the language of {plain} from its extension "
+        "(.py is python, .ts is typescript); pass --language python|typescript"
+    )
+    told = stack.cli("run", plain, "--agent", "cli-ts", "--language", "typescript", "--json")
+    assert told.returncode == 0, told.stderr
+    assert json.loads(told.stdout)["value"] == {"logs": [], "result": 2}
+    # Python stays the default language of a .py file's --create-agent.
+    again = stack.cli("run", stack.program("return 6 * 7"), "--agent", "cli-py", "--create-agent")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.rstrip().endswith("42")
 
 
 def test_run_without_the_agent_asks_for_create_agent(stack: Stack) -> None:

@@ -28,6 +28,28 @@ def test_demo_prints_the_nested_trajectory_and_outer_result() -> None:
     assert "'tool/code-dispatch': 5" in out
 
 
+def test_demo_in_typescript_runs_the_same_trajectory() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "codemode_cli", "demo", "--language", "typescript"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "agents/demo-agent (mode code, typescript)" in out
+    assert "│ const files: string[] = await tools.list_files({});" in out
+    assert "schemas the model sees: ['run_code']" in out
+    assert "a direct read_file call is refused: UNKNOWN_TOOL" in out
+    assert "5 nested calls" in out
+    assert "call-1:code:5" in out and "error ENOENT" in out
+    assert "expected failure from read_file: no such file: missing.txt" in out
+    assert '"total": 3' in out
+    assert "'tool/code-dispatch': 5" in out
+
+
 def test_demo_exports_to_an_otlp_endpoint_from_the_environment() -> None:
     """With OTEL_EXPORTER_OTLP_ENDPOINT set, the demo crashed looking for its trace file;
     now its spans reach the collector (a real HTTP/protobuf receiver on loopback here)."""

@@ -1,7 +1,8 @@
 """Every file in examples/ runs, twice, against a real `codemode up` stack.
 
-The Python client example, the program `codemode run` executes, and the TypeScript example
-compiled in a fresh CommonJS npm project that installs the client from `npm pack`'s tarball.
+The Python client example, the programs `codemode run` executes (Python and TypeScript), and the
+TypeScript client example compiled in a fresh CommonJS npm project that installs the client from
+`npm pack`'s tarball.
 A second run of each must work as well as the first (an example that only works once is a
 trap for the next reader).
 """
@@ -47,7 +48,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("examples")
-    env = service_env(tmp)
+    env = service_env(tmp)  # `up` offers both languages: its runtimes serve them
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
     up, lines = spawn([*argv, "--runtimes", "1"], env, tmp, tmp / "up.err")
     try:
@@ -66,11 +67,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _stop(up)
 
 
-def test_the_program_runs_with_codemode_run(stack: Stack) -> None:
-    program = str(EXAMPLES / "programs" / "count_todos.py")
+@pytest.mark.parametrize("program_file", ["count_todos.py", "count_todos.ts"])
+def test_the_program_runs_with_codemode_run(stack: Stack, program_file: str) -> None:
+    program = str(EXAMPLES / "programs" / program_file)
+    agent = f"todo-counter-{Path(program_file).suffix[1:]}"  # one agent per language
     for _ in range(2):
         done = cli(
-            "run", program, "--agent", "todo-counter", "--create-agent", "--json",
+            "run", program, "--agent", agent, "--create-agent", "--json",
             "--registry", stack.address, env=stack.env, cwd=stack.tmp,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
