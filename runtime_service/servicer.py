@@ -105,17 +105,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         request_iterator: AsyncIterator[runtime_pb2.RunRequest | Malformed],
         context: Context,
     ) -> AsyncIterator[runtime_pb2.RunResponse]:
-        first = await anext(aiter(request_iterator), None)
-        if isinstance(first, Malformed):
-            await _abort(context, malformed_error(first))
+        start = await _first_start(request_iterator, context, "Run")
+        if start is None:
             return
-        if first is None or first.WhichOneof("kind") != "start":
-            await _abort(
-                context,
-                invalid_argument("START_REQUIRED", "the first Run message must be a start message"),
-            )
-            return
-        start = first.start
         # The run's span continues the caller's context; every binding call names it as parent.
         traced = self._telemetry.start_run(
             start.trace_context.traceparent,
@@ -180,19 +172,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         request_iterator: AsyncIterator[runtime_pb2.HostRequest | Malformed],
         context: Context,
     ) -> AsyncIterator[runtime_pb2.HostResponse]:
-        first = await anext(aiter(request_iterator), None)
-        if isinstance(first, Malformed):
-            await _abort(context, malformed_error(first))
+        start = await _first_start(request_iterator, context, "Host")
+        if start is None:
             return
-        if first is None or first.WhichOneof("kind") != "start":
-            await _abort(
-                context,
-                invalid_argument(
-                    "START_REQUIRED", "the first Host message must be a start message"
-                ),
-            )
-            return
-        start = first.start
         outgoing: asyncio.Queue[runtime_pb2.HostResponse | None] = asyncio.Queue()
         try:
             visible = jsonvalue.loads(start.visible_tools_json) if start.visible_tools_json else []
@@ -234,6 +216,20 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 host.kill()  # the caller went away: closing the stream retracts
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.shield(hosting)
+
+
+async def _first_start(requests: AsyncIterator[Any], context: Context, rpc: str) -> Any:
+    """The `start` of a stream's first message (RunStart or HostStart), or None once the RPC is
+    aborted: undecodable bytes are MALFORMED_MESSAGE, anything else START_REQUIRED."""
+    first = await anext(aiter(requests), None)
+    if isinstance(first, Malformed):
+        await _abort(context, malformed_error(first))
+        return None
+    if first is None or first.WhichOneof("kind") != "start":
+        message = f"the first {rpc} message must be a start message"
+        await _abort(context, invalid_argument("START_REQUIRED", message))
+        return None
+    return first.start
 
 
 def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
