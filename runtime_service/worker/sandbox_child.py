@@ -352,8 +352,19 @@ def _private_root(
     root = next((path for path in _ROOT_MOUNT_POINTS if os.path.isdir(path)), None)
     if root is None:
         raise OSError(2, "no directory to mount the private root on")
-    libc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     trees = _exposed_trees()
+    masks = _masked_paths(config)
+    # Extra trees (the TypeScript worker's directory) are held open first: the root's tmpfs
+    # may cover them (a checkout under /tmp), and they are bound from these descriptors.
+    extra = {
+        tree: os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for tree in config.expose
+        if os.path.isdir(tree)
+        and not (
+            any(_within(tree, top) for top in trees) and not any(_within(tree, m) for m in masks)
+        )
+    }
+    libc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     for tree in trees:
         target = root + tree
         if os.path.islink(tree):
@@ -368,17 +379,6 @@ def _private_root(
         if inside and os.path.isdir(root + mask):
             libc.mount("tmpfs", root + mask, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
                        "size=4k,nr_inodes=2,mode=0")  # fmt: skip
-    masks = _masked_paths(config)
-    for tree in config.expose:
-        # Already visible: inside an exposed tree and under no mask.
-        visible = any(_within(tree, top) for top in trees) and not any(
-            _within(tree, mask) for mask in masks
-        )
-        if os.path.isdir(tree) and not visible:
-            os.makedirs(root + tree, exist_ok=True)
-            libc.mount(tree, root + tree, None, _MS_BIND | _MS_REC, None)
-            libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
-                       None)  # fmt: skip
     for path in _SYSTEM_FILES:
         if os.path.isfile(path):
             _bind_file(libc, path, root + path, _MS_RDONLY)
@@ -404,6 +404,15 @@ def _private_root(
     owner = f",uid={config.uid},gid={config.uid}" if config.uid is not None else ""
     libc.mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
                f"size={config.tmp_bytes},nr_inodes=16384,mode=700{owner}")  # fmt: skip
+    # Last, so that a tree under /tmp lands in the worker's own /tmp, read-only.
+    for tree, held in extra.items():
+        try:
+            os.makedirs(root + tree, exist_ok=True)
+            libc.mount(f"/proc/self/fd/{held}", root + tree, None, _MS_BIND | _MS_REC, None)
+            libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
+                       None)  # fmt: skip
+        finally:
+            os.close(held)
     os.chdir(root)
     try:
         if arch is None:

@@ -248,3 +248,25 @@ async def test_non_erasable_syntax_fails_before_any_code_runs(ts_stub: Stub) -> 
         "FAILURE_KIND_EXCEPTION",
         "SyntaxError: TypeScript enum is not supported in strip-only mode\n    at program.ts:2:1",
     )
+
+
+async def test_a_checkout_under_tmp_still_runs_typescript(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The private root is mounted over /tmp; a project cloned below /tmp (as CI clones are)
+    # must still have its worker directory in the sandbox. Before the fix: MODULE_NOT_FOUND.
+    import shutil
+
+    from runtime_service import worker_process
+
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip(f"the test's temporary directory is not below /tmp: {tmp_path}")
+    copy = tmp_path / "checkout" / "worker_ts"
+    shutil.copytree(worker_process._TS_WORKER_DIR, copy, symlinks=True)
+    monkeypatch.setattr(worker_process, "_TS_WORKER_DIR", str(copy))
+    async with (
+        serving(grpc_settings(typescript_pool_size=0)) as running,
+        connected(running) as stub,
+    ):
+        _, terminal = await drive(stub, ts("return 40 + 2"))
+    assert outcome(terminal) == ("success", "42"), terminal
