@@ -152,6 +152,16 @@ def _wire(message: Message) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+def _late_send_lost(exc: grpc.aio.AioRpcError, seen: list[pb.RunResponse]) -> bool:
+    """Whether `exc` is only this client failing to send a message after the terminal: the
+    runtime ends the RPC right after it, so a late message can race the server's OK status,
+    and gRPC core then fails the send locally (INTERNAL, "Internal error from Core", no status
+    details from the server). What the runtime decided, the terminal, has arrived already."""
+    after_terminal = any(m.WhichOneof("kind") == "terminal" for m in seen)
+    from_server = any(key == "grpc-status-details-bin" for key, _ in exc.trailing_metadata() or ())
+    return after_terminal and exc.code() == grpc.StatusCode.INTERNAL and not from_server
+
+
 def talk(
     *opening: Message,
     on_call: OnCall = echo,
@@ -186,6 +196,8 @@ def talk(
                         outbox.put_nowait(_wire(message))
                     outbox.put_nowait(None)
         except grpc.aio.AioRpcError as exc:
+            if _late_send_lost(exc, seen):
+                return Exchange(seen, None)
             return Exchange(seen, exc)
         finally:
             outbox.put_nowait(None)
