@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,8 +14,9 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from tests.runtime.conftest import child_pids, connected, grpc_settings, serving
+from tests.runtime.conftest import can_isolate, child_pids, connected, grpc_settings, serving
 
+THIS_FILE = os.path.realpath(__file__)  # the runtime's tree: not in any sandbox
 CLOCK = """
 def plugin(ctx):
     async def now(args):
@@ -311,3 +313,45 @@ async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_hea
     # The runtime still serves.
     again = HostStream(stub)
     assert (await again.start(CLOCK)).WhichOneof("kind") == "started"
+
+
+async def test_a_host_half_is_sandboxed_like_a_program(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    # The attack: a host half that reaches for the network, the runtime's files and other
+    # processes.
+    if not can_isolate():
+        pytest.skip("this host cannot build the sandbox (needs root with CAP_SYS_ADMIN)")
+    source = (
+        "import os, socket\n"
+        "def attempts():\n"
+        "    out = {}\n"
+        "    s = socket.socket()\n"
+        "    s.settimeout(2)\n"
+        "    try:\n"
+        "        s.connect(('1.1.1.1', 80)); out['net'] = 'connected'\n"
+        "    except OSError as e:\n"
+        "        out['net'] = type(e).__name__\n"
+        "    try:\n"
+        f"        open({THIS_FILE!r}).read(1); out['file'] = 'read'\n"
+        "    except OSError as e:\n"
+        "        out['file'] = type(e).__name__\n"
+        "    out['pids'] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "    out['uid'] = os.getuid()\n"
+        "    return out\n"
+        "def p(ctx):\n"
+        "    probe = harness.define_tool(name='probe', execute=lambda a: attempts())\n"
+        "    harness.register_tool(probe)\n"
+        "return p"
+    )
+    host = HostStream(stub)
+    assert (await host.start(source)).WhichOneof("kind") == "started"
+    await host.invoke(1, "probe", {})
+    result = json.loads((await host.next_not_log()).result.value_json)
+    assert result["net"] != "connected"
+    assert result["file"] != "read"
+    assert result["pids"] == [1, 2]  # the host's init and itself: nothing else is visible
+    assert result["uid"] >= 60000
+    await host.invoke(2, "probe", {})
+    again = await host.next_not_log()
+    assert again.result.invocation_id == 2
