@@ -22,6 +22,7 @@ from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
 from runtime_service.worker import flatwire
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 _RETRACT_TIMEOUT_S = 10.0  # disposers that hang this long are cut short by the kill
 _EXIT_AFTER_EOF_S = 1.0
-_OUT_OF_MEMORY = 86  # framing.EXIT_OUT_OF_MEMORY
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,8 +288,8 @@ class PluginHost:
         status = exited.result() if not exited.cancelled() else None
         worker = self._worker
         if worker is not None and worker.cgroup is not None and worker.cgroup.oom_killed():
-            status = _OUT_OF_MEMORY
-        if status == _OUT_OF_MEMORY:
+            status = EXIT_OUT_OF_MEMORY
+        if status == EXIT_OUT_OF_MEMORY:
             text = (
                 f"the plugin host exceeded its memory budget "
                 f"({self.request.budgets.memory_bytes >> 20} MiB)"

@@ -438,14 +438,25 @@ class _LoadError(Exception):
     """The host half evaluated to something that is not a plugin."""
 
 
-class _Harness:
-    """``harness`` in the host half's globals."""
+class _ReadOnly:
+    """A façade object of the host half's: holds the host, refuses every assignment."""
 
     __slots__ = ("_host",)
     _host: _Host
+    _what = "the object"  # how the refusal names it
 
     def __init__(self, host: _Host) -> None:
         object.__setattr__(self, "_host", host)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f'{self._what} is read-only; cannot assign "{name}"')
+
+
+class _Harness(_ReadOnly):
+    """``harness`` in the host half's globals."""
+
+    __slots__ = ()
+    _what = "harness"
 
     def define_tool(self, *args: Any, **kwargs: Any) -> _ToolDefinition:
         return self._host.define_tool(*args, **kwargs)
@@ -456,18 +467,12 @@ class _Harness:
     def handle(self, method: object, fn: object) -> Callable[[], None]:
         return self._host.handle(method, fn)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f'harness is read-only; cannot assign "{name}"')
 
-
-class _Tools:
+class _Tools(_ReadOnly):
     """``ctx.tools``: schema views of the owner's tools, and registration. Never executable."""
 
-    __slots__ = ("_host",)
-    _host: _Host
-
-    def __init__(self, host: _Host) -> None:
-        object.__setattr__(self, "_host", host)
+    __slots__ = ()
+    _what = "ctx.tools"
 
     def schemas(self) -> list[dict[str, Any]]:
         return flatwire.decode(flatwire.encode(self._host.visible))  # type: ignore[return-value]
@@ -481,16 +486,10 @@ class _Tools:
     def register(self, tool: object) -> Callable[[], None]:
         return self._host.register_tool(tool)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f'ctx.tools is read-only; cannot assign "{name}"')
 
-
-class _Timer:
-    __slots__ = ("_host",)
-    _host: _Host
-
-    def __init__(self, host: _Host) -> None:
-        object.__setattr__(self, "_host", host)
+class _Timer(_ReadOnly):
+    __slots__ = ()
+    _what = "the timer service"
 
     def timeout(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
         return self._host.timeout(fn, ms)
@@ -498,20 +497,17 @@ class _Timer:
     def interval(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
         return self._host.interval(fn, ms)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f'the timer service is read-only; cannot assign "{name}"')
 
-
-class _Context:
+class _Context(_ReadOnly):
     """The plugin's ``ctx``: read-only, exposing only the façade (reference §9.6)."""
 
-    __slots__ = ("_host", "_injected", "_tools")
-    _host: _Host
+    __slots__ = ("_injected", "_tools")
+    _what = "sandbox ctx"
     _injected: frozenset[str]
     _tools: _Tools
 
     def __init__(self, host: _Host, injected: frozenset[str]) -> None:
-        object.__setattr__(self, "_host", host)
+        super().__init__(host)
         object.__setattr__(self, "_injected", injected)
         object.__setattr__(self, "_tools", _Tools(host))
 
@@ -536,9 +532,6 @@ class _Context:
                 'service "timer" is not injected. Declare it: inject = ["timer"] on the plugin'
             )
         raise AttributeError(f'sandbox ctx does not expose "{name}"')
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f'sandbox ctx is read-only; cannot assign "{name}"')
 
 
 def _syntax_text(exc: SyntaxError, source: str) -> str:

@@ -168,6 +168,17 @@ class Plugin:
             return "running"
         return "defined" if self.current is None else "stopped"
 
+    def _pointers(self) -> dict[str, JsonValue]:
+        """current / next / the active run, those that are set (summaries and references)."""
+        out: dict[str, JsonValue] = {}
+        if self.current is not None:
+            out["currentPackageId"] = self.current
+        if self.next is not None:
+            out["nextPackageId"] = self.next
+        if self.run is not None:
+            out["activeRun"] = {"pluginRunId": self.run.run_id, "packageId": self.run.package_id}
+        return out
+
     def summary(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {
             "pluginId": self.plugin_id,
@@ -175,12 +186,7 @@ class Plugin:
             "packageCount": len(self.packages),
             "state": self.state(),
         }
-        if self.current is not None:
-            out["currentPackageId"] = self.current
-        if self.next is not None:
-            out["nextPackageId"] = self.next
-        if self.run is not None:
-            out["activeRun"] = {"pluginRunId": self.run.run_id, "packageId": self.run.package_id}
+        out.update(self._pointers())
         if self.latest is not None and self.latest.status == "awaiting-approval":
             out["pendingApproval"] = {
                 "pluginRunId": self.latest.run_id,
@@ -198,12 +204,7 @@ class Plugin:
             "name": base.name,
             "purpose": base.purpose,
         }
-        if self.current is not None:
-            out["currentPackageId"] = self.current
-        if self.next is not None:
-            out["nextPackageId"] = self.next
-        if self.run is not None:
-            out["activeRun"] = {"pluginRunId": self.run.run_id, "packageId": self.run.package_id}
+        out.update(self._pointers())
         if self.latest is not None:
             out["latestRun"] = self.latest.to_json()
         return out
