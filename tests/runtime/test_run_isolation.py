@@ -176,6 +176,7 @@ async def test_a_run_sees_only_its_own_processes_and_no_worker_is_dumpable() -> 
             "if child == 0:\n    time.sleep(600)\n"
             "out = {'pids': sorted((e for e in os.listdir('/proc') if e.isdigit()), key=int)}\n"
             "out['me'] = os.getpid()\n"
+            "out['names'] = [open(f'/proc/{p}/comm').read().strip() for p in ('1', 'self')]\n"
             f"try:\n    open('/proc/{pid}/mem', 'r+b')\n    out['mem'] = 'opened'\n"
             "except OSError as exc:\n    out['mem'] = type(exc).__name__\n"
             f"try:\n    os.kill({pid}, 9)\n    out['kill'] = 'sent'\n"
@@ -190,6 +191,8 @@ async def test_a_run_sees_only_its_own_processes_and_no_worker_is_dumpable() -> 
         assert pids[:2] == ["1", "2"] and len(pids) == 3, pids
         assert attacker.value == {
             "me": 2,
+            # What ps and top show an operator: the run's init and its worker.
+            "names": ["codemode-init", "codemode-worker"],
             "mem": "FileNotFoundError",
             "kill": "ProcessLookupError",
         }
