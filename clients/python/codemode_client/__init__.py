@@ -26,6 +26,7 @@ from codemode_client.errors import (
     Unavailable,
 )
 from codemode_client.provider import InvocationContext, ProviderError, ToolFailed, ToolProvider
+from codemode_client.replicas import ReplicaSet
 from codemode_client.results import (
     AdditionalContext,
     ContentBlock,
@@ -53,6 +54,7 @@ __all__ = [
     "Progress",
     "ProviderError",
     "RegistryClient",
+    "ReplicaSet",
     "SyncRegistryClient",
     "TextContent",
     "ToolCallResult",

@@ -113,7 +113,9 @@ class _Tool:
 
 @dataclass
 class ToolProvider:
-    channel: grpc.aio.Channel
+    channel: grpc.aio.Channel | None
+    """None: the provider only declares tools, served per registry replica through
+    `on_channel` (see `codemode_client.replicas.ReplicaSet`)."""
     name: str
     _tools: list[_Tool] = field(default_factory=list)
     _handlers: dict[str, Handler] = field(default_factory=dict)
@@ -165,6 +167,13 @@ class ToolProvider:
 
         return decorate
 
+    def on_channel(self, channel: grpc.aio.Channel) -> ToolProvider:
+        """A provider with this one's name and declared tools on `channel`: one per registry
+        replica (`ReplicaSet(target, provider.on_channel)`)."""
+        return ToolProvider(
+            channel, self.name, _tools=list(self._tools), tracer_provider=self.tracer_provider
+        )
+
     async def __aenter__(self) -> ToolProvider:
         await self.start()
         return self
@@ -175,6 +184,10 @@ class ToolProvider:
     async def start(self, *, wait_for_ready: bool = False) -> None:
         """Opens the stream and registers every declared tool. `wait_for_ready` waits for the
         registry to be reachable instead of failing at once with UNAVAILABLE."""
+        if self.channel is None:
+            raise ProviderError(
+                "this provider has no channel: serve it per replica with on_channel(channel)"
+            )
         self._closing = False
         provider = resolve_tracer_provider(self.tracer_provider)
         self._tracer = None if provider is None else provider.get_tracer("codemode.client")
