@@ -10,6 +10,7 @@ export {
 export { CodemodeError, errorInfoOf, retryDelayOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
 export { type ServeOptions } from "./reconnect";
+export { ReplicaSet, resolveAll, splitTarget, type ReplicaSetOptions, type Served } from "./replicas";
 export { type ZodInput, type ZodSchemaLike } from "./zod-schema";
 export {
   ToolFailed,

@@ -187,12 +187,26 @@ export class ToolProvider {
   private started = false;
   private nextId = 1;
 
+  /**
+   * `client` undefined: the provider only declares tools, served per registry replica through
+   * `onClient` (see `ReplicaSet`).
+   */
   constructor(
-    private readonly client: RegistryClient,
+    private readonly client: RegistryClient | undefined,
     readonly name: string,
-    options: ToolProviderOptions = {},
+    private readonly options: ToolProviderOptions = {},
   ) {
-    this.timeoutMs = options.timeoutMs ?? client.timeoutMs;
+    this.timeoutMs = options.timeoutMs ?? client?.timeoutMs ?? 30_000;
+  }
+
+  /**
+   * A provider with this one's name, options and declared tools on `client`: one per registry
+   * replica (`new ReplicaSet(target, (c) => provider.onClient(c))`).
+   */
+  onClient(client: RegistryClient): ToolProvider {
+    const copy = new ToolProvider(client, this.name, this.options);
+    copy.declared.push(...this.declared);
+    return copy;
   }
 
   /**
@@ -283,10 +297,14 @@ export class ToolProvider {
     // Tools that register() adds to this stream from now on are not registered twice.
     const byScope = new Map<string, Declared[]>();
     for (const d of this.declared) byScope.set(d.scope, [...(byScope.get(d.scope) ?? []), d]);
-    const metadata = this.client.metadata();
+    const client = this.client;
+    if (client === undefined) {
+      throw new Error("this provider has no client: serve it per replica with onClient(client)");
+    }
+    const metadata = client.metadata();
     if (waitForReady) metadata.setOptions({ waitForReady: true });
     if (this.ends.settled) this.ends = deferred();
-    const stream = new Stream(this.client.stub.connect(metadata), this.ends);
+    const stream = new Stream(client.stub.connect(metadata), this.ends);
     this.stream = stream;
     stream.call.on("data", (message: ConnectResponse) => this.onMessage(stream, message));
     stream.call.on("error", (e: ServiceError) => this.finish(stream, CodemodeError.from(e)));
