@@ -10,7 +10,10 @@ Invariants kept here (and tested through the API):
   (its tools are gone from the catalog, the plugin host has settled its calls, disposed its
   effects and its processes are gone) before the new host half starts;
 - a dynamic tool is an ordinary catalog entry in the owner's scope: every call goes through the
-  pipeline, and its body is an invocation on the plugin host.
+  pipeline, and its body is an invocation on the plugin host;
+- the owner's running plugins learn of each other's services whenever the set changes
+  (`services.ServiceRouter`): a consumer parks `waiting` while one is missing and starts when
+  it appears, in its own plugin host.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from registry_service.domain.cordis.model import (
     Plugin,
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing
+from registry_service.domain.cordis.services import ServiceRouter
 from registry_service.domain.cordis.steering import (
     HOST_LOST,
     Steering,
@@ -59,6 +63,7 @@ from registry_service.domain.plugin_hosts import (
     HostEvents,
     HostRegistrations,
     PluginHosts,
+    ServiceSpec,
 )
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
@@ -95,6 +100,7 @@ class CordisRunner:
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._services = ServiceRouter()
         self._persistence: Persistence | None = None
         if state_store is not None:
             saved = state_store.load()
@@ -125,13 +131,16 @@ class CordisRunner:
         view = self._catalog.view(owner)
         return [defn for name, defn in view.visible.items() if name != RUN_CODE]
 
-    def provided_services(self, owner: str) -> list[tuple[str, str]]:
-        return [
-            (service, plugin.plugin_id)
-            for plugin in self.owned(owner)
-            if plugin.run is not None
-            for service in plugin.run.registrations.provides
-        ]
+    def provided_services(self, owner: str) -> list[tuple[str, str, ServiceSpec | None]]:
+        """(service, providing plugin, its contract when the host reported one)."""
+        out: list[tuple[str, str, ServiceSpec | None]] = []
+        for plugin in self.owned(owner):
+            if plugin.run is None:
+                continue
+            contracts = {spec.name: spec for spec in plugin.run.registrations.services}
+            for service in plugin.run.registrations.provides:
+                out.append((service, plugin.plugin_id, contracts.get(service)))
+        return out
 
     # -- define -------------------------------------------------------------------------------
 
@@ -295,6 +304,8 @@ class CordisRunner:
         self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
     ) -> dict[str, JsonValue]:
         run_id = attempt.run_id
+        owner, plugin_id = plugin.owner, plugin.plugin_id
+        services = self._services.available(self._plugins.values(), owner, plugin_id)
         spec = ActivationSpec(
             owner=plugin.owner,
             plugin_id=plugin.plugin_id,
@@ -306,12 +317,21 @@ class CordisRunner:
             start_timeout_s=self._start_timeout_s,
             # (name, input schema), as the seam and the runtime adapter read them.
             visible_tools=tuple((d.name, d.input_schema) for d in self.visible_tools(plugin.owner)),
+            services=services,
         )
         events = HostEvents(
             on_change=lambda regs: self._host_changed(plugin, run_id, regs),
             on_lost=lambda reason: self._host_lost(plugin, run_id, reason),
             on_log=lambda stream, text: log.info(
                 "[cordis:%s] %s: %s", plugin.plugin_id, stream, text.rstrip()
+            ),
+            on_service_call=lambda service, method, args: self._services.call(
+                list(self._plugins.values()),
+                owner,
+                caller=plugin_id,
+                service=service,
+                method=method,
+                arguments=args,
             ),
         )
         try:
@@ -327,11 +347,13 @@ class CordisRunner:
             )
         run = ActiveRun(run_id, package.package_id, host)
         plugin.run = run
+        self._services.told(run_id, services)
         try:
             self._sync_tools(plugin, run, host.registrations, strict=True)
         except CordisError as exc:
             await self._retract(plugin)
             raise self._failed(plugin, attempt, "host-apply", exc.message) from None
+        self._tell_services(plugin.owner)  # what it provides, and what appeared meanwhile
         registrations = run.registrations
         waiting = registrations.waiting
         attempt.status = "waiting" if waiting else "running"  # a parked plugin counts as success
@@ -455,6 +477,7 @@ class CordisRunner:
         if run is None or run.run_id != run_id:
             return  # a stale report from a retracted run
         self._sync_tools(plugin, run, registrations, strict=False)
+        self._tell_services(plugin.owner)
         latest = plugin.latest
         if (
             latest is not None
@@ -475,6 +498,7 @@ class CordisRunner:
             return
         plugin.run = None
         self._unregister(plugin, run)
+        self._tell_services(plugin.owner)  # its services are gone: consumers park again
         latest = plugin.latest
         message = f"the plugin host stopped unexpectedly: {reason}"
         if latest is not None and latest.run_id == run_id:
@@ -508,6 +532,10 @@ class CordisRunner:
         for defn in run.tools.values():
             self._catalog.unregister(plugin.owner, defn)
         run.tools.clear()
+        self._services.forget(run.run_id)
+
+    def _tell_services(self, owner: str) -> None:
+        self._services.tell_all(list(self._plugins.values()), owner)
 
     async def _retract(self, plugin: Plugin) -> None:
         """Detaches the run, removes its tools, and returns only once the plugin host has
@@ -517,6 +545,7 @@ class CordisRunner:
             return
         plugin.run = None
         self._unregister(plugin, run)
+        self._tell_services(plugin.owner)  # consumers of its services park again
         if run.host is not None:
             await run.host.retract()
 
