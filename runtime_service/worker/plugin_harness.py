@@ -43,8 +43,9 @@ import inspect
 import io
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from runtime_service.worker import flatwire, framing, ledger
@@ -365,14 +366,16 @@ class _Host:
                 self.waiting_for = missing
                 self.changed()
             elif not self.applied and not missing:
+                late = f"the Plugin did not start within {self.start_timeout_s:g} s"
                 try:
-                    await asyncio.wait_for(self.apply_now(), self.start_timeout_s)
-                except Exception as exc:
+                    with _deadline(self.start_timeout_s, "host-apply", late):
+                        await asyncio.wait_for(self.apply_now(), self.start_timeout_s)
+                except (Exception, _StartTimeout) as exc:
                     # The plugin cannot run: the host ends, the registry steers the owner.
                     await self.dispose()
                     text = (
-                        f"the Plugin did not start within {self.start_timeout_s:g} s"
-                        if isinstance(exc, TimeoutError)
+                        late
+                        if isinstance(exc, (TimeoutError, _StartTimeout))
                         else str(exc) or type(exc).__name__
                     )
                     self.fail(
@@ -477,12 +480,15 @@ class _Host:
             await outcome
 
     async def start(self) -> bool:
+        load_late = f"the Host half did not finish within {self.start_timeout_s:g} s"
+        apply_late = f"the Plugin did not start within {self.start_timeout_s:g} s"
         try:
-            plugin = await asyncio.wait_for(self.evaluate(), self.start_timeout_s)
+            with _deadline(self.start_timeout_s, "host-load", load_late):
+                plugin = await asyncio.wait_for(self.evaluate(), self.start_timeout_s)
+        except _StartTimeout as exc:
+            self.fail(exc.phase, exc.text)
         except TimeoutError:
-            self.fail(
-                "host-load", f"the Host half did not finish within {self.start_timeout_s:g} s"
-            )
+            self.fail("host-load", load_late)
             return False
         except _LoadError as exc:
             self.fail("host-load", str(exc))
@@ -494,10 +500,11 @@ class _Host:
             self.fail("host-load", str(exc) or type(exc).__name__, render_exception(exc))
             return False
         try:
-            await asyncio.wait_for(self.apply(plugin), self.start_timeout_s)
-        except TimeoutError:
+            with _deadline(self.start_timeout_s, "host-apply", apply_late):
+                await asyncio.wait_for(self.apply(plugin), self.start_timeout_s)
+        except (TimeoutError, _StartTimeout):
             await self.dispose()
-            self.fail("host-apply", f"the Plugin did not start within {self.start_timeout_s:g} s")
+            self.fail("host-apply", apply_late)
             return False
         except Exception as exc:
             await self.dispose()  # a plugin whose start throws is disposed first
@@ -696,6 +703,33 @@ def _services(raw: object) -> dict[str, dict[str, Any]]:
     return out
 
 
+class _StartTimeout(BaseException):
+    """The start ran past its time while busy (a loop that never awaits): raised by SIGALRM
+    between two bytecodes, which ``asyncio.wait_for`` cannot do. A BaseException, so the host
+    half's own ``except Exception`` does not swallow it."""
+
+    def __init__(self, phase: str, text: str) -> None:
+        super().__init__(text)
+        self.phase = phase
+        self.text = text
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, phase: str, text: str) -> Iterator[None]:
+    """Interrupts the code inside after ``seconds`` of wall time, busy or not."""
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise _StartTimeout(phase, text)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class _LoadError(Exception):
     """The host half evaluated to something that is not a plugin."""
 
@@ -838,6 +872,8 @@ def serve_host(
     try:
         if loop.run_until_complete(host.start()):
             loop.run_forever()  # until retract finishes (finish() never returns)
+    except _StartTimeout as exc:  # it struck inside the event loop's own code
+        host.fail(exc.phase, exc.text)
     except MemoryError:
         os._exit(framing.EXIT_OUT_OF_MEMORY)
     os._exit(0)

@@ -34,6 +34,7 @@ from registry_service.domain.cordis.durable import (
     restore,
     snapshot,
 )
+from registry_service.domain.cordis.events import OwnerEvents, Watch, payload
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -68,6 +69,7 @@ from registry_service.domain.plugin_hosts import (
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
+from registry_service.history.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -88,19 +90,24 @@ class CordisRunner:
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
         state_store: CordisStateStore | None = None,
+        history_watch: Watch | None = None,
+        compute_ms_per_call: int | None = None,
     ) -> None:
         """`state_store`: keep plugins, packages, grants, pointers and id counters there
-        across restarts (loaded now; runs are not restarted). None: process memory only."""
+        across restarts (loaded now; runs are not restarted). None: process memory only.
+        `history_watch` (the history store's `watch`) is where plugins' events come from."""
         self._catalog = catalog
         self.hosts = hosts
         self.steering = steering or Steering()
         self._reserved = frozenset(reserved_names)
         self._start_timeout_s = start_timeout_s
+        self._compute_ms_per_call = compute_ms_per_call
         self._ids = Ids()
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._services = ServiceRouter()
+        self._events = OwnerEvents(history_watch, self._deliver_event)
         self._persistence: Persistence | None = None
         if state_store is not None:
             saved = state_store.load()
@@ -251,6 +258,7 @@ class CordisRunner:
         plugin.latest = attempt
         plugin.starting = True
         self._changed()
+        self._events.follow(owner)  # before the plugin can listen: nothing after it is missed
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
@@ -315,6 +323,7 @@ class CordisRunner:
             source=package.host or "",
             name=package.name,
             start_timeout_s=self._start_timeout_s,
+            compute_ms_per_call=self._compute_ms_per_call,
             # (name, input schema), as the seam and the runtime adapter read them.
             visible_tools=tuple((d.name, d.input_schema) for d in self.visible_tools(plugin.owner)),
             services=services,
@@ -534,6 +543,15 @@ class CordisRunner:
         run.tools.clear()
         self._services.forget(run.run_id)
 
+    def _deliver_event(self, owner: str, record: Record) -> None:
+        event: JsonValue | None = None
+        for plugin in self.owned(owner):
+            run = plugin.run
+            if run is None or run.host is None or record.kind not in run.registrations.events:
+                continue
+            event = payload(record) if event is None else event
+            run.host.deliver_event(record.kind, event)
+
     def _tell_services(self, owner: str) -> None:
         self._services.tell_all(list(self._plugins.values()), owner)
 
@@ -584,6 +602,7 @@ class CordisRunner:
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts
         retracted (the layer, with its dynamic tools, is already gone)."""
+        self._events.forget(scope)
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
             del self._plugins[plugin.plugin_id]
             self._in_background(self._retract(plugin))
@@ -610,6 +629,7 @@ class CordisRunner:
                 await self._retract(plugin)
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self._events.close()
         await self.steering.flush()
         if self._persistence is not None:
             await self._persistence.close()
