@@ -76,15 +76,23 @@ class GrpcPluginHosts:
             raise ActivationFailed("host-load", f"no plugin host could be started: {exc}") from exc
         try:
             first = await _read(call)
+            kind = first.WhichOneof("kind") if first is not None else None
+            while kind == "log":
+                assert first is not None
+                events.on_log("log", first.log.text)
+                first = await _read(call)
+                kind = first.WhichOneof("kind") if first is not None else None
+        except grpc.aio.AioRpcError as exc:
+            # The runtime went away (killed, restarted, unreachable) with the start in flight:
+            # its plugin host went with it; the attempt fails like any other start.
+            call.cancel()
+            raise ActivationFailed(
+                "host-apply",
+                f"the runtime was lost while the Host half was starting: {exc.details()}",
+            ) from exc
         except BaseException:
             call.cancel()
             raise
-        kind = first.WhichOneof("kind") if first is not None else None
-        while kind == "log":
-            assert first is not None
-            events.on_log("log", first.log.text)
-            first = await _read(call)
-            kind = first.WhichOneof("kind") if first is not None else None
         if first is None or kind != "started":
             call.cancel()
             if first is not None and kind in ("failed", "lost"):

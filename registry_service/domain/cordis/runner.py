@@ -349,6 +349,11 @@ class CordisRunner:
             raise self._failed(plugin, attempt, exc.phase, exc.message, exc.stack) from None
         except CodemodeError as exc:  # the runtime is unavailable, or refused the start
             raise self._failed(plugin, attempt, "host-load", exc.message) from None
+        except Exception as exc:  # an adapter's bug must not leave the attempt "starting"
+            log.exception("cordis %s: the activation failed unexpectedly", plugin.plugin_id)
+            raise self._failed(
+                plugin, attempt, "host-apply", str(exc) or type(exc).__name__
+            ) from None
         if plugin.latest is not attempt or self._plugins.get(plugin.plugin_id) is not plugin:
             await host.retract()  # undefined (or its owner deleted) while it started
             raise CordisError(
