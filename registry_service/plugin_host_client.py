@@ -36,6 +36,7 @@ from registry_service.domain.plugin_hosts import (
     HostRegistrations,
     ServiceSpec,
 )
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 from registry_service.runtime_client import GrpcRuntime
 
@@ -123,13 +124,16 @@ class GrpcActiveHost:
     def registrations(self) -> HostRegistrations:
         return self._registrations
 
-    async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
+    async def call_tool(
+        self, name: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue | ToolResult:
         return await self._invoke(name, arguments, signal)
 
     async def call_service(
         self, service: str, method: str, arguments: JsonValue, signal: AbortSignal
     ) -> JsonValue:
-        return await self._invoke(method, arguments, signal, service=service)
+        value = await self._invoke(method, arguments, signal, service=service)
+        return value.value if isinstance(value, ToolResult) else value
 
     def update_services(self, services: tuple[ServiceSpec, ...]) -> None:
         if not self._ended and not self._retracting:
@@ -156,7 +160,7 @@ class GrpcActiveHost:
 
     async def _invoke(
         self, name: str, arguments: JsonValue, signal: AbortSignal, *, service: str = ""
-    ) -> JsonValue:
+    ) -> JsonValue | ToolResult:
         if self._ended or self._retracting:
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         invocation = self._next_id
@@ -179,7 +183,11 @@ class GrpcActiveHost:
             remove()
             self._pending.pop(invocation, None)
         if result.WhichOneof("outcome") == "value_json":
-            return jsonvalue.loads(result.value_json)
+            value = jsonvalue.loads(result.value_json)
+            if result.presentation_meta_json:
+                meta = jsonvalue.loads(result.presentation_meta_json)
+                return ToolResult((), value=value, has_value=True, presentation_meta=meta)
+            return value
         if result is _GONE:  # the stream ended with the call in flight
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         raise ToolCallFailure(result.error_message or "the plugin's tool failed")

@@ -95,6 +95,7 @@ class HostResult:
     invocation_id: int
     value_json: str | None  # None: failed with error_message
     error_message: str = ""
+    presentation_meta_json: str = ""  # with a value: the tool's presentation metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +390,9 @@ class PluginHost:
             del self._pending[invocation]
             if message.get("ok") is True:
                 value = flatwire.decode(message.get("value"))
-                self._emit(HostResult(invocation, jsonvalue.dumps(value)))
+                meta = flatwire.decode(message["meta"]) if "meta" in message else None
+                meta_json = jsonvalue.dumps(meta) if type(meta) is dict else ""
+                self._emit(HostResult(invocation, jsonvalue.dumps(value), "", meta_json))
             else:
                 text = message.get("message")
                 self._emit(HostResult(invocation, None, text if type(text) is str else "failed"))

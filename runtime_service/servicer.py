@@ -285,6 +285,7 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
         result = runtime_pb2.HostInvokeResult(invocation_id=event.invocation_id)
         if event.value_json is not None:
             result.value_json = event.value_json
+            result.presentation_meta_json = event.presentation_meta_json
         else:
             result.error_message = event.error_message
         return runtime_pb2.HostResponse(result=result)

@@ -37,6 +37,7 @@ from typing import Literal, Protocol
 
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 
 __all__ = [
@@ -151,8 +152,11 @@ class ActiveHost(Protocol):
     @property
     def registrations(self) -> HostRegistrations: ...
 
-    async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
-        """Run the plugin's ``execute`` for ``name``; raises ``ToolCallFailure`` with the
+    async def call_tool(
+        self, name: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue | ToolResult:
+        """Run the plugin's ``execute`` for ``name``: its value (a ``ToolResult`` carrying it
+        when the tool gave presentation metadata too); raises ``ToolCallFailure`` with the
         plugin's message when it throws, or with code ``HOST_GONE`` when the host is gone."""
         ...
 

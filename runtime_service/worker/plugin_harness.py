@@ -78,7 +78,14 @@ WRONG_RETURN = "the Host half must return a Plugin function or an object with ap
 class _ToolDefinition:
     """What ``harness.define_tool`` returns; only these may be registered (the marker)."""
 
-    __slots__ = ("description", "execute", "input_schema", "name", "output_schema")
+    __slots__ = (
+        "description",
+        "execute",
+        "input_schema",
+        "name",
+        "output_schema",
+        "presentation_meta",
+    )
 
     def __init__(
         self,
@@ -87,7 +94,10 @@ class _ToolDefinition:
         input_schema: object,
         output_schema: object,
         execute: Callable[..., Any],
+        *,
+        presentation_meta: Callable[[Any, Any], Any] | None = None,
     ) -> None:
+        self.presentation_meta = presentation_meta
         self.name = name
         self.description = description
         self.input_schema = input_schema
@@ -181,6 +191,8 @@ class _Host:
         parameters: object = None,
         execute: object = None,
         output_schema: object = None,
+        *,
+        presentation_meta: object = None,
     ) -> _ToolDefinition:
         if type(name) is not str or not name:
             raise TypeError("harness.define_tool needs a non-empty str `name`")
@@ -188,6 +200,10 @@ class _Host:
             raise TypeError("harness.define_tool `description` must be a str")
         if not callable(execute):
             raise TypeError("harness.define_tool needs a callable `execute(args)`")
+        if presentation_meta is not None and not callable(presentation_meta):
+            raise TypeError(
+                "harness.define_tool `presentation_meta` must be a callable (args, result) -> dict"
+            )
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
         if type(schema) is not dict:
             raise TypeError("harness.define_tool `parameters` must be a JSON Schema object (dict)")
@@ -203,6 +219,7 @@ class _Host:
             flatwire.decode(flatwire.encode(schema)),
             None if output_schema is None else flatwire.decode(flatwire.encode(output_schema)),
             execute,
+            presentation_meta=presentation_meta,
         )
 
     def register_tool(self, tool: object) -> Callable[[], None]:
@@ -570,7 +587,11 @@ class _Host:
         except flatwire.WireError:
             self.reply(invocation, False, "tool arguments must be lossless JSON")
             return
-        self.track(invocation, self.run_tool(invocation, f'tool "{tool.name}"', tool.execute, args))
+        what = f'tool "{tool.name}"'
+        work = self.run_tool(
+            invocation, what, tool.execute, args, presentation_meta=tool.presentation_meta
+        )
+        self.track(invocation, work)
 
     def serve(self, invocation: int, service: str, method: object, tokens: object) -> None:
         """Another plugin of the owner calls a method of a service this one provides."""
@@ -587,7 +608,8 @@ class _Host:
             self.reply(invocation, False, "service arguments must be a JSON array")
             return
         label = f'service "{service}".{method}'
-        self.track(invocation, self.run_tool(invocation, label, lambda a: fn(*a), args, service))
+        work = self.run_tool(invocation, label, lambda a: fn(*a), args, service=service)
+        self.track(invocation, work)
 
     def deliver(self, invocation: int, event: str, tokens: object) -> None:
         try:
@@ -615,12 +637,20 @@ class _Host:
         what: str,
         execute: Callable[[Any], Any],
         args: object,
+        *,
         service: str = "",
+        presentation_meta: Callable[[Any, Any], Any] | None = None,
     ) -> None:
+        meta: object = None
         try:
             value = execute(args)
             if inspect.isawaitable(value):
                 value = await value
+            if presentation_meta is not None:
+                # Given a copy: the card's metadata cannot change the value sent.
+                meta = presentation_meta(args, flatwire.decode(flatwire.encode(value)))
+                if inspect.isawaitable(meta):
+                    meta = await meta
         except asyncio.CancelledError:
             self.reply(invocation, False, "the call was cancelled")
             return
@@ -645,7 +675,20 @@ class _Host:
                 f"the result exceeds the output budget of {self.max_output} bytes",
             )
             return
-        self.channel.send({"t": "result", "id": invocation, "ok": True, "value": tokens})
+        frame: dict[str, object] = {"t": "result", "id": invocation, "ok": True, "value": tokens}
+        if presentation_meta is not None:
+            try:
+                if type(meta) is not dict:
+                    raise TypeError
+                frame["meta"] = flatwire.encode(meta)
+            except (flatwire.WireError, ValueError, TypeError):
+                self.reply(
+                    invocation,
+                    False,
+                    f"the presentation_meta of {what} must return a dict that {LOSSY}",
+                )
+                return
+        self.channel.send(frame)
 
     def reply(self, invocation: int, ok: bool, message: str) -> None:
         message = ledger.fit_prefix(ledger.valid_text(message), self.max_output)

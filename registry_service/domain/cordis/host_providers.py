@@ -18,10 +18,11 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
     (
         "harness.define_tool",
         "harness.define_tool(*, name: str, description: str, parameters: dict, "
-        "execute: Callable[[dict], Awaitable[JsonValue]], output_schema: dict | None = None) "
-        "-> ToolDefinition",
+        "execute: Callable[[dict], Awaitable[JsonValue]], output_schema: dict | None = None, "
+        "presentation_meta: Callable[[dict, JsonValue], dict] | None = None) -> ToolDefinition",
         "Defines a dynamic tool; parameters and results must be lossless JSON. Only its "
-        "result may be registered.",
+        "result may be registered. presentation_meta(args, result) gives each call's card "
+        "metadata (never shown to the model).",
     ),
     (
         "harness.register_tool",

@@ -582,22 +582,28 @@ class HostInvokeResult(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     VALUE_JSON_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this answers."""
     value_json: _builtins.str
     """The tool's value as JSON text (lossless JSON)."""
     error_message: _builtins.str
     """The failure's message (the plugin's exception, or why the call could not run)."""
+    presentation_meta_json: _builtins.str
+    """With a value: what the tool's `presentation_meta` function returned for it (JSON text);
+    empty when the tool has none.
+    """
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         value_json: _builtins.str = ...,
         error_message: _builtins.str = ...,
+        presentation_meta_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

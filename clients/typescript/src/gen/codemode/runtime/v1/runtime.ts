@@ -270,6 +270,11 @@ export interface HostInvokeResult {
     /** The failure's message (the plugin's exception, or why the call could not run). */
     { $case: "errorMessage"; value: string }
     | undefined;
+  /**
+   * With a value: what the tool's `presentation_meta` function returned for it (JSON text);
+   * empty when the tool has none.
+   */
+  presentationMetaJson: string;
 }
 
 /** HostRetracted confirms that the plugin is gone. */
@@ -1702,7 +1707,7 @@ export const HostFailure: MessageFns<HostFailure> = {
 };
 
 function createBaseHostInvokeResult(): HostInvokeResult {
-  return { invocationId: 0n, outcome: undefined };
+  return { invocationId: 0n, outcome: undefined, presentationMetaJson: "" };
 }
 
 export const HostInvokeResult: MessageFns<HostInvokeResult> = {
@@ -1720,6 +1725,9 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
       case "errorMessage":
         writer.uint32(26).string(message.outcome.value);
         break;
+    }
+    if (message.presentationMetaJson !== "") {
+      writer.uint32(34).string(message.presentationMetaJson);
     }
     return writer;
   },
@@ -1761,6 +1769,14 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
             message.outcome = { $case: "errorMessage", value: reader.string() };
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.presentationMetaJson = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1795,6 +1811,7 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
         break;
       }
     }
+    message.presentationMetaJson = object.presentationMetaJson ?? "";
     return message;
   },
 };
