@@ -429,3 +429,45 @@ async def test_an_invocation_past_its_compute_budget_ends_with_the_budget_text_a
     assert lost.lost.message.startswith("a call ran past its compute budget (300ms busy)")
     assert await host.call.read() is grpc.aio.EOF
     assert child_pids() == []
+
+
+async def test_a_parked_plugin_starts_when_its_service_appears_and_parks_when_it_goes(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    source = (
+        "def p(ctx):\n"
+        "    print('applied with', ctx.db['url'])\n"
+        "    ctx.effect(lambda: (lambda: print('disposed')))\n"
+        "p.inject = ['db']\n"
+        "return p"
+    )
+    host = HostStream(stub)
+    started = await host.start(source)
+    assert list(started.started.waiting_for) == ["db"]
+    db = runtime_pb2.HostService(name="db", data_json='{"url": "mem://"}')
+    services = runtime_pb2.HostServices(services=[db])
+    await host.call.write(runtime_pb2.HostRequest(services=services))
+    running = await host.next_not_log()
+    assert running.WhichOneof("kind") == "changed" and not running.changed.waiting_for
+    await host.call.write(runtime_pb2.HostRequest(services=runtime_pb2.HostServices()))
+    parked = await host.next_not_log()
+    assert list(parked.changed.waiting_for) == ["db"]
+    said = [text.removeprefix("[cordis:clock-1] ") for text in host.logs()]
+    assert said == ["applied with mem://\n", "disposed\n"]
+
+
+async def test_a_parked_plugin_whose_start_fails_once_unparked_ends_its_host(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    source = "def p(ctx):\n    raise RuntimeError('no schema')\np.inject = ['db']\nreturn p"
+    host = HostStream(stub)
+    assert list((await host.start(source)).started.waiting_for) == ["db"]
+    services = runtime_pb2.HostServices(
+        services=[runtime_pb2.HostService(name="db", data_json="1")]
+    )
+    await host.call.write(runtime_pb2.HostRequest(services=services))
+    lost = await host.next_not_log()
+    assert lost.WhichOneof("kind") == "lost"
+    assert lost.lost.message == "its injected services appeared, but its start failed: no schema"
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
