@@ -165,6 +165,16 @@ class RegistrySettings(ServiceSettings):
     restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
     reactivates it. Off: process memory only, as in the original (after a restart `@pluginId`
     references answer unavailable)."""
+    cordis_start_timeout_s: float = Field(default=5.0, gt=0, le=600, allow_inf_nan=False)
+    """Bounds a Cordis host half's start in its plugin host: evaluating the source and the
+    plugin's synchronous start (its `apply`) must end within this, else the activation fails
+    (`host-load` or `host-apply`). The reference's `vmTimeoutMs` (5000). At most 600 s."""
+    cordis_compute_ms_per_call: int = Field(default=10_000, ge=1)
+    """Busy CPU time in milliseconds each invocation of a plugin host may use: a dynamic
+    tool's call, a call of a service it provides, an event delivery. One that runs past it
+    ends with `compute budget exhausted (<n>ms busy)`, the plugin host is stopped (a busy
+    loop cannot be interrupted from inside) and the owning agent is steered. At most the
+    runtime's `max_compute_ms`."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""

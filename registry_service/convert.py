@@ -173,6 +173,8 @@ def result_to_proto(result: results.ToolResult) -> tool_pb2.ToolResult:
     )
     if result.has_value and not result.is_error:
         message.value_json = result.value_json or jsonvalue.dumps(result.value)
+    if result.presentation_meta is not None:
+        message.presentation_meta_json = jsonvalue.dumps(result.presentation_meta)
     if result.error is not None:
         message.error.CopyFrom(
             tool_pb2.ToolError(
@@ -214,10 +216,16 @@ def result_from_proto(
         if has_value
         else None
     )
+    meta = (
+        parse_json(message.presentation_meta_json, "presentation_meta_json", max_depth=max_depth)
+        if message.HasField("presentation_meta_json")
+        else None
+    )
     return results.ToolResult(
         content=content,
         value=value,
         has_value=has_value,
+        presentation_meta=meta,
         # Canonical text of a value decoded here and held by no one else: never copied again.
         value_json=jsonvalue.dumps(value) if has_value else "",
         additional_contexts=contexts,

@@ -5,6 +5,11 @@ package's host half and waits for `started` or `failed`; while the activation li
 task resolves invocation results and passes registration changes, logs and the host's loss to
 the activation's `HostEvents`; `retract` asks for the retract and returns once the runtime has
 answered `retracted` (the host's processes are gone) or the stream has ended.
+
+Service calls go both ways on the same stream: the plugin's calls of an injected service
+(`service_call`) are answered from `HostEvents.on_service_call` (which routes them to the
+provider's stream), and `call_service` is a provider's side of such a call (an invocation
+naming the service). Events are invocations naming the event; their results are not awaited.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from registry_service.domain.plugin_hosts import (
     DynamicToolSpec,
     HostEvents,
     HostRegistrations,
+    ServiceSpec,
 )
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 from registry_service.runtime_client import GrpcRuntime
 
@@ -61,6 +68,7 @@ class GrpcPluginHosts:
             visible_tools_json=jsonvalue.dumps(
                 [{"name": name, "inputSchema": schema} for name, schema in spec.visible_tools]
             ),
+            services=_services(spec.services),
         )
         start.start_timeout.CopyFrom(_duration(spec.start_timeout_s))
         try:
@@ -69,15 +77,23 @@ class GrpcPluginHosts:
             raise ActivationFailed("host-load", f"no plugin host could be started: {exc}") from exc
         try:
             first = await _read(call)
+            kind = first.WhichOneof("kind") if first is not None else None
+            while kind == "log":
+                assert first is not None
+                events.on_log("log", first.log.text)
+                first = await _read(call)
+                kind = first.WhichOneof("kind") if first is not None else None
+        except grpc.aio.AioRpcError as exc:
+            # The runtime went away (killed, restarted, unreachable) with the start in flight:
+            # its plugin host went with it; the attempt fails like any other start.
+            call.cancel()
+            raise ActivationFailed(
+                "host-apply",
+                f"the runtime was lost while the Host half was starting: {exc.details()}",
+            ) from exc
         except BaseException:
             call.cancel()
             raise
-        kind = first.WhichOneof("kind") if first is not None else None
-        while kind == "log":
-            assert first is not None
-            events.on_log("log", first.log.text)
-            first = await _read(call)
-            kind = first.WhichOneof("kind") if first is not None else None
         if first is None or kind != "started":
             call.cancel()
             if first is not None and kind in ("failed", "lost"):
@@ -100,13 +116,51 @@ class GrpcActiveHost:
         self._next_id = 1
         self._ended = False
         self._retracting = False
+        self._writes = asyncio.Lock()  # one write at a time on the stream, in call order
+        self._serving: set[asyncio.Task[None]] = set()  # the plugin's service calls
         self._reader = asyncio.ensure_future(self._read_all())
 
     @property
     def registrations(self) -> HostRegistrations:
         return self._registrations
 
-    async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
+    async def call_tool(
+        self, name: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue | ToolResult:
+        return await self._invoke(name, arguments, signal)
+
+    async def call_service(
+        self, service: str, method: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue:
+        value = await self._invoke(method, arguments, signal, service=service)
+        return value.value if isinstance(value, ToolResult) else value
+
+    def update_services(self, services: tuple[ServiceSpec, ...]) -> None:
+        if not self._ended and not self._retracting:
+            message = pb.HostRequest(services=pb.HostServices(services=_services(services)))
+            self._background_write(message)
+
+    def deliver_event(self, event: str, payload: JsonValue) -> None:
+        if self._ended or self._retracting:
+            return
+        invocation = self._next_id
+        self._next_id += 1
+        request = pb.HostInvoke(
+            invocation_id=invocation, event=event, arguments_json=jsonvalue.dumps(payload)
+        )
+        self._background_write(pb.HostRequest(invoke=request))  # its result is not awaited
+
+    async def _write(self, message: pb.HostRequest) -> None:
+        async with self._writes:
+            await self._call.write(message)
+
+    def _background_write(self, message: pb.HostRequest) -> None:
+        task = asyncio.ensure_future(self._write(message))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _invoke(
+        self, name: str, arguments: JsonValue, signal: AbortSignal, *, service: str = ""
+    ) -> JsonValue | ToolResult:
         if self._ended or self._retracting:
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         invocation = self._next_id
@@ -114,11 +168,14 @@ class GrpcActiveHost:
         future: asyncio.Future[pb.HostInvokeResult] = asyncio.get_running_loop().create_future()
         self._pending[invocation] = future
         request = pb.HostInvoke(
-            invocation_id=invocation, tool_name=name, arguments_json=jsonvalue.dumps(arguments)
+            invocation_id=invocation,
+            tool_name=name,
+            arguments_json=jsonvalue.dumps(arguments),
+            service=service,
         )
         remove = signal.add_listener(lambda _reason: self._cancel(invocation))
         try:
-            await self._call.write(pb.HostRequest(invoke=request))
+            await self._write(pb.HostRequest(invoke=request))
             result = await future
         except grpc.aio.AioRpcError as exc:
             raise ToolCallFailure(f"{_HOST_GONE}: {exc.details()}", HOST_GONE) from exc
@@ -126,23 +183,27 @@ class GrpcActiveHost:
             remove()
             self._pending.pop(invocation, None)
         if result.WhichOneof("outcome") == "value_json":
-            return jsonvalue.loads(result.value_json)
+            value = jsonvalue.loads(result.value_json)
+            if result.presentation_meta_json:
+                meta = jsonvalue.loads(result.presentation_meta_json)
+                return ToolResult((), value=value, has_value=True, presentation_meta=meta)
+            return value
         if result is _GONE:  # the stream ended with the call in flight
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         raise ToolCallFailure(result.error_message or "the plugin's tool failed")
 
     def _cancel(self, invocation: int) -> None:
         if not self._ended and invocation in self._pending:
-            cancel = pb.HostRequest(cancel=pb.HostCancel(invocation_id=invocation))
-            task = asyncio.ensure_future(self._call.write(cancel))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._background_write(pb.HostRequest(cancel=pb.HostCancel(invocation_id=invocation)))
 
     async def retract(self) -> None:
         if not self._ended and not self._retracting:
             self._retracting = True
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await self._call.write(pb.HostRequest(retract=pb.HostRetract()))
+                await self._write(pb.HostRequest(retract=pb.HostRetract()))
         await asyncio.shield(self._reader)
+        for task in list(self._serving):
+            task.cancel()
         self._call.cancel()
 
     async def _read_all(self) -> None:
@@ -159,6 +220,8 @@ class GrpcActiveHost:
                     self._events.on_change(self._registrations)
                 elif kind == "log":
                     self._events.on_log("log", message.log.text)
+                elif kind == "service_call":
+                    self._serve(message.service_call)
                 elif kind == "retracted":
                     break
                 elif kind in ("lost", "failed"):
@@ -176,6 +239,27 @@ class GrpcActiveHost:
                     future.set_result(_GONE)
         if lost and not self._retracting:
             self._events.on_lost(lost)
+
+    def _serve(self, call: pb.HostServiceCall) -> None:
+        """Answers one of the plugin's calls of an injected service (routed by Cordis)."""
+
+        async def answer() -> None:
+            result = pb.HostInvokeResult(invocation_id=call.call_id)
+            try:
+                arguments = jsonvalue.loads(call.arguments_json or "[]")
+                value = await self._events.on_service_call(call.service, call.method, arguments)
+                result.value_json = jsonvalue.dumps(value)
+            except ToolCallFailure as exc:
+                result.error_message = str(exc)
+            except ValueError:
+                result.error_message = "service arguments must be lossless JSON"
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                if not self._ended:
+                    await self._write(pb.HostRequest(service_result=result))
+
+        task = asyncio.ensure_future(answer())
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
 
 async def _read(call: Any) -> pb.HostResponse | None:
@@ -199,7 +283,16 @@ def _registrations(message: pb.HostRegistrations) -> HostRegistrations:
         handlers=tuple(message.handlers),
         provides=tuple(message.provides),
         waiting_for=tuple(message.waiting_for),
+        services=tuple(
+            ServiceSpec(service.name, tuple(service.methods), service.data_json)
+            for service in message.services
+        ),
+        events=tuple(message.events),
     )
+
+
+def _services(services: tuple[ServiceSpec, ...]) -> list[pb.HostService]:
+    return [pb.HostService(name=s.name, methods=s.methods, data_json=s.data_json) for s in services]
 
 
 def _duration(seconds: float) -> Duration:

@@ -196,7 +196,15 @@ def _cordis(
         except StoreOpenError as exc:
             raise ConfigError(str(exc)) from exc
     try:
-        return Cordis(catalog, hosts, history.submit, state_store)
+        return Cordis(
+            catalog,
+            hosts,
+            history.submit,
+            state_store,
+            history.watch,
+            start_timeout_s=settings.cordis_start_timeout_s,
+            compute_ms_per_call=settings.cordis_compute_ms_per_call,
+        )
     except (ValueError, KeyError, TypeError) as exc:  # a snapshot this version cannot read
         raise ConfigError(f"the durable Cordis state cannot be read: {exc}") from exc
 

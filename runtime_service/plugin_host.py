@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
+from runtime_service.run import next_cpu_poll_s
 from runtime_service.worker import flatwire
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
@@ -32,6 +33,7 @@ __all__ = [
     "HostRegistrations",
     "HostResult",
     "HostRetracted",
+    "HostServiceCall",
     "PluginHost",
     "PluginHostRequest",
 ]
@@ -39,6 +41,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 _RETRACT_TIMEOUT_S = 10.0  # disposers that hang this long are cut short by the kill
 _EXIT_AFTER_EOF_S = 1.0
+_MAX_SERVICE_CALLS = 256  # a plugin's service calls awaiting an answer at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,15 @@ class PluginHostRequest:
     budgets: Budgets
     start_timeout_s: float = 5.0
     visible_tools: list[object] = field(default_factory=list)
+    # What the owner's other plugins provide: [{"name", "methods", "data"}] (worker format).
+    services: list[object] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceContract:
+    name: str
+    methods: tuple[str, ...]
+    data_json: str  # "" for a service of methods
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +79,8 @@ class HostRegistrations:
     provides: tuple[str, ...]
     waiting_for: tuple[str, ...]
     changed: bool = False  # a change after the start (else: the start's registrations)
+    services: tuple[ServiceContract, ...] = ()
+    events: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +95,7 @@ class HostResult:
     invocation_id: int
     value_json: str | None  # None: failed with error_message
     error_message: str = ""
+    presentation_meta_json: str = ""  # with a value: the tool's presentation metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +108,17 @@ class HostRetracted:
     pass
 
 
-HostEvent = HostRegistrations | HostFailed | HostResult | HostLog | HostRetracted
+@dataclass(frozen=True, slots=True)
+class HostServiceCall:
+    """The plugin calls a method of a service it injected; answer with ``service_result``."""
+
+    call_id: int
+    service: str
+    method: str
+    arguments_json: str  # a JSON array
+
+
+HostEvent = HostRegistrations | HostFailed | HostResult | HostLog | HostRetracted | HostServiceCall
 
 
 class PluginHost:
@@ -112,7 +137,11 @@ class PluginHost:
         self._started = False
         self._ended = False  # a failed/lost/retracted event was emitted: nothing more is
         self._retracting = False
-        self._pending: set[int] = set()
+        # In-flight invocations (tool calls, service method calls, event deliveries), each
+        # with the plugin host's CPU seconds when it began: its compute budget counts from there.
+        self._pending: dict[int, float] = {}
+        self._service_calls: set[int] = set()
+        self._cpu_timer: asyncio.TimerHandle | None = None
         self._final: HostEvent | None = None
         self._done = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -155,10 +184,13 @@ class PluginHost:
                     "max_output_bytes": budgets.max_output_bytes,
                     "memory_bytes": budgets.memory_bytes,
                     "tools": flatwire.encode(self.request.visible_tools),
+                    "services": flatwire.encode(self.request.services),
                 }
             )
             await self._done
         finally:
+            if self._cpu_timer is not None:
+                self._cpu_timer.cancel()
             if self._worker is not None:
                 await self._worker.kill()
                 await self._worker.closed
@@ -171,7 +203,17 @@ class PluginHost:
             if not self.closed.done():
                 self.closed.set_result(None)
 
-    def invoke(self, invocation_id: int, tool_name: str, arguments_json: str) -> None:
+    def invoke(
+        self,
+        invocation_id: int,
+        tool_name: str,
+        arguments_json: str,
+        *,
+        service: str = "",
+        event: str = "",
+    ) -> None:
+        """Calls a tool the plugin registered; with ``service``: the method ``tool_name`` of a
+        service it provides; with ``event``: delivers that event to its listeners."""
         worker = self._worker
         if (
             worker is None
@@ -193,8 +235,86 @@ class PluginHost:
         except (ValueError, flatwire.WireError):
             self._emit(HostResult(invocation_id, None, "tool arguments must be lossless JSON"))
             return
-        self._pending.add(invocation_id)
-        worker.send({"t": "invoke", "id": invocation_id, "name": tool_name, "args": tokens})
+        if service and type(arguments) is not list:
+            self._emit(HostResult(invocation_id, None, "service arguments must be a JSON array"))
+            return
+        self._pending[invocation_id] = self._cpu_now()
+        frame: dict[str, object] = {"t": "invoke", "id": invocation_id, "name": tool_name}
+        if service:
+            frame["service"] = service
+        if event:
+            frame["event"] = event
+        frame["args"] = tokens
+        worker.send(frame)
+        if self._cpu_timer is None:
+            self._poll_cpu()
+
+    def update_services(self, services: list[object]) -> None:
+        """The services the owner's other plugins provide changed (the full set)."""
+        if self._worker is not None and self._started and not self._ended:
+            self._worker.send({"t": "services", "services": flatwire.encode(services)})
+
+    def service_result(self, call_id: int, value_json: str | None, error_message: str) -> None:
+        """Answers one of the plugin's service calls (unknown or repeated answers: ignored)."""
+        worker = self._worker
+        if worker is None or self._ended or call_id not in self._service_calls:
+            return
+        self._service_calls.discard(call_id)
+        if value_json is not None:
+            try:
+                tokens = flatwire.encode(jsonvalue.loads(value_json))
+            except (ValueError, flatwire.WireError):
+                worker.send(
+                    {
+                        "t": "call_result",
+                        "id": call_id,
+                        "ok": False,
+                        "message": "the service's result was not lossless JSON",
+                    }
+                )
+                return
+            worker.send({"t": "call_result", "id": call_id, "ok": True, "value": tokens})
+        else:
+            worker.send({"t": "call_result", "id": call_id, "ok": False, "message": error_message})
+
+    # -- the compute budget of each invocation ----------------------------------------------
+    def _cpu_now(self) -> float:
+        worker = self._worker
+        if worker is None:
+            return 0.0
+        used = worker.cgroup.cpu_seconds() if worker.cgroup is not None else None
+        if used is None:
+            used = worker.cpu_seconds()
+        return used or 0.0
+
+    def _poll_cpu(self) -> None:
+        """While an invocation is in flight, reads the host's busy CPU time: one that ran past
+        its budget ends with the budget's text, and so does the host -- as a program's worker,
+        a plugin host busy in a loop cannot be interrupted from inside, so it is killed (the
+        registry then steers the owner). Another invocation's busy time counts for every one
+        in flight at that moment: they share one process."""
+        self._cpu_timer = None
+        if self._ended or not self._pending:
+            return
+        budget_ms = self.request.budgets.compute_ms
+        now = self._cpu_now()
+        over = [i for i, began in self._pending.items() if (now - began) * 1000 > budget_ms]
+        if over:
+            text = f"compute budget exhausted ({budget_ms}ms busy)"
+            for invocation in over:
+                del self._pending[invocation]
+                self._emit(HostResult(invocation, None, text))
+            self._end(
+                HostFailed(
+                    "host-lost",
+                    f"a call ran past its compute budget ({budget_ms}ms busy); the plugin "
+                    "host was stopped",
+                )
+            )
+            return
+        spent = max(now - began for began in self._pending.values())
+        delay = next_cpu_poll_s(budget_ms / 1000 - spent)
+        self._cpu_timer = asyncio.get_running_loop().call_later(delay, self._poll_cpu)
 
     def cancel(self, invocation_id: int) -> None:
         if self._worker is not None and invocation_id in self._pending and not self._ended:
@@ -250,28 +370,54 @@ class PluginHost:
                 self._emit(regs)
             elif kind == "regs" and self._started:
                 self._emit(regs)
-        elif kind == "failed" and not self._started:
+        elif kind == "failed":
             phase = message.get("phase")
+            if self._started:
+                phase = "host-lost"  # e.g. a parked plugin whose start failed once unparked
+            elif phase not in ("host-load", "host-apply"):
+                phase = "host-apply"
             self._end(
                 HostFailed(
-                    phase if phase in ("host-load", "host-apply") else "host-apply",
-                    str(message.get("message", "")),
-                    str(message.get("stack", "")),
+                    str(phase), str(message.get("message", "")), str(message.get("stack", ""))
                 )
             )
+        elif kind == "call" and self._started and not self._retracting:
+            self._service_call(message)
         elif kind == "result":
             invocation = message.get("id")
             if type(invocation) is not int or invocation not in self._pending:
                 return  # unknown or repeated: ignored
-            self._pending.discard(invocation)
+            del self._pending[invocation]
             if message.get("ok") is True:
                 value = flatwire.decode(message.get("value"))
-                self._emit(HostResult(invocation, jsonvalue.dumps(value)))
+                meta = flatwire.decode(message["meta"]) if "meta" in message else None
+                meta_json = jsonvalue.dumps(meta) if type(meta) is dict else ""
+                self._emit(HostResult(invocation, jsonvalue.dumps(value), "", meta_json))
             else:
                 text = message.get("message")
                 self._emit(HostResult(invocation, None, text if type(text) is str else "failed"))
         elif kind == "retracted" and self._retracting:
             self._end(HostRetracted())
+
+    def _service_call(self, message: dict[str, object]) -> None:
+        call_id, service, method = message.get("id"), message.get("service"), message.get("method")
+        if type(call_id) is not int or type(service) is not str or type(method) is not str:
+            return
+        worker = self._worker
+        assert worker is not None
+        if call_id in self._service_calls or len(self._service_calls) >= _MAX_SERVICE_CALLS:
+            why = (
+                "a service call with this id is already running"
+                if call_id in self._service_calls
+                else f"more than {_MAX_SERVICE_CALLS} service calls at once"
+            )
+            worker.send({"t": "call_result", "id": call_id, "ok": False, "message": why})
+            return
+        arguments = flatwire.decode(message.get("args"))
+        if type(arguments) is not list:
+            return
+        self._service_calls.add(call_id)
+        self._emit(HostServiceCall(call_id, service, method, jsonvalue.dumps(arguments)))
 
     def _on_eof(self) -> None:
         # A worker that dies closes its channel first: its exit, which says how it ended, is
@@ -307,6 +453,7 @@ class PluginHost:
         for invocation in sorted(self._pending):
             self._emit(HostResult(invocation, None, "the plugin host ended before the call did"))
         self._pending.clear()
+        self._service_calls.clear()
         self._final = event
         if not self._done.done():
             self._done.set_result(None)
@@ -337,6 +484,25 @@ def _registrations(raw: object, *, changed: bool) -> HostRegistrations:
                 output if type(output) is str else "",
             )
         )
+    services: list[ServiceContract] = []
+    raw_services = raw.get("services", [])
+    for item in raw_services if type(raw_services) is list else []:
+        if type(item) is not dict or type(item.get("name")) is not str:
+            continue
+        methods, data = item.get("methods"), item.get("data")
+        services.append(
+            ServiceContract(
+                item["name"],
+                tuple(m for m in methods if type(m) is str) if type(methods) is list else (),
+                data if type(data) is str else "",
+            )
+        )
     return HostRegistrations(
-        tuple(tools), names("handlers"), names("provides"), names("waiting_for"), changed
+        tuple(tools),
+        names("handlers"),
+        names("provides"),
+        names("waiting_for"),
+        changed,
+        tuple(services),
+        names("events"),
     )

@@ -161,6 +161,7 @@ class Runtime:
         budgets: dict[str, int | None] | None = None,
         start_timeout_s: float = 5.0,
         visible_tools: Sequence[object] | None = None,
+        services: Sequence[object] | None = None,
     ) -> PluginHost:
         """Validate a plugin host request; ``run_host`` drives it."""
         if self._disposed or not self._accepting:
@@ -174,7 +175,7 @@ class Runtime:
         resolved = resolve_budgets(self.options.maxima, self.options.defaults, budgets)
         request = PluginHostRequest(
             source, plugin_id, package_id, run_id, resolved, start_timeout_s,
-            list(visible_tools or ()),
+            list(visible_tools or ()), list(services or ()),
         )  # fmt: skip
         return PluginHost(request, self.pool.acquire, emit)
 

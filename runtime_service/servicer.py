@@ -28,6 +28,7 @@ from runtime_service.plugin_host import (
     HostRegistrations,
     HostResult,
     HostRetracted,
+    HostServiceCall,
     PluginHost,
 )
 from runtime_service.run import Run
@@ -192,6 +193,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 budgets=_budgets_request(start.budgets),
                 start_timeout_s=timeout_s,
                 visible_tools=visible,
+                services=[_service_contract(service) for service in start.services],
                 emit=lambda event: outgoing.put_nowait(_host_response(event)),
             )
         except ValueError as exc:  # RunRequestError, or visible_tools_json not lossless JSON
@@ -232,7 +234,21 @@ async def _first_start(requests: AsyncIterator[Any], context: Context, rpc: str)
     return first.start
 
 
+def _service_contract(service: runtime_pb2.HostService) -> dict[str, object]:
+    """A service of the owner's other plugins, in the worker's format."""
+    return {"name": service.name, "methods": list(service.methods), "data": service.data_json}
+
+
 def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
+    if isinstance(event, HostServiceCall):
+        return runtime_pb2.HostResponse(
+            service_call=runtime_pb2.HostServiceCall(
+                call_id=event.call_id,
+                service=event.service,
+                method=event.method,
+                arguments_json=event.arguments_json,
+            )
+        )
     if isinstance(event, HostRegistrations):
         regs = runtime_pb2.HostRegistrations(
             tools=[
@@ -247,6 +263,13 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
             handlers=event.handlers,
             provides=event.provides,
             waiting_for=event.waiting_for,
+            services=[
+                runtime_pb2.HostService(
+                    name=service.name, methods=service.methods, data_json=service.data_json
+                )
+                for service in event.services
+            ],
+            events=event.events,
         )
         if event.changed:
             return runtime_pb2.HostResponse(changed=regs)
@@ -262,6 +285,7 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
         result = runtime_pb2.HostInvokeResult(invocation_id=event.invocation_id)
         if event.value_json is not None:
             result.value_json = event.value_json
+            result.presentation_meta_json = event.presentation_meta_json
         else:
             result.error_message = event.error_message
         return runtime_pb2.HostResponse(result=result)
@@ -282,7 +306,21 @@ async def _read_host_client(
             kind = message.WhichOneof("kind")
             if kind == "invoke":
                 invoke = message.invoke
-                host.invoke(invoke.invocation_id, invoke.tool_name, invoke.arguments_json)
+                host.invoke(
+                    invoke.invocation_id,
+                    invoke.tool_name,
+                    invoke.arguments_json,
+                    service=invoke.service,
+                    event=invoke.event,
+                )
+                continue
+            if kind == "services":
+                host.update_services([_service_contract(s) for s in message.services.services])
+                continue
+            if kind == "service_result":
+                result = message.service_result
+                value = result.value_json if result.WhichOneof("outcome") == "value_json" else None
+                host.service_result(result.invocation_id, value, result.error_message)
                 continue
             if kind == "cancel":
                 host.cancel(message.cancel.invocation_id)
@@ -293,7 +331,8 @@ async def _read_host_client(
             what = "a second start message" if kind == "start" else "a message of no known kind"
             error = invalid_argument(
                 "UNEXPECTED_MESSAGE",
-                f"{what}: only invoke, cancel and retract may follow the start",
+                f"{what}: only invoke, cancel, services, service_result and retract may "
+                "follow the start",
             )
         host.kill()
         return error

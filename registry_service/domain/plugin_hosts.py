@@ -18,18 +18,26 @@ Lifecycle of one activation (one ``run-<n>`` attempt that got as far as the host
    reached the body stage of the pipeline, and learns of later changes (a tool registered from
    an effect, a parked plugin starting) through ``on_change``, and of a crash through
    ``on_lost``.
-3. ``ActiveHost.retract()`` disposes the plugin (effects in reverse order), settles in-flight
+3. Services between the owner's plugins (design/cordis.md): a plugin *provides* a named
+   service (a contract: lossless JSON data, or methods); Cordis tells every other running
+   plugin of the owner what it may inject (``ActivationSpec.services``, then
+   ``update_services``) and routes a consumer's method calls (``on_service_call``) to the
+   provider's host (``call_service``). Events the plugin observes (``registrations.events``)
+   are delivered with ``deliver_event``.
+4. ``ActiveHost.retract()`` disposes the plugin (effects in reverse order), settles in-flight
    calls and returns only when the host's processes are gone (quiescence, reference §9.4).
    It is idempotent, and safe after ``on_lost``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.calls import ToolCallFailure
+from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 
 __all__ = [
@@ -41,12 +49,22 @@ __all__ = [
     "HostEvents",
     "HostRegistrations",
     "PluginHosts",
+    "ServiceSpec",
 ]
 
 ActivationPhase = Literal["host-load", "host-apply"]
 # The `ToolCallFailure` code of a dynamic tool call that found its plugin host gone (not the
 # plugin's own failure): Cordis treats it as the host's loss.
 HOST_GONE = "PLUGIN_HOST_GONE"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """A service a plugin provides to its owner's other plugins, as they see it."""
+
+    name: str
+    methods: tuple[str, ...] = ()  # callable through the registry (a service of methods)
+    data_json: str = ""  # a data service's value as JSON text ("" for a service of methods)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +84,8 @@ class ActivationSpec:
     max_output_bytes: int | None = None
     # Schemas of the owner's visible tools, for ``ctx.tools.schemas()`` / ``get(name)``.
     visible_tools: tuple[tuple[str, JsonValue], ...] = ()
+    # What the owner's other running plugins provide now (for `inject` and `ctx.get`).
+    services: tuple[ServiceSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +106,8 @@ class HostRegistrations:
     handlers: tuple[str, ...] = ()  # harness.handle methods (client -> host calls)
     provides: tuple[str, ...] = ()  # services it provides to the owner's other plugins
     waiting_for: tuple[str, ...] = ()  # injected services that do not exist yet ("waiting")
+    services: tuple[ServiceSpec, ...] = ()  # the contracts of `provides`
+    events: tuple[str, ...] = ()  # events it observes (ctx.on / ctx.once)
 
     @property
     def waiting(self) -> bool:
@@ -113,6 +135,15 @@ class HostEvents:
     on_lost: Callable[[str], None] = field(default=lambda _: None)
     # A log line the plugin wrote (console/print), for the owner's history/diagnostics.
     on_log: Callable[[str, str], None] = field(default=lambda _stream, _text: None)
+    # The plugin calls `method` of an injected `service` with a JSON array of arguments; the
+    # value (or a `ToolCallFailure`'s message) goes back to it.
+    on_service_call: Callable[[str, str, JsonValue], Awaitable[JsonValue]] = field(
+        default=lambda service, _method, _args: _no_services(service)
+    )
+
+
+async def _no_services(service: str) -> JsonValue:
+    raise ToolCallFailure(f'service "{service}" is not provided by a running plugin')
 
 
 class ActiveHost(Protocol):
@@ -121,9 +152,26 @@ class ActiveHost(Protocol):
     @property
     def registrations(self) -> HostRegistrations: ...
 
-    async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
-        """Run the plugin's ``execute`` for ``name``; raises ``ToolCallFailure`` with the
+    async def call_tool(
+        self, name: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue | ToolResult:
+        """Run the plugin's ``execute`` for ``name``: its value (a ``ToolResult`` carrying it
+        when the tool gave presentation metadata too); raises ``ToolCallFailure`` with the
         plugin's message when it throws, or with code ``HOST_GONE`` when the host is gone."""
+        ...
+
+    async def call_service(
+        self, service: str, method: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue:
+        """Run ``method`` of a service this plugin provides (another plugin's call)."""
+        ...
+
+    def update_services(self, services: tuple[ServiceSpec, ...]) -> None:
+        """The services the owner's other plugins provide changed (the full set)."""
+        ...
+
+    def deliver_event(self, event: str, payload: JsonValue) -> None:
+        """Hands an event to the plugin's listeners (in the order of the calls)."""
         ...
 
     async def retract(self) -> None: ...

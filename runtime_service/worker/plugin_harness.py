@@ -14,13 +14,21 @@ runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
 - ``ctx`` is read-only: ``ctx.tools`` (``schemas()``, ``get(name)`` -- schema views only --
   and ``register``), ``ctx.get(name)``, ``ctx.effect(fn)`` (``fn()`` runs now; a callable it
   returns is the disposer), ``ctx.provide(name, value)``, and ``ctx.timer`` when injected
-  (``timeout``/``interval``, each disposed on retract). A plugin that injects any other service
-  parks ``waiting`` (services between plugin hosts are not routed yet: it never starts);
+  (``timeout``/``interval``, each disposed on retract), ``ctx.on``/``ctx.once`` (events the
+  runtime delivers: the owner's history records as they are written, and ``plugin/dispose``);
+- services between the owner's plugins (``plugin_services``): a plugin whose ``inject`` names a
+  service no other running plugin of the owner provides parks ``waiting`` (a successful start)
+  and is applied when the runtime says the service appeared; when one of its services goes, it
+  is disposed and parks again. Injected services are attributes of ``ctx``;
 - retract cancels running invocations and timers, then runs the disposers in reverse order.
 
 Frames, runtime -> worker: ``host`` (once), ``invoke {id, name, args}``, ``cancel {id}``,
-``retract``. Worker -> runtime: ``log``, ``started {regs}`` or ``failed {phase, message,
-stack}``, ``regs {regs}`` (a change), ``result {id, ok, value | message}``, ``retracted``.
+``retract``, ``services {services}`` (what the plugin may inject now), ``call_result {id, ok,
+value | message}``; ``invoke`` with ``service`` calls a provided service's method, with
+``event`` delivers an event. Worker -> runtime: ``log``, ``started {regs}`` or ``failed
+{phase, message, stack}`` (after the start: the plugin cannot go on, the host ends), ``regs
+{regs}`` (a change), ``result {id, ok, value | message}``, ``call {id, service, method, args}``
+(a call of an injected service), ``retracted``.
 Values travel as flat-wire tokens, as a program's do.
 
 Not a security boundary by itself: the worker's sandbox is (``sandbox_child``).
@@ -35,8 +43,9 @@ import inspect
 import io
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from runtime_service.worker import flatwire, framing, ledger
@@ -46,6 +55,13 @@ from runtime_service.worker.bootstrap import (
     compile_program,
     finish,
     render_exception,
+)
+from runtime_service.worker.plugin_services import (
+    ServiceProxy,
+    context_returned,
+    describe,
+    method_of,
+    not_injected,
 )
 
 __all__ = ["serve_host"]
@@ -62,7 +78,14 @@ WRONG_RETURN = "the Host half must return a Plugin function or an object with ap
 class _ToolDefinition:
     """What ``harness.define_tool`` returns; only these may be registered (the marker)."""
 
-    __slots__ = ("description", "execute", "input_schema", "name", "output_schema")
+    __slots__ = (
+        "description",
+        "execute",
+        "input_schema",
+        "name",
+        "output_schema",
+        "presentation_meta",
+    )
 
     def __init__(
         self,
@@ -71,7 +94,10 @@ class _ToolDefinition:
         input_schema: object,
         output_schema: object,
         execute: Callable[..., Any],
+        *,
+        presentation_meta: Callable[[Any, Any], Any] | None = None,
     ) -> None:
+        self.presentation_meta = presentation_meta
         self.name = name
         self.description = description
         self.input_schema = input_schema
@@ -106,6 +132,16 @@ class _Host:
         self.tools: dict[str, _ToolDefinition] = {}
         self.handlers: dict[str, Callable[..., Any]] = {}
         self.provides: dict[str, object] = {}
+        self.contracts: dict[str, dict[str, Any]] = {}  # of `provides`, as others see them
+        # What the owner's other plugins provide (``inject``, ``ctx.get``); changes arrive.
+        self.available = _services(flatwire.decode(start.get("services", [])))
+        self.plugin: object = None
+        self.inject: tuple[str, ...] = ()
+        self.applied = False  # the plugin's apply ran (it is not parked)
+        self.transition = asyncio.Lock()  # apply / park, one at a time
+        self.listeners: dict[str, list[_Listener]] = {}
+        self.calls: dict[int, asyncio.Future[object]] = {}  # service calls awaiting a result
+        self.next_call = 1
         self.waiting_for: list[str] = []
         self.disposers: list[Callable[[], Any]] = []
         self.invocations: dict[int, asyncio.Task[None]] = {}
@@ -137,6 +173,8 @@ class _Host:
             "tools": tools,
             "handlers": sorted(self.handlers),
             "provides": sorted(self.provides),
+            "services": [self.contracts[name] for name in sorted(self.contracts)],
+            "events": sorted(name for name, items in self.listeners.items() if items),
             "waiting_for": list(self.waiting_for),
         }
         return flatwire.encode(regs)
@@ -153,6 +191,8 @@ class _Host:
         parameters: object = None,
         execute: object = None,
         output_schema: object = None,
+        *,
+        presentation_meta: object = None,
     ) -> _ToolDefinition:
         if type(name) is not str or not name:
             raise TypeError("harness.define_tool needs a non-empty str `name`")
@@ -160,6 +200,10 @@ class _Host:
             raise TypeError("harness.define_tool `description` must be a str")
         if not callable(execute):
             raise TypeError("harness.define_tool needs a callable `execute(args)`")
+        if presentation_meta is not None and not callable(presentation_meta):
+            raise TypeError(
+                "harness.define_tool `presentation_meta` must be a callable (args, result) -> dict"
+            )
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
         if type(schema) is not dict:
             raise TypeError("harness.define_tool `parameters` must be a JSON Schema object (dict)")
@@ -175,6 +219,7 @@ class _Host:
             flatwire.decode(flatwire.encode(schema)),
             None if output_schema is None else flatwire.decode(flatwire.encode(output_schema)),
             execute,
+            presentation_meta=presentation_meta,
         )
 
     def register_tool(self, tool: object) -> Callable[[], None]:
@@ -224,9 +269,142 @@ class _Host:
     def provide(self, name: object, value: object) -> None:
         if type(name) is not str or not name:
             raise TypeError("ctx.provide needs a non-empty str service name")
+        if name == "timer":
+            raise ValueError('service "timer" is built in; provide it under another name')
+        self.contracts[name] = describe(name, value)
         self.provides[name] = value
-        self.disposers.append(lambda: self.provides.pop(name, None))
+
+        def withdraw() -> None:
+            if self.provides.get(name) is value:
+                del self.provides[name]
+                del self.contracts[name]
+                self.changed()
+
+        self.disposers.append(withdraw)
         self.changed()
+
+    def on(self, event: object, fn: object, *, once: bool) -> Callable[[], None]:
+        verb = "ctx.once" if once else "ctx.on"
+        if type(event) is not str or not event:
+            raise TypeError(f"{verb} needs a non-empty str event name")
+        if not callable(fn):
+            raise TypeError(f"{verb} needs a callable listener")
+        listener = _Listener(fn, once)
+        self.listeners.setdefault(event, []).append(listener)
+
+        def off() -> None:
+            items = self.listeners.get(event, [])
+            if listener in items:
+                items.remove(listener)
+                if not items:
+                    self.changed()  # no longer observed: the runtime stops delivering it
+
+        self.disposers.append(off)
+        if len(self.listeners[event]) == 1:
+            self.changed()
+        return off
+
+    async def emit(self, event: str, payload: object) -> None:
+        """Runs the listeners of ``event`` in registration order; a failing one is logged."""
+        for listener in list(self.listeners.get(event, [])):
+            if listener.once:
+                items = self.listeners.get(event, [])
+                if listener not in items:
+                    continue  # fired already by an earlier delivery
+                items.remove(listener)
+                if not items:
+                    self.changed()
+            try:
+                outcome = listener.fn(flatwire.decode(flatwire.encode(payload)))
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log(f'a listener of "{event}" failed: {render_exception(exc)}')
+
+    # -- services of the owner's other plugins ------------------------------------------------
+    def service(self, name: str) -> object:
+        """What a consumer reaches as ``ctx.<name>`` / ``ctx.get(name)``: a copy of a data
+        service, a proxy of a service of methods; None when no other plugin provides it."""
+        contract = self.available.get(name)
+        if contract is None:
+            return None
+        if contract["data"]:
+            return json.loads(contract["data"])
+        return ServiceProxy(name, frozenset(contract["methods"]), self.call_service)
+
+    async def call_service(self, service: str, method: str, args: list[object]) -> object:
+        if self.retracting:
+            raise RuntimeError(f'service "{service}" cannot be called: the plugin is stopping')
+        try:
+            tokens = flatwire.encode(args)
+        except (flatwire.WireError, ValueError, TypeError):
+            raise ValueError(f'the arguments of service "{service}".{method} {LOSSY}') from None
+        call_id = self.next_call
+        self.next_call += 1
+        future: asyncio.Future[object] = self.loop.create_future()
+        self.calls[call_id] = future
+        self.channel.send(
+            {"t": "call", "id": call_id, "service": service, "method": method, "args": tokens}
+        )
+        try:
+            return await future
+        finally:
+            self.calls.pop(call_id, None)
+
+    def call_answered(self, message: dict[str, Any]) -> None:
+        future = self.calls.get(message.get("id"))  # type: ignore[arg-type]
+        if future is None or future.done():
+            return
+        if message.get("ok") is True:
+            try:
+                future.set_result(flatwire.decode(message.get("value")))
+            except flatwire.WireError:
+                future.set_exception(RuntimeError("the service's result was not lossless JSON"))
+        else:
+            future.set_exception(RuntimeError(str(message.get("message", "the call failed"))))
+
+    def missing(self) -> list[str]:
+        return [name for name in self.inject if name != "timer" and name not in self.available]
+
+    async def services_changed(self, raw: object) -> None:
+        """The owner's other plugins' services changed: start a parked plugin whose services
+        are all there now; dispose and park a running one that lost one."""
+        self.available = _services(raw)
+        async with self.transition:
+            if self.plugin is None or self.retracting:
+                return
+            missing = self.missing()
+            if self.applied and missing:
+                await self.emit("plugin/dispose", {"reason": "waiting", "waitingFor": missing})
+                await self.dispose()
+                self.applied = False
+                self.waiting_for = missing
+                self.changed()
+            elif not self.applied and not missing:
+                late = f"the Plugin did not start within {self.start_timeout_s:g} s"
+                try:
+                    with _deadline(self.start_timeout_s, "host-apply", late):
+                        await asyncio.wait_for(self.apply_now(), self.start_timeout_s)
+                except (Exception, _StartTimeout) as exc:
+                    # The plugin cannot run: the host ends, the registry steers the owner.
+                    await self.dispose()
+                    text = (
+                        late
+                        if isinstance(exc, (TimeoutError, _StartTimeout))
+                        else str(exc) or type(exc).__name__
+                    )
+                    self.fail(
+                        "host-apply",
+                        f"its injected services appeared, but its start failed: {text}",
+                        render_exception(exc),
+                    )
+                    return
+                self.changed()
+            elif not self.applied:
+                self.waiting_for = missing
+                self.changed()
 
     def timeout(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
         handle = self.loop.call_later(max(0.0, float(ms)) / 1000, self._guarded, fn)
@@ -299,24 +477,35 @@ class _Host:
         inject = getattr(plugin, "inject", ())
         if type(inject) not in (list, tuple) or not all(type(name) is str for name in inject):
             raise TypeError("`inject` must be a list of service names")
-        missing = [name for name in inject if name != "timer"]
-        if missing:
-            self.waiting_for = missing  # parked: counts as a successful activation
-            return
-        ctx = _Context(self, frozenset(inject))
-        apply = getattr(plugin, "apply", plugin)
+        self.plugin = plugin
+        self.inject = tuple(inject)
+        async with self.transition:
+            missing = self.missing()
+            if missing:
+                self.waiting_for = missing  # parked: counts as a successful activation
+                return
+            await self.apply_now()
+
+    async def apply_now(self) -> None:
+        self.waiting_for = []
+        ctx = _Context(self, frozenset(self.inject))
+        apply = getattr(self.plugin, "apply", self.plugin)
         assert callable(apply)  # evaluate() checked it
+        self.applied = True
         outcome = apply(ctx)
         if inspect.isawaitable(outcome):
             await outcome
 
     async def start(self) -> bool:
+        load_late = f"the Host half did not finish within {self.start_timeout_s:g} s"
+        apply_late = f"the Plugin did not start within {self.start_timeout_s:g} s"
         try:
-            plugin = await asyncio.wait_for(self.evaluate(), self.start_timeout_s)
+            with _deadline(self.start_timeout_s, "host-load", load_late):
+                plugin = await asyncio.wait_for(self.evaluate(), self.start_timeout_s)
+        except _StartTimeout as exc:
+            self.fail(exc.phase, exc.text)
         except TimeoutError:
-            self.fail(
-                "host-load", f"the Host half did not finish within {self.start_timeout_s:g} s"
-            )
+            self.fail("host-load", load_late)
             return False
         except _LoadError as exc:
             self.fail("host-load", str(exc))
@@ -328,10 +517,11 @@ class _Host:
             self.fail("host-load", str(exc) or type(exc).__name__, render_exception(exc))
             return False
         try:
-            await asyncio.wait_for(self.apply(plugin), self.start_timeout_s)
-        except TimeoutError:
+            with _deadline(self.start_timeout_s, "host-apply", apply_late):
+                await asyncio.wait_for(self.apply(plugin), self.start_timeout_s)
+        except (TimeoutError, _StartTimeout):
             await self.dispose()
-            self.fail("host-apply", f"the Plugin did not start within {self.start_timeout_s:g} s")
+            self.fail("host-apply", apply_late)
             return False
         except Exception as exc:
             await self.dispose()  # a plugin whose start throws is disposed first
@@ -341,7 +531,7 @@ class _Host:
         self.channel.send({"t": "started", "regs": self.registrations()})
         return True
 
-    def fail(self, phase: str, message: str, stack: str = "") -> None:
+    def fail(self, phase: str, message: str, stack: str = "") -> NoReturn:
         message = ledger.fit_prefix(ledger.valid_text(message), self.max_output)
         stack = ledger.fit_prefix(ledger.valid_text(stack), self.max_output)
         finish(self.channel, {"t": "failed", "phase": phase, "message": message, "stack": stack})
@@ -360,7 +550,25 @@ class _Host:
                 continue
             kind = message.get("t")
             if kind == "invoke" and type(message.get("id")) is int:
-                self.invoke(message["id"], message.get("name"), message.get("args"))
+                if message.get("event"):
+                    self.deliver(message["id"], str(message["event"]), message.get("args"))
+                elif message.get("service"):
+                    self.serve(
+                        message["id"],
+                        str(message["service"]),
+                        message.get("name"),
+                        message.get("args"),
+                    )
+                else:
+                    self.invoke(message["id"], message.get("name"), message.get("args"))
+            elif kind == "call_result":
+                self.call_answered(message)
+            elif kind == "services":
+                try:
+                    raw = flatwire.decode(message.get("services"))
+                except flatwire.WireError:
+                    continue
+                self.loop.create_task(self.services_changed(raw))
             elif kind == "cancel":
                 task = self.invocations.get(message.get("id"))  # type: ignore[arg-type]
                 if task is not None:
@@ -379,15 +587,70 @@ class _Host:
         except flatwire.WireError:
             self.reply(invocation, False, "tool arguments must be lossless JSON")
             return
-        task = self.loop.create_task(self.run_tool(invocation, tool, args))
+        what = f'tool "{tool.name}"'
+        work = self.run_tool(
+            invocation, what, tool.execute, args, presentation_meta=tool.presentation_meta
+        )
+        self.track(invocation, work)
+
+    def serve(self, invocation: int, service: str, method: object, tokens: object) -> None:
+        """Another plugin of the owner calls a method of a service this one provides."""
+        value = self.provides.get(service)
+        fn = method_of(value, method) if value is not None and type(method) is str else None
+        if fn is None or self.retracting:
+            self.reply(invocation, False, f'service "{service}" has no method "{method}"')
+            return
+        try:
+            args = flatwire.decode(tokens)
+        except flatwire.WireError:
+            args = None
+        if type(args) is not list:
+            self.reply(invocation, False, "service arguments must be a JSON array")
+            return
+        label = f'service "{service}".{method}'
+        work = self.run_tool(invocation, label, lambda a: fn(*a), args, service=service)
+        self.track(invocation, work)
+
+    def deliver(self, invocation: int, event: str, tokens: object) -> None:
+        try:
+            payload = flatwire.decode(tokens)
+        except flatwire.WireError:
+            self.reply(invocation, False, "event payloads must be lossless JSON")
+            return
+        if self.retracting:
+            self.reply(invocation, False, "the plugin is stopping")
+            return
+
+        async def listeners(_payload: object) -> None:
+            await self.emit(event, payload)
+
+        self.track(invocation, self.run_tool(invocation, f'event "{event}"', listeners, None))
+
+    def track(self, invocation: int, work: Any) -> None:
+        task = self.loop.create_task(work)
         self.invocations[invocation] = task
         task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
 
-    async def run_tool(self, invocation: int, tool: _ToolDefinition, args: object) -> None:
+    async def run_tool(
+        self,
+        invocation: int,
+        what: str,
+        execute: Callable[[Any], Any],
+        args: object,
+        *,
+        service: str = "",
+        presentation_meta: Callable[[Any, Any], Any] | None = None,
+    ) -> None:
+        meta: object = None
         try:
-            value = tool.execute(args)
+            value = execute(args)
             if inspect.isawaitable(value):
                 value = await value
+            if presentation_meta is not None:
+                # Given a copy: the card's metadata cannot change the value sent.
+                meta = presentation_meta(args, flatwire.decode(flatwire.encode(value)))
+                if inspect.isawaitable(meta):
+                    meta = await meta
         except asyncio.CancelledError:
             self.reply(invocation, False, "the call was cancelled")
             return
@@ -397,10 +660,13 @@ class _Host:
         except Exception as exc:
             self.reply(invocation, False, str(exc) or type(exc).__name__)
             return
+        if service and isinstance(value, _Context):
+            self.reply(invocation, False, context_returned(service))
+            return
         try:
             tokens = flatwire.encode(value)
         except (flatwire.WireError, ValueError, TypeError):
-            self.reply(invocation, False, f'the result of tool "{tool.name}" {LOSSY}')
+            self.reply(invocation, False, f"the result of {what} {LOSSY}")
             return
         if not ledger.OutputLedger(self.max_output).fits_value(value):
             self.reply(
@@ -409,7 +675,20 @@ class _Host:
                 f"the result exceeds the output budget of {self.max_output} bytes",
             )
             return
-        self.channel.send({"t": "result", "id": invocation, "ok": True, "value": tokens})
+        frame: dict[str, object] = {"t": "result", "id": invocation, "ok": True, "value": tokens}
+        if presentation_meta is not None:
+            try:
+                if type(meta) is not dict:
+                    raise TypeError
+                frame["meta"] = flatwire.encode(meta)
+            except (flatwire.WireError, ValueError, TypeError):
+                self.reply(
+                    invocation,
+                    False,
+                    f"the presentation_meta of {what} must return a dict that {LOSSY}",
+                )
+                return
+        self.channel.send(frame)
 
     def reply(self, invocation: int, ok: bool, message: str) -> None:
         message = ledger.fit_prefix(ledger.valid_text(message), self.max_output)
@@ -417,9 +696,14 @@ class _Host:
 
     async def dispose(self) -> None:
         for task in list(self.invocations.values()):
-            task.cancel()
-        if self.invocations:
-            await asyncio.gather(*self.invocations.values(), return_exceptions=True)
+            if task is not asyncio.current_task():
+                task.cancel()
+        others = [t for t in self.invocations.values() if t is not asyncio.current_task()]
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
+        for future in self.calls.values():  # its own calls of other plugins' services
+            if not future.done():
+                future.set_exception(RuntimeError("the plugin was disposed"))
         while self.disposers:  # reverse order of registration
             disposer = self.disposers.pop()
             try:
@@ -430,8 +714,63 @@ class _Host:
                 self.log(f"a disposer failed: {render_exception(exc)}")
 
     async def retract(self) -> None:
-        await self.dispose()
+        async with self.transition:
+            if self.applied:
+                await self.emit("plugin/dispose", {"reason": "stop"})
+            await self.dispose()
         finish(self.channel, {"t": "retracted"})
+
+
+class _Listener:
+    """One ``ctx.on``/``ctx.once`` registration (compared by identity)."""
+
+    __slots__ = ("fn", "once")
+
+    def __init__(self, fn: Callable[[Any], Any], once: bool) -> None:
+        self.fn = fn
+        self.once = once
+
+
+def _services(raw: object) -> dict[str, dict[str, Any]]:
+    """The services the runtime says other plugins provide, by name (rebuilt field by field)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in raw if type(raw) is list else []:
+        if type(item) is not dict or type(item.get("name")) is not str or item["name"] in out:
+            continue
+        methods = item.get("methods")
+        data = item.get("data")
+        out[item["name"]] = {
+            "methods": [m for m in methods if type(m) is str] if type(methods) is list else [],
+            "data": data if type(data) is str else "",
+        }
+    return out
+
+
+class _StartTimeout(BaseException):
+    """The start ran past its time while busy (a loop that never awaits): raised by SIGALRM
+    between two bytecodes, which ``asyncio.wait_for`` cannot do. A BaseException, so the host
+    half's own ``except Exception`` does not swallow it."""
+
+    def __init__(self, phase: str, text: str) -> None:
+        super().__init__(text)
+        self.phase = phase
+        self.text = text
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, phase: str, text: str) -> Iterator[None]:
+    """Interrupts the code inside after ``seconds`` of wall time, busy or not."""
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise _StartTimeout(phase, text)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class _LoadError(Exception):
@@ -516,7 +855,10 @@ class _Context(_ReadOnly):
         return self._tools
 
     def get(self, name: str) -> object:
-        return self._host.provides.get(name)
+        """A service by name without declaring it: its own, else another plugin's, else None."""
+        if name in self._host.provides:
+            return self._host.provides[name]
+        return self._host.service(name)
 
     def effect(self, fn: object) -> None:
         self._host.effect(fn)
@@ -524,13 +866,26 @@ class _Context(_ReadOnly):
     def provide(self, name: object, value: object) -> None:
         self._host.provide(name, value)
 
+    def on(self, event: object, listener: object) -> Callable[[], None]:
+        return self._host.on(event, listener, once=False)
+
+    def once(self, event: object, listener: object) -> Callable[[], None]:
+        return self._host.on(event, listener, once=True)
+
     def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)  # protocols (copy, pickle) probe these: not services
         if name == "timer":
             if "timer" in self._injected:
                 return _Timer(self._host)
-            raise AttributeError(
-                'service "timer" is not injected. Declare it: inject = ["timer"] on the plugin'
-            )
+            raise AttributeError(not_injected("timer"))
+        if name in self._injected:
+            service = self._host.service(name)
+            if service is not None:
+                return service
+            raise AttributeError(f'service "{name}" is not available right now')
+        if name in self._host.available or name in self._host.provides:
+            raise AttributeError(not_injected(name))
         raise AttributeError(f'sandbox ctx does not expose "{name}"')
 
 
@@ -560,6 +915,8 @@ def serve_host(
     try:
         if loop.run_until_complete(host.start()):
             loop.run_forever()  # until retract finishes (finish() never returns)
+    except _StartTimeout as exc:  # it struck inside the event loop's own code
+        host.fail(exc.phase, exc.text)
     except MemoryError:
         os._exit(framing.EXIT_OUT_OF_MEMORY)
     os._exit(0)

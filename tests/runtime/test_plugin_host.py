@@ -355,3 +355,119 @@ async def test_a_host_half_is_sandboxed_like_a_program(
     await host.invoke(2, "probe", {})
     again = await host.next_not_log()
     assert again.result.invocation_id == 2
+
+
+LISTENING = """
+def plugin(ctx):
+    ctx.on("tool/result", lambda event: print("result of", event["name"]))
+    ctx.once("tool/call", lambda event: print("first call", event["name"]))
+    ctx.on("plugin/dispose", lambda event: print("disposing:", event["reason"]))
+    ctx.effect(lambda: (lambda: print("effect disposed")))
+return plugin
+"""
+
+
+async def test_events_reach_listeners_once_fires_once_and_dispose_precedes_disposers(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    host = HostStream(stub)
+    started = await host.start(LISTENING)
+    assert sorted(started.started.events) == ["plugin/dispose", "tool/call", "tool/result"]
+    for invocation, (event, name) in enumerate(
+        [("tool/call", "a"), ("tool/call", "b"), ("tool/result", "a")], start=1
+    ):
+        request = runtime_pb2.HostInvoke(
+            invocation_id=invocation, event=event, arguments_json=json.dumps({"name": name})
+        )
+        await host.call.write(runtime_pb2.HostRequest(invoke=request))
+        if invocation == 1:
+            # `once` is spent before its listener runs: the plugin no longer observes
+            # tool/call (the registry stops delivering it).
+            changed = await host.next_not_log()
+            assert sorted(changed.changed.events) == ["plugin/dispose", "tool/result"]
+        delivered = await host.next_not_log()
+        assert delivered.result.invocation_id == invocation
+        assert delivered.result.WhichOneof("outcome") == "value_json"
+    await host.call.write(runtime_pb2.HostRequest(retract=runtime_pb2.HostRetract()))
+    assert (await host.next_not_log()).WhichOneof("kind") == "retracted"
+    said = [text.removeprefix("[cordis:clock-1] ") for text in host.logs()]
+    assert said == [
+        "first call a\n",
+        "result of a\n",
+        "disposing: stop\n",
+        "effect disposed\n",
+    ]
+
+
+BUSY = """
+def plugin(ctx):
+    def spin(args):
+        while True:
+            pass
+    async def fine(args):
+        return "fine"
+    harness.register_tool(harness.define_tool(name="spin", description="d", execute=spin))
+    harness.register_tool(harness.define_tool(name="fine", description="d", execute=fine))
+return plugin
+"""
+
+
+async def test_an_invocation_past_its_compute_budget_ends_with_the_budget_text_and_the_host(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    host = HostStream(stub)
+    started = await host.start(BUSY, budgets=runtime_pb2.RunBudgets(compute_ms=300))
+    assert started.WhichOneof("kind") == "started", started
+    await host.invoke(1, "fine", {})
+    assert json.loads((await host.next_not_log()).result.value_json) == "fine"
+    await host.invoke(2, "spin", {})
+    result = await host.next_not_log()
+    assert result.result.invocation_id == 2
+    assert result.result.error_message == "compute budget exhausted (300ms busy)"
+    lost = await host.next_not_log()
+    assert lost.WhichOneof("kind") == "lost"
+    assert lost.lost.message.startswith("a call ran past its compute budget (300ms busy)")
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
+
+
+async def test_a_parked_plugin_starts_when_its_service_appears_and_parks_when_it_goes(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    source = (
+        "def p(ctx):\n"
+        "    print('applied with', ctx.db['url'])\n"
+        "    ctx.effect(lambda: (lambda: print('disposed')))\n"
+        "p.inject = ['db']\n"
+        "return p"
+    )
+    host = HostStream(stub)
+    started = await host.start(source)
+    assert list(started.started.waiting_for) == ["db"]
+    db = runtime_pb2.HostService(name="db", data_json='{"url": "mem://"}')
+    services = runtime_pb2.HostServices(services=[db])
+    await host.call.write(runtime_pb2.HostRequest(services=services))
+    running = await host.next_not_log()
+    assert running.WhichOneof("kind") == "changed" and not running.changed.waiting_for
+    await host.call.write(runtime_pb2.HostRequest(services=runtime_pb2.HostServices()))
+    parked = await host.next_not_log()
+    assert list(parked.changed.waiting_for) == ["db"]
+    said = [text.removeprefix("[cordis:clock-1] ") for text in host.logs()]
+    assert said == ["applied with mem://\n", "disposed\n"]
+
+
+async def test_a_parked_plugin_whose_start_fails_once_unparked_ends_its_host(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    source = "def p(ctx):\n    raise RuntimeError('no schema')\np.inject = ['db']\nreturn p"
+    host = HostStream(stub)
+    assert list((await host.start(source)).started.waiting_for) == ["db"]
+    services = runtime_pb2.HostServices(
+        services=[runtime_pb2.HostService(name="db", data_json="1")]
+    )
+    await host.call.write(runtime_pb2.HostRequest(services=services))
+    lost = await host.next_not_log()
+    assert lost.WhichOneof("kind") == "lost"
+    assert lost.lost.message == "its injected services appeared, but its start failed: no schema"
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []

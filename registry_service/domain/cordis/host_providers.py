@@ -9,6 +9,7 @@ from collections.abc import Callable
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.inspect import Method, Provider
 from registry_service.domain.cordis.refusals import CordisError
+from registry_service.domain.plugin_hosts import ServiceSpec
 from registry_service.domain.tools import ToolDefinition
 from registry_service.history import records
 
@@ -17,10 +18,11 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
     (
         "harness.define_tool",
         "harness.define_tool(*, name: str, description: str, parameters: dict, "
-        "execute: Callable[[dict], Awaitable[JsonValue]], output_schema: dict | None = None) "
-        "-> ToolDefinition",
+        "execute: Callable[[dict], Awaitable[JsonValue]], output_schema: dict | None = None, "
+        "presentation_meta: Callable[[dict, JsonValue], dict] | None = None) -> ToolDefinition",
         "Defines a dynamic tool; parameters and results must be lossless JSON. Only its "
-        "result may be registered.",
+        "result may be registered. presentation_meta(args, result) gives each call's card "
+        "metadata (never shown to the model).",
     ),
     (
         "harness.register_tool",
@@ -68,8 +70,11 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "ctx.provide",
-        "ctx.provide(name: str, service: object) -> None",
-        "Provides a named service to the owning agent's other plugins while this one runs.",
+        "ctx.provide(name: str, service: JsonValue | object) -> None",
+        "Provides a named service to the owning agent's other plugins while this one runs: "
+        "lossless JSON data (consumers read a copy) or an object/dict whose public methods "
+        "consumers call as `await ctx.<name>.<method>(*args)` (JSON in and out; the calls "
+        "cross processes through the registry).",
     ),
     (
         "inject",
@@ -117,10 +122,11 @@ _ANY: JsonValue = {}
 
 def host_providers(
     visible_tools: Callable[[str], list[ToolDefinition]],
-    provided_services: Callable[[str], list[tuple[str, str]]],
+    provided_services: Callable[[str], list[tuple[str, str, ServiceSpec | None]]],
 ) -> list[Provider]:
     """`visible_tools(owner)`: what the owner sees (run_code excluded);
-    `provided_services(owner)`: (service, providing plugin id) of the owner's running plugins."""
+    `provided_services(owner)`: (service, providing plugin id, contract) of the owner's running
+    plugins."""
 
     async def list_builtins(_input: JsonValue, _owner: str) -> JsonValue:
         return {"builtins": [{"name": n, "signature": s, "description": d} for n, s, d in BUILTINS]}
@@ -152,15 +158,18 @@ def host_providers(
                 "description": "Timeouts, intervals, throttle and debounce (inject: ['timer']).",
             }
         }
-        for name, plugin_id in provided_services(owner):
-            services.setdefault(
-                name,
-                {
-                    "name": name,
-                    "providedBy": plugin_id,
-                    "description": f"Provided by dynamic plugin {plugin_id} while it runs.",
-                },
-            )
+        for name, plugin_id, contract in provided_services(owner):
+            entry: dict[str, JsonValue] = {
+                "name": name,
+                "providedBy": plugin_id,
+                "description": f"Provided by dynamic plugin {plugin_id} while it runs.",
+            }
+            if contract is not None and contract.data_json:
+                entry["kind"] = "data"  # ctx.<name> is a copy of the value
+            elif contract is not None:
+                entry["kind"] = "methods"  # `await ctx.<name>.<method>(*args)`, JSON in and out
+                entry["methods"] = list(contract.methods)
+            services.setdefault(name, entry)
         wanted = input_value.get("service") if isinstance(input_value, dict) else None
         if wanted is None:
             return {

@@ -46,10 +46,14 @@ services it needs. Tools are made with harness.define_tool(...) and registered w
 harness.register_tool(tool); they appear in your tool list from the next prompt, and in the \
 next run_code program. ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a \
 plugin cannot execute another tool. Use ctx.get(name) for an optional service and `inject` for \
-a required one (the plugin waits until it exists); ctx.provide(name, service) shares a service \
-with your other plugins. Make every side effect reversible with ctx.effect(...) (disposers \
-run in reverse order when the plugin stops); timers come from the `timer` service and only \
-when `inject` lists it.
+a required one (the plugin waits until it exists, and waits again if it goes); \
+ctx.provide(name, service) shares a service with your other plugins, which run in other \
+processes: provide JSON data, or an object whose methods they call as \
+`await ctx.<name>.<method>(...)` with JSON arguments and results. ctx.on(event, fn) and \
+ctx.once(event, fn) observe your tool calls as they are recorded (Event.listEvents). Make \
+every side effect reversible with ctx.effect(...) (disposers run in reverse order when the \
+plugin stops); timers come from the `timer` service and only when `inject` lists it. Each \
+tool call into a plugin has a CPU budget: a busy loop ends the call and stops the plugin.
 
 Outcomes that arrive after a tool call has returned are reported to you as steering \
 messages; a user message naming `@<pluginId>` comes with that Plugin's current facts: inspect \

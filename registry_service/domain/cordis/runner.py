@@ -10,7 +10,10 @@ Invariants kept here (and tested through the API):
   (its tools are gone from the catalog, the plugin host has settled its calls, disposed its
   effects and its processes are gone) before the new host half starts;
 - a dynamic tool is an ordinary catalog entry in the owner's scope: every call goes through the
-  pipeline, and its body is an invocation on the plugin host.
+  pipeline, and its body is an invocation on the plugin host;
+- the owner's running plugins learn of each other's services whenever the set changes
+  (`services.ServiceRouter`): a consumer parks `waiting` while one is missing and starts when
+  it appears, in its own plugin host.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from registry_service.domain.cordis.durable import (
     restore,
     snapshot,
 )
+from registry_service.domain.cordis.events import OwnerEvents, Watch, payload
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -43,6 +47,7 @@ from registry_service.domain.cordis.model import (
     Plugin,
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing
+from registry_service.domain.cordis.services import ServiceRouter
 from registry_service.domain.cordis.steering import (
     HOST_LOST,
     Steering,
@@ -59,10 +64,12 @@ from registry_service.domain.plugin_hosts import (
     HostEvents,
     HostRegistrations,
     PluginHosts,
+    ServiceSpec,
 )
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
+from registry_service.history.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +90,24 @@ class CordisRunner:
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
         state_store: CordisStateStore | None = None,
+        history_watch: Watch | None = None,
+        compute_ms_per_call: int | None = None,
     ) -> None:
         """`state_store`: keep plugins, packages, grants, pointers and id counters there
-        across restarts (loaded now; runs are not restarted). None: process memory only."""
+        across restarts (loaded now; runs are not restarted). None: process memory only.
+        `history_watch` (the history store's `watch`) is where plugins' events come from."""
         self._catalog = catalog
         self.hosts = hosts
         self.steering = steering or Steering()
         self._reserved = frozenset(reserved_names)
         self._start_timeout_s = start_timeout_s
+        self._compute_ms_per_call = compute_ms_per_call
         self._ids = Ids()
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._services = ServiceRouter()
+        self._events = OwnerEvents(history_watch, self._deliver_event)
         self._persistence: Persistence | None = None
         if state_store is not None:
             saved = state_store.load()
@@ -125,13 +138,16 @@ class CordisRunner:
         view = self._catalog.view(owner)
         return [defn for name, defn in view.visible.items() if name != RUN_CODE]
 
-    def provided_services(self, owner: str) -> list[tuple[str, str]]:
-        return [
-            (service, plugin.plugin_id)
-            for plugin in self.owned(owner)
-            if plugin.run is not None
-            for service in plugin.run.registrations.provides
-        ]
+    def provided_services(self, owner: str) -> list[tuple[str, str, ServiceSpec | None]]:
+        """(service, providing plugin, its contract when the host reported one)."""
+        out: list[tuple[str, str, ServiceSpec | None]] = []
+        for plugin in self.owned(owner):
+            if plugin.run is None:
+                continue
+            contracts = {spec.name: spec for spec in plugin.run.registrations.services}
+            for service in plugin.run.registrations.provides:
+                out.append((service, plugin.plugin_id, contracts.get(service)))
+        return out
 
     # -- define -------------------------------------------------------------------------------
 
@@ -242,6 +258,7 @@ class CordisRunner:
         plugin.latest = attempt
         plugin.starting = True
         self._changed()
+        self._events.follow(owner)  # before the plugin can listen: nothing after it is missed
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
@@ -295,6 +312,8 @@ class CordisRunner:
         self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
     ) -> dict[str, JsonValue]:
         run_id = attempt.run_id
+        owner, plugin_id = plugin.owner, plugin.plugin_id
+        services = self._services.available(self._plugins.values(), owner, plugin_id)
         spec = ActivationSpec(
             owner=plugin.owner,
             plugin_id=plugin.plugin_id,
@@ -304,14 +323,24 @@ class CordisRunner:
             source=package.host or "",
             name=package.name,
             start_timeout_s=self._start_timeout_s,
+            compute_ms_per_call=self._compute_ms_per_call,
             # (name, input schema), as the seam and the runtime adapter read them.
             visible_tools=tuple((d.name, d.input_schema) for d in self.visible_tools(plugin.owner)),
+            services=services,
         )
         events = HostEvents(
             on_change=lambda regs: self._host_changed(plugin, run_id, regs),
             on_lost=lambda reason: self._host_lost(plugin, run_id, reason),
             on_log=lambda stream, text: log.info(
                 "[cordis:%s] %s: %s", plugin.plugin_id, stream, text.rstrip()
+            ),
+            on_service_call=lambda service, method, args: self._services.call(
+                list(self._plugins.values()),
+                owner,
+                caller=plugin_id,
+                service=service,
+                method=method,
+                arguments=args,
             ),
         )
         try:
@@ -320,6 +349,11 @@ class CordisRunner:
             raise self._failed(plugin, attempt, exc.phase, exc.message, exc.stack) from None
         except CodemodeError as exc:  # the runtime is unavailable, or refused the start
             raise self._failed(plugin, attempt, "host-load", exc.message) from None
+        except Exception as exc:  # an adapter's bug must not leave the attempt "starting"
+            log.exception("cordis %s: the activation failed unexpectedly", plugin.plugin_id)
+            raise self._failed(
+                plugin, attempt, "host-apply", str(exc) or type(exc).__name__
+            ) from None
         if plugin.latest is not attempt or self._plugins.get(plugin.plugin_id) is not plugin:
             await host.retract()  # undefined (or its owner deleted) while it started
             raise CordisError(
@@ -327,11 +361,13 @@ class CordisRunner:
             )
         run = ActiveRun(run_id, package.package_id, host)
         plugin.run = run
+        self._services.told(run_id, services)
         try:
             self._sync_tools(plugin, run, host.registrations, strict=True)
         except CordisError as exc:
             await self._retract(plugin)
             raise self._failed(plugin, attempt, "host-apply", exc.message) from None
+        self._tell_services(plugin.owner)  # what it provides, and what appeared meanwhile
         registrations = run.registrations
         waiting = registrations.waiting
         attempt.status = "waiting" if waiting else "running"  # a parked plugin counts as success
@@ -455,6 +491,7 @@ class CordisRunner:
         if run is None or run.run_id != run_id:
             return  # a stale report from a retracted run
         self._sync_tools(plugin, run, registrations, strict=False)
+        self._tell_services(plugin.owner)
         latest = plugin.latest
         if (
             latest is not None
@@ -475,6 +512,7 @@ class CordisRunner:
             return
         plugin.run = None
         self._unregister(plugin, run)
+        self._tell_services(plugin.owner)  # its services are gone: consumers park again
         latest = plugin.latest
         message = f"the plugin host stopped unexpectedly: {reason}"
         if latest is not None and latest.run_id == run_id:
@@ -508,6 +546,19 @@ class CordisRunner:
         for defn in run.tools.values():
             self._catalog.unregister(plugin.owner, defn)
         run.tools.clear()
+        self._services.forget(run.run_id)
+
+    def _deliver_event(self, owner: str, record: Record) -> None:
+        event: JsonValue | None = None
+        for plugin in self.owned(owner):
+            run = plugin.run
+            if run is None or run.host is None or record.kind not in run.registrations.events:
+                continue
+            event = payload(record) if event is None else event
+            run.host.deliver_event(record.kind, event)
+
+    def _tell_services(self, owner: str) -> None:
+        self._services.tell_all(list(self._plugins.values()), owner)
 
     async def _retract(self, plugin: Plugin) -> None:
         """Detaches the run, removes its tools, and returns only once the plugin host has
@@ -517,6 +568,7 @@ class CordisRunner:
             return
         plugin.run = None
         self._unregister(plugin, run)
+        self._tell_services(plugin.owner)  # consumers of its services park again
         if run.host is not None:
             await run.host.retract()
 
@@ -555,6 +607,7 @@ class CordisRunner:
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts
         retracted (the layer, with its dynamic tools, is already gone)."""
+        self._events.forget(scope)
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
             del self._plugins[plugin.plugin_id]
             self._in_background(self._retract(plugin))
@@ -581,6 +634,7 @@ class CordisRunner:
                 await self._retract(plugin)
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self._events.close()
         await self.steering.flush()
         if self._persistence is not None:
             await self._persistence.close()

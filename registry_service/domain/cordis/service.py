@@ -6,6 +6,7 @@ from __future__ import annotations
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.durable import CordisStateStore
+from registry_service.domain.cordis.events import Watch
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry
 from registry_service.domain.cordis.references import (
@@ -27,9 +28,14 @@ class Cordis:
         hosts: PluginHosts | None = None,
         history_submit: Submit | None = None,
         state_store: CordisStateStore | None = None,
+        history_watch: Watch | None = None,
+        *,
+        start_timeout_s: float = 5.0,
+        compute_ms_per_call: int | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
-        `state_store` keeps the plugins across restarts (none: process memory only)."""
+        `state_store` keeps the plugins across restarts (none: process memory only);
+        `history_watch` (the store's `watch`) feeds the events plugins observe."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit)
         self.runner = CordisRunner(
@@ -38,6 +44,9 @@ class Cordis:
             reserved_names=NAMES,
             steering=self.steering,
             state_store=state_store,
+            history_watch=history_watch,
+            start_timeout_s=start_timeout_s,
+            compute_ms_per_call=compute_ms_per_call,
         )
         for provider in host_providers(self.runner.visible_tools, self.runner.provided_services):
             self.inspect.register_host(provider)

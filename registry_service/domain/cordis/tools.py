@@ -42,8 +42,12 @@ def _described(description: str, schema: JsonValue = _STRING) -> JsonValue:
     return {**cast("dict[str, JsonValue]", schema), "description": description}
 
 
-def _text(value: dict[str, JsonValue], text: str) -> ToolResult:
-    return ToolResult(content=(TextBlock(text),), value=value, has_value=True)
+def _text(value: dict[str, JsonValue], text: str, meta_keys: tuple[str, ...] = ()) -> ToolResult:
+    """The tool's value and text; `meta_keys` of the value are its presentation metadata."""
+    meta: dict[str, JsonValue] | None = {k: value[k] for k in meta_keys} if meta_keys else None
+    return ToolResult(
+        content=(TextBlock(text),), value=value, has_value=True, presentation_meta=meta
+    )
 
 
 def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDefinition]:
@@ -95,6 +99,7 @@ def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDef
             receipt,
             f"Defined {receipt['pluginId']}/{receipt['packageId']} ({receipt['name']}); it is "
             "not running yet. Use cordis_run to activate this Package.",
+            ("pluginId", "packageId"),
         )
 
     async def run(inv: Invocation) -> ToolResult:
@@ -115,7 +120,7 @@ def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDef
             text = f"{where} is starting asynchronously ({out['pluginRunId']})."
         else:
             text = f"{where} is running ({out['pluginRunId']})."
-        return _text(out, text)
+        return _text(out, text, ("pluginId", "packageId", "pluginRunId"))
 
     async def stop(inv: Invocation) -> ToolResult:
         agent = require_agent(inv.agent)

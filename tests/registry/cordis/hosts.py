@@ -23,6 +23,7 @@ from registry_service.domain.plugin_hosts import (
     DynamicToolSpec,
     HostEvents,
     HostRegistrations,
+    ServiceSpec,
 )
 from registry_service.domain.signals import AbortSignal
 
@@ -157,6 +158,18 @@ class InProcessHost:
             log.append(("call-settled", self.spec.run_id, name))
             self.settling.discard(settled)
             settled.set_result(None)
+
+    async def call_service(
+        self, service: str, method: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue:
+        # Services between plugins are exercised with real plugin hosts (test_services.py).
+        raise ToolCallFailure(f'service "{service}" is not modelled in process')
+
+    def update_services(self, services: tuple[ServiceSpec, ...]) -> None:
+        self.hosts.log.append(("services", self.spec.run_id, *(s.name for s in services)))
+
+    def deliver_event(self, event: str, payload: JsonValue) -> None:
+        self.hosts.log.append(("event", self.spec.run_id, event))
 
     async def retract(self) -> None:
         if self.gone:

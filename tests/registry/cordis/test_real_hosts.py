@@ -5,20 +5,9 @@ The registry's own composition wires the adapter: configuring runtime targets is
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
-
-import grpc
-
-from codemode_wire import jsonvalue
-from registry_service.config import RegistrySettings
-from registry_service.registry import build_registry
-from registry_service.server import start as start_registry
-from runtime_service.config import RuntimeSettings
-from runtime_service.server import start as start_runtime
 from tests.registry.conftest import CODE
-from tests.registry.cordis.conftest import CordisHarness
+from tests.registry.cordis.real_stack import program as _program
+from tests.registry.cordis.real_stack import real_stack as _stack
 
 HOST = """\
 def now(args):
@@ -33,32 +22,6 @@ async def apply(ctx):
 return apply
 """
 BROKEN = "async def apply(ctx):\n    raise RuntimeError('clock face missing')\n\nreturn apply\n"
-
-
-@contextlib.asynccontextmanager
-async def _stack() -> AsyncIterator[CordisHarness]:
-    runtime = await start_runtime(
-        RuntimeSettings(listen="127.0.0.1:0", pool_size=1, shutdown_grace_s=0.2)
-    )
-    config = RegistrySettings(
-        listen="127.0.0.1:0", history_path=":memory:", runtime_targets=[runtime.address]
-    )
-    registry = await start_registry(config, build_registry(config))
-    channel = grpc.aio.insecure_channel(registry.address)
-    harness = CordisHarness(registry, channel)
-    harness.hosts = None
-    try:
-        yield harness
-    finally:
-        await channel.close()
-        await registry.stop(0)
-        await runtime.stop(0)
-
-
-async def _program(h: CordisHarness, agent: str, code: str, call_id: str) -> Any:
-    result = await h.call(agent, "run_code", {"code": code, "description": "cordis"}, call_id)
-    assert not result.is_error, result.error.message
-    return jsonvalue.loads(result.value_json)
 
 
 async def test_define_run_call_failed_update_and_stop_on_real_plugin_hosts() -> None:

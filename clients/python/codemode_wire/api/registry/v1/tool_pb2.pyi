@@ -279,6 +279,7 @@ class ToolResult(_message.Message):
     ADDITIONAL_CONTEXTS_FIELD_NUMBER: _builtins.int
     CONCLUDES_TURN_FIELD_NUMBER: _builtins.int
     SHARED_LOGS_FIELD_NUMBER: _builtins.int
+    PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
     value_json: _builtins.str
     """The canonical JSON value of a successful call (JSON text). Absent on errors and when a
     provider returned content only.
@@ -287,6 +288,11 @@ class ToolResult(_message.Message):
     """True when the call failed."""
     concludes_turn: _builtins.bool
     """True when the tool asked to conclude the model's turn (successes only)."""
+    presentation_meta_json: _builtins.str
+    """Presentation metadata for a UI card of the call (a JSON object as text), never shown to
+    the model: e.g. `{"pluginId", "packageId"}` of `cordis_define`, or what a dynamic tool's
+    `presentation_meta` function returned. Absent when the tool gave none.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentBlock]:
         """Rendered content shown to the model."""
@@ -318,13 +324,19 @@ class ToolResult(_message.Message):
         additional_contexts: _abc.Iterable[Global___AdditionalContext] | None = ...,
         concludes_turn: _builtins.bool = ...,
         shared_logs: _abc.Iterable[_builtins.str] | None = ...,
+        presentation_meta_json: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_value_json", b"_value_json", "error", b"error", "value_json", b"value_json"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json", "_value_json", b"_value_json", "error", b"error", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "shared_logs", b"shared_logs", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json", "_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "presentation_meta_json", b"presentation_meta_json", "shared_logs", b"shared_logs", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__presentation_meta_json: _TypeAlias = _typing.Literal["presentation_meta_json"]  # noqa: Y015
+    _WhichOneofArgType__presentation_meta_json: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json"]  # noqa: Y015
     _WhichOneofReturnType__value_json: _TypeAlias = _typing.Literal["value_json"]  # noqa: Y015
     _WhichOneofArgType__value_json: _TypeAlias = _typing.Literal["_value_json", b"_value_json"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__presentation_meta_json) -> _WhichOneofReturnType__presentation_meta_json | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__value_json) -> _WhichOneofReturnType__value_json | None: ...
 
 Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015

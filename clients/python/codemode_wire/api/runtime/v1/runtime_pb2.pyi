@@ -96,6 +96,8 @@ class HostRequest(_message.Message):
     INVOKE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     RETRACT_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
+    SERVICE_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___HostStart:
         """Starts the plugin host; must be the first message and must appear only once."""
@@ -112,6 +114,16 @@ class HostRequest(_message.Message):
     def retract(self) -> Global___HostRetract:
         """Disposes the plugin and ends the stream with `retracted`."""
 
+    @_builtins.property
+    def services(self) -> Global___HostServices:
+        """The services the owner's other running plugins provide changed: the full set now."""
+
+    @_builtins.property
+    def service_result(self) -> Global___HostInvokeResult:
+        """Answers one service call the plugin made (`HostResponse.service_call`); its
+        `invocation_id` is the call's `call_id`.
+        """
+
     def __init__(
         self,
         *,
@@ -119,12 +131,14 @@ class HostRequest(_message.Message):
         invoke: Global___HostInvoke | None = ...,
         cancel: Global___HostCancel | None = ...,
         retract: Global___HostRetract | None = ...,
+        services: Global___HostServices | None = ...,
+        service_result: Global___HostInvokeResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "service_result", b"service_result", "services", b"services", "start", b"start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invoke", b"invoke", "kind", b"kind", "retract", b"retract", "service_result", b"service_result", "services", b"services", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "invoke", "cancel", "retract"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "invoke", "cancel", "retract", "services", "service_result"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -144,6 +158,7 @@ class HostStart(_message.Message):
     START_TIMEOUT_FIELD_NUMBER: _builtins.int
     BUDGETS_FIELD_NUMBER: _builtins.int
     VISIBLE_TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """The host half: the body of an async function that returns the plugin."""
     language: _builtins.str
@@ -168,6 +183,12 @@ class HostStart(_message.Message):
         the start, and compute per invocation; zero fields take the run defaults.
         """
 
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostService]:
+        """Services the owner's other running plugins provide, for the plugin's `inject` and
+        `ctx.get`: a plugin that injects one not listed here parks waiting until it appears.
+        """
+
     def __init__(
         self,
         *,
@@ -179,10 +200,11 @@ class HostStart(_message.Message):
         start_timeout: _duration_pb2.Duration | None = ...,
         budgets: Global___RunBudgets | None = ...,
         visible_tools_json: _builtins.str = ...,
+        services: _abc.Iterable[Global___HostService] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "start_timeout", b"start_timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "language", b"language", "package_id", b"package_id", "plugin_id", b"plugin_id", "run_id", b"run_id", "source", b"source", "start_timeout", b"start_timeout", "visible_tools_json", b"visible_tools_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "language", b"language", "package_id", b"package_id", "plugin_id", b"plugin_id", "run_id", b"run_id", "services", b"services", "source", b"source", "start_timeout", b"start_timeout", "visible_tools_json", b"visible_tools_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -197,22 +219,34 @@ class HostInvoke(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """Chosen by the client, unique on the stream; the result carries it back."""
     tool_name: _builtins.str
     """The registered tool's name."""
     arguments_json: _builtins.str
     """The arguments as JSON text (lossless JSON)."""
+    service: _builtins.str
+    """When set, `tool_name` names a method of this service, which the plugin provides (a call
+    from another plugin of the owner) and `arguments_json` is a JSON array of its arguments.
+    """
+    event: _builtins.str
+    """When set, an event the plugin observes (`ctx.on`/`ctx.once`) and `arguments_json` its
+    payload; `tool_name` is empty. The result says when every listener has run.
+    """
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
+        service: _builtins.str = ...,
+        event: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "invocation_id", b"invocation_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "event", b"event", "invocation_id", b"invocation_id", "service", b"service", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -270,6 +304,7 @@ class HostResponse(_message.Message):
     LOG_FIELD_NUMBER: _builtins.int
     RETRACTED_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
+    SERVICE_CALL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___HostRegistrations:
         """The plugin started (or parked waiting for services); what it registered."""
@@ -300,6 +335,12 @@ class HostResponse(_message.Message):
         ends after it.
         """
 
+    @_builtins.property
+    def service_call(self) -> Global___HostServiceCall:
+        """The plugin called a method of a service it injected; answer with
+        `HostRequest.service_result`.
+        """
+
     def __init__(
         self,
         *,
@@ -310,12 +351,13 @@ class HostResponse(_message.Message):
         log: Global___LogLine | None = ...,
         retracted: Global___HostRetracted | None = ...,
         lost: Global___HostFailure | None = ...,
+        service_call: Global___HostServiceCall | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "failed", "changed", "result", "log", "retracted", "lost"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "failed", "changed", "result", "log", "retracted", "lost", "service_call"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -331,6 +373,8 @@ class HostRegistrations(_message.Message):
     HANDLERS_FIELD_NUMBER: _builtins.int
     PROVIDES_FIELD_NUMBER: _builtins.int
     WAITING_FOR_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___DynamicTool]:
         """Tools registered with `harness.register_tool` (or `ctx.tools.register`)."""
@@ -347,6 +391,14 @@ class HostRegistrations(_message.Message):
     def waiting_for(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Injected services that do not exist yet: the plugin is parked ("waiting")."""
 
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostService]:
+        """The services it provides, with their contracts (the names are in `provides` too)."""
+
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The events it observes (`ctx.on` / `ctx.once`): only these are delivered to it."""
+
     def __init__(
         self,
         *,
@@ -354,14 +406,106 @@ class HostRegistrations(_message.Message):
         handlers: _abc.Iterable[_builtins.str] | None = ...,
         provides: _abc.Iterable[_builtins.str] | None = ...,
         waiting_for: _abc.Iterable[_builtins.str] | None = ...,
+        services: _abc.Iterable[Global___HostService] | None = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handlers", b"handlers", "provides", b"provides", "tools", b"tools", "waiting_for", b"waiting_for"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "handlers", b"handlers", "provides", b"provides", "services", b"services", "tools", b"tools", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HostRegistrations: _TypeAlias = HostRegistrations  # noqa: Y015
+
+@_typing.final
+class HostService(_message.Message):
+    """HostService is one service a plugin provides to its owner's other plugins."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    METHODS_FIELD_NUMBER: _builtins.int
+    DATA_JSON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The service's name (what `inject` lists)."""
+    data_json: _builtins.str
+    """A data service's value as JSON text (lossless JSON); empty for a service of methods."""
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Methods a consumer may call (routed provider host <- registry <- consumer host)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        methods: _abc.Iterable[_builtins.str] | None = ...,
+        data_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_json", b"data_json", "methods", b"methods", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostService: _TypeAlias = HostService  # noqa: Y015
+
+@_typing.final
+class HostServices(_message.Message):
+    """HostServices is the full set of services a plugin may inject right now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVICES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___HostService]:
+        """Each service once, by name."""
+
+    def __init__(
+        self,
+        *,
+        services: _abc.Iterable[Global___HostService] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["services", b"services"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostServices: _TypeAlias = HostServices  # noqa: Y015
+
+@_typing.final
+class HostServiceCall(_message.Message):
+    """HostServiceCall is a call of an injected service's method by the plugin."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """Chosen by the plugin host, unique on the stream; the answer carries it back."""
+    service: _builtins.str
+    """The injected service."""
+    method: _builtins.str
+    """Its method."""
+    arguments_json: _builtins.str
+    """The arguments as a JSON array (lossless JSON)."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        service: _builtins.str = ...,
+        method: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "method", b"method", "service", b"service"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostServiceCall: _TypeAlias = HostServiceCall  # noqa: Y015
 
 @_typing.final
 class DynamicTool(_message.Message):
@@ -438,22 +582,28 @@ class HostInvokeResult(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     VALUE_JSON_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this answers."""
     value_json: _builtins.str
     """The tool's value as JSON text (lossless JSON)."""
     error_message: _builtins.str
     """The failure's message (the plugin's exception, or why the call could not run)."""
+    presentation_meta_json: _builtins.str
+    """With a value: what the tool's `presentation_meta` function returned for it (JSON text);
+    empty when the tool has none.
+    """
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         value_json: _builtins.str = ...,
         error_message: _builtins.str = ...,
+        presentation_meta_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

@@ -135,6 +135,12 @@ export interface ToolResult {
    * joined by `\n`, followed by `\n` and the block's text when that is not empty.
    */
   sharedLogs: string[];
+  /**
+   * Presentation metadata for a UI card of the call (a JSON object as text), never shown to
+   * the model: e.g. `{"pluginId", "packageId"}` of `cordis_define`, or what a dynamic tool's
+   * `presentation_meta` function returned. Absent when the tool gave none.
+   */
+  presentationMetaJson?: string | undefined;
 }
 
 function createBaseTool(): Tool {
@@ -715,6 +721,7 @@ function createBaseToolResult(): ToolResult {
     additionalContexts: [],
     concludesTurn: false,
     sharedLogs: [],
+    presentationMetaJson: undefined,
   };
 }
 
@@ -740,6 +747,9 @@ export const ToolResult: MessageFns<ToolResult> = {
     }
     for (const v of message.sharedLogs) {
       writer.uint32(58).string(v!);
+    }
+    if (message.presentationMetaJson !== undefined) {
+      writer.uint32(66).string(message.presentationMetaJson);
     }
     return writer;
   },
@@ -813,6 +823,14 @@ export const ToolResult: MessageFns<ToolResult> = {
             message.sharedLogs.push(reader.string());
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.presentationMetaJson = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -839,6 +857,7 @@ export const ToolResult: MessageFns<ToolResult> = {
     message.additionalContexts = object.additionalContexts?.map((e) => AdditionalContext.fromPartial(e)) || [];
     message.concludesTurn = object.concludesTurn ?? false;
     message.sharedLogs = object.sharedLogs?.map((e) => e) || [];
+    message.presentationMetaJson = object.presentationMetaJson ?? undefined;
     return message;
   },
 };

@@ -74,6 +74,15 @@ export interface HostRequest {
     | //
     /** Disposes the plugin and ends the stream with `retracted`. */
     { $case: "retract"; value: HostRetract }
+    | //
+    /** The services the owner's other running plugins provide changed: the full set now. */
+    { $case: "services"; value: HostServices }
+    | //
+    /**
+     * Answers one service call the plugin made (`HostResponse.service_call`); its
+     * `invocation_id` is the call's `call_id`.
+     */
+    { $case: "serviceResult"; value: HostInvokeResult }
     | undefined;
 }
 
@@ -105,6 +114,11 @@ export interface HostStart {
    * objects, for `ctx.tools.schemas()` and `ctx.tools.get(name)`.
    */
   visibleToolsJson: string;
+  /**
+   * Services the owner's other running plugins provide, for the plugin's `inject` and
+   * `ctx.get`: a plugin that injects one not listed here parks waiting until it appears.
+   */
+  services: HostService[];
 }
 
 /** HostInvoke calls one tool the plugin registered. */
@@ -115,6 +129,16 @@ export interface HostInvoke {
   toolName: string;
   /** The arguments as JSON text (lossless JSON). */
   argumentsJson: string;
+  /**
+   * When set, `tool_name` names a method of this service, which the plugin provides (a call
+   * from another plugin of the owner) and `arguments_json` is a JSON array of its arguments.
+   */
+  service: string;
+  /**
+   * When set, an event the plugin observes (`ctx.on`/`ctx.once`) and `arguments_json` its
+   * payload; `tool_name` is empty. The result says when every listener has run.
+   */
+  event: string;
 }
 
 /** HostCancel cancels one invocation. */
@@ -155,6 +179,12 @@ export interface HostResponse {
      * ends after it.
      */
     { $case: "lost"; value: HostFailure }
+    | //
+    /**
+     * The plugin called a method of a service it injected; answer with
+     * `HostRequest.service_result`.
+     */
+    { $case: "serviceCall"; value: HostServiceCall }
     | undefined;
 }
 
@@ -168,6 +198,38 @@ export interface HostRegistrations {
   provides: string[];
   /** Injected services that do not exist yet: the plugin is parked ("waiting"). */
   waitingFor: string[];
+  /** The services it provides, with their contracts (the names are in `provides` too). */
+  services: HostService[];
+  /** The events it observes (`ctx.on` / `ctx.once`): only these are delivered to it. */
+  events: string[];
+}
+
+/** HostService is one service a plugin provides to its owner's other plugins. */
+export interface HostService {
+  /** The service's name (what `inject` lists). */
+  name: string;
+  /** Methods a consumer may call (routed provider host <- registry <- consumer host). */
+  methods: string[];
+  /** A data service's value as JSON text (lossless JSON); empty for a service of methods. */
+  dataJson: string;
+}
+
+/** HostServices is the full set of services a plugin may inject right now. */
+export interface HostServices {
+  /** Each service once, by name. */
+  services: HostService[];
+}
+
+/** HostServiceCall is a call of an injected service's method by the plugin. */
+export interface HostServiceCall {
+  /** Chosen by the plugin host, unique on the stream; the answer carries it back. */
+  callId: bigint;
+  /** The injected service. */
+  service: string;
+  /** Its method. */
+  method: string;
+  /** The arguments as a JSON array (lossless JSON). */
+  argumentsJson: string;
 }
 
 /** DynamicTool is one tool a plugin registered. */
@@ -208,6 +270,11 @@ export interface HostInvokeResult {
     /** The failure's message (the plugin's exception, or why the call could not run). */
     { $case: "errorMessage"; value: string }
     | undefined;
+  /**
+   * With a value: what the tool's `presentation_meta` function returned for it (JSON text);
+   * empty when the tool has none.
+   */
+  presentationMetaJson: string;
 }
 
 /** HostRetracted confirms that the plugin is gone. */
@@ -437,6 +504,12 @@ export const HostRequest: MessageFns<HostRequest> = {
       case "retract":
         HostRetract.encode(message.kind.value, writer.uint32(34).fork()).join();
         break;
+      case "services":
+        HostServices.encode(message.kind.value, writer.uint32(42).fork()).join();
+        break;
+      case "serviceResult":
+        HostInvokeResult.encode(message.kind.value, writer.uint32(50).fork()).join();
+        break;
     }
     return writer;
   },
@@ -486,6 +559,22 @@ export const HostRequest: MessageFns<HostRequest> = {
             message.kind = { $case: "retract", value: HostRetract.decode(reader, reader.uint32()) };
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.kind = { $case: "services", value: HostServices.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.kind = { $case: "serviceResult", value: HostInvokeResult.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -528,6 +617,18 @@ export const HostRequest: MessageFns<HostRequest> = {
         }
         break;
       }
+      case "services": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "services", value: HostServices.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "serviceResult": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "serviceResult", value: HostInvokeResult.fromPartial(object.kind.value) };
+        }
+        break;
+      }
     }
     return message;
   },
@@ -543,6 +644,7 @@ function createBaseHostStart(): HostStart {
     startTimeout: undefined,
     budgets: undefined,
     visibleToolsJson: "",
+    services: [],
   };
 }
 
@@ -571,6 +673,9 @@ export const HostStart: MessageFns<HostStart> = {
     }
     if (message.visibleToolsJson !== "") {
       writer.uint32(66).string(message.visibleToolsJson);
+    }
+    for (const v of message.services) {
+      HostService.encode(v!, writer.uint32(74).fork()).join();
     }
     return writer;
   },
@@ -652,6 +757,14 @@ export const HostStart: MessageFns<HostStart> = {
             message.visibleToolsJson = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.services.push(HostService.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -681,12 +794,13 @@ export const HostStart: MessageFns<HostStart> = {
       ? RunBudgets.fromPartial(object.budgets)
       : undefined;
     message.visibleToolsJson = object.visibleToolsJson ?? "";
+    message.services = object.services?.map((e) => HostService.fromPartial(e)) || [];
     return message;
   },
 };
 
 function createBaseHostInvoke(): HostInvoke {
-  return { invocationId: 0n, toolName: "", argumentsJson: "" };
+  return { invocationId: 0n, toolName: "", argumentsJson: "", service: "", event: "" };
 }
 
 export const HostInvoke: MessageFns<HostInvoke> = {
@@ -702,6 +816,12 @@ export const HostInvoke: MessageFns<HostInvoke> = {
     }
     if (message.argumentsJson !== "") {
       writer.uint32(26).string(message.argumentsJson);
+    }
+    if (message.service !== "") {
+      writer.uint32(34).string(message.service);
+    }
+    if (message.event !== "") {
+      writer.uint32(42).string(message.event);
     }
     return writer;
   },
@@ -743,6 +863,22 @@ export const HostInvoke: MessageFns<HostInvoke> = {
             message.argumentsJson = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.service = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.event = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -765,6 +901,8 @@ export const HostInvoke: MessageFns<HostInvoke> = {
       : 0n;
     message.toolName = object.toolName ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
+    message.service = object.service ?? "";
+    message.event = object.event ?? "";
     return message;
   },
 };
@@ -900,6 +1038,9 @@ export const HostResponse: MessageFns<HostResponse> = {
       case "lost":
         HostFailure.encode(message.kind.value, writer.uint32(58).fork()).join();
         break;
+      case "serviceCall":
+        HostServiceCall.encode(message.kind.value, writer.uint32(66).fork()).join();
+        break;
     }
     return writer;
   },
@@ -973,6 +1114,14 @@ export const HostResponse: MessageFns<HostResponse> = {
             message.kind = { $case: "lost", value: HostFailure.decode(reader, reader.uint32()) };
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.kind = { $case: "serviceCall", value: HostServiceCall.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1033,13 +1182,19 @@ export const HostResponse: MessageFns<HostResponse> = {
         }
         break;
       }
+      case "serviceCall": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "serviceCall", value: HostServiceCall.fromPartial(object.kind.value) };
+        }
+        break;
+      }
     }
     return message;
   },
 };
 
 function createBaseHostRegistrations(): HostRegistrations {
-  return { tools: [], handlers: [], provides: [], waitingFor: [] };
+  return { tools: [], handlers: [], provides: [], waitingFor: [], services: [], events: [] };
 }
 
 export const HostRegistrations: MessageFns<HostRegistrations> = {
@@ -1055,6 +1210,12 @@ export const HostRegistrations: MessageFns<HostRegistrations> = {
     }
     for (const v of message.waitingFor) {
       writer.uint32(34).string(v!);
+    }
+    for (const v of message.services) {
+      HostService.encode(v!, writer.uint32(42).fork()).join();
+    }
+    for (const v of message.events) {
+      writer.uint32(50).string(v!);
     }
     return writer;
   },
@@ -1104,6 +1265,22 @@ export const HostRegistrations: MessageFns<HostRegistrations> = {
             message.waitingFor.push(reader.string());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.services.push(HostService.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.events.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1125,6 +1302,236 @@ export const HostRegistrations: MessageFns<HostRegistrations> = {
     message.handlers = object.handlers?.map((e) => e) || [];
     message.provides = object.provides?.map((e) => e) || [];
     message.waitingFor = object.waitingFor?.map((e) => e) || [];
+    message.services = object.services?.map((e) => HostService.fromPartial(e)) || [];
+    message.events = object.events?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseHostService(): HostService {
+  return { name: "", methods: [], dataJson: "" };
+}
+
+export const HostService: MessageFns<HostService> = {
+  encode(message: HostService, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    for (const v of message.methods) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.dataJson !== "") {
+      writer.uint32(26).string(message.dataJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostService {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostService();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.methods.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.dataJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostService>): HostService {
+    return HostService.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostService>): HostService {
+    const message = createBaseHostService();
+    message.name = object.name ?? "";
+    message.methods = object.methods?.map((e) => e) || [];
+    message.dataJson = object.dataJson ?? "";
+    return message;
+  },
+};
+
+function createBaseHostServices(): HostServices {
+  return { services: [] };
+}
+
+export const HostServices: MessageFns<HostServices> = {
+  encode(message: HostServices, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.services) {
+      HostService.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostServices {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostServices();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.services.push(HostService.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostServices>): HostServices {
+    return HostServices.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostServices>): HostServices {
+    const message = createBaseHostServices();
+    message.services = object.services?.map((e) => HostService.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseHostServiceCall(): HostServiceCall {
+  return { callId: 0n, service: "", method: "", argumentsJson: "" };
+}
+
+export const HostServiceCall: MessageFns<HostServiceCall> = {
+  encode(message: HostServiceCall, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.callId !== 0n) {
+      if (BigInt.asUintN(64, message.callId) !== message.callId) {
+        throw new globalThis.Error("value provided for field message.callId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.callId);
+    }
+    if (message.service !== "") {
+      writer.uint32(18).string(message.service);
+    }
+    if (message.method !== "") {
+      writer.uint32(26).string(message.method);
+    }
+    if (message.argumentsJson !== "") {
+      writer.uint32(34).string(message.argumentsJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostServiceCall {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostServiceCall();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.callId = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.service = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.method = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.argumentsJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostServiceCall>): HostServiceCall {
+    return HostServiceCall.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostServiceCall>): HostServiceCall {
+    const message = createBaseHostServiceCall();
+    message.callId = (object.callId !== undefined && object.callId !== null) ? BigInt(object.callId) : 0n;
+    message.service = object.service ?? "";
+    message.method = object.method ?? "";
+    message.argumentsJson = object.argumentsJson ?? "";
     return message;
   },
 };
@@ -1300,7 +1707,7 @@ export const HostFailure: MessageFns<HostFailure> = {
 };
 
 function createBaseHostInvokeResult(): HostInvokeResult {
-  return { invocationId: 0n, outcome: undefined };
+  return { invocationId: 0n, outcome: undefined, presentationMetaJson: "" };
 }
 
 export const HostInvokeResult: MessageFns<HostInvokeResult> = {
@@ -1318,6 +1725,9 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
       case "errorMessage":
         writer.uint32(26).string(message.outcome.value);
         break;
+    }
+    if (message.presentationMetaJson !== "") {
+      writer.uint32(34).string(message.presentationMetaJson);
     }
     return writer;
   },
@@ -1359,6 +1769,14 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
             message.outcome = { $case: "errorMessage", value: reader.string() };
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.presentationMetaJson = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1393,6 +1811,7 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
         break;
       }
     }
+    message.presentationMetaJson = object.presentationMetaJson ?? "";
     return message;
   },
 };

@@ -1,0 +1,202 @@
+"""Services between one owner's plugins, with real plugin hosts (each plugin its own sandboxed
+process): a consumer whose injected service is missing parks `waiting`, starts when a provider
+appears, calls the provider's methods through the registry, parks again when the provider
+stops, and starts again when it is back. Through the gRPC API only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.registry.cordis.conftest import CordisHarness
+from tests.registry.cordis.real_stack import real_stack
+
+PROVIDER = """\
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        return self.n
+
+    async def total(self):
+        return self.n
+
+def apply(ctx):
+    ctx.provide("counter", Counter())
+    ctx.provide("config", {"unit": "apples"})
+    ctx.provide("leaky", {"ctx": lambda: ctx})
+
+return apply
+"""
+
+CONSUMER = """\
+class Plugin:
+    inject = ["counter", "config"]
+
+    async def apply(self, ctx):
+        counter = ctx.counter
+        unit = ctx.config["unit"]
+
+        async def count(args):
+            return {"total": await counter.add(args["k"]), "unit": unit}
+
+        harness.register_tool(harness.define_tool(
+            name="count_up", description="Counts up.",
+            parameters={"type": "object", "properties": {"k": {"type": "integer"}}},
+            execute=count))
+
+return Plugin()
+"""
+
+# Injects nothing: reaches another plugin's service only through ctx.get.
+LOOKUP = """\
+def apply(ctx):
+    async def probe(args):
+        out = {}
+        try:
+            ctx.counter
+        except AttributeError as exc:
+            out["undeclared"] = str(exc)
+        out["missing"] = ctx.get("nothing") is None
+        out["viaGet"] = await ctx.get("counter").add(10)
+        try:
+            await ctx.get("leaky").ctx()
+        except Exception as exc:
+            out["leak"] = str(exc)
+        try:
+            await ctx.get("counter").nope()
+        except AttributeError as exc:
+            out["noMethod"] = str(exc)
+        return out
+
+    harness.register_tool(harness.define_tool(
+        name="lookup_probe", description="Probes services.", execute=probe))
+
+return apply
+"""
+
+
+async def _state(h: CordisHarness, agent: str, plugin_id: str) -> Any:
+    return (await h.ok(agent, "cordis_inspect_self", {"pluginId": plugin_id}))["state"]
+
+
+async def _host_half(h: CordisHarness, agent: str, plugin_id: str, package_id: str) -> Any:
+    view = await h.ok(
+        agent, "cordis_inspect_self", {"pluginId": plugin_id, "packageId": package_id}
+    )
+    return view["runtime"]["host"]
+
+
+async def _visible_soon(h: CordisHarness, agent: str, name: str, present: bool) -> None:
+    for _ in range(500):
+        if (name in await h.visible(agent)) == present:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name} {'never appeared' if present else 'never went away'}")
+
+
+async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it_stops() -> None:
+    async with real_stack() as h:
+        agent = await h.agent("composer")
+        consumer = await h.define(agent, CONSUMER, prefix="cons", name="Consumer")
+        started = await h.ok(
+            agent,
+            "cordis_run",
+            {"pluginId": consumer["pluginId"], "packageId": consumer["packageId"], "mode": "run"},
+        )
+        # Parked: a successful activation that waits for both services.
+        assert started["host"] == {
+            "status": "waiting",
+            "provides": [],
+            "waitingFor": ["counter", "config"],
+        }
+        assert started["currentPackageId"] == consumer["packageId"]
+        assert await _state(h, agent, consumer["pluginId"]) == "waiting"
+        assert "count_up" not in await h.visible(agent)
+
+        provider = await h.define(agent, PROVIDER, prefix="prov", name="Provider")
+        provided = await h.ok(
+            agent,
+            "cordis_run",
+            {"pluginId": provider["pluginId"], "packageId": provider["packageId"], "mode": "run"},
+        )
+        assert provided["host"]["provides"] == ["config", "counter", "leaky"]
+        await _visible_soon(h, agent, "count_up", present=True)
+        assert await _state(h, agent, consumer["pluginId"]) == "running"
+        half = await _host_half(h, agent, consumer["pluginId"], consumer["packageId"])
+        assert half["status"] == "running" and half["waitingFor"] == []
+
+        # The consumer's tool calls the provider's method: state lives in the provider's host.
+        assert await h.ok(agent, "count_up", {"k": 2}, "c1") == {"total": 2, "unit": "apples"}
+        assert await h.ok(agent, "count_up", {"k": 3}, "c2") == {"total": 5, "unit": "apples"}
+
+        # The provider stops: the consumer is disposed and parks again.
+        await h.ok(agent, "cordis_stop", {"pluginId": provider["pluginId"]})
+        await _visible_soon(h, agent, "count_up", present=False)
+        for _ in range(500):
+            if await _state(h, agent, consumer["pluginId"]) == "waiting":
+                break
+            await asyncio.sleep(0.02)
+        half = await _host_half(h, agent, consumer["pluginId"], consumer["packageId"])
+        assert half["status"] == "waiting"
+        assert sorted(half["waitingFor"]) == ["config", "counter"]
+
+        # Back again: the consumer starts again, against a fresh provider.
+        await h.ok(
+            agent,
+            "cordis_run",
+            {"pluginId": provider["pluginId"], "packageId": provider["packageId"], "mode": "run"},
+        )
+        await _visible_soon(h, agent, "count_up", present=True)
+        assert await h.ok(agent, "count_up", {"k": 1}, "c3") == {"total": 1, "unit": "apples"}
+
+        # Another agent's plugins provide nothing to this owner's.
+        other = await h.agent("stranger")
+        lonely = await h.define(other, CONSUMER, prefix="cons", name="Consumer")
+        parked = await h.ok(
+            other,
+            "cordis_run",
+            {"pluginId": lonely["pluginId"], "packageId": lonely["packageId"], "mode": "run"},
+        )
+        assert parked["host"]["status"] == "waiting"
+
+
+async def test_ctx_get_reaches_a_service_without_inject_and_the_facade_refuses_the_rest() -> None:
+    async with real_stack() as h:
+        agent = await h.agent("composer")
+        provider = await h.define(agent, PROVIDER, prefix="prov", name="Provider")
+        await h.ok(
+            agent,
+            "cordis_run",
+            {"pluginId": provider["pluginId"], "packageId": provider["packageId"], "mode": "run"},
+        )
+        lookup = await h.define(agent, LOOKUP, prefix="look", name="Lookup")
+        await h.ok(
+            agent,
+            "cordis_run",
+            {"pluginId": lookup["pluginId"], "packageId": lookup["packageId"], "mode": "run"},
+        )
+        out = await h.ok(agent, "lookup_probe", {}, "p1")
+        assert out["undeclared"].startswith('service "counter" is not injected. Declare it:')
+        assert out["missing"] is True
+        assert out["viaGet"] == 10
+        assert out["leak"] == (
+            'service "leaky" returned a cordis Context, which the sandbox does not expose; '
+            "return data instead"
+        )
+        assert out["noMethod"] == 'service "counter" has no method "nope"'
+        counter = await h.ok(
+            agent,
+            "cordis_inspect_query",
+            {
+                "platform": "host",
+                "provider": "Service",
+                "method": "listService",
+                "input": {"service": "counter"},
+            },
+        )
+        assert counter["data"]["service"]["kind"] == "methods"
+        assert counter["data"]["service"]["methods"] == ["add", "total"]
+        assert counter["data"]["service"]["providedBy"] == provider["pluginId"]
