@@ -38,6 +38,7 @@ __all__ = [
     "ActivationSpec",
     "ActiveHost",
     "DynamicToolSpec",
+    "HandlerFailed",
     "HostEvents",
     "HostRegistrations",
     "PluginHosts",
@@ -103,6 +104,17 @@ class ActivationFailed(Exception):
         self.stack = stack
 
 
+class HandlerFailed(Exception):
+    """A `harness.handle` handler threw (or the plugin handles no such method, `not_found`),
+    or the host is gone (`message` says so)."""
+
+    def __init__(self, message: str, stack: str = "", *, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.stack = stack
+        self.not_found = not_found
+
+
 @dataclass(slots=True)
 class HostEvents:
     """Callbacks Cordis gives an activation (called on the registry's event loop)."""
@@ -124,6 +136,11 @@ class ActiveHost(Protocol):
     async def call_tool(self, name: str, arguments: JsonValue, signal: AbortSignal) -> JsonValue:
         """Run the plugin's ``execute`` for ``name``; raises ``ToolCallFailure`` with the
         plugin's message when it throws, or with code ``HOST_GONE`` when the host is gone."""
+        ...
+
+    async def call_handler(self, method: str, args: JsonValue) -> JsonValue:
+        """Run the plugin's ``harness.handle`` handler for ``method`` (a page's ``invoke``);
+        raises ``HandlerFailed``."""
         ...
 
     async def retract(self) -> None: ...

@@ -197,22 +197,28 @@ class HostInvoke(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    HANDLER_METHOD_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """Chosen by the client, unique on the stream; the result carries it back."""
     tool_name: _builtins.str
     """The registered tool's name."""
     arguments_json: _builtins.str
     """The arguments as JSON text (lossless JSON)."""
+    handler_method: _builtins.str
+    """When set, calls the `harness.handle` handler of this method (a page's `invoke`) instead of
+    the tool `tool_name`.
+    """
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
+        handler_method: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "invocation_id", b"invocation_id", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "handler_method", b"handler_method", "invocation_id", b"invocation_id", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -438,22 +444,30 @@ class HostInvokeResult(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     VALUE_JSON_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    METHOD_NOT_FOUND_FIELD_NUMBER: _builtins.int
+    ERROR_STACK_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this answers."""
     value_json: _builtins.str
     """The tool's value as JSON text (lossless JSON)."""
     error_message: _builtins.str
     """The failure's message (the plugin's exception, or why the call could not run)."""
+    method_not_found: _builtins.bool
+    """A handler invocation named a method the plugin does not handle (error_message says so)."""
+    error_stack: _builtins.str
+    """The failure's traceback, when there is one (handler invocations)."""
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         value_json: _builtins.str = ...,
         error_message: _builtins.str = ...,
+        method_not_found: _builtins.bool = ...,
+        error_stack: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "error_stack", b"error_stack", "invocation_id", b"invocation_id", "method_not_found", b"method_not_found", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

@@ -115,6 +115,11 @@ export interface HostInvoke {
   toolName: string;
   /** The arguments as JSON text (lossless JSON). */
   argumentsJson: string;
+  /**
+   * When set, calls the `harness.handle` handler of this method (a page's `invoke`) instead of
+   * the tool `tool_name`.
+   */
+  handlerMethod: string;
 }
 
 /** HostCancel cancels one invocation. */
@@ -208,6 +213,10 @@ export interface HostInvokeResult {
     /** The failure's message (the plugin's exception, or why the call could not run). */
     { $case: "errorMessage"; value: string }
     | undefined;
+  /** A handler invocation named a method the plugin does not handle (error_message says so). */
+  methodNotFound: boolean;
+  /** The failure's traceback, when there is one (handler invocations). */
+  errorStack: string;
 }
 
 /** HostRetracted confirms that the plugin is gone. */
@@ -686,7 +695,7 @@ export const HostStart: MessageFns<HostStart> = {
 };
 
 function createBaseHostInvoke(): HostInvoke {
-  return { invocationId: 0n, toolName: "", argumentsJson: "" };
+  return { invocationId: 0n, toolName: "", argumentsJson: "", handlerMethod: "" };
 }
 
 export const HostInvoke: MessageFns<HostInvoke> = {
@@ -702,6 +711,9 @@ export const HostInvoke: MessageFns<HostInvoke> = {
     }
     if (message.argumentsJson !== "") {
       writer.uint32(26).string(message.argumentsJson);
+    }
+    if (message.handlerMethod !== "") {
+      writer.uint32(34).string(message.handlerMethod);
     }
     return writer;
   },
@@ -743,6 +755,14 @@ export const HostInvoke: MessageFns<HostInvoke> = {
             message.argumentsJson = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.handlerMethod = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -765,6 +785,7 @@ export const HostInvoke: MessageFns<HostInvoke> = {
       : 0n;
     message.toolName = object.toolName ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
+    message.handlerMethod = object.handlerMethod ?? "";
     return message;
   },
 };
@@ -1300,7 +1321,7 @@ export const HostFailure: MessageFns<HostFailure> = {
 };
 
 function createBaseHostInvokeResult(): HostInvokeResult {
-  return { invocationId: 0n, outcome: undefined };
+  return { invocationId: 0n, outcome: undefined, methodNotFound: false, errorStack: "" };
 }
 
 export const HostInvokeResult: MessageFns<HostInvokeResult> = {
@@ -1318,6 +1339,12 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
       case "errorMessage":
         writer.uint32(26).string(message.outcome.value);
         break;
+    }
+    if (message.methodNotFound !== false) {
+      writer.uint32(32).bool(message.methodNotFound);
+    }
+    if (message.errorStack !== "") {
+      writer.uint32(42).string(message.errorStack);
     }
     return writer;
   },
@@ -1359,6 +1386,22 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
             message.outcome = { $case: "errorMessage", value: reader.string() };
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.methodNotFound = reader.bool();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.errorStack = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1393,6 +1436,8 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
         break;
       }
     }
+    message.methodNotFound = object.methodNotFound ?? false;
+    message.errorStack = object.errorStack ?? "";
     return message;
   },
 };
