@@ -81,6 +81,8 @@ class HostResult:
     invocation_id: int
     value_json: str | None  # None: failed with error_message
     error_message: str = ""
+    error_stack: str = ""  # a handler's traceback
+    method_not_found: bool = False  # a handler invocation named no handler
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +173,10 @@ class PluginHost:
             if not self.closed.done():
                 self.closed.set_result(None)
 
-    def invoke(self, invocation_id: int, tool_name: str, arguments_json: str) -> None:
+    def invoke(
+        self, invocation_id: int, tool_name: str, arguments_json: str, handler_method: str = ""
+    ) -> None:
+        """Calls the tool `tool_name`, or the `harness.handle` handler `handler_method`."""
         worker = self._worker
         if (
             worker is None
@@ -194,7 +199,12 @@ class PluginHost:
             self._emit(HostResult(invocation_id, None, "tool arguments must be lossless JSON"))
             return
         self._pending.add(invocation_id)
-        worker.send({"t": "invoke", "id": invocation_id, "name": tool_name, "args": tokens})
+        frame: dict[str, object] = {"t": "invoke", "id": invocation_id, "args": tokens}
+        if handler_method:
+            frame["handler"] = handler_method
+        else:
+            frame["name"] = tool_name
+        worker.send(frame)
 
     def cancel(self, invocation_id: int) -> None:
         if self._worker is not None and invocation_id in self._pending and not self._ended:
@@ -268,8 +278,16 @@ class PluginHost:
                 value = flatwire.decode(message.get("value"))
                 self._emit(HostResult(invocation, jsonvalue.dumps(value)))
             else:
-                text = message.get("message")
-                self._emit(HostResult(invocation, None, text if type(text) is str else "failed"))
+                text, stack = message.get("message"), message.get("stack")
+                self._emit(
+                    HostResult(
+                        invocation,
+                        None,
+                        text if type(text) is str else "failed",
+                        stack if type(stack) is str else "",
+                        message.get("notFound") is True,
+                    )
+                )
         elif kind == "retracted" and self._retracting:
             self._end(HostRetracted())
 

@@ -264,6 +264,8 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
             result.value_json = event.value_json
         else:
             result.error_message = event.error_message
+            result.error_stack = event.error_stack
+            result.method_not_found = event.method_not_found
         return runtime_pb2.HostResponse(result=result)
     if isinstance(event, HostLog):
         return runtime_pb2.HostResponse(log=runtime_pb2.LogLine(text=event.text))
@@ -282,7 +284,12 @@ async def _read_host_client(
             kind = message.WhichOneof("kind")
             if kind == "invoke":
                 invoke = message.invoke
-                host.invoke(invoke.invocation_id, invoke.tool_name, invoke.arguments_json)
+                host.invoke(
+                    invoke.invocation_id,
+                    invoke.tool_name,
+                    invoke.arguments_json,
+                    invoke.handler_method,
+                )
                 continue
             if kind == "cancel":
                 host.cancel(message.cancel.invocation_id)

@@ -18,9 +18,11 @@ runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
   parks ``waiting`` (services between plugin hosts are not routed yet: it never starts);
 - retract cancels running invocations and timers, then runs the disposers in reverse order.
 
-Frames, runtime -> worker: ``host`` (once), ``invoke {id, name, args}``, ``cancel {id}``,
+Frames, runtime -> worker: ``host`` (once), ``invoke {id, name, args}`` (a tool) or ``invoke
+{id, handler, args}`` (a ``harness.handle`` handler, a page's ``invoke``), ``cancel {id}``,
 ``retract``. Worker -> runtime: ``log``, ``started {regs}`` or ``failed {phase, message,
-stack}``, ``regs {regs}`` (a change), ``result {id, ok, value | message}``, ``retracted``.
+stack}``, ``regs {regs}`` (a change), ``result {id, ok, value | message [, stack, notFound]}``,
+``retracted``.
 Values travel as flat-wire tokens, as a program's do.
 
 Not a security boundary by itself: the worker's sandbox is (``sandbox_child``).
@@ -360,7 +362,11 @@ class _Host:
                 continue
             kind = message.get("t")
             if kind == "invoke" and type(message.get("id")) is int:
-                self.invoke(message["id"], message.get("name"), message.get("args"))
+                handler = message.get("handler")
+                if type(handler) is str and handler:
+                    self.invoke_handler(message["id"], handler, message.get("args"))
+                else:
+                    self.invoke(message["id"], message.get("name"), message.get("args"))
             elif kind == "cancel":
                 task = self.invocations.get(message.get("id"))  # type: ignore[arg-type]
                 if task is not None:
@@ -383,6 +389,52 @@ class _Host:
         self.invocations[invocation] = task
         task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
 
+    def invoke_handler(self, invocation: int, method: str, tokens: object) -> None:
+        """A page's `invoke` of a `harness.handle` handler (reference §9.6)."""
+        handler = self.handlers.get(method)
+        if handler is None or self.retracting:
+            self.channel.send(
+                {
+                    "t": "result",
+                    "id": invocation,
+                    "ok": False,
+                    "message": f'the plugin has no handler "{method}"',
+                    "notFound": True,
+                }
+            )
+            return
+        try:
+            args = flatwire.decode(tokens)
+        except flatwire.WireError:
+            self.reply(invocation, False, "handler arguments must be lossless JSON")
+            return
+        task = self.loop.create_task(self.run_handler(invocation, method, handler, args))
+        self.invocations[invocation] = task
+        task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
+
+    async def run_handler(
+        self, invocation: int, method: str, handler: Callable[..., Any], args: object
+    ) -> None:
+        try:
+            value = handler(args)
+            if inspect.isawaitable(value):
+                value = await value
+        except asyncio.CancelledError:
+            self.reply(invocation, False, "the call was cancelled")
+            return
+        except MemoryError:
+            os._exit(framing.EXIT_OUT_OF_MEMORY)
+        except Exception as exc:
+            message = ledger.fit_prefix(
+                ledger.valid_text(str(exc) or type(exc).__name__), self.max_output
+            )
+            stack = ledger.fit_prefix(ledger.valid_text(render_exception(exc)), self.max_output)
+            self.channel.send(
+                {"t": "result", "id": invocation, "ok": False, "message": message, "stack": stack}
+            )
+            return
+        self.send_value(invocation, f'handler "{method}"', value)
+
     async def run_tool(self, invocation: int, tool: _ToolDefinition, args: object) -> None:
         try:
             value = tool.execute(args)
@@ -397,10 +449,13 @@ class _Host:
         except Exception as exc:
             self.reply(invocation, False, str(exc) or type(exc).__name__)
             return
+        self.send_value(invocation, f'tool "{tool.name}"', value)
+
+    def send_value(self, invocation: int, what: str, value: object) -> None:
         try:
             tokens = flatwire.encode(value)
         except (flatwire.WireError, ValueError, TypeError):
-            self.reply(invocation, False, f'the result of tool "{tool.name}" {LOSSY}')
+            self.reply(invocation, False, f"the result of {what} {LOSSY}")
             return
         if not ledger.OutputLedger(self.max_output).fits_value(value):
             self.reply(
