@@ -661,8 +661,11 @@ class CordisRunner:
 
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts
-        retracted (the layer, with its dynamic tools, is already gone)."""
+        retracted (the layer, with its dynamic tools, is already gone), and their pending
+        requests cancelled."""
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
+            if self.client_activation is not None:
+                self.client_activation.cancel_pending(plugin)
             del self._plugins[plugin.plugin_id]
             self.in_background(self._retract(plugin))
             self._changed()

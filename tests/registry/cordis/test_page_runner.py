@@ -584,3 +584,16 @@ async def test_a_cancelled_client_query_resolves_as_cancelled(cordis: CordisHarn
         assert (resolved.query_id, resolved.outcome) == (asked.query_id, "cancelled")
         late = await page.answer_query(asked.query_id, {"slots": []})
         assert not late.accepted and late.code == "query-unknown"
+
+
+async def test_deleting_the_agent_cancels_its_pending_requests(cordis: CordisHarness) -> None:
+    agent = await cordis.agent("maker")
+    await _defined(cordis, agent)
+    async with _page(cordis, agent) as page:
+        await _run(cordis, agent)
+        request = (await page.next_event("run_requested")).run_requested
+        await cordis.stub.DeleteAgent(rpb.DeleteAgentRequest(name=agent))
+        resolved = (await page.next_event("run_resolved")).run_resolved
+        assert (resolved.request_id, resolved.outcome) == (request.request_id, "cancelled")
+        assert not (await page.run_host_half(request)).accepted
+    assert not cordis.registry.cordis.client_runs.has_pending("panel-1")
