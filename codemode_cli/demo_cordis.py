@@ -13,7 +13,8 @@ mode with `self_modification`, and runs its programs through the Python client:
    tool (the plugin's tools left the catalog with its run).
 
 Each program's nested calls are printed as a trajectory, and the steering records as
-`WatchHistory` delivers them (and as the history keeps them) at the end.
+`WatchHistory` delivers them (and as the history keeps them) at the end. Then a second agent's
+client-bearing plugin is answered by a scripted page runner (`demo_page_runner`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
+from codemode_cli.demo_page_runner import page_runner_walkthrough
 from codemode_cli.processes import running
 from codemode_client import AgentMessage, RegistryClient, ToolCallResult, agent_message
 from codemode_wire import jsonvalue
@@ -118,6 +120,7 @@ async def run_cordis_demo() -> int:
             try:
                 print(f"runtime on 127.0.0.1:{runtime.rest} · registry up\n")
                 await _walkthrough(client)
+                await page_runner_walkthrough(client)
             finally:
                 await client.close()
                 await registry.stop(1)

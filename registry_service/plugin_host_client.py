@@ -32,6 +32,7 @@ from registry_service.domain.plugin_hosts import (
     ActivationFailed,
     ActivationSpec,
     DynamicToolSpec,
+    HandlerFailed,
     HostEvents,
     HostRegistrations,
     ServiceSpec,
@@ -163,25 +164,13 @@ class GrpcActiveHost:
     ) -> JsonValue | ToolResult:
         if self._ended or self._retracting:
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
-        invocation = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[pb.HostInvokeResult] = asyncio.get_running_loop().create_future()
-        self._pending[invocation] = future
         request = pb.HostInvoke(
-            invocation_id=invocation,
-            tool_name=name,
-            arguments_json=jsonvalue.dumps(arguments),
-            service=service,
+            tool_name=name, arguments_json=jsonvalue.dumps(arguments), service=service
         )
-        remove = signal.add_listener(lambda _reason: self._cancel(invocation))
         try:
-            await self._write(pb.HostRequest(invoke=request))
-            result = await future
+            result = await self._send_invoke(request, signal)
         except grpc.aio.AioRpcError as exc:
             raise ToolCallFailure(f"{_HOST_GONE}: {exc.details()}", HOST_GONE) from exc
-        finally:
-            remove()
-            self._pending.pop(invocation, None)
         if result.WhichOneof("outcome") == "value_json":
             value = jsonvalue.loads(result.value_json)
             if result.presentation_meta_json:
@@ -191,6 +180,47 @@ class GrpcActiveHost:
         if result is _GONE:  # the stream ended with the call in flight
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
         raise ToolCallFailure(result.error_message or "the plugin's tool failed")
+
+    async def call_handler(self, method: str, args: JsonValue) -> JsonValue:
+        if self._ended or self._retracting:
+            raise HandlerFailed(_HOST_GONE)
+        request = pb.HostInvoke(handler_method=method, arguments_json=jsonvalue.dumps(args))
+        try:
+            result = await self._send_invoke(request, None)
+        except grpc.aio.AioRpcError as exc:
+            raise HandlerFailed(f"{_HOST_GONE}: {exc.details()}") from exc
+        if result.WhichOneof("outcome") == "value_json":
+            return jsonvalue.loads(result.value_json)
+        if result is _GONE:  # the stream ended with the call in flight
+            raise HandlerFailed(_HOST_GONE)
+        raise HandlerFailed(
+            result.error_message or "the handler failed",
+            result.error_stack,
+            not_found=result.method_not_found,
+        )
+
+    async def _send_invoke(
+        self, request: pb.HostInvoke, signal: AbortSignal | None
+    ) -> pb.HostInvokeResult:
+        """Sends one invocation (a tool, a service method, a handler) and awaits its result;
+        a fired `signal` cancels it in the host."""
+        invocation = self._next_id
+        self._next_id += 1
+        request.invocation_id = invocation
+        future: asyncio.Future[pb.HostInvokeResult] = asyncio.get_running_loop().create_future()
+        self._pending[invocation] = future
+        remove = (
+            signal.add_listener(lambda _reason: self._cancel(invocation))
+            if signal is not None
+            else None
+        )
+        try:
+            await self._write(pb.HostRequest(invoke=request))
+            return await future
+        finally:
+            if remove is not None:
+                remove()
+            self._pending.pop(invocation, None)
 
     def _cancel(self, invocation: int) -> None:
         if not self._ended and invocation in self._pending:

@@ -13,8 +13,9 @@ from opentelemetry.trace import TracerProvider
 from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
-from codemode_wire.api.registry.v1 import registry_service_pb2
+from codemode_wire.api.registry.v1 import page_runner_pb2, registry_service_pb2
 from registry_service.config import RegistrySettings
+from registry_service.page_runner_servicer import PageRunnerServicer
 from registry_service.registry import Registry, build_registry
 from registry_service.servicer import RegistryServicer
 
@@ -29,6 +30,7 @@ class RunningRegistry:
     port: int
     health: health.aio.HealthServicer
     servicer: RegistryServicer
+    pages: PageRunnerServicer
 
     @property
     def address(self) -> str:
@@ -42,6 +44,7 @@ class RunningRegistry:
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self.server.stop(grace))
         await self.servicer.drain(grace)
+        self.pages.drain()
         await stopping
         await self.registry.close()
 
@@ -67,6 +70,8 @@ async def start(
     add_service(
         server, servicer, registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"]
     )
+    pages = PageRunnerServicer(registry)
+    add_service(server, pages, page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"])
     port, health_servicer = await open_server(
         server,
         service_name=SERVICE_NAME,
@@ -82,7 +87,7 @@ async def start(
         await health_servicer.set("", status)
 
     await registry.start_background(report_health)
-    return RunningRegistry(server, registry, port, health_servicer, servicer)
+    return RunningRegistry(server, registry, port, health_servicer, servicer, pages)
 
 
 async def serve(settings: RegistrySettings) -> None:

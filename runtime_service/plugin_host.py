@@ -96,6 +96,8 @@ class HostResult:
     value_json: str | None  # None: failed with error_message
     error_message: str = ""
     presentation_meta_json: str = ""  # with a value: the tool's presentation metadata
+    error_stack: str = ""  # a handler's traceback
+    method_not_found: bool = False  # a handler invocation named no handler
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +213,11 @@ class PluginHost:
         *,
         service: str = "",
         event: str = "",
+        handler_method: str = "",
     ) -> None:
         """Calls a tool the plugin registered; with ``service``: the method ``tool_name`` of a
-        service it provides; with ``event``: delivers that event to its listeners."""
+        service it provides; with ``event``: delivers that event to its listeners; with
+        ``handler_method``: the ``harness.handle`` handler of that method (a page's invoke)."""
         worker = self._worker
         if (
             worker is None
@@ -239,7 +243,11 @@ class PluginHost:
             self._emit(HostResult(invocation_id, None, "service arguments must be a JSON array"))
             return
         self._pending[invocation_id] = self._cpu_now()
-        frame: dict[str, object] = {"t": "invoke", "id": invocation_id, "name": tool_name}
+        frame: dict[str, object] = {"t": "invoke", "id": invocation_id}
+        if handler_method:
+            frame["handler"] = handler_method
+        else:
+            frame["name"] = tool_name
         if service:
             frame["service"] = service
         if event:
@@ -392,10 +400,20 @@ class PluginHost:
                 value = flatwire.decode(message.get("value"))
                 meta = flatwire.decode(message["meta"]) if "meta" in message else None
                 meta_json = jsonvalue.dumps(meta) if type(meta) is dict else ""
-                self._emit(HostResult(invocation, jsonvalue.dumps(value), "", meta_json))
+                self._emit(
+                    HostResult(invocation, jsonvalue.dumps(value), presentation_meta_json=meta_json)
+                )
             else:
-                text = message.get("message")
-                self._emit(HostResult(invocation, None, text if type(text) is str else "failed"))
+                text, stack = message.get("message"), message.get("stack")
+                self._emit(
+                    HostResult(
+                        invocation,
+                        None,
+                        text if type(text) is str else "failed",
+                        error_stack=stack if type(stack) is str else "",
+                        method_not_found=message.get("notFound") is True,
+                    )
+                )
         elif kind == "retracted" and self._retracting:
             self._end(HostRetracted())
 

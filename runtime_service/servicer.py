@@ -288,6 +288,8 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
             result.presentation_meta_json = event.presentation_meta_json
         else:
             result.error_message = event.error_message
+            result.error_stack = event.error_stack
+            result.method_not_found = event.method_not_found
         return runtime_pb2.HostResponse(result=result)
     if isinstance(event, HostLog):
         return runtime_pb2.HostResponse(log=runtime_pb2.LogLine(text=event.text))
@@ -312,6 +314,7 @@ async def _read_host_client(
                     invoke.arguments_json,
                     service=invoke.service,
                     event=invoke.event,
+                    handler_method=invoke.handler_method,
                 )
                 continue
             if kind == "services":

@@ -46,6 +46,7 @@ __all__ = [
     "ActivationSpec",
     "ActiveHost",
     "DynamicToolSpec",
+    "HandlerFailed",
     "HostEvents",
     "HostRegistrations",
     "PluginHosts",
@@ -125,6 +126,17 @@ class ActivationFailed(Exception):
         self.stack = stack
 
 
+class HandlerFailed(Exception):
+    """A `harness.handle` handler threw (or the plugin handles no such method, `not_found`),
+    or the host is gone (`message` says so)."""
+
+    def __init__(self, message: str, stack: str = "", *, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.stack = stack
+        self.not_found = not_found
+
+
 @dataclass(slots=True)
 class HostEvents:
     """Callbacks Cordis gives an activation (called on the registry's event loop)."""
@@ -172,6 +184,11 @@ class ActiveHost(Protocol):
 
     def deliver_event(self, event: str, payload: JsonValue) -> None:
         """Hands an event to the plugin's listeners (in the order of the calls)."""
+        ...
+
+    async def call_handler(self, method: str, args: JsonValue) -> JsonValue:
+        """Run the plugin's ``harness.handle`` handler for ``method`` (a page's ``invoke``);
+        raises ``HandlerFailed``."""
         ...
 
     async def retract(self) -> None: ...

@@ -22,13 +22,14 @@ runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
   is disposed and parks again. Injected services are attributes of ``ctx``;
 - retract cancels running invocations and timers, then runs the disposers in reverse order.
 
-Frames, runtime -> worker: ``host`` (once), ``invoke {id, name, args}``, ``cancel {id}``,
+Frames, runtime -> worker: ``host`` (once), ``invoke {id, name, args}`` (a tool) or ``invoke
+{id, handler, args}`` (a ``harness.handle`` handler, a page's ``invoke``), ``cancel {id}``,
 ``retract``, ``services {services}`` (what the plugin may inject now), ``call_result {id, ok,
 value | message}``; ``invoke`` with ``service`` calls a provided service's method, with
 ``event`` delivers an event. Worker -> runtime: ``log``, ``started {regs}`` or ``failed
 {phase, message, stack}`` (after the start: the plugin cannot go on, the host ends), ``regs
-{regs}`` (a change), ``result {id, ok, value | message}``, ``call {id, service, method, args}``
-(a call of an injected service), ``retracted``.
+{regs}`` (a change), ``result {id, ok, value | message [, stack, notFound]}``, ``call {id,
+service, method, args}`` (a call of an injected service), ``retracted``.
 Values travel as flat-wire tokens, as a program's do.
 
 Not a security boundary by itself: the worker's sandbox is (``sandbox_child``).
@@ -73,6 +74,9 @@ LOSSY = (
 NOT_A_DEFINITION = "dynamic tool registration must use a tool returned by harness.define_tool(...)"
 MISSING_RETURN = "the Host half returned `None` -- did you forget `return`?"
 WRONG_RETURN = "the Host half must return a Plugin function or an object with apply(ctx)"
+
+
+_NO_META = object()  # a result without presentation metadata (not even None)
 
 
 class _ToolDefinition:
@@ -550,7 +554,10 @@ class _Host:
                 continue
             kind = message.get("t")
             if kind == "invoke" and type(message.get("id")) is int:
-                if message.get("event"):
+                handler = message.get("handler")
+                if type(handler) is str and handler:
+                    self.invoke_handler(message["id"], handler, message.get("args"))
+                elif message.get("event"):
                     self.deliver(message["id"], str(message["event"]), message.get("args"))
                 elif message.get("service"):
                     self.serve(
@@ -631,6 +638,50 @@ class _Host:
         self.invocations[invocation] = task
         task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
 
+    def invoke_handler(self, invocation: int, method: str, tokens: object) -> None:
+        """A page's `invoke` of a `harness.handle` handler (reference §9.6)."""
+        handler = self.handlers.get(method)
+        if handler is None or self.retracting:
+            self.channel.send(
+                {
+                    "t": "result",
+                    "id": invocation,
+                    "ok": False,
+                    "message": f'the plugin has no handler "{method}"',
+                    "notFound": True,
+                }
+            )
+            return
+        try:
+            args = flatwire.decode(tokens)
+        except flatwire.WireError:
+            self.reply(invocation, False, "handler arguments must be lossless JSON")
+            return
+        self.track(invocation, self.run_handler(invocation, method, handler, args))
+
+    async def run_handler(
+        self, invocation: int, method: str, handler: Callable[..., Any], args: object
+    ) -> None:
+        try:
+            value = handler(args)
+            if inspect.isawaitable(value):
+                value = await value
+        except asyncio.CancelledError:
+            self.reply(invocation, False, "the call was cancelled")
+            return
+        except MemoryError:
+            os._exit(framing.EXIT_OUT_OF_MEMORY)
+        except Exception as exc:
+            message = ledger.fit_prefix(
+                ledger.valid_text(str(exc) or type(exc).__name__), self.max_output
+            )
+            stack = ledger.fit_prefix(ledger.valid_text(render_exception(exc)), self.max_output)
+            self.channel.send(
+                {"t": "result", "id": invocation, "ok": False, "message": message, "stack": stack}
+            )
+            return
+        self.send_value(invocation, f'handler "{method}"', value)
+
     async def run_tool(
         self,
         invocation: int,
@@ -641,7 +692,7 @@ class _Host:
         service: str = "",
         presentation_meta: Callable[[Any, Any], Any] | None = None,
     ) -> None:
-        meta: object = None
+        meta: object = _NO_META
         try:
             value = execute(args)
             if inspect.isawaitable(value):
@@ -663,6 +714,13 @@ class _Host:
         if service and isinstance(value, _Context):
             self.reply(invocation, False, context_returned(service))
             return
+        self.send_value(invocation, what, value, meta)
+
+    def send_value(
+        self, invocation: int, what: str, value: object, meta: object = _NO_META
+    ) -> None:
+        """The successful result frame; `meta` (unless `_NO_META`) is the tool's presentation
+        metadata, which must be a lossless dict."""
         try:
             tokens = flatwire.encode(value)
         except (flatwire.WireError, ValueError, TypeError):
@@ -676,7 +734,7 @@ class _Host:
             )
             return
         frame: dict[str, object] = {"t": "result", "id": invocation, "ok": True, "value": tokens}
-        if presentation_meta is not None:
+        if meta is not _NO_META:
             try:
                 if type(meta) is not dict:
                     raise TypeError

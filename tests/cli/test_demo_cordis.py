@@ -41,3 +41,12 @@ def test_cordis_demo_prints_the_trajectory_and_the_steering_records() -> None:
     after = out.split("tools behind the SDK now: ", 1)[1].splitlines()[0]
     assert "clock_now" not in after and "cordis_run" in after
     assert "steering records in agents/cordis-agent's history: 1" in out
+    # A second agent's client-bearing plugin, answered by a scripted page runner.
+    page = out.split("agents/page-agent: a client-bearing plugin", 1)[1]
+    assert '"status":"awaiting-approval","pluginId":"greet-2"' in page
+    assert "approval required: True" in page
+    assert 'page: host.call(\'greet\') -> {"greeting":"hello, console"}' in page
+    assert "page: settled (accepted: True); request approved" in page
+    assert "Cordis run greet-2/pkg-3 (run-5) completed successfully." in page
+    assert "page: request rejected" in page
+    assert "The user rejected Cordis update greet-2/pkg-4 (run-6)." in page

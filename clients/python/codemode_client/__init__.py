@@ -7,6 +7,8 @@
   JSON value or a `ToolOutput` (content blocks `TextContent`, `ImageContent`, `JsonContent`,
   `AdditionalContext`s, `concludes_turn`), and raises `ToolFailed` to fail the call.
 - `Approver`: answer approval requests from a function.
+- `PageRunner`: a Cordis page runner (activation requests, settlement, `invoke`, render
+  failures, client inspect manifests and queries) over `PageRunnerService.Attach`.
 - `open_channel`: a channel whose message limits match the registry's (use it for
   `ToolProvider` and `Approver`: gRPC's 4 MiB default breaks on large arguments).
 - Errors: `CodemodeError` and one subclass per status code, with `reason`, `domain`, `metadata`.
@@ -25,6 +27,7 @@ from codemode_client.errors import (
     NotFound,
     Unavailable,
 )
+from codemode_client.page_runner import PageRunner
 from codemode_client.provider import InvocationContext, ProviderError, ToolFailed, ToolProvider
 from codemode_client.replicas import ReplicaSet
 from codemode_client.results import (
@@ -51,6 +54,7 @@ __all__ = [
     "InvocationContext",
     "JsonContent",
     "NotFound",
+    "PageRunner",
     "Progress",
     "ProviderError",
     "RegistryClient",

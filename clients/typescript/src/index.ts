@@ -9,6 +9,18 @@ export {
 } from "./approver";
 export { CodemodeError, errorInfoOf, retryDelayOf } from "./errors";
 export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
+export {
+  PageRunner,
+  type ClientCode,
+  type InspectProvider,
+  type InspectQuery,
+  type InvokeResult,
+  type PageAnswer,
+  type PageEvent,
+  type RunRequest,
+  type SettleOptions,
+  type SettleOutcomeName,
+} from "./page-runner";
 export { type ServeOptions } from "./reconnect";
 export { ReplicaSet, resolveAll, splitTarget, type ReplicaSetOptions, type Served } from "./replicas";
 export { type ZodInput, type ZodSchemaLike } from "./zod-schema";
@@ -53,3 +65,4 @@ export { PresentationMode, type Agent, type Preset } from "./gen/codemode/regist
 export { Concurrency, type ContentBlock, type Tool, type ToolError, type ToolResult } from "./gen/codemode/registry/v1/tool";
 /** The generated schema types and grpc-js service definitions. */
 export * as registryV1 from "./gen/codemode/registry/v1/registry_service";
+export * as pageRunnerV1 from "./gen/codemode/registry/v1/page_runner";

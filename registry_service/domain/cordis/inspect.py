@@ -1,12 +1,14 @@
 """The inspect registry (reference §9.7): read-only providers a model queries before it writes a
-package. Host providers are local; the client manifest is whatever the page runner last synced
-(empty until page runners exist). Manifests are validated when registered; queries validate
-their input against the method's input schema and their output against its output schema."""
+package. Host providers are local; an agent's client manifest is whatever a page runner of that
+agent last synced (replaced wholesale), and client queries are answered by its pages. Manifests
+are validated when registered; queries validate their input against the method's input schema
+and their output against its output schema."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
@@ -15,6 +17,19 @@ from registry_service.domain.jsonschema import SchemaError, check_schema, valida
 from registry_service.domain.signals import AbortSignal
 
 Query = Callable[[JsonValue, str], Awaitable[JsonValue]]  # (input, owner agent) -> data
+
+
+class ClientQuery(Protocol):
+    """Asks the owner's page runners; returns the first valid successful answer's data."""
+
+    async def __call__(
+        self,
+        owner: str,
+        provider: str,
+        method: Method,
+        input_value: JsonValue,
+        signal: AbortSignal,
+    ) -> JsonValue: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +88,39 @@ def validate_provider(provider: Provider) -> None:
                 raise ValueError(f"{where} {label} schema is not supported: {exc}") from None
 
 
+def client_providers(raw: JsonValue) -> list[Provider]:
+    """A page's manifest (a JSON array of `{id, description, methods: [{name, description,
+    inputSchema, outputSchema}]}`) as providers; raises ValueError naming the first problem
+    (validated further by `sync_client_manifest`)."""
+    if not isinstance(raw, list):
+        raise ValueError("a client inspect manifest is a JSON array of providers")
+    out: list[Provider] = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("methods", []), list):
+            raise ValueError("each client Inspect Provider is an object with `methods`")
+        methods: list[Method] = []
+        for m in item.get("methods", []):  # type: ignore[union-attr]
+            if not isinstance(m, dict):
+                raise ValueError("each Inspect method is an object")
+            methods.append(
+                Method(
+                    str(m.get("name", "")),
+                    str(m.get("description", "")),
+                    m.get("inputSchema", {}),
+                    m.get("outputSchema", {}),
+                )
+            )
+        out.append(
+            Provider(str(item.get("id", "")), str(item.get("description", "")), tuple(methods))
+        )
+    return out
+
+
 class InspectRegistry:
     def __init__(self) -> None:
         self._host: dict[str, Provider] = {}
-        self._client: dict[str, Provider] = {}
+        self._client: dict[str, dict[str, Provider]] = {}  # per agent
+        self.client_query: ClientQuery | None = None  # set when page runners exist
 
     def register_host(self, provider: Provider) -> None:
         validate_provider(provider)
@@ -84,20 +128,20 @@ class InspectRegistry:
             raise ValueError(f'host Inspect Provider "{provider.id}" is already registered')
         self._host[provider.id] = provider
 
-    def sync_client_manifest(self, providers: Sequence[Provider]) -> None:
-        """Replaces the client manifest wholesale (a page runner's sync)."""
+    def sync_client_manifest(self, owner: str, providers: Sequence[Provider]) -> None:
+        """Replaces the agent's client manifest wholesale (a page runner's sync)."""
         fresh: dict[str, Provider] = {}
         for provider in providers:
             validate_provider(provider)
             if provider.id in fresh:
                 raise ValueError(f'client Inspect Provider "{provider.id}" appears twice')
             fresh[provider.id] = provider
-        self._client = fresh
+        self._client[owner] = fresh
 
-    def list(self) -> list[JsonValue]:
+    def list(self, owner: str) -> list[JsonValue]:
         return [
             *(p.manifest("host") for p in self._host.values()),
-            *(p.manifest("client") for p in self._client.values()),
+            *(p.manifest("client") for p in self._client.get(owner, {}).values()),
         ]
 
     async def query(
@@ -110,7 +154,7 @@ class InspectRegistry:
         owner: str,
         signal: AbortSignal,
     ) -> JsonValue:
-        providers = self._host if platform == "host" else self._client
+        providers = self._host if platform == "host" else self._client.get(owner, {})
         provider = providers.get(provider_id)
         if provider is None:
             known = ", ".join(f'"{p}"' for p in providers) or "(none)"
@@ -135,15 +179,16 @@ class InspectRegistry:
                 + "; ".join(violations),
                 "invalid-input",
             )
-        if method.query is None:
-            # Client methods are answered by a page runner (the next issue brings them).
-            raise CordisError(
-                "client Inspect queries are answered by a page runner, which this registry "
-                "does not have yet",
-                "client-unavailable",
-            )
         if signal.aborted:
             raise CordisError("cordis_inspect_query was cancelled", "cancelled")
+        if method.query is None:  # a client method: the first valid page answer (validated)
+            if self.client_query is None:
+                raise CordisError(
+                    "client Inspect queries are answered by a page runner, which this "
+                    "registry does not have",
+                    "client-unavailable",
+                )
+            return await self.client_query(owner, provider_id, method, value, signal)
         data = jsonvalue.snapshot(await method.query(value, owner))
         if signal.aborted:
             raise CordisError("cordis_inspect_query was cancelled", "cancelled")

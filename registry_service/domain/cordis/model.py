@@ -123,6 +123,8 @@ class ActiveRun:
     registrations: HostRegistrations = field(default_factory=HostRegistrations)
     # The catalog entries its dynamic tools hold in the owner's scope, by name.
     tools: dict[str, ToolDefinition] = field(default_factory=dict)
+    # The last render failure a page reported for this run (gone with the run).
+    render_failure: Diagnostic | None = None
 
 
 @dataclass(slots=True)
@@ -135,7 +137,7 @@ class Plugin:
     run: ActiveRun | None = None
     latest: Attempt | None = None
     starting: bool = False  # a start is in flight (`transition-in-flight`)
-    # Grants for client halves (recorded by the page runner, next issue).
+    # Grants for client halves (recorded when a page runs a request or a panel gesture).
     approved_client_packages: set[str] = field(default_factory=set)
     client_version_updates_approved: bool = False
 
@@ -251,6 +253,8 @@ class Plugin:
             client = latest.client.to_json()
         else:
             client = {"status": "stopped" if pkg.has_client else "absent", "waitingFor": []}
+        if active is not None and active.render_failure is not None:
+            client["renderFailure"] = active.render_failure.to_json()
         return {
             "mode": "package",
             "plugin": self.summary(),

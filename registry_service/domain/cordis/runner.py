@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import cast
+from typing import Protocol, cast
 
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
@@ -39,6 +39,7 @@ from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
     Attempt,
+    AttemptStatus,
     Diagnostic,
     HalfState,
     Mode,
@@ -80,6 +81,19 @@ NO_PLUGIN_HOSTS = (
 )
 
 
+class ClientActivation(Protocol):
+    """The page-runner half of activation (`page_runners.ClientRuns`): client-bearing packages
+    become requests that a page settles."""
+
+    def has_pending(self, plugin_id: str) -> bool: ...
+
+    def request(self, plugin: Plugin, package: Package, mode: Mode) -> dict[str, JsonValue]: ...
+
+    def cancel_pending(self, plugin: Plugin) -> bool:
+        """Cancels the plugin's pending request (stop, undefine); True when there was one."""
+        ...
+
+
 class CordisRunner:
     def __init__(
         self,
@@ -109,6 +123,8 @@ class CordisRunner:
         self._services = ServiceRouter()
         self._events = OwnerEvents(history_watch, self._deliver_event)
         self._persistence: Persistence | None = None
+        # Set when page runners exist (the Cordis service wires them in).
+        self.client_activation: ClientActivation | None = None
         if state_store is not None:
             saved = state_store.load()
             if saved is not None:
@@ -130,6 +146,24 @@ class CordisRunner:
         if plugin is None or plugin.owner != owner:
             raise plugin_missing(plugin_id)
         return plugin
+
+    def find(self, owner: str, plugin_id: str) -> Plugin | None:
+        """The plugin when `owner` owns it (another agent's plugin reads as absent)."""
+        plugin = self._plugins.get(plugin_id)
+        return plugin if plugin is not None and plugin.owner == owner else None
+
+    def plan(self, plugin: Plugin, package_id: str, mode: str) -> Package:
+        return self._plan(plugin, package_id, mode)
+
+    def changed(self) -> None:
+        self._changed()
+
+    @property
+    def ids(self) -> Ids:
+        return self._ids
+
+    async def retract(self, plugin: Plugin) -> None:
+        await self._retract(plugin)
 
     def owned(self, owner: str) -> list[Plugin]:
         return [p for p in self._plugins.values() if p.owner == owner]
@@ -236,35 +270,69 @@ class CordisRunner:
         package = self._plan(plugin, package_id, mode)
         if signal.aborted:
             raise CordisError("cordis_run was cancelled", "cancelled")
-        if package.has_client:
-            # The page-runner seam: approval, grants and client settlement arrive with the
-            # page runner (next issue). Refused before any state changes.
+        client = self.client_activation
+        if client is not None and client.has_pending(plugin_id):
             raise CordisError(
-                f'package "{package_id}" has a Client half; client halves run in a page runner, '
-                "which this registry does not have yet. Host-only packages run now.",
-                "client-unavailable",
+                f'dynamic plugin "{plugin_id}" already has a pending run request',
+                "transition-in-flight",
             )
+        if package.has_client:
+            if client is None:
+                raise CordisError(
+                    f'package "{package_id}" has a Client half; client halves run in a page '
+                    "runner, which this registry does not have. Host-only packages run now.",
+                    "client-unavailable",
+                )
+            # Never waits for a page: the outcome arrives later as a steering record.
+            return client.request(plugin, package, cast(Mode, mode))
         if self.hosts is None:
             raise CordisError(NO_PLUGIN_HOSTS, "plugin-hosts-unavailable")
-        attempt = Attempt(
-            run_id=self._ids.run(),
-            package_id=package_id,
-            mode=cast(Mode, mode),
-            status="starting-host",
-            host=HalfState("pending"),
-            client=HalfState("absent"),
-        )
-        plugin.next = package_id
-        plugin.latest = attempt
-        plugin.starting = True
-        self._changed()
-        self._events.follow(owner)  # before the plugin can listen: nothing after it is missed
+        attempt = self.new_attempt(plugin, package, cast(Mode, mode), "starting-host")
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
-        task = asyncio.ensure_future(self._start(plugin, package, attempt, self.hosts))
-        self._starts[plugin_id] = task
+        task = self.start_host(plugin, package, attempt, self.hosts)
         task.add_done_callback(lambda t: self._settled_late(plugin, attempt, signal, t))
         return await asyncio.shield(task)
+
+    def new_attempt(
+        self, plugin: Plugin, package: Package, mode: Mode, status: AttemptStatus
+    ) -> Attempt:
+        """Mints `run-<n>` and records the attempt as the plugin's latest, `next` its target."""
+        attempt = Attempt(
+            run_id=self._ids.run(),
+            package_id=package.package_id,
+            mode=mode,
+            status=status,
+            host=HalfState("pending" if package.has_host else "absent"),
+            client=HalfState("pending" if package.has_client else "absent"),
+        )
+        plugin.next = package.package_id
+        plugin.latest = attempt
+        self._changed()
+        return attempt
+
+    def start_host(
+        self,
+        plugin: Plugin,
+        package: Package,
+        attempt: Attempt,
+        hosts: PluginHosts | None,
+        *,
+        client_pending: bool = False,
+    ) -> asyncio.Task[dict[str, JsonValue]]:
+        """Starts the activation (retracting the old run first); `client_pending`: a
+        client-bearing package stops at `client-pending` instead of committing (the page's
+        settlement commits it). Concurrent callers share the task in `starting_task`."""
+        plugin.starting = True
+        self._events.follow(plugin.owner)  # before the plugin can listen: nothing is missed
+        task = asyncio.ensure_future(
+            self._start(plugin, package, attempt, hosts, client_pending=client_pending)
+        )
+        self._starts[plugin.plugin_id] = task
+        return task
+
+    def starting_task(self, plugin_id: str) -> asyncio.Task[dict[str, JsonValue]] | None:
+        return self._starts.get(plugin_id)
 
     def _settled_late(
         self,
@@ -297,19 +365,48 @@ class CordisRunner:
         self.steering.steer(plugin.owner, text, metadata)
 
     async def _start(
-        self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
+        self,
+        plugin: Plugin,
+        package: Package,
+        attempt: Attempt,
+        hosts: PluginHosts | None,
+        *,
+        client_pending: bool,
     ) -> dict[str, JsonValue]:
         try:
             if plugin.run is not None:
                 await self._retract(plugin)  # update = retract, await quiescence, then start
-            return await self._activate(plugin, package, attempt, hosts)
+            if not package.has_host:  # a client-only package: the run has no plugin host
+                return self._client_only_run(plugin, package, attempt)
+            if hosts is None:
+                raise self._failed(plugin, attempt, "host-load", NO_PLUGIN_HOSTS)
+            return await self._activate(
+                plugin, package, attempt, hosts, client_pending=client_pending
+            )
         finally:
             plugin.starting = False
             if self._starts.get(plugin.plugin_id) is asyncio.current_task():
                 del self._starts[plugin.plugin_id]
 
+    def _client_only_run(
+        self, plugin: Plugin, package: Package, attempt: Attempt
+    ) -> dict[str, JsonValue]:
+        if plugin.latest is not attempt or self._plugins.get(plugin.plugin_id) is not plugin:
+            raise CordisError(
+                f'plugin "{plugin.plugin_id}" was removed while starting', "cancelled"
+            )
+        plugin.run = ActiveRun(attempt.run_id, package.package_id, None)
+        attempt.status = "client-pending"
+        return {"status": "client-pending", "pluginRunId": attempt.run_id}
+
     async def _activate(
-        self, plugin: Plugin, package: Package, attempt: Attempt, hosts: PluginHosts
+        self,
+        plugin: Plugin,
+        package: Package,
+        attempt: Attempt,
+        hosts: PluginHosts,
+        *,
+        client_pending: bool = False,
     ) -> dict[str, JsonValue]:
         run_id = attempt.run_id
         owner, plugin_id = plugin.owner, plugin.plugin_id
@@ -370,8 +467,11 @@ class CordisRunner:
         self._tell_services(plugin.owner)  # what it provides, and what appeared meanwhile
         registrations = run.registrations
         waiting = registrations.waiting
-        attempt.status = "waiting" if waiting else "running"  # a parked plugin counts as success
         attempt.host = HalfState("waiting" if waiting else "running", registrations.waiting_for)
+        if client_pending:  # the page's settlement commits (or fails) the activation
+            attempt.status = "client-pending"
+            return {"status": "client-pending", "pluginRunId": run_id}
+        attempt.status = "waiting" if waiting else "running"  # a parked plugin counts as success
         plugin.current = package.package_id
         plugin.next = None
         self._changed()
@@ -496,15 +596,13 @@ class CordisRunner:
         if (
             latest is not None
             and latest.run_id == run_id
-            and latest.status
-            in (
-                "running",
-                "waiting",
-            )
+            and latest.status in ("running", "waiting", "client-pending")
         ):
             waiting = registrations.waiting
-            latest.status = "waiting" if waiting else "running"
             latest.host = HalfState("waiting" if waiting else "running", registrations.waiting_for)
+            if latest.status != "client-pending":
+                client_waits = latest.client.status == "waiting"
+                latest.status = "waiting" if waiting or client_waits else "running"
 
     def _host_lost(self, plugin: Plugin, run_id: str, reason: str) -> None:
         run = plugin.run
@@ -540,7 +638,7 @@ class CordisRunner:
                 {"pluginId": plugin.plugin_id, "packageId": run.package_id, "pluginRunId": run_id},
             )
         if run.host is not None:
-            self._in_background(run.host.retract())  # idempotent; reaps whatever is left
+            self.in_background(run.host.retract())  # idempotent; reaps whatever is left
 
     def _unregister(self, plugin: Plugin, run: ActiveRun) -> None:
         for defn in run.tools.values():
@@ -582,12 +680,19 @@ class CordisRunner:
 
     async def stop(self, owner: str, plugin_id: str) -> dict[str, JsonValue]:
         plugin = self._owned(owner, plugin_id)
-        if plugin.run is None and not plugin.starting:
+        client = self.client_activation
+        cancelled = client.cancel_pending(plugin) if client is not None else False
+        if plugin.run is None and not plugin.starting and not cancelled:
             raise CordisError(f'dynamic plugin "{plugin_id}" is not running', "not-running")
         await self._settle_start(plugin_id)
         await self._retract(plugin)
         latest = plugin.latest
-        if latest is not None and latest.status in ("running", "waiting", "starting-host"):
+        if latest is not None and latest.status in (
+            "running",
+            "waiting",
+            "starting-host",
+            "client-pending",
+        ):
             latest.status = "stopped"
             for half in (latest.host, latest.client):
                 if half.status != "absent":
@@ -597,6 +702,8 @@ class CordisRunner:
 
     async def undefine(self, owner: str, plugin_id: str) -> dict[str, JsonValue]:
         plugin = self._owned(owner, plugin_id)
+        if self.client_activation is not None:
+            self.client_activation.cancel_pending(plugin)
         await self._settle_start(plugin_id)
         was_running = plugin.run is not None
         await self._retract(plugin)
@@ -606,14 +713,17 @@ class CordisRunner:
 
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts
-        retracted (the layer, with its dynamic tools, is already gone)."""
+        retracted (the layer, with its dynamic tools, is already gone), and their pending
+        requests cancelled."""
         self._events.forget(scope)
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
+            if self.client_activation is not None:
+                self.client_activation.cancel_pending(plugin)
             del self._plugins[plugin.plugin_id]
-            self._in_background(self._retract(plugin))
+            self.in_background(self._retract(plugin))
             self._changed()
 
-    def _in_background(self, work: object) -> None:
+    def in_background(self, work: object) -> None:
         async def run() -> None:
             try:
                 await cast("asyncio.Future[None]", work)

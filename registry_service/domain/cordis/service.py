@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.client_queries import ClientQueries
+from registry_service.domain.cordis.client_runs import ClientRuns
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.events import Watch
 from registry_service.domain.cordis.host_providers import host_providers
-from registry_service.domain.cordis.inspect import InspectRegistry
+from registry_service.domain.cordis.inspect import InspectRegistry, client_providers
+from registry_service.domain.cordis.page_runners import Answer, Page, PageHub, refused
 from registry_service.domain.cordis.references import (
     ReferenceContext,
     referenced_ids,
@@ -50,7 +53,20 @@ class Cordis:
         )
         for provider in host_providers(self.runner.visible_tools, self.runner.provided_services):
             self.inspect.register_host(provider)
+        # Page runners: the pages attached per agent, client-bearing activations, client queries.
+        self.pages = PageHub()
+        self.client_runs = ClientRuns(self.runner, self.pages, self.steering)
+        self.client_queries = ClientQueries(self.pages, self.runner.ids)
+        self.inspect.client_query = self.client_queries
         catalog.install_cordis_tools(cordis_tools(self.runner, self.inspect))
+
+    def sync_manifest(self, page: Page, providers: JsonValue) -> Answer:
+        """A page's client inspect manifest, replacing the agent's previous one wholesale."""
+        try:
+            self.inspect.sync_client_manifest(page.agent, client_providers(providers))
+        except ValueError as exc:
+            return refused(str(exc), "invalid-manifest")
+        return Answer(True)
 
     @property
     def hosts(self) -> PluginHosts | None:
@@ -80,8 +96,8 @@ class Cordis:
         source: str = SOURCE,
     ) -> None:
         """Writes an `agent/inject` record: context for the agent's next step, from a person's
-        action on a plugin panel. The page runner (next issue) calls it for a manual run's
-        outcome, a stop or a remove; nothing in this registry does yet."""
+        action on a plugin panel (page runners write them for a panel run's outcome, a stop or
+        a remove)."""
         self.steering.inject(agent, text, metadata, source)
 
     async def close(self) -> None:

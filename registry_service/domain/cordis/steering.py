@@ -8,8 +8,8 @@ failures after an activation succeeded; each distinct kind of failure steers onc
 crash looping through several symptoms (its tool calls failing, its stream ending) wakes the
 agent once.
 
-`inject` is the seam for the page runner (next issue): a person's panel actions (a manual run's
-outcome, a stop, a remove) are context for the next step rather than a reason to wake up."""
+`inject` carries a person's panel actions on a page runner (a manual run's outcome, a stop, a
+remove): context for the next step rather than a reason to wake up."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ INSPECT_DIRECTION = (
 )
 # The kinds of post-activation failure a run steers about (once each).
 HOST_LOST = "host-lost"
+PANEL = "the plugin panel"
 
 Submit = Callable[[Record], "asyncio.Future[Record]"]
 
@@ -40,6 +41,44 @@ def completed_text(mode: str, plugin_id: str, package_id: str, run_id: str, curr
         f"Cordis {mode} {plugin_id}/{package_id} ({run_id}) completed successfully. "
         f"currentPackageId is {current}. Continue using the running Plugin."
     )
+
+
+def rejected_text(mode: str, plugin_id: str, package_id: str, run_id: str) -> str:
+    return (
+        f"The user rejected Cordis {mode} {plugin_id}/{package_id} ({run_id}). Do not request "
+        "the same activation again unless the user asks."
+    )
+
+
+def panel_run_text(
+    mode: str,
+    plugin_id: str,
+    package_id: str,
+    run_id: str,
+    *,
+    failure: str = "",
+    current: str | None,
+    next_: str | None,
+) -> str:
+    """A run the person started from the panel (`failure`: its reason and detail, if any)."""
+    head = f"The user ran Cordis {mode} {plugin_id}/{package_id} ({run_id}) from {PANEL}"
+    if not failure:
+        return f"{head}; it completed successfully. currentPackageId is {current}."
+    return (
+        f"{head}; it failed: {failure}\n"
+        f"currentPackageId: {current or 'none'}\nnextPackageId: {next_ or 'none'}"
+    )
+
+
+def panel_stop_text(plugin_id: str) -> str:
+    return (
+        f"The user stopped Cordis Plugin {plugin_id} from {PANEL}; its definition and "
+        "versions remain."
+    )
+
+
+def panel_remove_text(plugin_id: str) -> str:
+    return f"The user removed Cordis Plugin {plugin_id} and all of its Packages from {PANEL}."
 
 
 def failed_text(

@@ -52,8 +52,8 @@ def _text(value: dict[str, JsonValue], text: str, meta_keys: tuple[str, ...] = (
 
 def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDefinition]:
     async def inspect_list(inv: Invocation) -> JsonValue:
-        require_agent(inv.agent)
-        return {"providers": inspect.list()}
+        agent = require_agent(inv.agent)
+        return {"providers": inspect.list(agent)}
 
     async def inspect_query(inv: Invocation) -> JsonValue:
         agent = require_agent(inv.agent)

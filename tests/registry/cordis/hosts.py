@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
@@ -21,6 +22,7 @@ from registry_service.domain.plugin_hosts import (
     ActivationFailed,
     ActivationSpec,
     DynamicToolSpec,
+    HandlerFailed,
     HostEvents,
     HostRegistrations,
     ServiceSpec,
@@ -170,6 +172,22 @@ class InProcessHost:
 
     def deliver_event(self, event: str, payload: JsonValue) -> None:
         self.hosts.log.append(("event", self.spec.run_id, event))
+
+    async def call_handler(self, method: str, args: JsonValue) -> JsonValue:
+        """A page's `invoke` of a `harness.handle` handler (sync or async)."""
+        if self.gone:
+            raise HandlerFailed(f"plugin {self.spec.plugin_id} is not running")
+        handler = self.handlers.get(method)
+        if handler is None:
+            raise HandlerFailed(f'no handler "{method}"', not_found=True)
+        self.hosts.log.append(("handler", self.spec.run_id, method))
+        try:
+            value = handler(args)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            raise HandlerFailed(f"{type(exc).__name__}: {exc}", "Traceback: (in-process)") from None
+        return cast(JsonValue, value)
 
     async def retract(self) -> None:
         if self.gone:

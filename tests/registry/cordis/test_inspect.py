@@ -201,4 +201,6 @@ async def test_outputs_are_validated_and_manifests_checked() -> None:
     with pytest.raises(ValueError, match="input schema is not supported"):
         registry.register_host(Provider("Bad", "b", (Method("m", "x", {"type": "date"}, {}),)))
     with pytest.raises(ValueError, match="appears twice"):
-        registry.sync_client_manifest([Provider("Slots", "s", ()), Provider("Slots", "t", ())])
+        registry.sync_client_manifest(
+            "agents/a", [Provider("Slots", "s", ()), Provider("Slots", "t", ())]
+        )

@@ -5,6 +5,8 @@ The registry's own composition wires the adapter: configuring runtime targets is
 
 from __future__ import annotations
 
+from codemode_client.page_runner import PageRunner
+from codemode_wire import jsonvalue
 from tests.registry.conftest import CODE
 from tests.registry.cordis.real_stack import program as _program
 from tests.registry.cordis.real_stack import real_stack as _stack
@@ -82,3 +84,51 @@ async def test_define_run_call_failed_update_and_stop_on_real_plugin_hosts() -> 
         assert back["result"] == {"time": "12:00", "zone": "utc"}
         assert 'unknown tool "clock_now"' in back["logs"][0]
         assert "clock_now" not in await h.visible(agent)
+
+
+HANDLERS = """\
+def greet(args):
+    return {"hello": args["name"]}
+
+async def slow(args):
+    return {"sum": sum(args)}
+
+def boom(args):
+    raise ValueError("no greeting today")
+
+async def apply(ctx):
+    harness.handle("greet", greet)
+    harness.handle("sum", slow)
+    harness.handle("boom", boom)
+
+return apply
+"""
+
+
+async def test_a_page_invokes_host_handlers_in_a_real_plugin_host() -> None:
+    async with _stack() as h:
+        agent = await h.agent("pages")
+        await h.define(agent, HANDLERS, prefix="greet", client="return {}", name="Greeter")
+        out = await h.ok(
+            agent, "cordis_run", {"pluginId": "greet-1", "packageId": "pkg-1", "mode": "run"}
+        )
+        assert out["status"] == "awaiting-approval"
+        async with PageRunner(h.channel, agent) as page:
+            request = (await page.next_event("run_requested")).run_requested
+            started = await page.run_host_half(request)
+            assert started.accepted, started.message
+            run_id = started.plugin_run_id
+            assert (await page.settle(request.request_id, run_id)).accepted
+            ok = await page.invoke("greet-1", run_id, "greet", {"name": "Ada"})
+            assert ok.accepted and jsonvalue.loads(ok.value_json) == {"hello": "Ada"}
+            summed = await page.invoke("greet-1", run_id, "sum", [1, 2, 3])
+            assert jsonvalue.loads(summed.value_json) == {"sum": 6}
+            failed = await page.invoke("greet-1", run_id, "boom", {})
+            assert not failed.accepted and failed.code == "handler-error"
+            assert failed.message == "no greeting today"
+            assert "ValueError" in failed.stack and "boom" in failed.stack
+            missing = await page.invoke("greet-1", run_id, "nope")
+            assert not missing.accepted and missing.code == "method-not-found"
+            await page.stop("greet-1")
+            after = await page.invoke("greet-1", run_id, "greet", {"name": "Ada"})
+            assert not after.accepted and after.code == "plugin-not-running"

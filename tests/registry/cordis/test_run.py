@@ -393,20 +393,34 @@ async def test_without_plugin_hosts_run_is_a_clear_tool_error(make_cordis: Any) 
         assert plugin["state"] == "defined" and "nextPackageId" not in plugin
 
 
-async def test_client_bearing_packages_are_defined_but_refused_to_run(
+async def test_a_client_bearing_run_awaits_approval_and_runs_nothing(
     cordis: CordisHarness,
 ) -> None:
+    """The tool never waits for a page: without a grant it returns awaiting-approval at once,
+    and nothing has run (the page runner tests settle such requests)."""
     agent = await cordis.agent("maker")
     await cordis.define(agent, CLOCK, client="return { apply(ctx) {} }")
-    result = await cordis.run(agent, "clock-1", "pkg-1")
-    assert result.error.code == "client-unavailable"
-    assert "client halves run in a page runner" in result.error.message
+    result = await cordis.ok(
+        agent, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}
+    )
+    assert result == {
+        "status": "awaiting-approval",
+        "pluginId": "clock-1",
+        "packageId": "pkg-1",
+        "pluginRunId": "run-1",
+        "mode": "run",
+        "nextPackageId": "pkg-1",
+    }
     assert _hosts(cordis).log == []
     view = await cordis.ok(
         agent, "cordis_inspect_self", {"pluginId": "clock-1", "packageId": "pkg-1"}
     )
     assert view["code"] == {"host": CLOCK, "client": "return { apply(ctx) {} }"}
-    assert view["runtime"]["client"] == {"status": "stopped", "waitingFor": []}
+    assert view["plugin"]["state"] == "awaiting-approval"
+    assert view["runtime"]["client"] == {"status": "pending", "waitingFor": []}
+    again = await cordis.run(agent, "clock-1", "pkg-1")
+    assert again.is_error and again.error.code == "transition-in-flight"
+    assert again.error.message == 'dynamic plugin "clock-1" already has a pending run request'
 
 
 async def test_a_tool_registered_later_appears_and_one_removed_goes(

@@ -221,6 +221,7 @@ class HostInvoke(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     SERVICE_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
+    HANDLER_METHOD_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """Chosen by the client, unique on the stream; the result carries it back."""
     tool_name: _builtins.str
@@ -235,6 +236,10 @@ class HostInvoke(_message.Message):
     """When set, an event the plugin observes (`ctx.on`/`ctx.once`) and `arguments_json` its
     payload; `tool_name` is empty. The result says when every listener has run.
     """
+    handler_method: _builtins.str
+    """When set, calls the `harness.handle` handler of this method (a page's `invoke`) instead of
+    the tool `tool_name`.
+    """
     def __init__(
         self,
         *,
@@ -243,10 +248,11 @@ class HostInvoke(_message.Message):
         arguments_json: _builtins.str = ...,
         service: _builtins.str = ...,
         event: _builtins.str = ...,
+        handler_method: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "event", b"event", "invocation_id", b"invocation_id", "service", b"service", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "event", b"event", "handler_method", b"handler_method", "invocation_id", b"invocation_id", "service", b"service", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -583,6 +589,8 @@ class HostInvokeResult(_message.Message):
     VALUE_JSON_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
+    METHOD_NOT_FOUND_FIELD_NUMBER: _builtins.int
+    ERROR_STACK_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this answers."""
     value_json: _builtins.str
@@ -593,6 +601,10 @@ class HostInvokeResult(_message.Message):
     """With a value: what the tool's `presentation_meta` function returned for it (JSON text);
     empty when the tool has none.
     """
+    method_not_found: _builtins.bool
+    """A handler invocation named a method the plugin does not handle (error_message says so)."""
+    error_stack: _builtins.str
+    """The failure's traceback, when there is one (handler invocations)."""
     def __init__(
         self,
         *,
@@ -600,10 +612,12 @@ class HostInvokeResult(_message.Message):
         value_json: _builtins.str = ...,
         error_message: _builtins.str = ...,
         presentation_meta_json: _builtins.str = ...,
+        method_not_found: _builtins.bool = ...,
+        error_stack: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "invocation_id", b"invocation_id", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "error_stack", b"error_stack", "invocation_id", b"invocation_id", "method_not_found", b"method_not_found", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

@@ -139,6 +139,11 @@ export interface HostInvoke {
    * payload; `tool_name` is empty. The result says when every listener has run.
    */
   event: string;
+  /**
+   * When set, calls the `harness.handle` handler of this method (a page's `invoke`) instead of
+   * the tool `tool_name`.
+   */
+  handlerMethod: string;
 }
 
 /** HostCancel cancels one invocation. */
@@ -275,6 +280,10 @@ export interface HostInvokeResult {
    * empty when the tool has none.
    */
   presentationMetaJson: string;
+  /** A handler invocation named a method the plugin does not handle (error_message says so). */
+  methodNotFound: boolean;
+  /** The failure's traceback, when there is one (handler invocations). */
+  errorStack: string;
 }
 
 /** HostRetracted confirms that the plugin is gone. */
@@ -800,7 +809,7 @@ export const HostStart: MessageFns<HostStart> = {
 };
 
 function createBaseHostInvoke(): HostInvoke {
-  return { invocationId: 0n, toolName: "", argumentsJson: "", service: "", event: "" };
+  return { invocationId: 0n, toolName: "", argumentsJson: "", service: "", event: "", handlerMethod: "" };
 }
 
 export const HostInvoke: MessageFns<HostInvoke> = {
@@ -822,6 +831,9 @@ export const HostInvoke: MessageFns<HostInvoke> = {
     }
     if (message.event !== "") {
       writer.uint32(42).string(message.event);
+    }
+    if (message.handlerMethod !== "") {
+      writer.uint32(50).string(message.handlerMethod);
     }
     return writer;
   },
@@ -879,6 +891,14 @@ export const HostInvoke: MessageFns<HostInvoke> = {
             message.event = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.handlerMethod = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -903,6 +923,7 @@ export const HostInvoke: MessageFns<HostInvoke> = {
     message.argumentsJson = object.argumentsJson ?? "";
     message.service = object.service ?? "";
     message.event = object.event ?? "";
+    message.handlerMethod = object.handlerMethod ?? "";
     return message;
   },
 };
@@ -1707,7 +1728,7 @@ export const HostFailure: MessageFns<HostFailure> = {
 };
 
 function createBaseHostInvokeResult(): HostInvokeResult {
-  return { invocationId: 0n, outcome: undefined, presentationMetaJson: "" };
+  return { invocationId: 0n, outcome: undefined, presentationMetaJson: "", methodNotFound: false, errorStack: "" };
 }
 
 export const HostInvokeResult: MessageFns<HostInvokeResult> = {
@@ -1728,6 +1749,12 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
     }
     if (message.presentationMetaJson !== "") {
       writer.uint32(34).string(message.presentationMetaJson);
+    }
+    if (message.methodNotFound !== false) {
+      writer.uint32(40).bool(message.methodNotFound);
+    }
+    if (message.errorStack !== "") {
+      writer.uint32(50).string(message.errorStack);
     }
     return writer;
   },
@@ -1777,6 +1804,22 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
             message.presentationMetaJson = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.methodNotFound = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.errorStack = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1812,6 +1855,8 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
       }
     }
     message.presentationMetaJson = object.presentationMetaJson ?? "";
+    message.methodNotFound = object.methodNotFound ?? false;
+    message.errorStack = object.errorStack ?? "";
     return message;
   },
 };

@@ -1,0 +1,125 @@
+"""Page runners (design/cordis.md): the pages attached for an agent, and what they are told.
+
+A page attaches for one agent and from then on hears of that agent's activation requests and
+client inspect queries (metadata only: a page fetches a Client half's source separately, and
+only for the exact active run). Pages come and go; the requests and queries do not belong to
+a page: a page attaching later is told of everything still pending (`replay`)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from codemode_wire.jsonvalue import JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequested:
+    """An activation request waits for a page (reference `cordis/request-run`)."""
+
+    request_id: str
+    agent: str
+    plugin_id: str
+    package_id: str
+    run_id: str
+    mode: str
+    name: str
+    purpose: str
+    requires_approval: bool
+    has_host: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunResolved:
+    """`completed` (no approval was needed), `approved`, `rejected`, `failed` or `cancelled`."""
+
+    request_id: str
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRequested:
+    query_id: str
+    agent: str
+    provider: str
+    method: str
+    input: JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResolved:
+    """`answered` or `cancelled`."""
+
+    query_id: str
+    outcome: str
+
+
+PageEvent = RunRequested | RunResolved | QueryRequested | QueryResolved
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCode:
+    code: str
+    name: str
+    plugin_id: str
+    package_id: str
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer to one page message: `accepted` False means it changed nothing."""
+
+    accepted: bool
+    message: str = ""
+    code: str = ""
+    run_id: str = ""
+    started_here: bool = False
+    client_code: ClientCode | None = None
+    value: JsonValue = None
+    stack: str = ""
+
+
+def refused(message: str, code: str, **fields: object) -> Answer:
+    return Answer(False, message, code, **fields)  # type: ignore[arg-type]
+
+
+@dataclass(eq=False, slots=True)
+class Page:
+    """One attached page runner."""
+
+    page_id: int
+    agent: str
+    name: str
+    push: Callable[[PageEvent], None]
+
+
+class PageHub:
+    def __init__(self) -> None:
+        self._pages: dict[int, Page] = {}
+        self._ids = itertools.count(1)
+        # Sources of what is still pending for an agent, told to a page when it attaches.
+        self._pending: list[Callable[[str], list[PageEvent]]] = []
+
+    def add_pending_source(self, source: Callable[[str], list[PageEvent]]) -> None:
+        self._pending.append(source)
+
+    def attach(self, agent: str, name: str, push: Callable[[PageEvent], None]) -> Page:
+        page = Page(next(self._ids), agent, name, push)
+        self._pages[page.page_id] = page
+        for source in self._pending:
+            for event in source(agent):
+                push(event)
+        return page
+
+    def detach(self, page: Page) -> None:
+        self._pages.pop(page.page_id, None)
+
+    def publish(self, agent: str, event: PageEvent) -> None:
+        for page in list(self._pages.values()):
+            if page.agent == agent:
+                page.push(event)
+
+    def attached(self, agent: str) -> int:
+        return sum(1 for page in self._pages.values() if page.agent == agent)
