@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
-import itertools
 import logging
 import time
 import uuid
@@ -62,6 +61,12 @@ MAX_PAGE_SIZE = 1000
 def new_agent_id() -> str:
     """A random 128-bit id: never reused, across restarts and deletes, with no counter to keep."""
     return uuid.uuid4().hex
+
+
+def new_restriction_id() -> str:
+    """`r` and 64 random bits: a removed restriction's id is not handed out again (a client
+    holding it cannot remove another restriction by mistake), with no counter to keep."""
+    return f"r{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +162,6 @@ class Catalog:
         self._layers: dict[str, Layer] = {GLOBAL: Layer()}
         self._presets: dict[str, Preset] = {}
         self._agents: dict[str, Agent] = {}
-        self._restriction_ids = itertools.count(1)
         self._listeners: list[Callable[[], None]] = []
         # Bumped on every change that can alter any scope's view: a cheap cache key.
         self.version = 0
@@ -350,8 +354,6 @@ class Catalog:
                 allow = None if restriction.allow is None else frozenset(restriction.allow)
                 deny = None if restriction.deny is None else frozenset(restriction.deny)
                 layer.restrictions[restriction.restriction_id] = Restriction(allow, deny)
-            ids = [_restriction_number(r.restriction_id) for r in snapshot.restrictions]
-            self._restriction_ids = itertools.count(max([0, *ids]) + 1)
             self._changed()
             if writes:
                 await self._write(writes)
@@ -575,7 +577,7 @@ class Catalog:
                 f"restriction names unknown inherited tool(s) {listed}; known inherited "
                 f"tools: {known}",
             )
-        restriction_id = f"r{next(self._restriction_ids)}"
+        restriction_id = new_restriction_id()
         await self._write(
             [
                 PutRestriction(
@@ -689,11 +691,6 @@ def _merge(stored: ScopeRow, declared: ScopeRow) -> ScopeRow:
             else stored.self_modification
         ),
     )
-
-
-def _restriction_number(restriction_id: str) -> int:
-    digits = restriction_id.removeprefix("r")
-    return int(digits) if digits.isdigit() else 0
 
 
 def _sorted(names: frozenset[str] | None) -> tuple[str, ...] | None:

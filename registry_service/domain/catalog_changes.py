@@ -31,7 +31,7 @@ class ScopeRow:
 @dataclass(frozen=True, slots=True)
 class RestrictionRow:
     scope: str
-    restriction_id: str  # `r{n}`, unique in the registry
+    restriction_id: str  # unique in the registry, never reused
     allow: tuple[str, ...] | None  # None: no allow list (an empty tuple allows nothing)
     deny: tuple[str, ...] | None
 

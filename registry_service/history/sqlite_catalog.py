@@ -57,7 +57,7 @@ class SqliteCatalog:
             ).fetchall()
             restrictions = self._db.execute(
                 "SELECT scope, restriction_id, allow, deny FROM catalog_restrictions"
-                " ORDER BY CAST(substr(restriction_id, 2) AS INTEGER)"
+                " ORDER BY restriction_id"
             ).fetchall()
             legacy = self._db.execute("SELECT name, agent_id FROM legacy_agents").fetchall()
         except sqlite3.Error as exc:
