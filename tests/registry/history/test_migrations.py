@@ -64,8 +64,8 @@ def _old_database(path: Path) -> None:
     db.close()
 
 
-async def _history(h: Any, **request: str) -> list[tuple[str, str, str]]:
-    page = await h.stub.ListHistory(rpb.ListHistoryRequest(**request))
+async def _history(h: Any, agent: str = "", agent_id: str = "") -> list[tuple[str, str, str]]:
+    page = await h.stub.ListHistory(rpb.ListHistoryRequest(agent=agent, agent_id=agent_id))
     return [(r.call_id, r.kind, r.error_code) for r in page.records]
 
 
