@@ -87,6 +87,7 @@ class Registry:
             await self.catalog.restore(snapshot)
         except CodemodeError as exc:
             log.error("catalog: cannot store the settings' presets and agents: %s", exc.message)
+        self.cordis.runner.adopt_owners()
 
     async def close_interrupted(self) -> None:
         """At start, before any call: closes the calls a crash left open in the history."""
