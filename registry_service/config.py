@@ -158,10 +158,11 @@ class RegistrySettings(ServiceSettings):
     runtime_tls_server_name: str = ""
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_store: str = "sqlite"
-    """Where history is kept: `sqlite`, the embedded default, in `history_path`. An unknown
-    name stops the start."""
+    """Where history and the catalog (presets, agents, their declarations and restrictions) are
+    kept: `sqlite`, the embedded default, in `history_path`. An unknown name stops the start."""
     history_path: str = "var/registry-history.sqlite3"
-    """SQLite history file (WAL); `:memory:` keeps history in memory only."""
+    """SQLite history file (WAL), also holding the catalog; `:memory:` keeps both in memory
+    only."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""
