@@ -94,10 +94,16 @@ class RegistrySettings(ServiceSettings):
     policy_rules: Path | None = None
     """Optional YAML rules file applied as the embedded pre-execute policy."""
     presets: list[PresetSetting] = Field(default_factory=list)
-    """Presets created at start (agents and presets are otherwise held in memory only, so
-    declaring them here brings them back after a restart)."""
+    """Presets declared at start. Presets and agents created over the API are stored with the
+    history and come back after a restart too; one declared here and stored keeps its stored
+    identity and restrictions, and what it declares here (parent, mode, code_language,
+    self_modification, where given) wins over what is stored. Removing an entry does not
+    delete the stored scope (DeletePreset/DeleteAgent does)."""
     agents: list[AgentSetting] = Field(default_factory=list)
-    """Agents created at start, after `presets`."""
+    """Agents declared at start, after `presets` (merged with the stored ones as presets)."""
+    delete_history_with_agent: bool = False
+    """Delete an agent's history with the agent (DeleteAgent). Off: the history stays,
+    readable by the agent's `agent_id` only (a re-created name starts an empty history)."""
     plugins: list[str] = Field(default_factory=list)
     """`module:function` entries called with the Registry at start (in-process tools, hooks)."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
@@ -152,10 +158,11 @@ class RegistrySettings(ServiceSettings):
     runtime_tls_server_name: str = ""
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_store: str = "sqlite"
-    """Where history is kept: `sqlite`, the embedded default, in `history_path`. An unknown
-    name stops the start."""
+    """Where history and the catalog (presets, agents, their declarations and restrictions) are
+    kept: `sqlite`, the embedded default, in `history_path`. An unknown name stops the start."""
     history_path: str = "var/registry-history.sqlite3"
-    """SQLite history file (WAL); `:memory:` keeps history in memory only."""
+    """SQLite history file (WAL), also holding the catalog; `:memory:` keeps both in memory
+    only."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""

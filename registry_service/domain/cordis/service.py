@@ -40,7 +40,7 @@ class Cordis:
         `state_store` keeps the plugins across restarts (none: process memory only);
         `history_watch` (the store's `watch`) feeds the events plugins observe."""
         self.inspect = InspectRegistry()
-        self.steering = Steering(history_submit)
+        self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
             catalog,
             hosts,

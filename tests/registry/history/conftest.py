@@ -1,4 +1,5 @@
-"""Store kits for the conformance suite: one per history store implementation (today SQLite).
+"""Store kits for the conformance suites (history and catalog): one per store implementation
+(today SQLite).
 A kit opens the store on a backing of its own and can break it for real: fill its disk, free
 it again, damage its data."""
 
@@ -13,6 +14,7 @@ import pytest
 
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore
+from registry_service.history.stores import Stores, open_store
 from tests.registry.history.disk import SmallDisk, require, small_disk
 
 
@@ -21,6 +23,8 @@ class StoreKit:
     name: str
     open: Callable[..., HistoryStore]
     """`open(max_inline_bytes=...)`: the store on the kit's backing (again after a close)."""
+    open_stores: Callable[[], Stores]
+    """The history and catalog stores on the kit's backing, as the registry opens them."""
     corrupt: Callable[[], None]
     """Damages the stored data past its header (call it with the store closed)."""
     where: Path
@@ -54,4 +58,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreKit]:
         def open_sqlite(max_inline_bytes: int = 64 * 1024) -> HistoryStore:
             return SqliteHistory(path, max_inline_bytes=max_inline_bytes)
 
-        yield StoreKit("sqlite", open_sqlite, lambda: corrupt_sqlite_file(path), where, disk)
+        def open_stores() -> Stores:
+            return open_store("sqlite", path=str(path), max_inline_bytes=64 * 1024)
+
+        corrupt = lambda: corrupt_sqlite_file(path)  # noqa: E731
+        yield StoreKit("sqlite", open_sqlite, open_stores, corrupt, where, disk)
