@@ -59,13 +59,13 @@ class OwnerEvents:
         self._deliver = deliver
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def follow(self, owner: str) -> None:
-        """Starts following ``owner`` (idempotent). Records written from now on count: the
-        moment is taken here, synchronously, so a record written after the caller's next step
-        is never missed."""
+    def follow(self, owner: str, agent_id: str) -> None:
+        """Starts following ``owner``, whose history is kept under ``agent_id`` (idempotent).
+        Records written from now on count: the moment is taken here, synchronously, so a
+        record written after the caller's next step is never missed."""
         if self._watch is None or owner in self._tasks:
             return
-        task = asyncio.ensure_future(self._follow(self._watch, owner, time.time()))
+        task = asyncio.ensure_future(self._follow(self._watch, owner, agent_id, time.time()))
         self._tasks[owner] = task
         task.add_done_callback(lambda _t: self._tasks.pop(owner, None))
 
@@ -74,9 +74,9 @@ class OwnerEvents:
         if task is not None:
             task.cancel()
 
-    async def _follow(self, watch: Watch, owner: str, since: float) -> None:
+    async def _follow(self, watch: Watch, owner: str, agent_id: str, since: float) -> None:
         try:
-            async for record in watch(owner, 0):
+            async for record in watch(agent_id, 0):
                 if record.kind in OBSERVABLE and record.time >= since:
                     self._deliver(owner, record)
         except asyncio.CancelledError:

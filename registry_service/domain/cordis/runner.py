@@ -325,7 +325,9 @@ class CordisRunner:
         client-bearing package stops at `client-pending` instead of committing (the page's
         settlement commits it). Concurrent callers share the task in `starting_task`."""
         plugin.starting = True
-        self._events.follow(plugin.owner)  # before the plugin can listen: nothing is missed
+        # Before the plugin can listen: nothing is missed. (A runner without a catalog -- unit
+        # tests -- keys history by the name.)
+        self._events.follow(plugin.owner, plugin.owner_id or plugin.owner)
         task = asyncio.ensure_future(
             self._start(plugin, package, attempt, hosts, client_pending=client_pending)
         )
