@@ -11,8 +11,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
+from registry_service.domain.access import AccessPolicy, Grant, Permission
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
@@ -23,6 +25,7 @@ from registry_service.presentation.languages import FALLBACK_LANGUAGE
 __all__ = [
     "AgentSetting",
     "ConfigError",
+    "GrantSetting",
     "PresetSetting",
     "PromptSectionSetting",
     "RegistrySettings",
@@ -76,6 +79,22 @@ class AgentSetting(BaseModel):
     """The program language this agent declares (`python` or `typescript`); none: inherit."""
     self_modification: bool | None = None
     """Whether this agent gets the dynamic Cordis tools; none: inherit (preset, else default)."""
+
+
+class GrantSetting(BaseModel):
+    """Permissions given to principals over resources, each exactly or by glob pattern."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    principals: list[str] = Field(min_length=1)
+    """`cert:<SAN>`, `token:<name>`, `jwt:<sub>` (patterns allowed: `cert:spiffe://acme/*`)."""
+    permissions: list[Permission] = Field(min_length=1)
+    """`manage`, `execute`, `register`, `approve`, `cordis`."""
+    resources: list[str] = Field(min_length=1)
+    """`agents/{id}`, `presets/{id}`, `global` (patterns allowed: `agents/team-a-*`, `*`)."""
+
+    def to_grant(self) -> Grant:
+        return Grant(tuple(self.principals), frozenset(self.permissions), tuple(self.resources))
 
 
 class RegistrySettings(ServiceSettings):
@@ -184,6 +203,12 @@ class RegistrySettings(ServiceSettings):
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
     service_name: str = Field(default="codemode-registry", min_length=1)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """Bearer tokens (static, stored as SHA-256; JWTs against a JWKS file). With these or
+    with `tls_client_ca_file` set, every call needs a principal and a grant; with neither,
+    the registry is open to every caller (warned about when it binds a non-loopback address)."""
+    grants: list[GrantSetting] = Field(default_factory=list)
+    """What each principal may do (see `registry_service.domain.access`)."""
 
     def json_limits(self) -> JsonLimits:
         return JsonLimits(
@@ -210,6 +235,22 @@ class RegistrySettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_runtime_tls(self) -> RegistrySettings:
         self.runtime_tls()
+        return self
+
+    def authenticator(self) -> Authenticator:
+        """Reads the JWKS file (a missing or invalid one stops the start)."""
+        return Authenticator(self.auth, certificates=self.tls_client_ca_file is not None)
+
+    def access_policy(self) -> AccessPolicy:
+        enforced = self.tls_client_ca_file is not None or self.auth.bearer_configured
+        return AccessPolicy([g.to_grant() for g in self.grants], enforced=enforced)
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> RegistrySettings:
+        try:
+            self.authenticator()
+        except ValueError as exc:  # the JWKS file
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+from codemode_common.peer import current_principal
 from codemode_wire import shared_logs
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
@@ -20,6 +21,7 @@ from codemode_wire.errors import (
 )
 from registry_service import convert
 from registry_service._errors import streaming, unary
+from registry_service.domain.access import AccessPolicy, Permission, resource_of
 from registry_service.domain.execution import (
     ApprovalPending,
     ApprovalResolved,
@@ -45,8 +47,11 @@ _SHUTTING_DOWN = unavailable(
 
 
 class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, policy: AccessPolicy | None = None) -> None:
         self._registry = registry
+        # The RPC table (rpc_access) already admitted each call; the policy is also asked per
+        # stream message (Connect's scopes, Approve's agents).
+        self._policy = policy or AccessPolicy((), enforced=False)
         self._catalog = registry.catalog
         self._inflight: set[tuple[str, str]] = set()
         self._no_calls = asyncio.Event()  # set while no ExecuteToolCall is in flight
@@ -373,16 +378,26 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def Connect(
         self, request_iterator: AsyncIterator[rpb.ConnectRequest], context: Context
     ) -> AsyncIterator[rpb.ConnectResponse]:
+        principal = current_principal()
+
+        def may_register(scope: str) -> None:
+            self._policy.require(principal, Permission.REGISTER, resource_of(scope))
+
         async for response in provider_stream(
-            self._registry, request_iterator, context, self._streams
+            self._registry, request_iterator, context, self._streams, may_register
         ):
             yield response
 
     async def Approve(
         self, request_iterator: AsyncIterator[rpb.ApproveRequest], context: Context
     ) -> AsyncIterator[rpb.ApproveResponse]:
+        principal = current_principal()
+
+        def may_approve(agent: str) -> bool:
+            return self._policy.allows(principal, Permission.APPROVE, resource_of(agent))
+
         async for response in approver_stream(
-            self._registry, request_iterator, context, self._streams
+            self._registry, request_iterator, context, self._streams, may_approve
         ):
             yield response
 
