@@ -15,6 +15,7 @@ from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.access import AccessPolicy, Grant, Permission
+from registry_service.domain.admission import Limits
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
@@ -26,6 +27,7 @@ __all__ = [
     "AgentSetting",
     "ConfigError",
     "GrantSetting",
+    "LimitsSetting",
     "PresetSetting",
     "PromptSectionSetting",
     "RegistrySettings",
@@ -38,6 +40,30 @@ __all__ = [
 RUNTIME_MIN_PING_INTERVAL_S = 20
 # gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
 _GRPC_MAX_S = (2**31 - 1) // 1000
+
+
+class LimitsSetting(BaseModel):
+    """Admission limits (see `registry_service.domain.admission`); unset: unlimited (or, on a
+    preset or agent, inherited)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrent_runs: int | None = Field(default=None, ge=0)
+    """`run_code` runs in flight."""
+    max_nested_in_flight: int | None = Field(default=None, ge=0)
+    """Nested tool calls of programs in flight (queued or running)."""
+    calls_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Model-direct tool calls started per second (token bucket)."""
+    burst: int | None = Field(default=None, ge=1)
+    """Calls that may start at once after a quiet spell; unset: the rate rounded up."""
+
+    def to_limits(self) -> Limits:
+        return Limits(
+            self.max_concurrent_runs,
+            self.max_nested_in_flight,
+            self.calls_per_second,
+            self.burst,
+        )
 
 
 class PromptSectionSetting(BaseModel):
@@ -64,6 +90,8 @@ class PresetSetting(BaseModel):
     """The program language this preset declares (`python` or `typescript`); none: inherit."""
     self_modification: bool | None = None
     """Whether its agents get the dynamic Cordis tools; none: inherit the deployment default."""
+    limits: LimitsSetting | None = None
+    """Each of its agents' admission limits (over `agent_limits`)."""
 
 
 class AgentSetting(BaseModel):
@@ -79,6 +107,8 @@ class AgentSetting(BaseModel):
     """The program language this agent declares (`python` or `typescript`); none: inherit."""
     self_modification: bool | None = None
     """Whether this agent gets the dynamic Cordis tools; none: inherit (preset, else default)."""
+    limits: LimitsSetting | None = None
+    """This agent's admission limits (over its preset's, then `agent_limits`)."""
 
 
 class GrantSetting(BaseModel):
@@ -209,6 +239,14 @@ class RegistrySettings(ServiceSettings):
     the registry is open to every caller (warned about when it binds a non-loopback address)."""
     grants: list[GrantSetting] = Field(default_factory=list)
     """What each principal may do (see `registry_service.domain.access`)."""
+    limits: LimitsSetting = Field(default_factory=LimitsSetting)
+    """Admission limits of the whole registry (every agent together); unset: unlimited."""
+    agent_limits: LimitsSetting = Field(default_factory=LimitsSetting)
+    """Each agent's own admission limits (the global scope's calls count as one agent),
+    unless its preset or itself declares others (`presets[].limits`, `agents[].limits`)."""
+    admission_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
+    """The RetryInfo delay sent with a refusal over a concurrency limit (a rate limit sends
+    when its next token is due)."""
 
     def json_limits(self) -> JsonLimits:
         return JsonLimits(
