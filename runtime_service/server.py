@@ -19,12 +19,18 @@ from grpc_health.v1 import _async as health_aio
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
+from codemode_common.grpc_server import (
+    base_options,
+    open_server,
+    serve_until_signalled,
+    warn_if_exposed,
+)
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
+from runtime_service.registry_only import RegistryOnly
 from runtime_service.runtime import Runtime
 from runtime_service.servicer import RuntimeServicer
 from runtime_service.telemetry import RuntimeTelemetry
@@ -103,20 +109,24 @@ async def start(
         options=server_options(settings),
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
+    guard = RegistryOnly(settings.registry_identities)
     add_service(
         server,
         RuntimeServicer(
             runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
         ),
         runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"],
+        guard,
     )
+    tls = settings.server_tls()
+    warn_if_exposed("runtime", settings.listen, authenticated=guard.enforced, tls=tls is not None)
     try:
         port, health_servicer = await open_server(
             server,
             service_name=SERVICE_NAME,
             listen=settings.listen,
             what="runtime",
-            tls=settings.server_tls(),
+            tls=tls,
         )
     except OSError:
         await runtime.dispose()
