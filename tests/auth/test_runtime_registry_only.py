@@ -90,10 +90,12 @@ async def test_only_registries_may_run(tmp_path: Path) -> None:
                     arguments_json=jsonvalue.dumps({"code": "return 40 + 2", "description": "d"}),
                     progress_events=rpb.PROGRESS_EVENTS_NONE,
                 )
-                stub = rpb_grpc.RegistryServiceStub(channel)
-                [response] = [r async for r in stub.ExecuteToolCall(request, timeout=60)]
+                registry_stub = rpb_grpc.RegistryServiceStub(channel)
+                call = registry_stub.ExecuteToolCall(request, timeout=60)
+                [response] = [r async for r in call]
             assert not response.result.is_error, response.result.error.message
-            assert jsonvalue.loads(response.result.value_json)["result"] == 42
+            value: Any = jsonvalue.loads(response.result.value_json)
+            assert value["result"] == 42
         finally:
             await registry.stop(0)
     finally:
