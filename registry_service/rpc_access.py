@@ -69,6 +69,7 @@ RULES: dict[str, Rule] = {
     "GetSystemPrompt": Rule((E, M), _scope),
     "GetSdk": Rule((E, M), _scope),
     "ExecuteToolCall": Rule((E,), _agent),
+    # The empty agent's history is the audit log: manage on `global` instead (see below).
     "ListHistory": Rule((E,), _agent),
     "WatchHistory": Rule((E,), _agent),
     "GetRecordContent": Rule((E,), _agent),
@@ -76,6 +77,9 @@ RULES: dict[str, Rule] = {
     "Connect": Rule((R,), None),
     "Approve": Rule((A,), None),
 }
+
+
+_AUDIT_READS = frozenset({"ListHistory", "WatchHistory"})
 
 
 class RegistryGuard:
@@ -105,6 +109,9 @@ class RegistryGuard:
                 raise denied(principal, rule.permissions[0], "any scope")
             return principal
         resource = rule.resource(request)
+        if method in _AUDIT_READS and request.agent == "":
+            self.policy.require(principal, M, resource)
+            return principal
         if not any(self.policy.allows(principal, p, resource) for p in rule.permissions):
             raise denied(principal, rule.permissions[0], resource)
         if method == "ExecuteToolCall" and request.tool_name in CORDIS_TOOLS:

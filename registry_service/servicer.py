@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+from google.protobuf import json_format
+
 from codemode_common.peer import current_principal
-from codemode_wire import shared_logs
+from codemode_wire import jsonvalue, shared_logs
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_wire.api.registry.v1 import scope_pb2
 from codemode_wire.errors import (
+    CodemodeError,
     already_exists,
     internal,
     invalid_argument,
@@ -34,6 +40,7 @@ from registry_service.domain.json_admission import decode_arguments
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.domain.tools import RUN_CODE
+from registry_service.history import build, records
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
 from registry_service.streams import OpenStreams, approver_stream, provider_stream
@@ -41,6 +48,7 @@ from registry_service.streams import OpenStreams, approver_stream, provider_stre
 # grpc is untyped (see pyproject); the alias documents intent.
 Context: TypeAlias = Any
 
+log = logging.getLogger(__name__)
 _SHUTTING_DOWN = unavailable(
     "REGISTRY_SHUTTING_DOWN", "the registry is shutting down; reconnect to continue"
 )
@@ -72,6 +80,30 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self._streams.end_all(_SHUTTING_DOWN)
         self._registry.history.end_watches()
 
+    async def _audit(self, method: str, resource: str, request: Any) -> None:
+        """An `admin/audit` record of a change just made, with the principal who made it.
+        Written after the change succeeded (a refused or failed change is not one). Should
+        the history fail, the change stands and the call succeeds (administration does not
+        depend on the history store, as before), and the lost audit record is logged."""
+        details = {
+            "principal": current_principal().qualified,
+            "resource": resource_of(resource),
+            "request": json.loads(json_format.MessageToJson(request)),
+        }
+        record = build.record(
+            records.ADMIN_AUDIT,
+            agent=records.AUDIT_LOG,
+            call_id=f"audit-{uuid.uuid4().hex[:16]}",
+            root_call_id="",
+            parent_call_id="",
+            name=method,
+            arguments_json=jsonvalue.dumps(details),
+        )
+        try:
+            await self._registry.history.append(record)
+        except CodemodeError as error:
+            log.error("audit record of %s by %s lost: %s", method, details["principal"], error)
+
     # -- presets and agents ----------------------------------------------------------------
 
     def _preset(self, name: str) -> scope_pb2.Preset:
@@ -90,6 +122,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         language = request.preset.code_language or None
         self_modification = convert.optional_bool(request.preset, "self_modification")
         preset = self._catalog.create_preset(request.preset_id, mode, language, self_modification)
+        await self._audit("CreatePreset", preset.name, request)
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
 
     @unary
@@ -112,6 +145,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.DeletePresetRequest, context: Context
     ) -> rpb.DeletePresetResponse:
         self._catalog.delete_preset(request.name, force=request.force)
+        await self._audit("DeletePreset", request.name, request)
         return rpb.DeletePresetResponse()
 
     @unary
@@ -124,6 +158,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         agent = self._catalog.create_agent(
             request.agent_id, request.agent.preset, mode, language, self_modification
         )
+        await self._audit("CreateAgent", agent.name, request)
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))
 
     @unary
@@ -146,6 +181,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.DeleteAgentRequest, context: Context
     ) -> rpb.DeleteAgentResponse:
         self._catalog.delete_agent(request.name)
+        await self._audit("DeleteAgent", request.name, request)
         return rpb.DeleteAgentResponse()
 
     # -- modes, restrictions, listing --------------------------------------------------------
@@ -157,6 +193,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.mode, allow_unspecified=False)
         assert mode is not None
         self._catalog.set_mode(request.scope, mode)
+        await self._audit("SetPresentationMode", request.scope, request)
         return rpb.SetPresentationModeResponse()
 
     @unary
@@ -174,6 +211,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         restriction_id = self._catalog.add_restriction(
             request.scope, allow, list(request.deny) or None
         )
+        await self._audit("AddRestriction", request.scope, request)
         return rpb.AddRestrictionResponse(restriction_id=restriction_id)
 
     @unary
@@ -181,6 +219,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.RemoveRestrictionRequest, context: Context
     ) -> rpb.RemoveRestrictionResponse:
         self._catalog.remove_restriction(request.scope, request.restriction_id)
+        await self._audit("RemoveRestriction", request.scope, request)
         return rpb.RemoveRestrictionResponse()
 
     @unary
@@ -305,7 +344,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def ListHistory(
         self, request: rpb.ListHistoryRequest, context: Context
     ) -> rpb.ListHistoryResponse:
-        self._catalog.get_agent(request.agent)
+        if request.agent != records.AUDIT_LOG:  # the empty agent: the audit log
+            self._catalog.get_agent(request.agent)
         if request.page_size < 0:
             raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
         size = min(request.page_size or 100, 1000)
@@ -322,7 +362,8 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def WatchHistory(
         self, request: rpb.WatchHistoryRequest, context: Context
     ) -> AsyncIterator[rpb.WatchHistoryResponse]:
-        self._catalog.get_agent(request.agent)
+        if request.agent != records.AUDIT_LOG:  # the empty agent: the audit log
+            self._catalog.get_agent(request.agent)
         if request.after_seq < 0:
             raise invalid_argument(
                 "INVALID_AFTER_SEQ", "after_seq must not be negative", field="after_seq"

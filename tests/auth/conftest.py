@@ -28,7 +28,7 @@ from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.config import RegistrySettings
 from registry_service.server import RunningRegistry, start
 from tests.auth.certs import Authority
-from tests.registry.conftest import echo_tool
+from tests.registry.conftest import echo_tool, harness, make_registry
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "codemode-registry"
@@ -157,3 +157,6 @@ def principals(auth_registry: AuthRegistry, signer: Signer) -> dict[str, Any]:
         "provider": auth_registry.stub(cert="spiffe://codemode/provider-a"),
         "nobody": auth_registry.stub(),
     }
+
+
+__all__ = ["harness", "make_registry"]  # re-exported fixtures (tests/registry/conftest.py)

@@ -1421,7 +1421,9 @@ class ListHistoryRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}`."""
+    """The agent, `agents/{id}`; empty: the audit log of administrative changes (`admin/audit`
+    records; needs the `manage` permission on `global` when authorization is on).
+    """
     call_id: _builtins.str
     """Only records of this call: matches the call id or the root call id. Empty: all."""
     page_size: _builtins.int
@@ -1481,7 +1483,9 @@ class WatchHistoryRequest(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}`."""
+    """The agent, `agents/{id}`; empty: the audit log of administrative changes (`admin/audit`
+    records; needs the `manage` permission on `global` when authorization is on).
+    """
     after_seq: _builtins.int
     """Start after this seq (0: from the beginning)."""
     def __init__(

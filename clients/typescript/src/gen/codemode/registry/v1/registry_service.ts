@@ -522,7 +522,10 @@ export interface ApprovalWithdrawn {
 
 /** Request for ListHistory. */
 export interface ListHistoryRequest {
-  /** The agent, `agents/{id}`. */
+  /**
+   * The agent, `agents/{id}`; empty: the audit log of administrative changes (`admin/audit`
+   * records; needs the `manage` permission on `global` when authorization is on).
+   */
   agent: string;
   /** Only records of this call: matches the call id or the root call id. Empty: all. */
   callId: string;
@@ -542,7 +545,10 @@ export interface ListHistoryResponse {
 
 /** Request for WatchHistory. */
 export interface WatchHistoryRequest {
-  /** The agent, `agents/{id}`. */
+  /**
+   * The agent, `agents/{id}`; empty: the audit log of administrative changes (`admin/audit`
+   * records; needs the `manage` permission on `global` when authorization is on).
+   */
   agent: string;
   /** Start after this seq (0: from the beginning). */
   afterSeq: bigint;
