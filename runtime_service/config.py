@@ -40,6 +40,9 @@ class RuntimeSettings(ServiceSettings):
 
     listen: str = "127.0.0.1:50052"
     """Address the gRPC server binds, ``host:port`` (port 0 picks a free one)."""
+    health_listen: str = ""
+    """Also serve grpc.health (only) in plaintext on this ``host:port``, for probes that
+    cannot speak TLS (the kubelet's gRPC probes) when the main port requires it; empty: no."""
     registry_identities: list[str] = Field(default_factory=list)
     """Principals allowed to be a registry: ``Run`` and ``Host`` are accepted only from a
     client certificate naming one (``cert:<URI or DNS SAN>``, glob patterns allowed, e.g.

@@ -116,3 +116,37 @@ async def test_an_open_runtime_on_a_public_address_warns_loudly(
         await runtime.stop(0)
     warnings = [r.getMessage() for r in caplog.records if "SECURITY WARNING" in r.getMessage()]
     assert len(warnings) == 1 and "runtime" in warnings[0], warnings
+
+
+async def test_a_plaintext_health_port_beside_a_mutual_tls_one(tmp_path: Path) -> None:
+    """Probes that speak no TLS (the kubelet's) check health on `health_listen`; nothing else
+    is served there, and the RuntimeService port still requires a certificate."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    ca = Authority()
+    runtime = await start_runtime(
+        _runtime_settings(
+            tmp_path,
+            ca,
+            registry_identities=[f"cert:{REGISTRY}"],
+            health_listen="127.0.0.1:0",
+        )
+    )
+    try:
+        assert runtime.health_port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.health_port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            reply = await check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.GetCapabilities(runtime_pb2.GetCapabilitiesRequest(), timeout=10)
+            assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as plaintext:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await health_pb2_grpc.HealthStub(plaintext).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        await runtime.stop(0)
