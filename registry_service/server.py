@@ -76,7 +76,9 @@ async def start(
         server,
         servicer,
         registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"],
-        guard,
+        # Open (no authentication configured): every caller is `anonymous`, the default of
+        # `current_principal`, and the calls' path stays as it was.
+        guard if policy.enforced else None,
     )
     tls = settings.server_tls()
     warn_if_exposed("registry", settings.listen, authenticated=policy.enforced, tls=tls is not None)
