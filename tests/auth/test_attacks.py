@@ -167,3 +167,37 @@ async def test_loopback_open_registry_stays_quiet(caplog: pytest.LogCaptureFixtu
         finally:
             await running.stop(0)
     assert not [r for r in caplog.records if "SECURITY WARNING" in r.getMessage()]
+
+
+async def test_the_python_client_sends_a_bearer_token() -> None:
+    """A loopback registry taking static tokens (no TLS): the client's `bearer_token` goes
+    with every call, unary and streaming; without it the same calls are UNAUTHENTICATED."""
+    from codemode_client import RegistryClient
+    from codemode_client.errors import PermissionDenied, Unauthenticated
+    from tests.auth.conftest import sha256
+
+    token = "ci-token-0123456789"
+    settings = RegistrySettings(
+        listen="127.0.0.1:0",
+        history_path=":memory:",
+        trace_file="off",
+        auth={"tokens": [{"principal": "ci", "sha256": sha256(token)}]},
+        grants=[
+            {"principals": ["token:ci"], "permissions": ["execute"], "resources": ["agents/ci"]}
+        ],
+        agents=[{"id": "ci"}, {"id": "other"}],
+    )
+    running = await start(settings)
+    echo_tool(running.registry)
+    try:
+        async with RegistryClient(running.address, bearer_token=token) as client:
+            assert "echo" in [t.name for t in await client.list_tools("agents/ci")]
+            result = await client.call("echo", {"x": 1}, agent="agents/ci")
+            assert result.value == {"echo": {"x": 1}}
+            with pytest.raises(PermissionDenied):
+                await client.history("agents/other")
+        async with RegistryClient(running.address) as anonymous:
+            with pytest.raises(Unauthenticated):
+                await anonymous.list_tools("agents/ci")
+    finally:
+        await running.stop(0)

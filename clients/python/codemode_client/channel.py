@@ -49,16 +49,44 @@ def service_config(max_attempts: int = DEFAULT_ATTEMPTS) -> str:
     return json.dumps(config)
 
 
+def _bearer_interceptors(token: str) -> list[Any]:
+    """Interceptors adding `authorization: Bearer <token>` to every call (also over plaintext,
+    which gRPC's own token call credentials refuse: a loopback registry may take tokens
+    without TLS). One per call kind: a grpc.aio channel files each interceptor under the
+    first kind it is an instance of."""
+    header = ("authorization", f"Bearer {token}")
+
+    def with_token(details: Any) -> Any:
+        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), header))
+
+    async def intercept(continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(with_token(details), request)
+
+    kinds: tuple[tuple[Any, str], ...] = (
+        (grpc.aio.UnaryUnaryClientInterceptor, "intercept_unary_unary"),
+        (grpc.aio.UnaryStreamClientInterceptor, "intercept_unary_stream"),
+        (grpc.aio.StreamUnaryClientInterceptor, "intercept_stream_unary"),
+        (grpc.aio.StreamStreamClientInterceptor, "intercept_stream_stream"),
+    )
+    return [
+        type(f"Bearer{i}", (base,), {method: staticmethod(intercept)})()
+        for i, (base, method) in enumerate(kinds)
+    ]
+
+
 def open_channel(
     target: str,
     *,
     credentials: grpc.ChannelCredentials | None = None,
     options: Sequence[tuple[str, int | str]] = (),
     max_attempts: int = DEFAULT_ATTEMPTS,
+    bearer_token: str | None = None,
 ) -> grpc.aio.Channel:
     """An aio channel to `target` (TLS with `credentials`, else plaintext) with the message
     limits and the retry policy above; `options` are added after them (a later option
-    overrides an earlier one)."""
+    overrides an earlier one). `bearer_token`: sent with every call (a registry that
+    authenticates static tokens or JWTs)."""
+    interceptors = None if bearer_token is None else _bearer_interceptors(bearer_token)
     merged = [
         *CHANNEL_OPTIONS,
         ("grpc.enable_retries", 1),
@@ -66,5 +94,7 @@ def open_channel(
         *options,
     ]
     if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, options=merged)
-    return grpc.aio.insecure_channel(target, options=merged)
+        return grpc.aio.secure_channel(
+            target, credentials, options=merged, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)

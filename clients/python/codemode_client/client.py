@@ -105,17 +105,21 @@ class RegistryClient:
         timeout: float = 30.0,
         read_retries: int = 3,
         credentials: grpc.ChannelCredentials | None = None,
+        bearer_token: str | None = None,
     ) -> None:
         """`target`: an address (the client owns the channel it opens: TLS with
         `credentials`, e.g. `grpc.ssl_channel_credentials(ca)`, else plaintext; its retry
-        policy makes up to `read_retries` retries) or a channel (open it with `open_channel`
-        for the same policy)."""
+        policy makes up to `read_retries` retries, and every call carries `bearer_token`
+        when given) or a channel (open it with `open_channel` for the same policy)."""
         self._owned = isinstance(target, str)
         if not isinstance(target, str):
             self.channel: grpc.aio.Channel = target
         else:
             self.channel = open_channel(
-                target, credentials=credentials, max_attempts=read_retries + 1
+                target,
+                credentials=credentials,
+                max_attempts=read_retries + 1,
+                bearer_token=bearer_token,
             )
         self.stub = rpb_grpc.RegistryServiceStub(self.channel)
         self.timeout = timeout
