@@ -20,11 +20,12 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from codemode_common.principals import is_loopback
 from codemode_common.telemetry import logs
 from codemode_common.telemetry.setup import TelemetryConfig, TelemetryConfigError, configure
 from codemode_common.tls import ServerTls
 
-__all__ = ["base_options", "open_server", "serve_until_signalled"]
+__all__ = ["base_options", "open_server", "serve_until_signalled", "warn_if_exposed"]
 
 log = logging.getLogger(__name__)
 _HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -71,6 +72,32 @@ async def open_server(
     await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     return port, health
+
+
+def warn_if_exposed(what: str, listen: str, *, authenticated: bool, tls: bool) -> bool:
+    """Logs a loud warning when `listen` is reachable from other hosts and no authentication
+    is configured (every caller may do everything), or bearer tokens would cross the network
+    in plaintext. True when it warned. Loopback stays quiet: the embedded default is open."""
+    if is_loopback(listen):
+        return False
+    if not authenticated:
+        log.warning(
+            "%s: SECURITY WARNING: listening on %s (not loopback) with NO AUTHENTICATION: any "
+            "client that reaches this port may do everything. Configure tls_client_ca_file "
+            "and/or auth tokens and grants (see README, Security).",
+            what,
+            listen,
+        )
+        return True
+    if not tls:
+        log.warning(
+            "%s: SECURITY WARNING: listening on %s without TLS: bearer tokens cross the "
+            "network in plaintext (set tls_cert_file and tls_key_file).",
+            what,
+            listen,
+        )
+        return True
+    return False
 
 
 class ServiceSettings(Protocol):

@@ -17,6 +17,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from codemode_common.peer import Guard, guarded
 from codemode_wire.errors import CodemodeError, invalid_argument
 
 __all__ = ["Malformed", "add_service", "malformed_error"]
@@ -51,14 +52,27 @@ _HANDLERS = {
 }
 
 
-def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> None:
+def add_service(
+    server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor, guard: Guard | None = None
+) -> None:
     """Registers every method of `service` as the generated `add_*Servicer_to_server` does
-    (the servicer's method of the same name), with request parsers that never raise."""
+    (the servicer's method of the same name), with request parsers that never raise; with a
+    `guard`, every method runs only once the guard admitted its caller (`codemode_common.peer`)."""
     handlers = {}
     for method in service.methods:
         make = _HANDLERS[(method.client_streaming, method.server_streaming)]
+        behaviour = getattr(servicer, method.name)
+        if guard is not None:
+            behaviour = guarded(
+                guard,
+                method.name,
+                behaviour,
+                streams_in=method.client_streaming,
+                streams_out=method.server_streaming,
+                readable=lambda request: not isinstance(request, Malformed),
+            )
         handlers[method.name] = make(
-            getattr(servicer, method.name),
+            behaviour,
             request_deserializer=_parser(GetMessageClass(method.input_type)),
             response_serializer=GetMessageClass(method.output_type).SerializeToString,
         )

@@ -11,8 +11,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
+from registry_service.domain.access import AccessPolicy, Grant, Permission
+from registry_service.domain.admission import Limits
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
@@ -23,6 +26,8 @@ from registry_service.presentation.languages import FALLBACK_LANGUAGE
 __all__ = [
     "AgentSetting",
     "ConfigError",
+    "GrantSetting",
+    "LimitsSetting",
     "PresetSetting",
     "PromptSectionSetting",
     "RegistrySettings",
@@ -35,6 +40,30 @@ __all__ = [
 RUNTIME_MIN_PING_INTERVAL_S = 20
 # gRPC takes durations as int32 milliseconds: the longest one it can hold, in seconds.
 _GRPC_MAX_S = (2**31 - 1) // 1000
+
+
+class LimitsSetting(BaseModel):
+    """Admission limits (see `registry_service.domain.admission`); unset: unlimited (or, on a
+    preset or agent, inherited)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrent_runs: int | None = Field(default=None, ge=0)
+    """`run_code` runs in flight."""
+    max_nested_in_flight: int | None = Field(default=None, ge=0)
+    """Nested tool calls of programs in flight (queued or running)."""
+    calls_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Model-direct tool calls started per second (token bucket)."""
+    burst: int | None = Field(default=None, ge=1)
+    """Calls that may start at once after a quiet spell; unset: the rate rounded up."""
+
+    def to_limits(self) -> Limits:
+        return Limits(
+            self.max_concurrent_runs,
+            self.max_nested_in_flight,
+            self.calls_per_second,
+            self.burst,
+        )
 
 
 class PromptSectionSetting(BaseModel):
@@ -61,6 +90,8 @@ class PresetSetting(BaseModel):
     """The program language this preset declares (`python` or `typescript`); none: inherit."""
     self_modification: bool | None = None
     """Whether its agents get the dynamic Cordis tools; none: inherit the deployment default."""
+    limits: LimitsSetting | None = None
+    """Each of its agents' admission limits (over `agent_limits`)."""
 
 
 class AgentSetting(BaseModel):
@@ -76,6 +107,24 @@ class AgentSetting(BaseModel):
     """The program language this agent declares (`python` or `typescript`); none: inherit."""
     self_modification: bool | None = None
     """Whether this agent gets the dynamic Cordis tools; none: inherit (preset, else default)."""
+    limits: LimitsSetting | None = None
+    """This agent's admission limits (over its preset's, then `agent_limits`)."""
+
+
+class GrantSetting(BaseModel):
+    """Permissions given to principals over resources, each exactly or by glob pattern."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    principals: list[str] = Field(min_length=1)
+    """`cert:<SAN>`, `token:<name>`, `jwt:<sub>` (patterns allowed: `cert:spiffe://acme/*`)."""
+    permissions: list[Permission] = Field(min_length=1)
+    """`manage`, `execute`, `register`, `approve`, `cordis`."""
+    resources: list[str] = Field(min_length=1)
+    """`agents/{id}`, `presets/{id}`, `global` (patterns allowed: `agents/team-a-*`, `*`)."""
+
+    def to_grant(self) -> Grant:
+        return Grant(tuple(self.principals), frozenset(self.permissions), tuple(self.resources))
 
 
 class RegistrySettings(ServiceSettings):
@@ -201,6 +250,20 @@ class RegistrySettings(ServiceSettings):
     """Tool names whose guidance sections and wire schemas come first, in this order; a name a
     scope does not know fails that scope's assembly."""
     service_name: str = Field(default="codemode-registry", min_length=1)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """Bearer tokens (static, stored as SHA-256; JWTs against a JWKS file). With these or
+    with `tls_client_ca_file` set, every call needs a principal and a grant; with neither,
+    the registry is open to every caller (warned about when it binds a non-loopback address)."""
+    grants: list[GrantSetting] = Field(default_factory=list)
+    """What each principal may do (see `registry_service.domain.access`)."""
+    limits: LimitsSetting = Field(default_factory=LimitsSetting)
+    """Admission limits of the whole registry (every agent together); unset: unlimited."""
+    agent_limits: LimitsSetting = Field(default_factory=LimitsSetting)
+    """Each agent's own admission limits (the global scope's calls count as one agent),
+    unless its preset or itself declares others (`presets[].limits`, `agents[].limits`)."""
+    admission_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
+    """The RetryInfo delay sent with a refusal over a concurrency limit (a rate limit sends
+    when its next token is due)."""
 
     def json_limits(self) -> JsonLimits:
         return JsonLimits(
@@ -227,6 +290,22 @@ class RegistrySettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_runtime_tls(self) -> RegistrySettings:
         self.runtime_tls()
+        return self
+
+    def authenticator(self) -> Authenticator:
+        """Reads the JWKS file (a missing or invalid one stops the start)."""
+        return Authenticator(self.auth, certificates=self.tls_client_ca_file is not None)
+
+    def access_policy(self) -> AccessPolicy:
+        enforced = self.tls_client_ca_file is not None or self.auth.bearer_configured
+        return AccessPolicy([g.to_grant() for g in self.grants], enforced=enforced)
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> RegistrySettings:
+        try:
+            self.authenticator()
+        except ValueError as exc:  # the JWKS file
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")

@@ -13,12 +13,14 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
+from codemode_common.peer import current_principal
 from codemode_common.request_parsing import Malformed, malformed_error
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import page_runner_pb2 as ppb
 from codemode_wire.errors import CodemodeError, invalid_argument, unavailable
 from codemode_wire.jsonvalue import JsonValue
 from registry_service._errors import abort
+from registry_service.domain.access import AccessPolicy, Permission, resource_of
 from registry_service.domain.cordis.client_runs import Outcome
 from registry_service.domain.cordis.page_runners import (
     Answer,
@@ -120,8 +122,9 @@ def _json(text: str, what: str) -> JsonValue:
 
 
 class PageRunnerServicer:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, policy: AccessPolicy | None = None) -> None:
         self._registry = registry
+        self._policy = policy
         self._queues: set[asyncio.Queue[Any]] = set()
         self._closing = False
 
@@ -136,6 +139,10 @@ class PageRunnerServicer:
     ) -> AsyncIterator[ppb.AttachResponse]:
         try:
             agent = await self._open(requests)
+            if self._policy is not None:  # the guard let it attach; now: this agent's plugins
+                self._policy.require(
+                    current_principal(), Permission.CORDIS, resource_of(agent.agent)
+                )
         except CodemodeError as error:
             await abort(context, error)
             return

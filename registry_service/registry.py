@@ -20,6 +20,7 @@ from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
+from registry_service.domain.admission import Admission, Limits
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.durable import CordisStateStore
@@ -73,6 +74,7 @@ class Registry:
     cordis: Cordis
     catalog_store: CatalogStore
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
+    admission: Admission = field(default_factory=Admission)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def restore_catalog(self) -> None:
@@ -121,9 +123,20 @@ class Registry:
         """A model-direct call: the outer `tool/call` and `tool/result` records around it.
 
         A result that carries an `rpc_error` (the code runtime unavailable) is recorded like
-        any other, then raised: the call ends with that status instead of a result."""
+        any other, then raised: the call ends with that status instead of a result.
+
+        Admission first: a call over a limit is refused (RESOURCE_EXHAUSTED) before its
+        first record, so nothing of it exists."""
         if inp.agent and not inp.agent_id:  # a caller that did not look the agent up
             inp = dataclasses.replace(inp, agent_id=self.catalog.get_agent(inp.agent).agent_id)
+        scope = inp.agent or GLOBAL
+        self.admission.admit_call(scope)
+        if inp.name != RUN_CODE:
+            return await self._execute(inp, emit)
+        with self.admission.run(scope):
+            return await self._execute(inp, emit)
+
+    async def _execute(self, inp: ExecutionInput, emit: Emit) -> ToolResult:
         if inp.agent:
             await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
         result = await self.executor.execute(inp, emit)
@@ -309,6 +322,7 @@ def build_registry(
     approvals = ApprovalBroker()
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
     executor = Executor(catalog, approvals, telemetry, settings.json_limits())
+    admission = _admission(settings, catalog)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     transport = RunCodeTransport(
         executor,
@@ -319,6 +333,7 @@ def build_registry(
             retry_delay_s=settings.runtime_retry_delay_s,
         ),
         TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
+        admission=admission,
     )
     holder.append(transport)
     registry = Registry(
@@ -334,6 +349,7 @@ def build_registry(
         cordis=_cordis(catalog, plugin_hosts or _plugin_hosts(runtime), history, settings),
         catalog_store=stores.catalog,
         telemetry=telemetry,
+        admission=admission,
     )
     _declare_scopes(catalog, settings)
     if settings.policy_rules is not None:
@@ -345,6 +361,30 @@ def build_registry(
     for entry in settings.plugins:
         _load_plugin(entry)(registry)
     return registry
+
+
+def _admission(settings: RegistrySettings, catalog: Catalog) -> Admission:
+    """Limits: the agent's own declaration, over its preset's, over `agent_limits`."""
+    default = settings.agent_limits.to_limits()
+    declared = {
+        **{f"presets/{p.id}": p.limits.to_limits() for p in settings.presets if p.limits},
+        **{f"agents/{a.id}": a.limits.to_limits() for a in settings.agents if a.limits},
+    }
+
+    def limits_for(scope: str) -> Limits:
+        limits = default
+        chain: list[str] = []
+        if declared:
+            with contextlib.suppress(KeyError):  # an agent deleted meanwhile: the default
+                chain = catalog.chain(scope)
+        for key in reversed(chain):  # the preset first, then the agent over it
+            if key in declared:
+                limits = declared[key].over(limits)
+        return limits
+
+    return Admission(
+        settings.limits.to_limits(), limits_for, retry_delay_s=settings.admission_retry_delay_s
+    )
 
 
 def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:

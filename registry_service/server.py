@@ -10,13 +10,19 @@ from grpc_health.v1 import health, health_pb2
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
+from codemode_common.grpc_server import (
+    base_options,
+    open_server,
+    serve_until_signalled,
+    warn_if_exposed,
+)
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from codemode_wire.api.registry.v1 import page_runner_pb2, registry_service_pb2
 from registry_service.config import RegistrySettings
 from registry_service.page_runner_servicer import PageRunnerServicer
 from registry_service.registry import Registry, build_registry
+from registry_service.rpc_access import RegistryGuard
 from registry_service.servicer import RegistryServicer
 
 SERVICE_NAME = registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
@@ -65,20 +71,34 @@ async def start(
         options=base_options(settings.max_message_bytes),
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
-    servicer = RegistryServicer(registry)
+    policy = settings.access_policy()
+    guard = RegistryGuard(settings.authenticator(), policy)
+    servicer = RegistryServicer(registry, policy)
     await registry.restore_catalog()  # before the first call can start
     await registry.close_interrupted()
     add_service(
-        server, servicer, registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"]
+        server,
+        servicer,
+        registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"],
+        # Open (no authentication configured): every caller is `anonymous`, the default of
+        # `current_principal`, and the calls' path stays as it was.
+        guard if policy.enforced else None,
     )
-    pages = PageRunnerServicer(registry)
-    add_service(server, pages, page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"])
+    pages = PageRunnerServicer(registry, policy)
+    add_service(
+        server,
+        pages,
+        page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"],
+        guard if policy.enforced else None,
+    )
+    tls = settings.server_tls()
+    warn_if_exposed("registry", settings.listen, authenticated=policy.enforced, tls=tls is not None)
     port, health_servicer = await open_server(
         server,
         service_name=SERVICE_NAME,
         listen=settings.listen,
         what="registry",
-        tls=settings.server_tls(),
+        tls=tls,
     )
 
     async def report_health(serving: bool) -> None:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
-from codemode_wire import shared_logs
+from google.protobuf import json_format
+
+from codemode_common.peer import current_principal
+from codemode_wire import jsonvalue, shared_logs
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_wire.api.registry.v1 import scope_pb2
 from codemode_wire.errors import (
+    CodemodeError,
     already_exists,
     internal,
     invalid_argument,
@@ -20,6 +27,7 @@ from codemode_wire.errors import (
 )
 from registry_service import convert
 from registry_service._errors import streaming, unary
+from registry_service.domain.access import AccessPolicy, Permission, resource_of
 from registry_service.domain.execution import (
     ApprovalPending,
     ApprovalResolved,
@@ -32,6 +40,7 @@ from registry_service.domain.json_admission import decode_arguments
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.domain.tools import RUN_CODE
+from registry_service.history import build, records
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
 from registry_service.streams import OpenStreams, approver_stream, provider_stream
@@ -39,14 +48,18 @@ from registry_service.streams import OpenStreams, approver_stream, provider_stre
 # grpc is untyped (see pyproject); the alias documents intent.
 Context: TypeAlias = Any
 
+log = logging.getLogger(__name__)
 _SHUTTING_DOWN = unavailable(
     "REGISTRY_SHUTTING_DOWN", "the registry is shutting down; reconnect to continue"
 )
 
 
 class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, policy: AccessPolicy | None = None) -> None:
         self._registry = registry
+        # The RPC table (rpc_access) already admitted each call; the policy is also asked per
+        # stream message (Connect's scopes, Approve's agents).
+        self._policy = policy or AccessPolicy((), enforced=False)
         self._catalog = registry.catalog
         self._inflight: set[tuple[str, str]] = set()
         self._no_calls = asyncio.Event()  # set while no ExecuteToolCall is in flight
@@ -66,6 +79,30 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             await asyncio.wait_for(self._no_calls.wait(), grace)
         self._streams.end_all(_SHUTTING_DOWN)
         self._registry.history.end_watches()
+
+    async def _audit(self, method: str, resource: str, request: Any) -> None:
+        """An `admin/audit` record of a change just made, with the principal who made it.
+        Written after the change succeeded (a refused or failed change is not one). Should
+        the history fail, the change stands and the call succeeds (administration does not
+        depend on the history store, as before), and the lost audit record is logged."""
+        details = {
+            "principal": current_principal().qualified,
+            "resource": resource_of(resource),
+            "request": json.loads(json_format.MessageToJson(request)),
+        }
+        record = build.record(
+            records.ADMIN_AUDIT,
+            agent=records.AUDIT_LOG,
+            call_id=f"audit-{uuid.uuid4().hex[:16]}",
+            root_call_id="",
+            parent_call_id="",
+            name=method,
+            arguments_json=jsonvalue.dumps(details),
+        )
+        try:
+            await self._registry.history.append(record)
+        except CodemodeError as error:
+            log.error("audit record of %s by %s lost: %s", method, details["principal"], error)
 
     # -- presets and agents ----------------------------------------------------------------
 
@@ -87,6 +124,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         preset = await self._catalog.create_preset(
             request.preset_id, mode, language, self_modification
         )
+        await self._audit("CreatePreset", preset.name, request)
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
 
     @unary
@@ -109,6 +147,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.DeletePresetRequest, context: Context
     ) -> rpb.DeletePresetResponse:
         await self._catalog.delete_preset(request.name, force=request.force)
+        await self._audit("DeletePreset", request.name, request)
         return rpb.DeletePresetResponse()
 
     @unary
@@ -121,6 +160,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         agent = await self._catalog.create_agent(
             request.agent_id, request.agent.preset, mode, language, self_modification
         )
+        await self._audit("CreateAgent", agent.name, request)
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))
 
     @unary
@@ -143,6 +183,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.DeleteAgentRequest, context: Context
     ) -> rpb.DeleteAgentResponse:
         await self._catalog.delete_agent(request.name)
+        await self._audit("DeleteAgent", request.name, request)
         return rpb.DeleteAgentResponse()
 
     # -- modes, restrictions, listing --------------------------------------------------------
@@ -154,6 +195,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.mode, allow_unspecified=False)
         assert mode is not None
         await self._catalog.set_mode(request.scope, mode)
+        await self._audit("SetPresentationMode", request.scope, request)
         return rpb.SetPresentationModeResponse()
 
     @unary
@@ -171,6 +213,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         restriction_id = await self._catalog.add_restriction(
             request.scope, allow, list(request.deny) or None
         )
+        await self._audit("AddRestriction", request.scope, request)
         return rpb.AddRestrictionResponse(restriction_id=restriction_id)
 
     @unary
@@ -178,6 +221,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.RemoveRestrictionRequest, context: Context
     ) -> rpb.RemoveRestrictionResponse:
         await self._catalog.remove_restriction(request.scope, request.restriction_id)
+        await self._audit("RemoveRestriction", request.scope, request)
         return rpb.RemoveRestrictionResponse()
 
     @unary
@@ -298,11 +342,18 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
 
     # -- history -----------------------------------------------------------------------------
 
+    def _history_key(self, agent: str, agent_id: str) -> str:
+        """The key of the history a request reads: the empty agent without an id is the global
+        scope's history, which holds the audit log; else the agent's id (catalog rules)."""
+        if agent == records.AUDIT_LOG and not agent_id:
+            return records.AUDIT_LOG
+        return self._catalog.history_key(agent, agent_id)
+
     @unary
     async def ListHistory(
         self, request: rpb.ListHistoryRequest, context: Context
     ) -> rpb.ListHistoryResponse:
-        agent_id = self._catalog.history_key(request.agent, request.agent_id)
+        agent_id = self._history_key(request.agent, request.agent_id)
         if request.page_size < 0:
             raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
         size = min(request.page_size or 100, 1000)
@@ -319,7 +370,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def WatchHistory(
         self, request: rpb.WatchHistoryRequest, context: Context
     ) -> AsyncIterator[rpb.WatchHistoryResponse]:
-        agent_id = self._catalog.history_key(request.agent, request.agent_id)
+        agent_id = self._history_key(request.agent, request.agent_id)
         if request.after_seq < 0:
             raise invalid_argument(
                 "INVALID_AFTER_SEQ", "after_seq must not be negative", field="after_seq"
@@ -376,16 +427,26 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def Connect(
         self, request_iterator: AsyncIterator[rpb.ConnectRequest], context: Context
     ) -> AsyncIterator[rpb.ConnectResponse]:
+        principal = current_principal()
+
+        def may_register(scope: str) -> None:
+            self._policy.require(principal, Permission.REGISTER, resource_of(scope))
+
         async for response in provider_stream(
-            self._registry, request_iterator, context, self._streams
+            self._registry, request_iterator, context, self._streams, may_register
         ):
             yield response
 
     async def Approve(
         self, request_iterator: AsyncIterator[rpb.ApproveRequest], context: Context
     ) -> AsyncIterator[rpb.ApproveResponse]:
+        principal = current_principal()
+
+        def may_approve(agent: str) -> bool:
+            return self._policy.allows(principal, Permission.APPROVE, resource_of(agent))
+
         async for response in approver_stream(
-            self._registry, request_iterator, context, self._streams
+            self._registry, request_iterator, context, self._streams, may_approve
         ):
             yield response
 

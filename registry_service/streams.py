@@ -137,7 +137,10 @@ async def provider_stream(
     requests: AsyncIterator[rpb.ConnectRequest],
     context: Context,
     streams: OpenStreams,
+    may_register: Callable[[str], None] = lambda _scope: None,
 ) -> AsyncIterator[rpb.ConnectResponse]:
+    """`may_register(scope)` raises CodemodeError when this stream's principal may not
+    register into `scope`: that registration is refused in its ack, the stream goes on."""
     try:
         opened = await _first(requests, "open", "provider")
     except CodemodeError as error:
@@ -155,7 +158,7 @@ async def provider_stream(
                 return
             kind = message.WhichOneof("message")
             if kind == "register":
-                out.put_nowait(_register(session, message.register))
+                out.put_nowait(_register(session, message.register, may_register))
             elif kind == "result":
                 returned = message.result.result
                 try:
@@ -191,8 +194,11 @@ async def provider_stream(
         registry.providers.close(session)
 
 
-def _register(session: Any, message: rpb.RegisterTools) -> rpb.ConnectResponse:
+def _register(
+    session: Any, message: rpb.RegisterTools, may_register: Callable[[str], None]
+) -> rpb.ConnectResponse:
     try:
+        may_register(message.scope)
         specs = [convert.tool_spec_from_proto(tool) for tool in message.tools]
         session.register(message.scope, specs)
         status = ok_status_proto()
@@ -230,13 +236,16 @@ async def approver_stream(
     requests: AsyncIterator[rpb.ApproveRequest],
     context: Context,
     streams: OpenStreams,
+    may_approve: Callable[[str], bool] = lambda _agent: True,
 ) -> AsyncIterator[rpb.ApproveResponse]:
+    """`may_approve(agent)`: whether this stream's principal may see and answer that agent's
+    requests; others are never sent, and answers to them are ignored like late ones."""
     try:
         opened = await _first(requests, "open", "approver")
     except CodemodeError as error:
         await abort(context, error)
         return
-    session = registry.approvals.connect(opened.approver_name or "approver")
+    session = registry.approvals.connect(opened.approver_name or "approver", may_approve)
 
     async def reader(out: asyncio.Queue[Any]) -> None:
         async for message in requests:
@@ -257,7 +266,8 @@ async def approver_stream(
                 )
                 return
             # A late answer (already decided elsewhere, or withdrawn) is ignored: first wins.
-            registry.approvals.answer(message.decision.approval_id, outcome)
+            # So is one this approver may not give: it learns nothing about the request.
+            registry.approvals.answer(message.decision.approval_id, outcome, session)
 
     async def pump(out: asyncio.Queue[Any]) -> None:
         while True:

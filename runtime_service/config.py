@@ -40,6 +40,13 @@ class RuntimeSettings(ServiceSettings):
 
     listen: str = "127.0.0.1:50052"
     """Address the gRPC server binds, ``host:port`` (port 0 picks a free one)."""
+    health_listen: str = ""
+    """Also serve grpc.health (only) in plaintext on this ``host:port``, for probes that
+    cannot speak TLS (the kubelet's gRPC probes) when the main port requires it; empty: no."""
+    registry_identities: list[str] = Field(default_factory=list)
+    """Principals allowed to be a registry: ``Run`` and ``Host`` are accepted only from a
+    client certificate naming one (``cert:<URI or DNS SAN>``, glob patterns allowed, e.g.
+    ``cert:spiffe://codemode/registry``). Needs ``tls_client_ca_file``. Empty: open."""
     pool_size: int = Field(default=2, ge=0, le=256)
     """Pre-spawned never-used Python workers kept ready (0 = spawn each worker on demand)."""
     typescript_pool_size: int = Field(default=1, ge=0, le=256)
@@ -119,6 +126,15 @@ class RuntimeSettings(ServiceSettings):
     """After that GOAWAY, how long runs in flight keep their stream before the connection is
     closed (and they fail); none: as long as they last. Needs `max_connection_age_s`."""
     service_name: str = Field(default="codemode-runtime", min_length=1)
+
+    @model_validator(mode="after")
+    def _check_registry_identities(self) -> RuntimeSettings:
+        if self.registry_identities and self.tls_client_ca_file is None:
+            raise ValueError(
+                "registry_identities needs tls_client_ca_file: identities come from verified "
+                "client certificates"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_connection_age(self) -> RuntimeSettings:

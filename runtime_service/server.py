@@ -16,15 +16,22 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2_grpc
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_common.grpc_server import base_options, open_server, serve_until_signalled
+from codemode_common.grpc_server import (
+    base_options,
+    open_server,
+    serve_until_signalled,
+    warn_if_exposed,
+)
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service.capabilities import probe_capabilities
 from runtime_service.config import RuntimeSettings
+from runtime_service.registry_only import RegistryOnly
 from runtime_service.runtime import Runtime
 from runtime_service.servicer import RuntimeServicer
 from runtime_service.telemetry import RuntimeTelemetry
@@ -45,6 +52,9 @@ class RunningRuntime:
     port: int
     health: health_aio.HealthServicer
     grace_s: float
+    health_server: grpc.aio.Server | None = None
+    """The plaintext health-only server (`health_listen`), if any."""
+    health_port: int = 0
 
     @property
     def address(self) -> str:
@@ -60,6 +70,8 @@ class RunningRuntime:
         await self.runtime.wait_idle(grace)
         await self.runtime.dispose()
         await self.server.stop(_TERMINAL_FLUSH_S)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
 
 
 def server_options(settings: RuntimeSettings) -> list[tuple[str, int]]:
@@ -103,25 +115,63 @@ async def start(
         options=server_options(settings),
         interceptors=server_interceptors(telemetry.tracer_provider) or None,
     )
+    guard = RegistryOnly(settings.registry_identities)
     add_service(
         server,
         RuntimeServicer(
             runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
         ),
         runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"],
+        guard if guard.enforced else None,  # open: no wrapper on the runs' hot path
     )
+    tls = settings.server_tls()
+    warn_if_exposed("runtime", settings.listen, authenticated=guard.enforced, tls=tls is not None)
     try:
         port, health_servicer = await open_server(
             server,
             service_name=SERVICE_NAME,
             listen=settings.listen,
             what="runtime",
-            tls=settings.server_tls(),
+            tls=tls,
         )
     except OSError:
         await runtime.dispose()
         raise
-    return RunningRuntime(server, runtime, port, health_servicer, settings.shutdown_grace_s)
+    try:
+        health_server, health_port = await _health_only(settings.health_listen, health_servicer)
+    except OSError:
+        await server.stop(0)
+        await runtime.dispose()
+        raise
+    return RunningRuntime(
+        server,
+        runtime,
+        port,
+        health_servicer,
+        settings.shutdown_grace_s,
+        health_server,
+        health_port,
+    )
+
+
+async def _health_only(
+    listen: str, health: health_aio.HealthServicer
+) -> tuple[grpc.aio.Server | None, int]:
+    """A plaintext server with only grpc.health on `listen` (none when empty): the kubelet's
+    gRPC probes speak no TLS, and the RuntimeService port may require mutual TLS. It reports
+    the same statuses (one servicer), and reveals nothing else."""
+    if not listen:
+        return None, 0
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot bind the runtime's health port to {listen}")
+    await server.start()
+    return server, port
 
 
 async def serve(settings: RuntimeSettings) -> None:

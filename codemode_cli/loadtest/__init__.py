@@ -114,6 +114,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="max parallel nested calls per run of the started registry (default 10)",
     )
     add(
+        "--admission-limit",
+        type=w.int_in(1, w.MAX_CONCURRENCY),
+        metavar="N",
+        help="start the registry with at most N concurrent run_code runs per agent, so that a "
+        "--concurrency above N exceeds it: refused calls (RESOURCE_EXHAUSTED) are reported "
+        "and checked to have left no history record",
+    )
+    add(
         "--trace-file",
         metavar="PATH",
         help="let the started services write spans to PATH (default: tracing off)",
@@ -139,8 +147,13 @@ def run(args: argparse.Namespace) -> int:
         return _usage(
             f"--programs x --calls is {nested}; at most {w.MAX_NESTED_TOTAL} nested calls per run"
         )
-    if args.registry and (args.max_parallel is not None or args.trace_file):
-        return _usage("--max-parallel and --trace-file apply only to services the load test starts")
+    if args.registry and (
+        args.max_parallel is not None or args.trace_file or args.admission_limit is not None
+    ):
+        return _usage(
+            "--max-parallel, --trace-file and --admission-limit apply only to services the "
+            "load test starts"
+        )
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         probe = args.out / ".loadtest-write-check"
@@ -172,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         trace_file=str(Path(args.trace_file).resolve()) if args.trace_file else "off",
         out=args.out,
         quiet=args.quiet,
+        admission_limit=args.admission_limit,
     )
     try:
         return asyncio.run(runner.execute(spec, options))

@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from grpc_status import rpc_status
 
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.workload import SAFE, SAFE_APPROVE, Plan, Spec, plan, program
 from codemode_client import unbatched
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.grpc_status import retry_delay
 
 OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
+# Refused by admission control (RESOURCE_EXHAUSTED): nothing of the call started.
+REFUSED = "refused"
 WARMUP_TIMEOUT_S = 60.0
 
 
@@ -50,6 +54,7 @@ class Outcome:
     nested_started: int = 0
     nested_settled: int = 0
     approvals: int = 0
+    retry_delay_s: float | None = None  # a refusal's RetryInfo
 
 
 @dataclass
@@ -166,7 +171,10 @@ class Driver:
             self.load.stopped_by_limit = True
             return  # stays CANCELLED; the loss check still compares its records
         except grpc.aio.AioRpcError as exc:
-            self._failed(outcome, f"rpc:{exc.code().name}", exc.details() or "")
+            if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._refused(outcome, exc)
+            else:
+                self._failed(outcome, f"rpc:{exc.code().name}", exc.details() or "")
             return
         finally:
             outcome.latency_ms = (time.perf_counter() - began) * 1e3
@@ -192,6 +200,11 @@ class Driver:
         outcome.status, outcome.code, outcome.message = FAILED, code, message
         self.progress.errors += 1
         self.load.error("outer", code, message)
+
+    def _refused(self, outcome: Outcome, exc: grpc.aio.AioRpcError) -> None:
+        outcome.status, outcome.code, outcome.message = REFUSED, "RESOURCE_EXHAUSTED", exc.details()
+        status = rpc_status.from_call(exc)
+        outcome.retry_delay_s = None if status is None else retry_delay(status)
 
     def _completed(self, outcome: Outcome, result: Any) -> None:
         try:

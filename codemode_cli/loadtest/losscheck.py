@@ -5,7 +5,8 @@ Per program, four counts must agree: the nested calls the program says it made, 
 `tool/code-dispatch` (settle) records in history. Programs that did not complete (cancelled at
 the duration limit, or failed) have no count of their own and an incomplete stream, so for them
 only start records vs settle records are compared, once their outer `tool/result` is written
-(the registry writes it only after quiescence).
+(the registry writes it only after quiescence). A program refused by admission control
+must have left no record at all: any is counted as extra.
 
 The start records also give a queue wait as seen from the program: each carries the time the
 scheduler started the call and the arguments, whose `i` names the program's own submission
@@ -20,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from codemode_cli.loadtest.driver import OK, Outcome
+from codemode_cli.loadtest.driver import OK, REFUSED, Outcome
 from codemode_cli.loadtest.progress import Progress
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 
@@ -35,8 +36,10 @@ class Tally:
     start_records: int = 0
     settle_records: int = 0
     has_result: bool = False
+    records: int = 0
 
     def add(self, record: Any) -> None:
+        self.records += 1
         if record.kind == START:
             self.start_records += 1
             try:
@@ -78,7 +81,11 @@ async def scan(
             progress.note(f"loadtest: checking history, {seen} records")
     loop = asyncio.get_running_loop()
     waiting_until = loop.time() + SETTLE_WAIT_S
-    pending = [o.call_id for o in outcomes if o.status != OK and not tallies[o.call_id].has_result]
+    pending = [
+        o.call_id
+        for o in outcomes
+        if o.status not in (OK, REFUSED) and not tallies[o.call_id].has_result
+    ]
     while pending and loop.time() < waiting_until:
         await asyncio.sleep(0.2)
         for call_id in pending:
@@ -109,11 +116,14 @@ def program_queue_waits(
 
 
 def check(outcomes: list[Outcome], tallies: dict[str, Tally]) -> dict[str, Any]:
-    made = events = starts = settles = lost = extra = unresolved = checked = 0
+    made = events = starts = settles = lost = extra = unresolved = checked = refused = 0
     mismatches: list[dict[str, Any]] = []
     for outcome in outcomes:
         tally = tallies[outcome.call_id]
-        if outcome.status == OK and outcome.made is not None:
+        if outcome.status == REFUSED:
+            refused += 1
+            missing, surplus = 0, tally.records  # nothing may have started
+        elif outcome.status == OK and outcome.made is not None:
             n, settled = outcome.made, tally.settle_records
             missing = max(0, n - settled, n - outcome.nested_settled, tally.start_records - settled)
             surplus = max(0, settled - n, outcome.nested_settled - n, settled - tally.start_records)
@@ -143,6 +153,7 @@ def check(outcomes: list[Outcome], tallies: dict[str, Tally]) -> dict[str, Any]:
             )
     return {
         "checked_programs": checked,
+        "refused_programs": refused,
         "unresolved_programs": unresolved,
         "made": made,
         "settled_events": events,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from codemode_cli.loadtest import stats
-from codemode_cli.loadtest.driver import CANCELLED, FAILED, OK, Load
+from codemode_cli.loadtest.driver import CANCELLED, FAILED, OK, REFUSED, Load
 from codemode_cli.loadtest.workload import Spec
 
 QUEUE_WAIT_SOURCE = (
@@ -37,7 +37,9 @@ def build(
     nested = [ms for _, ms in load.nested]
     waits = load.queue_waits
     elapsed = load.elapsed_s or 1e-9
-    by_status = {s: sum(1 for o in outcomes if o.status == s) for s in (OK, FAILED, CANCELLED)}
+    by_status = {
+        s: sum(1 for o in outcomes if o.status == s) for s in (OK, FAILED, CANCELLED, REFUSED)
+    }
     low = min([*outer, *nested, *waits], default=0.1)
     high = max([*outer, *nested, *waits], default=1.0)
     edges = stats.log_edges(low, high)
@@ -53,6 +55,10 @@ def build(
             "programs_completed": by_status[OK],
             "programs_failed": by_status[FAILED],
             "programs_cancelled": by_status[CANCELLED],
+            "programs_refused": by_status[REFUSED],
+            "refused_with_retry_info": sum(
+                1 for o in outcomes if o.status == REFUSED and o.retry_delay_s is not None
+            ),
             "nested_planned": sum(len(o.plan.tools) for o in outcomes),
             "nested_made": sum(o.made or 0 for o in outcomes),
             "nested_settled": len(nested),
@@ -140,6 +146,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"  approvals: {totals['approvals_asked']} asked, {totals['approvals_planned']} planned; "
         f"exclusive calls planned: {totals['exclusive_planned']}"
     )
+    if totals["programs_refused"]:
+        lines.append(
+            f"  refused by admission control: {totals['programs_refused']} "
+            f"(RESOURCE_EXHAUSTED, {totals['refused_with_retry_info']} with RetryInfo)"
+        )
     errors = report["errors"]
     if errors:
         listed = ", ".join(f"{e['where']} {e['code']} x{e['count']}" for e in errors)

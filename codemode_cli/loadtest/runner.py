@@ -36,6 +36,7 @@ class Options:
     trace_file: str
     out: Path
     quiet: bool
+    admission_limit: int | None = None
 
 
 async def execute(spec: Spec, options: Options) -> int:
@@ -47,6 +48,7 @@ async def execute(spec: Spec, options: Options) -> int:
         "max_parallel_sub_calls": None if options.registry else options.max_parallel,
         "runtime_pool_size": None if options.registry else pool,
         "trace_file": None if options.registry else options.trace_file,
+        "admission_limit": options.admission_limit,
     }
     with tempfile.TemporaryDirectory(prefix="codemode-loadtest-") as tmp:
         work = Path(tmp)
@@ -54,7 +56,9 @@ async def execute(spec: Spec, options: Options) -> int:
             address = options.registry
             if address is None:
                 progress.note("loadtest: starting the runtime and the registry")
-                stack_options = StackOptions(options.max_parallel, pool, options.trace_file)
+                stack_options = StackOptions(
+                    options.max_parallel, pool, options.trace_file, options.admission_limit
+                )
                 address = await stack.enter_async_context(own_stack(stack_options, work))
                 services["registry"] = address
             channels = [

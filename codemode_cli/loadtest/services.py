@@ -38,6 +38,7 @@ class StackOptions:
     max_parallel: int
     pool_size: int
     trace_file: str  # `off` unless --trace-file
+    admission_limit: int | None = None  # each agent's max_concurrent_runs (--admission-limit)
 
 
 @contextlib.asynccontextmanager
@@ -69,6 +70,10 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
             "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": str(options.max_parallel),
             "CODEMODE_REGISTRY_TRACE_FILE": options.trace_file,
         }
+        if options.admission_limit is not None:
+            registry_env["CODEMODE_REGISTRY_AGENT_LIMITS"] = json.dumps(
+                {"max_concurrent_runs": options.admission_limit}
+            )
         async with process(
             "registry",
             ["-m", "registry_service", "--listen", "127.0.0.1:0"],

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codemode_wire import jsonvalue
-from codemode_wire.errors import unavailable
+from codemode_wire.errors import CodemodeError, unavailable
 from codemode_wire.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
 from codemode_wire.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
@@ -41,6 +41,7 @@ from registry_service.codemode.runtime_port import (
 )
 from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
 from registry_service.codemode.token import TokenError, TokenMinter
+from registry_service.domain.admission import Admission, Slot
 from registry_service.domain.execution import (
     ExecutionInput,
     Executor,
@@ -120,6 +121,8 @@ class RunCodeTransport:
         history: HistoryStore,
         config: CodeModeConfig,
         minter: TokenMinter,
+        *,
+        admission: Admission | None = None,
     ) -> None:
         if config.max_parallel_sub_calls < 1:
             raise ValueError("maxParallelSubCalls must be a positive integer")
@@ -128,6 +131,7 @@ class RunCodeTransport:
         self.history = history
         self.config = config
         self.minter = minter
+        self.admission = admission or Admission()
         self._closing: set[asyncio.Task[None]] = set()
 
     def close_later(self, stream: RunStream) -> None:
@@ -165,6 +169,9 @@ class _Run(RunHooks):
     counter: int = 0
     stream: RunStream | None = None
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+    # Admission slots of this run's nested calls in flight, by binding call id: released
+    # when each is answered, and whatever is left when the run ends.
+    nested_slots: dict[int, Slot] = field(default_factory=dict)
 
     @property
     def telemetry(self) -> RegistryTelemetry:
@@ -217,6 +224,8 @@ class _Run(RunHooks):
             remove()
             self.controller.abort(SETTLED)
             await self.scheduler.quiesce()
+            for slot in self.nested_slots.values():
+                slot.release()
             if stream is not None:
                 self.transport.close_later(stream)
             self.telemetry.run_ended()
@@ -296,6 +305,14 @@ class _Run(RunHooks):
             return stream.reply(call.call_id, False, f"{LOSSY_ARGUMENTS}: {exc}")
         if self.controller.signal.aborted:  # while the arguments were decoded
             return self._refuse_over(stream, call)
+        try:
+            self.nested_slots[call.call_id] = self.transport.admission.nested(
+                self.outer.agent or GLOBAL
+            )
+        except CodemodeError as exc:
+            # Not dispatched, nothing recorded: the program sees a failed call it may retry.
+            telemetry.nested_refused("admission_limit", name)
+            return stream.reply(call.call_id, False, f"nested call refused: {exc.message}")
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
         # The nested call's span starts now (it includes the queue wait), as a child of the
@@ -346,6 +363,9 @@ class _Run(RunHooks):
         )
 
     def answer(self, call: NestedCall, result: ToolResult) -> None:
+        slot = self.nested_slots.pop(call.binding_call_id, None)
+        if slot is not None:
+            slot.release()
         # Queued on the stream in this very step: no task or loop turn per nested call.
         assert self.stream is not None
         limit = self.limits.max_payload_bytes

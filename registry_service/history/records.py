@@ -15,7 +15,21 @@ DISPATCH = "tool/code-dispatch"
 # (plugin, package and run ids), the content one text block.
 AGENT_STEER = "agent/steer"
 AGENT_INJECT = "agent/inject"
-KINDS = (TOOL_CALL, TOOL_RESULT, DISPATCH_START, DISPATCH, AGENT_STEER, AGENT_INJECT)
+# An administrative change (presets, agents, modes, restrictions) and who made it: `name` is
+# the RPC, `arguments_json` `{"principal", "resource", "request"}`. Kept in one audit log, the
+# history of the global scope (agent `""`), so that deleting or re-creating an agent neither
+# erases nor inherits the trail; read it with ListHistory/WatchHistory for the empty agent.
+ADMIN_AUDIT = "admin/audit"
+AUDIT_LOG = ""
+KINDS = (
+    TOOL_CALL,
+    TOOL_RESULT,
+    DISPATCH_START,
+    DISPATCH,
+    AGENT_STEER,
+    AGENT_INJECT,
+    ADMIN_AUDIT,
+)
 # Only the outer layer derives model messages; nested records are log-only.
 MODEL_KINDS = frozenset({TOOL_CALL, TOOL_RESULT})
 # Each start record and the record that closes its call.

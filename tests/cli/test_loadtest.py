@@ -85,6 +85,28 @@ def test_a_mixed_load_is_measured_and_nothing_is_lost(tmp_path: Path) -> None:
     assert "<script" not in page and "@import" not in page
 
 
+def test_exceeding_the_admission_limit_reports_every_refused_call(tmp_path: Path) -> None:
+    # 6 programs at once against 2 runs per agent; each holds its slot for >= 2 x 200 ms, so
+    # the first wave alone is refused 4 times (refusals answer at once, and are retried by
+    # nobody: every one is reported).
+    done = _cli(
+        "--programs", "12", "--concurrency", "6", "--calls", "2", "--fanout", "1",
+        "--latency", "fixed:200ms", "--admission-limit", "2", "--out", str(tmp_path), "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "loadtest.json").read_text())
+    totals = report["totals"]
+    assert totals["programs_refused"] >= 1, totals
+    assert totals["programs_completed"] + totals["programs_refused"] == 12, totals
+    assert totals["refused_with_retry_info"] == totals["programs_refused"]
+    loss = report["loss_check"]
+    assert loss["refused_programs"] == totals["programs_refused"]
+    assert loss["lost"] == 0 and loss["extra"] == 0, loss  # no refused call left a record
+    assert report["errors"] == []
+    assert report["services"]["admission_limit"] == 2
+    assert "refused by admission control" in done.stdout
+
+
 def test_the_duration_limit_bounds_the_run(tmp_path: Path) -> None:
     began = time.monotonic()
     done = _cli(
@@ -169,6 +191,7 @@ def test_loopback_registries_are_accepted(address: str) -> None:
         (["--programs", "2000", "--calls", "1000"], "at most 1000000 nested calls"),
         (["--registry", "127.0.0.1:1", "--max-parallel", "4"], "only to services"),
         (["--registry", "127.0.0.1:1", "--trace-file", "t.jsonl"], "only to services"),
+        (["--registry", "127.0.0.1:1", "--admission-limit", "2"], "only to services"),
     ],
 )
 def test_combinations_refused_before_anything_starts(

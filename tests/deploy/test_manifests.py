@@ -32,6 +32,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prod": ("overlays/prod", ()),
     "prod+user-namespaces": ("overlays/prod", ("components/runtime-user-namespaces",)),
     "prod+restricted": ("overlays/prod", ("components/runtime-restricted",)),
+    "prod+runtime-mtls": ("overlays/prod", ("components/runtime-mtls",)),
 }
 # What the runtime's worker sandbox needs (deploy/README.md, "Runtime pod security").
 SANDBOX_CAPABILITIES = {"SYS_ADMIN", "SETUID", "SETGID", "KILL", "SYS_CHROOT", "SYS_NICE"}
@@ -191,7 +192,9 @@ def test_only_the_sandboxed_runtime_runs_as_root(variant: str) -> None:
 def test_probes_are_native_grpc(variant: str) -> None:
     for deployment in find(docs(variant), "Deployment"):
         for container in containers(deployment):
-            (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"]
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            # A port requiring mutual TLS is probed on its plaintext health-only port.
+            port = ports.get("health", ports["grpc"])
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 probe = container[kind]
                 assert probe["grpc"] == {"port": port}, f"{container['name']} {kind}"
@@ -209,7 +212,7 @@ def test_runtime_service_is_headless(variant: str) -> None:
             "port": 50052,
             "targetPort": "grpc",
             "protocol": "TCP",
-            "appProtocol": "kubernetes.io/h2c",
+            "appProtocol": "kubernetes.io/h2" if variant.endswith("mtls") else "kubernetes.io/h2c",
         }
     ]
     assert selects({"matchLabels": runtime["selector"]}, pod_labels(resources, "runtime"))
@@ -241,6 +244,7 @@ def test_settings_and_env_load_as_the_services_would(
         data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
         settings_file = tmp_path / f"{name}.yaml"
         settings_file.write_text(data[config.name])
+        env = _secret_files_in(tmp_path / name, deployment, container, env)
         prefix = f"CODEMODE_{name.upper()}_"
         settings = load_service_settings(monkeypatch, prefix, env, settings_file)
         assert settings.listen.startswith("0.0.0.0:")
@@ -268,6 +272,51 @@ def test_settings_and_env_load_as_the_services_would(
             assert ("SYS_ADMIN" in added) == (variant != "prod+restricted")
         termination = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert settings.shutdown_grace_s < termination
+
+
+def _secret_files_in(
+    directory: Path, deployment: Doc, container: Doc, env: dict[str, str]
+) -> dict[str, str]:
+    """`env` with paths into mounted Secrets moved to stand-in PEM files under `directory`
+    (the settings read them at load; their content is the cluster's)."""
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    secret_volumes = {v["name"] for v in volumes if "secret" in v}
+    mounts = [m["mountPath"] for m in container["volumeMounts"] if m["name"] in secret_volumes]
+    moved = dict(env)
+    for key, value in env.items():
+        for mount in mounts:
+            if value.startswith(mount + "/"):
+                stand_in = directory / value.removeprefix(mount + "/")
+                stand_in.parent.mkdir(parents=True, exist_ok=True)
+                stand_in.write_text("-----BEGIN STAND-IN-----\n")
+                moved[key] = str(stand_in)
+    return moved
+
+
+def test_runtime_mtls_admits_only_the_registry_identity(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    resources = docs("prod+runtime-mtls")
+    loaded: dict[str, Any] = {}
+    for name in ("runtime", "registry"):
+        deployment = one(resources, "Deployment", name)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": "codemode"})
+        env = _secret_files_in(tmp_path / name, deployment, container, env)
+        prefix = f"CODEMODE_{name.upper()}_"
+        loaded[name] = load_service_settings(monkeypatch, prefix, env, None)
+        loaded[f"{name}-container"] = container
+    runtime, registry = loaded["runtime"], loaded["registry"]
+    # Run/Host only from the registry's certificate identity, verified against the CA.
+    assert runtime.registry_identities == ["cert:spiffe://codemode/registry"]
+    assert runtime.server_tls() is not None and runtime.tls_client_ca_file is not None
+    # The registry presents a client certificate and checks the runtime's.
+    tls = registry.runtime_tls()
+    assert tls is not None and tls.certificate_chain is not None
+    # Probes reach the plaintext health-only port the runtime serves.
+    health = runtime.health_listen.rsplit(":", 1)[1]
+    ports = {p["name"]: p["containerPort"] for p in loaded["runtime-container"]["ports"]}
+    assert str(ports["health"]) == health
 
 
 @variants

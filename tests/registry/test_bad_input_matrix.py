@@ -202,6 +202,8 @@ def malformed(collection: str, existing: str) -> list[tuple[str, str]]:
 
 
 AGENT_NAMES = [("empty", ""), *malformed("agents", "alice"), ("preset-name", TEAM)]
+# History reads take the empty agent as the audit log (administrative changes).
+HISTORY_AGENT_NAMES = AGENT_NAMES[1:]
 PRESET_NAMES = [("empty", ""), *malformed("presets", "team"), ("agent-name", ALICE)]
 # Scope fields take either collection (empty is the global scope, or SCOPE_REQUIRED).
 SCOPES = [*malformed("agents", "alice"), ("preset-trailing-newline", f"{TEAM}\n")]
@@ -323,8 +325,18 @@ BY_NAME: list[tuple[str, Callable[[str], Any], list[tuple[str, str]], str]] = [
     ),
     ("GetAgent", lambda n: rpb.GetAgentRequest(name=n), AGENT_NAMES, "agents/ghost"),
     ("DeleteAgent", lambda n: rpb.DeleteAgentRequest(name=n), AGENT_NAMES, "agents/ghost"),
-    ("ListHistory", lambda n: rpb.ListHistoryRequest(agent=n), AGENT_NAMES, "agents/ghost"),
-    ("WatchHistory", lambda n: rpb.WatchHistoryRequest(agent=n), AGENT_NAMES, "agents/ghost"),
+    (
+        "ListHistory",
+        lambda n: rpb.ListHistoryRequest(agent=n),
+        HISTORY_AGENT_NAMES,
+        "agents/ghost",
+    ),
+    (
+        "WatchHistory",
+        lambda n: rpb.WatchHistoryRequest(agent=n),
+        HISTORY_AGENT_NAMES,
+        "agents/ghost",
+    ),
     (
         "GetRecordContent",
         lambda n: rpb.GetRecordContentRequest(agent=n, seq=1),

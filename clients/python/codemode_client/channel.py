@@ -6,15 +6,24 @@ on valid 4-16 MiB results, and a tool provider on it loses its whole stream (and
 every tool it registered, failing other callers too) on one large argument. These channels
 accept up to 64 MiB each way, as the TypeScript client's do, which covers every registry
 limit up to that size.
+
+Retries: one gRPC service-config retry policy (`service_config.json`, the same file as the
+TypeScript client's): idempotent reads on UNAVAILABLE and RESOURCE_EXHAUSTED, `ExecuteToolCall`
+only on RESOURCE_EXHAUSTED (an admission refusal: nothing of the call started), nothing else.
+gRPC runs every attempt inside the call's one deadline, and waits as long as the server's
+pushback (`grpc-retry-pushback-ms`, sent beside RetryInfo) says.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from importlib import resources
+from typing import Any
 
 import grpc
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "open_channel"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "open_channel", "service_config"]
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -23,15 +32,69 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+DEFAULT_ATTEMPTS = 4
+_POLICY: dict[str, Any] = json.loads(
+    resources.files("codemode_client").joinpath("service_config.json").read_text()
+)
+
+
+def service_config(max_attempts: int = DEFAULT_ATTEMPTS) -> str:
+    """The retry service config as gRPC takes it, with `max_attempts` attempts in total (1:
+    no retries at all)."""
+    config = json.loads(json.dumps(_POLICY))
+    if max_attempts <= 1:
+        config["methodConfig"] = []
+    for method in config["methodConfig"]:
+        method["retryPolicy"]["maxAttempts"] = max_attempts
+    return json.dumps(config)
+
+
+def _bearer_interceptors(token: str) -> list[Any]:
+    """Interceptors adding `authorization: Bearer <token>` to every call (also over plaintext,
+    which gRPC's own token call credentials refuse: a loopback registry may take tokens
+    without TLS). One per call kind: a grpc.aio channel files each interceptor under the
+    first kind it is an instance of."""
+    header = ("authorization", f"Bearer {token}")
+
+    def with_token(details: Any) -> Any:
+        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), header))
+
+    async def intercept(continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(with_token(details), request)
+
+    kinds: tuple[tuple[Any, str], ...] = (
+        (grpc.aio.UnaryUnaryClientInterceptor, "intercept_unary_unary"),
+        (grpc.aio.UnaryStreamClientInterceptor, "intercept_unary_stream"),
+        (grpc.aio.StreamUnaryClientInterceptor, "intercept_stream_unary"),
+        (grpc.aio.StreamStreamClientInterceptor, "intercept_stream_stream"),
+    )
+    return [
+        type(f"Bearer{i}", (base,), {method: staticmethod(intercept)})()
+        for i, (base, method) in enumerate(kinds)
+    ]
+
+
 def open_channel(
     target: str,
     *,
     credentials: grpc.ChannelCredentials | None = None,
     options: Sequence[tuple[str, int | str]] = (),
+    max_attempts: int = DEFAULT_ATTEMPTS,
+    bearer_token: str | None = None,
 ) -> grpc.aio.Channel:
     """An aio channel to `target` (TLS with `credentials`, else plaintext) with the message
-    limits above; `options` are added after them (a later option overrides an earlier one)."""
-    merged = [*CHANNEL_OPTIONS, *options]
+    limits and the retry policy above; `options` are added after them (a later option
+    overrides an earlier one). `bearer_token`: sent with every call (a registry that
+    authenticates static tokens or JWTs)."""
+    interceptors = None if bearer_token is None else _bearer_interceptors(bearer_token)
+    merged = [
+        *CHANNEL_OPTIONS,
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", service_config(max_attempts)),
+        *options,
+    ]
     if credentials is not None:
-        return grpc.aio.secure_channel(target, credentials, options=merged)
-    return grpc.aio.insecure_channel(target, options=merged)
+        return grpc.aio.secure_channel(
+            target, credentials, options=merged, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)

@@ -5,13 +5,14 @@
         result = await client.run_code("return 1 + 1", "add numbers", agent=agent.name)
         result.value   # {"logs": [], "result": 2}
 
-Every call carries a deadline (`timeout`, default 30 s). Idempotent reads retry on UNAVAILABLE
-with backoff; nothing that changes state is retried.
+Every call carries a deadline (`timeout`, default 30 s) that covers all its attempts. Retries
+are the channel's one gRPC retry policy (`channel.py`): idempotent reads on UNAVAILABLE and
+RESOURCE_EXHAUSTED, a tool call only when admission control refused it (nothing started),
+after the server's RetryInfo delay; nothing that changes state is retried.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import grpc
 
 from codemode_client.agent_messages import AgentMessage, agent_message
 from codemode_client.channel import open_channel
-from codemode_client.errors import CodemodeError, Unavailable, from_rpc_error
+from codemode_client.errors import CodemodeError, from_rpc_error
 from codemode_client.results import (
     AdditionalContext,
     ContentBlock,
@@ -104,14 +105,22 @@ class RegistryClient:
         timeout: float = 30.0,
         read_retries: int = 3,
         credentials: grpc.ChannelCredentials | None = None,
+        bearer_token: str | None = None,
     ) -> None:
         """`target`: an address (the client owns the channel it opens: TLS with
-        `credentials`, e.g. `grpc.ssl_channel_credentials(ca)`, else plaintext) or a channel."""
+        `credentials`, e.g. `grpc.ssl_channel_credentials(ca)`, else plaintext; its retry
+        policy makes up to `read_retries` retries, and every call carries `bearer_token`
+        when given) or a channel (open it with `open_channel` for the same policy)."""
         self._owned = isinstance(target, str)
         if not isinstance(target, str):
             self.channel: grpc.aio.Channel = target
         else:
-            self.channel = open_channel(target, credentials=credentials)
+            self.channel = open_channel(
+                target,
+                credentials=credentials,
+                max_attempts=read_retries + 1,
+                bearer_token=bearer_token,
+            )
         self.stub = rpb_grpc.RegistryServiceStub(self.channel)
         self.timeout = timeout
         self.read_retries = read_retries
@@ -131,18 +140,13 @@ class RegistryClient:
     async def _unary(
         self, method: Callable[..., Awaitable[Any]], request: Any, *, read: bool = False
     ) -> Any:
-        """Calls a unary RPC with the client deadline (grpc is untyped: callers annotate)."""
-        attempts = self.read_retries + 1 if read else 1
-        for attempt in range(attempts):
-            try:
-                return await method(request, timeout=self.timeout)
-            except grpc.aio.AioRpcError as exc:
-                error = from_rpc_error(exc)
-                if isinstance(error, Unavailable) and attempt + 1 < attempts:
-                    await asyncio.sleep(0.05 * 2**attempt)
-                    continue
-                raise error from None
-        raise AssertionError("unreachable")
+        """Calls a unary RPC with the client deadline, over all attempts (grpc is untyped:
+        callers annotate). Which methods are retried is the channel's policy, not `read`'s:
+        it only documents the call."""
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
 
     async def _all_pages(
         self, method: Callable[..., Awaitable[Any]], request: Any, field: str

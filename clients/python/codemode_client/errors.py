@@ -71,6 +71,10 @@ class PermissionDenied(CodemodeError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class Unauthenticated(CodemodeError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class ResourceExhausted(CodemodeError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -99,6 +103,7 @@ _BY_CODE: dict[grpc.StatusCode, type[CodemodeError]] = {
         AlreadyExists,
         FailedPrecondition,
         PermissionDenied,
+        Unauthenticated,
         ResourceExhausted,
         Unavailable,
         DeadlineExceeded,

@@ -21,6 +21,7 @@ class Status(enum.Enum):
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
     UNAVAILABLE = "UNAVAILABLE"
     ABORTED = "ABORTED"
     CANCELLED = "CANCELLED"
@@ -75,6 +76,26 @@ def unavailable(
 ) -> CodemodeError:
     """`retry_delay`: the request is safe to repeat after that many seconds (RetryInfo)."""
     return CodemodeError(Status.UNAVAILABLE, reason, message, metadata, retry_delay=retry_delay)
+
+
+def unauthenticated(reason: str, message: str, **metadata: str) -> CodemodeError:
+    """No credentials, or credentials that do not verify: the caller is nobody we know."""
+    return CodemodeError(Status.UNAUTHENTICATED, reason, message, metadata)
+
+
+def permission_denied(reason: str, message: str, **metadata: str) -> CodemodeError:
+    """A known caller asked for something no grant of its allows."""
+    return CodemodeError(Status.PERMISSION_DENIED, reason, message, metadata)
+
+
+def resource_exhausted(
+    reason: str, message: str, *, retry_delay: float, **metadata: str
+) -> CodemodeError:
+    """Over an admission limit: nothing was started, and the same request may succeed after
+    `retry_delay` seconds (RetryInfo)."""
+    return CodemodeError(
+        Status.RESOURCE_EXHAUSTED, reason, message, metadata, retry_delay=retry_delay
+    )
 
 
 def internal(reason: str, message: str, **metadata: str) -> CodemodeError:

@@ -64,9 +64,26 @@ def ok_status_proto() -> status_pb2.Status:
     return status_pb2.Status(code=code_pb2.OK)
 
 
+# gRPC's own retry policies read only this trailer, not RetryInfo: sent beside it, the delay
+# the server asks for is what a client's service-config retry waits (both clients use one).
+PUSHBACK = "grpc-retry-pushback-ms"
+
+
 def to_rpc_status(error: CodemodeError, domain: str) -> grpc.Status:
-    """A `grpc.Status` carrying the rich status in its trailing metadata."""
-    return rpc_status.to_status(to_status_proto(error, domain))
+    """A `grpc.Status` carrying the rich status in its trailing metadata (and the retry
+    delay as gRPC's pushback, when it has one)."""
+    status = rpc_status.to_status(to_status_proto(error, domain))
+    if error.retry_delay is None:
+        return status
+    pushback = ((PUSHBACK, str(round(max(0.0, error.retry_delay) * 1000))),)
+    return _Status(status.code, status.details, (*status.trailing_metadata, *pushback))
+
+
+class _Status(grpc.Status):  # type: ignore[misc]
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: Any) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = trailing_metadata
 
 
 async def abort_rpc(

@@ -36,9 +36,31 @@ import { PresentationMode, type Agent, type Preset } from "./gen/codemode/regist
 import type { AdditionalContext, ContentBlock, Tool, ToolError, ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { AsyncQueue } from "./queue";
+import SERVICE_CONFIG from "./service_config.json";
 import { wholeResult } from "./shared-logs";
 
 export type Mode = "native" | "code" | "both";
+
+/**
+ * The channel's one retry policy, the Python client's too (`service_config.json`, the same
+ * file in both): idempotent reads on UNAVAILABLE and RESOURCE_EXHAUSTED, `ExecuteToolCall`
+ * only on RESOURCE_EXHAUSTED (an admission refusal: nothing of it started), nothing else.
+ * gRPC runs every attempt inside the call's deadline and waits as long as the server's
+ * pushback (`grpc-retry-pushback-ms`, sent beside RetryInfo) asks. `retry` overrides the
+ * attempts and backoffs; one attempt: no retries.
+ */
+export function retryServiceConfig(retry: Required<RetryOptions>): object {
+  const config = JSON.parse(JSON.stringify(SERVICE_CONFIG)) as {
+    methodConfig: { retryPolicy: Record<string, unknown> }[];
+  };
+  if (retry.maxAttempts <= 1) return { methodConfig: [] };
+  for (const method of config.methodConfig) {
+    method.retryPolicy.maxAttempts = retry.maxAttempts;
+    method.retryPolicy.initialBackoff = `${retry.initialBackoffMs / 1000}s`;
+    method.retryPolicy.maxBackoff = `${retry.maxBackoffMs / 1000}s`;
+  }
+  return config;
+}
 
 export interface RetryOptions {
   /** Attempts in total, first included (default 4). */
@@ -402,18 +424,20 @@ export class RegistryClient {
   private readonly baseMetadata: Record<string, string>;
 
   constructor(target: string, options: RegistryClientOptions = {}) {
-    this.stub = new RegistryServiceClient(target, options.credentials ?? grpcCredentials.createInsecure(), {
-      "grpc.max_receive_message_length": 64 * MiB,
-      "grpc.max_send_message_length": 64 * MiB,
-      ...options.channelOptions,
-    });
-    this.timeoutMs = options.timeoutMs ?? 30_000;
-    this.executeTimeoutMs = options.executeTimeoutMs ?? 600_000;
     this.retry = {
       maxAttempts: options.retry?.maxAttempts ?? 4,
       initialBackoffMs: options.retry?.initialBackoffMs ?? 100,
       maxBackoffMs: options.retry?.maxBackoffMs ?? 2000,
     };
+    this.stub = new RegistryServiceClient(target, options.credentials ?? grpcCredentials.createInsecure(), {
+      "grpc.max_receive_message_length": 64 * MiB,
+      "grpc.max_send_message_length": 64 * MiB,
+      "grpc.enable_retries": 1,
+      "grpc.service_config": JSON.stringify(retryServiceConfig(this.retry)),
+      ...options.channelOptions,
+    });
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.executeTimeoutMs = options.executeTimeoutMs ?? 600_000;
     this.baseMetadata = { ...options.metadata };
   }
 
@@ -679,32 +703,19 @@ export class RegistryClient {
 
   // -- plumbing --------------------------------------------------------------------------------
 
+  /**
+   * One unary call with one deadline over all its attempts. Which methods are retried (and
+   * when) is the channel's service-config policy (`retryServiceConfig`); `idempotent` only
+   * documents the call.
+   */
   private async unary<Req, Res>(
     method: UnaryMethod<Req, Res>,
     request: Req,
     options: CallOptions | undefined,
-    idempotent: boolean,
+    _idempotent: boolean,
   ): Promise<Res> {
     const deadline = Date.now() + (options?.timeoutMs ?? this.timeoutMs);
-    const signal = options?.signal;
-    let backoff = this.retry.initialBackoffMs;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        return await this.unaryOnce(method, request, deadline, signal);
-      } catch (e) {
-        const error = CodemodeError.from(e);
-        const delay = Math.random() * backoff;
-        const retry =
-          idempotent &&
-          error.code === GrpcStatus.UNAVAILABLE &&
-          attempt < this.retry.maxAttempts &&
-          !signal?.aborted &&
-          Date.now() + delay < deadline;
-        if (!retry) throw error;
-        await sleep(delay, signal);
-        backoff = Math.min(backoff * 2, this.retry.maxBackoffMs);
-      }
-    }
+    return await this.unaryOnce(method, request, deadline, options?.signal);
   }
 
   private unaryOnce<Req, Res>(

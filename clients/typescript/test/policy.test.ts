@@ -1,6 +1,7 @@
 /**
- * Client policies that the real services cannot provoke on demand: deadlines on every call,
- * retries of idempotent reads on UNAVAILABLE only, watch resumption, and rich error decoding.
+ * Client policies that the real services cannot provoke on demand: one deadline over all the
+ * attempts of a call, the service-config retry policy (idempotent reads, the server's pushback),
+ * watch resumption, and rich error decoding.
  * A stand-in RegistryService (grpc-js, in-process, 127.0.0.1:0) scripts the failures.
  */
 import assert from "node:assert/strict";
@@ -16,6 +17,7 @@ import { Status } from "../src/gen/google/rpc/status";
 const calls: Record<string, number> = {};
 const deadlines: number[] = [];
 let getAgentFailures = 0;
+const attemptTimes: number[] = [];
 const watchRequests: bigint[] = [];
 let server: Server;
 let client: RegistryClient;
@@ -33,6 +35,17 @@ before(async () => {
   const impl: UntypedServiceImplementation = {
     getAgent(call: any, callback: any) {
       count("getAgent", call.getDeadline());
+      attemptTimes.push(Date.now());
+      if (call.request.name === "agents/stall") {
+        setTimeout(() => callback(unavailable()), 1500);
+        return;
+      }
+      if (call.request.name === "agents/pushback" && attemptTimes.length === 1) {
+        const md = new Metadata();
+        md.set("grpc-retry-pushback-ms", "400");
+        callback({ code: status.UNAVAILABLE, details: "later", metadata: md });
+        return;
+      }
       if (call.request.name === "agents/rich") {
         const info = ErrorInfo.fromPartial({ reason: "AGENT_NOT_FOUND", domain: "codemode.registry", metadata: { agent: "agents/rich" } });
         const rich = Status.fromPartial({
@@ -84,6 +97,28 @@ after(async () => {
 });
 
 describe("client policies", () => {
+  it("one deadline covers every attempt", async () => {
+    const port = Number(client.stub.getChannel().getTarget().split(":").pop());
+    const short = new RegistryClient(`127.0.0.1:${port}`, { timeoutMs: 2000 });
+    calls.getAgent = 0;
+    const begin = Date.now();
+    await assert.rejects(short.getAgent("agents/stall"), (e: unknown) => e instanceof CodemodeError && e.code === status.DEADLINE_EXCEEDED);
+    console.log(`2 s deadline, 1.5 s per failing attempt: ${Date.now() - begin} ms, ${calls.getAgent} attempts`);
+    // Hand-written retries gave each attempt its own 2 s (4 attempts, UNAVAILABLE).
+    assert.ok(calls.getAgent <= 2, String(calls.getAgent));
+    short.close();
+  });
+
+  it("waits the server's pushback (sent beside RetryInfo) before retrying", async () => {
+    attemptTimes.length = 0;
+    const agent = await client.getAgent("agents/pushback");
+    assert.equal(agent.name, "agents/pushback");
+    assert.equal(attemptTimes.length, 2);
+    const waited = attemptTimes[1]! - attemptTimes[0]!;
+    console.log(`retried after ${waited} ms (pushback 400 ms, backoff <= 20 ms)`);
+    assert.ok(waited >= 350, String(waited));
+  });
+
   it("retries idempotent reads on UNAVAILABLE, with a deadline on every attempt", async () => {
     calls.getAgent = 0;
     deadlines.length = 0;

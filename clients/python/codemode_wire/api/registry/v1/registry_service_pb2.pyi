@@ -1422,7 +1422,10 @@ class ListHistoryRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}` (or empty with `agent_id`)."""
+    """The agent, `agents/{id}`; empty with `agent_id`: a (deleted) agent's history by its id;
+    empty without it: the audit log of administrative changes (`admin/audit` records). Both
+    need the `manage` permission on `global` when authorization is on.
+    """
     call_id: _builtins.str
     """Only records of this call: matches the call id or the root call id. Empty: all."""
     page_size: _builtins.int
@@ -1488,7 +1491,10 @@ class WatchHistoryRequest(_message.Message):
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}` (or empty with `agent_id`)."""
+    """The agent, `agents/{id}`; empty with `agent_id`: a (deleted) agent's history by its id;
+    empty without it: the audit log of administrative changes (`admin/audit` records). Both
+    need the `manage` permission on `global` when authorization is on.
+    """
     after_seq: _builtins.int
     """Start after this seq (0: from the beginning)."""
     agent_id: _builtins.str

@@ -26,7 +26,9 @@ export interface HistoryRecord {
    * `agent/inject` (context for the agent's next step, such as a person's panel action). An
    * `agent/*` record carries its text as one text block in `content`, the source that wrote it
    * in `tool_name` (e.g. `cordis-host-runner`) and source metadata as a JSON object in
-   * `arguments_json` (e.g. `pluginId`, `packageId`, `pluginRunId`).
+   * `arguments_json` (e.g. `pluginId`, `packageId`, `pluginRunId`). `admin/audit` (only in the
+   * audit log, the empty agent's history): an administrative change, the RPC in `tool_name`
+   * and `{"principal", "resource", "request"}` in `arguments_json`.
    */
   kind: string;
   /** The agent, `agents/{id}`. */

@@ -522,7 +522,11 @@ export interface ApprovalWithdrawn {
 
 /** Request for ListHistory. */
 export interface ListHistoryRequest {
-  /** The agent, `agents/{id}` (or empty with `agent_id`). */
+  /**
+   * The agent, `agents/{id}`; empty with `agent_id`: a (deleted) agent's history by its id;
+   * empty without it: the audit log of administrative changes (`admin/audit` records). Both
+   * need the `manage` permission on `global` when authorization is on.
+   */
   agent: string;
   /** Only records of this call: matches the call id or the root call id. Empty: all. */
   callId: string;
@@ -547,7 +551,11 @@ export interface ListHistoryResponse {
 
 /** Request for WatchHistory. */
 export interface WatchHistoryRequest {
-  /** The agent, `agents/{id}` (or empty with `agent_id`). */
+  /**
+   * The agent, `agents/{id}`; empty with `agent_id`: a (deleted) agent's history by its id;
+   * empty without it: the audit log of administrative changes (`admin/audit` records). Both
+   * need the `manage` permission on `global` when authorization is on.
+   */
   agent: string;
   /** Start after this seq (0: from the beginning). */
   afterSeq: bigint;
