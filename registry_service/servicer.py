@@ -93,6 +93,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         record = build.record(
             records.ADMIN_AUDIT,
             agent=records.AUDIT_LOG,
+            agent_id=records.AUDIT_LOG,  # the global scope's history, whatever agent changed
             call_id=f"audit-{uuid.uuid4().hex[:16]}",
             root_call_id="",
             parent_call_id="",
