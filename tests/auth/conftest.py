@@ -5,7 +5,8 @@ Principals (see `GRANTS`):
 - `cert:spiffe://codemode/admin`: manage everything, nothing else;
 - `token:alice`: execute, approve and register for `agents/alice`;
 - `jwt:bob`: the same for `agents/bob`;
-- `cert:spiffe://codemode/provider-*`: register into the global scope and every agent.
+- `cert:spiffe://codemode/provider-*`: register into the global scope and every agent;
+- `jwt:carol`: cordis (page runners) for `agents/carol`, nothing else.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ GRANTS: list[dict[str, Any]] = [
         "permissions": ["register"],
         "resources": ["global", "agents/*"],
     },
+    {"principals": ["jwt:carol"], "permissions": ["cordis"], "resources": ["agents/carol"]},
 ]
 
 

@@ -179,8 +179,10 @@ async def test_a_recreated_name_starts_an_empty_history(make_registry: Any, tmp_
             ("old-call", "tool/call"),
             ("old-call", "tool/result"),
         ]
+        page = await h.stub.ListHistory(rpb.ListHistoryRequest(agent_id=old.agent_id))
+        result_seq = page.records[-1].seq  # (seq is the store's, shared with other histories)
         content = await h.stub.GetRecordContent(
-            rpb.GetRecordContentRequest(agent_id=old.agent_id, seq=2)
+            rpb.GetRecordContentRequest(agent_id=old.agent_id, seq=result_seq)
         )
         assert content.content
         # Both given: they must agree.
