@@ -128,11 +128,15 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 
 
 def start_message(
-    program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+    program: str,
+    *names: str,
+    timeout_ms: int | None = None,
+    language: str = "python",
+    **budgets: int,
 ) -> runtime_pb2.RunRequest:
     start = pb.RunStart(
         program=program,
-        language="python",
+        language=language,
         binding_names=list(names),
         token=b"parent-token",
         budgets=pb.RunBudgets(**budgets),
