@@ -128,12 +128,15 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 
 
 def start_message(
-    program: str,
-    *names: str,
-    timeout_ms: int | None = None,
-    language: str = "python",
-    **budgets: int,
+    program: str, *names: str, timeout_ms: int | None = None, **budgets: int
 ) -> runtime_pb2.RunRequest:
+    return start_message_in("python", program, *names, timeout_ms=timeout_ms, **budgets)
+
+
+def start_message_in(
+    language: str, program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+) -> runtime_pb2.RunRequest:
+    """The start of a run of ``program`` in ``language`` with bindings ``names``."""
     start = pb.RunStart(
         program=program,
         language=language,

@@ -42,7 +42,13 @@ from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_wire.grpc_status import MAX_MESSAGE_BYTES, error_info
 from runtime_service.run import EXPIRED_MESSAGE
 from runtime_service.server import RunningRuntime, start
-from tests.runtime.conftest import child_pids, drive, grpc_settings, start_message
+from tests.runtime.conftest import (
+    child_pids,
+    drive,
+    grpc_settings,
+    start_message,
+    start_message_in,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -464,7 +470,7 @@ def _cases(lang: Lang) -> list[Case]:
     catch, two_calls, waits = lang.catch, lang.two_calls, lang.waits
 
     def start(program: str, *names: str, **fields: Any) -> pb.RunRequest:
-        return start_message(program, *names, language=lang.name, **fields)
+        return start_message_in(lang.name, program, *names, **fields)
 
     def run(program: str, *names: str, **budgets: int) -> Script:
         """Start `program` with bindings `names` and `budgets`; echo binding calls."""
@@ -792,7 +798,7 @@ async def still_serving(world: World, language: str = "python") -> None:
     """A trivial run in `language` still works, and no worker but the pools' idle ones is
     alive."""
     _, terminal = await asyncio.wait_for(
-        drive(world.client.stub, start_message("return 1", language=language)), HANG_S
+        drive(world.client.stub, start_message_in(language, "return 1")), HANG_S
     )
     assert terminal.success.value_json == "1", str(terminal)
     runtime = world.running.runtime
@@ -901,7 +907,7 @@ async def test_large_start_fields_leave_less_room_for_arguments(
     caller sent it, when tracing is off) besides its arguments: arguments that fit alone but
     not beside 40 KB of those fail that call, naming the limit, instead of breaking the stream
     with a message over the 64 KiB limit (RESOURCE_EXHAUSTED, no ErrorInfo, no terminal)."""
-    message = start_message(lang.first_binding_twice, name, language=lang.name)
+    message = start_message_in(lang.name, lang.first_binding_twice, name)
     message.start.token = token
     message.start.trace_context.traceparent = traceparent
     async with small_messages() as (_running, client):

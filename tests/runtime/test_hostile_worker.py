@@ -45,7 +45,7 @@ from tests.runtime.conftest import (
     grpc_settings,
     never_answer,
     serving,
-    start_message,
+    start_message_in,
     streamed_logs,
 )
 
@@ -78,6 +78,7 @@ main()
 """,
 }
 LANGUAGES = tuple(REAL_WORKERS)
+REAL_WORKER = REAL_WORKERS["python"]  # of the other fake-worker modules (Python only)
 
 # Fake worker helpers. The script runs as the worker's ``-c`` code: sys.argv is
 # ["-c", <package root>, <channel fd>, <sandbox config>], exactly as for the real bootstrap.
@@ -143,11 +144,11 @@ class Host:
     running: RunningRuntime
     stub: Stub
     script: Path
-    language: str
+    language: str = "python"
 
     def start(self, program: str, *names: str, **fields: Any) -> runtime_pb2.RunRequest:
         """A start message of ``program`` in this host's language."""
-        return start_message(program, *names, language=self.language, **fields)
+        return start_message_in(self.language, program, *names, **fields)
 
     @property
     def pool(self) -> WorkerPool:
@@ -171,7 +172,7 @@ class Host:
 
 @contextlib.asynccontextmanager
 async def hosting(
-    tmp_path: Path, language: str, script: str | None = None, pool_size: int = 0
+    tmp_path: Path, language: str = "python", script: str | None = None, pool_size: int = 0
 ) -> AsyncIterator[Host]:
     """A real RuntimeService whose workers (of both languages) run ``script`` (the real
     worker of ``language`` by default); pool size 0 unless overridden, so each run spawns its
