@@ -270,3 +270,63 @@ async def test_a_checkout_under_tmp_still_runs_typescript(
     ):
         _, terminal = await drive(stub, ts("return 40 + 2"))
     assert outcome(terminal) == ("success", "42"), terminal
+
+
+# Grows the heap until something stops it (strings kept reachable, 100 kB each).
+ALLOCATES = "const a: string[] = [];\nwhile (true) a.push('x'.repeat(100000) + a.length);\n"
+
+
+@pytest.mark.parametrize("cgroups", ["auto", "off"])
+async def test_the_runs_memory_budget_bounds_its_heap(cgroups: str) -> None:
+    """V8's heap limit is the run's own budget (not the default's): a 96 MiB run that
+    allocates without end is ``worker-exit`` naming its budget, with or without a run
+    cgroup. Without one, V8's heap limit is all that stops it: Node aborts (SIGABRT) and the
+    runtime reports it as the budget it is, not as a signal."""
+    settings = grpc_settings(typescript_pool_size=1, cgroups=cgroups)
+    async with serving(settings) as running, connected(running) as stub:
+        first = ts(ALLOCATES, memory_bytes=96 << 20, wall_ms=30_000)
+        _, terminal = await drive(stub, first)
+        kind, message = outcome(terminal)
+        assert kind == "FAILURE_KIND_WORKER_EXIT", message
+        assert "memory budget (96 MiB" in message, message
+        _, terminal = await drive(stub, ts("return 1;"))
+        assert outcome(terminal) == ("success", "1")
+        assert running.runtime.pools["typescript"].idle_count <= 1
+
+
+def _mechanisms(isolation: runtime_pb2.Isolation) -> list[tuple[str, bool, int]]:
+    return [(item.name, item.enforced, item.scope) for item in isolation.mechanisms]
+
+
+async def test_capabilities_describe_each_languages_own_worker(ts_stub: Stub) -> None:
+    caps = await ts_stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    assert sorted(caps.language_isolation) == ["python", "typescript"]
+    python = caps.language_isolation["python"]
+    typescript = caps.language_isolation["typescript"]
+    assert python == caps.isolation
+    assert [line for line in python.enforced if line.startswith("interpreter:")] == [
+        "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables"
+    ]
+    (node,) = [line for line in typescript.enforced if line.startswith("interpreter:")]
+    assert "--disallow-code-generation-from-strings" in node and "heap limit" in node, node
+    # Node is isolated by the same steps and keeps every one of them across its exec.
+    assert _mechanisms(typescript) == _mechanisms(python)
+    assert typescript.mechanism == python.mechanism
+    if can_isolate():
+        assert all(item.enforced for item in typescript.mechanisms), typescript.mechanisms
+        memory = [line for line in typescript.enforced if line.startswith("memory of workers")]
+        assert memory and "seccomp" in memory[0], typescript.enforced
+
+
+async def test_capabilities_of_typescript_are_measured_not_copied() -> None:
+    # A Node that cannot start: its isolation is unknown, Python's is unaffected.
+    settings = grpc_settings(worker_node="/nonexistent/node")
+    async with serving(settings) as running, connected(running) as stub:
+        caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    typescript = caps.language_isolation["typescript"]
+    failed = [item for item in typescript.mechanisms if not item.enforced]
+    assert failed and all(
+        "worker failed to start" in item.detail for item in failed if item.name == "seccomp"
+    )
+    assert caps.language_isolation["python"] == caps.isolation
+    assert _mechanisms(caps.isolation) != _mechanisms(typescript)
