@@ -3,6 +3,7 @@ build context that holds every package the project installs (there is no Docker 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -94,14 +95,24 @@ def test_the_runtime_image_ships_node_and_the_typescript_worker() -> None:
 
 
 def test_the_wheel_holds_the_typescript_workers_code(tmp_path: Path) -> None:
-    """What `pip install /src` puts in the image: every module of the worker (offline build)."""
+    """What `pip install /src` puts in the image: every module of the worker (an offline
+    build of the image's build context: a checkout's own build/ could hold stale files)."""
+    context = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        context.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, context / name)
+    skip = shutil.ignore_patterns("node_modules", "__pycache__", "*.egg-info", "build", "tests")
+    for package in ("codemode_common", "registry_service", "runtime_service", "codemode_cli"):
+        shutil.copytree(ROOT / package, context / package, ignore=skip)
+    shutil.copytree(ROOT / "clients" / "python", context / "clients" / "python", ignore=skip)
+    wheels = tmp_path / "wheels"
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--wheel-dir", str(tmp_path), str(ROOT)],
+         "--no-index", "--wheel-dir", str(wheels), str(context)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = tmp_path.glob("*.whl")
+    (wheel,) = wheels.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     worker = ROOT / "runtime_service" / "worker_ts"
     needed = [p.name for p in worker.glob("*.js")] + ["package.json", "package-lock.json"]
