@@ -32,6 +32,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -79,6 +80,12 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
         os.close(channel_fd)
     os.set_inheritable(CHANNEL_FD, True)
     argv = node_argv(node, report)
+    nice = node.get("nice")
+    if type(nice) is int and nice > 0:
+        # Before the exec: every thread Node starts inherits it (the runtime lowers each
+        # one's again at the hand-off). Raising one's own niceness needs no privilege.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
     try:
         os.execve(argv[0], argv, {})
     except OSError as exc:
