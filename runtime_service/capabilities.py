@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import resource
 from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.budgets import Budgets
+from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
@@ -53,17 +55,9 @@ async def probe_capabilities(runtime: Runtime) -> Capabilities:
     """Boot one worker per language and report the isolation each ended up with (a Node
     worker is isolated by the same steps, then execs: what survives the exec is measured, not
     assumed)."""
-    by_language: dict[str, Isolation] = {}
-    for language in runtime.languages:
-        pool = runtime.pools[language]
-        try:
-            worker = await pool.acquire()
-        except WorkerLaunchError as exc:
-            report = dict.fromkeys(REPORT_KEYS, f"unknown (worker failed to start: {exc})")
-        else:
-            report = dict(worker.sandbox)
-            await worker.kill()
-        by_language[language] = describe_isolation(report, pool.spec)
+    # Booted side by side: a Node worker's boot is the longer, and start-up waits for it.
+    measured = await asyncio.gather(*(_probe(runtime.pools[lang]) for lang in runtime.languages))
+    by_language = dict(zip(runtime.languages, measured, strict=True))
     options = runtime.options
     return Capabilities(
         languages=runtime.languages,
@@ -73,6 +67,17 @@ async def probe_capabilities(runtime: Runtime) -> Capabilities:
         pool_size=options.pool_size,
         by_language=by_language,
     )
+
+
+async def _probe(pool: WorkerPool) -> Isolation:
+    try:
+        worker = await pool.acquire()
+    except WorkerLaunchError as exc:
+        report = dict.fromkeys(REPORT_KEYS, f"unknown (worker failed to start: {exc})")
+    else:
+        report = dict(worker.sandbox)
+        await worker.kill()
+    return describe_isolation(report, pool.spec)
 
 
 # What each language's interpreter is started as (the rest of the sandbox is the same).
