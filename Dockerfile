@@ -14,8 +14,20 @@
 # own, which only a root process holding CAP_SYS_ADMIN, CAP_SETUID and CAP_SETGID can do
 # (deploy/README.md, "Runtime pod security").
 #
-# Pin the base by digest in CI (--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:...).
+# TypeScript programs run on Node 20: the runtime's image carries the node binary of the official
+# image and the TypeScript worker (runtime_service/worker_ts) with its locked node_modules
+# (amaro, the type stripper), installed by `npm ci` from the worker's package-lock.json.
+#
+# Pin the bases by digest in CI (--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:...,
+# --build-arg NODE_IMAGE=node:20.20.2-bookworm-slim@sha256:...).
 ARG PYTHON_IMAGE=python:3.11-slim
+ARG NODE_IMAGE=node:20.20.2-bookworm-slim
+
+# The TypeScript worker's dependencies, exactly as locked (no install scripts run).
+FROM ${NODE_IMAGE} AS worker-ts
+WORKDIR /worker_ts
+COPY runtime_service/worker_ts/package.json runtime_service/worker_ts/package-lock.json ./
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -29,6 +41,11 @@ COPY . /src
 RUN /opt/codemode/bin/pip install --no-deps /src \
     && /opt/codemode/bin/pip check \
     && /opt/codemode/bin/python -c "import registry_service.server, runtime_service.server"
+# Beside the installed worker.js (package data), where the runtime looks for them.
+COPY --from=worker-ts /worker_ts/node_modules /tmp/worker_ts_modules
+RUN cp -r /tmp/worker_ts_modules "$(/opt/codemode/bin/python -c \
+        'from runtime_service.worker_process import _TS_WORKER_DIR; print(_TS_WORKER_DIR)')/node_modules" \
+    && rm -rf /tmp/worker_ts_modules
 
 FROM ${PYTHON_IMAGE}
 # tini is PID 1: it forwards SIGTERM to the service (both shut down gracefully on it) and reaps
@@ -36,13 +53,19 @@ FROM ${PYTHON_IMAGE}
 # is re-parented to PID 1, and a Python PID 1 would never reap it.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install --yes --no-install-recommends tini \
+    && apt-get install --yes --no-install-recommends tini libstdc++6 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 codemode \
     && useradd --system --uid 10001 --gid codemode --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin codemode \
     && install --directory --owner 10001 --group 10001 --mode 0750 /var/lib/codemode
 COPY --from=build /opt/codemode /opt/codemode
+# Node for TypeScript workers (a single binary; it needs only libc and libstdc++). The runtime
+# serves TypeScript only where node and the worker's node_modules are both present: checked here.
+COPY --from=worker-ts /usr/local/bin/node /usr/local/bin/node
+RUN node --version \
+    && /opt/codemode/bin/python -c "from runtime_service.worker_process import WorkerSpec, \
+typescript_installed; assert typescript_installed(WorkerSpec()), 'no TypeScript worker'"
 # The root filesystem is read-only in every deployment: bytecode was compiled at install time,
 # /tmp and /var/lib/codemode are volumes. Containers must listen beyond loopback.
 ENV PATH=/opt/codemode/bin:$PATH \

@@ -1,12 +1,15 @@
-"""What the runtime offers and actually enforces, measured from a real worker (no grpc)."""
+"""What the runtime offers and actually enforces, measured from a real worker of each language
+(no grpc)."""
 
 from __future__ import annotations
 
+import asyncio
 import resource
 from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.budgets import Budgets
+from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
@@ -40,28 +43,59 @@ class Isolation:
 class Capabilities:
     languages: tuple[str, ...]
     isolation: Isolation
+    """The Python worker's."""
     defaults: Budgets
     maxima: Budgets
     pool_size: int
+    by_language: dict[str, Isolation] = field(default_factory=dict)
+    """Each served language's, measured from a worker of that language."""
 
 
 async def probe_capabilities(runtime: Runtime) -> Capabilities:
-    """Boot one worker and report the isolation it ended up with."""
+    """Boot one worker per language and report the isolation each ended up with (a Node
+    worker is isolated by the same steps, then execs: what survives the exec is measured, not
+    assumed)."""
+    # Booted side by side: a Node worker's boot is the longer, and start-up waits for it.
+    measured = await asyncio.gather(*(_probe(runtime.pools[lang]) for lang in runtime.languages))
+    by_language = dict(zip(runtime.languages, measured, strict=True))
+    options = runtime.options
+    return Capabilities(
+        languages=runtime.languages,
+        isolation=by_language["python"],
+        defaults=options.defaults,
+        maxima=options.maxima,
+        pool_size=options.pool_size,
+        by_language=by_language,
+    )
+
+
+async def _probe(pool: WorkerPool) -> Isolation:
     try:
-        worker = await runtime.pool.acquire()
+        worker = await pool.acquire()
     except WorkerLaunchError as exc:
         report = dict.fromkeys(REPORT_KEYS, f"unknown (worker failed to start: {exc})")
     else:
         report = dict(worker.sandbox)
         await worker.kill()
-    options = runtime.options
-    return Capabilities(
-        languages=runtime.languages,
-        isolation=describe_isolation(report, options.worker),
-        defaults=options.defaults,
-        maxima=options.maxima,
-        pool_size=options.pool_size,
-    )
+    return describe_isolation(report, pool.spec)
+
+
+# What each language's interpreter is started as (the rest of the sandbox is the same).
+_INTERPRETER = {
+    "python": "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* "
+    "variables",
+    "typescript": "interpreter: Node 20 with the runtime's options only (no NODE_* variables: "
+    "the environment is empty); the program sees no require or import, eval and new Function "
+    "refuse (--disallow-code-generation-from-strings); V8's heap limit is the run's memory "
+    "budget",
+}
+# What each language's worker exposes in its private root besides the system trees.
+_INSTALLATION = {
+    "python": "the Python installation (its site-packages and the runtime's own paths masked)",
+    "typescript": "the Python installation (its site-packages and the runtime's own paths "
+    "masked), Node's installation and the TypeScript worker's own code with its pinned type "
+    "stripper, read-only",
+}
 
 
 def _nproc() -> int:
@@ -89,7 +123,7 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         ),
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
-        "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables",
+        _INTERPRETER[spec.language],
         "output: exact byte ledger checked in the worker and again in the runtime",
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
@@ -112,10 +146,18 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
             "signal), but processes the program started outlive a runtime that is killed "
             "outright (a restarted runtime kills them before it reuses their uids)"
         )
-    if report.get("dumpable") == "no":
+    dumpable = report.get("dumpable", "")
+    if dumpable == "no":
         enforced.append(
             "memory of workers: not dumpable (no process of the same uid may open "
             "/proc/<pid>/mem or attach)"
+        )
+    elif dumpable.startswith("yes"):
+        # Node's exec made it dumpable again (worker/typescript.py): what stands in for the
+        # flag holds only with its own uid, its own pid namespace and the seccomp filter.
+        kept_out = held("user") and own_pid_ns and held("seccomp")
+        (enforced if kept_out else not_enforced).append(
+            f"memory of workers: dumpable {dumpable[3:].strip()}"
         )
     # setrlimit failures are reported per limit as `rlimit-<resource>`.
     failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))
@@ -131,8 +173,8 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("filesystem"):
         enforced.append(
             "filesystem: private read-only root holding only the system trees (/usr, /lib*, "
-            "/bin, /sbin), the Python installation (its site-packages and the runtime's own "
-            "paths masked) and five device nodes; the runtime's files, /root, /home, /work, "
+            f"/bin, /sbin), {_INSTALLATION[spec.language]} and five device nodes; the runtime's "
+            "files (but the worker's own code), /root, /home, /work, "
             "/etc, /var, /run and the host's /tmp are absent; writable: a private "
             f"{mib} MiB memory-backed /tmp, the working directory, gone with the worker"
         )

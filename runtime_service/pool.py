@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess, WorkerSpec
 from runtime_service.zygote import ForkServer
@@ -97,9 +100,28 @@ class WorkerPool:
         self._wanted.set()
         return await self._spawn(background=False)
 
-    async def _spawn(self, *, background: bool) -> WorkerProcess:
+    def launcher(
+        self, memory_bytes: int
+    ) -> tuple[Callable[[], Awaitable[WorkerProcess]], Callable[[], WorkerProcess | None] | None]:
+        """How a run with this memory budget gets its worker (``acquire``, ``take_idle``): the
+        pool's workers, unless their heap limit is not the run's. V8 reads its heap limit
+        (``--max-old-space-size``) only when Node starts, so a TypeScript worker booted for
+        the default budget cannot serve another: the run gets a worker started for its own
+        budget (booted on demand, never pooled). A Python worker's limits are set at the
+        hand-off: any pooled one fits."""
+        if self.spec.language != "typescript" or memory_bytes == self.spec.node_heap_bytes:
+            return self.acquire, self.take_idle
+        spec = dataclasses.replace(self.spec, node_heap_bytes=memory_bytes)
+        return functools.partial(self._spawn_for_run, spec), None
+
+    async def _spawn_for_run(self, spec: WorkerSpec) -> WorkerProcess:
+        if self._closed:
+            raise WorkerLaunchError("worker pool is closed")
+        return await self._spawn(background=False, spec=spec)
+
+    async def _spawn(self, *, background: bool, spec: WorkerSpec | None = None) -> WorkerProcess:
         worker = await WorkerProcess.spawn(
-            self.spec, background=background, fork_server=self.fork_server
+            spec or self.spec, background=background, fork_server=self.fork_server
         )
         self._workers.add(worker)
         worker.closed.add_done_callback(lambda _: self._workers.discard(worker))

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -49,6 +50,7 @@ from runtime_service.protocol import (
 from runtime_service.worker import flatwire
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY, LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from runtime_service.worker.ledger import OutputLedger
+from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
 __all__ = [
@@ -134,6 +136,8 @@ class Run:
         self._cpu_timer: asyncio.TimerHandle | None = None
         self._baseline = 0.0
         self._decoders: dict[int, codecs.BufferedIncrementalDecoder] = {}
+        self._stderr_tail = ""  # the end of stderr's text, where V8's heap-limit line may split
+        self._heap_exhausted = False
         self._worker: WorkerProcess | None = None
         self._last_call_id = 0
         self._next_seq = 1
@@ -303,7 +307,7 @@ class Run:
     def _exit_message(self, status: int, worker: WorkerProcess) -> str:
         if worker.cgroup is not None and worker.cgroup.oom_killed():
             return self._oom_message()
-        if status == EXIT_OUT_OF_MEMORY:
+        if status == EXIT_OUT_OF_MEMORY or (status == -signal.SIGABRT and self._heap_exhausted):
             mib = self.request.budgets.memory_bytes / (1 << 20)
             return f"worker exceeded its memory budget ({mib:g} MiB)"
         if status < 0:
@@ -345,6 +349,11 @@ class Run:
         try:
             # "replace" decoding yields valid UTF-8 text, like ``ledger.valid_text``.
             text = self._decoders[fd].decode(data, final=not data)
+            worker = self._worker
+            if not self._heap_exhausted and worker is not None and fd == worker.output_fds[1]:
+                seen = self._stderr_tail + text
+                self._heap_exhausted = HEAP_EXHAUSTED in seen
+                self._stderr_tail = seen[-len(HEAP_EXHAUSTED) :]
             if text:
                 self._admit_log(text)
         except Exception as exc:

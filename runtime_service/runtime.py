@@ -125,7 +125,8 @@ class Runtime:
         if deadline_ms is not None:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
-        return Run(request, pool.acquire, handler, on_log, take_idle=pool.take_idle)
+        acquire, take_idle = pool.launcher(resolved.memory_bytes)
+        return Run(request, acquire, handler, on_log, take_idle=take_idle)
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""

@@ -18,7 +18,7 @@ from codemode_wire.errors import CodemodeError, invalid_argument, unavailable
 from codemode_wire.grpc_status import abort_rpc
 from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
-from runtime_service.capabilities import Capabilities
+from runtime_service.capabilities import Capabilities, Isolation
 from runtime_service.errors import RunRequestError, RuntimeDisposedError
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.plugin_host import (
@@ -82,23 +82,14 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         caps = self._capabilities
         return runtime_pb2.GetCapabilitiesResponse(
             languages=list(caps.languages),
-            isolation=runtime_pb2.Isolation(
-                mechanism=caps.isolation.mechanism,
-                enforced=caps.isolation.enforced,
-                not_enforced=caps.isolation.not_enforced,
-                mechanisms=[
-                    runtime_pb2.IsolationMechanism(
-                        name=item.name,
-                        enforced=item.enforced,
-                        scope=_SCOPES[item.scope],
-                        detail=item.detail,
-                    )
-                    for item in caps.isolation.mechanisms
-                ],
-            ),
+            isolation=_isolation_proto(caps.isolation),
             default_budgets=_budgets_proto(caps.defaults),
             max_budgets=_budgets_proto(caps.maxima),
             pool_size=caps.pool_size,
+            language_isolation={
+                language: _isolation_proto(isolation)
+                for language, isolation in caps.by_language.items()
+            },
         )
 
     async def Run(
@@ -465,6 +456,23 @@ def _refusal(reader: asyncio.Future[CodemodeError | None]) -> CodemodeError | No
     if not reader.done() or reader.cancelled() or reader.exception() is not None:
         return None
     return reader.result()
+
+
+def _isolation_proto(isolation: Isolation) -> runtime_pb2.Isolation:
+    return runtime_pb2.Isolation(
+        mechanism=isolation.mechanism,
+        enforced=isolation.enforced,
+        not_enforced=isolation.not_enforced,
+        mechanisms=[
+            runtime_pb2.IsolationMechanism(
+                name=item.name,
+                enforced=item.enforced,
+                scope=_SCOPES[item.scope],
+                detail=item.detail,
+            )
+            for item in isolation.mechanisms
+        ],
+    )
 
 
 def _budgets_proto(budgets: Budgets) -> runtime_pb2.RunBudgets:

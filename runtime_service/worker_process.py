@@ -184,9 +184,12 @@ class WorkerSpec:
         """Where a worker without a private root makes its working directory."""
         return os.path.realpath(self.temp_root or tempfile.gettempdir())
 
-    def sandbox_config(self, uid: int, cgroups: list[str] | None = None) -> dict[str, Any]:
+    def sandbox_config(
+        self, uid: int, cgroups: list[str] | None = None, *, boot_nice: int = 0
+    ) -> dict[str, Any]:
         """What the worker's ``sandbox_child.SandboxConfig`` is built from (and, for a
-        TypeScript worker, how ``worker/typescript.py`` execs node)."""
+        TypeScript worker, how ``worker/typescript.py`` execs node: ``boot_nice`` is the
+        niceness Node starts with, so that every thread it makes inherits it)."""
         config: dict[str, Any] = {
             "uid": uid,
             "hide": list(self.hidden_paths),
@@ -201,6 +204,7 @@ class WorkerSpec:
                 "path": node,
                 "worker": os.path.join(_TS_WORKER_DIR, "worker.js"),
                 "flags": [f"--max-old-space-size={heap_mib}", *_NODE_FLAGS],
+                "nice": boot_nice,
             }
             # Read-only in the worker's root: its code (amaro included) and Node's install
             # (already there when it lives under /usr).
@@ -254,6 +258,8 @@ class WorkerProcess:
         """The run's cgroup (memory, pids and CPU of every process of the run), joined at
         boot; None where the host offers none (per-process limits only)."""
         self.sandbox: dict[str, str] = {}
+        self.threaded = False
+        """Whether the worker runs threads of its own (Node's): ``activate`` renices each."""
         self.frames = framing.FrameBuffer()
         """Splits the channel until the worker is ready; ``listen`` hands over to a reader
         bounded by the run's budgets."""
@@ -338,7 +344,16 @@ class WorkerProcess:
             pipes = [out_r, out_w, err_r, err_w]
             process: subprocess.Popen[bytes] | ForkedChild
             if server is not None:
-                process = await cls._fork(server, spec, uid, cgroup, (child.fileno(), out_w, err_w))
+                # A forked Python worker boots in a few ms of CPU: not reniced. Node's boot
+                # takes a hundred ms and more of CPU on its threads, and a refill's must not
+                # slow the programs running meanwhile: it starts at the lowest priority.
+                nice = (
+                    _BOOT_NICE
+                    if background and spec.language == "typescript" and _can_renice()
+                    else 0
+                )
+                fds = (child.fileno(), out_w, err_w)
+                process = await cls._fork(server, spec, uid, cgroup, fds, boot_nice=nice)
             else:
                 # Synchronous, like asyncio's own subprocess transport: vfork + exec, ~0.15 ms.
                 process = subprocess.Popen(  # noqa: ASYNC220
@@ -374,7 +389,6 @@ class WorkerProcess:
         child.close()
         os.close(out_w)
         os.close(err_w)
-        # (A forked worker boots in a few ms of CPU and is not named yet: not reniced.)
         if background and server is None and _can_renice():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, process.pid, _BOOT_NICE)
@@ -403,6 +417,7 @@ class WorkerProcess:
             UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot watch worker: {exc}") from exc
         try:
+            worker.threaded = spec.language == "typescript"
             worker.sandbox = await asyncio.wait_for(worker._read_ready(), spec.ready_timeout_s)
             worker.boot_cpu_s = _float_or_none(worker.sandbox.pop("cpu-s", None))
             worker.setup_us = _float_or_none(worker.sandbox.pop("setup-us", None))
@@ -436,12 +451,13 @@ class WorkerProcess:
         uid: int,
         cgroup: RunCgroup | None,
         fds: tuple[int, int, int],
+        *,
+        boot_nice: int = 0,
     ) -> ForkedChild:
         cgroups = cgroup.paths if cgroup is not None else None
+        config = spec.sandbox_config(uid, cgroups, boot_nice=boot_nice)
         try:
-            forking = server.fork(
-                config=spec.sandbox_config(uid, cgroups), fds=fds, language=spec.language
-            )
+            forking = server.fork(config=config, fds=fds, language=spec.language)
         except ForkServerError as exc:
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
         try:
@@ -481,10 +497,18 @@ class WorkerProcess:
         return "" if code is None else f" (exit status {code})"
 
     def activate(self) -> None:
-        """The worker is handed a program: give it the normal scheduling priority back."""
-        if _can_renice():
+        """The worker is handed a program: give it the normal scheduling priority back (to
+        each of its threads: Linux keeps a niceness per thread, and Node's helper threads --
+        garbage collection, compilation -- inherited the boot's)."""
+        if not _can_renice():
+            return
+        threads: list[int] = [self.pid]
+        if self.threaded:
             with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, self.pid, 0)
+                threads = [int(tid) for tid in os.listdir(f"/proc/{self.pid}/task")]
+        for tid in threads:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
 
     @property
     def alive(self) -> bool:

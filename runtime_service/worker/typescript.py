@@ -20,9 +20,10 @@ What survives the exec and what does not:
   and its seccomp filter, inherited by everything the program starts, refuses ``ptrace``,
   ``process_vm_readv``/``writev``. Only root on the host (the runtime's own user) can reach it.
 
-Node options: ``--max-old-space-size`` from the runtime's default memory budget (the run's own
-budget is enforced by its cgroup; V8 reads its heap limit only at start, before a pooled
-worker knows its run) and ``--disallow-code-generation-from-strings`` (``eval`` and
+Node options: ``--max-old-space-size`` from the run's memory budget (V8 reads it only at
+start: pooled workers are booted for the default budget, and a run with another budget gets a
+worker started for its own, ``WorkerPool.launcher``; the run's cgroup bounds all its memory
+besides) and ``--disallow-code-generation-from-strings`` (``eval`` and
 ``new Function`` refuse; the harness compiles the program with ``vm.Script``, which is not
 affected). No ``RLIMIT_AS``: V8 and WebAssembly reserve far more address space than they use.
 
@@ -31,6 +32,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -38,9 +40,14 @@ from typing import NoReturn
 
 from runtime_service.worker import framing, sandbox_child
 
-__all__ = ["CHANNEL_FD", "node_argv", "serve"]
+__all__ = ["CHANNEL_FD", "HEAP_EXHAUSTED", "node_argv", "serve"]
 
 CHANNEL_FD = 3  # where worker.js reads its channel
+HEAP_EXHAUSTED = "JavaScript heap out of memory"
+"""What Node writes to its stderr (fd 2, the runtime's pipe) when V8 reaches its heap limit,
+just before it aborts (SIGABRT). Node offers no hook to exit otherwise, so this line and the
+abort are how the runtime tells an exhausted memory budget from a crash. A program that
+forged it would only misname its own run's end."""
 
 
 def node_argv(node: dict[str, object], report: dict[str, str]) -> list[str]:
@@ -73,6 +80,12 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
         os.close(channel_fd)
     os.set_inheritable(CHANNEL_FD, True)
     argv = node_argv(node, report)
+    nice = node.get("nice")
+    if type(nice) is int and nice > 0:
+        # Before the exec: every thread Node starts inherits it (the runtime lowers each
+        # one's again at the hand-off). Raising one's own niceness needs no privilege.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
     try:
         os.execve(argv[0], argv, {})
     except OSError as exc:

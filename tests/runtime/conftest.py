@@ -130,9 +130,16 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 def start_message(
     program: str, *names: str, timeout_ms: int | None = None, **budgets: int
 ) -> runtime_pb2.RunRequest:
+    return start_message_in("python", program, *names, timeout_ms=timeout_ms, **budgets)
+
+
+def start_message_in(
+    language: str, program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+) -> runtime_pb2.RunRequest:
+    """The start of a run of ``program`` in ``language`` with bindings ``names``."""
     start = pb.RunStart(
         program=program,
-        language="python",
+        language=language,
         binding_names=list(names),
         token=b"parent-token",
         budgets=pb.RunBudgets(**budgets),

@@ -11,6 +11,10 @@ the matrix can also send what protobuf clients refuse to build: invalid UTF-8, u
 and message kinds, truncated messages. Client messages travel through a request iterator, as
 the registry sends them, so nothing written after the run's end races the client library.
 
+Every case that reaches a worker runs once per language (`LANGUAGES`): the program texts are
+written per language where they differ (`Lang`), the expectation is one. The cases about the
+first message and the language field itself reach no worker and run once (`any:`).
+
 Inputs the contract tolerates on purpose (unset and unknown fields, late or unmatched call
 results, a second cancel, junk trace context) are cases too: they end as the contract says.
 RunRequest has no enum fields; its analogue of an unknown enum value, a message kind from a
@@ -21,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -36,7 +42,13 @@ from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_wire.grpc_status import MAX_MESSAGE_BYTES, error_info
 from runtime_service.run import EXPIRED_MESSAGE
 from runtime_service.server import RunningRuntime, start
-from tests.runtime.conftest import child_pids, drive, grpc_settings, start_message
+from tests.runtime.conftest import (
+    child_pids,
+    drive,
+    grpc_settings,
+    start_message,
+    start_message_in,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -63,10 +75,67 @@ MAXIMA = {
 MAX_PROGRAM_BYTES = 1 << 20
 MAX_BINDINGS = 4096
 LOSSY = "binding resolution must be lossless JSON"
-# Returns the message of the ToolCallError its one binding call raises, else the call's value.
-CATCH = "try:\n    return await tools.t(1)\nexcept ToolCallError as e:\n    return str(e)"
-TWO_CALLS = "a = await tools.t(1)\nb = await tools.t(2)\nreturn [a, b]"
-WAITS = "print('waiting')\nawait tools.t(1)\nreturn 'not reached'"
+
+
+@dataclass(frozen=True)
+class Lang:
+    """The program texts of one language where they differ (the rest is valid in both)."""
+
+    name: str
+    catch: str
+    """Returns the message of the ToolCallError its one binding call raises, else the value."""
+    two_calls: str
+    waits: str
+    """Logs, then waits on a call (the caller cancels or half-closes)."""
+    comment: str
+    """What starts a comment line."""
+    nul_byte: str
+    """What the compiler says of a NUL byte after `return 1` (Python refuses any NUL byte;
+    in TypeScript one is valid only in strings and comments: the error names its place)."""
+    two_calls_after_half_close: str
+    first_binding_twice: str
+    """Calls its only binding (found without naming it) with 30,000 and 10 characters."""
+
+
+PYTHON_LANG = Lang(
+    name="python",
+    catch="try:\n    return await tools.t(1)\nexcept ToolCallError as e:\n    return str(e)",
+    two_calls="a = await tools.t(1)\nb = await tools.t(2)\nreturn [a, b]",
+    waits="print('waiting')\nawait tools.t(1)\nreturn 'not reached'",
+    comment="#",
+    nul_byte="null",
+    two_calls_after_half_close=(
+        "out = []\nfor i in range(2):\n    try:\n        await tools.t(i)\n"
+        "    except ToolCallError as e:\n        out.append(str(e))\nreturn out"
+    ),
+    first_binding_twice=(
+        "out = []\nfor n in (30_000, 10):\n    try:\n"
+        "        out.append(await tools[dir(tools)[0]]('x' * n))\n"
+        "    except ToolCallError as e:\n        out.append(str(e))\nreturn out"
+    ),
+)
+TYPESCRIPT_LANG = Lang(
+    name="typescript",
+    catch=(
+        "try {\n  return await tools.t(1);\n} catch (e) {\n"
+        "  if (e instanceof ToolCallError) return e.message;\n  throw e;\n}"
+    ),
+    two_calls="const a = await tools.t(1);\nconst b = await tools.t(2);\nreturn [a, b];",
+    waits="console.log('waiting');\nawait tools.t(1);\nreturn 'not reached';",
+    comment="//",
+    nul_byte="SyntaxError: Expected ';', got '<lexing error>'\n    at program.ts:1:9",
+    two_calls_after_half_close=(
+        "const out: string[] = [];\nfor (let i = 0; i < 2; i++) {\n  try {\n"
+        "    await tools.t(i);\n  } catch (e) {\n    out.push((e as ToolCallError).message);\n"
+        "  }\n}\nreturn out;"
+    ),
+    first_binding_twice=(
+        "const out: unknown[] = [];\nfor (const n of [30000, 10]) {\n  try {\n"
+        "    out.push(await tools[Object.keys(tools)[0]]('x'.repeat(n)));\n"
+        "  } catch (e) {\n    out.push((e as ToolCallError).message);\n  }\n}\nreturn out;"
+    ),
+)
+LANGUAGES = (PYTHON_LANG, TYPESCRIPT_LANG)
 
 Message = pb.RunRequest | bytes
 
@@ -285,26 +354,23 @@ def failed(kind: int, message: str = "") -> Ends:
     return Ends(failure=kind, message=message)
 
 
-def run(program: str, *names: str, **budgets: int) -> Script:
-    """Start `program` with bindings `names` and `budgets`; echo binding calls."""
-    return talk(start_message(program, *names, **budgets))
-
-
 def start_with(**fields: object) -> pb.RunRequest:
     """A start running `return 1` in python, with `fields` of RunStart replaced."""
     values: dict[str, object] = {"program": "return 1", "language": "python", **fields}
     return pb.RunRequest(start=pb.RunStart(**values))  # type: ignore[arg-type]
 
 
-def with_timeout(seconds: int, nanos: int) -> pb.RunRequest:
-    message = start_message("return 1")
+def with_timeout(start: Callable[..., pb.RunRequest], seconds: int, nanos: int) -> pb.RunRequest:
+    message = start("return 1")
     message.start.timeout.seconds = seconds
     message.start.timeout.nanos = nanos
     return message
 
 
-def traced(traceparent: str, tracestate: str = "") -> pb.RunRequest:
-    message = start_message("return await tools.t(1)", "t")
+def traced(
+    start: Callable[..., pb.RunRequest], traceparent: str, tracestate: str = ""
+) -> pb.RunRequest:
+    message = start("return await tools.t(1)", "t")
     message.start.trace_context.traceparent = traceparent
     message.start.trace_context.tracestate = tracestate
     return message
@@ -353,7 +419,8 @@ def _on_first_call(*messages: Message) -> OnCall:
 # -- the matrix ----------------------------------------------------------------------------------
 
 
-def _cases() -> list[Case]:
+def _neutral_cases() -> list[Case]:
+    """Cases decided before any worker is chosen: the first message, the language field."""
     cases: list[Case] = []
     add = cases.append
 
@@ -380,23 +447,6 @@ def _cases() -> list[Case]:
         ),
     ):
         add(Case(f"first:malformed-{kind}", talk(data), malformed))
-    # Unknown fields (a newer client's) are ignored, as proto3 intends.
-    unknown = raw_start(PROGRAM_ONE, PYTHON, length_delimited(99, b"future"))
-    add(Case("start:unknown-field-ignored", talk(unknown), ok()))
-
-    # The program: empty and comment-only bodies are valid (no value); broken ones fail the
-    # run as an exception, like any program error; oversized ones are refused.
-    add(Case("program:empty-is-a-valid-body", run(""), ok(None)))
-    add(Case("program:comment-only", run("# nothing"), ok(None)))
-    add(Case("program:nul-byte", run("return 1\x00"), failed(EXCEPTION, "null")))
-    add(Case("program:syntax-error", run("return ("), failed(EXCEPTION)))
-    add(Case("program:top-level-yield", run("yield 1"), failed(EXCEPTION)))
-    add(Case("program:at-the-byte-limit", run("#" * MAX_PROGRAM_BYTES), ok(None)))
-    too_big = Refused("INVALID_RUN", f"program exceeds {MAX_PROGRAM_BYTES} bytes")
-    add(Case("program:one-byte-over-the-limit", run("#" * (MAX_PROGRAM_BYTES + 1)), too_big))
-    # Half as many characters as the limit, but two bytes each: the limit is in bytes.
-    wide = "#" + "é" * (MAX_PROGRAM_BYTES // 2)
-    add(Case("program:over-the-limit-in-utf8-bytes", run(wide), too_big))
 
     # The language: "python" or "typescript", exactly; unset (empty) means python.
     unsupported = Refused("INVALID_RUN", "unsupported language")
@@ -410,6 +460,41 @@ def _cases() -> list[Case]:
     ):
         add(Case(f"language:{kind}", talk(start_with(language=language)), unsupported))
     add(Case("language:empty-means-python", talk(start_with(language="")), ok()))
+    return [dataclasses.replace(case, id=f"any:{case.id}") for case in cases]
+
+
+def _cases(lang: Lang) -> list[Case]:
+    """Cases that reach a worker of `lang` (or would, but for the refusal)."""
+    cases: list[Case] = []
+    add = cases.append
+    catch, two_calls, waits = lang.catch, lang.two_calls, lang.waits
+
+    def start(program: str, *names: str, **fields: Any) -> pb.RunRequest:
+        return start_message_in(lang.name, program, *names, **fields)
+
+    def run(program: str, *names: str, **budgets: int) -> Script:
+        """Start `program` with bindings `names` and `budgets`; echo binding calls."""
+        return talk(start(program, *names, **budgets))
+
+    # Unknown fields (a newer client's) are ignored, as proto3 intends.
+    language = length_delimited(2, lang.name.encode())
+    unknown = raw_start(PROGRAM_ONE, language, length_delimited(99, b"future"))
+    add(Case("start:unknown-field-ignored", talk(unknown), ok()))
+
+    # The program: empty and comment-only bodies are valid (no value); broken ones fail the
+    # run as an exception, like any program error; oversized ones are refused.
+    add(Case("program:empty-is-a-valid-body", run(""), ok(None)))
+    add(Case("program:comment-only", run(f"{lang.comment} nothing"), ok(None)))
+    add(Case("program:nul-byte", run("return 1\x00"), failed(EXCEPTION, lang.nul_byte)))
+    add(Case("program:syntax-error", run("return ("), failed(EXCEPTION)))
+    add(Case("program:top-level-yield", run("yield 1"), failed(EXCEPTION)))
+    at_limit = lang.comment + "#" * (MAX_PROGRAM_BYTES - len(lang.comment))
+    add(Case("program:at-the-byte-limit", run(at_limit), ok(None)))
+    too_big = Refused("INVALID_RUN", f"program exceeds {MAX_PROGRAM_BYTES} bytes")
+    add(Case("program:one-byte-over-the-limit", run(at_limit + "#"), too_big))
+    # Half as many characters as the limit, but two bytes each: the limit is in bytes.
+    wide = lang.comment + "é" * (MAX_PROGRAM_BYTES // 2)
+    add(Case("program:over-the-limit-in-utf8-bytes", run(wide), too_big))
 
     # Budgets (uint64; 0 = the default). A negative int64 on the wire reads as 2^64 - 1.
     over = Refused("INVALID_RUN", "exceeds the deployment maximum")
@@ -427,10 +512,11 @@ def _cases() -> list[Case]:
     # The caller's time left (a Duration): spent or under a millisecond times out without a
     # worker; a Duration outside the well-known type's range or with mixed signs is malformed.
     expired = failed(TIMEOUT, EXPIRED_MESSAGE)
-    add(Case("timeout:negative", talk(with_timeout(-5, 0)), expired))
-    add(Case("timeout:zero", talk(with_timeout(0, 0)), expired))
-    add(Case("timeout:one-nanosecond", talk(with_timeout(0, 1)), expired))
-    add(Case("timeout:largest-valid", talk(with_timeout(315_576_000_000, 999_999_999)), ok()))
+    add(Case("timeout:negative", talk(with_timeout(start, -5, 0)), expired))
+    add(Case("timeout:zero", talk(with_timeout(start, 0, 0)), expired))
+    add(Case("timeout:one-nanosecond", talk(with_timeout(start, 0, 1)), expired))
+    largest = with_timeout(start, 315_576_000_000, 999_999_999)
+    add(Case("timeout:largest-valid", talk(largest), ok()))
     bad_timeout = Refused("INVALID_RUN", "timeout")
     for kind, seconds, nanos in (
         ("seconds-over-range", 315_576_000_001, 0),
@@ -439,7 +525,7 @@ def _cases() -> list[Case]:
         ("nanos-negative-with-positive-seconds", 1, -1),
         ("nanos-positive-with-negative-seconds", -1, 1),
     ):
-        add(Case(f"timeout:{kind}", talk(with_timeout(seconds, nanos)), bad_timeout))
+        add(Case(f"timeout:{kind}", talk(with_timeout(start, seconds, nanos)), bad_timeout))
 
     # Trace context is advisory: junk starts a new trace, it never fails the run.
     for kind, traceparent in (
@@ -450,14 +536,15 @@ def _cases() -> list[Case]:
         ("uppercase-hex", "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01"),
         ("10000-chars", LONG),
     ):
-        add(Case(f"trace:traceparent-{kind}", talk(traced(traceparent)), ok(also=_fresh_trace)))
+        script = talk(traced(start, traceparent))
+        add(Case(f"trace:traceparent-{kind}", script, ok(also=_fresh_trace)))
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     parent = f"00-{trace_id}-b7ad6b7169203331-01"
     for kind, tracestate in (("garbage", "=,=,==="), ("10000-chars", LONG)):
         add(
             Case(
                 f"trace:tracestate-{kind}",
-                talk(traced(parent, tracestate)),
+                talk(traced(start, parent, tracestate)),
                 ok(also=_continues(trace_id)),
             )
         )
@@ -489,7 +576,7 @@ def _cases() -> list[Case]:
 
     # The token is opaque: any bytes, echoed unchanged.
     for kind, token in (("empty", b""), ("binary", bytes(range(256))), ("1-mib", b"k" * (1 << 20))):
-        message = start_message("return await tools.t(1)", "t")
+        message = start("return await tools.t(1)", "t")
         message.start.token = token
         add(Case(f"token:{kind}", talk(message), ok(also=_token_echoed(token))))
 
@@ -497,33 +584,33 @@ def _cases() -> list[Case]:
     # Anything else aborts the run (its worker is killed) and the status replaces the terminal.
     restart = Refused("UNEXPECTED_MESSAGE", "a second start message", midway=True)
     kindless = Refused("UNEXPECTED_MESSAGE", "no known kind", midway=True)
-    second = start_message("return 2")
-    add(Case("after-start:second-start-at-once", talk(start_message(WAITS, "t"), second), restart))
+    second = start("return 2")
+    add(Case("after-start:second-start-at-once", talk(start(waits, "t"), second), restart))
     add(
         Case(
             "after-start:second-start-midway",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [second]),
+            talk(start(waits, "t"), on_call=lambda _: [second]),
             restart,
         )
     )
     add(
         Case(
             "after-start:empty-message",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [pb.RunRequest()]),
+            talk(start(waits, "t"), on_call=lambda _: [pb.RunRequest()]),
             kindless,
         )
     )
     add(
         Case(
             "after-start:unknown-kind-field-9",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [length_delimited(9, b"")]),
+            talk(start(waits, "t"), on_call=lambda _: [length_delimited(9, b"")]),
             kindless,
         )
     )
     add(
         Case(
             "after-start:malformed-bytes",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [b"\x0a\x05ab"]),
+            talk(start(waits, "t"), on_call=lambda _: [b"\x0a\x05ab"]),
             Refused("MALFORMED_MESSAGE", "RunRequest", midway=True),
         )
     )
@@ -535,7 +622,7 @@ def _cases() -> list[Case]:
             Case(
                 f"reply:id-{kind}",
                 talk(
-                    start_message(TWO_CALLS, "t"),
+                    start(two_calls, "t"),
                     on_call=_on_first_call(value(call_id, '"stray"'), value(1, '"real"')),
                 ),
                 ok('["real",2]'),
@@ -544,7 +631,7 @@ def _cases() -> list[Case]:
     add(
         Case(
             "reply:before-its-call-was-issued",
-            talk(start_message(TWO_CALLS, "t"), value(2, '"early"')),
+            talk(start(two_calls, "t"), value(2, '"early"')),
             ok("[1,2]"),
         )
     )
@@ -552,7 +639,7 @@ def _cases() -> list[Case]:
         Case(
             "reply:twice",
             talk(
-                start_message(TWO_CALLS, "t"),
+                start(two_calls, "t"),
                 on_call=_on_first_call(value(1, '"first"'), value(1, '"again"')),
             ),
             ok('["first",2]'),
@@ -562,7 +649,7 @@ def _cases() -> list[Case]:
         Case(
             "reply:after-the-run-ended",
             talk(
-                start_message("tools.t(1)\nreturn 'done'", "t"),
+                start("tools.t(1)\nreturn 'done'", "t"),
                 on_call=silent,
                 after_terminal=[value(1, "1")],
             ),
@@ -583,13 +670,13 @@ def _cases() -> list[Case]:
         ("two-values", "1 2"),
     ):
         answer = _on_first_call(value(1, value_json))
-        script = talk(start_message(CATCH, "t"), on_call=answer)
+        script = talk(start(catch, "t"), on_call=answer)
         add(Case(f"reply:value-{kind}", script, ok(json.dumps(LOSSY))))
     no_outcome = pb.RunRequest(call_result=pb.CallResult(call_id=1))
     add(
         Case(
             "reply:neither-value-nor-error",
-            talk(start_message(CATCH, "t"), on_call=_on_first_call(no_outcome)),
+            talk(start(catch, "t"), on_call=_on_first_call(no_outcome)),
             ok(json.dumps("the call result carried neither value_json nor error_message")),
         )
     )
@@ -598,35 +685,35 @@ def _cases() -> list[Case]:
     add(
         Case(
             "cancel:twice",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [cancel("first"), cancel("second")]),
+            talk(start(waits, "t"), on_call=lambda _: [cancel("first"), cancel("second")]),
             failed(ABORT, "first"),
         )
     )
     add(
         Case(
             "cancel:empty-reason",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [cancel("")]),
+            talk(start(waits, "t"), on_call=lambda _: [cancel("")]),
             failed(ABORT, "run cancelled by the caller"),
         )
     )
     add(
         Case(
             "cancel:then-a-reply",
-            talk(start_message(WAITS, "t"), on_call=lambda c: [cancel("stop"), *echo(c)]),
+            talk(start(waits, "t"), on_call=lambda c: [cancel("stop"), *echo(c)]),
             failed(ABORT, "stop"),
         )
     )
     add(
         Case(
             "cancel:after-the-run-ended",
-            talk(start_message("return 1"), after_terminal=[cancel("late")]),
+            talk(start("return 1"), after_terminal=[cancel("late")]),
             ok(),
         )
     )
     add(
         Case(
             "cancel:10000-char-reason",
-            talk(start_message(WAITS, "t"), on_call=lambda _: [cancel(LONG)]),
+            talk(start(waits, "t"), on_call=lambda _: [cancel(LONG)]),
             failed(ABORT, LONG),
         )
     )
@@ -634,28 +721,26 @@ def _cases() -> list[Case]:
     add(
         Case(
             "cancel:reason-over-the-output-cap",
-            talk(start_message(WAITS, "t", max_output_bytes=64), on_call=lambda _: [cancel(LONG)]),
+            talk(start(waits, "t", max_output_bytes=64), on_call=lambda _: [cancel(LONG)]),
             failed(OUTPUT_LIMIT, "outer output exceeded 64 bytes"),
         )
     )
 
     # Half-close: the caller sends nothing more. A run without calls is unaffected; a call
     # can never be answered, so it fails in the program instead of waiting out the wall clock.
-    add(
-        Case("half-close:right-after-start", talk(start_message("return 1"), half_close=True), ok())
-    )
+    add(Case("half-close:right-after-start", talk(start("return 1"), half_close=True), ok()))
     closed = "no result can arrive: the caller half-closed the Run stream"
     add(
         Case(
             "half-close:with-a-call-pending",
-            talk(start_message(CATCH, "t"), on_call=lambda _: [None]),
+            talk(start(catch, "t"), on_call=lambda _: [None]),
             ok(json.dumps(closed)),
         )
     )
     add(
         Case(
             "half-close:before-a-call",
-            talk(start_message(CATCH, "t"), half_close=True),
+            talk(start(catch, "t"), half_close=True),
             ok(json.dumps(closed)),
         )
     )
@@ -663,11 +748,7 @@ def _cases() -> list[Case]:
         Case(
             "half-close:then-two-calls",
             talk(
-                start_message(
-                    "out = []\nfor i in range(2):\n    try:\n        await tools.t(i)\n"
-                    "    except ToolCallError as e:\n        out.append(str(e))\nreturn out",
-                    "t",
-                ),
+                start(lang.two_calls_after_half_close, "t"),
                 half_close=True,
             ),
             ok(json.dumps([closed, closed], separators=(",", ":"))),
@@ -676,7 +757,11 @@ def _cases() -> list[Case]:
     return cases
 
 
-CASES = _cases()
+CASES = _neutral_cases() + [
+    dataclasses.replace(case, id=f"{lang.name}:{case.id}")
+    for lang in LANGUAGES
+    for case in _cases(lang)
+]
 
 
 def _ids_are_unique() -> None:
@@ -699,7 +784,8 @@ class World:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world() -> AsyncIterator[World]:
     # Tracing on, as deployed with telemetry: junk trace context meets the real parser.
-    running = await start(grpc_settings(pool_size=2), tracer_provider=TracerProvider())
+    settings = grpc_settings(pool_size=2, typescript_pool_size=1)
+    running = await start(settings, tracer_provider=TracerProvider())
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             yield World(running, connect(channel))
@@ -708,20 +794,25 @@ async def world() -> AsyncIterator[World]:
     assert child_pids(fork_servers=True) == [], "a worker outlived the runtime"
 
 
-async def still_serving(world: World) -> None:
-    """A trivial run still works, and no worker but the pool's idle ones is alive."""
+async def still_serving(world: World, language: str = "python") -> None:
+    """A trivial run in `language` still works, and no worker but the pools' idle ones is
+    alive."""
     _, terminal = await asyncio.wait_for(
-        drive(world.client.stub, start_message("return 1")), HANG_S
+        drive(world.client.stub, start_message_in(language, "return 1")), HANG_S
     )
     assert terminal.success.value_json == "1", str(terminal)
     runtime = world.running.runtime
+    pools = list(runtime.pools.values())
+    assert [pool.spec.language for pool in pools] == [lang.name for lang in LANGUAGES]
     state: tuple[int, int, int, list[int]] = (0, 0, 0, [])
     try:
         async with asyncio.timeout(HANG_S):
             while True:
-                await runtime.pool.wait_filled()
-                idle = runtime.pool.idle_count
-                state = (runtime.live_runs, idle, runtime.pool.live_workers, child_pids())
+                for pool in pools:
+                    await pool.wait_filled()
+                idle = sum(pool.idle_count for pool in pools)
+                workers = sum(pool.live_workers for pool in pools)
+                state = (runtime.live_runs, idle, workers, child_pids())
                 if state[0] == 0 and state[2] == idle and len(state[3]) == idle:
                     return
                 await asyncio.sleep(0.02)
@@ -738,7 +829,7 @@ async def test_bad_input_gets_a_clear_answer(world: World, case: Case) -> None:
     except TimeoutError:
         pytest.fail(f"{case.id} hung")
     case.expect.check(exchange)
-    await still_serving(world)
+    await still_serving(world, case.id.partition(":")[0].replace("any", "python"))
 
 
 async def test_writes_after_half_close_are_refused_by_the_client(world: World) -> None:
@@ -803,24 +894,20 @@ async def small_messages() -> AsyncIterator[tuple[RunningRuntime, Client]]:
     assert child_pids() == before, "a worker outlived the runtime"
 
 
+@pytest.mark.parametrize("lang", LANGUAGES, ids=[lang.name for lang in LANGUAGES])
 @pytest.mark.parametrize(
     ("token", "name", "traceparent"),
     [(b"k" * 40_000, "t", ""), (b"", "n" * 40_000, ""), (b"", "t", "x" * 40_000)],
     ids=["40kb-token", "40kb-binding-name", "40kb-traceparent"],
 )
 async def test_large_start_fields_leave_less_room_for_arguments(
-    token: bytes, name: str, traceparent: str
+    token: bytes, name: str, traceparent: str, lang: Lang
 ) -> None:
     """A binding call carries the token, the binding name and the trace context (as the
     caller sent it, when tracing is off) besides its arguments: arguments that fit alone but
     not beside 40 KB of those fail that call, naming the limit, instead of breaking the stream
     with a message over the 64 KiB limit (RESOURCE_EXHAUSTED, no ErrorInfo, no terminal)."""
-    program = (  # the one binding, found without spelling its name again
-        "out = []\nfor n in (30_000, 10):\n    try:\n"
-        "        out.append(await tools[dir(tools)[0]]('x' * n))\n"
-        "    except ToolCallError as e:\n        out.append(str(e))\nreturn out"
-    )
-    message = start_message(program, name)
+    message = start_message_in(lang.name, lang.first_binding_twice, name)
     message.start.token = token
     message.start.trace_context.traceparent = traceparent
     async with small_messages() as (_running, client):

@@ -5,6 +5,7 @@ both must end exactly alike."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -205,12 +206,72 @@ SAME_OUTCOME: list[tuple[str, str, str, dict[str, int], tuple[str, str]]] = [
         {},
         ("success", "{}"),
     ),
+    # Reference §10 (runtime.spec.ts): awaiting a 1 500 ms binding does not consume a
+    # 1 000 ms compute budget.
+    (
+        "binding-wait-is-free",
+        "return await tools.slow({'n': 1})",
+        "return await tools.slow({ n: 1 });",
+        {"compute_ms": 1000},
+        ("success", '{"echo":{"n":1}}'),
+    ),
+    # A 3 000-deep value goes out and comes back whole (iterative wire, both ways).
+    (
+        "deep-round-trip",
+        "v = []\nfor _ in range(3000):\n    v = [v]\nreturn await tools.raw(v)",
+        "let v: unknown[] = [];\nfor (let i = 0; i < 3000; i++) v = [v];\n"
+        "return await tools.raw(v);",
+        {},
+        ("success", "[" * 3001 + "]" * 3001),
+    ),
+    # The ledger counts UTF-8 bytes: 30 two-byte characters are charged as 60 ASCII ones.
+    (
+        "utf8-log-fits-the-cap",
+        "print('é' * 30)",
+        "console.log('é'.repeat(30));",
+        {"max_output_bytes": 64},
+        ("success", ""),
+    ),
+    (
+        "utf8-log-over-the-cap",
+        "print('é' * 30 + 'x')",
+        "console.log('é'.repeat(30) + 'x');",
+        {"max_output_bytes": 64},
+        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 64 bytes"),
+    ),
+    # Prototype-colliding binding names are ordinary bindings.
+    (
+        "prototype-named-bindings",
+        "return [await tools['__proto__']({'n': 1}), await tools['constructor']({'n': 2})]",
+        "return [await tools['__proto__']({ n: 1 }), await tools['constructor']({ n: 2 })];",
+        {},
+        ("success", '[{"echo":{"n":1}},{"echo":{"n":2}}]'),
+    ),
+    (
+        "function-completion",
+        "return lambda: 1",
+        "return () => 1;",
+        {},
+        ("FAILURE_KIND_INVALID_OUTPUT", "program completion must be lossless JSON"),
+    ),
+    # Writes straight to the output stream count as logs, and a write callback completes.
+    (
+        "stream-write-then-value",
+        "import sys\nsys.stdout.write('raw-out\\n')\nreturn 3",
+        "await new Promise((done) => process.stdout.write('raw-out\\n', done));\nreturn 3;",
+        {},
+        ("success", "3"),
+    ),
 ]
 
 
 async def fail_or_echo(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult | None:
     if call.binding_name == "wait":
         return None  # never answered
+    if call.binding_name == "raw":  # the arguments' JSON text back, unparsed (any depth)
+        return pb.CallResult(call_id=call.call_id, value_json=call.arguments_json)
+    if call.binding_name == "slow":
+        await asyncio.sleep(1.5)
     if call.binding_name == "fail":
         return pb.CallResult(call_id=call.call_id, error_message="fail failed")
     args = json.loads(call.arguments_json)
@@ -225,7 +286,7 @@ async def fail_or_echo(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult 
 async def test_both_languages_end_alike(
     ts_stub: Stub, python: str, typescript: str, limits: dict[str, int], expected: tuple[str, str]
 ) -> None:
-    names = ("echo", "fail", "wait")
+    names = ("echo", "fail", "wait", "slow", "raw", "__proto__", "constructor")
     for language, program in (("python", python), ("typescript", typescript)):
         first = in_language(language, start_message(program, *names, **limits))
         _, terminal = await drive(ts_stub, first, fail_or_echo)
@@ -270,3 +331,63 @@ async def test_a_checkout_under_tmp_still_runs_typescript(
     ):
         _, terminal = await drive(stub, ts("return 40 + 2"))
     assert outcome(terminal) == ("success", "42"), terminal
+
+
+# Grows the heap until something stops it (strings kept reachable, 100 kB each).
+ALLOCATES = "const a: string[] = [];\nwhile (true) a.push('x'.repeat(100000) + a.length);\n"
+
+
+@pytest.mark.parametrize("cgroups", ["auto", "off"])
+async def test_the_runs_memory_budget_bounds_its_heap(cgroups: str) -> None:
+    """V8's heap limit is the run's own budget (not the default's): a 96 MiB run that
+    allocates without end is ``worker-exit`` naming its budget, with or without a run
+    cgroup. Without one, V8's heap limit is all that stops it: Node aborts (SIGABRT) and the
+    runtime reports it as the budget it is, not as a signal."""
+    settings = grpc_settings(typescript_pool_size=1, cgroups=cgroups)
+    async with serving(settings) as running, connected(running) as stub:
+        first = ts(ALLOCATES, memory_bytes=96 << 20, wall_ms=30_000)
+        _, terminal = await drive(stub, first)
+        kind, message = outcome(terminal)
+        assert kind == "FAILURE_KIND_WORKER_EXIT", message
+        assert "memory budget (96 MiB" in message, message
+        _, terminal = await drive(stub, ts("return 1;"))
+        assert outcome(terminal) == ("success", "1")
+        assert running.runtime.pools["typescript"].idle_count <= 1
+
+
+def _mechanisms(isolation: runtime_pb2.Isolation) -> list[tuple[str, bool, int]]:
+    return [(item.name, item.enforced, item.scope) for item in isolation.mechanisms]
+
+
+async def test_capabilities_describe_each_languages_own_worker(ts_stub: Stub) -> None:
+    caps = await ts_stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    assert sorted(caps.language_isolation) == ["python", "typescript"]
+    python = caps.language_isolation["python"]
+    typescript = caps.language_isolation["typescript"]
+    assert python == caps.isolation
+    assert [line for line in python.enforced if line.startswith("interpreter:")] == [
+        "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* variables"
+    ]
+    (node,) = [line for line in typescript.enforced if line.startswith("interpreter:")]
+    assert "--disallow-code-generation-from-strings" in node and "heap limit" in node, node
+    # Node is isolated by the same steps and keeps every one of them across its exec.
+    assert _mechanisms(typescript) == _mechanisms(python)
+    assert typescript.mechanism == python.mechanism
+    if can_isolate():
+        assert all(item.enforced for item in typescript.mechanisms), typescript.mechanisms
+        memory = [line for line in typescript.enforced if line.startswith("memory of workers")]
+        assert memory and "seccomp" in memory[0], typescript.enforced
+
+
+async def test_capabilities_of_typescript_are_measured_not_copied() -> None:
+    # A Node that cannot start: its isolation is unknown, Python's is unaffected.
+    settings = grpc_settings(worker_node="/nonexistent/node")
+    async with serving(settings) as running, connected(running) as stub:
+        caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    typescript = caps.language_isolation["typescript"]
+    failed = [item for item in typescript.mechanisms if not item.enforced]
+    assert failed and all(
+        "worker failed to start" in item.detail for item in failed if item.name == "seccomp"
+    )
+    assert caps.language_isolation["python"] == caps.isolation
+    assert _mechanisms(caps.isolation) != _mechanisms(typescript)

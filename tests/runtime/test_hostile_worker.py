@@ -7,6 +7,12 @@ misbehave before its ready message, flood the channel, or close it. The server i
 script file the test last wrote) and shortens the boot timeout; nothing else is stubbed. The
 tests assert exactly one terminal message (``drive``), its outcome and text, that no worker
 process is left, and, for boot failures, that the next run gets a working worker.
+
+Every test runs for both languages (``host`` is parametrized): the run asks for its language
+and gets its worker from that language's pool. A fake worker stands in for either (a
+TypeScript worker also starts as Python, ``worker/typescript.py``, and only then execs Node);
+the real one it hands back to is the language's own (``REAL_WORKERS``), and the programs of
+the real-worker tests are written per language.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any
 import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service import runtime as runtime_module
 from runtime_service.config import RuntimeSettings
+from runtime_service.pool import WorkerPool
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.server import RunningRuntime
 from tests.runtime.conftest import (
@@ -37,7 +45,7 @@ from tests.runtime.conftest import (
     grpc_settings,
     never_answer,
     serving,
-    start_message,
+    start_message_in,
     streamed_logs,
 )
 
@@ -54,12 +62,23 @@ BOOT_TIMEOUT_S = 1.0
 SERVICE_BOOT_TIMEOUT_S = 10.0
 SLACK_S = 2.0  # scheduling noise on a shared 2-CPU host
 
-REAL_WORKER = """\
+REAL_WORKERS = {
+    "python": """\
 import sys
 sys.path.insert(0, sys.argv[1])
 from runtime_service.worker.bootstrap import main
 main()
-"""
+""",
+    # Isolates like the Python worker, then execs ``node worker.js`` (the spawn launch).
+    "typescript": """\
+import sys
+sys.path.insert(0, sys.argv[1])
+from runtime_service.worker.typescript import main
+main()
+""",
+}
+LANGUAGES = tuple(REAL_WORKERS)
+REAL_WORKER = REAL_WORKERS["python"]  # of the other fake-worker modules (Python only)
 
 # Fake worker helpers. The script runs as the worker's ``-c`` code: sys.argv is
 # ["-c", <package root>, <channel fd>, <sandbox config>], exactly as for the real bootstrap.
@@ -125,6 +144,20 @@ class Host:
     running: RunningRuntime
     stub: Stub
     script: Path
+    language: str = "python"
+
+    def start(self, program: str, *names: str, **fields: Any) -> runtime_pb2.RunRequest:
+        """A start message of ``program`` in this host's language."""
+        return start_message_in(self.language, program, *names, **fields)
+
+    @property
+    def pool(self) -> WorkerPool:
+        """The pool this host's runs take their workers from."""
+        return self.running.runtime.pools[self.language]
+
+    @property
+    def live_workers(self) -> int:
+        return sum(pool.live_workers for pool in self.running.runtime.pools.values())
 
     def workers_run(self, script: str) -> None:
         """Workers spawned from now on run ``script`` (written atomically: a pool refill may be
@@ -139,27 +172,33 @@ class Host:
 
 @contextlib.asynccontextmanager
 async def hosting(
-    tmp_path: Path, script: str = REAL_WORKER, **overrides: Any
+    tmp_path: Path, language: str = "python", script: str | None = None, pool_size: int = 0
 ) -> AsyncIterator[Host]:
-    """A real RuntimeService whose workers run ``script``; pool size 0 unless overridden, so
-    each run spawns its worker from the script current at that moment. The start-up probe
-    boots one worker from ``script`` too."""
+    """A real RuntimeService whose workers (of both languages) run ``script`` (the real
+    worker of ``language`` by default); pool size 0 unless overridden, so each run spawns its
+    worker from the script current at that moment. The start-up probe boots one worker from
+    ``script`` too."""
     path = tmp_path / "worker.py"
-    path.write_text(script)
+    path.write_text(REAL_WORKERS[language] if script is None else script)
     values: dict[str, Any] = {
         "listen": "127.0.0.1:0",
-        "pool_size": 0,
+        "pool_size": pool_size,
+        "typescript_pool_size": pool_size,
         "shutdown_grace_s": 0.2,
         "worker_script": str(path),
     }
-    settings = FakeWorkerSettings(**{**values, **overrides})
-    async with serving(settings) as running, connected(running) as stub:
-        yield Host(running, stub, path)
+    settings = FakeWorkerSettings(**values)
+    with pytest.MonkeyPatch.context() as patch:
+        # A runtime serves TypeScript only with the real loader; this one's loader runs the
+        # script for both languages (each spawn names its language in the config it passes).
+        patch.setattr(runtime_module, "typescript_installed", lambda spec: spec.node is not None)
+        async with serving(settings) as running, connected(running) as stub:
+            yield Host(running, stub, path, language)
 
 
-@pytest.fixture
-async def host(tmp_path: Path) -> AsyncIterator[Host]:
-    async with hosting(tmp_path) as running:
+@pytest.fixture(params=LANGUAGES)
+async def host(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Host]:
+    async with hosting(tmp_path, request.param) as running:
         yield running
 
 
@@ -199,14 +238,14 @@ async def timed_drive(
 async def assert_no_worker_left(host: Host) -> None:
     """Every worker process (and anything it started) is gone shortly after the terminal."""
     deadline = time.monotonic() + SLACK_S
-    while child_pids() or host.running.runtime.pool.live_workers:
+    while child_pids() or host.live_workers:
         assert time.monotonic() < deadline, f"worker processes left behind: {child_pids()}"
         await asyncio.sleep(0.01)
 
 
 async def assert_next_run_works(host: Host) -> None:
-    host.workers_run(REAL_WORKER)
-    _, terminal = await drive(host.stub, start_message("return 6 * 7"))
+    host.workers_run(REAL_WORKERS[host.language])
+    _, terminal = await drive(host.stub, host.start("return 6 * 7"))
     assert success(terminal) == 42
     await assert_no_worker_left(host)
 
@@ -226,7 +265,7 @@ async def test_junk_before_ready_fails_the_boot_at_once(host: Host) -> None:
     # A worker speaking unparseable bytes before any program ran is broken, not merely hostile:
     # its boot fails on the spot (no waiting for the boot timeout) and the run gets worker-exit.
     host.fake_workers("sock.sendall(raw_frame(b'{{{{{'))\nready()\nfinish('booted anyway')\n")
-    seen, terminal, elapsed = await timed_drive(host.stub, start_message("return 1"))
+    seen, terminal, elapsed = await timed_drive(host.stub, host.start("return 1"))
     kind, message = failure(terminal)
     assert kind == WORKER_EXIT
     assert message.startswith("worker did not become ready: invalid JSON text: "), message
@@ -248,7 +287,7 @@ async def test_messages_before_ready_are_not_replayed_into_the_run(host: Host) -
         "start = ready()\n"
         "finish({'program': start['program'], 'extra': recv_within(0.2)})\n"
     )
-    seen, terminal = await drive(host.stub, start_message("return 1", "echo"))
+    seen, terminal = await drive(host.stub, host.start("return 1", "echo"))
     assert seen_by_worker(terminal) == {"program": "return 1", "extra": None}
     assert [m.WhichOneof("kind") for m in seen] == ["terminal"]
     assert list(terminal.logs) == []
@@ -258,7 +297,7 @@ async def test_messages_before_ready_are_not_replayed_into_the_run(host: Host) -
 async def test_worker_that_never_reports_ready_ends_at_the_boot_timeout(host: Host) -> None:
     assert grpc_settings().runtime_options().worker.ready_timeout_s == SERVICE_BOOT_TIMEOUT_S
     host.fake_workers(HUNG_BOOT)
-    seen, terminal, elapsed = await timed_drive(host.stub, start_message("return 1"))
+    seen, terminal, elapsed = await timed_drive(host.stub, host.start("return 1"))
     kind, message = failure(terminal)
     assert kind == WORKER_EXIT
     assert message.startswith("worker did not become ready"), message
@@ -271,7 +310,7 @@ async def test_worker_that_never_reports_ready_ends_at_the_boot_timeout(host: Ho
 
 async def test_boot_timeout_message_names_the_timeout(host: Host) -> None:
     host.fake_workers(HUNG_BOOT)
-    _, terminal = await drive(host.stub, start_message("return 1"))
+    _, terminal = await drive(host.stub, host.start("return 1"))
     kind, message = failure(terminal)
     assert kind == WORKER_EXIT
     assert re.search(r"\b1(\.0+)? ?s\b|\b1000 ?ms\b", message), message
@@ -281,7 +320,7 @@ async def test_cancel_during_a_hung_boot_is_prompt(host: Host) -> None:
     host.fake_workers(HUNG_BOOT)
     call = host.stub.Run()
     started = time.monotonic()
-    await call.write(start_message("return 1"))
+    await call.write(host.start("return 1"))
     await asyncio.sleep(0.1)
     await call.write(pb.RunRequest(cancel=pb.RunCancel(reason="stop")))
     response = await call.read()
@@ -293,7 +332,7 @@ async def test_cancel_during_a_hung_boot_is_prompt(host: Host) -> None:
 
 async def test_caller_deadline_bounds_a_hung_boot(host: Host) -> None:
     host.fake_workers(HUNG_BOOT)
-    _, terminal, elapsed = await timed_drive(host.stub, start_message("return 1", timeout_ms=200))
+    _, terminal, elapsed = await timed_drive(host.stub, host.start("return 1", timeout_ms=200))
     assert failure(terminal)[0] == TIMEOUT
     assert elapsed < BOOT_TIMEOUT_S / 2
 
@@ -306,7 +345,7 @@ os._exit(5)
 
 async def test_worker_that_exits_before_ready_is_a_worker_exit(host: Host) -> None:
     host.fake_workers(EXITS_BEFORE_READY)
-    seen, terminal, elapsed = await timed_drive(host.stub, start_message("return 1"))
+    seen, terminal, elapsed = await timed_drive(host.stub, host.start("return 1"))
     kind, message = failure(terminal)
     assert kind == WORKER_EXIT
     # The exit status only if the loop reaped it before it saw the channel end; stderr always.
@@ -323,14 +362,17 @@ async def test_worker_that_exits_before_ready_is_a_worker_exit(host: Host) -> No
 
 async def test_boot_failure_message_carries_the_workers_stderr(host: Host) -> None:
     host.fake_workers(EXITS_BEFORE_READY)
-    _, terminal = await drive(host.stub, start_message("return 1"))
+    _, terminal = await drive(host.stub, host.start("return 1"))
     assert "fake worker: cannot boot" in failure(terminal)[1]
 
 
-async def test_pool_refill_recovers_from_workers_that_fail_to_boot(tmp_path: Path) -> None:
-    async with hosting(tmp_path, PRELUDE + EXITS_BEFORE_READY, pool_size=1) as host:
-        pool = host.running.runtime.pool
-        _, terminal = await drive(host.stub, start_message("return 1"))
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_pool_refill_recovers_from_workers_that_fail_to_boot(
+    tmp_path: Path, language: str
+) -> None:
+    async with hosting(tmp_path, language, PRELUDE + EXITS_BEFORE_READY, pool_size=1) as host:
+        pool = host.pool
+        _, terminal = await drive(host.stub, host.start("return 1"))
         kind, message = failure(terminal)
         assert kind == WORKER_EXIT
         assert message.startswith("worker did not become ready: worker exited during boot")
@@ -339,10 +381,10 @@ async def test_pool_refill_recovers_from_workers_that_fail_to_boot(tmp_path: Pat
             assert time.monotonic() < deadline, "the pool never tried to refill"
             await asyncio.sleep(0.01)
         assert pool.idle_count == 0
-        host.workers_run(REAL_WORKER)
+        host.workers_run(REAL_WORKERS[language])
         await asyncio.wait_for(pool.wait_filled(), 1.0 + SLACK_S)  # retries every second
         assert pool.idle_count == 1
-        _, terminal = await drive(host.stub, start_message("return 6 * 7"))
+        _, terminal = await drive(host.stub, host.start("return 6 * 7"))
         assert success(terminal) == 42
 
 
@@ -358,7 +400,7 @@ async def test_duplicate_call_id_is_answered_once(host: Host) -> None:
         "send({'t': 'call', 'id': 7, 'name': 'echo', 'args': ['after the reply']})\n"
         "finish({'reply': reply, 'extra': recv_within(0.3)})\n"
     )
-    seen, terminal = await drive(host.stub, start_message("return 1", "echo"))
+    seen, terminal = await drive(host.stub, host.start("return 1", "echo"))
     assert binding_calls(seen) == [(1, "echo", '"first"')]
     assert seen_by_worker(terminal) == {
         "reply": {
@@ -383,7 +425,7 @@ async def test_done_before_any_call_is_answered_wins(host: Host) -> None:
         "time.sleep(60)\n"
     )
     seen, terminal, elapsed = await timed_drive(
-        host.stub, start_message("return 1", "echo"), never_answer
+        host.stub, host.start("return 1", "echo"), never_answer
     )
     assert success(terminal) == "early"
     # The calls were relayed before the done arrived; nothing after it was.
@@ -402,7 +444,7 @@ async def test_call_flood_beyond_the_outstanding_cap_fails_the_excess(host: Host
         "replies = [recv() for _ in range(7)]\n"
         "finish({'replies': replies, 'extra': recv_within(0.3)})\n"
     )
-    first = start_message("return 1", "echo", max_outstanding_calls=3)
+    first = host.start("return 1", "echo", max_outstanding_calls=3)
     seen, terminal = await drive(host.stub, first, never_answer)
     # Only the first three reach the client; the rest fail at once, each answered once.
     assert binding_calls(seen) == [(1, "echo", "1"), (2, "echo", "2"), (3, "echo", "3")]
@@ -437,7 +479,7 @@ async def test_unknown_message_kinds_are_dropped_and_the_channel_stays_in_sync(
         "send({'t': 'call', 'id': 1, 'name': 'echo', 'args': [5]})\n"
         "finish({'reply': recv(), 'extra': recv_within(0.2)})\n"
     )
-    seen, terminal = await drive(host.stub, start_message("return 1", "echo"))
+    seen, terminal = await drive(host.stub, host.start("return 1", "echo"))
     assert seen_by_worker(terminal) == {
         "reply": {
             "t": "reply",
@@ -473,7 +515,7 @@ async def test_channel_closed_without_a_terminal_message(
     host.fake_workers(
         "ready()\nsend({'t': 'log', 'text': 'closing'})\nsock.close()\n" + after_close
     )
-    seen, terminal, elapsed = await timed_drive(host.stub, start_message("return 1", wall_ms=500))
+    seen, terminal, elapsed = await timed_drive(host.stub, host.start("return 1", wall_ms=500))
     assert failure(terminal) == outcome
     assert list(terminal.logs) == streamed_logs(seen) == ["closing"]
     assert elapsed < bound_s
@@ -498,31 +540,54 @@ async def huge_answer(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult:
 
 
 # What the program makes of a binding call: its (typed) failure, or whether the value came back.
-OUTCOME_OF_CALL = """\
+OUTCOME_OF_CALL = {
+    "python": """\
 try:
     value = await tools.echo({argument})
 except ToolCallError as exc:
     return 'ToolCallError: ' + exc.message
 except Exception as exc:
     return 'untyped ' + type(exc).__name__
-return 'exact' if value == {expected} else 'changed'
-"""
+return 'exact' if {same} else 'changed'
+""",
+    "typescript": """\
+let value;
+try {{
+  value = await tools.echo({argument});
+}} catch (exc) {{
+  if (exc instanceof ToolCallError) return 'ToolCallError: ' + exc.message;
+  return 'untyped ' + (exc as Error).name;
+}}
+return {same} ? 'exact' : 'changed';
+""",
+}
+# 10 ** 5000 sent, and whether the echo brought it back.
+HUGE_ARGUMENT = {
+    "python": {"argument": "10 ** 5000", "same": "value == {'echo': 10 ** 5000}"},
+    "typescript": {"argument": "10n ** 5000n", "same": "value.echo === 10n ** 5000n"},
+}
+# 1 sent, and whether the reply was the 5000-digit integer.
+HUGE_REPLY = {
+    "python": {"argument": "1", "same": f"value == int('1' * {len(HUGE)})"},
+    "typescript": {"argument": "1", "same": f"value === BigInt('1'.repeat({len(HUGE)}))"},
+}
 
 
 async def test_program_passing_a_huge_integer_gets_a_typed_failure_or_the_value(
     host: Host,
 ) -> None:
-    program = OUTCOME_OF_CALL.format(argument="10 ** 5000", expected="{'echo': 10 ** 5000}")
-    _, terminal = await drive(host.stub, start_message(program, "echo"), raw_echo)
+    program = OUTCOME_OF_CALL[host.language].format(**HUGE_ARGUMENT[host.language])
+    _, terminal = await drive(host.stub, host.start(program, "echo"), raw_echo)
     outcome = success(terminal)
     assert outcome == "exact" or outcome.startswith("ToolCallError: "), outcome
 
 
 async def test_client_result_with_a_huge_integer_reaches_the_program(host: Host) -> None:
-    program = OUTCOME_OF_CALL.format(argument="1", expected=f"int('1' * {len(HUGE)})")
-    # The program compares against an int it cannot build from text either: lift the limit.
-    program = "import sys\nsys.set_int_max_str_digits(0)\n" + program
-    first = start_message(program, "echo", wall_ms=1000)
+    program = OUTCOME_OF_CALL[host.language].format(**HUGE_REPLY[host.language])
+    if host.language == "python":
+        # The program compares against an int it cannot build from text either: lift the limit.
+        program = "import sys\nsys.set_int_max_str_digits(0)\n" + program
+    first = host.start(program, "echo", wall_ms=1000)
     _, terminal, elapsed = await timed_drive(host.stub, first, huge_answer)
     assert terminal.WhichOneof("outcome") == "success", terminal
     outcome = success(terminal)

@@ -1045,11 +1045,33 @@ class GetCapabilitiesResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LanguageIsolationEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___Isolation: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___Isolation | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     LANGUAGES_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     DEFAULT_BUDGETS_FIELD_NUMBER: _builtins.int
     MAX_BUDGETS_FIELD_NUMBER: _builtins.int
     POOL_SIZE_FIELD_NUMBER: _builtins.int
+    LANGUAGE_ISOLATION_FIELD_NUMBER: _builtins.int
     pool_size: _builtins.int
     """Idle pre-spawned workers kept ready (0 = spawn on demand)."""
     @_builtins.property
@@ -1068,6 +1090,12 @@ class GetCapabilitiesResponse(_message.Message):
     def max_budgets(self) -> Global___RunBudgets:
         """The largest budgets a run may request."""
 
+    @_builtins.property
+    def language_isolation(self) -> _containers.MessageMap[_builtins.str, Global___Isolation]:
+        """The isolation actually in force for each served language, measured from a worker of that
+        language (keys: the entries of `languages`). `isolation` is the Python worker's.
+        """
+
     def __init__(
         self,
         *,
@@ -1076,10 +1104,11 @@ class GetCapabilitiesResponse(_message.Message):
         default_budgets: Global___RunBudgets | None = ...,
         max_budgets: Global___RunBudgets | None = ...,
         pool_size: _builtins.int = ...,
+        language_isolation: _abc.Mapping[_builtins.str, Global___Isolation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "max_budgets", b"max_budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "languages", b"languages", "max_budgets", b"max_budgets", "pool_size", b"pool_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "language_isolation", b"language_isolation", "languages", b"languages", "max_budgets", b"max_budgets", "pool_size", b"pool_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

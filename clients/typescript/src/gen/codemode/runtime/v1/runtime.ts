@@ -462,6 +462,16 @@ export interface GetCapabilitiesResponse {
     | undefined;
   /** Idle pre-spawned workers kept ready (0 = spawn on demand). */
   poolSize: number;
+  /**
+   * The isolation actually in force for each served language, measured from a worker of that
+   * language (keys: the entries of `languages`). `isolation` is the Python worker's.
+   */
+  languageIsolation: { [key: string]: Isolation };
+}
+
+export interface GetCapabilitiesResponse_LanguageIsolationEntry {
+  key: string;
+  value: Isolation | undefined;
 }
 
 /** Isolation is an honest description of the worker sandbox. */
@@ -2938,7 +2948,14 @@ export const GetCapabilitiesRequest: MessageFns<GetCapabilitiesRequest> = {
 };
 
 function createBaseGetCapabilitiesResponse(): GetCapabilitiesResponse {
-  return { languages: [], isolation: undefined, defaultBudgets: undefined, maxBudgets: undefined, poolSize: 0 };
+  return {
+    languages: [],
+    isolation: undefined,
+    defaultBudgets: undefined,
+    maxBudgets: undefined,
+    poolSize: 0,
+    languageIsolation: {},
+  };
 }
 
 export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
@@ -2958,6 +2975,10 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
     if (message.poolSize !== 0) {
       writer.uint32(40).uint32(message.poolSize);
     }
+    globalThis.Object.entries(message.languageIsolation).forEach(([key, value]: [string, Isolation]) => {
+      GetCapabilitiesResponse_LanguageIsolationEntry.encode({ key: key as any, value }, writer.uint32(50).fork())
+        .join();
+    });
     return writer;
   },
 
@@ -3014,6 +3035,17 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
             message.poolSize = reader.uint32();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            const entry6 = GetCapabilitiesResponse_LanguageIsolationEntry.decode(reader, reader.uint32());
+            if (entry6.value !== undefined) {
+              message.languageIsolation[entry6.key] = entry6.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3042,6 +3074,91 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
       ? RunBudgets.fromPartial(object.maxBudgets)
       : undefined;
     message.poolSize = object.poolSize ?? 0;
+    message.languageIsolation = (globalThis.Object.entries(object.languageIsolation ?? {}) as [string, Isolation][])
+      .reduce((acc: { [key: string]: Isolation }, [key, value]: [string, Isolation]) => {
+        if (value !== undefined) {
+          acc[key] = Isolation.fromPartial(value);
+        }
+        return acc;
+      }, {});
+    return message;
+  },
+};
+
+function createBaseGetCapabilitiesResponse_LanguageIsolationEntry(): GetCapabilitiesResponse_LanguageIsolationEntry {
+  return { key: "", value: undefined };
+}
+
+export const GetCapabilitiesResponse_LanguageIsolationEntry: MessageFns<
+  GetCapabilitiesResponse_LanguageIsolationEntry
+> = {
+  encode(
+    message: GetCapabilitiesResponse_LanguageIsolationEntry,
+    writer: BinaryWriter = new BinaryWriter(),
+  ): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== undefined) {
+      Isolation.encode(message.value, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetCapabilitiesResponse_LanguageIsolationEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetCapabilitiesResponse_LanguageIsolationEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = Isolation.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(
+    base?: DeepPartial<GetCapabilitiesResponse_LanguageIsolationEntry>,
+  ): GetCapabilitiesResponse_LanguageIsolationEntry {
+    return GetCapabilitiesResponse_LanguageIsolationEntry.fromPartial(base ?? {});
+  },
+  fromPartial(
+    object: DeepPartial<GetCapabilitiesResponse_LanguageIsolationEntry>,
+  ): GetCapabilitiesResponse_LanguageIsolationEntry {
+    const message = createBaseGetCapabilitiesResponse_LanguageIsolationEntry();
+    message.key = object.key ?? "";
+    message.value = (object.value !== undefined && object.value !== null)
+      ? Isolation.fromPartial(object.value)
+      : undefined;
     return message;
   },
 };
