@@ -57,6 +57,8 @@ let browser: BrowserContext | undefined;
 let page: Page;
 let profile = "";
 const agent = "agents/console-e2e";
+/** The plugin the first test approves; the panel test stops, runs and removes it. */
+let greeter = "";
 
 async function tool(toolName: string, args: JsonValue): Promise<JsonObject> {
   const result = await client.executeToolCall({ agent, toolName, arguments: args }).result;
@@ -164,6 +166,7 @@ describe("the web console", () => {
   it("approves a client-bearing plugin: its Client half renders and reaches its Host handler", () =>
     step("approve", async () => {
       const { pluginId, packageId } = await defineAndRun("greet", "Greeter", "Greets in the page.");
+      greeter = pluginId;
       const request = page.locator(`#requests li[data-plugin="${pluginId}"]`);
       await request.waitFor();
       assert.equal(await request.locator(".name").textContent(), "Greeter");
@@ -231,14 +234,61 @@ describe("the web console", () => {
       );
     }));
 
-  it("stops a plugin from the panel: its Client half unloads and the agent is told", () =>
-    step("panel-stop", async () => {
-      const running = page.locator('#plugins li[data-state="running"]').first();
-      const pluginId = (await running.getAttribute("data-plugin"))!;
-      await running.locator('[data-action="stop"]').click();
+  it("approves future versions: updates load without asking, one at a time; a failed Client half is absorbed", () =>
+    step("future-versions", async () => {
+      const version = (text: string): string =>
+        `return { apply(ctx) { const p = document.createElement("p"); p.className = "version"; p.textContent = ${JSON.stringify(text)}; mount.append(p); } };`;
+      const define = async (pluginId: string | undefined, client: string): Promise<{ pluginId: string; packageId: string }> => {
+        const plugin: JsonObject = pluginId ? { kind: "existing", pluginId } : { kind: "new", idPrefix: "vers" };
+        const out = await tool("cordis_define", { plugin, name: "Versions", purpose: "Shows its version.", code: { client } });
+        return { pluginId: out.pluginId as string, packageId: out.packageId as string };
+      };
+      const first = await define(undefined, version("v1"));
+      const pluginId = first.pluginId;
+      assert.equal((await tool("cordis_run", { pluginId, packageId: first.packageId, mode: "run" })).status, "awaiting-approval");
+      await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-future"]`).click();
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await slot.locator(".version", { hasText: "v1" }).waitFor();
+
+      // A broken update: asked of nobody (the grant applies), its load fails and is settled so.
+      const broken = await define(pluginId, 'return { apply() { throw new Error("no DOM for v2") } };');
+      assert.equal((await tool("cordis_run", { pluginId, packageId: broken.packageId, mode: "update" })).status, "starting");
+      const failed = page.locator('#messages li[data-kind="agent/steer"]', { hasText: `${pluginId}/${broken.packageId}` });
+      await failed.waitFor();
+      assert.match((await failed.locator("pre").textContent()) ?? "", /client-half-failed\nno DOM for v2\n/);
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="failed"]`).waitFor();
+      assert.equal(await slot.locator(".version").count(), 0); // v1 was torn down before v2 loaded
+
+      // The queue absorbed the failure: the fixed package loads.
+      const fixed = await define(pluginId, version("v3"));
+      assert.equal((await tool("cordis_run", { pluginId, packageId: fixed.packageId, mode: "update" })).status, "starting");
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"]`).waitFor();
+      assert.deepEqual(await slot.locator(".version").allTextContents(), ["v3"]);
+      await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).currentPackageId, fixed.packageId);
+    }));
+
+  it("stops, runs and removes a plugin from the panel: its Client half follows and the agent is told", () =>
+    step("panel", async () => {
+      const pluginId = greeter;
+      const row = page.locator(`#plugins li[data-plugin="${pluginId}"]`);
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await row.locator('[data-action="stop"]').click();
       await page.locator(`[data-plugin-slot="${pluginId}"][data-state="unloaded"]`).waitFor();
-      assert.equal(await page.locator(`[data-plugin-slot="${pluginId}"] .greeting`).count(), 0);
+      assert.equal(await slot.locator(".greeting").count(), 0);
       await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user stopped Cordis Plugin ${pluginId}` }).waitFor();
       assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "stopped");
+
+      await row.locator('[data-action="run"]').click(); // a direct gesture: no request to approve
+      await slot.locator(".greeting", { hasText: "hello, console" }).waitFor();
+      await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user ran Cordis run ${pluginId}/` }).waitFor();
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "running");
+
+      await page.locator(`#plugins li[data-plugin="${pluginId}"] [data-action="remove"]`).click();
+      await slot.waitFor({ state: "detached" });
+      await row.waitFor({ state: "detached" });
+      await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user removed Cordis Plugin ${pluginId}` }).waitFor();
+      const gone = await client.executeToolCall({ agent, toolName: "cordis_inspect_self", arguments: { pluginId } }).result;
+      assert.equal(gone.isError, true);
     }));
 });
