@@ -50,6 +50,12 @@ interface PendingApproval {
 export class ConsoleBridge {
   readonly client: RegistryClient;
   agent = "";
+  /**
+   * Resolves with the error when the page-runner stream is lost (the registry went away): the
+   * page can no longer answer anything, so the console stops rather than serve a dead page.
+   */
+  readonly lost: Promise<Error>;
+  private onLost!: (e: Error) => void;
   private page: PageRunner | undefined;
   private approver: Approver | undefined;
   private readonly watch = new AbortController();
@@ -64,6 +70,7 @@ export class ConsoleBridge {
   constructor(private readonly options: BridgeOptions) {
     this.client = new RegistryClient(options.registry, { timeoutMs: 10_000 });
     this.publicDir = options.publicDir ?? resolve(__dirname, "..", "public");
+    this.lost = new Promise((resolvePromise) => (this.onLost = resolvePromise));
   }
 
   /** Attaches to the registry, then listens; resolves with the page's URL. */
@@ -196,10 +203,7 @@ export class ConsoleBridge {
       // Client inspect queries: the console publishes no client inspect providers (yet).
     }
     const error = await page.closed;
-    if (error !== undefined) {
-      console.error(`console: the page-runner stream ended: ${error.message}`);
-      process.exitCode = 1;
-    }
+    if (error !== undefined) this.onLost(error);
   }
 
   /** The approver's handler: other agents' requests are left to other approvers. */

@@ -30,6 +30,11 @@ async function main(): Promise<void> {
   };
   process.once("SIGINT", stop);
   process.once("SIGTERM", stop);
+  void bridge.lost.then((error) => {
+    console.error(`console: the page-runner stream to ${values.registry!} ended: ${error.message}`);
+    process.exitCode = 1;
+    stop();
+  });
 }
 
 main().catch((e: unknown) => {
