@@ -2,6 +2,7 @@
 import { Activations } from "./activations";
 import { ToolApprovals } from "./approvals";
 import { Connection } from "./connection";
+import { MANIFEST, answerQuery } from "./inspect";
 import { ClientSlots } from "./slots";
 import { Trajectories } from "./trajectory";
 
@@ -38,6 +39,11 @@ async function main(): Promise<void> {
       case "tool-approval-withdrawn":
         approvals?.withdrawn(event.approvalId);
         break;
+      case "inspect-query":
+        void answerQuery(connection, event.query);
+        break;
+      case "inspect-query-resolved":
+        break;
       case "history":
         activations?.plugins.observe(event.record);
         trajectories.add(event.record);
@@ -47,6 +53,8 @@ async function main(): Promise<void> {
   // Created before any event can arrive: messages are dispatched from the event loop, after this.
   activations = new Activations(connection, byId("requests"), new ClientSlots(byId("slots")), byId("plugins"), status);
   approvals = new ToolApprovals(connection, byId("approvals"));
+  const synced = await connection.call("syncManifest", { providersJson: JSON.stringify(MANIFEST) });
+  if (!synced.accepted) status(`the registry refused the inspect manifest: ${synced.code} ${synced.message}`);
   connection.onClose(() => {
     document.body.dataset.connected = "false";
     status("the console's bridge went away; reload once it is back");

@@ -19,9 +19,10 @@ import {
   stringifyJson,
   type ApprovalAnswer,
   type HistoryEntry,
+  type InspectProvider,
   type RunRequest,
 } from "@codemode/client";
-import type { ClientMessage, HistoryView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
+import type { ClientMessage, HistoryView, InspectQueryView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
 
 export interface BridgeOptions {
   registry: string;
@@ -62,6 +63,7 @@ export class ConsoleBridge {
   private readonly sockets = new Set<WebSocket>();
   private readonly requests = new Map<string, RunRequest>();
   private readonly approvals = new Map<string, PendingApproval>();
+  private readonly queries = new Map<string, InspectQueryView>();
   private readonly history: HistoryView[] = [];
   private http: Server | undefined;
   private wss: WebSocketServer | undefined;
@@ -115,6 +117,7 @@ export class ConsoleBridge {
     for (const record of this.history) this.send(socket, { type: "history", record });
     for (const request of this.requests.values()) this.send(socket, { type: "run-requested", request });
     for (const { view } of this.approvals.values()) this.send(socket, { type: "tool-approval", request: view });
+    for (const query of this.queries.values()) this.send(socket, { type: "inspect-query", query });
   }
 
   private async onMessage(socket: WebSocket, text: string): Promise<void> {
@@ -170,6 +173,18 @@ export class ConsoleBridge {
         const a = raw as Verbs["renderFailure"]["args"];
         return page.reportRenderFailure(a.pluginId, a.pluginRunId, a.message, a.stack ?? "");
       }
+      case "syncManifest": {
+        const a = raw as Verbs["syncManifest"]["args"];
+        return page.syncManifest(parseJson(a.providersJson) as unknown as InspectProvider[]);
+      }
+      case "answerQuery": {
+        const a = raw as Verbs["answerQuery"]["args"];
+        return page.answerQuery(a.queryId, parseJson(a.dataJson));
+      }
+      case "failQuery": {
+        const a = raw as Verbs["failQuery"]["args"];
+        return page.failQuery(a.queryId, a.message);
+      }
       case "answerToolApproval": {
         const a = raw as Verbs["answerToolApproval"]["args"];
         const pending = this.approvals.get(a.approvalId);
@@ -199,8 +214,15 @@ export class ConsoleBridge {
       } else if (event.type === "run-resolved") {
         this.requests.delete(event.requestId);
         this.broadcast({ type: "run-resolved", requestId: event.requestId, outcome: event.outcome });
+      } else if (event.type === "inspect-query") {
+        const { queryId, provider, method, input } = event.query;
+        const query: InspectQueryView = { queryId, provider, method, inputJson: stringifyJson(input) };
+        this.queries.set(queryId, query);
+        this.broadcast({ type: "inspect-query", query });
+      } else {
+        this.queries.delete(event.queryId);
+        this.broadcast({ type: "inspect-query-resolved", queryId: event.queryId, outcome: event.outcome });
       }
-      // Client inspect queries: the console publishes no client inspect providers (yet).
     }
     const error = await page.closed;
     if (error !== undefined) this.onLost(error);

@@ -46,6 +46,15 @@ export interface HistoryView {
   errorCode: string;
 }
 
+/** A client inspect query for the page's providers (reference §9.2 item 2, §9.7). */
+export interface InspectQueryView {
+  queryId: string;
+  provider: string;
+  method: string;
+  /** The validated input as JSON text. */
+  inputJson: string;
+}
+
 /** Bridge → page. */
 export type ServerMessage =
   | { type: "hello"; agent: string }
@@ -54,6 +63,8 @@ export type ServerMessage =
   | { type: "tool-approval"; request: ToolApprovalView }
   | { type: "tool-approval-withdrawn"; approvalId: string; outcome: string }
   | { type: "history"; record: HistoryView }
+  | { type: "inspect-query"; query: InspectQueryView }
+  | { type: "inspect-query-resolved"; queryId: string; outcome: string }
   | { type: "reply"; id: number; ok: true; result: unknown }
   | { type: "reply"; id: number; ok: false; error: string };
 
@@ -80,6 +91,10 @@ export interface Verbs {
     result: { ok: true; valueJson: string } | { ok: false; code: string; message: string; stack?: string };
   };
   renderFailure: { args: { pluginId: string; pluginRunId: string; message: string; stack?: string }; result: PageAnswerView };
+  /** Replaces the agent's client inspect manifest (a JSON array of providers). */
+  syncManifest: { args: { providersJson: string }; result: PageAnswerView };
+  answerQuery: { args: { queryId: string; dataJson: string }; result: PageAnswerView };
+  failQuery: { args: { queryId: string; message: string }; result: PageAnswerView };
   answerToolApproval: { args: { approvalId: string; answer: "allow" | "reject" }; result: { delivered: boolean } };
 }
 

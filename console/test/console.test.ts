@@ -234,6 +234,19 @@ describe("the web console", () => {
       );
     }));
 
+  it("publishes client inspect providers and answers the model's queries from the page", () =>
+    step("inspect", async () => {
+      const listed = await tool("cordis_inspect_list", {});
+      const clients = (listed.providers as JsonObject[]).filter((p) => p.platform === "client");
+      assert.deepEqual(clients.map((p) => p.id), ["Slots", "Theme"]);
+      const query = (provider: string, method: string, input: JsonValue) =>
+        tool("cordis_inspect_query", { platform: "client", provider, method, input });
+      const slots = (await query("Slots", "listSubTree", { pluginId: greeter })).data as JsonObject;
+      assert.deepEqual(slots.slots, [{ pluginId: greeter, pluginRunId: (slots.slots as JsonObject[])[0]!.pluginRunId!, state: "running", text: "hello, buttongreet again" }]);
+      const tokens = ((await query("Theme", "listTokens", {})).data as JsonObject).tokens as JsonObject[];
+      assert.ok(tokens.some((t) => t.name === "card" && t.className === "cm-card"));
+    }));
+
   it("approves future versions: updates load without asking, one at a time; a failed Client half is absorbed", () =>
     step("future-versions", async () => {
       const version = (text: string): string =>
