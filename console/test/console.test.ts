@@ -273,12 +273,22 @@ describe("the web console", () => {
       assert.equal(await slot.locator(".version").count(), 0); // v1 was torn down before v2 loaded
 
       // The queue absorbed the failure: the fixed package loads.
-      const fixed = await define(pluginId, version("v3"));
+      const fixed = await define(
+        pluginId,
+        version("v3").replace("mount.append(p);", 'mount.append(p); const b = document.createElement("button"); b.className = "break"; b.onclick = () => ctx.reportError(new Error("render broke")); mount.append(b);'),
+      );
       assert.equal((await tool("cordis_run", { pluginId, packageId: fixed.packageId, mode: "update" })).status, "starting");
       await page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"]`).waitFor();
       assert.deepEqual(await slot.locator(".version").allTextContents(), ["v3"]);
       await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
       assert.equal((await tool("cordis_inspect_self", { pluginId })).currentPackageId, fixed.packageId);
+
+      // A render failure after the activation settled reaches the registry (kept per run) and the agent.
+      await slot.locator("button.break").click();
+      await page.locator('#messages li[data-kind="agent/steer"]', { hasText: "render broke" }).waitFor();
+      const view = await tool("cordis_inspect_self", { pluginId, packageId: fixed.packageId });
+      const failure = ((view.runtime as JsonObject).client as JsonObject).renderFailure as JsonObject;
+      assert.deepEqual([failure.phase, failure.message], ["client-render", "render broke"]);
     }));
 
   it("stops, runs and removes a plugin from the panel: its Client half follows and the agent is told", () =>
