@@ -13,6 +13,9 @@ interface CallNode {
   toolName: string;
   /** "running", "ok" or "error <code>". */
   outcome: string;
+  startMs: number;
+  /** From its start record to its result record, once settled. */
+  durationMs?: number;
   children: string[];
 }
 
@@ -37,9 +40,12 @@ export class Trajectories {
         this.node(record);
         break;
       case "tool/result":
-      case "tool/code-dispatch":
-        this.node(record).outcome = record.isError ? `error ${record.errorCode}`.trim() : "ok";
+      case "tool/code-dispatch": {
+        const node = this.node(record);
+        node.outcome = record.isError ? `error ${record.errorCode}`.trim() : "ok";
+        if (node.startMs && record.timeMs) node.durationMs = record.timeMs - node.startMs;
         break;
+      }
       case "agent/steer":
       case "agent/inject":
         this.messages.append(
@@ -66,6 +72,7 @@ export class Trajectories {
         rootCallId: record.rootCallId || record.callId,
         toolName: record.toolName,
         outcome: "running",
+        startMs: record.kind.endsWith("start") || record.kind === "tool/call" ? record.timeMs : 0,
         children: [],
       };
       this.nodes.set(record.callId, node);
@@ -120,5 +127,6 @@ export class Trajectories {
 }
 
 function label(node: CallNode): string {
-  return `${node.toolName}  ${node.callId}  ${node.outcome}`;
+  const duration = node.durationMs === undefined ? "" : `  ${node.durationMs.toFixed(1)} ms`;
+  return `${node.toolName}  ${node.callId}  ${node.outcome}${duration}`;
 }

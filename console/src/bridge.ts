@@ -304,5 +304,6 @@ function historyView(entry: HistoryEntry): HistoryView {
     text: entry.content.map((b) => (b.block?.$case === "text" ? b.block.value.text : "")).join(""),
     isError: entry.isError,
     errorCode: entry.errorCode,
+    timeMs: entry.time?.getTime() ?? 0,
   };
 }

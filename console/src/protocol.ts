@@ -44,6 +44,8 @@ export interface HistoryView {
   text: string;
   isError: boolean;
   errorCode: string;
+  /** When the record was written, in ms since the epoch (0: unknown). */
+  timeMs: number;
 }
 
 /** A client inspect query for the page's providers (reference §9.2 item 2, §9.7). */
