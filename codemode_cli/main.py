@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "codemode_cli.up",
         "start N runtimes and a registry wired to them as child processes; Ctrl-C stops them",
     ),
+    "console": (
+        "codemode_cli.console_command",
+        "serve the web console for an agent on 127.0.0.1: plugin activations, Client halves, "
+        "the plugin panel, tool approvals and live trajectories",
+    ),
     "registry": ("codemode_cli.registry_command", "run the registry until SIGINT/SIGTERM"),
     "runtime": ("codemode_cli.runtime_command", "run the code runtime until SIGINT/SIGTERM"),
     "run": (

@@ -1,4 +1,5 @@
-"""`codemode up`: a local stack — N runtimes and one registry wired to them — as child processes.
+"""`codemode up`: a local stack — N runtimes and one registry wired to them, and with `--console`
+the web console (`codemode console`) for one agent — as child processes.
 
 Children run in their own process group, so a terminal's Ctrl-C reaches only this supervisor,
 which then stops them in order: the registry first (it stops taking calls and lets in-flight
@@ -62,6 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-runtime", type=Path, metavar="FILE", help="runtime YAML settings file (all)"
     )
+    parser.add_argument(
+        "--console",
+        action="store_true",
+        help="also serve the web console (`codemode console`) for --console-agent",
+    )
+    parser.add_argument(
+        "--console-agent",
+        default="console",
+        metavar="AGENT",
+        help="the console's agent, created if missing (default %(default)s)",
+    )
+    parser.add_argument(
+        "--console-port",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the console's port on 127.0.0.1 (default 0: a free one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,13 +120,15 @@ class Stack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.registry: Child | None = None
+        self.console: Child | None = None
         self.runtimes: list[Child] = []
         self.stop = asyncio.Event()
         self.failed = False
 
     @property
     def children(self) -> list[Child]:
-        return [*self.runtimes, *([self.registry] if self.registry else [])]
+        extra = [c for c in (self.registry, self.console) if c is not None]
+        return [*self.runtimes, *extra]
 
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
@@ -163,10 +184,20 @@ class Stack:
         )
         if not await self._ready([self.registry]):
             return
+        connect = f"{_connect_host(reg_host)}:{self.registry.port}"
+        if args.console:
+            argv = ["codemode_cli", "console", "--registry", connect, "--create-agent"]
+            argv += ["--agent", args.console_agent, "--port", str(args.console_port)]
+            self.console = await self._spawn(
+                "console", "127.0.0.1", argv, "console listening on port ", None
+            )
+            if not await self._ready([self.console]):
+                return
         for runtime in self.runtimes:
             print(f"{runtime.name} listening on {runtime.address}")
         print(f"registry listening on {self.registry.address}")
-        connect = f"{_connect_host(reg_host)}:{self.registry.port}"
+        if self.console:
+            print(f"console listening on http://{self.console.address}/")
         print(
             f"connect: codemode run PROGRAM.py --agent NAME --create-agent --registry {connect}"
             " (Ctrl-C stops everything)",
@@ -246,9 +277,12 @@ class Stack:
         """Stops the registry, then the runtimes; True when each one exited cleanly."""
         live = [c for c in self.children if not c.exited.done()]  # the rest were reported
         if live:
-            print("stopping: registry first, then the runtimes", flush=True)
+            order = "the console, then the registry" if self.console else "registry first"
+            print(f"stopping: {order}, then the runtimes", flush=True)
         clean = True
-        for group in ([self.registry] if self.registry else [], self.runtimes):
+        # The console is a client of the registry: it goes first.
+        first = [self.console] if self.console else []
+        for group in (first, [self.registry] if self.registry else [], self.runtimes):
             stopping = [c for c in group if c in live]
             for child in stopping:
                 with contextlib.suppress(ProcessLookupError):

@@ -372,3 +372,48 @@ def test_sigterm_right_away_still_stops_gracefully(
             proc.kill()
             proc.wait()
     assert status == 0, err.read_text()
+
+
+def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) -> None:
+    """`codemode up --console`: the console (a page runner, approver and history watcher for
+    its agent, which it creates) serves its page on loopback and is stopped before the
+    registry it is a client of."""
+    import urllib.request
+
+    argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
+    argv += ["--console", "--console-agent", "ops"]
+    proc, lines = spawn(argv, service_env(tmp_path), tmp_path, tmp_path / "up.err")
+    try:
+        try:
+            lines.expect(lambda line: line.startswith("connect:"), timeout=120)
+        except AssertionError:
+            raise AssertionError((tmp_path / "up.err").read_text()) from None
+        line = next(s for s in lines.seen if s.startswith("console listening on "))
+        url = line.removeprefix("console listening on ")
+        assert url.startswith("http://127.0.0.1:") and listening_port(line.rstrip("/")) != 0
+        with urllib.request.urlopen(url, timeout=30) as page:
+            html = page.read().decode()
+        assert "<title>Codemode console</title>" in html and 'src="app.js"' in html
+        with urllib.request.urlopen(url + "app.js", timeout=30) as bundle:
+            assert b"data-plugin-slot" in bundle.read()
+        registry = next(s for s in lines.seen if s.startswith("registry listening on "))
+        address = registry.removeprefix("registry listening on ")
+        history = cli(
+            "history",
+            "--agent",
+            "ops",
+            "--registry",
+            address,
+            env=service_env(tmp_path),
+            cwd=tmp_path,
+        )
+        assert history.returncode == 0, history.stderr  # the console created its agent
+    finally:
+        status = _stop(proc)
+    assert status == 0, (tmp_path / "up.err").read_text()
+    own = [line for line in lines.rest() if not line.startswith("[")]  # not children's lines
+    assert own[:3] == [
+        "stopping: the console, then the registry, then the runtimes",
+        "console stopped",
+        "registry stopped",
+    ]

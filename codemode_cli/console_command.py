@@ -1,0 +1,126 @@
+"""`codemode console --registry ADDR --agent AGENT [--port N]`: the web console for one agent.
+
+The console is a Node bridge (`console/` in the repository, built on the TypeScript client) that
+serves a page on 127.0.0.1 and is, for the agent, a Cordis page runner (activation approvals,
+Client halves in the page, the plugin panel), an approver of its ordinary tool approvals, and a
+watcher of its history (live trajectories). This command builds the bridge when its build is
+missing or older than its sources, then becomes it (exec): signals and the exit status are the
+bridge's own. It prints `console listening on port N` and the page's URL once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from codemode_cli.registry_access import (
+    DEFAULT_REGISTRY,
+    RPC_TIMEOUT_S,
+    agent_name,
+    describe_failure,
+)
+
+PROG = "codemode console"
+REPO = Path(__file__).resolve().parent.parent
+CONSOLE = REPO / "console"
+ENTRY = CONSOLE / "dist" / "src" / "main.js"
+# What the built bridge and page are made from: a newer file here means a rebuild.
+SOURCES = (CONSOLE / "src", CONSOLE / "page", REPO / "clients" / "typescript" / "src")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--registry",
+        default=DEFAULT_REGISTRY,
+        metavar="ADDR",
+        help="registry address, host:port (default %(default)s; plaintext)",
+    )
+    parser.add_argument("--agent", required=True, help="the agent, `ID` or `agents/ID`")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        metavar="N",
+        help="port on 127.0.0.1 for the page (default 0: a free one; the URL is printed)",
+    )
+    parser.add_argument(
+        "--create-agent",
+        action="store_true",
+        help="create the agent first if it does not exist (mode both, self-modification on)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        print(f"{PROG}: --port {args.port} is not a port", file=sys.stderr)
+        return 2
+    node = shutil.which("node")
+    if node is None:
+        print(f"{PROG}: needs Node.js (node on PATH)", file=sys.stderr)
+        return 2
+    problem = ensure_built()
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
+    agent = agent_name(args.agent)
+    if args.create_agent:
+        problem = asyncio.run(_create_agent(args.registry, agent))
+        if problem:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+            return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [node, str(ENTRY), "--registry", args.registry, "--agent", agent]
+    os.execv(node, [*argv, "--port", str(args.port)])
+    return 0  # not reached
+
+
+def ensure_built() -> str:
+    """Builds the console when its build is missing or stale; a problem's wording, or ""."""
+    if not (CONSOLE / "node_modules").is_dir():
+        return f"{CONSOLE} has no node_modules: run scripts/bootstrap"
+    if ENTRY.exists() and ENTRY.stat().st_mtime >= _newest(SOURCES):
+        return ""
+    print(f"{PROG}: building {CONSOLE}", file=sys.stderr, flush=True)
+    npm = shutil.which("npm")
+    if npm is None:
+        return "needs npm to build the console"
+    built = subprocess.run(
+        [npm, "run", "--silent", "build", "--prefix", str(CONSOLE)],
+        stdout=sys.stderr,
+        check=False,
+    )
+    return "" if built.returncode == 0 else f"building {CONSOLE} failed"
+
+
+def _newest(folders: tuple[Path, ...]) -> float:
+    return max(
+        (p.stat().st_mtime for folder in folders for p in folder.rglob("*") if p.is_file()),
+        default=0.0,
+    )
+
+
+async def _create_agent(registry: str, agent: str) -> str:
+    from codemode_client import RegistryClient
+    from codemode_client.errors import CodemodeError
+
+    async with RegistryClient(registry, timeout=RPC_TIMEOUT_S) as client:
+        try:
+            await client.get_agent(agent)
+            return ""
+        except CodemodeError as exc:
+            if exc.code.name != "NOT_FOUND":
+                return describe_failure(exc, registry)
+        try:
+            await client.create_agent(
+                agent.removeprefix("agents/"), mode="both", self_modification=True
+            )
+        except CodemodeError as exc:
+            if exc.code.name != "ALREADY_EXISTS":
+                return describe_failure(exc, registry)
+    return ""

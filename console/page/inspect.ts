@@ -1,0 +1,93 @@
+/**
+ * The console's client inspect providers (reference §9.7: `Slots.listSubTree`,
+ * `Theme.listTokens`): the manifest the page syncs when it connects, and its answers to the
+ * model's `cordis_inspect_query` calls with `platform: "client"`. The registry validates the
+ * input before asking and the answer against the output schema; the first valid answer of any
+ * page wins.
+ */
+import type { InspectQueryView } from "../src/protocol";
+import type { Connection } from "./connection";
+import { STYLES } from "./slots";
+
+const STRING = { type: "string" };
+
+export const MANIFEST = [
+  {
+    id: "Slots",
+    description: "The page's plugin slots: which Client half runs where.",
+    methods: [
+      {
+        name: "listSubTree",
+        description: "Each slot (optionally one plugin's): its plugin, run, state and rendered text.",
+        inputSchema: { type: "object", properties: { pluginId: STRING } },
+        outputSchema: {
+          type: "object",
+          properties: {
+            slots: {
+              type: "array",
+              items: {
+                type: "object",
+                properties: { pluginId: STRING, pluginRunId: STRING, state: STRING, text: STRING },
+                required: ["pluginId", "pluginRunId", "state", "text"],
+              },
+            },
+          },
+          required: ["slots"],
+        },
+      },
+    ],
+  },
+  {
+    id: "Theme",
+    description: "The console's style tokens (the `styles` a Client half receives).",
+    methods: [
+      {
+        name: "listTokens",
+        description: "Token names and the class names they stand for.",
+        inputSchema: { type: "object", properties: {} },
+        outputSchema: {
+          type: "object",
+          properties: {
+            tokens: {
+              type: "array",
+              items: { type: "object", properties: { name: STRING, className: STRING }, required: ["name", "className"] },
+            },
+          },
+          required: ["tokens"],
+        },
+      },
+    ],
+  },
+];
+
+/** Text kept per slot in an answer: enough to see what rendered, not a page dump. */
+const MAX_TEXT = 2000;
+
+export async function answerQuery(connection: Connection, query: InspectQueryView): Promise<void> {
+  let data: unknown;
+  try {
+    data = answer(query.provider, query.method, JSON.parse(query.inputJson || "{}") as Record<string, unknown>);
+  } catch (e) {
+    await connection.call("failQuery", { queryId: query.queryId, message: e instanceof Error ? e.message : String(e) });
+    return;
+  }
+  await connection.call("answerQuery", { queryId: query.queryId, dataJson: JSON.stringify(data) });
+}
+
+function answer(provider: string, method: string, input: Record<string, unknown>): unknown {
+  if (provider === "Theme" && method === "listTokens") {
+    return { tokens: Object.entries(STYLES).map(([name, className]) => ({ name, className })) };
+  }
+  if (provider === "Slots" && method === "listSubTree") {
+    const slots = [...document.querySelectorAll<HTMLElement>("[data-plugin-slot]")]
+      .filter((slot) => input.pluginId === undefined || slot.dataset.pluginSlot === input.pluginId)
+      .map((slot) => ({
+        pluginId: slot.dataset.pluginSlot ?? "",
+        pluginRunId: slot.dataset.runId ?? "",
+        state: slot.dataset.state ?? "",
+        text: (slot.querySelector("[data-mount]")?.textContent ?? "").slice(0, MAX_TEXT),
+      }));
+    return { slots };
+  }
+  throw new Error(`this page has no client inspect method ${provider}.${method}`);
+}

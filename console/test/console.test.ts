@@ -1,0 +1,319 @@
+/**
+ * The web console end to end: the REAL runtime and registry (Python), a tool provider, the
+ * console started by `codemode console`, and the page in headless Chromium (Debian's, driven by
+ * Playwright). The person's clicks approve a client-bearing plugin (its Client half renders in
+ * its slot and reaches the Host half's handler through `host.call`), reject another (the
+ * steering record appears), allow an ordinary tool call, stop a plugin from the panel, and a
+ * `run_code` trajectory is drawn as a tree. A failure leaves a screenshot and the page's HTML
+ * under console/test-output/.
+ */
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { after, before, describe, it } from "node:test";
+import { chromium, type BrowserContext, type Page } from "playwright-core";
+import { RegistryClient, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
+import { PYTHON, REPO_ROOT, startService, stopService, type Service } from "@codemode/client/dist/test/services";
+
+const CHROMIUM = process.env.CODEMODE_CHROMIUM ?? "/usr/bin/chromium";
+const OUTPUT = resolve(__dirname, "..", "..", "test-output");
+const WAIT_MS = 30_000; // generous: the machine is shared and loaded
+
+const HOST = `def greet(args):
+    return {"greeting": f"hello, {args['name']}"}
+
+async def apply(ctx):
+    harness.handle("greet", greet)
+
+return apply
+`;
+// A Client half as the reference has them: an async body given host, console, mount, styles.
+const CLIENT = `const { greeting } = await host.call("greet", { name: "console" });
+return {
+  apply(ctx) {
+    const p = document.createElement("p");
+    p.className = "greeting " + styles.card;
+    p.textContent = greeting;
+    const again = document.createElement("button");
+    again.className = "again";
+    again.textContent = "greet again";
+    again.onclick = async () => { p.textContent = (await host.call("greet", { name: "button" })).greeting; };
+    mount.append(p, again);
+    console.log("rendered", ctx.pluginRunId);
+    return () => console.log("unloaded");
+  },
+};
+`;
+
+let runtime: Service | undefined;
+let registry: Service | undefined;
+let consoleProcess: ChildProcess | undefined;
+let consoleLog = "";
+let client: RegistryClient;
+let provider: ToolProvider | undefined;
+let browser: BrowserContext | undefined;
+let page: Page;
+let profile = "";
+const agent = "agents/console-e2e";
+/** The plugin the first test approves; the panel test stops, runs and removes it. */
+let greeter = "";
+
+async function tool(toolName: string, args: JsonValue): Promise<JsonObject> {
+  const result = await client.executeToolCall({ agent, toolName, arguments: args }).result;
+  assert.ok(!result.isError, result.error?.message);
+  return result.value as JsonObject;
+}
+
+async function defineAndRun(idPrefix: string, name: string, purpose: string): Promise<{ pluginId: string; packageId: string }> {
+  const defined = await tool("cordis_define", { plugin: { kind: "new", idPrefix }, name, purpose, code: { host: HOST, client: CLIENT } });
+  const pluginId = defined.pluginId as string;
+  const packageId = defined.packageId as string;
+  const run = await tool("cordis_run", { pluginId, packageId, mode: "run" });
+  assert.equal(run.status, "awaiting-approval"); // the tool returned; the page decides later
+  return { pluginId, packageId };
+}
+
+/** Starts `codemode console` and resolves with the page's URL once it serves. */
+function startConsole(registryPort: number): Promise<string> {
+  const proc = spawn(PYTHON, ["-m", "codemode_cli", "console", "--registry", `127.0.0.1:${registryPort}`, "--agent", agent], {
+    cwd: REPO_ROOT,
+    env: { ...process.env, PYTHONUNBUFFERED: "1" },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  consoleProcess = proc;
+  const keep = (chunk: Buffer): void => {
+    consoleLog = (consoleLog + chunk.toString()).slice(-20_000);
+  };
+  proc.stderr!.on("data", keep);
+  return new Promise((resolvePromise, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the console was not ready:\n${consoleLog}`)), 60_000);
+    proc.stdout!.on("data", (chunk: Buffer) => {
+      keep(chunk);
+      const match = /console listening on port (\d+)/.exec(consoleLog);
+      if (match) {
+        clearTimeout(timer);
+        resolvePromise(`http://127.0.0.1:${match[1]}/`);
+      }
+    });
+    proc.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`the console exited (${code}) before it was ready:\n${consoleLog}`));
+    });
+  });
+}
+
+before(async () => {
+  assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: scripts/bootstrap installs Debian's chromium`);
+  const dir = mkdtempSync(join(tmpdir(), "codemode-console-"));
+  const rules = join(dir, "rules.yaml");
+  writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
+  runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
+  registry = await startService("registry_service", "registry listening on port ", {
+    CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
+    CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
+    CODEMODE_REGISTRY_POLICY_RULES: rules,
+  });
+  client = new RegistryClient(`127.0.0.1:${registry.port}`, { timeoutMs: 10_000, executeTimeoutMs: 60_000 });
+  await client.createAgent("console-e2e", { mode: "both", selfModification: true });
+  provider = new ToolProvider(client, "ops")
+    .tool({ name: "deploy", description: "Deploys a service." }, (args) => `deployed ${(args as JsonObject).service as string}`)
+    .tool({ name: "lookup", description: "Looks a number up.", concurrencySafe: true }, (args) => ({ n: (args as JsonObject).n as number }));
+  await provider.start();
+  const url = await startConsole(registry.port);
+  profile = mkdtempSync(join(tmpdir(), "codemode-chromium-"));
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+  });
+  page = browser.pages()[0] ?? (await browser.newPage());
+  page.setDefaultTimeout(WAIT_MS);
+  await page.goto(url);
+  await page.locator('body[data-connected="true"]').waitFor();
+});
+
+after(async () => {
+  await browser?.close();
+  if (profile) rmSync(profile, { recursive: true, force: true });
+  if (consoleProcess && consoleProcess.exitCode === null) {
+    const exited = new Promise((r) => consoleProcess!.once("exit", r));
+    consoleProcess.kill("SIGTERM");
+    await exited;
+  }
+  await provider?.close();
+  client?.close();
+  await stopService(registry);
+  await stopService(runtime);
+});
+
+/** Runs a step; on failure keeps a screenshot and the page's HTML, then fails. */
+async function step(name: string, body: () => Promise<void>): Promise<void> {
+  try {
+    await body();
+  } catch (e) {
+    mkdirSync(OUTPUT, { recursive: true });
+    const file = join(OUTPUT, name.replace(/[^a-z0-9]+/gi, "-"));
+    await page.screenshot({ path: `${file}.png`, fullPage: true }).catch(() => undefined);
+    writeFileSync(`${file}.html`, await page.content().catch(() => ""));
+    writeFileSync(`${file}.console.log`, consoleLog);
+    throw e;
+  }
+}
+
+describe("the web console", () => {
+  it("approves a client-bearing plugin: its Client half renders and reaches its Host handler", () =>
+    step("approve", async () => {
+      const { pluginId, packageId } = await defineAndRun("greet", "Greeter", "Greets in the page.");
+      greeter = pluginId;
+      const request = page.locator(`#requests li[data-plugin="${pluginId}"]`);
+      await request.waitFor();
+      assert.equal(await request.locator(".name").textContent(), "Greeter");
+      assert.equal(await request.locator(".purpose").textContent(), "Greets in the page.");
+      await request.locator('[data-action="approve-once"]').click();
+
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await slot.locator(".greeting", { hasText: "hello, console" }).waitFor(); // host.call at load
+      await slot.locator("button.again").click();
+      await slot.locator(".greeting", { hasText: "hello, button" }).waitFor(); // host.call from a click
+      await request.waitFor({ state: "detached" });
+      await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
+      const steer = page.locator('#messages li[data-kind="agent/steer"]', { hasText: `${pluginId}/${packageId}` });
+      await steer.waitFor();
+      assert.match((await steer.locator("pre").textContent()) ?? "", /completed successfully\. currentPackageId is pkg-\d+/);
+      const state = await tool("cordis_inspect_self", { pluginId });
+      assert.equal(state.state, "running");
+      assert.equal(state.currentPackageId, packageId);
+    }));
+
+  it("rejects another plugin: nothing runs and the steering record appears", () =>
+    step("reject", async () => {
+      const { pluginId, packageId } = await defineAndRun("nope", "Nope", "Should not run.");
+      const request = page.locator(`#requests li[data-plugin="${pluginId}"]`);
+      await request.locator('[data-action="reject"]').click();
+      const steer = page.locator('#messages li[data-kind="agent/steer"]', { hasText: "The user rejected" });
+      await steer.waitFor();
+      assert.match(
+        (await steer.locator("pre").textContent()) ?? "",
+        new RegExp(`^The user rejected Cordis run ${pluginId}/${packageId} \\(run-\\d+\\)\\. Do not request the same activation again unless the user asks\\.$`),
+      );
+      await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="rejected"]`).waitFor();
+      assert.equal(await page.locator(`[data-plugin-slot="${pluginId}"]`).count(), 0);
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "failed");
+    }));
+
+  it("answers an ordinary tool approval from the page", () =>
+    step("tool-approval", async () => {
+      const call = client.executeToolCall({ agent, toolName: "deploy", arguments: { service: "web" } });
+      const row = page.locator('#approvals li[data-tool="deploy"]');
+      await row.waitFor();
+      assert.match((await row.textContent()) ?? "", /deploys need a person/);
+      await row.locator('[data-action="allow"]').click();
+      const result = await call.result;
+      assert.ok(!result.isError, result.error?.message);
+      assert.equal(result.value, "deployed web");
+      await row.waitFor({ state: "detached" });
+
+      const refused = client.executeToolCall({ agent, toolName: "deploy", arguments: { service: "db" } });
+      await page.locator('#approvals li[data-tool="deploy"] [data-action="reject"]').click();
+      assert.equal((await refused.result).isError, true);
+    }));
+
+  it("draws a run_code trajectory as a tree, live", () =>
+    step("trajectory", async () => {
+      const program = 'a = await tools.lookup({"n": 1})\nb = await tools.lookup({"n": 2})\nreturn a["n"] + b["n"]';
+      const result = await client.runCode(agent, program, "two lookups", { callId: "traj-1" }).result;
+      assert.ok(!result.isError, result.error?.message);
+      const call = page.locator('#calls section[data-call-id="traj-1"][data-outcome="ok"]');
+      await call.waitFor();
+      await call.locator("pre", { hasText: "traj-1:code:2" }).waitFor();
+      const lines = ((await call.locator("pre").textContent()) ?? "").split("\n");
+      const ms = String.raw`  \d+\.\d ms`;
+      assert.equal(lines.length, 3, lines.join("\n"));
+      assert.match(lines[0]!, new RegExp(`^run_code  traj-1  ok${ms}$`));
+      assert.match(lines[1]!, new RegExp(`^├─ lookup  traj-1:code:1  ok${ms}$`));
+      assert.match(lines[2]!, new RegExp(`^└─ lookup  traj-1:code:2  ok${ms}$`));
+    }));
+
+  it("publishes client inspect providers and answers the model's queries from the page", () =>
+    step("inspect", async () => {
+      const listed = await tool("cordis_inspect_list", {});
+      const clients = (listed.providers as JsonObject[]).filter((p) => p.platform === "client");
+      assert.deepEqual(clients.map((p) => p.id), ["Slots", "Theme"]);
+      const query = (provider: string, method: string, input: JsonValue) =>
+        tool("cordis_inspect_query", { platform: "client", provider, method, input });
+      const slots = (await query("Slots", "listSubTree", { pluginId: greeter })).data as JsonObject;
+      assert.deepEqual(slots.slots, [{ pluginId: greeter, pluginRunId: (slots.slots as JsonObject[])[0]!.pluginRunId!, state: "running", text: "hello, buttongreet again" }]);
+      const tokens = ((await query("Theme", "listTokens", {})).data as JsonObject).tokens as JsonObject[];
+      assert.ok(tokens.some((t) => t.name === "card" && t.className === "cm-card"));
+    }));
+
+  it("approves future versions: updates load without asking, one at a time; a failed Client half is absorbed", () =>
+    step("future-versions", async () => {
+      const version = (text: string): string =>
+        `return { apply(ctx) { const p = document.createElement("p"); p.className = "version"; p.textContent = ${JSON.stringify(text)}; mount.append(p); } };`;
+      const define = async (pluginId: string | undefined, client: string): Promise<{ pluginId: string; packageId: string }> => {
+        const plugin: JsonObject = pluginId ? { kind: "existing", pluginId } : { kind: "new", idPrefix: "vers" };
+        const out = await tool("cordis_define", { plugin, name: "Versions", purpose: "Shows its version.", code: { client } });
+        return { pluginId: out.pluginId as string, packageId: out.packageId as string };
+      };
+      const first = await define(undefined, version("v1"));
+      const pluginId = first.pluginId;
+      assert.equal((await tool("cordis_run", { pluginId, packageId: first.packageId, mode: "run" })).status, "awaiting-approval");
+      await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-future"]`).click();
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await slot.locator(".version", { hasText: "v1" }).waitFor();
+
+      // A broken update: asked of nobody (the grant applies), its load fails and is settled so.
+      const broken = await define(pluginId, 'return { apply() { throw new Error("no DOM for v2") } };');
+      assert.equal((await tool("cordis_run", { pluginId, packageId: broken.packageId, mode: "update" })).status, "starting");
+      const failed = page.locator('#messages li[data-kind="agent/steer"]', { hasText: `${pluginId}/${broken.packageId}` });
+      await failed.waitFor();
+      assert.match((await failed.locator("pre").textContent()) ?? "", /client-half-failed\nno DOM for v2\n/);
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="failed"]`).waitFor();
+      assert.equal(await slot.locator(".version").count(), 0); // v1 was torn down before v2 loaded
+
+      // The queue absorbed the failure: the fixed package loads.
+      const fixed = await define(
+        pluginId,
+        version("v3").replace("mount.append(p);", 'mount.append(p); const b = document.createElement("button"); b.className = "break"; b.onclick = () => ctx.reportError(new Error("render broke")); mount.append(b);'),
+      );
+      assert.equal((await tool("cordis_run", { pluginId, packageId: fixed.packageId, mode: "update" })).status, "starting");
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"]`).waitFor();
+      assert.deepEqual(await slot.locator(".version").allTextContents(), ["v3"]);
+      await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).currentPackageId, fixed.packageId);
+
+      // A render failure after the activation settled reaches the registry (kept per run) and the agent.
+      await slot.locator("button.break").click();
+      await page.locator('#messages li[data-kind="agent/steer"]', { hasText: "render broke" }).waitFor();
+      const view = await tool("cordis_inspect_self", { pluginId, packageId: fixed.packageId });
+      const failure = ((view.runtime as JsonObject).client as JsonObject).renderFailure as JsonObject;
+      assert.deepEqual([failure.phase, failure.message], ["client-render", "render broke"]);
+    }));
+
+  it("stops, runs and removes a plugin from the panel: its Client half follows and the agent is told", () =>
+    step("panel", async () => {
+      const pluginId = greeter;
+      const row = page.locator(`#plugins li[data-plugin="${pluginId}"]`);
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await row.locator('[data-action="stop"]').click();
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="unloaded"]`).waitFor();
+      assert.equal(await slot.locator(".greeting").count(), 0);
+      await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user stopped Cordis Plugin ${pluginId}` }).waitFor();
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "stopped");
+
+      await row.locator('[data-action="run"]').click(); // a direct gesture: no request to approve
+      await slot.locator(".greeting", { hasText: "hello, console" }).waitFor();
+      await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user ran Cordis run ${pluginId}/` }).waitFor();
+      assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "running");
+
+      await page.locator(`#plugins li[data-plugin="${pluginId}"] [data-action="remove"]`).click();
+      await slot.waitFor({ state: "detached" });
+      await row.waitFor({ state: "detached" });
+      await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user removed Cordis Plugin ${pluginId}` }).waitFor();
+      const gone = await client.executeToolCall({ agent, toolName: "cordis_inspect_self", arguments: { pluginId } }).result;
+      assert.equal(gone.isError, true);
+    }));
+});

@@ -1,0 +1,75 @@
+"""`codemode console` as a real process: refusals at start, and the end of its registry.
+
+The page itself (approvals, Client halves, the panel, trajectories) is tested in headless
+Chromium by the console package's own test (`npm test --prefix console`, run by scripts/test).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli._processes import CLI, cli, listening_port, service_env, spawn
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc, lines = spawn(
+        [*CLI, "registry", "--listen", "127.0.0.1:0"],
+        service_env(tmp_path),
+        tmp_path,
+        tmp_path / "registry.err",
+    )
+    line = lines.expect(lambda s: s.startswith("registry listening on port "), timeout=60)
+    yield proc, f"127.0.0.1:{listening_port(line)}"
+    _stop(proc)
+
+
+def test_an_unknown_agent_is_refused(
+    registry: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    _, address = registry
+    out = cli(
+        "console",
+        "--registry",
+        address,
+        "--agent",
+        "ghost",
+        env=service_env(tmp_path),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "console:" in out.stderr and "agents/ghost" in out.stderr
+
+
+def test_the_console_serves_until_its_registry_goes_away(
+    registry: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    registry_proc, address = registry
+    argv = [*CLI, "console", "--registry", address, "--agent", "ops", "--create-agent"]
+    proc, lines = spawn(argv, service_env(tmp_path), tmp_path, tmp_path / "console.err")
+    try:
+        line = lines.expect(lambda s: s.startswith("console listening on port "), timeout=120)
+        port = listening_port(line)
+        opened = lines.expect(lambda s: s.startswith("console: open "))
+        assert f"http://127.0.0.1:{port}/" in opened and "agents/ops" in opened
+        assert _stop(registry_proc) == 0
+        status = proc.wait(60)
+    finally:
+        _stop(proc)
+    assert status == 1
+    assert "the page-runner stream to" in (tmp_path / "console.err").read_text()
