@@ -7,9 +7,13 @@
  * A Client half is a plain JavaScript async function body, evaluated with the parameters the
  * reference gives it (§9.2, seed 002 §17): `host` (`host.call(method, args)` reaches the Host
  * half's `harness.handle` handlers through `invoke`), `console` (tagged with the plugin),
- * `mount` (the slot's element) and `styles` (the console's class names). It returns a plugin: a
- * function or an object with `apply(ctx)`; `apply` may return a disposer, run on unload.
+ * `mount` (the slot's element), `styles` (the console's class names), `React` (the page's own
+ * React, pinned with the console) and `ReactDOM` (`createRoot`; a root made through it is
+ * unmounted when the half is unloaded). It returns a plugin: a function or an object with
+ * `apply(ctx)`; `apply` may return a disposer, run on unload.
  */
+import * as React from "react";
+import { createRoot, type Root } from "react-dom/client";
 import { el } from "./dom";
 
 /** What `host.call` reaches: the page's `invoke` for one run. */
@@ -130,8 +134,17 @@ export class ClientSlots {
 async function evaluate(request: LoadRequest, mount: HTMLElement, entry: Entry): Promise<void> {
   const host = Object.freeze({ call: (method: string, args: unknown = null) => request.invoke(method, args) });
   const tagged = taggedConsole(request.pluginId);
-  const body = new AsyncFunction("host", "console", "mount", "styles", request.code); // a SyntaxError fails the load
-  const plugin = await body(host, tagged, mount, STYLES);
+  // Roots a half creates are its own: unmounted on unload, with its disposers (in reverse order).
+  const reactDom = Object.freeze({
+    createRoot: (container: Element | DocumentFragment): Root => {
+      const root = createRoot(container);
+      entry.disposers.push(() => root.unmount());
+      return root;
+    },
+  });
+  // a SyntaxError fails the load
+  const body = new AsyncFunction("host", "console", "mount", "styles", "React", "ReactDOM", request.code);
+  const plugin = await body(host, tagged, mount, STYLES, React, reactDom);
   if (plugin === undefined) throw new Error("the Client half returned `undefined` — did you forget `return`?");
   const apply =
     typeof plugin === "function"

@@ -47,6 +47,17 @@ return {
 };
 `;
 
+// A Client half drawn with the page's React (hooks, an event handler) through its ReactDOM.
+const REACT_CLIENT = `const { greeting } = await host.call("greet", { name: "react" });
+function Counter() {
+  const [count, setCount] = React.useState(0);
+  return React.createElement("div", { className: "react-card" },
+    React.createElement("p", { className: "react-greeting" }, greeting),
+    React.createElement("button", { className: "react-count", onClick: () => setCount(count + 1) }, "clicked " + count));
+}
+return (ctx) => { ReactDOM.createRoot(mount).render(React.createElement(Counter)); };
+`;
+
 let runtime: Service | undefined;
 let registry: Service | undefined;
 let consoleProcess: ChildProcess | undefined;
@@ -66,8 +77,13 @@ async function tool(toolName: string, args: JsonValue): Promise<JsonObject> {
   return result.value as JsonObject;
 }
 
-async function defineAndRun(idPrefix: string, name: string, purpose: string): Promise<{ pluginId: string; packageId: string }> {
-  const defined = await tool("cordis_define", { plugin: { kind: "new", idPrefix }, name, purpose, code: { host: HOST, client: CLIENT } });
+async function defineAndRun(
+  idPrefix: string,
+  name: string,
+  purpose: string,
+  clientHalf = CLIENT,
+): Promise<{ pluginId: string; packageId: string }> {
+  const defined = await tool("cordis_define", { plugin: { kind: "new", idPrefix }, name, purpose, code: { host: HOST, client: clientHalf } });
   const pluginId = defined.pluginId as string;
   const packageId = defined.packageId as string;
   const run = await tool("cordis_run", { pluginId, packageId, mode: "run" });
@@ -185,6 +201,18 @@ describe("the web console", () => {
       const state = await tool("cordis_inspect_self", { pluginId });
       assert.equal(state.state, "running");
       assert.equal(state.currentPackageId, packageId);
+    }));
+
+  it("runs a Client half drawn with React, and unmounts it when the plugin stops", () =>
+    step("react", async () => {
+      const { pluginId } = await defineAndRun("react", "Counter", "Counts clicks with React.", REACT_CLIENT);
+      await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-once"]`).click();
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await slot.locator(".react-greeting", { hasText: "hello, react" }).waitFor();
+      await slot.locator("button.react-count", { hasText: "clicked 0" }).click();
+      await slot.locator("button.react-count", { hasText: "clicked 1" }).waitFor(); // state re-rendered
+      await tool("cordis_stop", { pluginId });
+      await slot.locator(".react-card").waitFor({ state: "detached" }); // the root was unmounted
     }));
 
   it("rejects another plugin: nothing runs and the steering record appears", () =>
