@@ -35,12 +35,12 @@ def _last_line(stderr: str) -> str:
 
 
 def test_an_unknown_store_stops_the_start_with_one_line(tmp_path: Path) -> None:
-    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_STORE": "postgres"}
+    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_STORE": "nope"}
     done = _registry(env, tmp_path)
     assert done.returncode == 2
     # Found with the settings, before anything else is set up: the only line.
     assert done.stderr.strip().splitlines() == [
-        "registry: history_store 'postgres' is not a known store (known: sqlite)"
+        "registry: history_store 'nope' is not a known store (known: postgres, sqlite)"
     ]
 
 

@@ -1,0 +1,558 @@
+"""PostgreSQL history store (`history_store: postgres`, `history_dsn`), psycopg 3 async.
+
+Same contract as the SQLite store (history.store): records submitted in one event-loop turn
+are written in one transaction by a single writer task (a batch submitted while one is being
+written waits for the next transaction, so order is kept); large content is spilled into its
+own table; `open_calls` holds the calls still in flight.
+
+Unlike SQLite's file, one database may be shared by several registries:
+- seq comes from the agent's counter row, updated in the writing transaction; its row lock,
+  held to the commit, makes per-agent seqs strictly increasing and committed in order.
+- Each registry process is a writer with a lease row (`history_writers`) it renews; an open
+  call belongs to its writer. Calls left open are closed as interrupted only when their writer
+  is gone (lease expired, or closed), in the transaction that removes the writer's row, so two
+  registries never close the same call twice. `close_interrupted` at start also closes this
+  process's own (there are none in flight before the first call).
+
+The schema is migrated at open (`migrations`); an unreachable server or a bad DSN at open stops
+the start, a server lost later makes the store UNAVAILABLE until a write or probe works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from codemode_wire.errors import CodemodeError
+from registry_service.history import build
+from registry_service.history.build import content_preview
+from registry_service.history.postgres.connect import CONNECT_TIMEOUT_S, connect_sync, redact
+from registry_service.history.postgres.migrations import SchemaTooNew, migrate
+from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.store import (
+    StoreOpenError,
+    StoreState,
+    store_corrupt,
+    store_unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_START_OF = {end: start for start, end in END_OF.items()}
+_COLUMNS = (
+    "agent, seq, kind, call_id, root_call_id, parent_call_id, time, name, arguments_json,"
+    " content_json, is_error, error_code, spill_id"
+)
+_CORRUPT = (pg_errors.DataCorrupted, pg_errors.IndexCorrupted)
+# Read at open: damage is found now, not by the first call that happens to read it. Bounded
+# (unlike SQLite's whole-file check, a server database may be large): the newest records,
+# through the primary key's index and their heap pages, are what the next calls touch.
+_CHECK = (
+    "SELECT count(length(content_json)) FROM (SELECT content_json FROM history_records"
+    " ORDER BY agent DESC, seq DESC LIMIT 1000) newest"
+)
+DEFAULT_LEASE_S = 15.0
+
+
+@dataclass
+class _Job:
+    """One queued piece of the next transaction."""
+
+    record: Record | None = None
+    future: asyncio.Future[Any] | None = None
+    sweep: bool = False  # close the calls of writers that are gone
+    own: bool = False  # ... and this process's own (at start)
+    closed: list[Record] = field(default_factory=list)
+
+
+class PostgresHistory:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_inline_bytes: int = 64 * 1024,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        self._dsn = dsn
+        self._where = redact(dsn)
+        self._max_inline = max_inline_bytes
+        self._lease_s = lease_s
+        self.writer_id = f"{uuid.uuid4().hex}"
+        self._jobs: list[_Job] = []
+        self._writing: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closing = False
+        # End records whose write failed, owed as interrupted ones to the next write that works.
+        self._owed: list[Record] = []
+        self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
+        self._state = StoreState.OK
+        self._state_waiters: list[asyncio.Future[None]] = []
+        self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        self._read_lock = asyncio.Lock()
+        try:
+            with connect_sync(dsn) as conn:
+                migrate(conn)
+                conn.execute(_CHECK)
+                self._renew_sync(conn)
+        except SchemaTooNew as exc:
+            raise StoreOpenError(f"history database {self._where}: {exc}") from exc
+        except psycopg.Error as exc:
+            if isinstance(exc, _CORRUPT):
+                self._failed(exc)  # served, reporting the damage, rather than not started
+                return
+            raise StoreOpenError(f"cannot open history database {self._where}: {exc}") from exc
+
+    def _renew_sync(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        conn.execute(
+            "INSERT INTO history_writers (id, expires_at)"
+            " VALUES (%s, now() + make_interval(secs => %s))",
+            (self.writer_id, self._lease_s),
+        )
+
+    # -- health ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> StoreState:
+        return self._state
+
+    async def state_changed(self, seen: StoreState) -> StoreState:
+        self._start_heartbeat()
+        while self._state is seen:
+            waiter = asyncio.get_running_loop().create_future()
+            self._state_waiters.append(waiter)
+            await waiter
+        return self._state
+
+    def _set_state(self, state: StoreState) -> None:
+        if state is self._state or self._state is StoreState.CORRUPT:
+            return  # damage is never undone by a write that happens to work
+        log.log(
+            logging.INFO if state is StoreState.OK else logging.ERROR,
+            "history store %s: %s",
+            self._where,
+            state.value,
+        )
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _failed(self, exc: BaseException) -> CodemodeError:
+        """The error to report for a failed database operation; moves the state accordingly."""
+        if isinstance(exc, _CORRUPT):
+            log.error("history database %s is damaged: %s", self._where, exc)
+            self._set_state(StoreState.CORRUPT)
+            return store_corrupt(f"{exc}; restore the database from a backup")
+        if not isinstance(exc, psycopg.OperationalError):
+            log.error("history store %s: unexpected failure", self._where, exc_info=exc)
+        self._set_state(StoreState.UNAVAILABLE)
+        return store_unavailable(str(exc).strip() or type(exc).__name__)
+
+    def _refuse_if_corrupt(self) -> None:
+        if self._state is StoreState.CORRUPT:
+            raise store_corrupt(f"{self._where} failed a check; restore it from a backup")
+
+    async def check(self) -> StoreState:
+        if self._state is not StoreState.CORRUPT:
+            with contextlib.suppress(CodemodeError):
+                await self._queue(_Job())  # an empty transaction renews the lease: a write
+        return self._state
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+        return await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+        if self._writer is None or self._writer.closed or self._writer.broken:
+            await _close_quietly(self._writer)
+            self._writer = None
+            self._writer = await self._connect()
+        return self._writer
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[psycopg.AsyncConnection[tuple[Any, ...]]]:
+        self._refuse_if_corrupt()
+        self._start_heartbeat()
+        async with self._read_lock:
+            try:
+                if self._reader is None or self._reader.closed or self._reader.broken:
+                    await _close_quietly(self._reader)
+                    self._reader = None
+                    self._reader = await self._connect()
+                yield self._reader
+            except psycopg.Error as exc:
+                raise self._failed(exc) from exc
+
+    # -- the writer ------------------------------------------------------------------------------
+
+    async def append(self, record: Record) -> Record:
+        return await self.submit(record)
+
+    def submit(self, record: Record) -> asyncio.Future[Record]:
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Job(record=record, future=future))
+        return future
+
+    def _queue(self, job: _Job) -> asyncio.Future[Any]:
+        job.future = asyncio.get_running_loop().create_future()
+        self._enqueue(job)
+        return job.future
+
+    def _enqueue(self, job: _Job) -> None:
+        self._jobs.append(job)
+        self._start_heartbeat()
+        if self._writing is None or self._writing.done():
+            # Runs once this turn's submits are in: they share one transaction.
+            self._writing = asyncio.ensure_future(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        while self._jobs:
+            jobs, self._jobs = self._jobs, []
+            try:
+                self._refuse_if_corrupt()
+                stored = await self._transaction(jobs)
+            except Exception as exc:
+                error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
+                for job in jobs:  # first: nothing below may leave a caller waiting
+                    if job.future is not None and not job.future.done():
+                        job.future.set_exception(error)
+                self._owe([job.record for job in jobs if job.record is not None])
+                continue
+            for job in jobs:
+                if job.future is None or job.future.done():
+                    continue
+                if job.record is not None:
+                    job.future.set_result(stored[id(job)])
+                else:
+                    job.future.set_result(job.closed)
+
+    async def _transaction(self, jobs: Sequence[_Job]) -> dict[int, Record]:
+        """Writes the sweeps' closing records, what is owed, then the jobs' records, in one
+        transaction that also renews this writer's lease; returns each job's stored record by
+        job id and tells the watchers."""
+        conn = await self._writer_conn()
+        owed = self._owed
+        async with conn.transaction():
+            await conn.execute(
+                "INSERT INTO history_writers (id, expires_at)"
+                " VALUES (%s, now() + make_interval(secs => %s))"
+                " ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
+                (self.writer_id, self._lease_s),
+            )
+            # (record, open call id it closes or None, job or None)
+            plan: list[tuple[Record, int | None, _Job | None]] = []
+            for sweep in (job for job in jobs if job.sweep):
+                for gone_id, start in await self._gone_calls(conn, own=sweep.own):
+                    plan.append((build.interrupted(start, build.CRASHED), gone_id, sweep))
+            for owed_end in owed:
+                owed_id = await self._open_call(conn, owed_end)
+                if owed_id is not None:  # the failed end may have been written after all
+                    plan.append((owed_end, owed_id, None))
+            plan += [(job.record, None, job) for job in jobs if job.record is not None]
+            seqs = await self._take_seqs(conn, [record.agent for record, _, _ in plan])
+            stored: dict[int, Record] = {}
+            written: list[Record] = []
+            for record, open_id, owner in plan:
+                row = await self._insert(conn, record, next(seqs[record.agent]), open_id)
+                written.append(row)
+                if owner is not None and owner.sweep:
+                    owner.closed.append(row)
+                elif owner is not None:
+                    stored[id(owner)] = row
+        self._owed = []
+        self._set_state(StoreState.OK)
+        for row in written:
+            for queue in self._watchers.get(row.agent, ()):
+                queue.put_nowait(row)
+        return stored
+
+    async def _gone_calls(
+        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], *, own: bool
+    ) -> list[tuple[int, Record]]:
+        """Removes the writers whose lease expired and returns the open calls of writers that
+        are gone (and this process's own when `own`), newest first: nested starts come after
+        their outer call's. Locked, so a second registry sweeping at once skips them."""
+        await conn.execute(
+            "DELETE FROM history_writers WHERE expires_at < now() AND id <> %s",
+            (self.writer_id,),
+        )
+        cursor = await conn.execute(
+            "SELECT o.id, "
+            + ", ".join(f"r.{c.strip()}" for c in _COLUMNS.split(","))
+            + " FROM history_open_calls o"
+            " JOIN history_records r ON r.agent = o.agent AND r.seq = o.seq"
+            " WHERE (o.writer = %s AND %s) OR NOT EXISTS"
+            " (SELECT 1 FROM history_writers w WHERE w.id = o.writer)"
+            " ORDER BY o.id DESC FOR UPDATE OF o SKIP LOCKED",
+            (self.writer_id, own),
+        )
+        return [(int(row[0]), _row(row[1:])) for row in await cursor.fetchall()]
+
+    async def _open_call(
+        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], end: Record
+    ) -> int | None:
+        """The oldest open call an end record closes (a call id may be reused after its call
+        ended), or None."""
+        cursor = await conn.execute(
+            "SELECT id FROM history_open_calls WHERE agent = %s AND call_id = %s AND kind = %s"
+            " ORDER BY id LIMIT 1 FOR UPDATE",
+            (end.agent, end.call_id, _START_OF[end.kind]),
+        )
+        row = await cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    async def _take_seqs(
+        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], agents: Sequence[str]
+    ) -> dict[str, Iterator[int]]:
+        """Reserves consecutive seqs for each agent, taking the counter rows in name order (two
+        writers locking rows in one order cannot deadlock)."""
+        seqs: dict[str, Iterator[int]] = {}
+        for agent, count in sorted(Counter(agents).items()):
+            cursor = await conn.execute(
+                "INSERT INTO history_agents AS a (agent, last_seq) VALUES (%s, %s)"
+                " ON CONFLICT (agent) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq"
+                " RETURNING last_seq",
+                (agent, count),
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            last = int(row[0])
+            seqs[agent] = iter(range(last - count + 1, last + 1))
+        return seqs
+
+    async def _insert(
+        self,
+        conn: psycopg.AsyncConnection[tuple[Any, ...]],
+        record: Record,
+        seq: int,
+        open_id: int | None,
+    ) -> Record:
+        spill_id: int | None = None
+        if len(record.content_json) > self._max_inline:
+            cursor = await conn.execute(
+                "INSERT INTO history_spills (content) VALUES (%s) RETURNING id",
+                (record.content_json,),
+            )
+            spilled = await cursor.fetchone()
+            assert spilled is not None
+            spill_id = int(spilled[0])
+            preview = content_preview(record.content_json, min(2048, self._max_inline))
+            record = dataclasses.replace(
+                record,
+                content_json=json.dumps([{"type": "text", "text": preview}]),
+                spilled=f"spill:{spill_id}",
+            )
+        await conn.execute(
+            f"INSERT INTO history_records ({_COLUMNS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                record.agent,
+                seq,
+                record.kind,
+                record.call_id,
+                record.root_call_id,
+                record.parent_call_id,
+                record.time,
+                record.name,
+                record.arguments_json,
+                record.content_json,
+                record.is_error,
+                record.error_code,
+                spill_id,
+            ),
+        )
+        if record.kind in END_OF:
+            await conn.execute(
+                "INSERT INTO history_open_calls (agent, seq, kind, call_id, root_call_id, writer)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (record.agent, seq, record.kind, record.call_id, record.root_call_id,
+                 self.writer_id),
+            )  # fmt: skip
+        elif record.kind in _START_OF:
+            if open_id is None:
+                open_id = await self._open_call(conn, record)
+            if open_id is not None:
+                await conn.execute("DELETE FROM history_open_calls WHERE id = %s", (open_id,))
+        return dataclasses.replace(record, seq=seq)
+
+    def _owe(self, failed: Sequence[Record]) -> None:
+        """Remembers the calls a failed batch leaves open: an end record whose start was
+        written earlier is owed as an interrupted end (its caller saw the failure, not the
+        result), so the call is closed once writes work again."""
+        starts = {(r.agent, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        for record in failed:
+            start = _START_OF.get(record.kind)
+            if start is None or (record.agent, record.call_id, start) in starts:
+                continue
+            if record.is_error and record.error_code == INTERRUPTED:
+                self._owed.append(record)  # already an interrupted end: keep its reason
+            else:
+                self._owed.append(build.interrupted(record, build.NOT_RECORDED))
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None and not self._closing:
+            self._heartbeat = asyncio.ensure_future(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renews this writer's lease a few times per lease period, and closes the calls of
+        writers whose lease expired (any live registry may: the sweep is exactly-once)."""
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            if self._state is StoreState.CORRUPT:
+                continue
+            with contextlib.suppress(CodemodeError):
+                closed = await self._queue(_Job(sweep=True))
+                if closed:
+                    log.warning("history: closed %d calls of registries that are gone", len(closed))
+
+    async def close_interrupted(self) -> Sequence[Record]:
+        self._refuse_if_corrupt()
+        closed: list[Record] = await self._queue(_Job(sweep=True, own=True))
+        if closed:
+            log.warning("history: closed %d calls left open by a crash", len(closed))
+        return closed
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def list(
+        self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
+    ) -> Sequence[Record]:
+        params: list[object] = [agent, after_seq]
+        where = ""
+        if call_id:
+            where = " AND (call_id = %s OR root_call_id = %s)"
+            params += [call_id, call_id]
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                f"SELECT {_COLUMNS} FROM history_records WHERE agent = %s AND seq > %s"
+                + where
+                + " ORDER BY seq LIMIT %s",
+                [*params, limit],
+            )
+            rows = await cursor.fetchall()
+        return [_row(row) for row in rows]
+
+    async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
+        queue: asyncio.Queue[Record | None] = asyncio.Queue()
+        self._watchers.setdefault(agent, set()).add(queue)
+        try:
+            last = after_seq
+            while True:  # backlog first, in pages, then live records past the last one seen
+                page = await self.list(agent, after_seq=last, limit=500)
+                for record in page:
+                    last = record.seq
+                    yield record
+                if len(page) < 500:
+                    break
+            while (live := await queue.get()) is not None:
+                if live.seq > last:
+                    last = live.seq
+                    yield live
+        finally:
+            self._watchers[agent].discard(queue)
+
+    def end_watches(self) -> None:
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(None)
+
+    async def read_spill(self, locator: str) -> str | None:
+        prefix, _, ident = locator.partition(":")
+        if prefix != "spill" or not ident.isdigit() or int(ident) >= 2**63:
+            self._refuse_if_corrupt()
+            return None
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                "SELECT content FROM history_spills WHERE id = %s", (int(ident),)
+            )
+            row = await cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    # -- retention -------------------------------------------------------------------------------
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes whole calls whose newest record is older than `before` (a Unix time), with
+        what they spilled and their open calls, in one statement (one transaction)."""
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                """
+WITH old AS (
+  SELECT agent, root_call_id FROM history_records GROUP BY agent, root_call_id
+  HAVING MAX(time) < %s LIMIT %s
+), gone AS (
+  DELETE FROM history_records r USING old
+  WHERE r.agent = old.agent AND r.root_call_id = old.root_call_id
+  RETURNING r.spill_id
+), spills AS (
+  DELETE FROM history_spills WHERE id IN (SELECT spill_id FROM gone)
+), opened AS (
+  DELETE FROM history_open_calls o USING old
+  WHERE o.agent = old.agent AND o.root_call_id = old.root_call_id
+)
+SELECT count(*) FROM old
+""",
+                (before, limit),
+            )
+            row = await cursor.fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        while self._writing is not None and not self._writing.done():
+            await asyncio.shield(self._writing)
+        if self._state is not StoreState.CORRUPT:
+            # Gone: whatever this process left open is closed by the next sweep, anywhere.
+            with contextlib.suppress(psycopg.Error, CodemodeError, OSError):
+                conn = await self._writer_conn()
+                await conn.execute("DELETE FROM history_writers WHERE id = %s", (self.writer_id,))
+        await _close_quietly(self._writer)
+        await _close_quietly(self._reader)
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> None:
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
+
+
+def _row(row: Sequence[Any]) -> Record:
+    agent, seq, kind, call_id, root, parent, time, name, arguments, content, error, code, spill = (
+        row
+    )
+    return Record(
+        kind=str(kind),
+        agent=str(agent),
+        call_id=str(call_id),
+        root_call_id=str(root),
+        parent_call_id=str(parent),
+        name=str(name),
+        arguments_json=str(arguments),
+        content_json=str(content),
+        is_error=bool(error),
+        error_code=str(code),
+        time=float(time),
+        seq=int(seq),
+        spilled="" if spill is None else f"spill:{spill}",
+    )
