@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,3 +70,23 @@ class PostgresServer:
     def owner(self) -> str:
         """The system user the cluster runs as (who must own a tablespace's directory)."""
         return (self.dir / "data").owner()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL cluster (started on first use)."""
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_database(postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database of the session's cluster for this test; yields its DSN."""
+    name = postgres.create_database()
+    try:
+        yield postgres.dsn_of(name)
+    finally:
+        postgres.drop_database(name)

@@ -72,26 +72,6 @@ def corrupt_file(path: Path, page: int) -> None:
         os.fsync(out.fileno())
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """The session's PostgreSQL cluster (started on first use)."""
-    server = PostgresServer.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def pg_database(postgres: PostgresServer) -> Iterator[str]:
-    """A fresh database of the session's cluster for this test; yields its DSN."""
-    name = postgres.create_database()
-    try:
-        yield postgres.dsn_of(name)
-    finally:
-        postgres.drop_database(name)
-
-
 def _sqlite_kit(tmp_path: Path) -> Iterator[StoreKit]:
     where = tmp_path / "disk"
     with small_disk(where) as disk:
