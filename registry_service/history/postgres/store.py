@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import itertools
 import json
 import logging
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -36,7 +35,8 @@ from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
 from registry_service.history import build
-from registry_service.history.build import content_preview
+from registry_service.history.postgres import batch
+from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.connect import CONNECT_TIMEOUT_S, connect_sync, redact
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
@@ -49,11 +49,6 @@ from registry_service.history.store import (
 
 log = logging.getLogger(__name__)
 
-_START_OF = {end: start for start, end in END_OF.items()}
-_COLUMNS = (
-    "agent, seq, kind, call_id, root_call_id, parent_call_id, time, name, arguments_json,"
-    " content_json, is_error, error_code, spill_id"
-)
 _CORRUPT = (pg_errors.DataCorrupted, pg_errors.IndexCorrupted)
 # Read at open: damage is found now, not by the first call that happens to read it. Bounded
 # (unlike SQLite's whole-file check, a server database may be large): the newest records,
@@ -63,6 +58,9 @@ _CHECK = (
     " ORDER BY agent DESC, seq DESC LIMIT 1000) newest"
 )
 DEFAULT_LEASE_S = 15.0
+_ATTEMPTS = 3  # of a transaction PostgreSQL rolls back to break a deadlock
+_PAGE = 500  # records per read of a watch's backlog
+_LISTEN_RETRY_S = 1.0
 
 
 @dataclass
@@ -73,7 +71,12 @@ class _Job:
     future: asyncio.Future[Any] | None = None
     sweep: bool = False  # close the calls of writers that are gone
     own: bool = False  # ... and this process's own (at start)
-    closed: list[Record] = field(default_factory=list)
+    renew: bool = False  # renew this writer's lease (a heartbeat, a probe)
+
+
+# In a watch's queue: a record this process wrote; the newest seq another registry committed
+# for the agent (read the database up to it); None: the watch ends.
+_Live = Record | int | None
 
 
 class PostgresHistory:
@@ -92,10 +95,11 @@ class PostgresHistory:
         self._jobs: list[_Job] = []
         self._writing: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
         self._closing = False
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
-        self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
+        self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
         self._state = StoreState.OK
         self._state_waiters: list[asyncio.Future[None]] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
@@ -168,7 +172,7 @@ class PostgresHistory:
     async def check(self) -> StoreState:
         if self._state is not StoreState.CORRUPT:
             with contextlib.suppress(CodemodeError):
-                await self._queue(_Job())  # an empty transaction renews the lease: a write
+                await self._queue(_Job(renew=True))  # renewing the lease is a small write
         return self._state
 
     # -- connections -----------------------------------------------------------------------------
@@ -224,172 +228,47 @@ class PostgresHistory:
     async def _write_loop(self) -> None:
         while self._jobs:
             jobs, self._jobs = self._jobs, []
+            records = [job.record for job in jobs if job.record is not None]
             try:
                 self._refuse_if_corrupt()
-                stored = await self._transaction(jobs)
+                written = await self._transaction(jobs, records)
             except Exception as exc:
                 error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
                 for job in jobs:  # first: nothing below may leave a caller waiting
                     if job.future is not None and not job.future.done():
                         job.future.set_exception(error)
-                self._owe([job.record for job in jobs if job.record is not None])
+                self._owe(records)
                 continue
+            self._owed = []
+            self._set_state(StoreState.OK)
+            for row in written.all:
+                self._tell_watchers(row.agent, row)
+            stored = iter(written.records)
             for job in jobs:
-                if job.future is None or job.future.done():
-                    continue
-                if job.record is not None:
-                    job.future.set_result(stored[id(job)])
-                else:
-                    job.future.set_result(job.closed)
+                result: Any = next(stored) if job.record is not None else written.swept
+                if job.future is not None and not job.future.done():
+                    job.future.set_result(result)
 
-    async def _transaction(self, jobs: Sequence[_Job]) -> dict[int, Record]:
-        """Writes the sweeps' closing records, what is owed, then the jobs' records, in one
-        transaction that also renews this writer's lease; returns each job's stored record by
-        job id and tells the watchers."""
-        conn = await self._writer_conn()
-        owed = self._owed
-        async with conn.transaction():
-            await conn.execute(
-                "INSERT INTO history_writers (id, expires_at)"
-                " VALUES (%s, now() + make_interval(secs => %s))"
-                " ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
-                (self.writer_id, self._lease_s),
-            )
-            # (record, open call id it closes or None, job or None)
-            plan: list[tuple[Record, int | None, _Job | None]] = []
-            for sweep in (job for job in jobs if job.sweep):
-                for gone_id, start in await self._gone_calls(conn, own=sweep.own):
-                    plan.append((build.interrupted(start, build.CRASHED), gone_id, sweep))
-            for owed_end in owed:
-                owed_id = await self._open_call(conn, owed_end)
-                if owed_id is not None:  # the failed end may have been written after all
-                    plan.append((owed_end, owed_id, None))
-            plan += [(job.record, None, job) for job in jobs if job.record is not None]
-            seqs = await self._take_seqs(conn, [record.agent for record, _, _ in plan])
-            stored: dict[int, Record] = {}
-            written: list[Record] = []
-            for record, open_id, owner in plan:
-                row = await self._insert(conn, record, next(seqs[record.agent]), open_id)
-                written.append(row)
-                if owner is not None and owner.sweep:
-                    owner.closed.append(row)
-                elif owner is not None:
-                    stored[id(owner)] = row
-        self._owed = []
-        self._set_state(StoreState.OK)
-        for row in written:
-            for queue in self._watchers.get(row.agent, ()):
-                queue.put_nowait(row)
-        return stored
-
-    async def _gone_calls(
-        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], *, own: bool
-    ) -> list[tuple[int, Record]]:
-        """Removes the writers whose lease expired and returns the open calls of writers that
-        are gone (and this process's own when `own`), newest first: nested starts come after
-        their outer call's. Locked, so a second registry sweeping at once skips them."""
-        await conn.execute(
-            "DELETE FROM history_writers WHERE expires_at < now() AND id <> %s",
-            (self.writer_id,),
-        )
-        cursor = await conn.execute(
-            "SELECT o.id, "
-            + ", ".join(f"r.{c.strip()}" for c in _COLUMNS.split(","))
-            + " FROM history_open_calls o"
-            " JOIN history_records r ON r.agent = o.agent AND r.seq = o.seq"
-            " WHERE (o.writer = %s AND %s) OR NOT EXISTS"
-            " (SELECT 1 FROM history_writers w WHERE w.id = o.writer)"
-            " ORDER BY o.id DESC FOR UPDATE OF o SKIP LOCKED",
-            (self.writer_id, own),
-        )
-        return [(int(row[0]), _row(row[1:])) for row in await cursor.fetchall()]
-
-    async def _open_call(
-        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], end: Record
-    ) -> int | None:
-        """The oldest open call an end record closes (a call id may be reused after its call
-        ended), or None."""
-        cursor = await conn.execute(
-            "SELECT id FROM history_open_calls WHERE agent = %s AND call_id = %s AND kind = %s"
-            " ORDER BY id LIMIT 1 FOR UPDATE",
-            (end.agent, end.call_id, _START_OF[end.kind]),
-        )
-        row = await cursor.fetchone()
-        return None if row is None else int(row[0])
-
-    async def _take_seqs(
-        self, conn: psycopg.AsyncConnection[tuple[Any, ...]], agents: Sequence[str]
-    ) -> dict[str, Iterator[int]]:
-        """Reserves consecutive seqs for each agent, taking the counter rows in name order (two
-        writers locking rows in one order cannot deadlock)."""
-        seqs: dict[str, Iterator[int]] = {}
-        for agent, count in sorted(Counter(agents).items()):
-            cursor = await conn.execute(
-                "INSERT INTO history_agents AS a (agent, last_seq) VALUES (%s, %s)"
-                " ON CONFLICT (agent) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq"
-                " RETURNING last_seq",
-                (agent, count),
-            )
-            row = await cursor.fetchone()
-            assert row is not None
-            last = int(row[0])
-            seqs[agent] = iter(range(last - count + 1, last + 1))
-        return seqs
-
-    async def _insert(
-        self,
-        conn: psycopg.AsyncConnection[tuple[Any, ...]],
-        record: Record,
-        seq: int,
-        open_id: int | None,
-    ) -> Record:
-        spill_id: int | None = None
-        if len(record.content_json) > self._max_inline:
-            cursor = await conn.execute(
-                "INSERT INTO history_spills (content) VALUES (%s) RETURNING id",
-                (record.content_json,),
-            )
-            spilled = await cursor.fetchone()
-            assert spilled is not None
-            spill_id = int(spilled[0])
-            preview = content_preview(record.content_json, min(2048, self._max_inline))
-            record = dataclasses.replace(
-                record,
-                content_json=json.dumps([{"type": "text", "text": preview}]),
-                spilled=f"spill:{spill_id}",
-            )
-        await conn.execute(
-            f"INSERT INTO history_records ({_COLUMNS})"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                record.agent,
-                seq,
-                record.kind,
-                record.call_id,
-                record.root_call_id,
-                record.parent_call_id,
-                record.time,
-                record.name,
-                record.arguments_json,
-                record.content_json,
-                record.is_error,
-                record.error_code,
-                spill_id,
-            ),
-        )
-        if record.kind in END_OF:
-            await conn.execute(
-                "INSERT INTO history_open_calls (agent, seq, kind, call_id, root_call_id, writer)"
-                " VALUES (%s, %s, %s, %s, %s, %s)",
-                (record.agent, seq, record.kind, record.call_id, record.root_call_id,
-                 self.writer_id),
-            )  # fmt: skip
-        elif record.kind in _START_OF:
-            if open_id is None:
-                open_id = await self._open_call(conn, record)
-            if open_id is not None:
-                await conn.execute("DELETE FROM history_open_calls WHERE id = %s", (open_id,))
-        return dataclasses.replace(record, seq=seq)
+    async def _transaction(self, jobs: Sequence[_Job], records: list[Record]) -> batch.Written:
+        """The batch in one transaction; again when PostgreSQL rolled it back to break a
+        deadlock with another registry (nothing of it was written)."""
+        for attempt in itertools.count(1):
+            conn = await self._writer_conn()
+            try:
+                return await batch.write(
+                    conn,
+                    self.writer_id,
+                    records=records,
+                    owed=self._owed,
+                    sweep=any(job.sweep for job in jobs),
+                    own=any(job.own for job in jobs),
+                    renew_s=self._lease_s if any(job.renew for job in jobs) else None,
+                    max_inline=self._max_inline,
+                )
+            except pg_errors.TransactionRollback:
+                if attempt == _ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     def _owe(self, failed: Sequence[Record]) -> None:
         """Remembers the calls a failed batch leaves open: an end record whose start was
@@ -397,7 +276,7 @@ class PostgresHistory:
         result), so the call is closed once writes work again."""
         starts = {(r.agent, r.call_id, r.kind) for r in failed if r.kind in END_OF}
         for record in failed:
-            start = _START_OF.get(record.kind)
+            start = batch.START_OF.get(record.kind)
             if start is None or (record.agent, record.call_id, start) in starts:
                 continue
             if record.is_error and record.error_code == INTERRUPTED:
@@ -419,13 +298,13 @@ class PostgresHistory:
             if self._state is StoreState.CORRUPT:
                 continue
             with contextlib.suppress(CodemodeError):
-                closed = await self._queue(_Job(sweep=True))
+                closed = await self._queue(_Job(sweep=True, renew=True))
                 if closed:
                     log.warning("history: closed %d calls of registries that are gone", len(closed))
 
     async def close_interrupted(self) -> Sequence[Record]:
         self._refuse_if_corrupt()
-        closed: list[Record] = await self._queue(_Job(sweep=True, own=True))
+        closed: list[Record] = await self._queue(_Job(sweep=True, own=True, renew=True))
         if closed:
             log.warning("history: closed %d calls left open by a crash", len(closed))
         return closed
@@ -442,37 +321,82 @@ class PostgresHistory:
             params += [call_id, call_id]
         async with self._reading() as conn:
             cursor = await conn.execute(
-                f"SELECT {_COLUMNS} FROM history_records WHERE agent = %s AND seq > %s"
+                f"SELECT {SELECT_COLUMNS} FROM history_records WHERE agent = %s AND seq > %s"
                 + where
                 + " ORDER BY seq LIMIT %s",
                 [*params, limit],
             )
             rows = await cursor.fetchall()
-        return [_row(row) for row in rows]
+        return [record_of(row) for row in rows]
 
     async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
-        queue: asyncio.Queue[Record | None] = asyncio.Queue()
+        """Per agent, seqs are committed in order and without gaps, so a live record is yielded
+        as it comes when it is the next seq; past a gap (records another registry wrote, told
+        by a notification) the database is read up to it."""
+        self._start_listening()
+        queue: asyncio.Queue[_Live] = asyncio.Queue()
         self._watchers.setdefault(agent, set()).add(queue)
         try:
             last = after_seq
-            while True:  # backlog first, in pages, then live records past the last one seen
-                page = await self.list(agent, after_seq=last, limit=500)
-                for record in page:
-                    last = record.seq
-                    yield record
-                if len(page) < 500:
-                    break
-            while (live := await queue.get()) is not None:
-                if live.seq > last:
+            caught_up = False
+            while True:
+                if not caught_up:  # the backlog, or what others wrote: read in pages
+                    page = await self.list(agent, after_seq=last, limit=_PAGE)
+                    for record in page:
+                        last = record.seq
+                        yield record
+                    caught_up = len(page) < _PAGE
+                    continue
+                live = await queue.get()
+                if live is None:
+                    return
+                if isinstance(live, int):
+                    caught_up = live <= last
+                elif live.seq == last + 1:
                     last = live.seq
                     yield live
+                else:
+                    caught_up = live.seq <= last
         finally:
             self._watchers[agent].discard(queue)
+
+    def _tell_watchers(self, agent: str, live: _Live) -> None:
+        for queue in self._watchers.get(agent, ()):
+            queue.put_nowait(live)
 
     def end_watches(self) -> None:
         for queues in self._watchers.values():
             for queue in queues:
                 queue.put_nowait(None)
+
+    def _start_listening(self) -> None:
+        if self._listener is None and not self._closing:
+            self._listener = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        """Follows what other registries commit (LISTEN): each notification names an agent and
+        its newest seq, and wakes this process's watches of that agent. After a lost
+        connection every watch reads the database once, for what it may have missed."""
+        while True:
+            try:
+                async with await self._connect() as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    for agent in list(self._watchers):
+                        self._tell_watchers(agent, 2**63 - 1)
+                    async for note in conn.notifies():
+                        self._notified(note.payload)
+            except psycopg.Error as exc:
+                log.debug("history: listening for other registries' records: %s", exc)
+            await asyncio.sleep(_LISTEN_RETRY_S)
+
+    def _notified(self, payload: str) -> None:
+        try:
+            note = json.loads(payload)
+            writer, agent, seq = str(note["w"]), str(note["a"]), int(note["s"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if writer != self.writer_id:  # this process's own records reach its watches directly
+            self._tell_watchers(agent, seq)
 
     async def read_spill(self, locator: str) -> str | None:
         prefix, _, ident = locator.partition(":")
@@ -516,10 +440,11 @@ SELECT count(*) FROM old
 
     async def close(self) -> None:
         self._closing = True
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        for task in (self._heartbeat, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         while self._writing is not None and not self._writing.done():
             await asyncio.shield(self._writing)
         if self._state is not StoreState.CORRUPT:
@@ -535,24 +460,3 @@ async def _close_quietly(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) 
     if conn is not None:
         with contextlib.suppress(psycopg.Error, OSError):
             await conn.close()
-
-
-def _row(row: Sequence[Any]) -> Record:
-    agent, seq, kind, call_id, root, parent, time, name, arguments, content, error, code, spill = (
-        row
-    )
-    return Record(
-        kind=str(kind),
-        agent=str(agent),
-        call_id=str(call_id),
-        root_call_id=str(root),
-        parent_call_id=str(parent),
-        name=str(name),
-        arguments_json=str(arguments),
-        content_json=str(content),
-        is_error=bool(error),
-        error_code=str(code),
-        time=float(time),
-        seq=int(seq),
-        spilled="" if spill is None else f"spill:{spill}",
-    )

@@ -179,3 +179,38 @@ class socket_closed_port:
 
     def __exit__(self, *_: object) -> None:
         return None
+
+
+async def test_a_watch_follows_records_another_registry_writes(pg_database: str) -> None:
+    here, there = PostgresHistory(pg_database), PostgresHistory(pg_database)
+    try:
+        first = await here.append(rec(TOOL_CALL, "before"))
+        seen: list[str] = []
+        following = asyncio.Event()
+
+        async def watch() -> None:
+            async for record in here.watch("agents/a", 0):
+                seen.append(record.call_id)
+                following.set()
+                if len(seen) == 7:
+                    return
+
+        task = asyncio.create_task(watch())
+        await asyncio.wait_for(following.wait(), 10)
+        # Written elsewhere, here, and both at once: the watch sees each once, in seq order.
+        await there.append(rec(TOOL_CALL, "there-1"))
+        await here.append(rec(TOOL_CALL, "here-1"))
+        await asyncio.gather(
+            there.append(rec(TOOL_CALL, "there-2")),
+            here.append(rec(TOOL_CALL, "here-2")),
+            there.append(rec(TOOL_CALL, "there-3")),
+        )
+        await there.append(rec(TOOL_CALL, "other", agent="agents/b"))
+        await there.append(rec(TOOL_CALL, "there-4"))  # only a notification tells of it
+        await asyncio.wait_for(task, 30)
+        listed = await everything(there)
+        assert seen == [r.call_id for r in listed] and len(seen) == 7
+        assert listed[0].seq == first.seq
+    finally:
+        await here.close()
+        await there.close()
