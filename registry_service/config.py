@@ -94,10 +94,16 @@ class RegistrySettings(ServiceSettings):
     policy_rules: Path | None = None
     """Optional YAML rules file applied as the embedded pre-execute policy."""
     presets: list[PresetSetting] = Field(default_factory=list)
-    """Presets created at start (agents and presets are otherwise held in memory only, so
-    declaring them here brings them back after a restart)."""
+    """Presets declared at start. Presets and agents created over the API are stored with the
+    history and come back after a restart too; one declared here and stored keeps its stored
+    identity and restrictions, and what it declares here (parent, mode, code_language,
+    self_modification, where given) wins over what is stored. Removing an entry does not
+    delete the stored scope (DeletePreset/DeleteAgent does)."""
     agents: list[AgentSetting] = Field(default_factory=list)
-    """Agents created at start, after `presets`."""
+    """Agents declared at start, after `presets` (merged with the stored ones as presets)."""
+    delete_history_with_agent: bool = False
+    """Delete an agent's history with the agent (DeleteAgent). Off: the history stays,
+    readable by the agent's `agent_id` only (a re-created name starts an empty history)."""
     plugins: list[str] = Field(default_factory=list)
     """`module:function` entries called with the Registry at start (in-process tools, hooks)."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)

@@ -101,6 +101,7 @@ def agent_to_proto(agent: catalog.Agent, scopes: catalog.Catalog) -> scope_pb2.A
         effective_code_language=scopes.language_for(agent.name),
         self_modification=scopes.declared_self_modification(agent.name),
         effective_self_modification=scopes.self_modification_for(agent.name),
+        agent_id=agent.agent_id,
     )
 
 
@@ -296,4 +297,5 @@ def record_to_proto(record: Record) -> history_pb2.HistoryRecord:
         error_code=record.error_code,
         time=_timestamp(record.time),
         spill_locator=record.spilled,
+        agent_id=record.agent_id,
     )

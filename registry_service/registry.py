@@ -37,11 +37,12 @@ from registry_service.domain.tools import (
     ToolDefinition,
 )
 from registry_service.history import build, records
+from registry_service.history.catalog_store import CatalogStore
 from registry_service.history.health import Report, keep_reporting
 from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
-from registry_service.history.stores import StoreOptions, open_cordis_state, open_store
+from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
@@ -68,8 +69,23 @@ class Registry:
     transport: RunCodeTransport
     runtime: RuntimePort | None
     cordis: Cordis
+    catalog_store: CatalogStore
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def restore_catalog(self) -> None:
+        """At start, before any call: the stored presets and agents join the settings' ones.
+        A store that cannot be read leaves the settings' scopes only (logged): it reports
+        itself unavailable or damaged through the health service meanwhile."""
+        try:
+            snapshot = await self.catalog_store.load()
+        except CodemodeError as exc:
+            log.error("catalog: cannot load the stored presets and agents: %s", exc.message)
+            return
+        try:
+            await self.catalog.restore(snapshot)
+        except CodemodeError as exc:
+            log.error("catalog: cannot store the settings' presets and agents: %s", exc.message)
 
     async def close_interrupted(self) -> None:
         """At start, before any call: closes the calls a crash left open in the history."""
@@ -154,7 +170,7 @@ class Registry:
         return defn
 
 
-def _open_history(settings: RegistrySettings) -> HistoryStore:
+def _open_stores(settings: RegistrySettings) -> Stores:
     try:
         return open_store(settings.history_store, _store_options(settings))
     except StoreOpenError as exc:
@@ -227,6 +243,7 @@ def _outer(
     return build.record(
         kind,
         agent=inp.agent or "",
+        agent_id=inp.agent_id,
         call_id=inp.call_id,
         root_call_id=inp.root_call_id or inp.call_id,
         parent_call_id="",
@@ -264,11 +281,15 @@ def build_registry(
         output_schema=RUN_CODE_OUTPUT_SCHEMA,
         body=run_code_body,
     )
+    stores = _open_stores(settings)
+    history = stores.history
     catalog = Catalog(
         settings.default_mode,
         run_code,
         settings.default_code_language(),
         default_self_modification=settings.self_modification,
+        store=stores.catalog,
+        delete_history_with_agent=settings.delete_history_with_agent,
     )
     presentation = PresentationConfig(
         runtime_languages=tuple(settings.runtime_languages),
@@ -278,7 +299,6 @@ def build_registry(
     approvals = ApprovalBroker()
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
     executor = Executor(catalog, approvals, telemetry, settings.json_limits())
-    history = _open_history(settings)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     transport = RunCodeTransport(
         executor,
@@ -302,6 +322,7 @@ def build_registry(
         transport=transport,
         runtime=runtime,
         cordis=_cordis(catalog, plugin_hosts or _plugin_hosts(runtime), history, settings),
+        catalog_store=stores.catalog,
         telemetry=telemetry,
     )
     _declare_scopes(catalog, settings)
@@ -317,17 +338,18 @@ def build_registry(
 
 
 def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:
-    """Creates the configured presets, then agents (a bad entry stops the start)."""
+    """Declares the configured presets, then agents (a bad entry stops the start); the stored
+    ones join them at start (`Registry.restore_catalog`)."""
     try:
         for preset in settings.presets:
-            catalog.create_preset(
+            catalog.declare_preset(
                 preset.id, preset.mode, preset.code_language, preset.self_modification
             )
         for agent in settings.agents:
             parent = agent.preset
             if parent and not parent.startswith("presets/"):
                 parent = f"presets/{parent}"
-            catalog.create_agent(
+            catalog.declare_agent(
                 agent.id, parent, agent.mode, agent.code_language, agent.self_modification
             )
     except CodemodeError as exc:

@@ -63,7 +63,8 @@ async def start(
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
     servicer = RegistryServicer(registry)
-    await registry.close_interrupted()  # before the first call can start
+    await registry.restore_catalog()  # before the first call can start
+    await registry.close_interrupted()
     add_service(
         server, servicer, registry_service_pb2.DESCRIPTOR.services_by_name["RegistryService"]
     )

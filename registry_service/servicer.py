@@ -84,7 +84,9 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.preset.mode, allow_unspecified=True)
         language = request.preset.code_language or None
         self_modification = convert.optional_bool(request.preset, "self_modification")
-        preset = self._catalog.create_preset(request.preset_id, mode, language, self_modification)
+        preset = await self._catalog.create_preset(
+            request.preset_id, mode, language, self_modification
+        )
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
 
     @unary
@@ -106,7 +108,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def DeletePreset(
         self, request: rpb.DeletePresetRequest, context: Context
     ) -> rpb.DeletePresetResponse:
-        self._catalog.delete_preset(request.name, force=request.force)
+        await self._catalog.delete_preset(request.name, force=request.force)
         return rpb.DeletePresetResponse()
 
     @unary
@@ -116,7 +118,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.agent.mode, allow_unspecified=True)
         language = request.agent.code_language or None
         self_modification = convert.optional_bool(request.agent, "self_modification")
-        agent = self._catalog.create_agent(
+        agent = await self._catalog.create_agent(
             request.agent_id, request.agent.preset, mode, language, self_modification
         )
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))
@@ -140,7 +142,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def DeleteAgent(
         self, request: rpb.DeleteAgentRequest, context: Context
     ) -> rpb.DeleteAgentResponse:
-        self._catalog.delete_agent(request.name)
+        await self._catalog.delete_agent(request.name)
         return rpb.DeleteAgentResponse()
 
     # -- modes, restrictions, listing --------------------------------------------------------
@@ -151,7 +153,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     ) -> rpb.SetPresentationModeResponse:
         mode = convert.mode_from_proto(request.mode, allow_unspecified=False)
         assert mode is not None
-        self._catalog.set_mode(request.scope, mode)
+        await self._catalog.set_mode(request.scope, mode)
         return rpb.SetPresentationModeResponse()
 
     @unary
@@ -166,7 +168,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 field="allow_none",
             )
         allow: list[str] | None = [] if request.allow_none else list(request.allow) or None
-        restriction_id = self._catalog.add_restriction(
+        restriction_id = await self._catalog.add_restriction(
             request.scope, allow, list(request.deny) or None
         )
         return rpb.AddRestrictionResponse(restriction_id=restriction_id)
@@ -175,7 +177,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def RemoveRestriction(
         self, request: rpb.RemoveRestrictionRequest, context: Context
     ) -> rpb.RemoveRestrictionResponse:
-        self._catalog.remove_restriction(request.scope, request.restriction_id)
+        await self._catalog.remove_restriction(request.scope, request.restriction_id)
         return rpb.RemoveRestrictionResponse()
 
     @unary
@@ -199,8 +201,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.ExecuteToolCallRequest, context: Context
     ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
         agent = request.agent or None
-        if agent is not None:
-            self._catalog.get_agent(agent)
+        agent_id = self._catalog.get_agent(agent).agent_id if agent is not None else ""
         if not request.call_id:
             raise invalid_argument("MISSING_CALL_ID", "call_id is required", field="call_id")
         if not request.tool_name:
@@ -237,6 +238,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             arguments_json=arguments_json,
             signal=controller.signal,
             agent=agent,
+            agent_id=agent_id,
             deadline=None if remaining is None else loop.time() + remaining,
         )
         self._inflight.add(key)
@@ -300,13 +302,13 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def ListHistory(
         self, request: rpb.ListHistoryRequest, context: Context
     ) -> rpb.ListHistoryResponse:
-        self._catalog.get_agent(request.agent)
+        agent_id = self._catalog.history_key(request.agent, request.agent_id)
         if request.page_size < 0:
             raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
         size = min(request.page_size or 100, 1000)
         after = _history_cursor(request.page_token)
         page = await self._registry.history.list(
-            request.agent, after_seq=after, limit=size + 1, call_id=request.call_id
+            agent_id, after_seq=after, limit=size + 1, call_id=request.call_id
         )
         token = str(page[size - 1].seq) if len(page) > size else ""
         return rpb.ListHistoryResponse(
@@ -317,12 +319,12 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def WatchHistory(
         self, request: rpb.WatchHistoryRequest, context: Context
     ) -> AsyncIterator[rpb.WatchHistoryResponse]:
-        self._catalog.get_agent(request.agent)
+        agent_id = self._catalog.history_key(request.agent, request.agent_id)
         if request.after_seq < 0:
             raise invalid_argument(
                 "INVALID_AFTER_SEQ", "after_seq must not be negative", field="after_seq"
             )
-        async for record in self._registry.history.watch(request.agent, request.after_seq):
+        async for record in self._registry.history.watch(agent_id, request.after_seq):
             yield rpb.WatchHistoryResponse(record=convert.record_to_proto(record))
         if self._draining:
             raise _SHUTTING_DOWN  # the watch was ended by `drain`, not by the history
@@ -331,17 +333,18 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def GetRecordContent(
         self, request: rpb.GetRecordContentRequest, context: Context
     ) -> rpb.GetRecordContentResponse:
-        self._catalog.get_agent(request.agent)
+        agent_id = self._catalog.history_key(request.agent, request.agent_id)
         history = self._registry.history
         # No record has a seq <= 0; asking SQLite for one could overflow its integer range.
         found = (
-            await history.list(request.agent, after_seq=request.seq - 1, limit=1)
+            await history.list(agent_id, after_seq=request.seq - 1, limit=1)
             if request.seq > 0
             else []
         )
         if not found or found[0].seq != request.seq:
             raise not_found(
-                "RECORD_NOT_FOUND", f"{request.agent} has no history record {request.seq}"
+                "RECORD_NOT_FOUND",
+                f"{request.agent or request.agent_id} has no history record {request.seq}",
             )
         record = found[0]
         content = record.content_json

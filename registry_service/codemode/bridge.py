@@ -326,6 +326,7 @@ class _Run(RunHooks):
                 arguments_json=arguments_json,
                 signal=self.controller.signal,
                 agent=self.outer.agent,
+                agent_id=self.outer.agent_id,
                 parent=verified,
                 deadline=self.outer.deadline,
                 traceparent=traceparent,
@@ -420,6 +421,7 @@ class _Run(RunHooks):
         return build.record(
             kind,
             agent=self.outer.agent or "",
+            agent_id=self.outer.agent_id,
             call_id=call.sub_call_id,
             root_call_id=self.outer.root_call_id,
             parent_call_id=self.outer.call_id,

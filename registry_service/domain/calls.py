@@ -31,6 +31,7 @@ class ExecutionInput:
     arguments: object
     signal: AbortSignal
     agent: str | None = None
+    agent_id: str = ""  # the agent's stable identity (its history's key); "" without an agent
     root_call_id: str | None = None
     parent: object | None = None  # the run_code parent token; set only for nested calls
     deadline: float | None = None
@@ -59,6 +60,7 @@ class Execution:
     traceparent: str
     tracestate: str
     trace: CallTrace = NO_TRACE
+    agent_id: str = ""
 
     @property
     def scope(self) -> str:

@@ -4,15 +4,22 @@ One traversal (`view`) feeds listing, presentation and execution, so what the mo
 what the executor accepts cannot drift apart (reference §1.3). Every registration lives in the
 layer of the scope it was made in; deleting the scope drops the layer, which revokes exactly what
 it held.
+
+Presets, agents, their declarations and restrictions are durable: every change is emitted as
+change records through the catalog's port (`catalog_changes.CatalogPort`) and written before the
+catalog changes itself, so a failed write leaves it as it was and answers the call with the
+store's error. Tools and hooks are not stored (their providers and plugins bring them back).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import bisect
-import itertools
+import logging
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from codemode_wire.errors import (
@@ -20,6 +27,19 @@ from codemode_wire.errors import (
     failed_precondition,
     invalid_argument,
     not_found,
+)
+from registry_service.domain.catalog_changes import (
+    CatalogChange,
+    CatalogPort,
+    CatalogSnapshot,
+    DeleteHistory,
+    DeleteRestriction,
+    DeleteScope,
+    InMemory,
+    PutRestriction,
+    PutScope,
+    RestrictionRow,
+    ScopeRow,
 )
 from registry_service.domain.policy import Guard, PolicyHooks
 from registry_service.domain.scopes import (
@@ -32,8 +52,21 @@ from registry_service.domain.scopes import (
 )
 from registry_service.domain.tools import RUN_CODE, ToolDefinition, validate_definition
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
+
+
+def new_agent_id() -> str:
+    """A random 128-bit id: never reused, across restarts and deletes, with no counter to keep."""
+    return uuid.uuid4().hex
+
+
+def new_restriction_id() -> str:
+    """`r` and 64 random bits: a removed restriction's id is not handed out again (a client
+    holding it cannot remove another restriction by mistake), with no counter to keep."""
+    return f"r{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +101,7 @@ class Agent:
     name: str
     preset: str  # "" when unparented
     create_time: float
+    agent_id: str  # the stable identity that keys the agent's history (never reused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +135,21 @@ class Catalog:
         default_language: str = "python",
         *,
         default_self_modification: bool = False,
+        store: CatalogPort | None = None,
+        delete_history_with_agent: bool = False,
     ) -> None:
+        """`store` writes every change before the catalog makes it (none: memory only);
+        `delete_history_with_agent` deletes an agent's history with it (else it stays
+        readable by the agent's id)."""
         self.default_mode = default_mode
+        self._store: CatalogPort = store or InMemory()
+        self._delete_history_with_agent = delete_history_with_agent
+        # One change at a time: a change is checked, written, then made, with no other change
+        # in between (the write may wait on the store).
+        self._writing = asyncio.Lock()
+        # Scopes declared by the settings, as declared (merged over the stored ones by
+        # `restore`), and ids of history kept under names before agents had ids.
+        self._declared: dict[str, ScopeRow] = {}
         self.default_self_modification = default_self_modification
         # The seven Cordis tools (installed once by the registry): visible wherever
         # self-modification is in force, as if inherited from an overlay below the global layer.
@@ -115,7 +162,6 @@ class Catalog:
         self._layers: dict[str, Layer] = {GLOBAL: Layer()}
         self._presets: dict[str, Preset] = {}
         self._agents: dict[str, Agent] = {}
-        self._restriction_ids = itertools.count(1)
         self._listeners: list[Callable[[], None]] = []
         # Bumped on every change that can alter any scope's view: a cheap cache key.
         self.version = 0
@@ -148,35 +194,30 @@ class Catalog:
 
     # -- resources -----------------------------------------------------------------------------
 
-    def create_preset(
-        self,
-        preset_id: str,
-        mode: Mode | None,
-        language: str | None = None,
-        self_modification: bool | None = None,
-    ) -> Preset:
+    async def _write(self, changes: Sequence[CatalogChange]) -> None:
+        await self._store.apply(changes)
+
+    def _new_preset(
+        self, preset_id: str, mode: Mode | None, language: str | None, self_mod: bool | None
+    ) -> ScopeRow:
+        """The row of a preset that may be created now (raises when it may not)."""
         check_id("preset", preset_id)
         if language is not None:
             check_language(language)
         name = f"presets/{preset_id}"
         if name in self._presets:
             raise already_exists("PRESET_EXISTS", f"preset {name!r} already exists", preset=name)
-        preset = Preset(name=name, create_time=time.time())
-        self._presets[name] = preset
-        self._layers[name] = Layer(
-            mode=mode, language=language, self_modification=self_modification
-        )
-        self._changed()
-        return preset
+        return ScopeRow(name, time.time(), mode, language, self_mod)
 
-    def create_agent(
+    def _new_agent(
         self,
         agent_id: str,
         preset: str,
         mode: Mode | None,
-        language: str | None = None,
-        self_modification: bool | None = None,
-    ) -> Agent:
+        language: str | None,
+        self_mod: bool | None,
+    ) -> ScopeRow:
+        """The row of an agent that may be created now, with a new id (raises when it may not)."""
         check_id("agent", agent_id)
         if language is not None:
             check_language(language)
@@ -186,13 +227,136 @@ class Catalog:
             self.get_preset(preset)
         if name in self._agents:
             raise already_exists("AGENT_EXISTS", f"agent {name!r} already exists", agent=name)
-        agent = Agent(name=name, preset=preset, create_time=time.time())
-        self._agents[name] = agent
-        self._layers[name] = Layer(
-            mode=mode, language=language, self_modification=self_modification
+        return ScopeRow(name, time.time(), mode, language, self_mod, preset, new_agent_id())
+
+    def _put(self, row: ScopeRow) -> None:
+        """Makes the scope `row` describes (a new layer), or updates it in place (its tools,
+        restrictions and hooks stay)."""
+        if row.is_agent:
+            self._agents[row.name] = Agent(row.name, row.preset, row.create_time, row.agent_id)
+        else:
+            self._presets[row.name] = Preset(row.name, row.create_time)
+        layer = self._layers.setdefault(row.name, Layer())
+        layer.mode = row.mode
+        layer.language = row.language
+        layer.self_modification = row.self_modification
+
+    def row(self, name: str) -> ScopeRow:
+        """The stored form of an existing preset or agent."""
+        layer = self._layers[name]
+        agent = self._agents.get(name)
+        return ScopeRow(
+            name=name,
+            create_time=agent.create_time if agent else self._presets[name].create_time,
+            mode=layer.mode,
+            language=layer.language,
+            self_modification=layer.self_modification,
+            preset=agent.preset if agent else "",
+            agent_id=agent.agent_id if agent else "",
         )
+
+    async def create_preset(
+        self,
+        preset_id: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
+    ) -> Preset:
+        async with self._writing:
+            row = self._new_preset(preset_id, mode, language, self_modification)
+            await self._write([PutScope(row)])
+            self._put(row)
+            self._changed()
+            return self._presets[row.name]
+
+    async def create_agent(
+        self,
+        agent_id: str,
+        preset: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
+    ) -> Agent:
+        async with self._writing:
+            row = self._new_agent(agent_id, preset, mode, language, self_modification)
+            await self._write([PutScope(row)])
+            self._put(row)
+            self._changed()
+            return self._agents[row.name]
+
+    # -- settings-declared scopes and the stored catalog ---------------------------------------
+
+    def declare_preset(
+        self,
+        preset_id: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
+    ) -> Preset:
+        """A preset the settings declare: made now, in memory (`restore` merges it with the
+        stored one and stores the result)."""
+        row = self._new_preset(preset_id, mode, language, self_modification)
+        self._declared[row.name] = row
+        self._put(row)
         self._changed()
-        return agent
+        return self._presets[row.name]
+
+    def declare_agent(
+        self,
+        agent_id: str,
+        preset: str,
+        mode: Mode | None,
+        language: str | None = None,
+        self_modification: bool | None = None,
+    ) -> Agent:
+        """An agent the settings declare: made now, in memory, as `declare_preset`."""
+        row = self._new_agent(agent_id, preset, mode, language, self_modification)
+        self._declared[row.name] = row
+        self._put(row)
+        self._changed()
+        return self._agents[row.name]
+
+    async def restore(self, snapshot: CatalogSnapshot) -> None:
+        """At start, before any call: adds the stored presets, agents and restrictions.
+
+        A scope the settings also declare keeps its stored identity (agent id, creation time,
+        restrictions); the settings win for what they declare: the parent preset always, the
+        mode, language and self-modification when they give one (else the stored declaration,
+        e.g. a mode set over the API, stays). A settings-declared agent that is not stored
+        takes over the history kept under its name before agents had ids. What the merge
+        changed is stored in one transaction."""
+        async with self._writing:
+            writes: list[CatalogChange] = []
+            stored = {row.name for row in snapshot.scopes}
+            for row in snapshot.scopes:
+                declared = self._declared.get(row.name)
+                merged = row if declared is None else _merge(row, declared)
+                if merged.preset and merged.preset not in self._presets:
+                    log.error("catalog: %s names a missing preset %s", row.name, merged.preset)
+                    merged = replace(merged, preset="")
+                if merged != row:
+                    writes.append(PutScope(merged))
+                self._put(merged)
+            for name in self._declared:
+                if name in stored:
+                    continue
+                row = self.row(name)
+                legacy = snapshot.legacy_agents.get(name)
+                if legacy:
+                    row = replace(row, agent_id=legacy)
+                    self._put(row)
+                writes.append(PutScope(row))
+            for restriction in snapshot.restrictions:
+                layer = self._layers.get(restriction.scope)
+                if layer is None:
+                    log.error("catalog: restriction %s of a missing scope", restriction)
+                    continue
+                allow = None if restriction.allow is None else frozenset(restriction.allow)
+                deny = None if restriction.deny is None else frozenset(restriction.deny)
+                layer.restrictions[restriction.restriction_id] = Restriction(allow, deny)
+            self._changed()
+            if writes:
+                await self._write(writes)
 
     def get_preset(self, name: str) -> Preset:
         parse_name(name, allow=("presets",))
@@ -216,31 +380,59 @@ class Catalog:
         page = _paginate(sorted(self._agents), page_size, page_token, "agents/")
         return [self._agents[n] for n in page.items], page.next_page_token
 
-    def delete_preset(self, name: str, *, force: bool = False) -> None:
+    async def delete_preset(self, name: str, *, force: bool = False) -> None:
         """Removes the preset and everything it declared. Its agents, if `force` allows it,
         are unparented: the deployment default applies to them again."""
-        self.get_preset(name)
-        users = sorted(a.name for a in self._agents.values() if a.preset == name)
-        if users and not force:
-            raise failed_precondition(
-                "PRESET_IN_USE",
-                f"preset {name!r} still has agents parented under it: {', '.join(users)} "
-                "(delete with force to unparent them)",
-                preset=name,
-            )
-        for agent in users:
-            self._agents[agent] = replace(self._agents[agent], preset="")
-        del self._presets[name]
-        del self._layers[name]
-        self._changed()
+        async with self._writing:
+            self.get_preset(name)
+            users = sorted(a.name for a in self._agents.values() if a.preset == name)
+            if users and not force:
+                raise failed_precondition(
+                    "PRESET_IN_USE",
+                    f"preset {name!r} still has agents parented under it: {', '.join(users)} "
+                    "(delete with force to unparent them)",
+                    preset=name,
+                )
+            unparented = [replace(self.row(agent), preset="") for agent in users]
+            await self._write([*map(PutScope, unparented), DeleteScope(name)])
+            for row in unparented:
+                self._put(row)
+            del self._presets[name]
+            del self._layers[name]
+            self._changed()
         self._deleted(name)
 
-    def delete_agent(self, name: str) -> None:
-        self.get_agent(name)
-        del self._agents[name]
-        del self._layers[name]
-        self._changed()
+    async def delete_agent(self, name: str) -> None:
+        """Removes the agent and everything it declared. Its history stays, readable by its
+        id, unless the catalog deletes histories with their agents."""
+        async with self._writing:
+            agent = self.get_agent(name)
+            changes: list[CatalogChange] = [DeleteScope(name)]
+            if self._delete_history_with_agent:
+                changes.append(DeleteHistory(agent.agent_id))
+            await self._write(changes)
+            del self._agents[name]
+            del self._layers[name]
+            self._changed()
+        if not self._delete_history_with_agent:
+            log.info("agent %s deleted; its history stays under agent_id %s", name, agent.agent_id)
         self._deleted(name)
+
+    def history_key(self, agent: str, agent_id: str) -> str:
+        """The agent id whose history a request reads: `agent_id` when given (an operator
+        reading a deleted agent's history; it must match `agent` when both are), else the id
+        of the existing agent `agent`."""
+        if agent_id and not agent:
+            return agent_id
+        current = self.get_agent(agent).agent_id
+        if agent_id and agent_id != current:
+            raise invalid_argument(
+                "AGENT_ID_MISMATCH",
+                f"agent_id {agent_id!r} is not the id of {agent!r} (leave agent empty to read "
+                "a deleted agent's history by its id)",
+                field="agent_id",
+            )
+        return current
 
     def require_scope(self, scope: str, *, allow_global: bool = True) -> str:
         """Validates that `scope` names an existing scope."""
@@ -256,7 +448,11 @@ class Catalog:
     def declared_mode(self, scope: str) -> Mode | None:
         return self._layers[scope].mode
 
-    def set_mode(self, scope: str, mode: Mode) -> None:
+    async def set_mode(self, scope: str, mode: Mode) -> None:
+        async with self._writing:
+            await self._set_mode(scope, mode)
+
+    async def _set_mode(self, scope: str, mode: Mode) -> None:
         self.require_scope(scope, allow_global=False)
         layer = self._layers[scope]
         if layer.mode is not None:
@@ -266,6 +462,7 @@ class Catalog:
                 "declared for this scope; one scope selects one presentation",
                 scope=scope,
             )
+        await self._write([PutScope(replace(self.row(scope), mode=mode))])
         layer.mode = mode
         self._changed()
 
@@ -347,7 +544,13 @@ class Catalog:
         self._changed()
         return True
 
-    def add_restriction(
+    async def add_restriction(
+        self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
+    ) -> str:
+        async with self._writing:
+            return await self._add_restriction(scope, allow, deny)
+
+    async def _add_restriction(
         self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
     ) -> str:
         self.require_scope(scope, allow_global=False)
@@ -374,23 +577,33 @@ class Catalog:
                 f"restriction names unknown inherited tool(s) {listed}; known inherited "
                 f"tools: {known}",
             )
-        restriction_id = f"r{next(self._restriction_ids)}"
+        restriction_id = new_restriction_id()
+        await self._write(
+            [
+                PutRestriction(
+                    RestrictionRow(scope, restriction_id, _sorted(allow_set), _sorted(deny_set))
+                )
+            ]
+        )
         self._layers[scope].restrictions[restriction_id] = Restriction(allow_set, deny_set)
         self._changed()
         return restriction_id
 
-    def remove_restriction(self, scope: str, restriction_id: str) -> None:
-        self.require_scope(scope, allow_global=False)
-        if not restriction_id:
-            raise invalid_argument(
-                "MISSING_RESTRICTION_ID", "restriction_id is required", field="restriction_id"
-            )
-        if self._layers[scope].restrictions.pop(restriction_id, None) is None:
-            raise not_found(
-                "RESTRICTION_NOT_FOUND",
-                f"restriction {restriction_id!r} does not exist in {scope!r}",
-            )
-        self._changed()
+    async def remove_restriction(self, scope: str, restriction_id: str) -> None:
+        async with self._writing:
+            self.require_scope(scope, allow_global=False)
+            if not restriction_id:
+                raise invalid_argument(
+                    "MISSING_RESTRICTION_ID", "restriction_id is required", field="restriction_id"
+                )
+            if restriction_id not in self._layers[scope].restrictions:
+                raise not_found(
+                    "RESTRICTION_NOT_FOUND",
+                    f"restriction {restriction_id!r} does not exist in {scope!r}",
+                )
+            await self._write([DeleteRestriction(scope, restriction_id)])
+            del self._layers[scope].restrictions[restriction_id]
+            self._changed()
 
     # -- policy hooks --------------------------------------------------------------------------
 
@@ -463,6 +676,25 @@ class Catalog:
         if self.collapses(name, scope, nested):
             return None
         return self.get(name, scope)
+
+
+def _merge(stored: ScopeRow, declared: ScopeRow) -> ScopeRow:
+    """A settings-declared scope over its stored row (see `Catalog.restore`)."""
+    return replace(
+        stored,
+        preset=declared.preset,
+        mode=declared.mode if declared.mode is not None else stored.mode,
+        language=declared.language if declared.language is not None else stored.language,
+        self_modification=(
+            declared.self_modification
+            if declared.self_modification is not None
+            else stored.self_modification
+        ),
+    )
+
+
+def _sorted(names: frozenset[str] | None) -> tuple[str, ...] | None:
+    return None if names is None else tuple(sorted(names))
 
 
 def _paginate(names: list[str], page_size: int, page_token: str, collection: str) -> Page:

@@ -35,6 +35,7 @@ class Invocation:
     deadline: float | None  # event-loop time, or None
     traceparent: str = ""
     tracestate: str = ""
+    agent_id: str = ""  # the agent's stable identity (the key of its history)
     # Progress events for the caller's stream (used by run_code for nested-call events).
     emit: Callable[[Any], None] = lambda _event: None
 

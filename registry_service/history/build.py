@@ -56,6 +56,7 @@ def record(
     kind: str,
     *,
     agent: str,
+    agent_id: str,
     call_id: str,
     root_call_id: str,
     parent_call_id: str,
@@ -66,6 +67,7 @@ def record(
     return Record(
         kind=kind,
         agent=agent,
+        agent_id=agent_id,
         call_id=call_id,
         root_call_id=root_call_id,
         parent_call_id=parent_call_id,
@@ -79,7 +81,13 @@ def record(
 
 
 def agent_message(
-    kind: str, *, agent: str, source: str, text: str, metadata: dict[str, JsonValue]
+    kind: str,
+    *,
+    agent: str,
+    agent_id: str,
+    source: str,
+    text: str,
+    metadata: dict[str, JsonValue],
 ) -> Record:
     """An `agent/steer` or `agent/inject` record: `text` for the agent, written by `source`.
 
@@ -89,6 +97,7 @@ def agent_message(
     return record(
         kind,
         agent=agent,
+        agent_id=agent_id,
         call_id=call_id,
         root_call_id=call_id,
         parent_call_id="",
@@ -106,6 +115,7 @@ def interrupted(start: Record, why: str) -> Record:
     return record(
         END_OF.get(start.kind, start.kind),
         agent=start.agent,
+        agent_id=start.agent_id,
         call_id=start.call_id,
         root_call_id=start.root_call_id,
         parent_call_id=start.parent_call_id,

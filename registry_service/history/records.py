@@ -31,7 +31,7 @@ class Record:
     blocks), or a spill preview when the content was larger than the inline limit."""
 
     kind: str
-    agent: str
+    agent: str  # the agent's name, `agents/{id}` (shown; a re-created name has a new id)
     call_id: str  # the outer call id, or the sub-call id for nested records
     root_call_id: str
     parent_call_id: str  # "" for outer records
@@ -43,3 +43,5 @@ class Record:
     time: float = 0.0
     seq: int = 0  # assigned by the store, strictly increasing
     spilled: str = ""  # locator of the full content when spilled
+    # The agent's stable identity: the key of its history (`list`, `watch`, calls left open).
+    agent_id: str = ""

@@ -25,6 +25,8 @@ from codemode_wire.errors import CodemodeError
 from registry_service.history import build
 from registry_service.history.build import content_preview
 from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.sqlite_catalog import SqliteCatalog
+from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
     StoreOpenError,
     StoreState,
@@ -34,45 +36,13 @@ from registry_service.history.store import (
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  agent TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  call_id TEXT NOT NULL,
-  root_call_id TEXT NOT NULL,
-  parent_call_id TEXT NOT NULL,
-  time REAL NOT NULL,
-  body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_agent ON records (agent, seq);
-CREATE INDEX IF NOT EXISTS records_call ON records (agent, call_id);
-CREATE INDEX IF NOT EXISTS records_root ON records (agent, root_call_id);
-CREATE TABLE IF NOT EXISTS spills (id INTEGER PRIMARY KEY AUTOINCREMENT, content TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS open_calls (
-  seq INTEGER PRIMARY KEY,
-  agent TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  call_id TEXT NOT NULL,
-  root_call_id TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS open_calls_call ON open_calls (agent, call_id);
-CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL);
-"""
-_VERSION = 1  # PRAGMA user_version: 1 added open_calls (filled from the records once)
-_FILL_OPEN_CALLS = """
-INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id)
-SELECT s.seq, s.agent, s.kind, s.call_id, s.root_call_id FROM records s
-WHERE s.kind IN ('tool/call', 'tool/code-dispatch-start') AND NOT EXISTS (
-  SELECT 1 FROM records e WHERE e.agent = s.agent AND e.call_id = s.call_id AND e.seq > s.seq
-  AND e.kind = CASE s.kind WHEN 'tool/call' THEN 'tool/result' ELSE 'tool/code-dispatch' END)
-"""
 # The oldest open call an end record closes (a call id may be reused after its call ended).
 _CLOSE_OPEN_CALL = (
     "DELETE FROM open_calls WHERE seq = (SELECT seq FROM open_calls"
-    " WHERE agent = ? AND call_id = ? AND kind = ? ORDER BY seq LIMIT 1)"
+    " WHERE agent_id = ? AND call_id = ? AND kind = ? ORDER BY seq LIMIT 1)"
 )
 _START_OF = {end: start for start, end in END_OF.items()}
+_COLUMNS = "seq, agent, kind, call_id, root_call_id, parent_call_id, time, body, agent_id"
 _BODY_FIELDS = ("name", "arguments_json", "content_json", "is_error", "error_code", "spilled")
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
@@ -84,7 +54,7 @@ class SqliteHistory:
         self._batch: list[tuple[Record, asyncio.Future[Record]]] = []
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
-        # Live watches by agent; None in a queue ends that watch (shutdown).
+        # Live watches by agent id; None in a queue ends that watch (shutdown).
         self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
         self._state = StoreState.OK
         self._state_waiters: list[asyncio.Future[None]] = []
@@ -109,13 +79,13 @@ class SqliteHistory:
         [(verdict,)] = db.execute("PRAGMA quick_check(1)").fetchall()
         if verdict != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed: {verdict}")
-        db.executescript(_SCHEMA)
-        if db.execute("PRAGMA user_version").fetchone()[0] < _VERSION:
-            db.execute("BEGIN")
-            db.execute("DELETE FROM open_calls")
-            db.execute(_FILL_OPEN_CALLS)
-            db.execute(f"PRAGMA user_version = {_VERSION}")
-            db.execute("COMMIT")
+        applied = migrate(db)
+        if applied:
+            log.info("history database %s: applied migrations %s", self._path, applied)
+
+    def catalog(self) -> SqliteCatalog:
+        """The catalog store on this database (and this connection: see sqlite_catalog)."""
+        return SqliteCatalog(self._db, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -230,7 +200,7 @@ class SqliteHistory:
         self._owed = []
         self._set_state(StoreState.OK)
         for record in stored:
-            for queue in self._watchers.get(record.agent, ()):
+            for queue in self._watchers.get(record.agent_id, ()):
                 queue.put_nowait(record)
         return stored
 
@@ -238,10 +208,10 @@ class SqliteHistory:
         """Remembers the calls a failed batch leaves open: an end record whose start was
         written earlier is owed as an interrupted end (its caller saw the failure, not the
         result), so the call is closed once writes work again."""
-        starts = {(r.agent, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
         for record in failed:
             start = _START_OF.get(record.kind)
-            if start is None or (record.agent, record.call_id, start) in starts:
+            if start is None or (record.agent_id, record.call_id, start) in starts:
                 continue
             if record.is_error and record.error_code == INTERRUPTED:
                 self._owed.append(record)  # already an interrupted end: keep its reason
@@ -251,8 +221,8 @@ class SqliteHistory:
     def _insert_owed(self, record: Record) -> Record | None:
         # Only while its call is open: the failed end may have been written after all.
         if self._db.execute(
-            "SELECT 1 FROM open_calls WHERE agent = ? AND call_id = ? AND kind = ?",
-            (record.agent, record.call_id, _START_OF[record.kind]),
+            "SELECT 1 FROM open_calls WHERE agent_id = ? AND call_id = ? AND kind = ?",
+            (record.agent_id, record.call_id, _START_OF[record.kind]),
         ).fetchone():
             return self._insert(record)
         return None
@@ -270,8 +240,9 @@ class SqliteHistory:
             )
         body = json.dumps({f: getattr(record, f) for f in _BODY_FIELDS})
         cursor = self._db.execute(
-            "INSERT INTO records (agent, kind, call_id, root_call_id, parent_call_id, time, body)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO records"
+            " (agent, kind, call_id, root_call_id, parent_call_id, time, body, agent_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.agent,
                 record.kind,
@@ -280,25 +251,33 @@ class SqliteHistory:
                 record.parent_call_id,
                 record.time,
                 body,
+                record.agent_id,
             ),
         )
         seq = cursor.lastrowid
         assert seq is not None
         if record.kind in END_OF:
             self._db.execute(
-                "INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (seq, record.agent, record.kind, record.call_id, record.root_call_id),
+                "INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id, agent_id)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    seq,
+                    record.agent,
+                    record.kind,
+                    record.call_id,
+                    record.root_call_id,
+                    record.agent_id,
+                ),
             )
         elif (start := _START_OF.get(record.kind)) is not None:
-            self._db.execute(_CLOSE_OPEN_CALL, (record.agent, record.call_id, start))
+            self._db.execute(_CLOSE_OPEN_CALL, (record.agent_id, record.call_id, start))
         return dataclasses.replace(record, seq=seq)
 
     async def close_interrupted(self) -> Sequence[Record]:
         with self._reading():
             rows = self._db.execute(
                 "SELECT r.seq, r.agent, r.kind, r.call_id, r.root_call_id, r.parent_call_id,"
-                " r.time, r.body FROM open_calls o JOIN records r ON r.seq = o.seq"
+                " r.time, r.body, r.agent_id FROM open_calls o JOIN records r ON r.seq = o.seq"
                 " ORDER BY o.seq DESC"  # nested starts come after their outer call's
             ).fetchall()
         if not rows:
@@ -311,13 +290,10 @@ class SqliteHistory:
     # -- reads -----------------------------------------------------------------------------------
 
     async def list(
-        self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
+        self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
     ) -> Sequence[Record]:
-        query = (
-            "SELECT seq, agent, kind, call_id, root_call_id, parent_call_id, time, body"
-            " FROM records WHERE agent = ? AND seq > ?"
-        )
-        params: list[object] = [agent, after_seq]
+        query = f"SELECT {_COLUMNS} FROM records WHERE agent_id = ? AND seq > ?"
+        params: list[object] = [agent_id, after_seq]
         if call_id:
             query += " AND (call_id = ? OR root_call_id = ?)"
             params += [call_id, call_id]
@@ -325,13 +301,13 @@ class SqliteHistory:
             rows = self._db.execute(query + " ORDER BY seq LIMIT ?", [*params, limit]).fetchall()
         return [_row(row) for row in rows]
 
-    async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
+    async def watch(self, agent_id: str, after_seq: int) -> AsyncIterator[Record]:
         queue: asyncio.Queue[Record | None] = asyncio.Queue()
-        self._watchers.setdefault(agent, set()).add(queue)
+        self._watchers.setdefault(agent_id, set()).add(queue)
         try:
             last = after_seq
             while True:  # backlog first, in pages, then live records past the last one seen
-                page = await self.list(agent, after_seq=last, limit=500)
+                page = await self.list(agent_id, after_seq=last, limit=500)
                 for record in page:
                     last = record.seq
                     yield record
@@ -342,7 +318,7 @@ class SqliteHistory:
                     last = live.seq
                     yield live
         finally:
-            self._watchers[agent].discard(queue)
+            self._watchers[agent_id].discard(queue)
 
     def end_watches(self) -> None:
         for queues in self._watchers.values():
@@ -367,7 +343,7 @@ class SqliteHistory:
         left half there. At most `limit` calls at a time; returns how many were deleted."""
         with self._reading():
             roots = self._db.execute(
-                "SELECT agent, root_call_id FROM records GROUP BY agent, root_call_id"
+                "SELECT agent_id, root_call_id FROM records GROUP BY agent_id, root_call_id"
                 " HAVING MAX(time) < ? LIMIT ?",
                 (before, limit),
             ).fetchall()
@@ -376,18 +352,19 @@ class SqliteHistory:
         db = self._db
         try:
             db.execute("BEGIN")
-            for agent, root in roots:
-                where = "FROM records WHERE agent = ? AND root_call_id = ?"
+            for agent_id, root in roots:
+                where = "FROM records WHERE agent_id = ? AND root_call_id = ?"
                 db.execute(
                     "DELETE FROM spills WHERE id IN (SELECT CAST(substr("
                     "json_extract(body, '$.spilled'), 7) AS INTEGER) "
                     + where
                     + " AND json_extract(body, '$.spilled') LIKE 'spill:%')",
-                    (agent, root),
+                    (agent_id, root),
                 )
-                db.execute("DELETE " + where, (agent, root))
+                db.execute("DELETE " + where, (agent_id, root))
                 db.execute(
-                    "DELETE FROM open_calls WHERE agent = ? AND root_call_id = ?", (agent, root)
+                    "DELETE FROM open_calls WHERE agent_id = ? AND root_call_id = ?",
+                    (agent_id, root),
                 )
             db.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -413,7 +390,7 @@ def _is_corrupt(exc: BaseException) -> bool:
 
 
 def _row(row: tuple[object, ...]) -> Record:
-    seq, agent, kind, call_id, root, parent, time, body = row
+    seq, agent, kind, call_id, root, parent, time, body, agent_id = row
     fields = json.loads(str(body))
     return Record(
         kind=str(kind),
@@ -423,5 +400,6 @@ def _row(row: tuple[object, ...]) -> Record:
         parent_call_id=str(parent),
         time=float(time),  # type: ignore[arg-type]
         seq=int(seq),  # type: ignore[call-overload]
+        agent_id=str(agent_id),
         **fields,
     )

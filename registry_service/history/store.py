@@ -6,6 +6,8 @@ same protocol and must pass the same conformance suite (tests/registry/history).
 - Appends are batched and atomic: records submitted in one event-loop turn are written in one
   transaction, all or nothing. Every future of a failed batch fails at once with a
   `CodemodeError` (`HISTORY_UNAVAILABLE` or `HISTORY_CORRUPT`); none is left pending.
+- Records are keyed by `Record.agent_id` (the agent's stable identity, never reused): `list`,
+  `watch` and the calls left open are per agent id; `Record.agent` (the name) is only carried.
 - `seq` is strictly increasing per agent, in submission order; a page token is the last `seq`
   of the page before it.
 - A store failure moves `state` off `OK`; `UNAVAILABLE` recovers by itself (the next write that
@@ -78,14 +80,15 @@ class HistoryStore(Protocol):
         ...
 
     async def list(
-        self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
+        self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
     ) -> Sequence[Record]:
-        """One page of an agent's records in seq order, after `after_seq`; `call_id` matches
-        call or root call ids."""
+        """One page of an agent's records (by agent id) in seq order, after `after_seq`;
+        `call_id` matches call or root call ids."""
         ...
 
-    def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
-        """Existing records after `after_seq`, then live ones as they are appended."""
+    def watch(self, agent_id: str, after_seq: int) -> AsyncIterator[Record]:
+        """The agent's (by agent id) existing records after `after_seq`, then live ones as they
+        are appended."""
         ...
 
     def end_watches(self) -> None:

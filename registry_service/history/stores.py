@@ -1,5 +1,5 @@
-"""Opens the configured history store (`history_store` setting) by name, and the durable
-Cordis state that lives in the same database."""
+"""Opens the configured store (`history_store` setting) by name: a backend provides the history
+and the catalog on one database, and the durable Cordis state beside them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry_service.domain.cordis.durable import CordisStateStore
+from registry_service.history.catalog_store import CatalogStore
 from registry_service.history.cordis_state import SqliteCordisState
 from registry_service.history.postgres.connect import check_dsn
 from registry_service.history.postgres.cordis_state import PostgresCordisState
 from registry_service.history.postgres.store import DEFAULT_LEASE_S, PostgresHistory
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore, StoreOpenError
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """What one backend provides, on the same database."""
+
+    history: HistoryStore
+    catalog: CatalogStore
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,7 @@ class StoreOptions:
     lease_s: float = DEFAULT_LEASE_S  # postgres: history_writer_lease_s
 
 
-def _sqlite(options: StoreOptions) -> HistoryStore:
+def _sqlite(options: StoreOptions) -> Stores:
     path = options.path
     if path != ":memory:":
         try:
@@ -32,18 +41,20 @@ def _sqlite(options: StoreOptions) -> HistoryStore:
         except OSError as exc:
             message = f"cannot create the directory of history_path {path}: {exc}"
             raise StoreOpenError(message) from exc
-    return SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
+    history = SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
+    return Stores(history, history.catalog())
 
 
-def _postgres(options: StoreOptions) -> HistoryStore:
-    return PostgresHistory(
+def _postgres(options: StoreOptions) -> Stores:
+    history = PostgresHistory(
         options.dsn, max_inline_bytes=options.max_inline_bytes, lease_s=options.lease_s
     )
+    return Stores(history, history.catalog())
 
 
-# Store name -> (opener of the history, opener of the Cordis state in the same database).
+# Store name -> (opener of the history and catalog, opener of the Cordis state beside them).
 STORES: dict[
-    str, tuple[Callable[[StoreOptions], HistoryStore], Callable[[StoreOptions], CordisStateStore]]
+    str, tuple[Callable[[StoreOptions], Stores], Callable[[StoreOptions], CordisStateStore]]
 ] = {
     "sqlite": (_sqlite, lambda options: SqliteCordisState(options.path)),
     "postgres": (_postgres, lambda options: PostgresCordisState(options.dsn)),
@@ -71,8 +82,8 @@ def check_options(name: str, dsn: str) -> None:
         raise StoreOpenError(f"history_dsn is not a PostgreSQL connection string: {reason}")
 
 
-def open_store(name: str, options: StoreOptions) -> HistoryStore:
-    """The store `name`; StoreOpenError when it is unknown or cannot be opened."""
+def open_store(name: str, options: StoreOptions) -> Stores:
+    """The stores of backend `name`; StoreOpenError when it is unknown or cannot be opened."""
     check_options(name, options.dsn)
     return STORES[name][0](options)
 

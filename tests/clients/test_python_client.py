@@ -75,6 +75,14 @@ async def test_async_client_end_to_end_with_a_hinted_provider(stack: Stack) -> N
         history = await client.history(agent.name)
         assert [r.kind for r in history].count("tool/code-dispatch") == 2
         assert [a.name for a in await client.list_agents()] == ["agents/calc"]
+        # Deleted and re-created: an empty history; the old one stays readable by its id.
+        await client.delete_agent(agent.name)
+        again = await client.create_agent("calc", mode="code")
+        assert len(agent.agent_id) == 32 and again.agent_id != agent.agent_id
+        assert await client.history(again.name) == []
+        assert await client.history(agent_id=agent.agent_id) == history
+        content = await client.record_content("", history[-1].seq, agent_id=agent.agent_id)
+        assert content
 
 
 async def test_batched_progress_arrives_one_event_at_a_time(stack: Stack) -> None:

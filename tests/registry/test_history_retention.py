@@ -21,14 +21,18 @@ from tests.registry.conftest import Harness
 DAY = 86_400.0
 
 
-def _call(agent: str, root: str, at: float, *, nested: int = 1, spill: int = 0) -> list[Record]:
-    """The records of one run_code call: outer call, `nested` start/settle pairs, outer result."""
+def _call(
+    agent: str, root: str, at: float, *, nested: int = 1, spill: int = 0, agent_id: str = ""
+) -> list[Record]:
+    """The records of one run_code call: outer call, `nested` start/settle pairs, outer result
+    (kept under `agent_id`, by default the same text as the agent's name)."""
 
     def record(kind: str, call_id: str, offset: float, content: str = "") -> Record:
         parent = "" if call_id == root else root
         return Record(
             kind=kind,
             agent=agent,
+            agent_id=agent_id or agent,
             call_id=call_id,
             root_call_id=root,
             parent_call_id=parent,
@@ -92,7 +96,8 @@ async def test_a_registry_with_retention_prunes_by_itself(make_registry: Any) ->
 
         h.registry.register_tool("t", tool)
         old = time.time() - 3600
-        for record in _call(agent, "ancient", old):
+        agent_id = h.registry.catalog.get_agent(agent).agent_id
+        for record in _call(agent, "ancient", old, agent_id=agent_id):
             await h.registry.history.append(record)
         await h.execute("t", agent=agent, call_id="fresh")
         first = await _listed(h, agent)
@@ -109,10 +114,13 @@ def test_retention_must_be_positive() -> None:
 async def test_a_pruned_record_is_not_found(make_registry: Any) -> None:
     async with make_registry() as h:
         agent = await h.agent("coder")
+        agent_id = h.registry.catalog.get_agent(agent).agent_id
         [record] = [
             await h.registry.history.append(r)
-            for r in _call(agent, "gone", time.time() - DAY, nested=0)[:1]
+            for r in _call(agent, "gone", time.time() - DAY, nested=0, agent_id=agent_id)[:1]
         ]
+        kept = rpb.GetRecordContentRequest(agent=agent, seq=record.seq)
+        assert (await h.stub.GetRecordContent(kept)).content == []  # there, until pruned
         assert await h.registry.history.prune(time.time()) == 1
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await h.stub.GetRecordContent(rpb.GetRecordContentRequest(agent=agent, seq=record.seq))

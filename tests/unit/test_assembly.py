@@ -125,7 +125,7 @@ def test_version_keyed_cache_and_shared_text() -> None:
     catalog, assembler = _assembler(Mode.CODE)
     first = assembler.sdk("")
     assert assembler.sdk("") is first and assembler.renders == 1
-    catalog.create_agent("a", "", None)  # a change that leaves the global tool set alone
+    catalog.declare_agent("a", "", None)  # a change that leaves the global tool set alone
     again = assembler.sdk("")
     assert again is not first and again.text is first.text and assembler.renders == 1
     catalog.register("", [_tool("zeta")])

@@ -367,25 +367,35 @@ class RegistryClient:
 
     # -- history -------------------------------------------------------------------------------
 
-    async def history(self, agent: str, *, call_id: str = "") -> list[history_pb2.HistoryRecord]:
-        request = rpb.ListHistoryRequest(agent=agent, call_id=call_id, page_size=500)
+    async def history(
+        self, agent: str = "", *, call_id: str = "", agent_id: str = ""
+    ) -> list[history_pb2.HistoryRecord]:
+        """An agent's history by name, or by `agent_id` (`Agent.agent_id`, with `agent` empty):
+        how an operator reads a deleted agent's history (a re-created name starts empty)."""
+        request = rpb.ListHistoryRequest(
+            agent=agent, agent_id=agent_id, call_id=call_id, page_size=500
+        )
         return await self._all_pages(self.stub.ListHistory, request, "records")
 
-    async def record_content(self, agent: str, seq: int) -> list[tool_pb2.ContentBlock]:
-        """A record's full content: what was spilled when the record holds only a preview."""
-        request = rpb.GetRecordContentRequest(agent=agent, seq=seq)
+    async def record_content(
+        self, agent: str, seq: int, *, agent_id: str = ""
+    ) -> list[tool_pb2.ContentBlock]:
+        """A record's full content: what was spilled when the record holds only a preview
+        (`agent_id`: as in `history`)."""
+        request = rpb.GetRecordContentRequest(agent=agent, agent_id=agent_id, seq=seq)
         response: rpb.GetRecordContentResponse = await self._unary(
             self.stub.GetRecordContent, request, read=True
         )
         return list(response.content)
 
     async def watch_history(
-        self, agent: str, after_seq: int = 0
+        self, agent: str, after_seq: int = 0, *, agent_id: str = ""
     ) -> AsyncIterator[history_pb2.HistoryRecord]:
-        """Replays records after `after_seq`, then follows new ones (no deadline; cancel it)."""
+        """Replays records after `after_seq`, then follows new ones (no deadline; cancel it);
+        `agent_id`: as in `history`."""
         try:
             async for response in self.stub.WatchHistory(
-                rpb.WatchHistoryRequest(agent=agent, after_seq=after_seq)
+                rpb.WatchHistoryRequest(agent=agent, agent_id=agent_id, after_seq=after_seq)
             ):
                 yield response.record
         except grpc.aio.AioRpcError as exc:

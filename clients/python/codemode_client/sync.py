@@ -103,11 +103,15 @@ class SyncRegistryClient:
             )
         )
 
-    def history(self, agent: str, *, call_id: str = "") -> list[history_pb2.HistoryRecord]:
-        return self._run(self._client.history(agent, call_id=call_id))
+    def history(
+        self, agent: str = "", *, call_id: str = "", agent_id: str = ""
+    ) -> list[history_pb2.HistoryRecord]:
+        return self._run(self._client.history(agent, call_id=call_id, agent_id=agent_id))
 
-    def record_content(self, agent: str, seq: int) -> list[tool_pb2.ContentBlock]:
-        return self._run(self._client.record_content(agent, seq))
+    def record_content(
+        self, agent: str, seq: int, *, agent_id: str = ""
+    ) -> list[tool_pb2.ContentBlock]:
+        return self._run(self._client.record_content(agent, seq, agent_id=agent_id))
 
     def sdk(self, scope: str = "", language: str = "") -> str:
         return self._run(self._client.sdk(scope, language))

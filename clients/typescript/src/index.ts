@@ -37,6 +37,7 @@ export {
   type CodeLanguage,
   type ExecuteToolCallInput,
   type HistoryEntry,
+  type HistoryOf,
   type Mode,
   type Page,
   type Progress,

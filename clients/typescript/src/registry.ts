@@ -144,6 +144,16 @@ export interface RunCodeValue {
   result?: JsonValue;
 }
 
+/**
+ * Whose history to read: an agent's name (`agents/{id}`), or `{ agentId }` (`Agent.agentId`) to
+ * read a deleted agent's history by its stable id (a re-created name starts an empty history).
+ */
+export type HistoryOf = string | { agentId: string };
+
+function historyKey(of: HistoryOf): { agent: string; agentId: string } {
+  return typeof of === "string" ? { agent: of, agentId: "" } : { agent: "", agentId: of.agentId };
+}
+
 /** A history record with its arguments decoded (when it has any). */
 export type HistoryEntry = HistoryRecord & { arguments: JsonValue | undefined };
 
@@ -518,6 +528,7 @@ export class RegistryClient {
         effectiveCodeLanguage: "",
         selfModification: agent.selfModification,
         effectiveSelfModification: false,
+        agentId: "",
       },
     };
     return (await this.unary(this.stub.createAgent, request, options, false)).agent!;
@@ -589,18 +600,19 @@ export class RegistryClient {
 
   /** One page of an agent's history (optionally one call's: call id or root call id). */
   async listHistory(
-    agent: string,
+    agent: HistoryOf,
     query: Page & { callId?: string } = {},
     options?: CallOptions,
   ): Promise<{ records: HistoryEntry[]; nextPageToken: string }> {
-    const request = { agent, callId: query.callId ?? "", pageSize: query.pageSize ?? 0, pageToken: query.pageToken ?? "" };
+    const request = { ...historyKey(agent), callId: query.callId ?? "", pageSize: query.pageSize ?? 0, pageToken: query.pageToken ?? "" };
     const page = await this.unary(this.stub.listHistory, request, options, true);
     return { records: page.records.map(toEntry), nextPageToken: page.nextPageToken };
   }
 
   /** A record's full content: what was spilled when the record holds only a preview. */
-  async recordContent(agent: string, seq: bigint | number, options?: CallOptions): Promise<ContentBlock[]> {
-    const response = await this.unary(this.stub.getRecordContent, { agent, seq: BigInt(seq) }, options, true);
+  async recordContent(agent: HistoryOf, seq: bigint | number, options?: CallOptions): Promise<ContentBlock[]> {
+    const request = { ...historyKey(agent), seq: BigInt(seq) };
+    const response = await this.unary(this.stub.getRecordContent, request, options, true);
     return response.content;
   }
 
@@ -611,7 +623,7 @@ export class RegistryClient {
    * a watch lives as long as its consumer.
    */
   async *watchHistory(
-    agent: string,
+    agent: HistoryOf,
     options: { afterSeq?: bigint | number; signal?: AbortSignal; timeoutMs?: number } = {},
   ): AsyncGenerator<HistoryEntry, void, undefined> {
     let after = BigInt(options.afterSeq ?? 0);
@@ -620,7 +632,8 @@ export class RegistryClient {
     let failures = 0;
     let backoff = this.retry.initialBackoffMs;
     while (!signal?.aborted) {
-      const call = this.stub.watchHistory({ agent, afterSeq: after }, this.metadata(), deadline ? { deadline } : {});
+      const request = { ...historyKey(agent), afterSeq: after };
+      const call = this.stub.watchHistory(request, this.metadata(), deadline ? { deadline } : {});
       const records = new AsyncQueue<HistoryRecord>(() => call.cancel());
       const onAbort = (): void => call.cancel();
       signal?.addEventListener("abort", onAbort, { once: true });

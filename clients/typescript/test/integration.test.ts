@@ -275,6 +275,23 @@ describe("RegistryClient against the real services", () => {
     assert.equal(watched.length, records.length);
   });
 
+  it("reads a deleted agent's history by its agentId; a re-created name starts empty", async () => {
+    const old = await client.createAgent("ts-reborn");
+    assert.match(old.agentId, /^[0-9a-f]{32}$/);
+    await client.executeToolCall({ agent: old.name, callId: "once", toolName: "echo", arguments: { value: 1 } }).result;
+    await client.deleteAgent(old.name);
+    const reborn = await client.createAgent("ts-reborn");
+    assert.notEqual(reborn.agentId, old.agentId);
+    assert.deepEqual((await client.listHistory(reborn.name)).records, []);
+    const { records } = await client.listHistory({ agentId: old.agentId });
+    assert.deepEqual(records.map((r) => `${r.kind} ${r.callId} ${r.agentId}`), [
+      `tool/call once ${old.agentId}`,
+      `tool/result once ${old.agentId}`,
+    ]);
+    assert.ok((await client.recordContent({ agentId: old.agentId }, records[1]!.seq)).length > 0);
+    await client.deleteAgent(reborn.name);
+  });
+
   it("routes approvals to the TypeScript approver", async () => {
     const allowed = await collect(
       client.executeToolCall({ agent: "agents/ts-native", callId: "ask-1", toolName: "guarded_write", arguments: { path: "ok/a.txt" } }),

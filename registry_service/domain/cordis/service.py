@@ -31,7 +31,7 @@ class Cordis:
         """`history_submit` writes the steering records (the history store's `submit`);
         `state_store` keeps the plugins across restarts (none: process memory only)."""
         self.inspect = InspectRegistry()
-        self.steering = Steering(history_submit)
+        self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
             catalog,
             hosts,

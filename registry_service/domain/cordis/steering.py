@@ -69,8 +69,13 @@ class Steering:
     """Writes `agent/steer` and `agent/inject` records through the history store's `submit`
     (called from the event loop, also from synchronous host callbacks: nothing waits)."""
 
-    def __init__(self, submit: Submit | None = None) -> None:
+    def __init__(
+        self, submit: Submit | None = None, agent_id_of: Callable[[str], str] | None = None
+    ) -> None:
+        """`agent_id_of(owner)`: the owner agent's stable id, the key of its history (none:
+        records are keyed by the owner's name, for tests without a catalog)."""
         self._submit = submit
+        self._agent_id_of = agent_id_of or (lambda owner: owner)
         self._once: set[tuple[str, str]] = set()  # (run id, kind) already steered
         self._writing: set[asyncio.Future[Record]] = set()
 
@@ -103,7 +108,14 @@ class Steering:
         if self._submit is None:
             log.info("cordis %s for %s (no history): %s", kind, owner, text)
             return
-        record = build.agent_message(kind, agent=owner, source=source, text=text, metadata=metadata)
+        try:
+            agent_id = self._agent_id_of(owner)
+        except CodemodeError:  # the agent was deleted meanwhile: it has no history to wake
+            log.info("cordis %s for %s (deleted): %s", kind, owner, text)
+            return
+        record = build.agent_message(
+            kind, agent=owner, agent_id=agent_id, source=source, text=text, metadata=metadata
+        )
         future = self._submit(record)
         self._writing.add(future)
         future.add_done_callback(self._written)

@@ -27,8 +27,9 @@ Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 NOTIFY_CHANNEL = "codemode_history"
 START_OF = {end: start for start, end in END_OF.items()}
 COLUMNS = (
-    "agent",
+    "agent_id",
     "seq",
+    "agent",
     "kind",
     "call_id",
     "root_call_id",
@@ -41,8 +42,8 @@ COLUMNS = (
     "error_code",
     "spill_id",
 )
-_TYPES = ("text", "int8", "text", "text", "text", "text", "float8", "text", "text", "text",
-          "bool", "text", "int8")  # fmt: skip
+_TYPES = ("text", "int8", "text", "text", "text", "text", "text", "float8", "text", "text",
+          "text", "bool", "text", "int8")  # fmt: skip
 SELECT_COLUMNS = ", ".join(COLUMNS)
 _INSERT_RECORDS = (
     f"INSERT INTO history_records ({SELECT_COLUMNS}) SELECT * FROM unnest("
@@ -96,7 +97,7 @@ async def write(
                     continue
                 closes.append(ids.popleft())
             elif record.kind in END_OF:
-                opened[(record.agent, record.call_id, record.kind)].append(len(plan))
+                opened[(record.agent_id, record.call_id, record.kind)].append(len(plan))
                 opening.append(len(plan))
             elif record.kind in START_OF:
                 if ids := open_ids.get(_key(record)):
@@ -104,21 +105,22 @@ async def write(
                 elif local := opened.get(_key(record)):
                     opening.remove(local.popleft())  # opened and closed in this batch
             plan.append(record)
-        seqs = await _take_seqs(conn, [record.agent for record in plan])
+        seqs = await _take_seqs(conn, [record.agent_id for record in plan])
         rows = [
-            await _spill(conn, dataclasses.replace(r, seq=next(seqs[r.agent])), max_inline)
+            await _spill(conn, dataclasses.replace(r, seq=next(seqs[r.agent_id])), max_inline)
             for r in plan
         ]
         await conn.execute(_INSERT_RECORDS, _arrays(rows))
         if opening:
             starts = [rows[n] for n in opening]
             await conn.execute(
-                "INSERT INTO history_open_calls (agent, seq, kind, call_id, root_call_id, writer)"
+                "INSERT INTO history_open_calls"
+                " (agent_id, seq, kind, call_id, root_call_id, writer)"
                 " SELECT a, s, k, c, r, %s FROM unnest(%s::text[], %s::int8[], %s::text[],"
                 " %s::text[], %s::text[]) AS t(a, s, k, c, r)",
                 (
                     writer_id,
-                    [r.agent for r in starts],
+                    [r.agent_id for r in starts],
                     [r.seq for r in starts],
                     [r.kind for r in starts],
                     [r.call_id for r in starts],
@@ -132,7 +134,7 @@ async def write(
         if rows:
             last: dict[str, int] = {}
             for row in rows:
-                last[row.agent] = row.seq
+                last[row.agent_id] = row.seq
             payloads = [json.dumps({"w": writer_id, "a": a, "s": s}) for a, s in last.items()]
             await conn.execute(
                 "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (NOTIFY_CHANNEL, payloads)
@@ -153,7 +155,7 @@ async def _gone_calls(conn: Conn, writer_id: str, *, own: bool) -> list[tuple[in
     )
     cursor = await conn.execute(
         "SELECT o.id, " + ", ".join(f"r.{c}" for c in COLUMNS) + " FROM history_open_calls o"
-        " JOIN history_records r ON r.agent = o.agent AND r.seq = o.seq"
+        " JOIN history_records r ON r.agent_id = o.agent_id AND r.seq = o.seq"
         " WHERE (o.writer = %s AND %s) OR NOT EXISTS"
         " (SELECT 1 FROM history_writers w WHERE w.id = o.writer)"
         " ORDER BY o.id DESC FOR UPDATE OF o SKIP LOCKED",
@@ -163,8 +165,8 @@ async def _gone_calls(conn: Conn, writer_id: str, *, own: bool) -> list[tuple[in
 
 
 def _key(end: Record) -> tuple[str, str, str]:
-    """The open call an end record closes: its agent, call id and start kind."""
-    return (end.agent, end.call_id, START_OF[end.kind])
+    """The open call an end record closes: its agent id, call id and start kind."""
+    return (end.agent_id, end.call_id, START_OF[end.kind])
 
 
 async def _open_calls(
@@ -176,9 +178,9 @@ async def _open_calls(
     if not keys:
         return {}
     cursor = await conn.execute(
-        "SELECT o.id, o.agent, o.call_id, o.kind FROM history_open_calls o"
-        " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(agent, call_id, kind)"
-        " ON o.agent = k.agent AND o.call_id = k.call_id AND o.kind = k.kind"
+        "SELECT o.id, o.agent_id, o.call_id, o.kind FROM history_open_calls o"
+        " JOIN unnest(%s::text[], %s::text[], %s::text[]) AS k(agent_id, call_id, kind)"
+        " ON o.agent_id = k.agent_id AND o.call_id = k.call_id AND o.kind = k.kind"
         " ORDER BY o.id FOR UPDATE OF o",
         ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]),
     )
@@ -190,17 +192,17 @@ async def _open_calls(
 
 
 async def _take_seqs(conn: Conn, agents: Sequence[str]) -> dict[str, Iterator[int]]:
-    """Reserves consecutive seqs for each agent. The counter rows are taken in name order (two
+    """Reserves consecutive seqs for each agent id. The counter rows are taken in id order (two
     writers locking rows in one order cannot deadlock) and held to the commit, so per agent
     the seqs are committed in order and without gaps."""
     counts = sorted(Counter(agents).items())
     if not counts:
         return {}
     cursor = await conn.execute(
-        "INSERT INTO history_agents AS h (agent, last_seq)"
+        "INSERT INTO history_agents AS h (agent_id, last_seq)"
         " SELECT * FROM unnest(%s::text[], %s::int8[]) ORDER BY 1"
-        " ON CONFLICT (agent) DO UPDATE SET last_seq = h.last_seq + excluded.last_seq"
-        " RETURNING agent, last_seq",
+        " ON CONFLICT (agent_id) DO UPDATE SET last_seq = h.last_seq + excluded.last_seq"
+        " RETURNING agent_id, last_seq",
         ([a for a, _ in counts], [n for _, n in counts]),
     )
     last = {str(agent): int(seq) for agent, seq in await cursor.fetchall()}
@@ -230,8 +232,9 @@ def _arrays(rows: Sequence[Record]) -> list[list[Any]]:
         return int(record.spilled.partition(":")[2]) if record.spilled else None
 
     values = [
-        (r.agent, r.seq, r.kind, r.call_id, r.root_call_id, r.parent_call_id, r.time, r.name,
-         r.arguments_json, r.content_json, r.is_error, r.error_code, spill_id(r))
+        (r.agent_id, r.seq, r.agent, r.kind, r.call_id, r.root_call_id, r.parent_call_id,
+         r.time, r.name, r.arguments_json, r.content_json, r.is_error, r.error_code,
+         spill_id(r))
         for r in rows
     ]  # fmt: skip
     return (
@@ -240,12 +243,12 @@ def _arrays(rows: Sequence[Record]) -> list[list[Any]]:
 
 
 def record_of(row: Sequence[Any]) -> Record:
-    agent, seq, kind, call_id, root, parent, time, name, arguments, content, error, code, spill = (
-        row
-    )
+    agent_id, seq, agent, kind, call_id, root, parent, time, name, arguments, content = row[:11]
+    error, code, spill = row[11:]
     return Record(
         kind=str(kind),
         agent=str(agent),
+        agent_id=str(agent_id),
         call_id=str(call_id),
         root_call_id=str(root),
         parent_call_id=str(parent),

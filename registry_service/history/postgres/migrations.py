@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS codemode_schema_versions (
 )
 """
 
-# Version -> SQL. Records are keyed by (agent, seq): seq comes from the agent's counter row in
+# Version -> SQL. Records are keyed by (agent_id, seq), the agent's stable identity (its name,
+# `agent`, is only carried): seq comes from the agent id's counter row in
 # history_agents, taken in the writing transaction, so several registries never hand out the
 # same seq and commit in seq order per agent (the row lock is held to the commit).
 MIGRATIONS: tuple[tuple[int, str], ...] = (
@@ -27,7 +28,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         1,
         """
 CREATE TABLE history_agents (
-  agent text PRIMARY KEY,
+  agent_id text PRIMARY KEY,
   last_seq bigint NOT NULL
 );
 CREATE TABLE history_spills (
@@ -35,8 +36,9 @@ CREATE TABLE history_spills (
   content text NOT NULL
 );
 CREATE TABLE history_records (
-  agent text NOT NULL,
+  agent_id text NOT NULL,
   seq bigint NOT NULL,
+  agent text NOT NULL,
   kind text NOT NULL,
   call_id text NOT NULL,
   root_call_id text NOT NULL,
@@ -48,10 +50,10 @@ CREATE TABLE history_records (
   is_error boolean NOT NULL,
   error_code text NOT NULL,
   spill_id bigint,
-  PRIMARY KEY (agent, seq)
+  PRIMARY KEY (agent_id, seq)
 );
-CREATE INDEX history_records_call ON history_records (agent, call_id);
-CREATE INDEX history_records_root ON history_records (agent, root_call_id);
+CREATE INDEX history_records_call ON history_records (agent_id, call_id);
+CREATE INDEX history_records_root ON history_records (agent_id, root_call_id);
 -- A registry process writing to this database; its lease is renewed while it lives. The calls
 -- it left open are closed (as interrupted) only once its lease expired or it closed.
 CREATE TABLE history_writers (
@@ -61,19 +63,42 @@ CREATE TABLE history_writers (
 );
 CREATE TABLE history_open_calls (
   id bigserial PRIMARY KEY,
-  agent text NOT NULL,
+  agent_id text NOT NULL,
   seq bigint NOT NULL,
   kind text NOT NULL,
   call_id text NOT NULL,
   root_call_id text NOT NULL,
   writer text NOT NULL
 );
-CREATE INDEX history_open_calls_call ON history_open_calls (agent, call_id);
+CREATE INDEX history_open_calls_call ON history_open_calls (agent_id, call_id);
 CREATE INDEX history_open_calls_writer ON history_open_calls (writer);
 CREATE TABLE cordis_state (
   id integer PRIMARY KEY CHECK (id = 1),
   body text NOT NULL
 );
+""",
+    ),
+    (
+        2,
+        """
+-- The durable catalog: presets and agents declared over the API, and their restrictions
+-- (tools are not stored: they come back with their providers' streams).
+CREATE TABLE catalog_scopes (
+  name text PRIMARY KEY,
+  agent_id text NOT NULL,
+  preset text NOT NULL,
+  mode text,
+  language text,
+  self_modification boolean,
+  create_time double precision NOT NULL
+);
+CREATE TABLE catalog_restrictions (
+  restriction_id text PRIMARY KEY,
+  scope text NOT NULL,
+  allow jsonb,
+  deny jsonb
+);
+CREATE INDEX catalog_restrictions_scope ON catalog_restrictions (scope);
 """,
     ),
 )

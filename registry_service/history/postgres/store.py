@@ -6,7 +6,7 @@ written waits for the next transaction, so order is kept); large content is spil
 own table; `open_calls` holds the calls still in flight.
 
 Unlike SQLite's file, one database may be shared by several registries:
-- seq comes from the agent's counter row, updated in the writing transaction; its row lock,
+- seq comes from the agent id's counter row, updated in the writing transaction; its row lock,
   held to the commit, makes per-agent seqs strictly increasing and committed in order.
 - Each registry process is a writer with a lease row (`history_writers`) it renews; an open
   call belongs to its writer. Calls left open are closed as interrupted only when their writer
@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import json
 import logging
+import select
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from codemode_wire.errors import CodemodeError
 from registry_service.history import build
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
+from registry_service.history.postgres.catalog import PostgresCatalog
 from registry_service.history.postgres.connect import CONNECT_TIMEOUT_S, connect_sync, redact
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
@@ -55,7 +57,7 @@ _CORRUPT = (pg_errors.DataCorrupted, pg_errors.IndexCorrupted)
 # through the primary key's index and their heap pages, are what the next calls touch.
 _CHECK = (
     "SELECT count(length(content_json)) FROM (SELECT content_json FROM history_records"
-    " ORDER BY agent DESC, seq DESC LIMIT 1000) newest"
+    " ORDER BY agent_id DESC, seq DESC LIMIT 1000) newest"
 )
 DEFAULT_LEASE_S = 15.0
 _ATTEMPTS = 3  # of a transaction PostgreSQL rolls back to break a deadlock
@@ -125,6 +127,10 @@ class PostgresHistory:
             (self.writer_id, self._lease_s),
         )
 
+    def catalog(self) -> PostgresCatalog:
+        """The catalog store on this database (through this store's reads: see catalog)."""
+        return PostgresCatalog(self._reading)
+
     # -- health ----------------------------------------------------------------------------------
 
     @property
@@ -183,10 +189,11 @@ class PostgresHistory:
         )
 
     async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
-        if self._writer is None or self._writer.closed or self._writer.broken:
+        if not _usable(self._writer):
             await _close_quietly(self._writer)
             self._writer = None
             self._writer = await self._connect()
+        assert self._writer is not None
         return self._writer
 
     @contextlib.asynccontextmanager
@@ -195,11 +202,12 @@ class PostgresHistory:
         self._start_heartbeat()
         async with self._read_lock:
             try:
-                if self._reader is None or self._reader.closed or self._reader.broken:
-                    await _close_quietly(self._reader)
+                reader = self._reader
+                if reader is None or not _usable(reader):
+                    await _close_quietly(reader)
                     self._reader = None
-                    self._reader = await self._connect()
-                yield self._reader
+                    self._reader = reader = await self._connect()
+                yield reader
             except psycopg.Error as exc:
                 raise self._failed(exc) from exc
 
@@ -242,7 +250,7 @@ class PostgresHistory:
             self._owed = []
             self._set_state(StoreState.OK)
             for row in written.all:
-                self._tell_watchers(row.agent, row)
+                self._tell_watchers(row.agent_id, row)
             stored = iter(written.records)
             for job in jobs:
                 result: Any = next(stored) if job.record is not None else written.swept
@@ -274,10 +282,10 @@ class PostgresHistory:
         """Remembers the calls a failed batch leaves open: an end record whose start was
         written earlier is owed as an interrupted end (its caller saw the failure, not the
         result), so the call is closed once writes work again."""
-        starts = {(r.agent, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
         for record in failed:
             start = batch.START_OF.get(record.kind)
-            if start is None or (record.agent, record.call_id, start) in starts:
+            if start is None or (record.agent_id, record.call_id, start) in starts:
                 continue
             if record.is_error and record.error_code == INTERRUPTED:
                 self._owed.append(record)  # already an interrupted end: keep its reason
@@ -312,16 +320,16 @@ class PostgresHistory:
     # -- reads -----------------------------------------------------------------------------------
 
     async def list(
-        self, agent: str, *, after_seq: int, limit: int, call_id: str = ""
+        self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
     ) -> Sequence[Record]:
-        params: list[object] = [agent, after_seq]
+        params: list[object] = [agent_id, after_seq]
         where = ""
         if call_id:
             where = " AND (call_id = %s OR root_call_id = %s)"
             params += [call_id, call_id]
         async with self._reading() as conn:
             cursor = await conn.execute(
-                f"SELECT {SELECT_COLUMNS} FROM history_records WHERE agent = %s AND seq > %s"
+                f"SELECT {SELECT_COLUMNS} FROM history_records WHERE agent_id = %s AND seq > %s"
                 + where
                 + " ORDER BY seq LIMIT %s",
                 [*params, limit],
@@ -329,19 +337,19 @@ class PostgresHistory:
             rows = await cursor.fetchall()
         return [record_of(row) for row in rows]
 
-    async def watch(self, agent: str, after_seq: int) -> AsyncIterator[Record]:
+    async def watch(self, agent_id: str, after_seq: int) -> AsyncIterator[Record]:
         """Per agent, seqs are committed in order and without gaps, so a live record is yielded
         as it comes when it is the next seq; past a gap (records another registry wrote, told
         by a notification) the database is read up to it."""
         self._start_listening()
         queue: asyncio.Queue[_Live] = asyncio.Queue()
-        self._watchers.setdefault(agent, set()).add(queue)
+        self._watchers.setdefault(agent_id, set()).add(queue)
         try:
             last = after_seq
             caught_up = False
             while True:
                 if not caught_up:  # the backlog, or what others wrote: read in pages
-                    page = await self.list(agent, after_seq=last, limit=_PAGE)
+                    page = await self.list(agent_id, after_seq=last, limit=_PAGE)
                     for record in page:
                         last = record.seq
                         yield record
@@ -358,10 +366,10 @@ class PostgresHistory:
                 else:
                     caught_up = live.seq <= last
         finally:
-            self._watchers[agent].discard(queue)
+            self._watchers[agent_id].discard(queue)
 
-    def _tell_watchers(self, agent: str, live: _Live) -> None:
-        for queue in self._watchers.get(agent, ()):
+    def _tell_watchers(self, agent_id: str, live: _Live) -> None:
+        for queue in self._watchers.get(agent_id, ()):
             queue.put_nowait(live)
 
     def end_watches(self) -> None:
@@ -419,17 +427,17 @@ class PostgresHistory:
             cursor = await conn.execute(
                 """
 WITH old AS (
-  SELECT agent, root_call_id FROM history_records GROUP BY agent, root_call_id
+  SELECT agent_id, root_call_id FROM history_records GROUP BY agent_id, root_call_id
   HAVING MAX(time) < %s LIMIT %s
 ), gone AS (
   DELETE FROM history_records r USING old
-  WHERE r.agent = old.agent AND r.root_call_id = old.root_call_id
+  WHERE r.agent_id = old.agent_id AND r.root_call_id = old.root_call_id
   RETURNING r.spill_id
 ), spills AS (
   DELETE FROM history_spills WHERE id IN (SELECT spill_id FROM gone)
 ), opened AS (
   DELETE FROM history_open_calls o USING old
-  WHERE o.agent = old.agent AND o.root_call_id = old.root_call_id
+  WHERE o.agent_id = old.agent_id AND o.root_call_id = old.root_call_id
 )
 SELECT count(*) FROM old
 """,
@@ -454,6 +462,20 @@ SELECT count(*) FROM old
                 await conn.execute("DELETE FROM history_writers WHERE id = %s", (self.writer_id,))
         await _close_quietly(self._writer)
         await _close_quietly(self._reader)
+
+
+def _usable(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> bool:
+    """Whether an idle connection can take the next statement. A server that restarted (or
+    ended the session) has sent its goodbye and closed the socket: an idle connection with
+    something to read is such a one, found before a caller's write fails on it. (Neither
+    connection listens, so nothing else arrives unasked.)"""
+    if conn is None or conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 async def _close_quietly(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> None:

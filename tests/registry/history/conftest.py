@@ -1,6 +1,6 @@
-"""Store kits for the conformance suite: one per history store implementation (SQLite and
-PostgreSQL). A kit opens the store on a backing of its own and can break it for real: fill its
-disk, free it again, damage its data, stop its server."""
+"""Store kits for the conformance suites (history and catalog): one per store implementation
+(SQLite and PostgreSQL). A kit opens the store on a backing of its own and can break it for
+real: fill its disk, free it again, damage its data, stop its server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ import pytest
 from registry_service.history.postgres.store import PostgresHistory
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore
+from registry_service.history.stores import StoreOptions, Stores, open_store
 from tests.postgres_server import PostgresServer
 from tests.registry.history.disk import SmallDisk, require, small_disk
 
@@ -27,13 +28,14 @@ class StoreKit:
     name: str
     open: Callable[..., HistoryStore]
     """`open(max_inline_bytes=...)`: the store on the kit's backing (again after a close)."""
+    open_stores: Callable[[], Stores]
+    """The history and catalog stores on the kit's backing, as the registry opens them."""
     corrupt: Callable[[], None]
     """Damages the stored data past its header (call it with the store closed)."""
     where: Path
     _disk: SmallDisk | str
     server: PostgresServer | None = None
     dsn: str = ""
-    opened: list[HistoryStore] = field(default_factory=list)
 
     @property
     def disk(self) -> SmallDisk:
@@ -80,7 +82,11 @@ def _sqlite_kit(tmp_path: Path) -> Iterator[StoreKit]:
         def open_sqlite(max_inline_bytes: int = 64 * 1024) -> HistoryStore:
             return SqliteHistory(path, max_inline_bytes=max_inline_bytes)
 
-        yield StoreKit("sqlite", open_sqlite, lambda: corrupt_sqlite_file(path), where, disk)
+        def open_stores() -> Stores:
+            return open_store("sqlite", StoreOptions(path=str(path)))
+
+        corrupt = lambda: corrupt_sqlite_file(path)  # noqa: E731
+        yield StoreKit("sqlite", open_sqlite, open_stores, corrupt, where, disk)
 
 
 def _postgres_kit(server: PostgresServer) -> Iterator[StoreKit]:
@@ -102,11 +108,17 @@ def _postgres_kit(server: PostgresServer) -> Iterator[StoreKit]:
         def open_postgres(max_inline_bytes: int = 64 * 1024) -> HistoryStore:
             return PostgresHistory(dsn, max_inline_bytes=max_inline_bytes)
 
+        def open_stores() -> Stores:
+            return open_store("postgres", StoreOptions(dsn=dsn))
+
         def corrupt() -> None:
             corrupt_postgres(server, dsn)
 
         try:
-            yield StoreKit("postgres", open_postgres, corrupt, where, disk, server, dsn)
+            kit = StoreKit(
+                "postgres", open_postgres, open_stores, corrupt, where, disk, server, dsn
+            )
+            yield kit
         finally:
             if isinstance(disk, SmallDisk):
                 disk.free()

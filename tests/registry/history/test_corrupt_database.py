@@ -1,7 +1,9 @@
 """A history database damaged past its header (every page after the first overwritten) gives
 clear errors, DATA_LOSS with ErrorInfo HISTORY_CORRUPT, on every history-touching RPC, and the
-gRPC health service says NOT_SERVING; the rest of the registry keeps serving. Damaged while
-stopped (found at start) and while running (found by the first read of a damaged page)."""
+gRPC health service says NOT_SERVING; the rest of the registry keeps serving, except changes to
+the catalog, which is stored in the same database: they fail the same way and change nothing.
+Damaged while stopped (found at start) and while running (found by the first read of a damaged
+page)."""
 
 from __future__ import annotations
 
@@ -55,23 +57,30 @@ async def assert_history_rpcs_fail_clearly(h: Harness, agent: str) -> None:
 
 
 async def assert_the_rest_still_serves(h: Harness) -> None:
-    # Calls without an agent write no history; the catalog is not in the database.
+    # Calls without an agent write no history, and the catalog is read from memory...
     assert not (await outcome(h, call_request("", "free", "echo"))).is_error
-    assert await h.agent("newcomer") == "agents/newcomer"
+    assert (await h.stub.ListAgents(rpb.ListAgentsRequest())).agents
+    # ...but it is stored in the damaged database: a change fails clearly and is not made.
+    assert_corrupt(await rpc_error(h.stub.CreateAgent(rpb.CreateAgentRequest(agent_id="newcomer"))))
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await h.stub.GetAgent(rpb.GetAgentRequest(name="agents/newcomer"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_damaged_while_stopped_is_reported_at_start(
     make_registry: Any, tmp_path: Path
 ) -> None:
     path = tmp_path / "history.sqlite3"
-    async with make_registry(history_path=str(path)) as h:
+    # Declared in the settings: known at start even when the stored catalog cannot be read.
+    writer = [{"id": "writer"}]
+    async with make_registry(history_path=str(path), agents=writer) as h:
         echo_tool(h.registry)
-        await fill(h, await h.agent("writer"), 30)
+        await fill(h, "agents/writer", 30)
     corrupt_sqlite_file(path)
 
-    async with make_registry(history_path=str(path)) as h:
+    async with make_registry(history_path=str(path), agents=writer) as h:
         echo_tool(h.registry)
-        agent = await h.agent("writer")
+        agent = "agents/writer"
         assert await health_of(h) == NOT_SERVING
         assert await health_of(h, SERVICE_NAME) == NOT_SERVING
         await assert_history_rpcs_fail_clearly(h, agent)

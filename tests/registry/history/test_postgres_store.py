@@ -17,7 +17,8 @@ import pytest
 from registry_service.history.postgres.migrations import LATEST
 from registry_service.history.postgres.store import PostgresHistory
 from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
-from registry_service.history.store import StoreOpenError
+from registry_service.history.store import StoreOpenError, StoreState
+from tests.postgres_server import PostgresServer
 from tests.registry.history.test_store_conformance import everything, rec, shape
 
 # A writer in a process of its own: opens a call and blocks, until the test SIGKILLs it.
@@ -30,7 +31,8 @@ async def main() -> None:
     store = PostgresHistory(sys.argv[1], lease_s=float(sys.argv[2]))
     now = time.time()
     for call_id in ("crashed-1", "crashed-2"):
-        await store.append(Record("tool/call", "agents/a", call_id, call_id, "", "t", time=now))
+        await store.append(Record("tool/call", "agents/a", call_id, call_id, "", "t", time=now,
+                                  agent_id="agents/a"))
     print("open", flush=True)
     await asyncio.Event().wait()
 
@@ -214,3 +216,20 @@ async def test_a_watch_follows_records_another_registry_writes(pg_database: str)
     finally:
         await here.close()
         await there.close()
+
+
+async def test_a_server_restarted_while_idle_costs_no_caller_an_error(
+    postgres: PostgresServer, pg_database: str
+) -> None:
+    store = PostgresHistory(pg_database)
+    try:
+        written = await store.append(rec(TOOL_CALL, "before"))
+        assert await store.list("agents/a", after_seq=0, limit=10) == [written]
+        postgres.halt()
+        postgres.resume()
+        # Both of the store's connections ended with the server: found before they are used.
+        after = await store.append(rec(TOOL_CALL, "after"))
+        assert await store.list("agents/a", after_seq=0, limit=10) == [written, after]
+        assert store.state is StoreState.OK
+    finally:
+        await store.close()

@@ -47,6 +47,7 @@ def rec(
     return Record(
         kind=kind,
         agent=agent,
+        agent_id=agent,  # the history key: a stable id (here the same text as the name)
         call_id=call_id,
         root_call_id=root,
         parent_call_id=root if call_id != root else "",

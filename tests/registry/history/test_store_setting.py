@@ -95,7 +95,8 @@ def test_a_registry_process_serves_history_from_postgres(tmp_path: Path, pg_data
         "async def main():\n"
         "    registry = build_registry(load_settings())\n"
         "    assert isinstance(registry.history, PostgresHistory), registry.history\n"
-        "    await registry.history.append(Record('tool/call', 'agents/a', 'c1', 'c1', '', 't'))\n"
+        "    await registry.history.append(\n"
+        "        Record('tool/call', 'agents/a', 'c1', 'c1', '', 't', agent_id='id-a'))\n"
         "    await registry.close()\n"
         "asyncio.run(main())\n"
     )
@@ -108,5 +109,5 @@ def test_a_registry_process_serves_history_from_postgres(tmp_path: Path, pg_data
     import psycopg
 
     with psycopg.connect(pg_database) as conn:
-        rows = conn.execute("SELECT agent, seq, call_id FROM history_records").fetchall()
-    assert rows == [("agents/a", 1, "c1")]
+        rows = conn.execute("SELECT agent_id, seq, agent, call_id FROM history_records").fetchall()
+    assert rows == [("id-a", 1, "agents/a", "c1")]

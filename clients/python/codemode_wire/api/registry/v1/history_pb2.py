@@ -27,7 +27,7 @@ from codemode_wire.api.registry.v1 import tool_pb2 as codemode_dot_registry_dot_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"codemode/registry/v1/history.proto\x12\x14\x63odemode.registry.v1\x1a\x1f\x63odemode/registry/v1/tool.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbf\x02\n\rHistoryRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x14\n\x0croot_call_id\x18\x05 \x01(\t\x12\x16\n\x0eparent_call_id\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x08 \x01(\t\x12\x33\n\x07\x63ontent\x18\t \x03(\x0b\x32\".codemode.registry.v1.ContentBlock\x12\x10\n\x08is_error\x18\n \x01(\x08\x12\x12\n\nerror_code\x18\x0b \x01(\t\x12(\n\x04time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rspill_locator\x18\r \x01(\t\"R\n\x11NestedCallStarted\x12\x13\n\x0bsub_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x15\n\rqueue_wait_ms\x18\x03 \x01(\x01\"v\n\x11NestedCallSettled\x12\x13\n\x0bsub_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\"\x1a\n\nProgramLog\x12\x0c\n\x04text\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"codemode/registry/v1/history.proto\x12\x14\x63odemode.registry.v1\x1a\x1f\x63odemode/registry/v1/tool.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x02\n\rHistoryRecord\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x14\n\x0croot_call_id\x18\x05 \x01(\t\x12\x16\n\x0eparent_call_id\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x08 \x01(\t\x12\x33\n\x07\x63ontent\x18\t \x03(\x0b\x32\".codemode.registry.v1.ContentBlock\x12\x10\n\x08is_error\x18\n \x01(\x08\x12\x12\n\nerror_code\x18\x0b \x01(\t\x12(\n\x04time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rspill_locator\x18\r \x01(\t\x12\x10\n\x08\x61gent_id\x18\x0e \x01(\t\"R\n\x11NestedCallStarted\x12\x13\n\x0bsub_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x15\n\rqueue_wait_ms\x18\x03 \x01(\x01\"v\n\x11NestedCallSettled\x12\x13\n\x0bsub_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x01\"\x1a\n\nProgramLog\x12\x0c\n\x04text\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'codemode.registry.v1.histor
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HISTORYRECORD']._serialized_start=127
-  _globals['_HISTORYRECORD']._serialized_end=446
-  _globals['_NESTEDCALLSTARTED']._serialized_start=448
-  _globals['_NESTEDCALLSTARTED']._serialized_end=530
-  _globals['_NESTEDCALLSETTLED']._serialized_start=532
-  _globals['_NESTEDCALLSETTLED']._serialized_end=650
-  _globals['_PROGRAMLOG']._serialized_start=652
-  _globals['_PROGRAMLOG']._serialized_end=678
+  _globals['_HISTORYRECORD']._serialized_end=464
+  _globals['_NESTEDCALLSTARTED']._serialized_start=466
+  _globals['_NESTEDCALLSTARTED']._serialized_end=548
+  _globals['_NESTEDCALLSETTLED']._serialized_start=550
+  _globals['_NESTEDCALLSETTLED']._serialized_end=668
+  _globals['_PROGRAMLOG']._serialized_start=670
+  _globals['_PROGRAMLOG']._serialized_end=696
 # @@protoc_insertion_point(module_scope)

@@ -40,6 +40,7 @@ class HistoryRecord(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     SPILL_LOCATOR_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Strictly increasing position in the registry's history."""
     kind: _builtins.str
@@ -70,6 +71,8 @@ class HistoryRecord(_message.Message):
     """The failure code, if any."""
     spill_locator: _builtins.str
     """When the content was too large to keep inline: a locator of the full content."""
+    agent_id: _builtins.str
+    """The agent's stable identity (`Agent.agent_id`): the key of its history."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_tool_pb2.ContentBlock]:
         """The final rendered content; set on result and settle records (a preview when spilled)."""
@@ -94,10 +97,11 @@ class HistoryRecord(_message.Message):
         error_code: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
         spill_locator: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "arguments_json", b"arguments_json", "call_id", b"call_id", "content", b"content", "error_code", b"error_code", "is_error", b"is_error", "kind", b"kind", "parent_call_id", b"parent_call_id", "root_call_id", b"root_call_id", "seq", b"seq", "spill_locator", b"spill_locator", "time", b"time", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_id", b"agent_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "content", b"content", "error_code", b"error_code", "is_error", b"is_error", "kind", b"kind", "parent_call_id", b"parent_call_id", "root_call_id", b"root_call_id", "seq", b"seq", "spill_locator", b"spill_locator", "time", b"time", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1420,14 +1420,19 @@ class ListHistoryRequest(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}`."""
+    """The agent, `agents/{id}` (or empty with `agent_id`)."""
     call_id: _builtins.str
     """Only records of this call: matches the call id or the root call id. Empty: all."""
     page_size: _builtins.int
     """Maximum records to return: 0 means 100; values above 1000 are coerced to 1000."""
     page_token: _builtins.str
     """A page token from a previous response, with the same other parameters."""
+    agent_id: _builtins.str
+    """The agent's id (`Agent.agent_id`) instead of, or as well as, `agent`: reads the history of a
+    deleted agent by its id when `agent` is empty; must be the agent's id when both are given.
+    """
     def __init__(
         self,
         *,
@@ -1435,10 +1440,11 @@ class ListHistoryRequest(_message.Message):
         call_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "call_id", b"call_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_id", b"agent_id", "call_id", b"call_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1480,19 +1486,23 @@ class WatchHistoryRequest(_message.Message):
 
     AGENT_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}`."""
+    """The agent, `agents/{id}` (or empty with `agent_id`)."""
     after_seq: _builtins.int
     """Start after this seq (0: from the beginning)."""
+    agent_id: _builtins.str
+    """The agent's id, as in ListHistoryRequest.agent_id."""
     def __init__(
         self,
         *,
         agent: _builtins.str = ...,
         after_seq: _builtins.int = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "agent", b"agent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "agent", b"agent", "agent_id", b"agent_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1530,19 +1540,23 @@ class GetRecordContentRequest(_message.Message):
 
     AGENT_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
-    """The agent, `agents/{id}`."""
+    """The agent, `agents/{id}` (or empty with `agent_id`)."""
     seq: _builtins.int
     """The record's seq."""
+    agent_id: _builtins.str
+    """The agent's id, as in ListHistoryRequest.agent_id."""
     def __init__(
         self,
         *,
         agent: _builtins.str = ...,
         seq: _builtins.int = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_id", b"agent_id", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

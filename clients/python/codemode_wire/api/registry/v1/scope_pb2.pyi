@@ -109,6 +109,7 @@ class Agent(_message.Message):
     EFFECTIVE_CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
     SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
     EFFECTIVE_SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `agents/{agent_id}`."""
     preset: _builtins.str
@@ -134,6 +135,11 @@ class Agent(_message.Message):
     """Output only. Self-modification in force: nearest declaration along agent → preset →
     deployment default (`self_modification` in the registry settings, off by default).
     """
+    agent_id: _builtins.str
+    """Output only. The agent's stable identity (32 hex digits), never reused: its history is keyed
+    by it, so an agent re-created under a deleted agent's name starts an empty history, while
+    the deleted one's stays readable by this id (ListHistory `agent_id`).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the agent was created."""
@@ -150,10 +156,11 @@ class Agent(_message.Message):
         effective_code_language: _builtins.str = ...,
         self_modification: _builtins.bool | None = ...,
         effective_self_modification: _builtins.bool = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "create_time", b"create_time", "self_modification", b"self_modification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "effective_self_modification", b"effective_self_modification", "mode", b"mode", "name", b"name", "preset", b"preset", "self_modification", b"self_modification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "agent_id", b"agent_id", "code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "effective_self_modification", b"effective_self_modification", "mode", b"mode", "name", b"name", "preset", b"preset", "self_modification", b"self_modification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__self_modification: _TypeAlias = _typing.Literal["self_modification"]  # noqa: Y015
     _WhichOneofArgType__self_modification: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification"]  # noqa: Y015

@@ -53,6 +53,8 @@ export interface HistoryRecord {
     | undefined;
   /** When the content was too large to keep inline: a locator of the full content. */
   spillLocator: string;
+  /** The agent's stable identity (`Agent.agent_id`): the key of its history. */
+  agentId: string;
 }
 
 /** A binding call of a run_code program started. */
@@ -103,6 +105,7 @@ function createBaseHistoryRecord(): HistoryRecord {
     errorCode: "",
     time: undefined,
     spillLocator: "",
+    agentId: "",
   };
 }
 
@@ -149,6 +152,9 @@ export const HistoryRecord: MessageFns<HistoryRecord> = {
     }
     if (message.spillLocator !== "") {
       writer.uint32(106).string(message.spillLocator);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(114).string(message.agentId);
     }
     return writer;
   },
@@ -270,6 +276,14 @@ export const HistoryRecord: MessageFns<HistoryRecord> = {
             message.spillLocator = reader.string();
             continue;
           }
+          case 14: {
+            if (tag !== 114) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -300,6 +314,7 @@ export const HistoryRecord: MessageFns<HistoryRecord> = {
     message.errorCode = object.errorCode ?? "";
     message.time = object.time ?? undefined;
     message.spillLocator = object.spillLocator ?? "";
+    message.agentId = object.agentId ?? "";
     return message;
   },
 };

@@ -522,7 +522,7 @@ export interface ApprovalWithdrawn {
 
 /** Request for ListHistory. */
 export interface ListHistoryRequest {
-  /** The agent, `agents/{id}`. */
+  /** The agent, `agents/{id}` (or empty with `agent_id`). */
   agent: string;
   /** Only records of this call: matches the call id or the root call id. Empty: all. */
   callId: string;
@@ -530,6 +530,11 @@ export interface ListHistoryRequest {
   pageSize: number;
   /** A page token from a previous response, with the same other parameters. */
   pageToken: string;
+  /**
+   * The agent's id (`Agent.agent_id`) instead of, or as well as, `agent`: reads the history of a
+   * deleted agent by its id when `agent` is empty; must be the agent's id when both are given.
+   */
+  agentId: string;
 }
 
 /** Response for ListHistory. */
@@ -542,10 +547,12 @@ export interface ListHistoryResponse {
 
 /** Request for WatchHistory. */
 export interface WatchHistoryRequest {
-  /** The agent, `agents/{id}`. */
+  /** The agent, `agents/{id}` (or empty with `agent_id`). */
   agent: string;
   /** Start after this seq (0: from the beginning). */
   afterSeq: bigint;
+  /** The agent's id, as in ListHistoryRequest.agent_id. */
+  agentId: string;
 }
 
 /** Response for WatchHistory: one record. */
@@ -556,10 +563,12 @@ export interface WatchHistoryResponse {
 
 /** Request for GetRecordContent. */
 export interface GetRecordContentRequest {
-  /** The agent, `agents/{id}`. */
+  /** The agent, `agents/{id}` (or empty with `agent_id`). */
   agent: string;
   /** The record's seq. */
   seq: bigint;
+  /** The agent's id, as in ListHistoryRequest.agent_id. */
+  agentId: string;
 }
 
 /** Response for GetRecordContent. */
@@ -3901,7 +3910,7 @@ export const ApprovalWithdrawn: MessageFns<ApprovalWithdrawn> = {
 };
 
 function createBaseListHistoryRequest(): ListHistoryRequest {
-  return { agent: "", callId: "", pageSize: 0, pageToken: "" };
+  return { agent: "", callId: "", pageSize: 0, pageToken: "", agentId: "" };
 }
 
 export const ListHistoryRequest: MessageFns<ListHistoryRequest> = {
@@ -3917,6 +3926,9 @@ export const ListHistoryRequest: MessageFns<ListHistoryRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(34).string(message.pageToken);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(42).string(message.agentId);
     }
     return writer;
   },
@@ -3966,6 +3978,14 @@ export const ListHistoryRequest: MessageFns<ListHistoryRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3987,6 +4007,7 @@ export const ListHistoryRequest: MessageFns<ListHistoryRequest> = {
     message.callId = object.callId ?? "";
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.agentId = object.agentId ?? "";
     return message;
   },
 };
@@ -4059,7 +4080,7 @@ export const ListHistoryResponse: MessageFns<ListHistoryResponse> = {
 };
 
 function createBaseWatchHistoryRequest(): WatchHistoryRequest {
-  return { agent: "", afterSeq: 0n };
+  return { agent: "", afterSeq: 0n, agentId: "" };
 }
 
 export const WatchHistoryRequest: MessageFns<WatchHistoryRequest> = {
@@ -4072,6 +4093,9 @@ export const WatchHistoryRequest: MessageFns<WatchHistoryRequest> = {
         throw new globalThis.Error("value provided for field message.afterSeq of type int64 too large");
       }
       writer.uint32(16).int64(message.afterSeq);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(26).string(message.agentId);
     }
     return writer;
   },
@@ -4105,6 +4129,14 @@ export const WatchHistoryRequest: MessageFns<WatchHistoryRequest> = {
             message.afterSeq = reader.int64() as bigint;
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4124,6 +4156,7 @@ export const WatchHistoryRequest: MessageFns<WatchHistoryRequest> = {
     const message = createBaseWatchHistoryRequest();
     message.agent = object.agent ?? "";
     message.afterSeq = (object.afterSeq !== undefined && object.afterSeq !== null) ? BigInt(object.afterSeq) : 0n;
+    message.agentId = object.agentId ?? "";
     return message;
   },
 };
@@ -4186,7 +4219,7 @@ export const WatchHistoryResponse: MessageFns<WatchHistoryResponse> = {
 };
 
 function createBaseGetRecordContentRequest(): GetRecordContentRequest {
-  return { agent: "", seq: 0n };
+  return { agent: "", seq: 0n, agentId: "" };
 }
 
 export const GetRecordContentRequest: MessageFns<GetRecordContentRequest> = {
@@ -4199,6 +4232,9 @@ export const GetRecordContentRequest: MessageFns<GetRecordContentRequest> = {
         throw new globalThis.Error("value provided for field message.seq of type int64 too large");
       }
       writer.uint32(16).int64(message.seq);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(26).string(message.agentId);
     }
     return writer;
   },
@@ -4232,6 +4268,14 @@ export const GetRecordContentRequest: MessageFns<GetRecordContentRequest> = {
             message.seq = reader.int64() as bigint;
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4251,6 +4295,7 @@ export const GetRecordContentRequest: MessageFns<GetRecordContentRequest> = {
     const message = createBaseGetRecordContentRequest();
     message.agent = object.agent ?? "";
     message.seq = (object.seq !== undefined && object.seq !== null) ? BigInt(object.seq) : 0n;
+    message.agentId = object.agentId ?? "";
     return message;
   },
 };

@@ -86,6 +86,12 @@ export interface Agent {
    * deployment default (`self_modification` in the registry settings, off by default).
    */
   effectiveSelfModification: boolean;
+  /**
+   * Output only. The agent's stable identity (32 hex digits), never reused: its history is keyed
+   * by it, so an agent re-created under a deleted agent's name starts an empty history, while
+   * the deleted one's stays readable by this id (ListHistory `agent_id`).
+   */
+  agentId: string;
 }
 
 function createBasePreset(): Preset {
@@ -202,6 +208,7 @@ function createBaseAgent(): Agent {
     effectiveCodeLanguage: "",
     selfModification: undefined,
     effectiveSelfModification: false,
+    agentId: "",
   };
 }
 
@@ -233,6 +240,9 @@ export const Agent: MessageFns<Agent> = {
     }
     if (message.effectiveSelfModification !== false) {
       writer.uint32(72).bool(message.effectiveSelfModification);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(82).string(message.agentId);
     }
     return writer;
   },
@@ -322,6 +332,14 @@ export const Agent: MessageFns<Agent> = {
             message.effectiveSelfModification = reader.bool();
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -348,6 +366,7 @@ export const Agent: MessageFns<Agent> = {
     message.effectiveCodeLanguage = object.effectiveCodeLanguage ?? "";
     message.selfModification = object.selfModification ?? undefined;
     message.effectiveSelfModification = object.effectiveSelfModification ?? false;
+    message.agentId = object.agentId ?? "";
     return message;
   },
 };

@@ -1,0 +1,146 @@
+"""The SQLite store's schema, as migrations applied in order at start (kept in the repo).
+
+`schema_migrations` lists the versions applied. A database from before that table has its
+version in `PRAGMA user_version` (1: the history with `open_calls`), which seeds the list. Each
+migration runs in one transaction with its version row: a crash in the middle leaves the
+database as it was before it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_HISTORY = Migration(
+    1,
+    "history records, spilled content, open calls (filled from the records once)",
+    (
+        """CREATE TABLE IF NOT EXISTS records (
+          seq INTEGER PRIMARY KEY AUTOINCREMENT,
+          agent TEXT NOT NULL,
+          kind TEXT NOT NULL,
+          call_id TEXT NOT NULL,
+          root_call_id TEXT NOT NULL,
+          parent_call_id TEXT NOT NULL,
+          time REAL NOT NULL,
+          body TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS records_agent ON records (agent, seq)",
+        "CREATE INDEX IF NOT EXISTS records_call ON records (agent, call_id)",
+        "CREATE INDEX IF NOT EXISTS records_root ON records (agent, root_call_id)",
+        "CREATE TABLE IF NOT EXISTS spills"
+        " (id INTEGER PRIMARY KEY AUTOINCREMENT, content TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS open_calls (
+          seq INTEGER PRIMARY KEY,
+          agent TEXT NOT NULL,
+          kind TEXT NOT NULL,
+          call_id TEXT NOT NULL,
+          root_call_id TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS open_calls_call ON open_calls (agent, call_id)",
+        "CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, at REAL NOT NULL)",
+        "DELETE FROM open_calls",
+        """INSERT INTO open_calls (seq, agent, kind, call_id, root_call_id)
+        SELECT s.seq, s.agent, s.kind, s.call_id, s.root_call_id FROM records s
+        WHERE s.kind IN ('tool/call', 'tool/code-dispatch-start') AND NOT EXISTS (
+          SELECT 1 FROM records e WHERE e.agent = s.agent AND e.call_id = s.call_id
+          AND e.seq > s.seq
+          AND e.kind = CASE s.kind WHEN 'tool/call' THEN 'tool/result'
+                                   ELSE 'tool/code-dispatch' END)""",
+    ),
+)
+
+_AGENT_IDS_AND_CATALOG = Migration(
+    2,
+    "history keyed by stable agent ids (records kept under a name get a new id each); "
+    "the durable catalog of presets, agents and restrictions",
+    (
+        "ALTER TABLE records ADD COLUMN agent_id TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE open_calls ADD COLUMN agent_id TEXT NOT NULL DEFAULT ''",
+        # One new id per name the history was kept under: readable by id, and claimed by the
+        # agent of that name if the settings declare it again (see catalog_store).
+        """CREATE TABLE legacy_agents (
+          name TEXT PRIMARY KEY,
+          agent_id TEXT NOT NULL UNIQUE
+        )""",
+        "INSERT INTO legacy_agents (name, agent_id) SELECT agent, lower(hex(randomblob(16)))"
+        " FROM (SELECT DISTINCT agent FROM records WHERE agent != '')",
+        "UPDATE records SET agent_id ="
+        " coalesce((SELECT l.agent_id FROM legacy_agents l WHERE l.name = records.agent), '')",
+        "UPDATE open_calls SET agent_id ="
+        " coalesce((SELECT l.agent_id FROM legacy_agents l WHERE l.name = open_calls.agent), '')",
+        "DROP INDEX records_agent",
+        "DROP INDEX records_call",
+        "DROP INDEX records_root",
+        "DROP INDEX open_calls_call",
+        "CREATE INDEX records_agent ON records (agent_id, seq)",
+        "CREATE INDEX records_call ON records (agent_id, call_id)",
+        "CREATE INDEX records_root ON records (agent_id, root_call_id)",
+        "CREATE INDEX open_calls_call ON open_calls (agent_id, call_id)",
+        """CREATE TABLE catalog_scopes (
+          name TEXT PRIMARY KEY,
+          agent_id TEXT NOT NULL,
+          preset TEXT NOT NULL,
+          mode TEXT,
+          language TEXT,
+          self_modification INTEGER,
+          create_time REAL NOT NULL
+        )""",
+        """CREATE TABLE catalog_restrictions (
+          restriction_id TEXT PRIMARY KEY,
+          scope TEXT NOT NULL,
+          allow TEXT,
+          deny TEXT
+        )""",
+        "CREATE INDEX catalog_restrictions_scope ON catalog_restrictions (scope)",
+    ),
+)
+
+MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG)
+LATEST = MIGRATIONS[-1].version
+
+
+def migrate(db: sqlite3.Connection) -> list[int]:
+    """Applies the migrations this database lacks, in order; returns their versions."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations"
+        " (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    applied = {row[0] for row in db.execute("SELECT version FROM schema_migrations")}
+    if not applied:
+        # A database from before schema_migrations: `user_version` 1 had the history schema.
+        [(user_version,)] = db.execute("PRAGMA user_version").fetchall()
+        applied = {m.version for m in MIGRATIONS if m.version <= min(user_version, 1)}
+        _record(db, [m for m in MIGRATIONS if m.version in applied])
+    done: list[int] = []
+    for migration in MIGRATIONS:
+        if migration.version in applied:
+            continue
+        db.execute("BEGIN")
+        try:
+            for statement in migration.statements:
+                db.execute(statement)
+            _record(db, [migration])
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        done.append(migration.version)
+    return done
+
+
+def _record(db: sqlite3.Connection, migrations: list[Migration]) -> None:
+    db.executemany(
+        "INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+        [(m.version, m.description, time.time()) for m in migrations],
+    )
