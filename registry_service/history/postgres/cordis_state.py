@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from registry_service.history.postgres.connect import CONNECT_TIMEOUT_S, connect_sync, redact
+from registry_service.history.postgres.connect import connect_async, connect_sync, redact
 from registry_service.history.postgres.migrations import migrate
 from registry_service.history.store import StoreOpenError, store_unavailable
 
@@ -42,9 +42,7 @@ class PostgresCordisState:
         async with self._lock:  # one write at a time, in the order they were asked for
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = await psycopg.AsyncConnection.connect(
-                        self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                    )
+                    self._conn = await connect_async(self._dsn)
                 await self._conn.execute(_SAVE, (body,))
             except psycopg.Error as exc:
                 raise store_unavailable(f"cannot save the Cordis state: {exc}") from exc

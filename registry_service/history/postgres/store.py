@@ -39,7 +39,7 @@ from registry_service.history import build
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.catalog import PostgresCatalog
-from registry_service.history.postgres.connect import CONNECT_TIMEOUT_S, connect_sync, redact
+from registry_service.history.postgres.connect import connect_async, connect_sync, redact
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
 from registry_service.history.store import (
@@ -184,9 +184,7 @@ class PostgresHistory:
     # -- connections -----------------------------------------------------------------------------
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
-        return await psycopg.AsyncConnection.connect(
-            self._dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-        )
+        return await connect_async(self._dsn)
 
     async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
         if not _usable(self._writer):
