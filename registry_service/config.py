@@ -158,11 +158,13 @@ class RegistrySettings(ServiceSettings):
     runtime_tls_server_name: str = ""
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_store: str = "sqlite"
-    """Where history is kept: `sqlite`, the embedded default, in `history_path`; or `postgres`,
-    a PostgreSQL database at `history_dsn` that several registries may share. An unknown name
-    stops the start."""
+    """Where history and the catalog (presets, agents, their declarations and restrictions) are
+    kept: `sqlite`, the embedded default, in `history_path`; or `postgres`, a PostgreSQL
+    database at `history_dsn` that several registries may share. An unknown name stops the
+    start."""
     history_path: str = "var/registry-history.sqlite3"
-    """SQLite history file (WAL); `:memory:` keeps history in memory only."""
+    """SQLite history file (WAL), also holding the catalog; `:memory:` keeps both in memory
+    only."""
     history_dsn: SecretStr = SecretStr("")
     """PostgreSQL connection string of `history_store: postgres`
     (`postgresql://user:password@host:5432/db`, or libpq `key=value` form); best given as the

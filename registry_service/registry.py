@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -86,6 +87,7 @@ class Registry:
             await self.catalog.restore(snapshot)
         except CodemodeError as exc:
             log.error("catalog: cannot store the settings' presets and agents: %s", exc.message)
+        self.cordis.runner.adopt_owners()
 
     async def close_interrupted(self) -> None:
         """At start, before any call: closes the calls a crash left open in the history."""
@@ -119,6 +121,8 @@ class Registry:
 
         A result that carries an `rpc_error` (the code runtime unavailable) is recorded like
         any other, then raised: the call ends with that status instead of a result."""
+        if inp.agent and not inp.agent_id:  # a caller that did not look the agent up
+            inp = dataclasses.replace(inp, agent_id=self.catalog.get_agent(inp.agent).agent_id)
         if inp.agent:
             await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
         result = await self.executor.execute(inp, emit)

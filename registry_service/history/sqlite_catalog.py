@@ -77,6 +77,10 @@ class SqliteCatalog:
         try:
             if db.in_transaction:  # left open by a ROLLBACK that failed
                 db.execute("ROLLBACK")
+            # The history commits without a sync (it survives a crash of the process, not of
+            # the machine); a catalog change is rare and answered as done, so its commit
+            # syncs the log to the disk as well.
+            db.execute("PRAGMA synchronous=FULL")
             db.execute("BEGIN")
             for change in changes:
                 self._apply(change)
@@ -89,6 +93,9 @@ class SqliteCatalog:
             if isinstance(exc, CodemodeError | sqlite3.Error):
                 raise self._failed(exc) from exc
             raise
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA synchronous=NORMAL")
 
     def _apply(self, change: CatalogChange) -> None:
         db = self._db

@@ -103,7 +103,9 @@ async def test_tool_failure_message_and_policy_denial_reach_the_program(stack: S
         ["explodes", "policy crashed"],
     ]
     assert bodies == [] and "explodes" not in posts and "guarded" in posts
-    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    records = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     settles = {r.name: r for r in records if r.kind == "tool/code-dispatch"}
     assert all(settles[n].is_error for n in ("broken", "guarded", "explodes"))
 
@@ -135,7 +137,9 @@ async def test_lossy_arguments_are_rejected_before_dispatch(stack: Stack) -> Non
         ["echo", f"{lossy} (call the tool with an arguments object, e.g. `{{}}`)"],
         {"echo": {"ok": 1}},
     ]
-    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    records = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     # Nothing dispatched or logged for the refused calls, and no sub-call number used.
     assert [(r.kind, r.call_id) for r in records] == [
         ("tool/call", "call-1"),
@@ -156,7 +160,9 @@ async def test_registry_refuses_unusable_arguments_with_the_same_texts() -> None
     ]
     async with registry_on(runtime) as (h, _clock, agent):
         _, result = await h.execute("run_code", {"code": "pass", "description": "x"}, agent=agent)
-        records = await h.registry.history.list(agent, after_seq=0, limit=100)
+        records = await h.registry.history.list(
+            h.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+        )
     assert not result.is_error
     lossy = "tool arguments must be lossless JSON"
     assert [(r.value_json or r.error_message) for r in runtime.results] == [
@@ -198,7 +204,9 @@ async def test_deep_arguments_and_proto_named_tool(stack: Stack) -> None:
     )
     _, result = await stack.run_code(program, agent=agent)
     assert value_of(result)["result"] == [5000, "ok"]
-    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    records = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     start = next(r for r in records if r.kind == "tool/code-dispatch-start" and r.name == "echo")
     assert start.arguments_json.startswith('{"deep":' + "[" * 5000)
 
@@ -259,7 +267,9 @@ async def test_durable_content_shapes_and_pretty_json(stack: Stack) -> None:
     for i, (program, text) in enumerate(cases.items()):
         _, result = await stack.run_code(program, agent=agent, call_id=f"c{i}")
         assert result_text(result) == text
-    records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    records = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     results = [r for r in records if r.kind == "tool/result"]
     assert len(results) == len(cases)
     assert all(r.kind in MODEL_KINDS for r in records)  # no nested records: no tools called

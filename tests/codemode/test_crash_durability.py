@@ -84,7 +84,8 @@ async def test_a_killed_registry_keeps_every_record_of_a_finished_run(tmp_path: 
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = rpb_grpc.RegistryServiceStub(channel)
-            await stub.CreateAgent(rpb.CreateAgentRequest(agent_id="coder"))  # not persisted
+            # The agent is stored too: it is there after the kill, with its history.
+            await stub.GetAgent(rpb.GetAgentRequest(name="agents/coder"))
             page = await stub.ListHistory(rpb.ListHistoryRequest(agent="agents/coder"))
     finally:
         registry.kill()

@@ -79,7 +79,9 @@ async def test_runtime_killed_mid_run_fails_cleanly_and_settles_nested_calls(
         info = error_info_of(caught.value)
         assert info is not None and info.reason == "CODE_RUNTIME_UNAVAILABLE"
         assert info.metadata["phase"] == "running"
-        records = await harness.registry.history.list(agent, after_seq=0, limit=100)
+        records = await harness.registry.history.list(
+            harness.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+        )
         starts = [r.call_id for r in records if r.kind == "tool/code-dispatch-start"]
         settles = [r.call_id for r in records if r.kind == "tool/code-dispatch"]
         assert starts == settles == ["call-1:code:1"]
@@ -136,7 +138,9 @@ async def test_history_survives_a_registry_restart(tmp_path: Path, make_stack: A
         agent = await stack.code_agent()
         await stack.run_code("print('persist me')", agent=agent)
     async with make_stack(history_path=path) as stack:
-        await stack.agent("coder", mode=CODE)  # agents are not persisted; history is
+        # The agent is stored with its history (and comes back with its mode).
+        got = await stack.stub.GetAgent(rpb.GetAgentRequest(name=agent))
+        assert got.agent.effective_mode == CODE
         page = await stack.stub.ListHistory(rpb.ListHistoryRequest(agent=agent))
         assert [r.kind for r in page.records] == ["tool/call", "tool/result"]
         assert page.records[-1].content[0].text.text == "persist me"

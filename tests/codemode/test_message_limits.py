@@ -47,7 +47,9 @@ async def test_binding_call_too_large_to_forward_fails_only_that_call(make_stack
             "logs": [f"echo tool arguments too large: over {LIMIT} bytes of JSON"],
             "result": {"echo": {"small": 1}},
         }
-        records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+        records = await stack.registry.history.list(
+            stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+        )
         # The refused call was never dispatched and used no sub-call number.
         assert [(r.kind, r.call_id) for r in records] == [
             ("tool/call", "call-1"),

@@ -28,7 +28,9 @@ async def test_sequential_awaits_value_content_and_records(stack: Stack) -> None
     waits = [e.nested_started.queue_wait_ms for e in events if e.HasField("nested_started")]
     assert len(waits) == 2 and all(w >= 0 for w in waits)
     assert "log" in kinds
-    history = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    history = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     summary = [(r.kind, r.call_id) for r in history]
     assert summary == [
         ("tool/call", "call-1"),
@@ -53,7 +55,9 @@ async def test_no_progress_events_same_result_and_records(stack: Stack) -> None:
     events, result = await stack.run_code(program, agent=agent, progress=rpb.PROGRESS_EVENTS_NONE)
     assert events == []
     assert value_of(result) == {"logs": ["one"], "result": "one"}
-    history = await stack.registry.history.list(agent, after_seq=0, limit=100)
+    history = await stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+    )
     assert [r.kind for r in history] == [
         "tool/call",
         "tool/code-dispatch-start",
@@ -108,7 +112,9 @@ async def test_dispatch_start_record_is_durable_before_the_body_runs(stack: Stac
     seen: list[list[str]] = []
 
     async def probe(inv: Any) -> Any:
-        records = await stack.registry.history.list(agent, after_seq=0, limit=100)
+        records = await stack.registry.history.list(
+            stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+        )
         seen.append([f"{r.kind} {r.call_id}" for r in records])
         return len(seen)
 

@@ -42,7 +42,9 @@ class Tracker:
 
 
 def _records(stack: Stack, agent: str) -> Any:
-    return stack.registry.history.list(agent, after_seq=0, limit=1000)
+    return stack.registry.history.list(
+        stack.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=1000
+    )
 
 
 async def test_safe_calls_overlap_and_start_in_order(stack: Stack) -> None:

@@ -82,7 +82,9 @@ async def test_forged_foreign_and_expired_tokens_are_refused_on_the_run_stream()
             Step(),  # the run's own token still works after all that
         ]
         result = await run_code(h, agent)
-        records = await h.registry.history.list(agent, after_seq=0, limit=100)
+        records = await h.registry.history.list(
+            h.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100
+        )
     assert not result.is_error, result.error.message
     refused = "nested call refused: parent token "
     assert answers(runtime) == [

@@ -51,6 +51,7 @@ def snapshot(plugins: Iterable[Plugin], ids: Ids) -> str:
             {
                 "pluginId": p.plugin_id,
                 "owner": p.owner,
+                "ownerId": p.owner_id,
                 "packages": [_package_json(pkg) for pkg in p.packages.values()],
                 "current": p.current,
                 "next": p.next,
@@ -71,7 +72,9 @@ def restore(body: str, ids: Ids) -> list[Plugin]:
     ids.restore(cast("dict[str, int]", data.get("counters", {})))
     plugins: list[Plugin] = []
     for raw in cast("list[dict[str, object]]", data.get("plugins", [])):
-        plugin = Plugin(str(raw["pluginId"]), str(raw["owner"]))
+        plugin = Plugin(
+            str(raw["pluginId"]), str(raw["owner"]), owner_id=str(raw.get("ownerId", ""))
+        )
         for pkg in cast("list[dict[str, object]]", raw.get("packages", [])):
             package = Package(
                 str(pkg["packageId"]),

@@ -138,6 +138,9 @@ class Plugin:
     # Grants for client halves (recorded by the page runner, next issue).
     approved_client_packages: set[str] = field(default_factory=set)
     client_version_updates_approved: bool = False
+    # The owner's stable agent id: a plugin belongs to that agent, not to a later one of the
+    # same name ("" in a snapshot from before agents had ids: adopted at start).
+    owner_id: str = ""
 
     @property
     def last_package(self) -> Package:

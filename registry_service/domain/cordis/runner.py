@@ -165,7 +165,8 @@ class CordisRunner:
             await check_javascript_client(client)
         # Looked up again: the plugin may have been undefined while node parsed the client half.
         if prefix:
-            target = Plugin(self._ids.plugin(prefix, self._plugins), owner)
+            owner_id = self._catalog.get_agent(owner).agent_id
+            target = Plugin(self._ids.plugin(prefix, self._plugins), owner, owner_id=owner_id)
             self._plugins[target.plugin_id] = target
         else:
             target = self._owned(owner, cast(str, plugin.get("pluginId", "")))
@@ -551,6 +552,24 @@ class CordisRunner:
         self._plugins.pop(plugin_id, None)
         self._changed()
         return {"pluginId": plugin_id, "wasRunning": was_running}
+
+    def adopt_owners(self) -> None:
+        """At start, once the stored catalog is restored: a plugin whose owner is gone, or is
+        a later agent of the same name (its deletion was not saved here: a crash, or Cordis
+        not durable then), is forgotten; one saved before agents had ids takes its owner's."""
+        for plugin in list(self._plugins.values()):
+            try:
+                owner_id = self._catalog.get_agent(plugin.owner).agent_id
+            except CodemodeError:
+                owner_id = ""
+            if owner_id and plugin.owner_id in ("", owner_id):
+                if not plugin.owner_id:
+                    plugin.owner_id = owner_id
+                    self._changed()
+                continue
+            log.warning("cordis: %s belonged to a deleted %s", plugin.plugin_id, plugin.owner)
+            del self._plugins[plugin.plugin_id]
+            self._changed()
 
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import AgentSetting, ConfigError, RegistrySettings
 from registry_service.registry import build_registry
 from tests.registry.cordis.conftest import CLOCK
@@ -97,3 +98,25 @@ def test_durability_needs_a_database_file() -> None:
     settings = RegistrySettings(history_path=":memory:", cordis_durable=True)
     with pytest.raises(ConfigError, match="set history_path to a file"):
         build_registry(settings)
+
+
+async def test_plugins_belong_to_the_agent_id_not_to_a_later_agent_of_the_name(
+    make_cordis: Any, store: dict[str, Any]
+) -> None:
+    durable = {**store, "cordis_durable": True}
+    async with make_cordis(**durable) as h:
+        await h.agent("owner")
+        await h.agent("keeper")
+        await h.define("agents/owner")  # clock-1
+        await h.define("agents/keeper", prefix="kept")  # kept-2
+    # Deleted and re-created while the Cordis state was not kept (the setting off): the saved
+    # state still names agents/owner, but its owner is gone.
+    async with make_cordis(**store) as h:
+        await h.stub.DeleteAgent(rpb.DeleteAgentRequest(name="agents/owner"))
+        await h.agent("owner")
+    async with make_cordis(**durable) as h:
+        assert (await h.ok("agents/owner", "cordis_inspect_self", {}))["plugins"] == []
+        [reference] = h.registry.cordis.references("agents/owner", "look at @clock-1")
+        assert not reference.available
+        kept = await h.ok("agents/keeper", "cordis_inspect_self", {})
+        assert [p["pluginId"] for p in kept["plugins"]] == ["kept-2"]
