@@ -14,8 +14,10 @@ Unlike SQLite's file, one database may be shared by several registries:
   registries never close the same call twice. `close_interrupted` at start also closes this
   process's own (there are none in flight before the first call).
 
-The schema is migrated at open (`migrations`); an unreachable server or a bad DSN at open stops
-the start, a server lost later makes the store UNAVAILABLE until a write or probe works again.
+The catalog (presets, agents, restrictions) lives in the same database (`catalog`), and so
+does the durable Cordis state (`cordis_state`). The schema is migrated at open (`migrations`);
+an unreachable server or a bad DSN at open stops the start, a server lost later makes the store
+UNAVAILABLE until a write or probe works again.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class PostgresHistory:
         self._where = redact(dsn)
         self._max_inline = max_inline_bytes
         self._lease_s = lease_s
-        self.writer_id = f"{uuid.uuid4().hex}"
+        self.writer_id = uuid.uuid4().hex  # this process, as a writer with a lease
         self._jobs: list[_Job] = []
         self._writing: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -111,7 +113,7 @@ class PostgresHistory:
             with connect_sync(dsn) as conn:
                 migrate(conn)
                 conn.execute(_CHECK)
-                self._renew_sync(conn)
+                self._register_sync(conn)
         except SchemaTooNew as exc:
             raise StoreOpenError(f"history database {self._where}: {exc}") from exc
         except psycopg.Error as exc:
@@ -120,7 +122,7 @@ class PostgresHistory:
                 return
             raise StoreOpenError(f"cannot open history database {self._where}: {exc}") from exc
 
-    def _renew_sync(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+    def _register_sync(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         conn.execute(
             "INSERT INTO history_writers (id, expires_at)"
             " VALUES (%s, now() + make_interval(secs => %s))",
