@@ -6,6 +6,8 @@ turns that into a skip."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import subprocess
 import uuid
@@ -30,9 +32,10 @@ class PostgresServer:
     def start(cls) -> PostgresServer:
         if os.environ.get(SKIP_VARIABLE) == "1":
             pytest.skip(f"{SKIP_VARIABLE}=1: the PostgreSQL store's tests are skipped")
-        done = subprocess.run(
-            [str(SCRIPT), "start"], capture_output=True, text=True, timeout=600, check=False
-        )
+        with _not_a_subreaper():
+            done = subprocess.run(
+                [str(SCRIPT), "start"], capture_output=True, text=True, timeout=600, check=False
+            )
         if done.returncode != 0:
             pytest.fail(f"scripts/postgres start failed ({done.returncode}):\n{done.stderr}")
         values = dict(line.split("=", 1) for line in done.stdout.split() if "=" in line)
@@ -47,7 +50,8 @@ class PostgresServer:
 
     def resume(self) -> None:
         """Starts a halted server again, on the same port."""
-        subprocess.run([str(SCRIPT), "resume", str(self.dir)], timeout=120, check=True)
+        with _not_a_subreaper():
+            subprocess.run([str(SCRIPT), "resume", str(self.dir)], timeout=120, check=True)
 
     def admin(self, sql: str) -> list[tuple[object, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -70,6 +74,25 @@ class PostgresServer:
     def owner(self) -> str:
         """The system user the cluster runs as (who must own a tablespace's directory)."""
         return (self.dir / "data").owner()
+
+
+@contextlib.contextmanager
+def _not_a_subreaper() -> Iterator[None]:
+    """While the server starts, this process is no child subreaper: the postmaster, orphaned
+    when `pg_ctl` exits, goes to init, not to the test process, whose children the runtime
+    tests count (tests/runtime/conftest.py makes it a subreaper for their workers' orphans)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(0)
+    libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, flag.value, 0, 0, 0)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @pytest.fixture(scope="session")
