@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from codemode_common.principals import Authenticator, AuthSettings
@@ -19,7 +19,7 @@ from registry_service.domain.admission import Limits
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
-from registry_service.history.stores import check_name
+from registry_service.history.stores import check_options
 from registry_service.presentation.assembly import Section, check_config
 from registry_service.presentation.languages import FALLBACK_LANGUAGE
 
@@ -208,16 +208,29 @@ class RegistrySettings(ServiceSettings):
     """Name the runtimes' certificates must carry, when it is not the targets' host name."""
     history_store: str = "sqlite"
     """Where history and the catalog (presets, agents, their declarations and restrictions) are
-    kept: `sqlite`, the embedded default, in `history_path`. An unknown name stops the start."""
+    kept: `sqlite`, the embedded default, in `history_path`; or `postgres`, a PostgreSQL
+    database at `history_dsn` that several registries may share. An unknown name stops the
+    start."""
     history_path: str = "var/registry-history.sqlite3"
     """SQLite history file (WAL), also holding the catalog; `:memory:` keeps both in memory
     only."""
+    history_dsn: SecretStr = SecretStr("")
+    """PostgreSQL connection string of `history_store: postgres`
+    (`postgresql://user:password@host:5432/db`, or libpq `key=value` form); best given as the
+    CODEMODE_REGISTRY_HISTORY_DSN environment variable, since it holds a password. Its schema is
+    created and migrated at start; a server that cannot be reached at start stops the start,
+    one lost later makes history UNAVAILABLE until it is back."""
+    history_writer_lease_s: float = Field(default=15.0, gt=0, le=3600, allow_inf_nan=False)
+    """PostgreSQL: how long a registry that stopped renewing its writer lease (renewed every
+    third of it) is still taken for alive. Calls a crashed registry left open are closed as
+    interrupted once its lease expired, by whichever registry sweeps first."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""
     cordis_durable: bool = False
     """Keep dynamic Cordis plugins, their packages, grants, pointers and id counters in the
-    history database (`history_path`, which must then be a file) across restarts. Runs are not
+    history database (`history_path`, which must then be a file, or `history_dsn`) across
+    restarts. Runs are not
     restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
     reactivates it. Off: process memory only, as in the original (after a restart `@pluginId`
     references answer unavailable)."""
@@ -337,7 +350,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> RegistrySetting
     settings = load_settings_file(RegistrySettings, path, what="registry", overrides=overrides)
     # Checked here, not by pydantic: the error is then one line, and found before serving.
     try:
-        check_name(settings.history_store)
+        check_options(settings.history_store, settings.history_dsn.get_secret_value())
     except StoreOpenError as exc:
         raise ConfigError(str(exc)) from exc
     return settings

@@ -40,12 +40,11 @@ from registry_service.domain.tools import (
 )
 from registry_service.history import build, records
 from registry_service.history.catalog_store import CatalogStore
-from registry_service.history.cordis_state import SqliteCordisState
 from registry_service.history.health import Report, keep_reporting
 from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
-from registry_service.history.stores import Stores, open_store
+from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
@@ -190,13 +189,18 @@ class Registry:
 
 def _open_stores(settings: RegistrySettings) -> Stores:
     try:
-        return open_store(
-            settings.history_store,
-            path=settings.history_path,
-            max_inline_bytes=settings.history_max_inline_bytes,
-        )
+        return open_store(settings.history_store, _store_options(settings))
     except StoreOpenError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _store_options(settings: RegistrySettings) -> StoreOptions:
+    return StoreOptions(
+        path=settings.history_path,
+        dsn=settings.history_dsn.get_secret_value(),
+        max_inline_bytes=settings.history_max_inline_bytes,
+        lease_s=settings.history_writer_lease_s,
+    )
 
 
 def _connect_runtime(
@@ -222,10 +226,8 @@ def _cordis(
 ) -> Cordis:
     state_store: CordisStateStore | None = None
     if settings.cordis_durable:
-        if settings.history_store != "sqlite":
-            raise ConfigError("cordis_durable keeps Cordis state in the sqlite history store")
         try:
-            state_store = SqliteCordisState(settings.history_path)
+            state_store = open_cordis_state(settings.history_store, _store_options(settings))
         except StoreOpenError as exc:
             raise ConfigError(str(exc)) from exc
     try:

@@ -391,8 +391,8 @@ class _Run(RunHooks):
         waited = call.started_at - call.submitted_at
         self.telemetry.queue_waited(call.name, waited)
         if self.outer.agent:
-            # Not awaited: the write is queued ahead of the call's body (its commit runs first
-            # on the loop) and `committed` checks it; waiting cost two loop turns per call.
+            # Not awaited here: the write is queued ahead of the call's body, which the gate
+            # starts once it is durable (scheduler `dispatch`), and `committed` checks it.
             call.start_record = self.transport.history.submit(
                 self._record(records.DISPATCH_START, call)
             )

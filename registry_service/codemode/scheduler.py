@@ -77,9 +77,12 @@ class _LaneGate(Gate):
         self._scheduler._fly(self._call)
         record = self._call.start_record
         if record is not None and not record.done():
-            # One loop turn before the body: the start record's write, queued on the loop by
-            # the `started` hook, goes first, so it is durable before the body runs.
+            # The start record is durable before the body runs. SQLite commits it in the next
+            # loop turn (queued by the `started` hook, it goes first): one turn is enough, and
+            # cheaper than waiting on the future. A server database commits later: wait.
             await asyncio.sleep(0)
+            if not record.done():
+                await asyncio.wait((record,))  # its failure is the commit's to report
 
     async def commit(self) -> None:
         await self._scheduler._await_commit(self._call)

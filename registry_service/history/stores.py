@@ -1,5 +1,5 @@
 """Opens the configured store (`history_store` setting) by name: a backend provides the history
-and the catalog on one database."""
+and the catalog on one database, and the durable Cordis state beside them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.history.catalog_store import CatalogStore
+from registry_service.history.cordis_state import SqliteCordisState
+from registry_service.history.postgres.connect import check_dsn
+from registry_service.history.postgres.cordis_state import PostgresCordisState
+from registry_service.history.postgres.store import DEFAULT_LEASE_S, PostgresHistory
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore, StoreOpenError
 
@@ -20,19 +25,40 @@ class Stores:
     catalog: CatalogStore
 
 
-def _sqlite(path: str, max_inline_bytes: int) -> Stores:
+@dataclass(frozen=True)
+class StoreOptions:
+    path: str = ":memory:"  # sqlite: history_path
+    dsn: str = ""  # postgres: history_dsn
+    max_inline_bytes: int = 64 * 1024
+    lease_s: float = DEFAULT_LEASE_S  # postgres: history_writer_lease_s
+
+
+def _sqlite(options: StoreOptions) -> Stores:
+    path = options.path
     if path != ":memory:":
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             message = f"cannot create the directory of history_path {path}: {exc}"
             raise StoreOpenError(message) from exc
-    history = SqliteHistory(path, max_inline_bytes=max_inline_bytes)
+    history = SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
     return Stores(history, history.catalog())
 
 
-# Store name -> opener(history_path, max_inline_bytes). A server database adds its entry here.
-STORES: dict[str, Callable[[str, int], Stores]] = {"sqlite": _sqlite}
+def _postgres(options: StoreOptions) -> Stores:
+    history = PostgresHistory(
+        options.dsn, max_inline_bytes=options.max_inline_bytes, lease_s=options.lease_s
+    )
+    return Stores(history, history.catalog())
+
+
+# Store name -> (opener of the history and catalog, opener of the Cordis state beside them).
+STORES: dict[
+    str, tuple[Callable[[StoreOptions], Stores], Callable[[StoreOptions], CordisStateStore]]
+] = {
+    "sqlite": (_sqlite, lambda options: SqliteCordisState(options.path)),
+    "postgres": (_postgres, lambda options: PostgresCordisState(options.dsn)),
+}
 
 
 def check_name(name: str) -> None:
@@ -42,7 +68,28 @@ def check_name(name: str) -> None:
         raise StoreOpenError(f"history_store {name!r} is not a known store (known: {known})")
 
 
-def open_store(name: str, *, path: str, max_inline_bytes: int) -> Stores:
-    """The store `name`; StoreOpenError when it is unknown or cannot be opened."""
+def check_options(name: str, dsn: str) -> None:
+    """StoreOpenError when the store's own settings are missing or unreadable."""
     check_name(name)
-    return STORES[name](path, max_inline_bytes)
+    if name != "postgres":
+        return
+    if not dsn:
+        raise StoreOpenError(
+            "history_store 'postgres' needs history_dsn (or CODEMODE_REGISTRY_HISTORY_DSN), "
+            "e.g. postgresql://user@host:5432/codemode"
+        )
+    if reason := check_dsn(dsn):
+        raise StoreOpenError(f"history_dsn is not a PostgreSQL connection string: {reason}")
+
+
+def open_store(name: str, options: StoreOptions) -> Stores:
+    """The stores of backend `name`; StoreOpenError when it is unknown or cannot be opened."""
+    check_options(name, options.dsn)
+    return STORES[name][0](options)
+
+
+def open_cordis_state(name: str, options: StoreOptions) -> CordisStateStore:
+    """The durable Cordis state in store `name`'s database; StoreOpenError when it cannot be
+    opened."""
+    check_name(name)
+    return STORES[name][1](options)

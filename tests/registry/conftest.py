@@ -22,12 +22,15 @@ from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import Mode
 from registry_service.registry import Registry, build_registry
 from registry_service.server import RunningRegistry, start
+from tests.postgres_server import pg_database, postgres
 
 ModeValue: TypeAlias = scope_pb2.PresentationMode.ValueType
 NATIVE: ModeValue = scope_pb2.PRESENTATION_MODE_NATIVE
 CODE: ModeValue = scope_pb2.PRESENTATION_MODE_CODE
 BOTH: ModeValue = scope_pb2.PRESENTATION_MODE_BOTH
 UNSET: ModeValue = scope_pb2.PRESENTATION_MODE_UNSPECIFIED
+
+__all__ = ["pg_database", "postgres"]  # the real PostgreSQL fixtures, for every registry test
 
 
 class Harness:

@@ -3,7 +3,7 @@ restrictions declared over the API are there after a registry restart on the sam
 settings-declared scopes merge over the stored ones; each agent has a stable id that keys its
 history (a re-created name starts empty, the old history stays readable by id, or is deleted
 with the agent when configured); a change the store cannot write answers with the store's error
-and changes nothing (a real full disk)."""
+and changes nothing (a real full disk). The restart tests run on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -44,9 +44,18 @@ async def history(h: Harness, agent: str = "", agent_id: str = "") -> list[tuple
     return [(r.call_id, r.kind) for r in page.records]
 
 
-async def test_api_declared_scopes_survive_a_restart(make_registry: Any, tmp_path: Path) -> None:
-    db = str(tmp_path / "history.sqlite3")
-    async with make_registry(history_path=db) as h:
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The settings of one registry database (SQLite or PostgreSQL), kept across restarts."""
+    if request.param == "sqlite":
+        return {"history_path": str(tmp_path / "history.sqlite3")}
+    return {"history_store": "postgres", "history_dsn": request.getfixturevalue("pg_database")}
+
+
+async def test_api_declared_scopes_survive_a_restart(
+    make_registry: Any, database: dict[str, Any]
+) -> None:
+    async with make_registry(**database) as h:
         echo_tool(h.registry, "read")
         echo_tool(h.registry, "write")
         await h.stub.CreatePreset(
@@ -79,7 +88,7 @@ async def test_api_declared_scopes_survive_a_restart(make_registry: Any, tmp_pat
         )
         before = (await h.stub.ListAgents(rpb.ListAgentsRequest())).agents
 
-    async with make_registry(history_path=db) as h:
+    async with make_registry(**database) as h:
         # Tools are not stored: their provider brings them back (here, in-process).
         echo_tool(h.registry, "read")
         echo_tool(h.registry, "write")
@@ -115,18 +124,19 @@ async def test_api_declared_scopes_survive_a_restart(make_registry: Any, tmp_pat
         # Deleting the preset (forced) unparents its agent, durably too.
         await h.stub.DeletePreset(rpb.DeletePresetRequest(name="presets/team", force=True))
 
-    async with make_registry(history_path=db) as h:
+    async with make_registry(**database) as h:
         coder = await get_agent(h, "agents/coder")
         assert (coder.preset, coder.agent_id) == ("", made.agent_id)
         error = await failure(h.stub.GetPreset(rpb.GetPresetRequest(name="presets/team")))
         assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_settings_merge_over_the_stored_scopes(make_registry: Any, tmp_path: Path) -> None:
-    db = str(tmp_path / "history.sqlite3")
+async def test_settings_merge_over_the_stored_scopes(
+    make_registry: Any, database: dict[str, Any]
+) -> None:
     presets = [{"id": "team", "mode": "code"}]
     agents = [{"id": "declared", "preset": "team"}]
-    async with make_registry(history_path=db, presets=presets, agents=agents) as h:
+    async with make_registry(**database, presets=presets, agents=agents) as h:
         first = await get_agent(h, "agents/declared")
         # Declared over the API on a settings-declared agent: a mode its settings leave open.
         await h.stub.SetPresentationMode(
@@ -134,12 +144,12 @@ async def test_settings_merge_over_the_stored_scopes(make_registry: Any, tmp_pat
         )
     # The settings now declare a language, and no parent.
     agents = [{"id": "declared", "code_language": "typescript"}]
-    async with make_registry(history_path=db, presets=presets, agents=agents) as h:
+    async with make_registry(**database, presets=presets, agents=agents) as h:
         again = await get_agent(h, "agents/declared")
         assert again.agent_id == first.agent_id  # the stored identity is kept
         assert again.mode == BOTH  # the stored declaration where the settings give none
         assert (again.preset, again.code_language) == ("", "typescript")  # the settings win
-    async with make_registry(history_path=db) as h:
+    async with make_registry(**database) as h:
         # No longer in the settings: the stored agent stays, as the settings last left it.
         kept = await get_agent(h, "agents/declared")
         assert (kept.agent_id, kept.code_language, kept.mode) == (
@@ -149,9 +159,10 @@ async def test_settings_merge_over_the_stored_scopes(make_registry: Any, tmp_pat
         )
 
 
-async def test_a_recreated_name_starts_an_empty_history(make_registry: Any, tmp_path: Path) -> None:
-    db = str(tmp_path / "history.sqlite3")
-    async with make_registry(history_path=db) as h:
+async def test_a_recreated_name_starts_an_empty_history(
+    make_registry: Any, database: dict[str, Any]
+) -> None:
+    async with make_registry(**database) as h:
         echo_tool(h.registry)
         old = await create_agent(h, "coder")
         await h.execute("echo", {"n": 1}, agent="agents/coder", call_id="old-call")
@@ -192,7 +203,7 @@ async def test_a_recreated_name_starts_an_empty_history(make_registry: Any, tmp_
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         info = error_info_of(error)
         assert info is not None and info.reason == "AGENT_ID_MISMATCH"
-    async with make_registry(history_path=db) as h:  # and across a restart
+    async with make_registry(**database) as h:  # and across a restart
         assert (await get_agent(h, "agents/coder")).agent_id == new.agent_id
         assert await history(h, "agents/coder") == [
             ("new-call", "tool/call"),

@@ -1,6 +1,7 @@
 """Durable Cordis state (`cordis_durable`): plugins, packages, grants, pointers and id counters
-survive a registry restart in its SQLite database; runs are not restarted and `cordis_run`
-reactivates. Without the setting a restart forgets everything, as in the original."""
+survive a registry restart in its history database (SQLite, and PostgreSQL); runs are not
+restarted and `cordis_run` reactivates. Without the setting a restart forgets everything, as
+in the original."""
 
 from __future__ import annotations
 
@@ -19,9 +20,18 @@ BROKEN = "async def apply(ctx):\n    raise RuntimeError('clock face missing')\n\
 AGENT = "agents/coder"
 
 
-def _settings(path: Path, durable: bool) -> dict[str, Any]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The history store settings of one registry database, kept across its restarts."""
+    if request.param == "sqlite":
+        return {"history_path": str(tmp_path / "history.sqlite3")}
+    dsn = request.getfixturevalue("pg_database")
+    return {"history_store": "postgres", "history_dsn": dsn}
+
+
+def _settings(store: dict[str, Any], durable: bool) -> dict[str, Any]:
     return {
-        "history_path": str(path / "history.sqlite3"),
+        **store,
         "cordis_durable": durable,
         "agents": [AgentSetting(id="coder", self_modification=True)],
     }
@@ -38,9 +48,9 @@ async def _before_restart(make_cordis: Any, settings: dict[str, Any]) -> None:
 
 
 async def test_plugins_packages_and_pointers_survive_a_restart_runs_do_not(
-    make_cordis: Any, tmp_path: Path
+    make_cordis: Any, store: dict[str, Any]
 ) -> None:
-    settings = _settings(tmp_path, durable=True)
+    settings = _settings(store, durable=True)
     await _before_restart(make_cordis, settings)
     async with make_cordis(**settings) as h:
         assert isinstance(h.hosts, InProcessHosts)
@@ -73,9 +83,9 @@ async def test_plugins_packages_and_pointers_survive_a_restart_runs_do_not(
 
 
 async def test_without_the_setting_a_restart_forgets_every_plugin(
-    make_cordis: Any, tmp_path: Path
+    make_cordis: Any, store: dict[str, Any]
 ) -> None:
-    settings = _settings(tmp_path, durable=False)
+    settings = _settings(store, durable=False)
     await _before_restart(make_cordis, settings)
     async with make_cordis(**settings) as h:
         assert (await h.ok(AGENT, "cordis_inspect_self", {}))["plugins"] == []
@@ -91,9 +101,9 @@ def test_durability_needs_a_database_file() -> None:
 
 
 async def test_plugins_belong_to_the_agent_id_not_to_a_later_agent_of_the_name(
-    make_cordis: Any, tmp_path: Path
+    make_cordis: Any, store: dict[str, Any]
 ) -> None:
-    durable = {"history_path": str(tmp_path / "history.sqlite3"), "cordis_durable": True}
+    durable = {**store, "cordis_durable": True}
     async with make_cordis(**durable) as h:
         await h.agent("owner")
         await h.agent("keeper")
@@ -101,7 +111,7 @@ async def test_plugins_belong_to_the_agent_id_not_to_a_later_agent_of_the_name(
         await h.define("agents/keeper", prefix="kept")  # kept-2
     # Deleted and re-created while the Cordis state was not kept (the setting off): the saved
     # state still names agents/owner, but its owner is gone.
-    async with make_cordis(history_path=durable["history_path"]) as h:
+    async with make_cordis(**store) as h:
         await h.stub.DeleteAgent(rpb.DeleteAgentRequest(name="agents/owner"))
         await h.agent("owner")
     async with make_cordis(**durable) as h:

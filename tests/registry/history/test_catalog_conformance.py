@@ -1,7 +1,7 @@
 """The catalog store contract (registry_service/history/catalog_store.py), run against every
 store kit (conftest.py) like the history suite: what is applied is loaded back after a reopen,
-row by row; a change is all or nothing (a real full disk); deleting an agent's history deletes
-only its own; damaged data is reported corrupt."""
+row by row; a change is all or nothing (a real full disk, a stopped server); deleting an
+agent's history deletes only its own; damaged data is reported corrupt."""
 
 from __future__ import annotations
 
@@ -135,16 +135,18 @@ async def test_delete_history_deletes_one_agent_ids_records_and_spills(kit: Stor
     await history.close()
 
 
-async def test_a_change_on_a_full_disk_fails_whole_and_the_store_recovers(kit: StoreKit) -> None:
+async def test_a_change_on_a_broken_backend_fails_whole_and_the_store_recovers(
+    kit: StoreKit,
+) -> None:
     stores = kit.open_stores()
     await stores.catalog.apply([PutScope(PRESET)])
-    kit.disk.fill()
+    kit.break_backend()
     big = [PutScope(ScopeRow(f"agents/a{n}", NOW, agent_id=f"{n:032x}")) for n in range(2000)]
     with pytest.raises(CodemodeError) as failed:
         await asyncio.wait_for(stores.catalog.apply([*big, DeleteScope(PRESET.name)]), 30)
     assert (failed.value.status, failed.value.reason) == (Status.UNAVAILABLE, HISTORY_UNAVAILABLE)
+    kit.repair_backend()
     assert list((await stores.catalog.load()).scopes) == [PRESET]  # nothing of it, not half
-    kit.disk.free()
     await stores.catalog.apply([PutScope(AGENT)])
     stores, snapshot = await reopened(kit, stores)
     assert list(snapshot.scopes) == [PRESET, AGENT]

@@ -13,7 +13,7 @@ from typing import Any
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.history.sqlite_migrations import LATEST, MIGRATIONS
-from registry_service.history.stores import open_store
+from registry_service.history.stores import StoreOptions, open_store
 
 # The schema as the store wrote it before schema_migrations (PRAGMA user_version = 1).
 _OLD_SCHEMA = """
@@ -75,7 +75,7 @@ async def test_records_kept_under_names_are_migrated_to_ids(
     path = tmp_path / "history.sqlite3"
     _old_database(path)
 
-    stores = open_store("sqlite", path=str(path), max_inline_bytes=64 * 1024)
+    stores = open_store("sqlite", StoreOptions(path=str(path)))
     legacy = dict((await stores.catalog.load()).legacy_agents)
     await stores.history.close()
     assert set(legacy) == {"agents/writer", "agents/gone"}

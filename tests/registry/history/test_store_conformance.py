@@ -327,10 +327,10 @@ async def _fails(future: asyncio.Future[Record] | Record | BaseException, reason
     assert future.reason == reason
 
 
-async def test_a_full_disk_fails_the_whole_batch_at_once_then_recovers(kit: StoreKit) -> None:
+async def test_a_backend_failure_fails_the_whole_batch_at_once_then_recovers(kit: StoreKit) -> None:
     store = kit.open()
     before = await append_all(store, call("c0"))
-    kit.disk.fill()
+    kit.break_backend()
     batch = [store.submit(r) for r in call("c1", nested=3)]
     # Bounded wait: a batch that never resolves fails here instead of hanging the suite.
     outcomes = await asyncio.wait_for(asyncio.gather(*batch, return_exceptions=True), 30)
@@ -338,15 +338,14 @@ async def test_a_full_disk_fails_the_whole_batch_at_once_then_recovers(kit: Stor
         await _fails(outcome, HISTORY_UNAVAILABLE)
     assert all(isinstance(o, CodemodeError) and o.status is Status.UNAVAILABLE for o in outcomes)
     assert store.state is StoreState.UNAVAILABLE
-    assert await everything(store) == before  # nothing of the batch, not half of it
-    # Still full: a probe fails too, and the state stays.
+    # Still broken: a probe fails too, and the state stays.
     assert await store.check() is StoreState.UNAVAILABLE
 
-    kit.disk.free()
+    kit.repair_backend()
     assert await asyncio.wait_for(store.check(), 30) is StoreState.OK
     after = await append_all(store, call("c2"))
     records = await everything(store)
-    assert records == [*before, *after]
+    assert records == [*before, *after]  # nothing of the failed batch, not half of it
     assert before[-1].seq < after[0].seq
     await store.close()
 
@@ -355,27 +354,27 @@ async def test_state_changed_wakes_on_failure_and_recovery(kit: StoreKit) -> Non
     store = kit.open()
     assert store.state is StoreState.OK
     watcher = asyncio.create_task(store.state_changed(StoreState.OK))
-    kit.disk.fill()
+    kit.break_backend()
     with pytest.raises(CodemodeError):
         await store.append(rec(TOOL_CALL, "c1"))
     assert await asyncio.wait_for(watcher, 10) is StoreState.UNAVAILABLE
-    kit.disk.free()
+    kit.repair_backend()
     recovered = asyncio.create_task(store.state_changed(StoreState.UNAVAILABLE))
     await store.append(rec(TOOL_CALL, "c2"))  # a write that works is a recovery too
     assert await asyncio.wait_for(recovered, 10) is StoreState.OK
     await store.close()
 
 
-async def test_an_end_record_lost_to_a_full_disk_is_closed_as_interrupted(
+async def test_an_end_record_lost_to_a_backend_failure_is_closed_as_interrupted(
     kit: StoreKit,
 ) -> None:
     store = kit.open()
     started = await store.append(rec(TOOL_CALL, "c1"))
-    kit.disk.fill()
+    kit.break_backend()
     with pytest.raises(CodemodeError) as lost:
         await store.append(rec(TOOL_RESULT, "c1", content=_TEXT))
     assert lost.value.reason == HISTORY_UNAVAILABLE
-    kit.disk.free()
+    kit.repair_backend()
     nxt = await store.append(rec(TOOL_CALL, "c2"))
     records = await everything(store)
     assert shape(records) == [("c1", TOOL_CALL), ("c1", TOOL_RESULT), ("c2", TOOL_CALL)]

@@ -35,12 +35,12 @@ def _last_line(stderr: str) -> str:
 
 
 def test_an_unknown_store_stops_the_start_with_one_line(tmp_path: Path) -> None:
-    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_STORE": "postgres"}
+    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_STORE": "nope"}
     done = _registry(env, tmp_path)
     assert done.returncode == 2
     # Found with the settings, before anything else is set up: the only line.
     assert done.stderr.strip().splitlines() == [
-        "registry: history_store 'postgres' is not a known store (known: sqlite)"
+        "registry: history_store 'nope' is not a known store (known: postgres, sqlite)"
     ]
 
 
@@ -60,3 +60,54 @@ async def test_sqlite_is_the_default_store(tmp_path: Path) -> None:
     await registry.close()
     with pytest.raises(ConfigError, match="history_store 'nope' is not a known store"):
         build_registry(RegistrySettings(history_store="nope"))
+
+
+def test_postgres_without_a_dsn_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_STORE": "postgres"}
+    done = _registry(env, tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "registry: history_store 'postgres' needs history_dsn (or CODEMODE_REGISTRY_HISTORY_DSN),"
+        " e.g. postgresql://user@host:5432/codemode"
+    ]
+
+
+def test_an_unreadable_dsn_stops_the_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="history_dsn is not a PostgreSQL connection string"):
+        load_settings(history_store="postgres", history_dsn="host=127.0.0.1 nonsense")
+
+
+def test_a_registry_process_serves_history_from_postgres(tmp_path: Path, pg_database: str) -> None:
+    """The DSN from the environment (as a secret would be given); the history is in the
+    database, not in a file."""
+    env = {
+        **service_env(tmp_path),
+        "CODEMODE_REGISTRY_HISTORY_STORE": "postgres",
+        "CODEMODE_REGISTRY_HISTORY_DSN": pg_database,
+        "CODEMODE_REGISTRY_AGENTS": '[{"id": "a"}]',
+    }
+    script = (
+        "import asyncio, sys\n"
+        "from registry_service.config import load_settings\n"
+        "from registry_service.registry import build_registry\n"
+        "from registry_service.history.postgres.store import PostgresHistory\n"
+        "from registry_service.history.records import Record\n"
+        "async def main():\n"
+        "    registry = build_registry(load_settings())\n"
+        "    assert isinstance(registry.history, PostgresHistory), registry.history\n"
+        "    await registry.history.append(\n"
+        "        Record('tool/call', 'agents/a', 'c1', 'c1', '', 't', agent_id='id-a'))\n"
+        "    await registry.close()\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob("*.sqlite3"))
+    import psycopg
+
+    with psycopg.connect(pg_database) as conn:
+        rows = conn.execute("SELECT agent_id, seq, agent, call_id FROM history_records").fetchall()
+    assert rows == [("id-a", 1, "agents/a", "c1")]

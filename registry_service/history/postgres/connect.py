@@ -1,0 +1,56 @@
+"""Connecting to the history database: the DSN's password never reaches a log line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+CONNECT_TIMEOUT_S = 5
+# libpq connection parameters of every connection: a server that vanished without closing the
+# connection (a partition, a dead host) fails the statement in about ten seconds instead of
+# leaving a batch, and every caller waiting on it, pending for TCP's default of many minutes.
+CONNECT_PARAMS: dict[str, int] = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,  # ms unacknowledged before the connection is dropped
+}
+
+
+def redact(dsn: str) -> str:
+    """The DSN as it may be logged: host, port and database, never the password."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(an unreadable DSN)"
+    host, port, name = (params.get(k, "") for k in ("host", "port", "dbname"))
+    return f"postgresql://{host}{':' if port else ''}{port}/{name}"
+
+
+def check_dsn(dsn: str) -> str:
+    """A one-line reason when `dsn` is not a connection string psycopg can read, else ""."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        return str(exc).strip().splitlines()[0]
+    return ""
+
+
+def connect_sync(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """A blocking autocommit connection, for what runs once at start (migrations, leases,
+    loading the Cordis state) before the event loop serves."""
+    return psycopg.connect(_with_defaults(dsn), autocommit=True)
+
+
+async def connect_async(dsn: str) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+    """An autocommit connection for the event loop."""
+    return await psycopg.AsyncConnection.connect(_with_defaults(dsn), autocommit=True)
+
+
+def _with_defaults(dsn: str) -> str:
+    """The DSN with `CONNECT_PARAMS` where it does not set them itself (its own win)."""
+    return make_conninfo("", **{**CONNECT_PARAMS, **conninfo_to_dict(dsn)})

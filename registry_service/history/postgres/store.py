@@ -1,0 +1,484 @@
+"""PostgreSQL history store (`history_store: postgres`, `history_dsn`), psycopg 3 async.
+
+Same contract as the SQLite store (history.store): records submitted in one event-loop turn
+are written in one transaction by a single writer task (a batch submitted while one is being
+written waits for the next transaction, so order is kept); large content is spilled into its
+own table; `open_calls` holds the calls still in flight.
+
+Unlike SQLite's file, one database may be shared by several registries:
+- seq comes from the agent id's counter row, updated in the writing transaction; its row lock,
+  held to the commit, makes per-agent seqs strictly increasing and committed in order.
+- Each registry process is a writer with a lease row (`history_writers`) it renews; an open
+  call belongs to its writer. Calls left open are closed as interrupted only when their writer
+  is gone (lease expired, or closed), in the transaction that removes the writer's row, so two
+  registries never close the same call twice. `close_interrupted` at start also closes this
+  process's own (there are none in flight before the first call).
+
+The catalog (presets, agents, restrictions) lives in the same database (`catalog`), and so
+does the durable Cordis state (`cordis_state`). The schema is migrated at open (`migrations`);
+an unreachable server or a bad DSN at open stops the start, a server lost later makes the store
+UNAVAILABLE until a write or probe works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import select
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from codemode_wire.errors import CodemodeError
+from registry_service.history import build
+from registry_service.history.postgres import batch
+from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
+from registry_service.history.postgres.catalog import PostgresCatalog
+from registry_service.history.postgres.connect import connect_async, connect_sync, redact
+from registry_service.history.postgres.migrations import SchemaTooNew, migrate
+from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.store import (
+    StoreOpenError,
+    StoreState,
+    store_corrupt,
+    store_unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_CORRUPT = (pg_errors.DataCorrupted, pg_errors.IndexCorrupted)
+# Read at open: damage is found now, not by the first call that happens to read it. Bounded
+# (unlike SQLite's whole-file check, a server database may be large): the newest records,
+# through the primary key's index and their heap pages, are what the next calls touch.
+_CHECK = (
+    "SELECT count(length(content_json)) FROM (SELECT content_json FROM history_records"
+    " ORDER BY agent_id DESC, seq DESC LIMIT 1000) newest"
+)
+DEFAULT_LEASE_S = 15.0
+_ATTEMPTS = 3  # of a transaction PostgreSQL rolls back to break a deadlock
+_PAGE = 500  # records per read of a watch's backlog
+_LISTEN_RETRY_S = 1.0
+
+
+@dataclass
+class _Job:
+    """One queued piece of the next transaction."""
+
+    record: Record | None = None
+    future: asyncio.Future[Any] | None = None
+    sweep: bool = False  # close the calls of writers that are gone
+    own: bool = False  # ... and this process's own (at start)
+    renew: bool = False  # renew this writer's lease (a heartbeat, a probe)
+
+
+# In a watch's queue: a record this process wrote; the newest seq another registry committed
+# for the agent (read the database up to it); None: the watch ends.
+_Live = Record | int | None
+
+
+class PostgresHistory:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_inline_bytes: int = 64 * 1024,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
+        self._dsn = dsn
+        self._where = redact(dsn)
+        self._max_inline = max_inline_bytes
+        self._lease_s = lease_s
+        self.writer_id = uuid.uuid4().hex  # this process, as a writer with a lease
+        self._jobs: list[_Job] = []
+        self._writing: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._closing = False
+        # End records whose write failed, owed as interrupted ones to the next write that works.
+        self._owed: list[Record] = []
+        self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
+        self._state = StoreState.OK
+        self._state_waiters: list[asyncio.Future[None]] = []
+        self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
+        self._read_lock = asyncio.Lock()
+        try:
+            with connect_sync(dsn) as conn:
+                migrate(conn)
+                conn.execute(_CHECK)
+                self._register_sync(conn)
+        except SchemaTooNew as exc:
+            raise StoreOpenError(f"history database {self._where}: {exc}") from exc
+        except psycopg.Error as exc:
+            if isinstance(exc, _CORRUPT):
+                self._failed(exc)  # served, reporting the damage, rather than not started
+                return
+            raise StoreOpenError(f"cannot open history database {self._where}: {exc}") from exc
+
+    def _register_sync(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        conn.execute(
+            "INSERT INTO history_writers (id, expires_at)"
+            " VALUES (%s, now() + make_interval(secs => %s))",
+            (self.writer_id, self._lease_s),
+        )
+
+    def catalog(self) -> PostgresCatalog:
+        """The catalog store on this database (through this store's reads: see catalog)."""
+        return PostgresCatalog(self._reading)
+
+    # -- health ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> StoreState:
+        return self._state
+
+    async def state_changed(self, seen: StoreState) -> StoreState:
+        self._start_heartbeat()
+        while self._state is seen:
+            waiter = asyncio.get_running_loop().create_future()
+            self._state_waiters.append(waiter)
+            await waiter
+        return self._state
+
+    def _set_state(self, state: StoreState) -> None:
+        if state is self._state or self._state is StoreState.CORRUPT:
+            return  # damage is never undone by a write that happens to work
+        log.log(
+            logging.INFO if state is StoreState.OK else logging.ERROR,
+            "history store %s: %s",
+            self._where,
+            state.value,
+        )
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _failed(self, exc: BaseException) -> CodemodeError:
+        """The error to report for a failed database operation; moves the state accordingly."""
+        if isinstance(exc, _CORRUPT):
+            log.error("history database %s is damaged: %s", self._where, exc)
+            self._set_state(StoreState.CORRUPT)
+            return store_corrupt(f"{exc}; restore the database from a backup")
+        if not isinstance(exc, psycopg.OperationalError):
+            log.error("history store %s: unexpected failure", self._where, exc_info=exc)
+        self._set_state(StoreState.UNAVAILABLE)
+        return store_unavailable(str(exc).strip() or type(exc).__name__)
+
+    def _refuse_if_corrupt(self) -> None:
+        if self._state is StoreState.CORRUPT:
+            raise store_corrupt(f"{self._where} failed a check; restore it from a backup")
+
+    async def check(self) -> StoreState:
+        if self._state is not StoreState.CORRUPT:
+            with contextlib.suppress(CodemodeError):
+                await self._queue(_Job(renew=True))  # renewing the lease is a small write
+        return self._state
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+        return await connect_async(self._dsn)
+
+    async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+        if not _usable(self._writer):
+            await _close_quietly(self._writer)
+            self._writer = None
+            self._writer = await self._connect()
+        assert self._writer is not None
+        return self._writer
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[psycopg.AsyncConnection[tuple[Any, ...]]]:
+        self._refuse_if_corrupt()
+        self._start_heartbeat()
+        async with self._read_lock:
+            try:
+                reader = self._reader
+                if reader is None or not _usable(reader):
+                    await _close_quietly(reader)
+                    self._reader = None
+                    self._reader = reader = await self._connect()
+                yield reader
+            except psycopg.Error as exc:
+                raise self._failed(exc) from exc
+
+    # -- the writer ------------------------------------------------------------------------------
+
+    async def append(self, record: Record) -> Record:
+        return await self.submit(record)
+
+    def submit(self, record: Record) -> asyncio.Future[Record]:
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        self._enqueue(_Job(record=record, future=future))
+        return future
+
+    def _queue(self, job: _Job) -> asyncio.Future[Any]:
+        job.future = asyncio.get_running_loop().create_future()
+        self._enqueue(job)
+        return job.future
+
+    def _enqueue(self, job: _Job) -> None:
+        self._jobs.append(job)
+        self._start_heartbeat()
+        if self._writing is None or self._writing.done():
+            # Runs once this turn's submits are in: they share one transaction.
+            self._writing = asyncio.ensure_future(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        while self._jobs:
+            jobs, self._jobs = self._jobs, []
+            records = [job.record for job in jobs if job.record is not None]
+            try:
+                self._refuse_if_corrupt()
+                written = await self._transaction(jobs, records)
+            except Exception as exc:
+                error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
+                for job in jobs:  # first: nothing below may leave a caller waiting
+                    if job.future is not None and not job.future.done():
+                        job.future.set_exception(error)
+                self._owe(records)
+                continue
+            self._owed = []
+            self._set_state(StoreState.OK)
+            for row in written.all:
+                self._tell_watchers(row.agent_id, row)
+            stored = iter(written.records)
+            for job in jobs:
+                result: Any = next(stored) if job.record is not None else written.swept
+                if job.future is not None and not job.future.done():
+                    job.future.set_result(result)
+
+    async def _transaction(self, jobs: Sequence[_Job], records: list[Record]) -> batch.Written:
+        """The batch in one transaction; again when PostgreSQL rolled it back to break a
+        deadlock with another registry (nothing of it was written)."""
+        for attempt in itertools.count(1):
+            conn = await self._writer_conn()
+            try:
+                return await batch.write(
+                    conn,
+                    self.writer_id,
+                    records=records,
+                    owed=self._owed,
+                    sweep=any(job.sweep for job in jobs),
+                    own=any(job.own for job in jobs),
+                    renew_s=self._lease_s if any(job.renew for job in jobs) else None,
+                    max_inline=self._max_inline,
+                )
+            except pg_errors.TransactionRollback:
+                if attempt == _ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _owe(self, failed: Sequence[Record]) -> None:
+        """Remembers the calls a failed batch leaves open: an end record whose start was
+        written earlier is owed as an interrupted end (its caller saw the failure, not the
+        result), so the call is closed once writes work again."""
+        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        for record in failed:
+            start = batch.START_OF.get(record.kind)
+            if start is None or (record.agent_id, record.call_id, start) in starts:
+                continue
+            if record.is_error and record.error_code == INTERRUPTED:
+                self._owed.append(record)  # already an interrupted end: keep its reason
+            else:
+                self._owed.append(build.interrupted(record, build.NOT_RECORDED))
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None and not self._closing:
+            self._heartbeat = asyncio.ensure_future(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renews this writer's lease a few times per lease period, and closes the calls of
+        writers whose lease expired (any live registry may: the sweep is exactly-once)."""
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            if self._state is StoreState.CORRUPT:
+                continue
+            with contextlib.suppress(CodemodeError):
+                closed = await self._queue(_Job(sweep=True, renew=True))
+                if closed:
+                    log.warning("history: closed %d calls of registries that are gone", len(closed))
+
+    async def close_interrupted(self) -> Sequence[Record]:
+        self._refuse_if_corrupt()
+        closed: list[Record] = await self._queue(_Job(sweep=True, own=True, renew=True))
+        if closed:
+            log.warning("history: closed %d calls left open by a crash", len(closed))
+        return closed
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def list(
+        self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
+    ) -> Sequence[Record]:
+        params: list[object] = [agent_id, after_seq]
+        where = ""
+        if call_id:
+            where = " AND (call_id = %s OR root_call_id = %s)"
+            params += [call_id, call_id]
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                f"SELECT {SELECT_COLUMNS} FROM history_records WHERE agent_id = %s AND seq > %s"
+                + where
+                + " ORDER BY seq LIMIT %s",
+                [*params, limit],
+            )
+            rows = await cursor.fetchall()
+        return [record_of(row) for row in rows]
+
+    async def watch(self, agent_id: str, after_seq: int) -> AsyncIterator[Record]:
+        """Per agent, seqs are committed in order and without gaps, so a live record is yielded
+        as it comes when it is the next seq; past a gap (records another registry wrote, told
+        by a notification) the database is read up to it."""
+        self._start_listening()
+        queue: asyncio.Queue[_Live] = asyncio.Queue()
+        self._watchers.setdefault(agent_id, set()).add(queue)
+        try:
+            last = after_seq
+            caught_up = False
+            while True:
+                if not caught_up:  # the backlog, or what others wrote: read in pages
+                    page = await self.list(agent_id, after_seq=last, limit=_PAGE)
+                    for record in page:
+                        last = record.seq
+                        yield record
+                    caught_up = len(page) < _PAGE
+                    continue
+                live = await queue.get()
+                if live is None:
+                    return
+                if isinstance(live, int):
+                    caught_up = live <= last
+                elif live.seq == last + 1:
+                    last = live.seq
+                    yield live
+                else:
+                    caught_up = live.seq <= last
+        finally:
+            self._watchers[agent_id].discard(queue)
+
+    def _tell_watchers(self, agent_id: str, live: _Live) -> None:
+        for queue in self._watchers.get(agent_id, ()):
+            queue.put_nowait(live)
+
+    def end_watches(self) -> None:
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(None)
+
+    def _start_listening(self) -> None:
+        if self._listener is None and not self._closing:
+            self._listener = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        """Follows what other registries commit (LISTEN): each notification names an agent and
+        its newest seq, and wakes this process's watches of that agent. After a lost
+        connection every watch reads the database once, for what it may have missed."""
+        while True:
+            try:
+                async with await self._connect() as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    for agent in list(self._watchers):
+                        self._tell_watchers(agent, 2**63 - 1)
+                    async for note in conn.notifies():
+                        self._notified(note.payload)
+            except psycopg.Error as exc:
+                log.debug("history: listening for other registries' records: %s", exc)
+            await asyncio.sleep(_LISTEN_RETRY_S)
+
+    def _notified(self, payload: str) -> None:
+        try:
+            note = json.loads(payload)
+            writer, agent, seq = str(note["w"]), str(note["a"]), int(note["s"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if writer != self.writer_id:  # this process's own records reach its watches directly
+            self._tell_watchers(agent, seq)
+
+    async def read_spill(self, locator: str) -> str | None:
+        prefix, _, ident = locator.partition(":")
+        if prefix != "spill" or not ident.isdigit() or int(ident) >= 2**63:
+            self._refuse_if_corrupt()
+            return None
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                "SELECT content FROM history_spills WHERE id = %s", (int(ident),)
+            )
+            row = await cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    # -- retention -------------------------------------------------------------------------------
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes whole calls whose newest record is older than `before` (a Unix time), with
+        what they spilled and their open calls, in one statement (one transaction)."""
+        async with self._reading() as conn:
+            cursor = await conn.execute(
+                """
+WITH old AS (
+  SELECT agent_id, root_call_id FROM history_records GROUP BY agent_id, root_call_id
+  HAVING MAX(time) < %s LIMIT %s
+), gone AS (
+  DELETE FROM history_records r USING old
+  WHERE r.agent_id = old.agent_id AND r.root_call_id = old.root_call_id
+  RETURNING r.spill_id
+), spills AS (
+  DELETE FROM history_spills WHERE id IN (SELECT spill_id FROM gone)
+), opened AS (
+  DELETE FROM history_open_calls o USING old
+  WHERE o.agent_id = old.agent_id AND o.root_call_id = old.root_call_id
+)
+SELECT count(*) FROM old
+""",
+                (before, limit),
+            )
+            row = await cursor.fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in (self._heartbeat, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        while self._writing is not None and not self._writing.done():
+            await asyncio.shield(self._writing)
+        if self._state is not StoreState.CORRUPT:
+            # Gone: whatever this process left open is closed by the next sweep, anywhere.
+            with contextlib.suppress(psycopg.Error, CodemodeError, OSError):
+                conn = await self._writer_conn()
+                await conn.execute("DELETE FROM history_writers WHERE id = %s", (self.writer_id,))
+        await _close_quietly(self._writer)
+        await _close_quietly(self._reader)
+
+
+def _usable(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> bool:
+    """Whether an idle connection can take the next statement. A server that restarted (or
+    ended the session) has sent its goodbye and closed the socket: an idle connection with
+    something to read is such a one, found before a caller's write fails on it. (Neither
+    connection listens, so nothing else arrives unasked.)"""
+    if conn is None or conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> None:
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
