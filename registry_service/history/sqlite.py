@@ -28,6 +28,7 @@ from registry_service.history.records import END_OF, INTERRUPTED, Record
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
+    StoreHealth,
     StoreOpenError,
     StoreState,
     store_corrupt,
@@ -47,17 +48,16 @@ _BODY_FIELDS = ("name", "arguments_json", "content_json", "is_error", "error_cod
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
-class SqliteHistory:
+class SqliteHistory(StoreHealth):
     def __init__(self, path: str | Path = ":memory:", *, max_inline_bytes: int = 64 * 1024) -> None:
         self._path = str(path)
+        super().__init__(self._path)
         self._max_inline = max_inline_bytes
         self._batch: list[tuple[Record, asyncio.Future[Record]]] = []
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
         # Live watches by agent id; None in a queue ends that watch (shutdown).
         self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
-        self._state = StoreState.OK
-        self._state_waiters: list[asyncio.Future[None]] = []
         try:
             self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -88,32 +88,6 @@ class SqliteHistory:
         return SqliteCatalog(self._db, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
-
-    @property
-    def state(self) -> StoreState:
-        return self._state
-
-    async def state_changed(self, seen: StoreState) -> StoreState:
-        while self._state is seen:
-            waiter = asyncio.get_running_loop().create_future()
-            self._state_waiters.append(waiter)
-            await waiter
-        return self._state
-
-    def _set_state(self, state: StoreState) -> None:
-        if state is self._state or self._state is StoreState.CORRUPT:
-            return  # damage is never undone by a write that happens to work
-        log.log(
-            logging.INFO if state is StoreState.OK else logging.ERROR,
-            "history store %s: %s",
-            self._path,
-            state.value,
-        )
-        self._state = state
-        waiters, self._state_waiters = self._state_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
     def _failed(self, exc: BaseException) -> CodemodeError:
         """The error to report for a failed SQLite operation; moves the state accordingly."""

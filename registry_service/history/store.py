@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from codemode_wire.errors import CodemodeError, Status, unavailable
 from registry_service.history.records import Record
+
+_log = logging.getLogger(__name__)
 
 HISTORY_UNAVAILABLE = "HISTORY_UNAVAILABLE"
 HISTORY_CORRUPT = "HISTORY_CORRUPT"
@@ -39,6 +42,43 @@ class StoreState(enum.Enum):
     OK = "ok"
     UNAVAILABLE = "unavailable"  # writes or reads fail now (full disk, I/O error, lost server)
     CORRUPT = "corrupt"  # the stored data is damaged: nothing is read or written any more
+
+
+class StoreHealth:
+    """The health every store keeps alike (the contract above): OK and UNAVAILABLE follow the
+    backend, CORRUPT is final; `state_changed` wakes its waiters on every change. A store
+    subclasses it and calls `_set_state` where it learns something."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where  # for the log: a path, or a DSN without its password
+        self._state = StoreState.OK
+        self._state_waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def state(self) -> StoreState:
+        return self._state
+
+    async def state_changed(self, seen: StoreState) -> StoreState:
+        while self._state is seen:
+            waiter = asyncio.get_running_loop().create_future()
+            self._state_waiters.append(waiter)
+            await waiter
+        return self._state
+
+    def _set_state(self, state: StoreState) -> None:
+        if state is self._state or self._state is StoreState.CORRUPT:
+            return  # damage is never undone by a write that happens to work
+        _log.log(
+            logging.INFO if state is StoreState.OK else logging.ERROR,
+            "history store %s: %s",
+            self._where,
+            state.value,
+        )
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 def store_unavailable(detail: str) -> CodemodeError:

@@ -45,6 +45,7 @@ from registry_service.history.postgres.connect import connect_async, connect_syn
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
 from registry_service.history.store import (
+    StoreHealth,
     StoreOpenError,
     StoreState,
     store_corrupt,
@@ -83,7 +84,7 @@ class _Job:
 _Live = Record | int | None
 
 
-class PostgresHistory:
+class PostgresHistory(StoreHealth):
     def __init__(
         self,
         dsn: str,
@@ -92,7 +93,7 @@ class PostgresHistory:
         lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         self._dsn = dsn
-        self._where = redact(dsn)
+        super().__init__(redact(dsn))
         self._max_inline = max_inline_bytes
         self._lease_s = lease_s
         self.writer_id = uuid.uuid4().hex  # this process, as a writer with a lease
@@ -104,8 +105,6 @@ class PostgresHistory:
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
-        self._state = StoreState.OK
-        self._state_waiters: list[asyncio.Future[None]] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
@@ -134,33 +133,6 @@ class PostgresHistory:
         return PostgresCatalog(self._reading)
 
     # -- health ----------------------------------------------------------------------------------
-
-    @property
-    def state(self) -> StoreState:
-        return self._state
-
-    async def state_changed(self, seen: StoreState) -> StoreState:
-        self._start_heartbeat()
-        while self._state is seen:
-            waiter = asyncio.get_running_loop().create_future()
-            self._state_waiters.append(waiter)
-            await waiter
-        return self._state
-
-    def _set_state(self, state: StoreState) -> None:
-        if state is self._state or self._state is StoreState.CORRUPT:
-            return  # damage is never undone by a write that happens to work
-        log.log(
-            logging.INFO if state is StoreState.OK else logging.ERROR,
-            "history store %s: %s",
-            self._where,
-            state.value,
-        )
-        self._state = state
-        waiters, self._state_waiters = self._state_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
     def _failed(self, exc: BaseException) -> CodemodeError:
         """The error to report for a failed database operation; moves the state accordingly."""
