@@ -47,13 +47,15 @@ async def open_server(
     listen: str,
     what: str,
     tls: ServerTls | None = None,
+    also_reflected: tuple[str, ...] = (),
 ) -> tuple[int, HealthServicer]:
-    """Adds health checking and reflection, binds `listen` (TLS only when `tls` is given;
-    OSError when it cannot bind), starts the server and reports it SERVING. Returns the bound
-    port and the health servicer."""
+    """Adds health checking and reflection (of `service_name` and `also_reflected`), binds
+    `listen` (TLS only when `tls` is given; OSError when it cannot bind), starts the server and
+    reports it SERVING. Returns the bound port and the health servicer."""
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection([service_name, _HEALTH, reflection.SERVICE_NAME], server)
+    reflected = [service_name, *also_reflected, _HEALTH, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(reflected, server)
     try:  # grpc raises RuntimeError or returns 0
         if tls is None:
             port = server.add_insecure_port(listen)

@@ -99,6 +99,9 @@ async def start(
         listen=settings.listen,
         what="registry",
         tls=tls,
+        also_reflected=(
+            page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"].full_name,
+        ),
     )
 
     async def report_health(serving: bool) -> None:

@@ -321,6 +321,7 @@ async def test_health_and_reflection(harness: Harness) -> None:
     answer = await call.read()
     names = {s.name for s in answer.list_services_response.service}
     assert "codemode.registry.v1.RegistryService" in names
+    assert "codemode.registry.v1.PageRunnerService" in names
     call.cancel()
 
 
