@@ -302,7 +302,9 @@ async def test_registry_channel_pings_idle_runtime_connections() -> None:
             await tap.wait_until(lambda: len([t for t in tap.pings if t > idle]) >= 3)
             after = [t for t in tap.pings if t > idle]
             assert all(b - a >= 0.4 for a, b in itertools.pairwise(after))
-            assert not [t for t in quiet.pings if t > idle]  # no keepalive: no pings
+            # No keepalive: no pings once idle. (A BDP probe may answer the run's last data
+            # frames right at `idle`; by the first keepalive ping it is long over.)
+            assert not [t for t in quiet.pings if t > after[0]]
         finally:
             await pinging.close()
             await silent.close()
