@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from codemode_wire.errors import (
     already_exists,
@@ -67,6 +68,9 @@ def new_restriction_id() -> str:
     """`r` and 64 random bits: a removed restriction's id is not handed out again (a client
     holding it cannot remove another restriction by mistake), with no counter to keep."""
     return f"r{uuid.uuid4().hex[:16]}"
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,11 +477,7 @@ class Catalog:
 
     def language_for(self, scope: str) -> str:
         """The program language in force: the nearest declaration, else the default."""
-        for key in self.chain(scope):
-            language = self._layers[key].language
-            if language is not None:
-                return language
-        return self.default_language
+        return self._nearest(scope, lambda layer: layer.language, self.default_language)
 
     # -- self-modification (dynamic Cordis) -------------------------------------------------
 
@@ -486,11 +486,9 @@ class Catalog:
 
     def self_modification_for(self, scope: str) -> bool:
         """Self-modification in force: the nearest declaration, else the deployment default."""
-        for key in self.chain(scope):
-            declared = self._layers[key].self_modification
-            if declared is not None:
-                return declared
-        return self.default_self_modification
+        return self._nearest(
+            scope, lambda layer: layer.self_modification, self.default_self_modification
+        )
 
     def chain(self, scope: str) -> list[str]:
         """Scope keys nearest-first, excluding the global layer."""
@@ -500,11 +498,15 @@ class Catalog:
         return [scope] if scope else []
 
     def mode_for(self, scope: str) -> Mode:
+        return self._nearest(scope, lambda layer: layer.mode, self.default_mode)
+
+    def _nearest(self, scope: str, declared: Callable[[Layer], _T | None], default: _T) -> _T:
+        """What the nearest scope of `scope`'s chain (agent, preset, global) declares."""
         for key in self.chain(scope):
-            mode = self._layers[key].mode
-            if mode is not None:
-                return mode
-        return self.default_mode
+            value = declared(self._layers[key])
+            if value is not None:
+                return value
+        return default
 
     # -- registrations -------------------------------------------------------------------------
 

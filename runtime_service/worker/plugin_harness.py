@@ -657,30 +657,8 @@ class _Host:
         except flatwire.WireError:
             self.reply(invocation, False, "handler arguments must be lossless JSON")
             return
-        self.track(invocation, self.run_handler(invocation, method, handler, args))
-
-    async def run_handler(
-        self, invocation: int, method: str, handler: Callable[..., Any], args: object
-    ) -> None:
-        try:
-            value = handler(args)
-            if inspect.isawaitable(value):
-                value = await value
-        except asyncio.CancelledError:
-            self.reply(invocation, False, "the call was cancelled")
-            return
-        except MemoryError:
-            os._exit(framing.EXIT_OUT_OF_MEMORY)
-        except Exception as exc:
-            message = ledger.fit_prefix(
-                ledger.valid_text(str(exc) or type(exc).__name__), self.max_output
-            )
-            stack = ledger.fit_prefix(ledger.valid_text(render_exception(exc)), self.max_output)
-            self.channel.send(
-                {"t": "result", "id": invocation, "ok": False, "message": message, "stack": stack}
-            )
-            return
-        self.send_value(invocation, f'handler "{method}"', value)
+        what = f'handler "{method}"'
+        self.track(invocation, self.run_tool(invocation, what, handler, args, with_stack=True))
 
     async def run_tool(
         self,
@@ -691,7 +669,10 @@ class _Host:
         *,
         service: str = "",
         presentation_meta: Callable[[Any, Any], Any] | None = None,
+        with_stack: bool = False,
     ) -> None:
+        """Runs a tool, a service method, an event's listeners or (`with_stack`: its failure
+        carries the traceback, for the page) a `harness.handle` handler, and sends the result."""
         meta: object = _NO_META
         try:
             value = execute(args)
@@ -709,7 +690,16 @@ class _Host:
             # As for a program: the host's state cannot be trusted after it, the host ends.
             os._exit(framing.EXIT_OUT_OF_MEMORY)
         except Exception as exc:
-            self.reply(invocation, False, str(exc) or type(exc).__name__)
+            if not with_stack:
+                self.reply(invocation, False, str(exc) or type(exc).__name__)
+                return
+            message = ledger.fit_prefix(
+                ledger.valid_text(str(exc) or type(exc).__name__), self.max_output
+            )
+            stack = ledger.fit_prefix(ledger.valid_text(render_exception(exc)), self.max_output)
+            self.channel.send(
+                {"t": "result", "id": invocation, "ok": False, "message": message, "stack": stack}
+            )
             return
         if service and isinstance(value, _Context):
             self.reply(invocation, False, context_returned(service))
