@@ -12,8 +12,10 @@ from typing import Any, cast
 
 from codemode_client import AgentMessage, RegistryClient, agent_message
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.config import RegistrySettings
 from registry_service.domain.cordis.steering import INSPECT_DIRECTION
+from registry_service.domain.signals import AbortSignal
 from registry_service.history.records import AGENT_INJECT, AGENT_STEER
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
@@ -143,6 +145,19 @@ async def test_a_cancelled_run_call_steers_the_outcome_it_did_not_return(
     hosts = cordis.hosts
     assert isinstance(hosts, InProcessHosts)
     hosts.activation_gate = asyncio.Event()
+    # The latch is the call's own abort signal: the steer depends on the registry having seen
+    # the cancellation before the activation settles, not on the client having sent it.
+    runner = cordis.registry.cordis.runner
+    signals: list[AbortSignal] = []
+    run = runner.run
+
+    async def capturing_run(
+        owner: str, plugin_id: str, package_id: str, mode: str, signal: AbortSignal
+    ) -> dict[str, JsonValue]:
+        signals.append(signal)
+        return await run(owner, plugin_id, package_id, mode, signal)
+
+    runner.run = capturing_run  # type: ignore[method-assign]
     call = cordis.stub.ExecuteToolCall(
         rpb.ExecuteToolCallRequest(
             agent=agent,
@@ -156,6 +171,7 @@ async def test_a_cancelled_run_call_steers_the_outcome_it_did_not_return(
     with contextlib.suppress(asyncio.CancelledError):
         async for _ in call:
             pass
+    await until(lambda: len(signals) == 1 and signals[0].aborted, "the registry seeing the cancel")
     hosts.activation_gate.set()
     client = RegistryClient(cordis.channel)
     messages = client.watch_agent_messages(agent)
