@@ -42,6 +42,9 @@ _log = logging.getLogger(__name__)
 _RETRACT_TIMEOUT_S = 10.0  # disposers that hang this long are cut short by the kill
 _EXIT_AFTER_EOF_S = 1.0
 _MAX_SERVICE_CALLS = 256  # a plugin's service calls awaiting an answer at once
+# Work between invocations (timers, tasks the plugin started) may keep a plugin host busy for
+# this share of one CPU on average, in bursts of up to its compute budget.
+BACKGROUND_CPU_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,11 @@ class PluginHost:
         self._pending: dict[int, float] = {}
         self._service_calls: set[int] = set()
         self._cpu_timer: asyncio.TimerHandle | None = None
+        # The background meter: busy CPU while no invocation is in flight draws on a credit of
+        # at most the compute budget that refills at BACKGROUND_CPU_SHARE of wall time.
+        self._credit_ms = float(request.budgets.compute_ms)
+        self._metered_cpu = 0.0  # CPU seconds and loop time the meter last accounted up to
+        self._metered_at = 0.0
         self._final: HostEvent | None = None
         self._done = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -242,7 +250,10 @@ class PluginHost:
         if service and type(arguments) is not list:
             self._emit(HostResult(invocation_id, None, "service arguments must be a JSON array"))
             return
-        self._pending[invocation_id] = self._cpu_now()
+        now = self._cpu_now()
+        self._pending[invocation_id] = now
+        if len(self._pending) == 1 and not self._charge_background(now):
+            return  # over its background budget: the host ended, failing this invocation too
         frame: dict[str, object] = {"t": "invoke", "id": invocation_id}
         if handler_method:
             frame["handler"] = handler_method
@@ -295,17 +306,53 @@ class PluginHost:
             used = worker.cpu_seconds()
         return used or 0.0
 
+    def _start_metering(self) -> None:
+        """From the start on, the host's CPU is always metered: by invocation while one is in
+        flight, as background work otherwise."""
+        self._metered_cpu = self._cpu_now()
+        self._metered_at = asyncio.get_running_loop().time()
+        if self._cpu_timer is None:
+            self._poll_cpu()
+
+    def _charge_background(self, now: float) -> bool:
+        """Charges the busy CPU since the meter's last reading to the background credit; False
+        (and the host ends) once the credit is spent: a timer or task that loops would
+        otherwise keep a core busy until the plugin is stopped."""
+        budget_ms = self.request.budgets.compute_ms
+        at = asyncio.get_running_loop().time()
+        refill = (at - self._metered_at) * 1000 * BACKGROUND_CPU_SHARE
+        used = (now - self._metered_cpu) * 1000
+        self._credit_ms = min(float(budget_ms), self._credit_ms + refill) - used
+        self._metered_cpu, self._metered_at = now, at
+        if self._credit_ms >= 0:
+            return True
+        share = round(BACKGROUND_CPU_SHARE * 100)
+        self._end(
+            HostFailed(
+                "host-lost",
+                f"its background work (timers, tasks) was busy past its compute budget "
+                f"({budget_ms}ms beyond {share}% of a CPU); the plugin host was stopped",
+            )
+        )
+        return False
+
     def _poll_cpu(self) -> None:
-        """While an invocation is in flight, reads the host's busy CPU time: one that ran past
-        its budget ends with the budget's text, and so does the host -- as a program's worker,
-        a plugin host busy in a loop cannot be interrupted from inside, so it is killed (the
-        registry then steers the owner). Another invocation's busy time counts for every one
-        in flight at that moment: they share one process."""
+        """Reads the host's busy CPU time. While invocations are in flight it is theirs: one
+        that ran past its budget ends with the budget's text, and so does the host -- as a
+        program's worker, a plugin host busy in a loop cannot be interrupted from inside, so
+        it is killed (the registry then steers the owner). Another invocation's busy time
+        counts for every one in flight at that moment: they share one process. Otherwise it
+        is background work (``_charge_background``)."""
         self._cpu_timer = None
-        if self._ended or not self._pending:
+        if self._ended:
             return
         budget_ms = self.request.budgets.compute_ms
         now = self._cpu_now()
+        if not self._pending:
+            if self._charge_background(now):
+                delay = next_cpu_poll_s(self._credit_ms / 1000)
+                self._cpu_timer = asyncio.get_running_loop().call_later(delay, self._poll_cpu)
+            return
         over = [i for i, began in self._pending.items() if (now - began) * 1000 > budget_ms]
         if over:
             text = f"compute budget exhausted ({budget_ms}ms busy)"
@@ -375,6 +422,7 @@ class PluginHost:
             regs = _registrations(flatwire.decode(message.get("regs")), changed=kind == "regs")
             if kind == "started" and not self._started:
                 self._started = True
+                self._start_metering()
                 self._emit(regs)
             elif kind == "regs" and self._started:
                 self._emit(regs)
@@ -396,6 +444,9 @@ class PluginHost:
             if type(invocation) is not int or invocation not in self._pending:
                 return  # unknown or repeated: ignored
             del self._pending[invocation]
+            if not self._pending:  # what the invocations used is not background work
+                self._metered_cpu = self._cpu_now()
+                self._metered_at = asyncio.get_running_loop().time()
             if message.get("ok") is True:
                 value = flatwire.decode(message.get("value"))
                 meta = flatwire.decode(message["meta"]) if "meta" in message else None
