@@ -119,6 +119,7 @@ class GrpcActiveHost:
         self._retracting = False
         self._writes = asyncio.Lock()  # one write at a time on the stream, in call order
         self._serving: set[asyncio.Task[None]] = set()  # the plugin's service calls
+        self._served: dict[int, asyncio.Task[None]] = {}  # the same, by call id
         self._reader = asyncio.ensure_future(self._read_all())
 
     @property
@@ -217,6 +218,11 @@ class GrpcActiveHost:
         try:
             await self._write(pb.HostRequest(invoke=request))
             return await future
+        except asyncio.CancelledError:
+            # Whoever awaited it went away (e.g. a consumer plugin's cancelled call of this
+            # plugin's service): the invocation is cancelled in the host, never left running.
+            self._cancel(invocation)
+            raise
         finally:
             if remove is not None:
                 remove()
@@ -252,6 +258,10 @@ class GrpcActiveHost:
                     self._events.on_log("log", message.log.text)
                 elif kind == "service_call":
                     self._serve(message.service_call)
+                elif kind == "service_call_cancel":
+                    serving = self._served.pop(message.service_call_cancel.call_id, None)
+                    if serving is not None:
+                        serving.cancel()  # its provider's invocation is cancelled with it
                 elif kind == "retracted":
                     break
                 elif kind in ("lost", "failed"):
@@ -289,7 +299,14 @@ class GrpcActiveHost:
 
         task = asyncio.ensure_future(answer())
         self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
+        self._served[call.call_id] = task
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._serving.discard(task)
+            if self._served.get(call.call_id) is task:
+                del self._served[call.call_id]
+
+        task.add_done_callback(done)
 
 
 async def _read(call: Any) -> pb.HostResponse | None:

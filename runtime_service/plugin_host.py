@@ -34,6 +34,7 @@ __all__ = [
     "HostResult",
     "HostRetracted",
     "HostServiceCall",
+    "HostServiceCallCancel",
     "PluginHost",
     "PluginHostRequest",
 ]
@@ -123,7 +124,22 @@ class HostServiceCall:
     arguments_json: str  # a JSON array
 
 
-HostEvent = HostRegistrations | HostFailed | HostResult | HostLog | HostRetracted | HostServiceCall
+@dataclass(frozen=True, slots=True)
+class HostServiceCallCancel:
+    """The plugin stopped waiting for its service call ``call_id``."""
+
+    call_id: int
+
+
+HostEvent = (
+    HostRegistrations
+    | HostFailed
+    | HostResult
+    | HostLog
+    | HostRetracted
+    | HostServiceCall
+    | HostServiceCallCancel
+)
 
 
 class PluginHost:
@@ -439,6 +455,11 @@ class PluginHost:
             )
         elif kind == "call" and self._started and not self._retracting:
             self._service_call(message)
+        elif kind == "call_cancel":
+            call_id = message.get("id")
+            if type(call_id) is int and call_id in self._service_calls:
+                self._service_calls.discard(call_id)  # a late answer is ignored
+                self._emit(HostServiceCallCancel(call_id))
         elif kind == "result":
             invocation = message.get("id")
             if type(invocation) is not int or invocation not in self._pending:

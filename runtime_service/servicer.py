@@ -29,6 +29,7 @@ from runtime_service.plugin_host import (
     HostResult,
     HostRetracted,
     HostServiceCall,
+    HostServiceCallCancel,
     PluginHost,
 )
 from runtime_service.run import Run
@@ -231,6 +232,10 @@ def _service_contract(service: runtime_pb2.HostService) -> dict[str, object]:
 
 
 def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
+    if isinstance(event, HostServiceCallCancel):
+        return runtime_pb2.HostResponse(
+            service_call_cancel=runtime_pb2.HostServiceCallCancel(call_id=event.call_id)
+        )
     if isinstance(event, HostServiceCall):
         return runtime_pb2.HostResponse(
             service_call=runtime_pb2.HostServiceCall(

@@ -29,7 +29,8 @@ value | message}``; ``invoke`` with ``service`` calls a provided service's metho
 ``event`` delivers an event. Worker -> runtime: ``log``, ``started {regs}`` or ``failed
 {phase, message, stack}`` (after the start: the plugin cannot go on, the host ends), ``regs
 {regs}`` (a change), ``result {id, ok, value | message [, stack, notFound]}``, ``call {id,
-service, method, args}`` (a call of an injected service), ``retracted``.
+service, method, args}`` (a call of an injected service), ``call_cancel {id}`` (the invocation
+awaiting that call was cancelled), ``retracted``.
 Values travel as flat-wire tokens, as a program's do.
 
 Not a security boundary by itself: the worker's sandbox is (``sandbox_child``).
@@ -354,6 +355,12 @@ class _Host:
         )
         try:
             return await future
+        except asyncio.CancelledError:
+            # The invocation awaiting it was cancelled: so is the provider's (the future is
+            # cancelled with the task, and a late answer finds no call any more).
+            with contextlib.suppress(OSError):
+                self.channel.send({"t": "call_cancel", "id": call_id})
+            raise
         finally:
             self.calls.pop(call_id, None)
 

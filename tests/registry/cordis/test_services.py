@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.registry.cordis.conftest import CordisHarness
 from tests.registry.cordis.real_stack import real_stack
 
@@ -200,3 +201,80 @@ async def test_ctx_get_reaches_a_service_without_inject_and_the_facade_refuses_t
         assert counter["data"]["service"]["kind"] == "methods"
         assert counter["data"]["service"]["methods"] == ["add", "total"]
         assert counter["data"]["service"]["providedBy"] == provider["pluginId"]
+
+
+GATE = """\
+import asyncio
+
+class Gate:
+    def __init__(self):
+        self.waiting = 0
+        self.cancelled = 0
+
+    async def wait(self):
+        self.waiting += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def status(self):
+        return {"waiting": self.waiting, "cancelled": self.cancelled}
+
+def apply(ctx):
+    ctx.provide("gate", Gate())
+
+return apply
+"""
+
+HOLDER = """\
+class Plugin:
+    inject = ["gate"]
+
+    async def apply(self, ctx):
+        gate = ctx.gate
+
+        async def hold(args):
+            await gate.wait()
+            return "released"
+
+        async def status(args):
+            return await gate.status()
+
+        harness.register_tool(harness.define_tool(
+            name="gate_hold", description="Waits at the gate.", execute=hold))
+        harness.register_tool(harness.define_tool(
+            name="gate_status", description="The gate's counts.", execute=status))
+
+return Plugin()
+"""
+
+
+async def test_a_cancelled_call_cancels_the_service_call_it_was_waiting_on() -> None:
+    async with real_stack() as h:
+        agent = await h.agent("composer")
+        for source, prefix in ((GATE, "gate"), (HOLDER, "hold")):
+            defined = await h.define(agent, source, prefix=prefix, name=prefix.title())
+            args = {"pluginId": defined["pluginId"], "packageId": defined["packageId"]}
+            await h.ok(agent, "cordis_run", {**args, "mode": "run"})
+        await _visible_soon(h, agent, "gate_hold", present=True)
+        call = h.stub.ExecuteToolCall(
+            rpb.ExecuteToolCallRequest(
+                agent=agent, call_id="held", tool_name="gate_hold", arguments_json="{}"
+            )
+        )
+        status: Any = {}
+        for attempt in range(500):  # the provider's method is running
+            status = await h.ok(agent, "gate_status", {}, f"s{attempt}")
+            if status["waiting"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert status == {"waiting": 1, "cancelled": 0}
+        call.cancel()
+        for attempt in range(500):  # the consumer's cancel reaches the provider's method
+            status = await h.ok(agent, "gate_status", {}, f"t{attempt}")
+            if status["cancelled"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert status == {"waiting": 1, "cancelled": 1}

@@ -311,6 +311,7 @@ class HostResponse(_message.Message):
     RETRACTED_FIELD_NUMBER: _builtins.int
     LOST_FIELD_NUMBER: _builtins.int
     SERVICE_CALL_FIELD_NUMBER: _builtins.int
+    SERVICE_CALL_CANCEL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___HostRegistrations:
         """The plugin started (or parked waiting for services); what it registered."""
@@ -347,6 +348,12 @@ class HostResponse(_message.Message):
         `HostRequest.service_result`.
         """
 
+    @_builtins.property
+    def service_call_cancel(self) -> Global___HostServiceCallCancel:
+        """The plugin stopped waiting for one of its service calls (the invocation that made it
+        was cancelled); the call's provider should be cancelled too. No answer is expected.
+        """
+
     def __init__(
         self,
         *,
@@ -358,12 +365,13 @@ class HostResponse(_message.Message):
         retracted: Global___HostRetracted | None = ...,
         lost: Global___HostFailure | None = ...,
         service_call: Global___HostServiceCall | None = ...,
+        service_call_cancel: Global___HostServiceCallCancel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "service_call_cancel", b"service_call_cancel", "started", b"started"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "failed", b"failed", "kind", b"kind", "log", b"log", "lost", b"lost", "result", b"result", "retracted", b"retracted", "service_call", b"service_call", "service_call_cancel", b"service_call_cancel", "started", b"started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "failed", "changed", "result", "log", "retracted", "lost", "service_call"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["started", "failed", "changed", "result", "log", "retracted", "lost", "service_call", "service_call_cancel"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -512,6 +520,28 @@ class HostServiceCall(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HostServiceCall: _TypeAlias = HostServiceCall  # noqa: Y015
+
+@_typing.final
+class HostServiceCallCancel(_message.Message):
+    """HostServiceCallCancel withdraws one of the plugin's service calls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """The `HostServiceCall.call_id` it withdraws."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostServiceCallCancel: _TypeAlias = HostServiceCallCancel  # noqa: Y015
 
 @_typing.final
 class DynamicTool(_message.Message):

@@ -190,6 +190,12 @@ export interface HostResponse {
      * `HostRequest.service_result`.
      */
     { $case: "serviceCall"; value: HostServiceCall }
+    | //
+    /**
+     * The plugin stopped waiting for one of its service calls (the invocation that made it
+     * was cancelled); the call's provider should be cancelled too. No answer is expected.
+     */
+    { $case: "serviceCallCancel"; value: HostServiceCallCancel }
     | undefined;
 }
 
@@ -235,6 +241,12 @@ export interface HostServiceCall {
   method: string;
   /** The arguments as a JSON array (lossless JSON). */
   argumentsJson: string;
+}
+
+/** HostServiceCallCancel withdraws one of the plugin's service calls. */
+export interface HostServiceCallCancel {
+  /** The `HostServiceCall.call_id` it withdraws. */
+  callId: bigint;
 }
 
 /** DynamicTool is one tool a plugin registered. */
@@ -1072,6 +1084,9 @@ export const HostResponse: MessageFns<HostResponse> = {
       case "serviceCall":
         HostServiceCall.encode(message.kind.value, writer.uint32(66).fork()).join();
         break;
+      case "serviceCallCancel":
+        HostServiceCallCancel.encode(message.kind.value, writer.uint32(74).fork()).join();
+        break;
     }
     return writer;
   },
@@ -1153,6 +1168,14 @@ export const HostResponse: MessageFns<HostResponse> = {
             message.kind = { $case: "serviceCall", value: HostServiceCall.decode(reader, reader.uint32()) };
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.kind = { $case: "serviceCallCancel", value: HostServiceCallCancel.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1216,6 +1239,12 @@ export const HostResponse: MessageFns<HostResponse> = {
       case "serviceCall": {
         if (object.kind?.value !== undefined && object.kind?.value !== null) {
           message.kind = { $case: "serviceCall", value: HostServiceCall.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "serviceCallCancel": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "serviceCallCancel", value: HostServiceCallCancel.fromPartial(object.kind.value) };
         }
         break;
       }
@@ -1563,6 +1592,64 @@ export const HostServiceCall: MessageFns<HostServiceCall> = {
     message.service = object.service ?? "";
     message.method = object.method ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
+    return message;
+  },
+};
+
+function createBaseHostServiceCallCancel(): HostServiceCallCancel {
+  return { callId: 0n };
+}
+
+export const HostServiceCallCancel: MessageFns<HostServiceCallCancel> = {
+  encode(message: HostServiceCallCancel, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.callId !== 0n) {
+      if (BigInt.asUintN(64, message.callId) !== message.callId) {
+        throw new globalThis.Error("value provided for field message.callId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.callId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HostServiceCallCancel {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHostServiceCallCancel();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.callId = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<HostServiceCallCancel>): HostServiceCallCancel {
+    return HostServiceCallCancel.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<HostServiceCallCancel>): HostServiceCallCancel {
+    const message = createBaseHostServiceCallCancel();
+    message.callId = (object.callId !== undefined && object.callId !== null) ? BigInt(object.callId) : 0n;
     return message;
   },
 };
