@@ -263,7 +263,7 @@ def test_postgres_statefulset_serves_the_registry_dsn(
     settings = load_registry(resources, monkeypatch, tmp_path)
     dsn = conninfo_to_dict(settings.history_dsn.get_secret_value())
     assert dsn["host"] == f"{spec['serviceName']}.{NAMESPACE}.svc.cluster.local"
-    assert int(dsn["port"]) == service_port["port"]
+    assert str(dsn["port"]) == str(service_port["port"])
     assert dsn["user"] == env["POSTGRES_USER"] and dsn["dbname"] == env["POSTGRES_DB"]
 
     # Its password comes from a file of the Secret the registry's PGPASSWORD reads.
