@@ -31,9 +31,11 @@ def tool(name: str) -> str:
     return str(path)
 
 
-def run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: list[str], stdin: str | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+        argv, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=cwd
     )
 
 
