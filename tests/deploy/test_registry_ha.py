@@ -20,6 +20,7 @@ from registry_service.config import ConfigError, RegistrySettings
 from tests.deploy.kustomize import (
     FIELDS,
     HA_VARIANTS,
+    K8S_VERSIONS,
     Doc,
     containers,
     docs,
@@ -33,7 +34,7 @@ from tests.deploy.kustomize import (
     secret_files_in,
     selects,
 )
-from tests.deploy.support import load_service_settings, resolve_env
+from tests.deploy.support import load_service_settings, resolve_env, run, tool
 
 pytestmark = needs_kubectl
 
@@ -111,6 +112,21 @@ def test_registry_replicas_spread_over_nodes_and_zones(variant: str) -> None:
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert selects(term["podAffinityTerm"]["labelSelector"], labels)
+
+
+@ha_variants
+def test_a_database_outage_does_not_restart_every_registry(variant: str) -> None:
+    """Every replica's health is NOT_SERVING while PostgreSQL is away: readiness reacts,
+    liveness outlasts a database restart (a restarted registry cannot start without it)."""
+    (container,) = one(docs(variant), "Deployment", "registry")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+
+    def tolerated_s(probe: Doc) -> int:
+        return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+    assert tolerated_s(live) >= 180 > tolerated_s(ready)
 
 
 @ha_variants
@@ -193,6 +209,23 @@ def test_registry_settings_load_the_shared_postgres_store(
     assert auth["secret"]["secretName"] == "codemode-registry-auth"
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == auth["name"]]
     assert mount["mountPath"] == "/etc/codemode-auth" and mount["readOnly"] is True
+
+
+@ha_variants
+def test_every_added_kind_is_schema_validated(variant: str) -> None:
+    result = run(
+        [tool("kubernetes-validate"), "--strict", "-k", K8S_VERSIONS[0], "-"], rendered(variant)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for resource in ("poddisruptionbudget/registry", "service/registry-replicas"):
+        assert f"passed for resource {resource}" in result.stdout
+    if variant in IN_CLUSTER:
+        for resource in (
+            "statefulset/postgres",
+            "service/postgres",
+            "networkpolicy/postgres-allow-registry",
+        ):
+            assert f"passed for resource {resource}" in result.stdout
 
 
 @ha_variants
