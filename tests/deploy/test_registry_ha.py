@@ -42,7 +42,7 @@ ha_variants = pytest.mark.parametrize("variant", HA_VARIANTS)
 # Variants running PostgreSQL in the namespace (the others use an external DSN).
 IN_CLUSTER = [v for v in HA_VARIANTS if "external" not in v]
 NAMESPACE = "codemode"
-# The official image at an exact release (`17.6`, `17.6-bookworm`), optionally with its digest.
+# The official image at an exact release (`17.6`, `17.9-bookworm`), optionally with its digest.
 PINNED_POSTGRES = re.compile(r"postgres:\d+\.\d+(-[a-z0-9.]+)?(@sha256:[0-9a-f]{64})?")
 # Env names that carry a credential: each must come from a Secret, never a literal value.
 CREDENTIAL = re.compile(r"PASSWORD$|TOKEN_KEY$|_DSN$")
