@@ -6,13 +6,14 @@ import functools
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import pytest
 import yaml
 
-from tests.deploy.support import DEPLOY, run
+from tests.deploy.support import DEPLOY, resolve_env, run
 
 Doc: TypeAlias = dict[str, Any]
 
@@ -131,3 +132,37 @@ def secret_files_in(
                 stand_in.write_text("-----BEGIN STAND-IN-----\n")
                 moved[key] = str(stand_in)
     return moved
+
+
+@dataclass(frozen=True)
+class PodStart:
+    """What one workload's container starts with: its resolved env and its settings file."""
+
+    workload: Doc
+    container: Doc
+    env: dict[str, str]
+    """As the kubelet resolves it (Secret keys: their stand-ins)."""
+    settings_file: Path | None
+    """The ConfigMap file its `--config` names, written out; None: no `--config`."""
+
+
+def pod_start(
+    resources: list[Doc], name: str, directory: Path, kind: str = "Deployment"
+) -> PodStart:
+    """The single container of workload `name`, its settings file written under `directory`."""
+    workload = one(resources, kind, name)
+    pod = workload["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    namespace = workload["metadata"]["namespace"]
+    env = resolve_env(container.get("env", []), {**FIELDS, "metadata.namespace": namespace})
+    args: list[str] = container.get("args", [])
+    if "--config" not in args:
+        return PodStart(workload, container, env, None)
+    config = Path(args[args.index("--config") + 1])
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent)]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
+    directory.mkdir(parents=True, exist_ok=True)
+    settings_file = directory / config.name
+    settings_file.write_text(data[config.name])
+    return PodStart(workload, container, env, settings_file)

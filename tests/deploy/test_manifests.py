@@ -26,6 +26,7 @@ from tests.deploy.kustomize import (
     needs_kubectl,
     one,
     pod_labels,
+    pod_start,
     rendered,
     secret_files_in,
     selects,
@@ -159,22 +160,10 @@ def test_settings_and_env_load_as_the_services_would(
     resources = docs(variant)
     for deployment in find(resources, "Deployment"):
         name = deployment["metadata"]["name"]
-        namespace = deployment["metadata"]["namespace"]
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": namespace})
-        args = container["args"]
-        assert args[:2] == [f"{name}_service", "--config"]
-        config = Path(args[2])
-        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent)]
-        (volume,) = [
-            v
-            for v in deployment["spec"]["template"]["spec"]["volumes"]
-            if v["name"] == mount["name"]
-        ]
-        data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
-        settings_file = tmp_path / f"{name}.yaml"
-        settings_file.write_text(data[config.name])
-        env = secret_files_in(tmp_path / name, deployment, container, env)
+        start = pod_start(resources, name, tmp_path / name)
+        container, settings_file = start.container, start.settings_file
+        assert container["args"][:2] == [f"{name}_service", "--config"]
+        env = secret_files_in(tmp_path / name / "secrets", deployment, container, start.env)
         prefix = f"CODEMODE_{name.upper()}_"
         settings = load_service_settings(monkeypatch, prefix, env, settings_file)
         assert settings.listen.startswith("0.0.0.0:")
@@ -188,7 +177,9 @@ def test_settings_and_env_load_as_the_services_would(
             assert trace_file == "off", "a span file on a read-only root cannot be opened"
         if isinstance(settings, RegistrySettings):
             targets = settings.runtime_targets
-            assert targets == [f"dns:///runtime.{namespace}.svc.cluster.local:50052"]
+            assert targets == [
+                f"dns:///runtime.{deployment['metadata']['namespace']}.svc.cluster.local:50052"
+            ]
             assert env["CODEMODE_REGISTRY_RUNTIME_KEEPALIVE_S"] == "30"
             shared = variant in HA_VARIANTS
             assert settings.history_store == ("postgres" if shared else "sqlite")

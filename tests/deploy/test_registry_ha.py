@@ -29,6 +29,7 @@ from tests.deploy.kustomize import (
     one,
     parse,
     pod_labels,
+    pod_start,
     render,
     rendered,
     secret_files_in,
@@ -67,21 +68,10 @@ def secret_ref(entries: list[Doc], name: str) -> tuple[str, str] | None:
 def load_registry(
     resources: list[Doc], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> RegistrySettings:
-    """The registry's settings from exactly its rendered config file and env."""
-    deployment = one(resources, "Deployment", "registry")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    _, env = registry_env(resources)
-    config = Path(container["args"][2])
-    (volume,) = [
-        v
-        for v in deployment["spec"]["template"]["spec"]["volumes"]
-        if v["name"] == "config" and "configMap" in v
-    ]
-    settings_file = tmp_path / "registry.yaml"
-    data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
-    settings_file.write_text(data[config.name])
-    env = secret_files_in(tmp_path / "secrets", deployment, container, env)
-    settings = load_service_settings(monkeypatch, "CODEMODE_REGISTRY_", env, settings_file)
+    """The registry's settings from exactly its rendered settings file and env."""
+    start = pod_start(resources, "registry", tmp_path)
+    env = secret_files_in(tmp_path / "secrets", start.workload, start.container, start.env)
+    settings = load_service_settings(monkeypatch, "CODEMODE_REGISTRY_", env, start.settings_file)
     assert isinstance(settings, RegistrySettings)
     return settings
 

@@ -23,8 +23,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_wire.api.registry.v1 import scope_pb2
-from tests.deploy.kustomize import FIELDS, docs, needs_kubectl, one
-from tests.deploy.support import ROOT, resolve_env
+from tests.deploy.kustomize import docs, needs_kubectl, pod_start
+from tests.deploy.support import ROOT
 from tests.postgres_server import PostgresServer, postgres
 
 __all__ = ["postgres"]  # the session's real PostgreSQL fixture
@@ -42,13 +42,9 @@ def free_address() -> str:
 
 
 @pytest.fixture
-def manifest_database(postgres: PostgresServer) -> Iterator[str]:
+def manifest_database(postgres: PostgresServer, tmp_path: Path) -> Iterator[str]:
     """A fresh database owned by the role the HA manifests' DSN names; yields its name."""
-    resources = docs("ha")
-    (container,) = one(resources, "Deployment", "registry")["spec"]["template"]["spec"][
-        "containers"
-    ]
-    env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": "codemode"})
+    env = pod_start(docs("ha"), "registry", tmp_path).env
     role = conninfo_to_dict(env["CODEMODE_REGISTRY_HISTORY_DSN"])["user"]
     assert isinstance(role, str)
     postgres.admin(
@@ -67,17 +63,9 @@ def pod_process(
     tmp_path: Path, postgres: PostgresServer, database: str, listen: str
 ) -> subprocess.Popen[bytes]:
     """A registry started as the HA pod starts it, with the substitutions named above."""
-    resources = docs("ha")
-    deployment = one(resources, "Deployment", "registry")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": "codemode"})
-    config = Path(container["args"][2])
-    (volume,) = [
-        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"
-    ]
-    settings_file = tmp_path / f"registry-{listen.rsplit(':', 1)[1]}.yaml"
-    data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
-    settings_file.write_text(data[config.name])
+    start = pod_start(docs("ha"), "registry", tmp_path / listen.rsplit(":", 1)[1])
+    env, container = start.env, start.container
+    assert start.settings_file is not None
 
     manifest_dsn = conninfo_to_dict(env["CODEMODE_REGISTRY_HISTORY_DSN"])
     server = conninfo_to_dict(postgres.dsn)
@@ -91,7 +79,7 @@ def pod_process(
         "CODEMODE_REGISTRY_TRACE_FILE": "off",
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
     }
-    argv = [sys.executable, "-m", *container["args"][:1], "--config", str(settings_file)]
+    argv = [sys.executable, "-m", container["args"][0], "--config", str(start.settings_file)]
     return subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
