@@ -35,6 +35,20 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def registries(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The registry replicas: every service running `registry_service`."""
+    return {
+        name: service
+        for name, service in services(compose).items()
+        if service.get("command", [""])[0] == "registry_service"
+    }
+
+
+def a_registry(compose: dict[str, Any]) -> dict[str, Any]:
+    """One replica, where all of them are alike (test_registry_replicas_are_alike)."""
+    return next(iter(registries(compose).values()))
+
+
 def test_compose_matches_the_compose_spec() -> None:
     result = run([tool("check-jsonschema"), "--schemafile", str(SCHEMA), str(COMPOSE)])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -42,7 +56,9 @@ def test_compose_matches_the_compose_spec() -> None:
 
 def test_compose_spec_rejects_unknown_keys(tmp_path: Path) -> None:
     broken = tmp_path / "compose.yaml"
-    broken.write_text(COMPOSE.read_text().replace("read_only: true", "read_only: true\n    ro: 1"))
+    # An unknown key beside every `read_only: true`, at its indentation.
+    text = re.sub(r"(?m)^( *)read_only: true$", r"\1read_only: true\n\1ro: 1", COMPOSE.read_text())
+    broken.write_text(text)
     result = run([tool("check-jsonschema"), "--schemafile", str(SCHEMA), str(broken)])
     assert result.returncode != 0
     assert "'ro' was unexpected" in result.stdout
@@ -54,18 +70,19 @@ def test_runtime_scales_behind_the_registry(compose: dict[str, Any]) -> None:
     assert "container_name" not in runtime
     assert isinstance(runtime["deploy"]["replicas"], int) and runtime["deploy"]["replicas"] >= 2
     assert runtime["expose"] == ["50052"]
-    registry = services(compose)["registry"]
-    targets = json.loads(registry["environment"]["CODEMODE_REGISTRY_RUNTIME_TARGETS"])
-    assert targets == ["dns:///runtime:50052"]
-    assert all(port.startswith("127.0.0.1:") for port in registry["ports"])
+    for registry in registries(compose).values():
+        targets = json.loads(registry["environment"]["CODEMODE_REGISTRY_RUNTIME_TARGETS"])
+        assert targets == ["dns:///runtime:50052"]
+        assert all(port.startswith("127.0.0.1:") for port in registry["ports"])
 
 
 def test_services_load_their_settings(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     secrets = make_secrets_as_compose_does(compose, tmp_path)
-    for name in ("registry", "runtime"):
-        service = services(compose)[name]
+    chosen = {**dict.fromkeys(registries(compose), "registry"), "runtime": "runtime"}
+    for service_name, name in chosen.items():
+        service = services(compose)[service_name]
         env: dict[str, str] = service["environment"]
         command: list[str] = service["command"]
         assert command[0] == f"{name}_service"
@@ -80,7 +97,8 @@ def test_services_load_their_settings(
             assert settings.history_store == "postgres"
             # Every replica loads the same file: one token key for all of them.
             assert len(bytes.fromhex(settings.token_key)) == 32
-    assert "user" not in services(compose)["registry"], "the registry keeps the image's uid"
+    for registry in registries(compose).values():
+        assert "user" not in registry, "the registry keeps the image's uid"
 
 
 def make_secrets_as_compose_does(compose: dict[str, Any], directory: Path) -> Path:
@@ -112,7 +130,7 @@ def test_registries_reach_postgres_with_the_made_password(
 ) -> None:
     secrets = make_secrets_as_compose_does(compose, tmp_path)
     postgres = services(compose)["postgres"]
-    registry = services(compose)["registry"]
+    registry = a_registry(compose)
     config = in_volume(registry, registry["command"][2], secrets)
     settings = load_service_settings(
         monkeypatch, "CODEMODE_REGISTRY_", registry["environment"], config
@@ -181,9 +199,9 @@ def test_postgres_gates_the_registries(compose: dict[str, Any]) -> None:
         needs = service.get("depends_on", {})
         if "postgres" in needs:
             assert needs["postgres"]["condition"] == "service_healthy", name
-    registry = services(compose)["registry"]
-    assert registry["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("registry", "postgres"):
+    for name in registries(compose):
+        assert services(compose)[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in [*registries(compose), "postgres"]:
         condition = services(compose)[name]["depends_on"]["registry-secrets"]["condition"]
         assert condition == "service_completed_successfully", name
 
@@ -197,16 +215,25 @@ def test_compose_spec_rejects_an_unknown_dependency_condition(tmp_path: Path) ->
     assert result.returncode != 0
 
 
-def test_registry_replicas_each_get_a_host_port(compose: dict[str, Any]) -> None:
-    registry = services(compose)["registry"]
-    replicas = registry["deploy"]["replicas"]
-    assert isinstance(replicas, int) and replicas >= 2
-    assert "container_name" not in registry
-    (port,) = registry["ports"]
-    host, ports, container = port.split(":")
-    assert host == "127.0.0.1" and container == "50051"
-    first, last = (int(p) for p in ports.split("-"))
-    assert last - first + 1 >= replicas, "a replica without a host port would not start"
+def test_registry_replicas_are_alike(compose: dict[str, Any]) -> None:
+    replicas = registries(compose)
+    assert len(replicas) >= 2
+    # The same registry but for its host port: one settings file, hence one token key.
+    alike = [{k: v for k, v in r.items() if k != "ports"} for r in replicas.values()]
+    assert all(one == alike[0] for one in alike)
+    ports = [r["ports"] for r in replicas.values()]
+    host_ports = set()
+    for (port,) in ports:
+        host, published, container = port.split(":")
+        assert host == "127.0.0.1" and container == "50051"
+        host_ports.add(published)
+    assert len(host_ports) == len(replicas), "two replicas on one host port would not start"
+    for replica in replicas.values():
+        assert "container_name" not in replica
+        # Inside the network, `registry` resolves to every replica (a ReplicaSet's name).
+        assert replica["networks"]["default"]["aliases"] == ["registry"]
+    runtime = services(compose)["runtime"]
+    assert "50053" not in {p.split(":")[1] for p in runtime.get("ports", [])}
 
 
 def test_tracing_pipeline_reaches_jaeger(compose: dict[str, Any]) -> None:
@@ -223,7 +250,7 @@ def test_tracing_pipeline_reaches_jaeger(compose: dict[str, Any]) -> None:
 
 
 def test_healthchecks_speak_grpc_health(compose: dict[str, Any]) -> None:
-    for name, port in (("registry", 50051), ("runtime", 50052)):
+    for name, port in ((next(iter(registries(compose))), 50051), ("runtime", 50052)):
         test = services(compose)[name]["healthcheck"]["test"]
         assert test[:3] == ["CMD", "python", "-c"]
         assert "HealthStub" in test[3]
@@ -231,7 +258,7 @@ def test_healthchecks_speak_grpc_health(compose: dict[str, Any]) -> None:
 
 
 def test_healthcheck_command_against_a_live_registry(compose: dict[str, Any]) -> None:
-    code = services(compose)["registry"]["healthcheck"]["test"][3]
+    code = a_registry(compose)["healthcheck"]["test"][3]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
