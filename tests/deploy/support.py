@@ -31,9 +31,11 @@ def tool(name: str) -> str:
     return str(path)
 
 
-def run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: list[str], stdin: str | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+        argv, input=stdin, capture_output=True, text=True, timeout=120, check=False, cwd=cwd
     )
 
 
@@ -72,8 +74,20 @@ def load_service_settings(
     return load_runtime_settings(config)
 
 
+# What the Secrets the manifests refer to hold in a cluster, made up here: the manifests never
+# carry them (deploy/README.md, "High availability"), the operator creates them.
+STAND_IN_SECRETS: dict[tuple[str, str], str] = {
+    ("codemode-registry-auth", "token-key"): "5e" * 32,
+    ("codemode-postgres", "password"): "stand-in-password",
+    ("codemode-postgres-dsn", "dsn"): (
+        "postgresql://codemode:stand-in-password@db.example.com:5432/codemode?sslmode=verify-full"
+    ),
+}
+
+
 def resolve_env(entries: list[dict[str, Any]], fields: dict[str, str]) -> dict[str, str]:
-    """A container's env as the kubelet expands it: `$(NAME)` refers to earlier entries only."""
+    """A container's env as the kubelet expands it: `$(NAME)` refers to earlier entries only;
+    Secret keys hold their `STAND_IN_SECRETS` value (an unknown one fails the test)."""
     env: dict[str, str] = {}
     for entry in entries:
         if "value" in entry:
@@ -81,6 +95,10 @@ def resolve_env(entries: list[dict[str, Any]], fields: dict[str, str]) -> dict[s
             for name in _REFERENCE.findall(value):
                 assert name in env, f"{entry['name']} refers to $({name}) before it is defined"
             env[entry["name"]] = _REFERENCE.sub(lambda m: env[m.group(1)], value)
+        elif "secretKeyRef" in entry["valueFrom"]:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) in STAND_IN_SECRETS, f"{entry['name']}: {ref}"
+            env[entry["name"]] = STAND_IN_SECRETS[ref["name"], ref["key"]]
         else:
             path = entry["valueFrom"]["fieldRef"]["fieldPath"]
             env[entry["name"]] = fields[path]

@@ -7,106 +7,36 @@ properties that matter and that a schema cannot see.
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import pytest
 import yaml
 
 from registry_service.config import RegistrySettings
-from tests.deploy.support import DEPLOY, load_service_settings, resolve_env, run, tool
+from tests.deploy.kustomize import (
+    FIELDS,
+    HA_VARIANTS,
+    K8S_VERSIONS,
+    VARIANTS,
+    containers,
+    docs,
+    effective,
+    find,
+    needs_kubectl,
+    one,
+    pod_labels,
+    pod_start,
+    rendered,
+    secret_files_in,
+    selects,
+)
+from tests.deploy.support import load_service_settings, resolve_env, run, tool
 
-Doc: TypeAlias = dict[str, Any]
-
-K8S = DEPLOY / "k8s"
-KUBECTL = shutil.which("kubectl")
-# 1.30: the first with securityContext.appArmorProfile; 1.37: the newest kubernetes-validate has.
-K8S_VERSIONS = ("1.30", "1.37")
-# overlay, components added on top of it
-VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "dev": ("overlays/dev", ()),
-    "prod": ("overlays/prod", ()),
-    "prod+user-namespaces": ("overlays/prod", ("components/runtime-user-namespaces",)),
-    "prod+restricted": ("overlays/prod", ("components/runtime-restricted",)),
-    "prod+runtime-mtls": ("overlays/prod", ("components/runtime-mtls",)),
-}
 # What the runtime's worker sandbox needs (deploy/README.md, "Runtime pod security").
 SANDBOX_CAPABILITIES = {"SYS_ADMIN", "SETUID", "SETGID", "KILL", "SYS_CHROOT", "SYS_NICE"}
-FIELDS = {"metadata.name": "pod-0"}
 
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed: `kubectl kustomize` renders the overlays"
-)
-
-
-@functools.cache
-def rendered(variant: str) -> str:
-    overlay, components = VARIANTS[variant]
-    assert KUBECTL is not None
-    if not components:
-        result = run([KUBECTL, "kustomize", str(K8S / overlay)])
-    else:
-        # Components are opted into by a kustomization of the user's own; kustomize accepts
-        # only relative paths to other roots: write one in a scratch directory pointing back here.
-        with tempfile.TemporaryDirectory() as scratch:
-            back = os.path.relpath(K8S, scratch)
-            kustomization = {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [f"{back}/{overlay}"],
-                "components": [f"{back}/{component}" for component in components],
-            }
-            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-            result = run([KUBECTL, "kustomize", scratch])
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def docs(variant: str) -> list[Doc]:
-    return [doc for doc in yaml.safe_load_all(rendered(variant)) if doc]
-
-
-def find(resources: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
-    return [
-        doc
-        for doc in resources
-        if doc["kind"] == kind and (name is None or doc["metadata"]["name"] == name)
-    ]
-
-
-def one(resources: list[Doc], kind: str, name: str) -> Doc:
-    found = find(resources, kind, name)
-    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
-    return found[0]
-
-
-def pod_labels(resources: list[Doc], deployment: str) -> dict[str, str]:
-    labels: dict[str, str] = one(resources, "Deployment", deployment)["spec"]["template"][
-        "metadata"
-    ]["labels"]
-    return labels
-
-
-def selects(selector: Doc, labels: dict[str, str]) -> bool:
-    assert "matchExpressions" not in selector, "matchExpressions are not checked here"
-    match: dict[str, str] = selector.get("matchLabels", {})
-    return all(labels.get(key) == value for key, value in match.items())
-
-
-def containers(deployment: Doc) -> list[Doc]:
-    spec = deployment["spec"]["template"]["spec"]
-    found: list[Doc] = spec["containers"] + spec.get("initContainers", [])
-    return found
-
-
-def effective(deployment: Doc, container: Doc, key: str) -> Any:
-    """A securityContext field as the kubelet applies it: the container's, else the pod's."""
-    pod = deployment["spec"]["template"]["spec"].get("securityContext", {})
-    return container.get("securityContext", {}).get(key, pod.get(key))
+pytestmark = needs_kubectl
 
 
 variants = pytest.mark.parametrize("variant", list(VARIANTS))
@@ -137,7 +67,8 @@ def test_containers_are_hardened(variant: str) -> None:
         "registry",
         "runtime",
     }
-    for deployment in find(resources, "Deployment"):
+    workloads = find(resources, "Deployment") + find(resources, "StatefulSet")
+    for deployment in workloads:
         pod = deployment["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
         assert pod["serviceAccountName"] == deployment["metadata"]["name"]
@@ -162,11 +93,11 @@ def test_containers_are_hardened(variant: str) -> None:
 @variants
 def test_only_the_sandboxed_runtime_runs_as_root(variant: str) -> None:
     resources = docs(variant)
-    registry = one(resources, "Deployment", "registry")
-    for container in containers(registry):
-        assert effective(registry, container, "runAsNonRoot") is True
-        assert effective(registry, container, "runAsUser") not in (None, 0)
-        assert "add" not in container["securityContext"]["capabilities"]
+    for workload in [one(resources, "Deployment", "registry"), *find(resources, "StatefulSet")]:
+        for container in containers(workload):
+            assert effective(workload, container, "runAsNonRoot") is True
+            assert effective(workload, container, "runAsUser") not in (None, 0)
+            assert "add" not in container["securityContext"]["capabilities"]
     runtime = one(resources, "Deployment", "runtime")
     (container,) = containers(runtime)
     context = container["securityContext"]
@@ -229,28 +160,16 @@ def test_settings_and_env_load_as_the_services_would(
     resources = docs(variant)
     for deployment in find(resources, "Deployment"):
         name = deployment["metadata"]["name"]
-        namespace = deployment["metadata"]["namespace"]
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": namespace})
-        args = container["args"]
-        assert args[:2] == [f"{name}_service", "--config"]
-        config = Path(args[2])
-        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent)]
-        (volume,) = [
-            v
-            for v in deployment["spec"]["template"]["spec"]["volumes"]
-            if v["name"] == mount["name"]
-        ]
-        data = one(resources, "ConfigMap", volume["configMap"]["name"])["data"]
-        settings_file = tmp_path / f"{name}.yaml"
-        settings_file.write_text(data[config.name])
-        env = _secret_files_in(tmp_path / name, deployment, container, env)
+        start = pod_start(resources, name, tmp_path / name)
+        container, settings_file = start.container, start.settings_file
+        assert container["args"][:2] == [f"{name}_service", "--config"]
+        env = secret_files_in(tmp_path / name / "secrets", deployment, container, start.env)
         prefix = f"CODEMODE_{name.upper()}_"
         settings = load_service_settings(monkeypatch, prefix, env, settings_file)
         assert settings.listen.startswith("0.0.0.0:")
         assert env["OTEL_SERVICE_NAME"] == f"codemode-{name}"
         trace_file = env[f"{prefix}TRACE_FILE"]
-        if variant.startswith("prod"):
+        if variant != "dev":
             assert trace_file != "off"
             assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
             assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
@@ -258,8 +177,12 @@ def test_settings_and_env_load_as_the_services_would(
             assert trace_file == "off", "a span file on a read-only root cannot be opened"
         if isinstance(settings, RegistrySettings):
             targets = settings.runtime_targets
-            assert targets == [f"dns:///runtime.{namespace}.svc.cluster.local:50052"]
+            assert targets == [
+                f"dns:///runtime.{deployment['metadata']['namespace']}.svc.cluster.local:50052"
+            ]
             assert env["CODEMODE_REGISTRY_RUNTIME_KEEPALIVE_S"] == "30"
+            shared = variant in HA_VARIANTS
+            assert settings.history_store == ("postgres" if shared else "sqlite")
         else:
             age = int(env["CODEMODE_RUNTIME_MAX_CONNECTION_AGE_S"])
             grace = int(env["CODEMODE_RUNTIME_MAX_CONNECTION_AGE_GRACE_S"])
@@ -274,25 +197,6 @@ def test_settings_and_env_load_as_the_services_would(
         assert settings.shutdown_grace_s < termination
 
 
-def _secret_files_in(
-    directory: Path, deployment: Doc, container: Doc, env: dict[str, str]
-) -> dict[str, str]:
-    """`env` with paths into mounted Secrets moved to stand-in PEM files under `directory`
-    (the settings read them at load; their content is the cluster's)."""
-    volumes = deployment["spec"]["template"]["spec"]["volumes"]
-    secret_volumes = {v["name"] for v in volumes if "secret" in v}
-    mounts = [m["mountPath"] for m in container["volumeMounts"] if m["name"] in secret_volumes]
-    moved = dict(env)
-    for key, value in env.items():
-        for mount in mounts:
-            if value.startswith(mount + "/"):
-                stand_in = directory / value.removeprefix(mount + "/")
-                stand_in.parent.mkdir(parents=True, exist_ok=True)
-                stand_in.write_text("-----BEGIN STAND-IN-----\n")
-                moved[key] = str(stand_in)
-    return moved
-
-
 def test_runtime_mtls_admits_only_the_registry_identity(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -302,7 +206,7 @@ def test_runtime_mtls_admits_only_the_registry_identity(
         deployment = one(resources, "Deployment", name)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = resolve_env(container["env"], {**FIELDS, "metadata.namespace": "codemode"})
-        env = _secret_files_in(tmp_path / name, deployment, container, env)
+        env = secret_files_in(tmp_path / name, deployment, container, env)
         prefix = f"CODEMODE_{name.upper()}_"
         loaded[name] = load_service_settings(monkeypatch, prefix, env, None)
         loaded[f"{name}-container"] = container
@@ -370,7 +274,7 @@ def test_autoscaling_and_disruption_budget_target_runtime(variant: str) -> None:
         )
         assert 3 <= spec["minReplicas"] <= spec["maxReplicas"]
         assert "replicas" not in runtime, "the HPA owns the replica count"
-    (pdb,) = find(resources, "PodDisruptionBudget")
+    pdb = one(resources, "PodDisruptionBudget", "runtime")
     assert selects(pdb["spec"]["selector"], runtime_labels)
     assert not selects(pdb["spec"]["selector"], pod_labels(resources, "registry"))
     # maxUnavailable never blocks a node drain, whatever the replica count.
@@ -378,8 +282,9 @@ def test_autoscaling_and_disruption_budget_target_runtime(variant: str) -> None:
     assert "minAvailable" not in pdb["spec"]
 
 
-@variants
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in HA_VARIANTS])
 def test_registry_history_storage(variant: str) -> None:
+    """One registry with its SQLite history (test_registry_ha.py: the shared PostgreSQL)."""
     resources = docs(variant)
     registry = one(resources, "Deployment", "registry")
     assert registry["spec"]["replicas"] == 1
