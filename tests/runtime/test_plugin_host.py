@@ -333,6 +333,23 @@ async def test_a_start_that_never_ends_is_bounded_by_the_start_timeout(
     assert child_pids() == []
 
 
+@NEEDS_NODE
+async def test_a_start_busy_after_an_await_is_ended_by_the_runtime(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    # V8 interrupts only the synchronous part of a start; once the start has awaited, a busy
+    # loop holds the worker's only thread and nothing inside can stop it: the runtime does.
+    host = HostStream(stub, "typescript")
+    source = "return async (ctx: unknown) => {\n  await null;\n  while (true) {}\n};"
+    failed = await host.start(source, start_timeout=Duration(nanos=300_000_000))
+    assert (failed.failed.phase, failed.failed.message) == (
+        "host-apply",
+        "the Plugin did not start within 0.3 s",
+    )
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
+
+
 PARKS: Sources = {
     "python": (
         "def p(ctx):\n    raise AssertionError('must not start')\np.inject = ['db']\nreturn p"
