@@ -1,11 +1,12 @@
 """One Cordis plugin host: a never-used, sandboxed worker that runs one host half until retract.
 
-The worker is taken from the same pool as programs' workers (the same fork server, pid
-namespace, cgroup, uid and seccomp) and told ``host`` instead of ``start``
-(``worker/plugin_harness.py``). Unlike a run it lives on: it answers invocations of the tools
-its plugin registered until the caller retracts it, the caller goes away, the runtime is
-disposed, or it dies. Whatever happens, the worker is killed and reaped before ``closed``
-resolves, so nothing of a plugin host outlives it either.
+The worker is taken from the same pool as programs' workers of its language (the same fork
+server, pid namespace, cgroup, uid and seccomp) and told ``host`` instead of ``start``
+(``worker/plugin_harness.py``, or ``worker_ts/plugin_harness.js`` for TypeScript: one
+protocol, so nothing here depends on the language). Unlike a run it lives on: it answers
+invocations of the tools its plugin registered until the caller retracts it, the caller goes
+away, the runtime is disposed, or it dies. Whatever happens, the worker is killed and reaped
+before ``closed`` resolves, so nothing of a plugin host outlives it either.
 
 Transport-free: the servicer turns the events (``HostEvent``) into stream messages.
 """
