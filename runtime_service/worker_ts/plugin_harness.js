@@ -89,6 +89,7 @@ const realClearInterval = clearInterval;
 const format = util.format;
 const isPromise = util.types.isPromise;
 const NumberIsSafeInteger = Number.isSafeInteger;
+const FunctionPrototype = Function.prototype;
 
 class StartTimeout extends Error {}
 class LoadError extends Error {}
@@ -219,14 +220,15 @@ function readOnly(target, what) {
 
 /**
  * The public methods of a provided service object: functions (data properties only, no getter
- * runs) along its prototype chain up to Object.prototype, not `constructor`, not `_private`.
+ * runs) along its prototype chain up to Object.prototype (or Function.prototype: a function's
+ * `call` and `bind` are no service), not `constructor`, not `_private`.
  * @param {object} value
  */
 function methodNames(value) {
   const names = new Set();
   /** @type {any} */
   let level = value;
-  while (level !== null && level !== ObjectPrototype) {
+  while (level !== null && level !== ObjectPrototype && level !== FunctionPrototype) {
     for (const key of ReflectOwnKeys(level)) {
       if (typeof key !== 'string' || key === 'constructor' || key.startsWith('_') || key === 'then') continue;
       const desc = ObjectGetOwnPropertyDescriptor(level, key);

@@ -853,3 +853,76 @@ async def test_a_parked_plugin_whose_start_fails_once_unparked_ends_its_host(
     assert lost.lost.message == "its injected services appeared, but its start failed: no schema"
     assert await host.call.read() is grpc.aio.EOF
     assert child_pids() == []
+
+
+FACADE_TS = """
+const probe = (ctx: any) => async () => {
+  const out: Record<string, unknown> = {};
+  const attempt = (key: string, fn: () => unknown) => {
+    try {
+      fn();
+      out[key] = "allowed";
+    } catch (error) {
+      out[key] = (error as Error).message;
+    }
+  };
+  attempt("harness", () => { (harness as any).defineTool = null; });
+  attempt("tools", () => { ctx.tools.schemas = null; });
+  attempt("asyncEffect", () => ctx.effect(async () => {}));
+  attempt("timerService", () => ctx.provide("timer", 1));
+  attempt("noExecute", () => harness.defineTool({ name: "x" }));
+  attempt("noName", () => harness.defineTool({ execute: () => 1 }));
+  attempt("lossySchema", () => harness.defineTool({ name: "x", execute: () => 1,
+    parameters: { type: "object", default: new Date(0) } }));
+  attempt("twice", () => harness.registerTool(tool));
+  attempt("notAService", () => ctx.provide("empty", () => 1));
+  out.has = ["tools" in ctx, "get" in ctx, "timer" in ctx, "anything" in ctx];
+  out.known = ctx.tools.get("search")?.name ?? null;
+  out.unknown = ctx.tools.get("nope") === undefined;
+  out.symbol = ctx[Symbol.iterator] === undefined;
+  return out;
+};
+let tool: unknown;
+return (ctx: any) => {
+  tool = harness.defineTool({ name: "facade", execute: probe(ctx) });
+  harness.registerTool(tool);
+};
+"""
+
+
+@NEEDS_NODE
+async def test_the_typescript_facade_refuses_with_the_reference_texts(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    host = HostStream(stub, "typescript")
+    visible = [{"name": "search", "description": "d", "inputSchema": {"type": "object"}}]
+    started = await host.start(FACADE_TS, visible_tools_json=json.dumps(visible))
+    assert started.WhichOneof("kind") == "started", started
+    await host.invoke(1, "facade", {})
+    reply = await host.next_not_log()
+    assert reply.result.WhichOneof("outcome") == "value_json", reply
+    assert json.loads(reply.result.value_json) == {
+        "harness": 'harness is read-only; cannot assign "defineTool"',
+        "tools": 'ctx.tools is read-only; cannot assign "schemas"',
+        "asyncEffect": "ctx.effect runs its function synchronously: it may not be async",
+        "timerService": 'service "timer" is built in; provide it under another name',
+        "noExecute": "harness.defineTool needs a function `execute(args)`",
+        "noName": "harness.defineTool needs a non-empty string `name`",
+        "lossySchema": (
+            "harness.defineTool `parameters` must be lossless JSON data (objects, arrays, "
+            "strings, numbers, booleans, null) — not a class instance, function, Map/Set, "
+            "Date, or undefined"
+        ),
+        "twice": (
+            'tool "facade" is already registered by this plugin; to replace it, keep the '
+            "disposer registerTool returned and call it first"
+        ),
+        "notAService": (
+            "ctx.provide needs lossless JSON data, or an object with public methods, as the "
+            "service: it crosses to the owner's other plugins, which run in other processes"
+        ),
+        "has": [True, True, False, False],
+        "known": "search",
+        "unknown": True,
+        "symbol": True,
+    }
