@@ -31,6 +31,15 @@
 // - every tool, handler, service method and event delivery is one invocation, cancellable
 //   (its `signal` aborts; the call answers at once); the runtime bounds each one's CPU.
 //
+// The names, Python -> TypeScript: harness.define_tool(name=, description=, parameters=,
+// execute=, output_schema=, presentation_meta=) -> harness.defineTool({name, description,
+// parameters, execute, outputSchema, presentationMeta}); register_tool -> registerTool; None ->
+// undefined (`ctx.get`, `ctx.tools.get`); `print` -> `console.log`; an `execute(args)` also gets
+// `{signal}` (aborted when the call is cancelled: a promise cannot be cancelled from outside);
+// a service method that returns nothing gives null, as Python's None. Everything else is
+// spelled alike: ctx.tools.schemas/get/register, ctx.get/effect/provide/on/once, ctx.timer.
+// timeout/interval, `inject`, events and their payloads.
+//
 // Not a security boundary by itself: the worker's sandbox is (worker/sandbox_child.py).
 
 import util from 'node:util';
