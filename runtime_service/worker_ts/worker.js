@@ -45,7 +45,6 @@ import {
   uncurry,
 } from './intrinsics.js';
 import { OutputLedger, fitPrefix, jsonStringSize, validText } from './ledger.js';
-import { serveHost } from './plugin_harness.js';
 
 const CHANNEL_FD = 3;
 export const PROGRAM_FILENAME = 'program.ts';
@@ -457,6 +456,8 @@ class Worker {
     this.started = false;
     /** @type {{onMessage(message: any): void, uncaught(error: unknown): void} | null} */
     this.host = null;
+    /** @type {any[] | null} frames for a plugin host whose harness is still loading */
+    this.hostFrames = null;
   }
 
   /**
@@ -520,8 +521,18 @@ class Worker {
     if (!this.started) {
       if (kind === 'host') {
         // A Cordis plugin host instead of a program: the harness serves every later frame.
+        // Loaded only now, so a program's worker never pays for it; frames that arrive
+        // meanwhile wait for it.
         this.started = true;
-        this.host = serveHost(message);
+        this.hostFrames = [];
+        import('./plugin_harness.js').then(
+          (harness) => {
+            this.host = harness.serveHost(message);
+            for (const early of /** @type {any[]} */ (this.hostFrames)) this.host.onMessage(early);
+            this.hostFrames = null;
+          },
+          () => reallyExit(70),
+        );
         return;
       }
       if (kind !== 'start') reallyExit(0);
@@ -530,6 +541,7 @@ class Worker {
       return;
     }
     if (this.host !== null) this.host.onMessage(message);
+    else if (this.hostFrames !== null) this.hostFrames.push(message);
     else if (kind === 'reply') this.onReply(message);
   }
 
