@@ -12,7 +12,8 @@
 //                      retract, services {services}, call_result {id, ok, value | message}
 //   worker -> runtime  log {text}, started {regs} | failed {phase, message, stack}, regs {regs},
 //                      result {id, ok, value [, meta] | message [, stack, notFound]},
-//                      call {id, service, method, args}, retracted
+//                      call {id, service, method, args}, call_cancel {id} (the invocation
+//                      awaiting that call was cancelled), retracted
 //
 // Reference §9.6 in TypeScript's style (the Python harness's names in camelCase):
 //
@@ -42,6 +43,7 @@
 //
 // Not a security boundary by itself: the worker's sandbox is (worker/sandbox_child.py).
 
+import { AsyncLocalStorage } from 'node:async_hooks';
 import util from 'node:util';
 import vm from 'node:vm';
 
@@ -99,6 +101,11 @@ const format = util.format;
 const isPromise = util.types.isPromise;
 const NumberIsSafeInteger = Number.isSafeInteger;
 const FunctionPrototype = Function.prototype;
+
+// The invocation (its AbortController) whose work is running: a service call made from it is
+// cancelled with it, as a Python task's awaited call is (Node has no task to cancel).
+/** @type {AsyncLocalStorage<AbortController>} */
+const invocationScope = new AsyncLocalStorage();
 
 class StartTimeout extends Error {}
 class LoadError extends Error {}
@@ -547,10 +554,31 @@ class Host {
     } catch {
       return Promise.reject(new TypeError(`the arguments of service "${service}".${method} ${LOSSY}`));
     }
+    const invocation = invocationScope.getStore();
+    if (invocation?.signal.aborted) return Promise.reject(new Error('the call was cancelled'));
     const id = this.nextCall;
     this.nextCall += 1;
     return new Promise((resolve, reject) => {
-      this.calls.set(id, { resolve, reject });
+      const cancelled = () => {
+        // The invocation awaiting it was cancelled: so is the provider's (a late answer finds
+        // no call any more).
+        if (!this.calls.has(id)) return;
+        this.calls.delete(id);
+        if (!this.ended) send(`{"t":"call_cancel","id":${id}}`);
+        reject(new Error('the call was cancelled'));
+      };
+      const settled = () => invocation?.signal.removeEventListener('abort', cancelled);
+      this.calls.set(id, {
+        resolve: (value) => {
+          settled();
+          resolve(value);
+        },
+        reject: (error) => {
+          settled();
+          reject(error);
+        },
+      });
+      invocation?.signal.addEventListener('abort', cancelled, { once: true });
       send(
         `{"t":"call","id":${id},"service":${wire.spellString(service)},"method":${wire.spellString(method)},` +
           `"args":${wire.spellTokens(tokens)}}`,
@@ -1007,7 +1035,7 @@ class Host {
     /** @type {unknown} */
     let meta = NO_META;
     try {
-      value = await execute(controller.signal);
+      value = await invocationScope.run(controller, () => execute(controller.signal));
       if (options.presentationMeta && current()) {
         // Given a copy: the card's metadata cannot change the value sent.
         meta = await options.presentationMeta(options.args, wire.snapshot(value));

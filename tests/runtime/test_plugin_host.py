@@ -68,7 +68,7 @@ return plugin;
 class HostStream:
     """One Host stream in one language: send requests, read responses in order."""
 
-    def __init__(self, stub: runtime_pb2_grpc.RuntimeServiceStub, language: str) -> None:
+    def __init__(self, stub: runtime_pb2_grpc.RuntimeServiceStub, language: str = "python") -> None:
         self.call = stub.Host()
         self.language = language
         self.seen: list[runtime_pb2.HostResponse] = []
@@ -926,3 +926,47 @@ async def test_the_typescript_facade_refuses_with_the_reference_texts(
         "unknown": True,
         "symbol": True,
     }
+
+
+AWAITS_SERVICE: Sources = {
+    "python": (
+        "class P:\n"
+        "    inject = ['gate']\n"
+        "    def apply(self, ctx):\n"
+        "        gate = ctx.gate\n"
+        "        async def hold(args):\n"
+        "            return await gate.wait()\n"
+        "        harness.register_tool(harness.define_tool(name='hold', execute=hold))\n"
+        "return P()"
+    ),
+    "typescript": (
+        "const p = (ctx: any) => {\n"
+        "  const gate = ctx.gate;\n"
+        "  const hold = harness.defineTool({ name: 'hold', execute: () => gate.wait() });\n"
+        "  harness.registerTool(hold);\n"
+        "};\n"
+        "p.inject = ['gate'];\n"
+        "return p;"
+    ),
+}
+
+
+async def test_a_cancelled_invocation_withdraws_the_service_call_it_was_waiting_on(
+    host: HostStream,
+) -> None:
+    gate = runtime_pb2.HostService(name="gate", methods=["wait"])
+    started = await host.start(AWAITS_SERVICE, services=[gate])
+    assert started.WhichOneof("kind") == "started" and not started.started.waiting_for
+    await host.invoke(1, "hold", {})
+    call = await host.next_not_log()
+    assert call.WhichOneof("kind") == "service_call", call
+    assert (call.service_call.service, call.service_call.method) == ("gate", "wait")
+    await host.call.write(runtime_pb2.HostRequest(cancel=runtime_pb2.HostCancel(invocation_id=1)))
+    withdrawn = await host.next_not_log()
+    assert withdrawn.WhichOneof("kind") == "service_call_cancel", withdrawn
+    assert withdrawn.service_call_cancel.call_id == call.service_call.call_id
+    cancelled = await host.next_not_log()
+    assert (cancelled.result.invocation_id, cancelled.result.error_message) == (
+        1,
+        "the call was cancelled",
+    )
