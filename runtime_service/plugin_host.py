@@ -1,11 +1,12 @@
 """One Cordis plugin host: a never-used, sandboxed worker that runs one host half until retract.
 
-The worker is taken from the same pool as programs' workers (the same fork server, pid
-namespace, cgroup, uid and seccomp) and told ``host`` instead of ``start``
-(``worker/plugin_harness.py``). Unlike a run it lives on: it answers invocations of the tools
-its plugin registered until the caller retracts it, the caller goes away, the runtime is
-disposed, or it dies. Whatever happens, the worker is killed and reaped before ``closed``
-resolves, so nothing of a plugin host outlives it either.
+The worker is taken from the same pool as programs' workers of its language (the same fork
+server, pid namespace, cgroup, uid and seccomp) and told ``host`` instead of ``start``
+(``worker/plugin_harness.py``, or ``worker_ts/plugin_harness.js`` for TypeScript: one
+protocol, so nothing here depends on the language). Unlike a run it lives on: it answers
+invocations of the tools its plugin registered until the caller retracts it, the caller goes
+away, the runtime is disposed, or it dies. Whatever happens, the worker is killed and reaped
+before ``closed`` resolves, so nothing of a plugin host outlives it either.
 
 Transport-free: the servicer turns the events (``HostEvent``) into stream messages.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +26,7 @@ from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
 from runtime_service.run import next_cpu_poll_s
 from runtime_service.worker import flatwire
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
+from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
 
 __all__ = [
@@ -46,6 +49,10 @@ _MAX_SERVICE_CALLS = 256  # a plugin's service calls awaiting an answer at once
 # Work between invocations (timers, tasks the plugin started) may keep a plugin host busy for
 # this share of one CPU on average, in bursts of up to its compute budget.
 BACKGROUND_CPU_SHARE = 0.1
+# The worker bounds its own start (start_timeout_s); this much later the runtime ends a start
+# the worker could not interrupt (a Node host half busy after an `await`, a Python one stuck in
+# native code).
+_START_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +175,9 @@ class PluginHost:
         self._credit_ms = float(request.budgets.compute_ms)
         self._metered_cpu = 0.0  # CPU seconds and loop time the meter last accounted up to
         self._metered_at = 0.0
+        self._start_timer: asyncio.TimerHandle | None = None
+        self._stderr_tail = b""
+        self._heap_exhausted = False
         self._final: HostEvent | None = None
         self._done = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -195,7 +205,7 @@ class PluginHost:
             worker.listen(
                 self._on_frame,
                 self._on_eof,
-                lambda _fd, _data: None,  # print/sys.stdout are logs; raw fd writes dropped
+                self._on_output,
                 FrameLimits(budgets.max_output_bytes * 2 + 4096, 1 << 30, budgets.memory_bytes),
             )
             worker.exited.add_done_callback(self._on_exit)
@@ -213,10 +223,14 @@ class PluginHost:
                     "services": flatwire.encode(self.request.services),
                 }
             )
+            self._start_timer = asyncio.get_running_loop().call_later(
+                self.request.start_timeout_s + _START_GRACE_S, self._start_overdue
+            )
             await self._done
         finally:
-            if self._cpu_timer is not None:
-                self._cpu_timer.cancel()
+            for timer in (self._cpu_timer, self._start_timer):
+                if timer is not None:
+                    timer.cancel()
             if self._worker is not None:
                 await self._worker.kill()
                 await self._worker.closed
@@ -412,6 +426,22 @@ class PluginHost:
         if not self._ended:
             self._end(HostFailed("host-lost", "the plugin host was stopped"))
 
+    def _start_overdue(self) -> None:
+        if not self._started and not self._ended:
+            late = f"the Plugin did not start within {self.request.start_timeout_s:g} s"
+            self._end(HostFailed("host-apply", late))
+
+    def _on_output(self, fd: int, data: bytes) -> None:
+        """Raw writes to fds 1/2 are dropped (print, console and the streams are logs), but
+        stderr is watched for V8's last words: a Node host at its heap limit (its budget)
+        says so there just before it aborts."""
+        worker = self._worker
+        if self._heap_exhausted or worker is None or fd != worker.output_fds[1]:
+            return
+        seen = self._stderr_tail + data
+        self._heap_exhausted = HEAP_EXHAUSTED.encode() in seen
+        self._stderr_tail = seen[-len(HEAP_EXHAUSTED) :]
+
     # -- worker messages ---------------------------------------------------------------------
     def _on_frame(self, event: FrameEvent) -> None:
         if self._ended:
@@ -523,9 +553,20 @@ class PluginHost:
             return
         status = exited.result() if not exited.cancelled() else None
         worker = self._worker
+        if status == -signal.SIGABRT and worker is not None and worker.outputs_open:
+            # V8 aborts right after it wrote why to stderr, which may not be read yet.
+            drained = asyncio.ensure_future(worker.drain_outputs(_EXIT_AFTER_EOF_S))
+            drained.add_done_callback(lambda _: self._exited(status))
+            return
+        self._exited(status)
+
+    def _exited(self, status: int | None) -> None:
+        if self._ended:
+            return
+        worker = self._worker
         if worker is not None and worker.cgroup is not None and worker.cgroup.oom_killed():
             status = EXIT_OUT_OF_MEMORY
-        if status == EXIT_OUT_OF_MEMORY:
+        if status == EXIT_OUT_OF_MEMORY or (status == -signal.SIGABRT and self._heap_exhausted):
             text = (
                 f"the plugin host exceeded its memory budget "
                 f"({self.request.budgets.memory_bytes >> 20} MiB)"

@@ -167,8 +167,10 @@ class Runtime:
         """Validate a plugin host request; ``run_host`` drives it."""
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        if language != "python":  # plugin hosts run on the Python worker only
-            raise RunRequestError(f"unsupported language {language!r} (supported: python)")
+        pool = self.pools.get(language)  # host halves run in the language's own workers
+        if pool is None:
+            supported = ", ".join(self.languages)
+            raise RunRequestError(f"unsupported language {language!r} (supported: {supported})")
         if utf8_exceeds(source, self.options.max_program_bytes):
             raise RunRequestError(f"source exceeds {self.options.max_program_bytes} bytes")
         if not 0 < start_timeout_s <= 600:
@@ -178,7 +180,9 @@ class Runtime:
             source, plugin_id, package_id, run_id, resolved, start_timeout_s,
             list(visible_tools or ()), list(services or ()),
         )  # fmt: skip
-        return PluginHost(request, self.pool.acquire, emit)
+        # A TypeScript host's V8 heap limit is its memory budget, as a program's.
+        acquire, _ = pool.launcher(resolved.memory_bytes)
+        return PluginHost(request, acquire, emit)
 
     async def run_host(self, host: PluginHost) -> None:
         """Drive ``host`` until it ends; disposal ends it too."""

@@ -253,7 +253,10 @@ class Assembler:
             Section(
                 cordis_prompt.SECTION_ID,
                 cordis_prompt.SECTION_ORDER,
-                cordis_prompt.PROMPT if view.self_modification else "",
+                # Its host halves are in the agent's program language (also in native mode).
+                cordis_prompt.prompt(self._catalog.language_for(view.scope))
+                if view.self_modification
+                else "",
             ),
         ]
         assembled = assemble(sections, view.mode, self.config.tool_order)

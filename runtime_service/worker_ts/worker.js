@@ -98,7 +98,7 @@ function writeAll(buffer) {
  * A frame for the compact JSON text of one message (ASCII by construction).
  * @param {string} text
  */
-function frame(text) {
+export function frame(text) {
   if (text.length > MAX_FRAME_BYTES) throw new RangeError('frame too large');
   const buffer = BufferAllocUnsafe(4 + text.length);
   BufferWriteUInt32BE(buffer, text.length, 0);
@@ -107,7 +107,7 @@ function frame(text) {
 }
 
 /** @param {string} text */
-function send(text) {
+export function send(text) {
   writeAll(frame(text));
 }
 
@@ -176,7 +176,7 @@ function parseMessage(text) {
  * @param {any} message
  * @param {string} key
  */
-function field(message, key) {
+export function field(message, key) {
   if (typeof message !== 'object' || message === null) return undefined;
   const desc = ObjectGetOwnPropertyDescriptor(message, key);
   return desc === undefined ? undefined : desc.value;
@@ -262,8 +262,8 @@ function programFrames(stack) {
  * blanks, so every line and column stays where it was in the program.
  * @param {string} program
  */
-export function stripTypes(program) {
-  return amaro.transformSync(WRAPPER_HEAD + program + WRAPPER_TAIL, { mode: 'strip-only' }).code;
+export function stripTypes(program, head = WRAPPER_HEAD) {
+  return amaro.transformSync(head + program + WRAPPER_TAIL, { mode: 'strip-only' }).code;
 }
 
 /**
@@ -306,13 +306,16 @@ function renderCompileError(error) {
 
 /**
  * The program compiled into its async function (throws a rendered text on failure).
+ * `head` (one line, ending in a newline) opens the function: a plugin host's names other
+ * parameters (plugin_harness.js).
  * @param {string} program
+ * @param {string} [head]
  * @returns {Function}
  */
-export function compileProgram(program) {
+export function compileProgram(program, head = WRAPPER_HEAD) {
   let source;
   try {
-    source = stripTypes(program);
+    source = stripTypes(program, head);
   } catch (error) {
     throw new ProgramError(renderStripError(error, program));
   }
@@ -323,7 +326,7 @@ export function compileProgram(program) {
   }
 }
 
-class ProgramError extends Error {}
+export class ProgramError extends Error {}
 
 // -- output --------------------------------------------------------------------------------
 
@@ -412,7 +415,7 @@ let finished = false;
  * @param {string | Buffer} message
  * @returns {never}
  */
-function finish(message) {
+export function finish(message) {
   if (!finished) {
     finished = true;
     for (const fd of [1, 2]) {
@@ -451,6 +454,10 @@ class Worker {
     /** @type {Map<number, {resolve: (outcome: any) => void, name: string}>} */
     this.pending = new SafeMap();
     this.started = false;
+    /** @type {{onMessage(message: any): void, uncaught(error: unknown): void} | null} */
+    this.host = null;
+    /** @type {any[] | null} frames for a plugin host whose harness is still loading */
+    this.hostFrames = null;
   }
 
   /**
@@ -512,12 +519,30 @@ class Worker {
     }
     const kind = field(message, 't');
     if (!this.started) {
+      if (kind === 'host') {
+        // A Cordis plugin host instead of a program: the harness serves every later frame.
+        // Loaded only now, so a program's worker never pays for it; frames that arrive
+        // meanwhile wait for it.
+        this.started = true;
+        this.hostFrames = [];
+        import('./plugin_harness.js').then(
+          (harness) => {
+            this.host = harness.serveHost(message);
+            for (const early of /** @type {any[]} */ (this.hostFrames)) this.host.onMessage(early);
+            this.hostFrames = null;
+          },
+          () => reallyExit(70),
+        );
+        return;
+      }
       if (kind !== 'start') reallyExit(0);
       this.started = true;
       this.begin(message);
       return;
     }
-    if (kind === 'reply') this.onReply(message);
+    if (this.host !== null) this.host.onMessage(message);
+    else if (this.hostFrames !== null) this.hostFrames.push(message);
+    else if (kind === 'reply') this.onReply(message);
   }
 
   /** @param {any} start */
@@ -586,9 +611,9 @@ class Worker {
 /**
  * Route everything the program can print into the log sink: `process.stdout`,
  * `process.stderr` (and so the global console, which writes to them).
- * @param {LogSink} sink
+ * @param {{emit(text: string): void}} sink
  */
-function installOutput(sink) {
+export function installOutput(sink) {
   output.sink = sink;
   const [out, err] = output.streams;
   ObjectDefineProperty(process, 'stdout', descriptor({ get: () => out, configurable: true, enumerable: true }));
@@ -638,6 +663,7 @@ async function main() {
   process.on('unhandledRejection', () => {});
   // An error thrown where nothing awaits it (a timer callback) ends the run as an exception.
   process.on('uncaughtException', (error) => {
+    if (worker.host !== null) return worker.host.uncaught(error); // a plugin host goes on
     if (worker.sink === null) reallyExit(70);
     finish(worker.failure('exception', renderException(error)));
   });

@@ -1,5 +1,10 @@
 """Cordis plugin hosts through ``RuntimeService.Host``: a host half in a real sandboxed worker,
-from start to retract (reference §9.3, §9.4, §9.6; design/cordis.md)."""
+from start to retract (reference §9.3, §9.4, §9.6; design/cordis.md).
+
+Every behaviour runs for both host languages (``language`` is parametrized): the host half is
+written once per language, next to each other, and both must end exactly alike -- only the
+texts that name a language's own terms (``None``/``undefined``, ``define_tool``/``defineTool``)
+differ, and those are spelled per language too."""
 
 from __future__ import annotations
 
@@ -14,10 +19,20 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service.errors import RunRequestError
+from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.worker_process import WorkerSpec, typescript_installed
 from tests.runtime.conftest import can_isolate, child_pids, connected, grpc_settings, serving
 
+NEEDS_NODE = pytest.mark.skipif(
+    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+)
+LANGUAGES = ["python", pytest.param("typescript", marks=NEEDS_NODE)]
 THIS_FILE = os.path.realpath(__file__)  # the runtime's tree: not in any sandbox
-CLOCK = """
+Sources = dict[str, str]  # one host half per language
+
+CLOCK: Sources = {
+    "python": """
 def plugin(ctx):
     async def now(args):
         return {"echo": args, "tools": [t["name"] for t in ctx.tools.schemas()]}
@@ -30,19 +45,43 @@ def plugin(ctx):
     ctx.effect(lambda: (lambda: print("effect two disposed")))
     print("started")
 return plugin
-"""
+""",
+    "typescript": """
+function plugin(ctx: any): void {
+  async function now(args: unknown) {
+    return { echo: args, tools: ctx.tools.schemas().map((t: { name: string }) => t.name) };
+  }
+  harness.registerTool(harness.defineTool({
+    name: "clock_now", description: "the time, or an echo",
+    parameters: { type: "object", properties: { x: { type: "integer" } } },
+    execute: now,
+  }));
+  ctx.effect(() => () => console.log("effect one disposed"));
+  ctx.effect(() => () => console.log("effect two disposed"));
+  console.log("started");
+}
+return plugin;
+""",
+}
 
 
 class HostStream:
-    """One Host stream: send requests, read responses in order."""
+    """One Host stream in one language: send requests, read responses in order."""
 
-    def __init__(self, stub: runtime_pb2_grpc.RuntimeServiceStub) -> None:
+    def __init__(self, stub: runtime_pb2_grpc.RuntimeServiceStub, language: str = "python") -> None:
         self.call = stub.Host()
+        self.language = language
         self.seen: list[runtime_pb2.HostResponse] = []
 
-    async def start(self, source: str, **fields: Any) -> runtime_pb2.HostResponse:
+    async def start(self, source: Sources | str, **fields: Any) -> runtime_pb2.HostResponse:
+        text = source if isinstance(source, str) else source[self.language]
         start = runtime_pb2.HostStart(
-            source=source, plugin_id="clock-1", package_id="pkg-2", run_id="run-3", **fields
+            source=text,
+            plugin_id="clock-1",
+            package_id="pkg-2",
+            run_id="run-3",
+            language=self.language,
+            **fields,
         )
         await self.call.write(runtime_pb2.HostRequest(start=start))
         return await self.next_not_log()
@@ -64,6 +103,9 @@ class HostStream:
         )
         await self.call.write(runtime_pb2.HostRequest(invoke=request))
 
+    async def retract(self) -> None:
+        await self.call.write(runtime_pb2.HostRequest(retract=runtime_pb2.HostRetract()))
+
     def logs(self) -> list[str]:
         return [m.log.text for m in self.seen if m.WhichOneof("kind") == "log"]
 
@@ -74,10 +116,15 @@ async def stub() -> AsyncIterator[runtime_pb2_grpc.RuntimeServiceStub]:
         yield client
 
 
+@pytest.fixture(params=LANGUAGES)
+def host(request: pytest.FixtureRequest, stub: runtime_pb2_grpc.RuntimeServiceStub) -> HostStream:
+    """A Host stream of the parametrized language."""
+    return HostStream(stub, request.param)
+
+
 async def test_a_host_half_registers_a_tool_serves_it_and_retracts_in_reverse_order(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    host = HostStream(stub)
     visible = [{"name": "search", "description": "d", "inputSchema": {"type": "object"}}]
     started = await host.start(CLOCK, visible_tools_json=json.dumps(visible))
     assert started.WhichOneof("kind") == "started", started
@@ -98,7 +145,7 @@ async def test_a_host_half_registers_a_tool_serves_it_and_retracts_in_reverse_or
     missing = await host.next_not_log()
     assert missing.result.error_message == 'the plugin has no tool "no_such_tool"'
 
-    await host.call.write(runtime_pb2.HostRequest(retract=runtime_pb2.HostRetract()))
+    await host.retract()
     retracted = await host.next_not_log()
     assert retracted.WhichOneof("kind") == "retracted"
     disposals = [text for text in host.logs() if "disposed" in text]
@@ -110,40 +157,129 @@ async def test_a_host_half_registers_a_tool_serves_it_and_retracts_in_reverse_or
     assert child_pids() == []  # the plugin host's processes are gone before the stream ends
 
 
+# (language, source, phase, text): the same failure in each language, with its own terms.
+NO_PLUGIN: list[tuple[str, str, str, str]] = [
+    ("python", "x = 1", "host-load", "the Host half returned `None` -- did you forget `return`?"),
+    (
+        "typescript",
+        "const x: number = 1;",
+        "host-load",
+        "the Host half returned `undefined` — did you forget `return`?",
+    ),
+    (
+        "python",
+        "return 42",
+        "host-load",
+        "the Host half must return a Plugin function or an object",
+    ),
+    (
+        "typescript",
+        "return 42;",
+        "host-load",
+        "the Host half must return a Plugin function or an object",
+    ),
+    ("python", "return (", "host-load", "SyntaxError"),
+    ("typescript", "const a = 1;\nreturn (", "host-load", "SyntaxError"),
+    ("python", "raise ValueError('boom at load')", "host-load", "boom at load"),
+    ("typescript", "throw new Error('boom at load');", "host-load", "boom at load"),
+    (
+        "python",
+        "def p(ctx):\n    raise RuntimeError('boom at start')\nreturn p",
+        "host-apply",
+        "boom",
+    ),
+    ("typescript", "return (ctx) => { throw new Error('boom at start'); };", "host-apply", "boom"),
+    (
+        "python",
+        "def p(ctx):\n    harness.register_tool({'name': 'forged'})\nreturn p",
+        "host-apply",
+        "dynamic tool registration must use a tool returned by harness.define_tool(...)",
+    ),
+    (
+        "typescript",
+        "return (ctx) => { harness.registerTool({ name: 'forged' }); };",
+        "host-apply",
+        "dynamic tool registration must use a tool returned by harness.defineTool(...)",
+    ),
+    (
+        "typescript",  # a definition's copy is no definition: the marker is private
+        "return (ctx) => { harness.registerTool({ ...harness.defineTool({ name: 'a', "
+        "execute: () => 1 }) }); };",
+        "host-apply",
+        "dynamic tool registration must use a tool returned by harness.defineTool(...)",
+    ),
+    (
+        "python",
+        "def p(ctx):\n    ctx.anything = 1\nreturn p",
+        "host-apply",
+        'sandbox ctx is read-only; cannot assign "anything"',
+    ),
+    (
+        "typescript",
+        "return (ctx) => { ctx.anything = 1; };",
+        "host-apply",
+        'sandbox ctx is read-only; cannot assign "anything"',
+    ),
+    (
+        "python",
+        "def p(ctx):\n    ctx.network\nreturn p",
+        "host-apply",
+        'sandbox ctx does not expose "network"',
+    ),
+    (
+        "typescript",
+        "return (ctx) => { ctx.network; };",
+        "host-apply",
+        'sandbox ctx does not expose "network"',
+    ),
+    (
+        "python",
+        "def p(ctx):\n    ctx.timer\nreturn p",
+        "host-apply",
+        'service "timer" is not injected',
+    ),
+    (
+        "typescript",
+        "return (ctx) => { ctx.timer; };",
+        "host-apply",
+        'service "timer" is not injected',
+    ),
+    # The JavaScript traps of reference §9.6 teach what to use instead.
+    (
+        "typescript",
+        "return (ctx) => { require('node:fs'); };",
+        "host-apply",
+        "require is not available in a Host half",
+    ),
+    (
+        "typescript",
+        "return (ctx) => { setTimeout(() => {}, 1); };",
+        "host-apply",
+        'setTimeout is not available in a Host half: inject "timer"',
+    ),
+    (
+        "typescript",
+        "return (ctx) => { fetch('http://127.0.0.1/'); };",
+        "host-apply",
+        "fetch is not available in a Host half: a plugin host has no network",
+    ),
+    (
+        "typescript",
+        "return (ctx) => { process.exit(1); };",
+        "host-apply",
+        "Cannot read properties of undefined (reading 'exit')",
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("source", "phase", "text"),
-    [
-        ("x = 1", "host-load", "the Host half returned `None` -- did you forget `return`?"),
-        ("return 42", "host-load", "the Host half must return a Plugin function or an object"),
-        ("return (", "host-load", "SyntaxError"),
-        ("raise ValueError('boom at load')", "host-load", "boom at load"),
-        ("def p(ctx):\n    raise RuntimeError('boom at start')\nreturn p", "host-apply", "boom"),
-        (
-            "def p(ctx):\n    harness.register_tool({'name': 'forged'})\nreturn p",
-            "host-apply",
-            "dynamic tool registration must use a tool returned by harness.define_tool(...)",
-        ),
-        (
-            "def p(ctx):\n    ctx.anything = 1\nreturn p",
-            "host-apply",
-            'sandbox ctx is read-only; cannot assign "anything"',
-        ),
-        (
-            "def p(ctx):\n    ctx.network\nreturn p",
-            "host-apply",
-            'sandbox ctx does not expose "network"',
-        ),
-        (
-            "def p(ctx):\n    ctx.timer\nreturn p",
-            "host-apply",
-            'service "timer" is not injected',
-        ),
-    ],
+    ("language", "source", "phase", "text"),
+    [pytest.param(*row, marks=NEEDS_NODE) if row[0] == "typescript" else row for row in NO_PLUGIN],
 )
 async def test_a_host_half_that_is_no_plugin_fails_with_its_phase_and_leaves_nothing(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, source: str, phase: str, text: str
+    stub: runtime_pb2_grpc.RuntimeServiceStub, language: str, source: str, phase: str, text: str
 ) -> None:
-    host = HostStream(stub)
+    host = HostStream(stub, language)
     failed = await host.start(source)
     assert failed.WhichOneof("kind") == "failed", failed
     assert failed.failed.phase == phase
@@ -152,52 +288,120 @@ async def test_a_host_half_that_is_no_plugin_fails_with_its_phase_and_leaves_not
     assert child_pids() == []
 
 
-async def test_a_start_that_never_ends_is_bounded_by_the_start_timeout(
+@NEEDS_NODE
+async def test_a_typescript_syntax_error_names_its_line_with_a_caret(
     stub: runtime_pb2_grpc.RuntimeServiceStub,
 ) -> None:
-    host = HostStream(stub)
-    source = "import asyncio\ndef p(ctx):\n    return asyncio.sleep(3600)\nreturn p"
+    host = HostStream(stub, "typescript")
+    failed = await host.start("const a: number = 1;\nconst b = (a +;\nreturn () => {};")
+    assert failed.failed.phase == "host-load"
+    head, line, caret = failed.failed.message.split("\n")[-3:]
+    assert head.startswith("    at program.ts:2:")  # the body's own line: types stripped in place
+    assert line == "const b = (a +;"
+    assert caret.endswith("^")
+
+
+NEVER_STARTS: Sources = {
+    "python": "import asyncio\ndef p(ctx):\n    return asyncio.sleep(3600)\nreturn p",
+    "typescript": "return (ctx) => new Promise(() => {});",
+}
+BUSY_START: Sources = {
+    "python": "def p(ctx):\n    while True:\n        pass\nreturn p",
+    "typescript": "return (ctx) => { while (true) {} };",
+}
+BUSY_LOAD: Sources = {
+    "python": "while True:\n    pass",
+    "typescript": "while (true) {}",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "phase", "text"),
+    [
+        (NEVER_STARTS, "host-apply", "the Plugin did not start within 0.3 s"),
+        (BUSY_START, "host-apply", "the Plugin did not start within 0.3 s"),
+        (BUSY_LOAD, "host-load", "the Host half did not finish within 0.3 s"),
+    ],
+    ids=["waits", "busy-apply", "busy-load"],
+)
+async def test_a_start_that_never_ends_is_bounded_by_the_start_timeout(
+    host: HostStream, source: Sources, phase: str, text: str
+) -> None:
     failed = await host.start(source, start_timeout=Duration(nanos=300_000_000))
-    assert failed.failed.phase == "host-apply"
-    assert failed.failed.message == "the Plugin did not start within 0.3 s"
+    assert (failed.failed.phase, failed.failed.message) == (phase, text)
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
+
+
+@NEEDS_NODE
+async def test_a_start_busy_after_an_await_is_ended_by_the_runtime(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    # V8 interrupts only the synchronous part of a start; once the start has awaited, a busy
+    # loop holds the worker's only thread and nothing inside can stop it: the runtime does.
+    host = HostStream(stub, "typescript")
+    source = "return async (ctx: unknown) => {\n  await null;\n  while (true) {}\n};"
+    failed = await host.start(source, start_timeout=Duration(nanos=300_000_000))
+    assert (failed.failed.phase, failed.failed.message) == (
+        "host-apply",
+        "the Plugin did not start within 0.3 s",
+    )
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
+
+
+PARKS: Sources = {
+    "python": (
+        "def p(ctx):\n    raise AssertionError('must not start')\np.inject = ['db']\nreturn p"
+    ),
+    "typescript": (
+        "const p = (ctx: unknown) => { throw new Error('must not start'); };\n"
+        "p.inject = ['db'];\nreturn p;"
+    ),
+}
 
 
 async def test_a_plugin_injecting_a_service_nobody_provides_parks_waiting(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    source = "def p(ctx):\n    raise AssertionError('must not start')\np.inject = ['db']\nreturn p"
-    host = HostStream(stub)
-    started = await host.start(source)
+    started = await host.start(PARKS)
     assert started.WhichOneof("kind") == "started"
     assert list(started.started.waiting_for) == ["db"]
     assert list(started.started.tools) == []
 
 
-async def test_timers_run_while_active_and_stop_with_the_retract(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+TICKS: Sources = {
+    "python": (
         "def p(ctx):\n"
         "    ctx.timer.interval(lambda: print('tick'), 10)\n"
         "    ctx.effect(lambda: (lambda: print('bye')))\n"
         "p.inject = ['timer']\n"
         "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source)).WhichOneof("kind") == "started"
+    ),
+    "typescript": (
+        "const p = (ctx: any) => {\n"
+        "  ctx.timer.interval(() => console.log('tick'), 10);\n"
+        "  ctx.effect(() => () => console.log('bye'));\n"
+        "};\n"
+        "p.inject = ['timer'];\n"
+        "return p;"
+    ),
+}
+
+
+async def test_timers_run_while_active_and_stop_with_the_retract(host: HostStream) -> None:
+    assert (await host.start(TICKS)).WhichOneof("kind") == "started"
     while (await host.next()).log.text != "[cordis:clock-1] tick\n":
         pass
-    await host.call.write(runtime_pb2.HostRequest(retract=runtime_pb2.HostRetract()))
+    await host.retract()
     assert (await host.next_not_log()).WhichOneof("kind") == "retracted"
     logs = host.logs()
     assert logs[-1] == "[cordis:clock-1] bye\n"  # disposers ran after the last tick
     assert await host.call.read() is grpc.aio.EOF
 
 
-async def test_an_invocation_is_cancelled_and_a_failing_tool_reports_its_message(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+CANCELS: Sources = {
+    "python": (
         "import asyncio\n"
         "def p(ctx):\n"
         "    async def slow(args):\n"
@@ -209,9 +413,25 @@ async def test_an_invocation_is_cancelled_and_a_failing_tool_reports_its_message
         "    for name, fn in [('slow', slow), ('bad', bad), ('lossy', lossy)]:\n"
         "        harness.register_tool(harness.define_tool(name=name, execute=fn))\n"
         "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source)).WhichOneof("kind") == "started"
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const slow = (_args: unknown, { signal }: { signal: AbortSignal }) =>\n"
+        "    new Promise((resolve) => signal.addEventListener('abort', () => resolve('late')));\n"
+        "  const bad = () => { throw new Error('the plugin refused'); };\n"
+        "  const lossy = () => new Set([1, 2]);\n"
+        "  const all = [['slow', slow], ['bad', bad], ['lossy', lossy]] as const;\n"
+        "  for (const [name, execute] of all)\n"
+        "    harness.registerTool(harness.defineTool({ name, execute }));\n"
+        "};"
+    ),
+}
+
+
+async def test_an_invocation_is_cancelled_and_a_failing_tool_reports_its_message(
+    host: HostStream,
+) -> None:
+    assert (await host.start(CANCELS)).WhichOneof("kind") == "started"
     await host.invoke(1, "slow", {})
     await host.invoke(2, "bad", {})
     bad = await host.next_not_log()
@@ -222,22 +442,39 @@ async def test_an_invocation_is_cancelled_and_a_failing_tool_reports_its_message
     await host.invoke(3, "lossy", {})
     lossy = await host.next_not_log()
     assert lossy.result.error_message.startswith('the result of tool "lossy" must be lossless')
+    await host.invoke(4, "bad", {})  # the slow call's late resolution was dropped: 4 is next
+    assert (await host.next_not_log()).result.invocation_id == 4
 
 
-async def test_closing_the_stream_retracts_and_kills_everything_the_plugin_started(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+FORKS: Sources = {
+    "python": (
         "import os, time\n"
         "def p(ctx):\n"
         "    if os.fork() == 0:\n"
         "        os.setsid = None\n"
         "        while True: time.sleep(1)\n"
         "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source)).WhichOneof("kind") == "started"
-    assert child_pids() != []
+    ),
+    # The attack: the real `process` (the host half's own is undefined), a child process.
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const real = (globalThis as any).process;\n"
+        "  const cp = real.getBuiltinModule('node:child_process');\n"
+        "  cp.spawn(real.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' });\n"
+        "};"
+    ),
+}
+
+
+async def test_closing_the_stream_retracts_and_kills_everything_the_plugin_started(
+    host: HostStream,
+) -> None:
+    assert (await host.start(FORKS)).WhichOneof("kind") == "started"
+    for _ in range(200):  # the child may still be starting
+        if len(child_pids()) > 1:
+            break
+        await asyncio.sleep(0.05)
+    assert len(child_pids()) > 1  # the host and what it started
     host.call.cancel()
     for _ in range(200):  # the runtime reaps it right after it sees the cancel
         if child_pids() == []:
@@ -246,18 +483,26 @@ async def test_closing_the_stream_retracts_and_kills_everything_the_plugin_start
     assert child_pids() == []
 
 
-async def test_a_plugin_host_that_dies_after_its_start_is_reported_lost(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+DIES: Sources = {
+    "python": (
         "import os\n"
         "def p(ctx):\n"
         "    die = harness.define_tool(name='die', execute=lambda a: os._exit(3))\n"
         "    harness.register_tool(die)\n"
         "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source)).WhichOneof("kind") == "started"
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const die = harness.defineTool({ name: 'die',"
+        " execute: () => (globalThis as any).process.reallyExit(3) });\n"
+        "  harness.registerTool(die);\n"
+        "};"
+    ),
+}
+
+
+async def test_a_plugin_host_that_dies_after_its_start_is_reported_lost(host: HostStream) -> None:
+    assert (await host.start(DIES)).WhichOneof("kind") == "started"
     await host.invoke(7, "die", {})
     first = await host.next_not_log()
     assert first.result.invocation_id == 7
@@ -265,6 +510,7 @@ async def test_a_plugin_host_that_dies_after_its_start_is_reported_lost(
     lost = await host.next_not_log()
     assert lost.WhichOneof("kind") == "lost"
     assert lost.lost.phase == "host-lost"
+    assert lost.lost.message == "the plugin host exited (status 3)"
 
 
 async def test_bad_host_input_is_refused_with_canonical_codes(
@@ -277,21 +523,34 @@ async def test_bad_host_input_is_refused_with_canonical_codes(
     assert first.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "must be a start message" in (first.value.details() or "")
 
-    # Plugin hosts are Python only, also where TypeScript programs are served.
-    for unsupported in ("cobol", "typescript"):
-        call = stub.Host()
-        start = runtime_pb2.HostStart(source="return 1", language=unsupported)
-        await call.write(runtime_pb2.HostRequest(start=start))
-        with pytest.raises(grpc.aio.AioRpcError) as language:
-            await call.read()
-        assert language.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "unsupported language" in (language.value.details() or "")
+    call = stub.Host()
+    start = runtime_pb2.HostStart(source="return 1", language="cobol")
+    await call.write(runtime_pb2.HostRequest(start=start))
+    with pytest.raises(grpc.aio.AioRpcError) as language:
+        await call.read()
+    assert language.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unsupported language 'cobol'" in (language.value.details() or "")
 
 
-async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_healthy(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+async def test_typescript_host_halves_are_refused_where_typescript_is_not_served() -> None:
+    runtime = Runtime(RuntimeOptions(pool_size=0, worker=WorkerSpec(node=None)))
+    try:
+        assert runtime.languages == ("python",)
+        with pytest.raises(RunRequestError, match=r"'typescript' \(supported: python\)$"):
+            runtime.create_plugin_host(
+                source="return () => {};",
+                plugin_id="clock-1",
+                package_id="pkg-2",
+                run_id="run-3",
+                emit=lambda _event: None,
+                language="typescript",
+            )
+    finally:
+        await runtime.dispose()
+
+
+GROWS: Sources = {
+    "python": (
         "def p(ctx):\n"
         "    hoard = []\n"
         "    def grow(args):\n"
@@ -299,10 +558,22 @@ async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_hea
         "            hoard.append(bytearray(8 << 20))\n"
         "    harness.register_tool(harness.define_tool(name='grow', execute=grow))\n"
         "return p"
-    )
-    host = HostStream(stub)
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const hoard: number[][] = [];\n"
+        "  const grow = () => { for (;;) hoard.push(new Array(1 << 20).fill(1.5)); };\n"
+        "  harness.registerTool(harness.defineTool({ name: 'grow', execute: grow }));\n"
+        "};"
+    ),
+}
+
+
+async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_healthy(
+    host: HostStream, stub: runtime_pb2_grpc.RuntimeServiceStub
+) -> None:
     budgets = runtime_pb2.RunBudgets(memory_bytes=96 << 20)
-    assert (await host.start(source, budgets=budgets)).WhichOneof("kind") == "started"
+    assert (await host.start(GROWS, budgets=budgets)).WhichOneof("kind") == "started"
     await host.invoke(1, "grow", {})
     failed = await host.next_not_log()
     assert failed.result.error_message == "the plugin host ended before the call did"
@@ -311,18 +582,12 @@ async def test_a_plugin_over_its_memory_budget_is_lost_and_the_runtime_stays_hea
     assert lost.lost.message == "the plugin host exceeded its memory budget (96 MiB)"
     assert child_pids() == []
     # The runtime still serves.
-    again = HostStream(stub)
+    again = HostStream(stub, host.language)
     assert (await again.start(CLOCK)).WhichOneof("kind") == "started"
 
 
-async def test_a_host_half_is_sandboxed_like_a_program(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    # The attack: a host half that reaches for the network, the runtime's files and other
-    # processes.
-    if not can_isolate():
-        pytest.skip("this host cannot build the sandbox (needs root with CAP_SYS_ADMIN)")
-    source = (
+PROBES: Sources = {
+    "python": (
         "import os, socket\n"
         "def attempts():\n"
         "    out = {}\n"
@@ -343,13 +608,50 @@ async def test_a_host_half_is_sandboxed_like_a_program(
         "    probe = harness.define_tool(name='probe', execute=lambda a: attempts())\n"
         "    harness.register_tool(probe)\n"
         "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source)).WhichOneof("kind") == "started"
+    ),
+    # The attack: Node's own modules through the real `process` (process.binding included).
+    "typescript": (
+        "const real = (globalThis as any).process;\n"
+        "async function attempts() {\n"
+        "  const out: Record<string, unknown> = {};\n"
+        "  const net = real.getBuiltinModule('node:net');\n"
+        "  out.net = await new Promise((resolve) => {\n"
+        "    const socket = net.connect(80, '1.1.1.1');\n"
+        "    socket.on('connect', () => resolve('connected'));\n"
+        "    socket.on('error', (error: any) => resolve(error.code));\n"
+        "  });\n"
+        "  const fs = real.getBuiltinModule('node:fs');\n"
+        "  try {\n"
+        f"    fs.readFileSync({json.dumps(THIS_FILE)}); out.file = 'read';\n"
+        "  } catch (error: any) { out.file = error.code; }\n"
+        "  try {\n"
+        f"    real.binding('fs').open({json.dumps(THIS_FILE)}, 0, 0); out.binding = 'opened';\n"
+        "  } catch (error: any) { out.binding = String(error.code ?? error.message); }\n"
+        "  out.pids = fs.readdirSync('/proc').filter((p: string) => /^[0-9]+$/.test(p))\n"
+        "    .map(Number).sort((a: number, b: number) => a - b);\n"
+        "  out.uid = real.getuid();\n"
+        "  return out;\n"
+        "}\n"
+        "return (ctx: unknown) => {\n"
+        "  harness.registerTool(harness.defineTool({ name: 'probe', execute: attempts }));\n"
+        "};"
+    ),
+}
+
+
+async def test_a_host_half_is_sandboxed_like_a_program(host: HostStream) -> None:
+    # The attack: a host half that reaches for the network, the runtime's files and other
+    # processes.
+    if not can_isolate():
+        pytest.skip("this host cannot build the sandbox (needs root with CAP_SYS_ADMIN)")
+    assert (await host.start(PROBES)).WhichOneof("kind") == "started"
     await host.invoke(1, "probe", {})
-    result = json.loads((await host.next_not_log()).result.value_json)
+    reply = await host.next_not_log()
+    assert reply.result.WhichOneof("outcome") == "value_json", reply
+    result = json.loads(reply.result.value_json)
     assert result["net"] != "connected"
     assert result["file"] != "read"
+    assert result.get("binding") != "opened"
     assert result["pids"] == [1, 2]  # the host's init and itself: nothing else is visible
     assert result["uid"] >= 60000
     await host.invoke(2, "probe", {})
@@ -357,20 +659,72 @@ async def test_a_host_half_is_sandboxed_like_a_program(
     assert again.result.invocation_id == 2
 
 
-LISTENING = """
+LOUD: Sources = {
+    "python": (
+        "import sys\n"
+        "def p(ctx):\n"
+        "    def shout(args):\n"
+        "        print('x' * 100_000)\n"
+        "        sys.stderr.write('y' * 100_000)\n"
+        "        return 'z' * 100_000\n"
+        "    harness.register_tool(harness.define_tool(name='shout', execute=shout))\n"
+        "    harness.register_tool(harness.define_tool(name='ok', execute=lambda a: 'ok'))\n"
+        "return p"
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const shout = () => {\n"
+        "    console.log('x'.repeat(100_000));\n"
+        "    (globalThis as any).process.stderr.write('y'.repeat(100_000));\n"
+        "    return 'z'.repeat(100_000);\n"
+        "  };\n"
+        "  harness.registerTool(harness.defineTool({ name: 'shout', execute: shout }));\n"
+        "  harness.registerTool(harness.defineTool({ name: 'ok', execute: () => 'ok' }));\n"
+        "};"
+    ),
+}
+
+
+async def test_output_past_the_budget_is_cut_and_the_host_goes_on(host: HostStream) -> None:
+    budgets = runtime_pb2.RunBudgets(max_output_bytes=1000)
+    assert (await host.start(LOUD, budgets=budgets)).WhichOneof("kind") == "started"
+    await host.invoke(1, "shout", {})
+    shout = await host.next_not_log()
+    assert shout.result.error_message == "the result exceeds the output budget of 1000 bytes"
+    logs = host.logs()
+    assert [len(json.dumps(text)) <= 1000 for text in logs] == [True, True]
+    assert logs[0].startswith("[cordis:clock-1] xxx") and logs[1].startswith("[cordis:clock-1] yyy")
+    await host.invoke(2, "ok", {})
+    assert json.loads((await host.next_not_log()).result.value_json) == "ok"
+    await host.retract()
+    assert (await host.next_not_log()).WhichOneof("kind") == "retracted"
+    assert child_pids() == []
+
+
+LISTENING: Sources = {
+    "python": """
 def plugin(ctx):
     ctx.on("tool/result", lambda event: print("result of", event["name"]))
     ctx.once("tool/call", lambda event: print("first call", event["name"]))
     ctx.on("plugin/dispose", lambda event: print("disposing:", event["reason"]))
     ctx.effect(lambda: (lambda: print("effect disposed")))
 return plugin
-"""
+""",
+    "typescript": """
+function plugin(ctx: any) {
+  ctx.on("tool/result", (event: any) => console.log("result of", event.name));
+  ctx.once("tool/call", (event: any) => console.log("first call", event.name));
+  ctx.on("plugin/dispose", (event: any) => console.log("disposing:", event.reason));
+  ctx.effect(() => () => console.log("effect disposed"));
+}
+return plugin;
+""",
+}
 
 
 async def test_events_reach_listeners_once_fires_once_and_dispose_precedes_disposers(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    host = HostStream(stub)
     started = await host.start(LISTENING)
     assert sorted(started.started.events) == ["plugin/dispose", "tool/call", "tool/result"]
     for invocation, (event, name) in enumerate(
@@ -388,7 +742,7 @@ async def test_events_reach_listeners_once_fires_once_and_dispose_precedes_dispo
         delivered = await host.next_not_log()
         assert delivered.result.invocation_id == invocation
         assert delivered.result.WhichOneof("outcome") == "value_json"
-    await host.call.write(runtime_pb2.HostRequest(retract=runtime_pb2.HostRetract()))
+    await host.retract()
     assert (await host.next_not_log()).WhichOneof("kind") == "retracted"
     said = [text.removeprefix("[cordis:clock-1] ") for text in host.logs()]
     assert said == [
@@ -399,7 +753,8 @@ async def test_events_reach_listeners_once_fires_once_and_dispose_precedes_dispo
     ]
 
 
-BUSY = """
+BUSY: Sources = {
+    "python": """
 def plugin(ctx):
     def spin(args):
         while True:
@@ -409,13 +764,22 @@ def plugin(ctx):
     harness.register_tool(harness.define_tool(name="spin", description="d", execute=spin))
     harness.register_tool(harness.define_tool(name="fine", description="d", execute=fine))
 return plugin
-"""
+""",
+    "typescript": """
+function plugin(ctx: unknown) {
+  const spin = () => { while (true) {} };
+  const fine = async () => "fine";
+  harness.registerTool(harness.defineTool({ name: "spin", description: "d", execute: spin }));
+  harness.registerTool(harness.defineTool({ name: "fine", description: "d", execute: fine }));
+}
+return plugin;
+""",
+}
 
 
 async def test_an_invocation_past_its_compute_budget_ends_with_the_budget_text_and_the_host(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    host = HostStream(stub)
     started = await host.start(BUSY, budgets=runtime_pb2.RunBudgets(compute_ms=300))
     assert started.WhichOneof("kind") == "started", started
     await host.invoke(1, "fine", {})
@@ -431,18 +795,29 @@ async def test_an_invocation_past_its_compute_budget_ends_with_the_budget_text_a
     assert child_pids() == []
 
 
-async def test_a_parked_plugin_starts_when_its_service_appears_and_parks_when_it_goes(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
-) -> None:
-    source = (
+UNPARKS: Sources = {
+    "python": (
         "def p(ctx):\n"
         "    print('applied with', ctx.db['url'])\n"
         "    ctx.effect(lambda: (lambda: print('disposed')))\n"
         "p.inject = ['db']\n"
         "return p"
-    )
-    host = HostStream(stub)
-    started = await host.start(source)
+    ),
+    "typescript": (
+        "const p = (ctx: any) => {\n"
+        "  console.log('applied with', ctx.db.url);\n"
+        "  ctx.effect(() => () => console.log('disposed'));\n"
+        "};\n"
+        "p.inject = ['db'];\n"
+        "return p;"
+    ),
+}
+
+
+async def test_a_parked_plugin_starts_when_its_service_appears_and_parks_when_it_goes(
+    host: HostStream,
+) -> None:
+    started = await host.start(UNPARKS)
     assert list(started.started.waiting_for) == ["db"]
     db = runtime_pb2.HostService(name="db", data_json='{"url": "mem://"}')
     services = runtime_pb2.HostServices(services=[db])
@@ -456,12 +831,19 @@ async def test_a_parked_plugin_starts_when_its_service_appears_and_parks_when_it
     assert said == ["applied with mem://\n", "disposed\n"]
 
 
+FAILS_UNPARKED: Sources = {
+    "python": "def p(ctx):\n    raise RuntimeError('no schema')\np.inject = ['db']\nreturn p",
+    "typescript": (
+        "const p = (ctx: unknown) => { throw new Error('no schema'); };\n"
+        "p.inject = ['db'];\nreturn p;"
+    ),
+}
+
+
 async def test_a_parked_plugin_whose_start_fails_once_unparked_ends_its_host(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    source = "def p(ctx):\n    raise RuntimeError('no schema')\np.inject = ['db']\nreturn p"
-    host = HostStream(stub)
-    assert list((await host.start(source)).started.waiting_for) == ["db"]
+    assert list((await host.start(FAILS_UNPARKED)).started.waiting_for) == ["db"]
     services = runtime_pb2.HostServices(
         services=[runtime_pb2.HostService(name="db", data_json="1")]
     )
@@ -471,3 +853,120 @@ async def test_a_parked_plugin_whose_start_fails_once_unparked_ends_its_host(
     assert lost.lost.message == "its injected services appeared, but its start failed: no schema"
     assert await host.call.read() is grpc.aio.EOF
     assert child_pids() == []
+
+
+FACADE_TS = """
+const probe = (ctx: any) => async () => {
+  const out: Record<string, unknown> = {};
+  const attempt = (key: string, fn: () => unknown) => {
+    try {
+      fn();
+      out[key] = "allowed";
+    } catch (error) {
+      out[key] = (error as Error).message;
+    }
+  };
+  attempt("harness", () => { (harness as any).defineTool = null; });
+  attempt("tools", () => { ctx.tools.schemas = null; });
+  attempt("asyncEffect", () => ctx.effect(async () => {}));
+  attempt("timerService", () => ctx.provide("timer", 1));
+  attempt("noExecute", () => harness.defineTool({ name: "x" }));
+  attempt("noName", () => harness.defineTool({ execute: () => 1 }));
+  attempt("lossySchema", () => harness.defineTool({ name: "x", execute: () => 1,
+    parameters: { type: "object", default: new Date(0) } }));
+  attempt("twice", () => harness.registerTool(tool));
+  attempt("notAService", () => ctx.provide("empty", () => 1));
+  out.has = ["tools" in ctx, "get" in ctx, "timer" in ctx, "anything" in ctx];
+  out.known = ctx.tools.get("search")?.name ?? null;
+  out.unknown = ctx.tools.get("nope") === undefined;
+  out.symbol = ctx[Symbol.iterator] === undefined;
+  return out;
+};
+let tool: unknown;
+return (ctx: any) => {
+  tool = harness.defineTool({ name: "facade", execute: probe(ctx) });
+  harness.registerTool(tool);
+};
+"""
+
+
+@NEEDS_NODE
+async def test_the_typescript_facade_refuses_with_the_reference_texts(
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+) -> None:
+    host = HostStream(stub, "typescript")
+    visible = [{"name": "search", "description": "d", "inputSchema": {"type": "object"}}]
+    started = await host.start(FACADE_TS, visible_tools_json=json.dumps(visible))
+    assert started.WhichOneof("kind") == "started", started
+    await host.invoke(1, "facade", {})
+    reply = await host.next_not_log()
+    assert reply.result.WhichOneof("outcome") == "value_json", reply
+    assert json.loads(reply.result.value_json) == {
+        "harness": 'harness is read-only; cannot assign "defineTool"',
+        "tools": 'ctx.tools is read-only; cannot assign "schemas"',
+        "asyncEffect": "ctx.effect runs its function synchronously: it may not be async",
+        "timerService": 'service "timer" is built in; provide it under another name',
+        "noExecute": "harness.defineTool needs a function `execute(args)`",
+        "noName": "harness.defineTool needs a non-empty string `name`",
+        "lossySchema": (
+            "harness.defineTool `parameters` must be lossless JSON data (objects, arrays, "
+            "strings, numbers, booleans, null) — not a class instance, function, Map/Set, "
+            "Date, or undefined"
+        ),
+        "twice": (
+            'tool "facade" is already registered by this plugin; to replace it, keep the '
+            "disposer registerTool returned and call it first"
+        ),
+        "notAService": (
+            "ctx.provide needs lossless JSON data, or an object with public methods, as the "
+            "service: it crosses to the owner's other plugins, which run in other processes"
+        ),
+        "has": [True, True, False, False],
+        "known": "search",
+        "unknown": True,
+        "symbol": True,
+    }
+
+
+AWAITS_SERVICE: Sources = {
+    "python": (
+        "class P:\n"
+        "    inject = ['gate']\n"
+        "    def apply(self, ctx):\n"
+        "        gate = ctx.gate\n"
+        "        async def hold(args):\n"
+        "            return await gate.wait()\n"
+        "        harness.register_tool(harness.define_tool(name='hold', execute=hold))\n"
+        "return P()"
+    ),
+    "typescript": (
+        "const p = (ctx: any) => {\n"
+        "  const gate = ctx.gate;\n"
+        "  const hold = harness.defineTool({ name: 'hold', execute: () => gate.wait() });\n"
+        "  harness.registerTool(hold);\n"
+        "};\n"
+        "p.inject = ['gate'];\n"
+        "return p;"
+    ),
+}
+
+
+async def test_a_cancelled_invocation_withdraws_the_service_call_it_was_waiting_on(
+    host: HostStream,
+) -> None:
+    gate = runtime_pb2.HostService(name="gate", methods=["wait"])
+    started = await host.start(AWAITS_SERVICE, services=[gate])
+    assert started.WhichOneof("kind") == "started" and not started.started.waiting_for
+    await host.invoke(1, "hold", {})
+    call = await host.next_not_log()
+    assert call.WhichOneof("kind") == "service_call", call
+    assert (call.service_call.service, call.service_call.method) == ("gate", "wait")
+    await host.call.write(runtime_pb2.HostRequest(cancel=runtime_pb2.HostCancel(invocation_id=1)))
+    withdrawn = await host.next_not_log()
+    assert withdrawn.WhichOneof("kind") == "service_call_cancel", withdrawn
+    assert withdrawn.service_call_cancel.call_id == call.service_call.call_id
+    cancelled = await host.next_not_log()
+    assert (cancelled.result.invocation_id, cancelled.result.error_message) == (
+        1,
+        "the call was cancelled",
+    )

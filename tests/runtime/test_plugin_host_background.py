@@ -1,7 +1,8 @@
 """The compute budget of a plugin host between invocations (``BACKGROUND_CPU_SHARE``): timers
 and tasks a plugin starts may keep it busy for a share of one CPU, in bursts of up to its
 compute budget; a loop in the background ends the host as a busy invocation does, and what
-the invocations themselves used is never charged to the background."""
+the invocations themselves used is never charged to the background. Both host languages, each
+host half written once per language (the runtime's meter knows no language)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from tests.runtime.conftest import child_pids
-from tests.runtime.test_plugin_host import HostStream, stub
+from tests.runtime.test_plugin_host import LANGUAGES, HostStream, host, stub
 
-__all__ = ["stub"]  # the fixture, shared with test_plugin_host
+__all__ = ["host", "stub"]  # the fixtures, shared with test_plugin_host
 
 BUDGET = runtime_pb2.RunBudgets(compute_ms=300)
 LOST = (
@@ -20,7 +21,7 @@ LOST = (
     "a CPU); the plugin host was stopped"
 )
 
-TOOLS = """
+TOOLS_PY = """
 import time
 
 async def fine(args):
@@ -38,6 +39,25 @@ def tools():
     harness.register_tool(harness.define_tool(name="fine", description="d", execute=fine))
     harness.register_tool(harness.define_tool(name="burn", description="d", execute=burn))
 """
+TOOLS_TS = """
+const real = (globalThis as any).process;
+const fine = async () => "fine";
+function burn() {
+  // As the Python one: 200 ms of busy CPU.
+  const began = real.cpuUsage();
+  for (;;) {
+    const used = real.cpuUsage(began);
+    if (used.user + used.system >= 200_000) return "burnt";
+  }
+}
+function spin() {
+  while (true) {}
+}
+function tools() {
+  harness.registerTool(harness.defineTool({ name: "fine", description: "d", execute: fine }));
+  harness.registerTool(harness.defineTool({ name: "burn", description: "d", execute: burn }));
+}
+"""
 
 
 async def _lost(host: HostStream) -> runtime_pb2.HostFailure:
@@ -50,7 +70,7 @@ async def _lost(host: HostStream) -> runtime_pb2.HostFailure:
 
 # The loops start from a tool call that returns at once: the start is over by then (a loop
 # during the start is the start timeout's), and the call's own CPU is not what runs out.
-LOOPS = {
+LOOPS_PY = {
     "timer": (
         "def p(ctx):\n"
         "    tools()\n"
@@ -73,15 +93,59 @@ LOOPS = {
         "    harness.register_tool(harness.define_tool(name='arm', description='d', execute=arm))\n"
     ),
 }
+LOOPS_TS = {
+    "timer": (
+        "const p = (ctx: any) => {\n"
+        "  tools();\n"
+        "  const arm = () => { ctx.timer.timeout(spin, 0); return 'armed'; };\n"
+        "  harness.registerTool(harness.defineTool({ name: 'arm', execute: arm }));\n"
+        "};\n"
+        "p.inject = ['timer'];\n"
+    ),
+    # The host half's own timer globals are traps; the real ones are still reachable.
+    "task": (
+        "const p = (ctx: unknown) => {\n"
+        "  tools();\n"
+        "  const arm = () => { (globalThis as any).setImmediate(spin); return 'armed'; };\n"
+        "  harness.registerTool(harness.defineTool({ name: 'arm', execute: arm }));\n"
+        "};\n"
+    ),
+}
+SPIN_PY = "def spin():\n    while True:\n        pass\n"
 
 
-@pytest.mark.parametrize("started_by", sorted(LOOPS))
+def looping(language: str, started_by: str) -> str:
+    if language == "python":
+        return TOOLS_PY + SPIN_PY + LOOPS_PY[started_by] + "return p"
+    return TOOLS_TS + LOOPS_TS[started_by] + "return p;"
+
+
+def ticking(language: str) -> str:
+    if language == "python":
+        return TOOLS_PY + (
+            "def p(ctx):\n"
+            "    tools()\n"
+            "    ctx.timer.interval(lambda: print('tick'), 10)\n"
+            "p.inject = ['timer']\n"
+            "return p"
+        )
+    return TOOLS_TS + (
+        "const p = (ctx: any) => {\n"
+        "  tools();\n"
+        "  ctx.timer.interval(() => console.log('tick'), 10);\n"
+        "};\n"
+        "p.inject = ['timer'];\n"
+        "return p;"
+    )
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("started_by", sorted(LOOPS_PY))
 async def test_background_work_that_loops_ends_the_plugin_host(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, started_by: str
+    stub: runtime_pb2_grpc.RuntimeServiceStub, language: str, started_by: str
 ) -> None:
-    source = TOOLS + "def spin():\n    while True:\n        pass\n" + LOOPS[started_by]
-    host = HostStream(stub)
-    started = await host.start(source + "return p", budgets=BUDGET)
+    host = HostStream(stub, language)
+    started = await host.start(looping(language, started_by), budgets=BUDGET)
     assert started.WhichOneof("kind") == "started", started
     await host.invoke(1, "arm", {})
     armed = await host.next_not_log()
@@ -91,17 +155,11 @@ async def test_background_work_that_loops_ends_the_plugin_host(
 
 
 async def test_light_periodic_work_and_busy_invocations_do_not_spend_the_background_credit(
-    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    host: HostStream,
 ) -> None:
-    source = TOOLS + (
-        "def p(ctx):\n"
-        "    tools()\n"
-        "    ctx.timer.interval(lambda: print('tick'), 10)\n"
-        "p.inject = ['timer']\n"
-        "return p"
-    )
-    host = HostStream(stub)
-    assert (await host.start(source, budgets=BUDGET)).WhichOneof("kind") == "started"
+    assert (await host.start(ticking(host.language), budgets=BUDGET)).WhichOneof(
+        "kind"
+    ) == "started"
     # Three calls of 200 ms busy each (600 ms: twice the credit) with ticks in between.
     for invocation in (1, 2, 3):
         await host.invoke(invocation, "burn", {})

@@ -9,7 +9,7 @@ from typing import Final
 SECTION_ID: Final = "tool:cordis"
 SECTION_ORDER: Final = 115
 
-PROMPT: Final = """\
+_HEAD: Final = """\
 # Dynamic Cordis plugins
 
 You can extend yourself while you work with dynamic Cordis plugins: a plugin's Host half runs \
@@ -39,6 +39,11 @@ corrected Package on the same Plugin and run it again.
 Identities: a Plugin id is `<prefix>-<n>` (you choose the prefix, the registry adds the \
 number), a Package id `pkg-<n>`, an activation attempt `run-<n>`. Ids are never reused.
 
+"""
+
+# The Host half, in the agent's program language (its host halves' language too).
+_HOST_HALF: Final = {
+    "python": """\
 The Host half is the body of a Python async function (no imports of the registry, no \
 network, no files outside its temporary directory) that returns the plugin: an async \
 function `apply(ctx)` or an object with an `apply(ctx)` method and optionally `inject`, the \
@@ -55,6 +60,38 @@ every side effect reversible with ctx.effect(...) (disposers run in reverse orde
 plugin stops); timers come from the `timer` service and only when `inject` lists it. Each \
 tool call into a plugin has a CPU budget: a busy loop ends the call and stops the plugin.
 
+""",
+    "typescript": """\
+The Host half is the body of a TypeScript async function (types are stripped, not checked; \
+no imports or require, no network, no files outside its temporary directory) that returns \
+the plugin: a function `(ctx) => ...` or an object with an `apply(ctx)` method and \
+optionally `inject`, the services it needs. Tools are made with \
+harness.defineTool({ name, description, parameters, execute }) and registered with \
+harness.registerTool(tool); they appear in your tool list from the next prompt, and in the \
+next run_code program. ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a \
+plugin cannot execute another tool. Use ctx.get(name) for an optional service and `inject` for \
+a required one (the plugin waits until it exists, and waits again if it goes); \
+ctx.provide(name, service) shares a service with your other plugins, which run in other \
+processes: provide JSON data, or an object whose methods they call as \
+`await ctx.<name>.<method>(...)` with JSON arguments and results. ctx.on(event, fn) and \
+ctx.once(event, fn) observe your tool calls as they are recorded (Event.listEvents). Make \
+every side effect reversible with ctx.effect(() => dispose) (disposers run in reverse order \
+when the plugin stops); timers come from the `timer` service (ctx.timer.timeout / interval) \
+and only when `inject` lists it. Each tool call into a plugin has a CPU budget: a busy loop \
+ends the call and stops the plugin.
+
+""",
+}
+
+_TAIL: Final = """\
 Outcomes that arrive after a tool call has returned are reported to you as steering \
 messages; a user message naming `@<pluginId>` comes with that Plugin's current facts: inspect \
 it and append a Package to the same Plugin instead of creating a new one."""
+
+
+def prompt(language: str) -> str:
+    """The section's text for an agent whose program language is ``language``."""
+    return _HEAD + _HOST_HALF.get(language, _HOST_HALF["python"]) + _TAIL
+
+
+PROMPT: Final = prompt("python")

@@ -55,7 +55,11 @@ from registry_service.domain.cordis.steering import (
     completed_text,
     failed_text,
 )
-from registry_service.domain.cordis.syntax import check_javascript_client, check_python_host
+from registry_service.domain.cordis.syntax import (
+    check_javascript_client,
+    check_python_host,
+    check_typescript_host,
+)
 from registry_service.domain.plugin_hosts import (
     HOST_GONE,
     ActivationFailed,
@@ -209,8 +213,11 @@ class CordisRunner:
             prefix = check_prefix(cast(str, plugin.get("idPrefix", "")))
         else:
             self._owned(owner, cast(str, plugin.get("pluginId", "")))
-        if host is not None and self._catalog.language_for(owner) == "python":
+        language = self._catalog.language_for(owner)  # a host half is in the agent's language
+        if host is not None and language == "python":
             check_python_host(host)
+        elif host is not None and language == "typescript":
+            await check_typescript_host(host)
         if client is not None:
             await check_javascript_client(client)
         # Looked up again: the plugin may have been undefined while node parsed the client half.

@@ -51,7 +51,9 @@ class Cordis:
             start_timeout_s=start_timeout_s,
             compute_ms_per_call=compute_ms_per_call,
         )
-        for provider in host_providers(self.runner.visible_tools, self.runner.provided_services):
+        for provider in host_providers(
+            self.runner.visible_tools, self.runner.provided_services, catalog.language_for
+        ):
             self.inspect.register_host(provider)
         # Page runners: the pages attached per agent, client-bearing activations, client queries.
         self.pages = PageHub()

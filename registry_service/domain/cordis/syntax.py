@@ -6,16 +6,27 @@ body's own coordinates (line and column as the model wrote them). A JavaScript c
 checked with `node --check` on `(async () => {\\n<code>\\n})()` — node parses the file without
 evaluating it — and node's line is mapped back past the one-line wrapper. Without node the
 client half is accepted unchecked (the page runner parses it again before running it).
+
+A TypeScript host half goes the way the plugin host compiles it: the runtime's type stripper
+(amaro, `runtime_service/worker_ts/strip_types.js`) wraps it in a strict async function (a
+one-line head) and blanks its types in place, then `node --check` parses the result; both
+report in the body's own coordinates. Without node or the stripper (a registry installed
+without the runtime's TypeScript worker) it is accepted unchecked: the plugin host reports a
+parse error at activation (`host-load`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import json
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 from registry_service.domain.cordis.refusals import CordisError
 
@@ -63,37 +74,92 @@ async def check_javascript_client(code: str, field: str = "code.client") -> bool
     node = shutil.which("node")
     if node is None:
         return False
-    fd, path = tempfile.mkstemp(prefix="cordis-client-", suffix=".js")
+    stderr = await _node_check(node, f"(async () => {{\n{code}\n}})()\n", "cordis-client-")
+    if stderr is None:
+        return True
+    raise CordisError(_node_message(field, code, stderr), "syntax-error")
+
+
+async def check_typescript_host(code: str, field: str = "code.host") -> bool:
+    """True when it parsed; False when node or the type stripper is missing (unchecked).
+    Raises CordisError (`syntax-error`) with the line, a caret and a hint."""
+    node, stripper = shutil.which("node"), _type_stripper()
+    if node is None or stripper is None:
+        return False
+    status, stripped, stderr = await _run_node(node, [stripper], code.encode("utf-8"))
+    what = "TypeScript async function body"
+    if status != 0:
+        try:
+            where = json.loads(stderr)
+            error, line_no = str(where["message"]), int(where["line"])
+            column = int(where["column"])
+        except (ValueError, KeyError, TypeError):
+            error, line_no, column = stderr.strip() or "the type stripper failed", 1, 0
+        lines = code.splitlines()
+        text = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+        message = _message(
+            field, what, error, line_no=line_no, text=text, column=column, hint=_ts_hint(text)
+        )
+        raise CordisError(message, "syntax-error")
+    failure = await _node_check(node, stripped, "cordis-host-")
+    if failure is None:
+        return True
+    raise CordisError(_node_message(field, code, failure, what=what, hint=_ts_hint), "syntax-error")
+
+
+def _type_stripper() -> str | None:
+    """The runtime's type stripper command, located without importing the runtime (the same
+    installation carries both services; a registry alone has none)."""
+    spec = importlib.util.find_spec("runtime_service")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        script = Path(root) / "worker_ts" / "strip_types.js"
+        if script.is_file() and (script.parent / "node_modules" / "amaro").is_dir():
+            return str(script)
+    return None
+
+
+async def _node_check(node: str, source: str, prefix: str) -> str | None:
+    """`node --check` of `source` (parsed, never evaluated): None, or what node said."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".js")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(f"(async () => {{\n{code}\n}})()\n")
-        process = await asyncio.create_subprocess_exec(
-            node,
-            "--check",
-            path,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env={"PATH": os.environ.get("PATH", "")},
-        )
-        try:
-            _, stderr = await asyncio.wait_for(process.communicate(), NODE_CHECK_TIMEOUT_S)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            raise
-        if process.returncode == 0:
-            return True
-        raise CordisError(
-            _node_message(field, code, stderr.decode("utf-8", "replace")), "syntax-error"
-        )
+            handle.write(source)
+        status, _, stderr = await _run_node(node, ["--check", path], None)
+        return None if status == 0 else stderr
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
 
 
-def _node_message(field: str, code: str, stderr: str) -> str:
+async def _run_node(node: str, args: list[str], stdin: bytes | None) -> tuple[int, str, str]:
+    """Runs node with an empty environment but PATH; (status, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        node,
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(stdin), NODE_CHECK_TIMEOUT_S)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise
+    status = process.returncode if process.returncode is not None else -1
+    return status, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+
+
+def _node_message(
+    field: str,
+    code: str,
+    stderr: str,
+    *,
+    what: str = "JavaScript async function body",
+    hint: Callable[[str], str] | None = None,
+) -> str:
     # node --check prints `<file>:<line>`, the line, a caret line, a blank, `SyntaxError: …`.
     lines = stderr.splitlines()
     line_no = 0
@@ -111,12 +177,12 @@ def _node_message(field: str, code: str, stderr: str) -> str:
     text = source[line_no - 1] if 0 < line_no <= len(source) else ""
     return _message(
         field,
-        "JavaScript async function body",
+        what,
         message,
         line_no=max(1, line_no),
         text=text,
         column=column,
-        hint=_javascript_hint(text),
+        hint=(hint or _javascript_hint)(text),
     )
 
 
@@ -151,4 +217,17 @@ def _javascript_hint(text: str) -> str:
     return (
         "Hint: check that brackets and quotes balance; line numbers count from the first line "
         "of the body (the one-line `(async () => {` wrapper is not counted)."
+    )
+
+
+def _ts_hint(text: str) -> str:
+    if re.search(r"^\s*(def|class|async def|import|from)\s.*|:\s*$", text):
+        return (
+            "Hint: the Host half is TypeScript (an async function body that returns the plugin), "
+            "not Python."
+        )
+    return (
+        "Hint: check that brackets and quotes balance; line numbers count from the first line "
+        "of the body (the async function wrapper adds none). Types are stripped, not checked: "
+        "enums, namespaces and parameter properties are not supported."
     )

@@ -63,8 +63,10 @@ class CordisHarness(Harness):
         mode: ModeValue = UNSET,
         *,
         self_modification: bool | None = True,
+        language: str = "",
     ) -> str:
-        agent = scope_pb2.Agent(preset=preset, mode=mode)
+        """An agent; ``language`` is its program language (and so its host halves')."""
+        agent = scope_pb2.Agent(preset=preset, mode=mode, code_language=language)
         if self_modification is not None:
             agent.self_modification = self_modification
         response = await self.stub.CreateAgent(

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 
 from codemode_wire import jsonvalue
 from registry_service.config import RegistrySettings
@@ -15,7 +16,15 @@ from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
+from runtime_service.worker_process import WorkerSpec, typescript_installed
 from tests.registry.cordis.conftest import CordisHarness
+
+NEEDS_NODE = pytest.mark.skipif(
+    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+)
+LANGUAGES = ["python", pytest.param("typescript", marks=NEEDS_NODE)]
+"""The host languages a real-host test runs for (parametrize ``language`` with it): each test
+writes its host halves (and programs) once per language, next to each other."""
 
 
 @contextlib.asynccontextmanager
@@ -33,6 +42,7 @@ async def real_stack(
             "listen": "127.0.0.1:0",
             "history_path": ":memory:",
             "runtime_targets": [runtime.address],
+            "runtime_languages": list(runtime.runtime.languages),  # what it serves
             **registry_settings,
         }
     )

@@ -183,6 +183,69 @@ async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarne
     assert (await cordis.ok(agent, "cordis_inspect_self", {}))["plugins"] == []
 
 
+async def test_a_typescript_host_half_is_checked_as_typescript(cordis: CordisHarness) -> None:
+    # The agent's program language is its host halves' language: types are fine, and a parse
+    # error is named in the body's own lines, with the line, a caret and a hint.
+    agent = await cordis.agent("maker", language="typescript")
+    good = await cordis.define(
+        agent,
+        "const unit: string = 'utc';\n"
+        "return (ctx: any): void => {\n"
+        "  const now = harness.defineTool({ name: 'now', execute: () => unit as string });\n"
+        "  harness.registerTool(now);\n"
+        "};",
+    )
+    assert good["hasHostHalf"] is True
+    for code, line, text, error in [
+        # The type stripper stops here (amaro's parser).
+        ("const a: number = 1;\nconst b = (a +;\nreturn () => {};", 2, "const b = (a +;", ""),
+        # Types stripped, then node stops here (the body is a strict function).
+        (
+            "let x: number = 1;\ndelete x;\nreturn () => {};",
+            2,
+            "delete x;",
+            "Delete of an unqualified identifier in strict mode",
+        ),
+        # Strip-only cannot erase an enum.
+        ("enum Zone { Utc }\nreturn () => {};", 1, "enum Zone { Utc }", "enum"),
+    ]:
+        bad = await cordis.call(
+            agent,
+            "cordis_define",
+            {
+                "plugin": {"kind": "new", "idPrefix": "clock"},
+                "name": "n",
+                "purpose": "p",
+                "code": {"host": code},
+            },
+        )
+        assert bad.is_error and bad.error.code == "syntax-error", code
+        message = bad.error.message
+        assert message.startswith(
+            "cordis_define code.host does not parse as a TypeScript async function body: "
+        ), message
+        assert f"(line {line})\n{text}\n" in message, message
+        assert error.lower() in message.lower(), message
+        caret = message.split("\n")[2]
+        assert caret.strip() == "^" and len(caret) <= len(text) + 1
+    python = await cordis.call(
+        agent,
+        "cordis_define",
+        {
+            "plugin": {"kind": "new", "idPrefix": "clock"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"host": "def apply(ctx):\n    pass\nreturn apply"},
+        },
+    )
+    assert python.error.message.endswith(
+        "Hint: the Host half is TypeScript (an async function body that returns the plugin), "
+        "not Python."
+    )
+    listed = (await cordis.ok(agent, "cordis_inspect_self", {}))["plugins"]
+    assert [p["pluginId"] for p in listed] == [good["pluginId"]]
+
+
 async def test_client_half_is_checked_as_javascript(cordis: CordisHarness) -> None:
     agent = await cordis.agent("maker")
     bad = await cordis.call(

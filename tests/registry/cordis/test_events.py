@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.registry.cordis.conftest import CordisHarness
-from tests.registry.cordis.real_stack import real_stack
+import pytest
 
-LISTENER = """\
+from tests.registry.cordis.conftest import CordisHarness
+from tests.registry.cordis.real_stack import LANGUAGES, real_stack
+
+LISTENER_PY = """\
 results = []
 first_calls = []
 dropped = []
@@ -30,6 +32,27 @@ def apply(ctx):
 return apply
 """
 
+LISTENER = {
+    "python": LISTENER_PY,
+    "typescript": """\
+const results: unknown[] = [];
+const firstCalls: string[] = [];
+const dropped: string[] = [];
+
+return (ctx: any) => {
+  ctx.on("tool/result", (event: any) => { results.push([event.name, event.isError]); });
+  ctx.once("tool/call", (event: any) => { firstCalls.push(event.name); });
+  const off = ctx.on("tool/call", (event: any) => { dropped.push(event.name); });
+  off(); // disposed at once: never called
+
+  const seen = async () => ({ results, first: firstCalls, dropped });
+  harness.registerTool(harness.defineTool({
+    name: "seen_events", description: "What the plugin observed.", execute: seen,
+  }));
+};
+""",
+}
+
 
 async def _seen_until(h: CordisHarness, agent: str, done: Any) -> Any:
     for attempt in range(500):
@@ -40,11 +63,12 @@ async def _seen_until(h: CordisHarness, agent: str, done: Any) -> Any:
     raise AssertionError(f"the plugin never observed enough: {seen}")
 
 
-async def test_a_plugin_observes_its_owners_tool_records_in_order() -> None:
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_plugin_observes_its_owners_tool_records_in_order(language: str) -> None:
     async with real_stack() as h:
-        agent = await h.agent("watcher")
+        agent = await h.agent("watcher", language=language)
         other = await h.agent("stranger")
-        defined = await h.define(agent, LISTENER, prefix="seen", name="Seen")
+        defined = await h.define(agent, LISTENER[language], prefix="seen", name="Seen")
         await h.ok(
             agent,
             "cordis_run",

@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import RegistrySettings
-from tests.registry.cordis.real_stack import real_stack
+from tests.registry.cordis.real_stack import LANGUAGES, real_stack
 from tests.runtime.conftest import child_pids, describe
 
-BUSY = """\
+BUSY_PY = """\
 def spin(args):
     while True:
         pass
@@ -28,7 +28,7 @@ async def apply(ctx):
 return apply
 """
 
-SLOW_START = """\
+SLOW_START_PY = """\
 async def apply(ctx):
     while True:  # the plugin's synchronous start never ends
         pass
@@ -36,13 +36,39 @@ async def apply(ctx):
 return apply
 """
 
+BUSY = {
+    "python": BUSY_PY,
+    "typescript": """\
+const spin = () => {
+  while (true) {}
+};
+const fine = async () => "fine";
 
-async def test_a_busy_looping_tool_ends_with_the_budget_text_and_its_host_steers_once() -> None:
+return async (ctx: unknown) => {
+  harness.registerTool(harness.defineTool({ name: "spin", description: "Loops.", execute: spin }));
+  harness.registerTool(harness.defineTool({ name: "fine", description: "Ok.", execute: fine }));
+};
+""",
+}
+SLOW_START = {
+    "python": SLOW_START_PY,
+    "typescript": """\
+return async (ctx: unknown) => {
+  while (true) {} // the plugin's synchronous start never ends
+};
+""",
+}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_busy_looping_tool_ends_with_the_budget_text_and_its_host_steers_once(
+    language: str,
+) -> None:
     async with real_stack(
         {"pool_size": 0, "typescript_pool_size": 0}, cordis_compute_ms_per_call=300
     ) as h:
-        agent = await h.agent("spinner")
-        defined = await h.define(agent, BUSY, prefix="busy", name="Busy")
+        agent = await h.agent("spinner", language=language)
+        defined = await h.define(agent, BUSY[language], prefix="busy", name="Busy")
         await h.ok(
             agent,
             "cordis_run",
@@ -75,10 +101,13 @@ async def test_a_busy_looping_tool_ends_with_the_budget_text_and_its_host_steers
         assert child_pids() == [], describe(child_pids())
 
 
-async def test_the_start_timeout_is_a_setting_and_bounds_a_start_that_never_ends() -> None:
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_the_start_timeout_is_a_setting_and_bounds_a_start_that_never_ends(
+    language: str,
+) -> None:
     async with real_stack(cordis_start_timeout_s=0.5) as h:
-        agent = await h.agent("slow")
-        defined = await h.define(agent, SLOW_START, prefix="slow", name="Slow")
+        agent = await h.agent("slow", language=language)
+        defined = await h.define(agent, SLOW_START[language], prefix="slow", name="Slow")
         result = await h.call(
             agent,
             "cordis_run",

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.inspect import InspectRegistry, Method, Provider
 from registry_service.domain.signals import AbortController
@@ -68,6 +69,30 @@ async def test_builtins_name_the_python_facade(cordis: CordisHarness) -> None:
         "timer",
     ]
     assert all(b["signature"] for b in data["data"]["builtins"])
+
+
+async def test_builtins_name_the_typescript_facade_for_a_typescript_agent(
+    cordis: CordisHarness,
+) -> None:
+    # A host half is in the agent's program language: so is the façade it is shown, and the
+    # prompt section that teaches it.
+    agent = await cordis.agent("maker", language="typescript")
+    data = await cordis.ok(
+        agent,
+        "cordis_inspect_query",
+        {"platform": "host", "provider": "Builtin", "method": "listBuiltins"},
+    )
+    names = [b["name"] for b in data["data"]["builtins"]]
+    assert names[:3] == ["harness.defineTool", "harness.registerTool", "harness.handle"]
+    assert "console" in names and "harness.define_tool" not in names
+    prompt = await cordis.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=agent))
+    assert "body of a TypeScript async function" in prompt.text
+    assert "harness.defineTool({ name, description, parameters, execute })" in prompt.text
+    python = await cordis.agent("snake")
+    assert (
+        "body of a Python async function"
+        in (await cordis.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=python))).text
+    )
 
 
 async def test_tools_are_the_owners_visible_ones_including_dynamic(cordis: CordisHarness) -> None:

@@ -1,14 +1,17 @@
 """presentationMeta (reference §9.2, §9.6): `cordis_define` and `cordis_run` results carry their
 ids as presentation metadata, and a dynamic tool's `presentation_meta(args, result)` reaches its
-call's result; none of it is in what the model is shown. Real plugin hosts, gRPC API."""
+call's result; none of it is in what the model is shown. Real plugin hosts (both host languages),
+gRPC API."""
 
 from __future__ import annotations
 
 import json
 
-from tests.registry.cordis.real_stack import real_stack
+import pytest
 
-ZONED = """\
+from tests.registry.cordis.real_stack import LANGUAGES, real_stack
+
+ZONED_PY = """\
 def now(args):
     return {"time": "12:00"}
 
@@ -26,10 +29,39 @@ async def apply(ctx):
 return apply
 """
 
+ZONED = {
+    "python": ZONED_PY,
+    "typescript": """\
+const now = () => ({ time: "12:00" });
 
-async def test_define_run_and_dynamic_tools_carry_presentation_meta() -> None:
+return async (ctx: unknown) => {
+  harness.registerTool(harness.defineTool({
+    name: "zoned_now", description: "The time.",
+    parameters: { type: "object", properties: { zone: { type: "string" } } },
+    execute: now,
+    presentationMeta: (args: { zone?: string }, result: { time: string }) =>
+      ({ zone: args.zone ?? null, at: result.time }),
+  }));
+  harness.registerTool(harness.defineTool({
+    name: "bad_meta", description: "Lossy metadata.", execute: now,
+    presentationMeta: () => ({ zones: new Set([1, 2]) }),
+  }));
+  harness.registerTool(harness.defineTool({ name: "plain", description: "None.", execute: now }));
+};
+""",
+}
+BAD_META = {
+    "python": 'the presentation_meta of tool "bad_meta" must return a dict that must be lossless',
+    "typescript": (
+        'the presentationMeta of tool "bad_meta" must return an object that must be lossless'
+    ),
+}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_define_run_and_dynamic_tools_carry_presentation_meta(language: str) -> None:
     async with real_stack() as h:
-        agent = await h.agent("presenter")
+        agent = await h.agent("presenter", language=language)
         defined = await h.call(
             agent,
             "cordis_define",
@@ -37,7 +69,7 @@ async def test_define_run_and_dynamic_tools_carry_presentation_meta() -> None:
                 "plugin": {"kind": "new", "idPrefix": "zone"},
                 "name": "Zoned",
                 "purpose": "Tell the time.",
-                "code": {"host": ZONED},
+                "code": {"host": ZONED[language]},
             },
             "d1",
         )
@@ -62,6 +94,4 @@ async def test_define_run_and_dynamic_tools_carry_presentation_meta() -> None:
         assert not plain.is_error and not plain.HasField("presentation_meta_json")
         bad = await h.call(agent, "bad_meta", {}, "b1")
         assert bad.is_error
-        assert bad.error.message.startswith(
-            'the presentation_meta of tool "bad_meta" must return a dict that must be lossless'
-        )
+        assert bad.error.message.startswith(BAD_META[language])

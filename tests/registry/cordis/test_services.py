@@ -1,18 +1,21 @@
 """Services between one owner's plugins, with real plugin hosts (each plugin its own sandboxed
 process): a consumer whose injected service is missing parks `waiting`, starts when a provider
 appears, calls the provider's methods through the registry, parks again when the provider
-stops, and starts again when it is back. Through the gRPC API only."""
+stops, and starts again when it is back. Through the gRPC API only, for both host languages
+(each plugin written once per language)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.registry.cordis.conftest import CordisHarness
-from tests.registry.cordis.real_stack import real_stack
+from tests.registry.cordis.real_stack import LANGUAGES, real_stack
 
-PROVIDER = """\
+PROVIDER_PY = """\
 class Counter:
     def __init__(self):
         self.n = 0
@@ -32,7 +35,7 @@ def apply(ctx):
 return apply
 """
 
-CONSUMER = """\
+CONSUMER_PY = """\
 class Plugin:
     inject = ["counter", "config"]
 
@@ -52,7 +55,7 @@ return Plugin()
 """
 
 # Injects nothing: reaches another plugin's service only through ctx.get.
-LOOKUP = """\
+LOOKUP_PY = """\
 def apply(ctx):
     async def probe(args):
         out = {}
@@ -78,6 +81,82 @@ def apply(ctx):
 return apply
 """
 
+PROVIDER = {
+    "python": PROVIDER_PY,
+    "typescript": """\
+class Counter {
+  n = 0;
+
+  add(k: number): number {
+    this.n += k;
+    return this.n;
+  }
+
+  async total(): Promise<number> {
+    return this.n;
+  }
+}
+
+return (ctx: any) => {
+  ctx.provide("counter", new Counter());
+  ctx.provide("config", { unit: "apples" });
+  ctx.provide("leaky", { ctx: () => ctx });
+};
+""",
+}
+CONSUMER = {
+    "python": CONSUMER_PY,
+    "typescript": """\
+class Plugin {
+  inject = ["counter", "config"];
+
+  async apply(ctx: any): Promise<void> {
+    const counter = ctx.counter;
+    const unit: string = ctx.config.unit;
+    const count = async (args: { k: number }) => ({ total: await counter.add(args.k), unit });
+    harness.registerTool(harness.defineTool({
+      name: "count_up", description: "Counts up.",
+      parameters: { type: "object", properties: { k: { type: "integer" } } },
+      execute: count,
+    }));
+  }
+}
+
+return new Plugin();
+""",
+}
+LOOKUP = {
+    "python": LOOKUP_PY,
+    "typescript": """\
+return (ctx: any) => {
+  const probe = async () => {
+    const out: Record<string, unknown> = {};
+    try {
+      ctx.counter;
+    } catch (error) {
+      out.undeclared = (error as Error).message;
+    }
+    out.missing = ctx.get("nothing") === undefined;
+    out.viaGet = await ctx.get("counter").add(10);
+    try {
+      await ctx.get("leaky").ctx();
+    } catch (error) {
+      out.leak = (error as Error).message;
+    }
+    try {
+      await ctx.get("counter").nope();
+    } catch (error) {
+      out.noMethod = (error as Error).message;
+    }
+    return out;
+  };
+  harness.registerTool(harness.defineTool({
+    name: "lookup_probe", description: "Probes services.", execute: probe,
+  }));
+};
+""",
+}
+
 
 async def _state(h: CordisHarness, agent: str, plugin_id: str) -> Any:
     return (await h.ok(agent, "cordis_inspect_self", {"pluginId": plugin_id}))["state"]
@@ -98,10 +177,13 @@ async def _visible_soon(h: CordisHarness, agent: str, name: str, present: bool) 
     raise AssertionError(f"{name} {'never appeared' if present else 'never went away'}")
 
 
-async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it_stops() -> None:
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it_stops(
+    language: str,
+) -> None:
     async with real_stack() as h:
-        agent = await h.agent("composer")
-        consumer = await h.define(agent, CONSUMER, prefix="cons", name="Consumer")
+        agent = await h.agent("composer", language=language)
+        consumer = await h.define(agent, CONSUMER[language], prefix="cons", name="Consumer")
         started = await h.ok(
             agent,
             "cordis_run",
@@ -117,7 +199,7 @@ async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it
         assert await _state(h, agent, consumer["pluginId"]) == "waiting"
         assert "count_up" not in await h.visible(agent)
 
-        provider = await h.define(agent, PROVIDER, prefix="prov", name="Provider")
+        provider = await h.define(agent, PROVIDER[language], prefix="prov", name="Provider")
         provided = await h.ok(
             agent,
             "cordis_run",
@@ -154,8 +236,8 @@ async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it
         assert await h.ok(agent, "count_up", {"k": 1}, "c3") == {"total": 1, "unit": "apples"}
 
         # Another agent's plugins provide nothing to this owner's.
-        other = await h.agent("stranger")
-        lonely = await h.define(other, CONSUMER, prefix="cons", name="Consumer")
+        other = await h.agent("stranger", language=language)
+        lonely = await h.define(other, CONSUMER[language], prefix="cons", name="Consumer")
         parked = await h.ok(
             other,
             "cordis_run",
@@ -164,16 +246,19 @@ async def test_a_consumer_parks_starts_with_its_provider_and_parks_again_when_it
         assert parked["host"]["status"] == "waiting"
 
 
-async def test_ctx_get_reaches_a_service_without_inject_and_the_facade_refuses_the_rest() -> None:
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_ctx_get_reaches_a_service_without_inject_and_the_facade_refuses_the_rest(
+    language: str,
+) -> None:
     async with real_stack() as h:
-        agent = await h.agent("composer")
-        provider = await h.define(agent, PROVIDER, prefix="prov", name="Provider")
+        agent = await h.agent("composer", language=language)
+        provider = await h.define(agent, PROVIDER[language], prefix="prov", name="Provider")
         await h.ok(
             agent,
             "cordis_run",
             {"pluginId": provider["pluginId"], "packageId": provider["packageId"], "mode": "run"},
         )
-        lookup = await h.define(agent, LOOKUP, prefix="look", name="Lookup")
+        lookup = await h.define(agent, LOOKUP[language], prefix="look", name="Lookup")
         await h.ok(
             agent,
             "cordis_run",

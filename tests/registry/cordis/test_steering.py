@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
+
+import pytest
 
 from codemode_client import AgentMessage, RegistryClient, agent_message
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
@@ -23,9 +26,10 @@ from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
 from tests.registry.cordis.conftest import CordisHarness, until
 from tests.registry.cordis.hosts import InProcessHosts
+from tests.registry.cordis.real_stack import LANGUAGES
 
 # A host half whose tool kills its own plugin host (after a successful activation).
-DYING = """\
+DYING_PY = """\
 import os
 
 def die(args):
@@ -38,6 +42,39 @@ async def apply(ctx):
 
 return apply
 """
+DYING_TS = """\
+const die = () => (globalThis as any).process.reallyExit(3);
+
+return async (ctx: unknown) => {
+  harness.registerTool(harness.defineTool({
+    name: "doomed", description: "Kills its plugin host.",
+    parameters: { type: "object" }, execute: die,
+  }));
+};
+"""
+# The three programs of the test, in the agent's language.
+DOOMED_PROGRAMS = {
+    "python": (
+        f"d = await tools.cordis_define({{'plugin': {{'kind': 'new', 'idPrefix': 'doom'}},"
+        f" 'name': 'Doom', 'purpose': 'Die.', 'code': {{'host': {DYING_PY!r}}}}})\n"
+        "return await tools.cordis_run({'pluginId': d['pluginId'],"
+        " 'packageId': d['packageId'], 'mode': 'run'})",
+        "try:\n    await tools.doomed({})\nexcept Exception as e:\n    print(str(e))\n",
+        "try:\n    await tools.doomed({})\nexcept Exception as e:\n    print(str(e))\n"
+        "return await tools.cordis_inspect_self({'pluginId': 'doom-1'})",
+    ),
+    "typescript": (
+        "const d = await tools.cordis_define({ plugin: { kind: 'new', idPrefix: 'doom' },"
+        f" name: 'Doom', purpose: 'Die.', code: {{ host: {json.dumps(DYING_TS)} }} }});\n"
+        "return await tools.cordis_run({ pluginId: d.pluginId, packageId: d.packageId,"
+        " mode: 'run' });",
+        "try { await tools.doomed({}); } catch (e) { console.log((e as Error).message); }",
+        "try { await tools.doomed({}); } catch (e) { console.log((e as Error).message); }\n"
+        "return await tools.cordis_inspect_self({ pluginId: 'doom-1' });",
+    ),
+}
+# How each language says that a program has no such binding.
+NO_BINDING = {"python": "no binding 'doomed'", "typescript": "tools.doomed is not a function"}
 
 
 @contextlib.asynccontextmanager
@@ -46,7 +83,10 @@ async def _real_stack() -> AsyncIterator[RegistryClient]:
         RuntimeSettings(listen="127.0.0.1:0", pool_size=1, shutdown_grace_s=0.2)
     )
     config = RegistrySettings(
-        listen="127.0.0.1:0", history_path=":memory:", runtime_targets=[runtime.address]
+        listen="127.0.0.1:0",
+        history_path=":memory:",
+        runtime_targets=[runtime.address],
+        runtime_languages=list(runtime.runtime.languages),
     )
     registry = await start_registry(config, build_registry(config))
     client = RegistryClient(registry.address)
@@ -68,17 +108,20 @@ async def _program(client: RegistryClient, agent: str, code: str) -> Any:
     return result.value
 
 
-async def test_a_crashed_plugin_host_steers_its_owner_once_over_watch_history() -> None:
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_crashed_plugin_host_steers_its_owner_once_over_watch_history(
+    language: str,
+) -> None:
+    define_run, crash, crash_again = DOOMED_PROGRAMS[language]
     async with _real_stack() as client:
-        agent = (await client.create_agent("coder", mode="code", self_modification=True)).name
-        started = await _program(
-            client,
-            agent,
-            f"d = await tools.cordis_define({{'plugin': {{'kind': 'new', 'idPrefix': 'doom'}},"
-            f" 'name': 'Doom', 'purpose': 'Die.', 'code': {{'host': {DYING!r}}}}})\n"
-            "return await tools.cordis_run({'pluginId': d['pluginId'],"
-            " 'packageId': d['packageId'], 'mode': 'run'})",
+        created = await client.create_agent(
+            "coder",
+            mode="code",
+            language=language,  # type: ignore[arg-type]
+            self_modification=True,
         )
+        agent = created.name
+        started = await _program(client, agent, define_run)
         assert started["result"]["status"] == "running"
         messages: list[AgentMessage] = []
         arrived = asyncio.Event()
@@ -90,25 +133,16 @@ async def test_a_crashed_plugin_host_steers_its_owner_once_over_watch_history() 
 
         watcher = asyncio.ensure_future(watch())
         try:
-            crashed = await _program(
-                client,
-                agent,
-                "try:\n    await tools.doomed({})\nexcept Exception as e:\n    print(str(e))\n",
-            )
+            crashed = await _program(client, agent, crash)
             assert crashed["logs"], "the call into the dying host failed"
             await asyncio.wait_for(arrived.wait(), 30)
             # The plugin is failed and its tool gone: a second call cannot steer again.
-            again = await _program(
-                client,
-                agent,
-                "try:\n    await tools.doomed({})\nexcept Exception as e:\n    print(str(e))\n"
-                "return await tools.cordis_inspect_self({'pluginId': 'doom-1'})",
-            )
+            again = await _program(client, agent, crash_again)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        assert "no binding 'doomed'" in again["logs"][0]  # gone from the next enumeration
+        assert NO_BINDING[language] in again["logs"][0]  # gone from the next enumeration
         plugin = again["result"]
         assert plugin["state"] == "failed"
         assert plugin["currentPackageId"] == "pkg-1" and plugin["nextPackageId"] == "pkg-1"

@@ -162,7 +162,9 @@ class HostStart(_message.Message):
     source: _builtins.str
     """The host half: the body of an async function that returns the plugin."""
     language: _builtins.str
-    """Source language: "python" (the default when empty); plugin hosts run Python host halves."""
+    """Source language: "python" (the default when empty) or "typescript" where served (see
+    GetCapabilities.languages); the host half runs in a worker of that language.
+    """
     plugin_id: _builtins.str
     """The plugin's id (e.g. "clock-1"), for logs and diagnostics."""
     package_id: _builtins.str

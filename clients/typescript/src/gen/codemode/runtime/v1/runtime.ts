@@ -90,7 +90,10 @@ export interface HostRequest {
 export interface HostStart {
   /** The host half: the body of an async function that returns the plugin. */
   source: string;
-  /** Source language: "python" (the default when empty); plugin hosts run Python host halves. */
+  /**
+   * Source language: "python" (the default when empty) or "typescript" where served (see
+   * GetCapabilities.languages); the host half runs in a worker of that language.
+   */
   language: string;
   /** The plugin's id (e.g. "clock-1"), for logs and diagnostics. */
   pluginId: string;
