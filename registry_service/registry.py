@@ -23,6 +23,7 @@ from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.admission import Admission, Limits
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.catalog_follow import CatalogFollower
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
@@ -74,21 +75,21 @@ class Registry:
     catalog_store: CatalogStore
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     admission: Admission = field(default_factory=Admission)
+    follower: CatalogFollower | None = None  # other registries' catalog changes, once restored
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def restore_catalog(self) -> None:
         """At start, before any call: the stored presets and agents join the settings' ones.
         A store that cannot be read leaves the settings' scopes only (logged): it reports
-        itself unavailable or damaged through the health service meanwhile."""
+        itself unavailable or damaged through the health service meanwhile. From then on,
+        what other registries sharing the store change is reloaded here (first everything,
+        for what changed since this load, or what it could not read)."""
         try:
-            snapshot = await self.catalog_store.load()
+            await self.catalog.restore(await self.catalog_store.load())
         except CodemodeError as exc:
-            log.error("catalog: cannot load the stored presets and agents: %s", exc.message)
-            return
-        try:
-            await self.catalog.restore(snapshot)
-        except CodemodeError as exc:
-            log.error("catalog: cannot store the settings' presets and agents: %s", exc.message)
+            log.error("catalog: cannot restore the stored presets and agents: %s", exc.message)
+        self.follower = CatalogFollower(self.catalog)
+        self.catalog_store.follow(self.follower.changed)
         self.cordis.runner.adopt_owners()
 
     async def close_interrupted(self) -> None:
@@ -146,6 +147,8 @@ class Registry:
         return result
 
     async def close(self) -> None:
+        if self.follower is not None:
+            await self.follower.close()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -19,7 +19,7 @@ import bisect
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -361,6 +361,70 @@ class Catalog:
             self._changed()
             if writes:
                 await self._write(writes)
+
+    async def refresh(self, names: Collection[str] | None) -> None:
+        """Makes the scopes named (None: every scope) what the store holds now: what another
+        registry sharing the store changed. A scope gone from the store is deleted here as if
+        deleted here (its layer, and the tools registered into it, go; delete listeners run);
+        an agent stored under a new id was deleted and re-created there, so its old layer goes
+        first. Read and made under the change lock: no change of this registry interleaves,
+        and what is read is at least as new as this registry's own last change."""
+        async with self._writing:
+            self._reconcile(await self._store.load_scopes(names), names)
+
+    def _reconcile(self, snapshot: CatalogSnapshot, names: Collection[str] | None) -> None:
+        stored = {row.name: row for row in snapshot.scopes}
+        if names is None:
+            # Settings-declared scopes the store lacks (their write at start failed) stay:
+            # the settings declare them on every replica.
+            local = {*self._presets, *self._agents} - self._declared.keys()
+            names = {*stored, *local}
+        restrictions: dict[str, dict[str, Restriction]] = {name: {} for name in names}
+        for r in snapshot.restrictions:
+            if r.scope in restrictions:
+                allow = None if r.allow is None else frozenset(r.allow)
+                deny = None if r.deny is None else frozenset(r.deny)
+                restrictions[r.scope][r.restriction_id] = Restriction(allow, deny)
+        gone: list[str] = []
+        changed = False
+        # Presets before agents (an agent may name a preset made in the same change); agents'
+        # deletions before presets'.
+        for name in sorted(names, key=lambda n: (n.startswith("agents/"), n)):
+            row = stored.get(name)
+            if row is None:
+                continue
+            current = self._agents.get(name)
+            if current is not None and current.agent_id != row.agent_id:
+                self._drop(name)  # deleted and re-created there: a new identity
+                gone.append(name)
+            if row.preset and row.preset not in self._presets:
+                log.error("catalog: %s names a missing preset %s", name, row.preset)
+                row = replace(row, preset="")
+            layer = self._layers.get(name)
+            if layer is not None and self.row(name) == row:
+                if layer.restrictions == restrictions[name]:
+                    continue
+            else:
+                self._put(row)
+            self._layers[name].restrictions = restrictions[name]
+            changed = True
+        for name in sorted(names, key=lambda n: (not n.startswith("agents/"), n)):
+            if name not in stored and (name in self._agents or name in self._presets):
+                self._drop(name)
+                gone.append(name)
+        if changed or gone:
+            self._changed()
+        for name in gone:
+            self._deleted(name)
+
+    def _drop(self, name: str) -> None:
+        """Removes a scope and its layer; a preset's agents here are unparented (the change
+        that deleted it elsewhere unparented them in the store too)."""
+        del self._layers[name]
+        if self._agents.pop(name, None) is None:
+            del self._presets[name]
+            for agent in [a for a in self._agents.values() if a.preset == name]:
+                self._agents[agent.name] = replace(agent, preset="")
 
     def get_preset(self, name: str) -> Preset:
         parse_name(name, allow=("presets",))

@@ -4,7 +4,7 @@ itself. The store that writes them is `history.catalog_store.CatalogStore`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -73,6 +73,25 @@ CatalogChange: TypeAlias = (
 )
 
 
+def changed_scopes(changes: Sequence[CatalogChange]) -> set[str]:
+    """The presets and agents whose stored form `changes` alter (what another registry
+    reloads after them; a history deletion alters none)."""
+    names: set[str] = set()
+    for change in changes:
+        if isinstance(change, PutScope | PutRestriction):
+            names.add(change.row.name if isinstance(change, PutScope) else change.row.scope)
+        elif isinstance(change, DeleteScope):
+            names.add(change.name)
+        elif isinstance(change, DeleteRestriction):
+            names.add(change.scope)
+    return names
+
+
+# Told what another registry sharing the store changed: the scope names, or None when anything
+# may have changed (too many to name, or notifications may have been missed).
+CatalogFollower: TypeAlias = Callable[[Collection[str] | None], None]
+
+
 @dataclass(frozen=True, slots=True)
 class CatalogSnapshot:
     """What `load` returns: presets before agents (in name order), then restrictions."""
@@ -89,9 +108,17 @@ class CatalogPort(Protocol):
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None: ...
 
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        """The stored rows and restrictions of the scopes named (a name not stored is
+        absent; None: every scope), read in one snapshot."""
+        ...
+
 
 class InMemory:
     """No store: the catalog lives in process memory only."""
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
         return None
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        return CatalogSnapshot()  # never asked: nothing else changes a memory-only catalog

@@ -15,6 +15,10 @@ opened together by `history.stores.open_store`). The contract:
   is keyed by it (`Record.agent_id`), so a re-created name starts an empty history.
 - `DeleteHistory` deletes every record (and spilled content) of one agent id, in the same
   transaction as the rest of its change.
+- Several registries may share one store (PostgreSQL): `follow` tells a registry, on its event
+  loop and once committed, the scopes the others changed (never its own changes), or None when
+  it may have missed some (anything may have changed: reload everything); `load_scopes` reads
+  what they are now. A store only one registry can open (SQLite) never calls its followers.
 - Records written before agents had ids (keyed by name) are migrated at start under a new id per
   name; until an agent claims it, such an id is listed in `CatalogSnapshot.legacy_agents`. A
   `PutScope` of an agent whose `agent_id` is a legacy one claims it (it is no longer listed).
@@ -22,11 +26,12 @@ opened together by `history.stores.open_store`). The contract:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from registry_service.domain.catalog_changes import (
     CatalogChange,
+    CatalogFollower,
     CatalogPort,
     CatalogSnapshot,
     DeleteHistory,
@@ -36,10 +41,12 @@ from registry_service.domain.catalog_changes import (
     PutScope,
     RestrictionRow,
     ScopeRow,
+    changed_scopes,
 )
 
 __all__ = [
     "CatalogChange",
+    "CatalogFollower",
     "CatalogSnapshot",
     "CatalogStore",
     "DeleteHistory",
@@ -49,6 +56,7 @@ __all__ = [
     "PutScope",
     "RestrictionRow",
     "ScopeRow",
+    "changed_scopes",
 ]
 
 
@@ -62,4 +70,12 @@ class CatalogStore(CatalogPort, Protocol):
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
         """Writes `changes` in one transaction, in order; returns once they are durable."""
+        ...
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        """The stored rows and restrictions of the scopes named (None: all), in one snapshot."""
+        ...
+
+    def follow(self, changed: CatalogFollower) -> None:
+        """Calls `changed` with what other registries sharing the store change (see above)."""
         ...

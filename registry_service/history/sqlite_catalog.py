@@ -8,15 +8,17 @@ on the loop costs what one history batch does."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import assert_never
 
 from codemode_wire.errors import CodemodeError
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
+    CatalogFollower,
     CatalogSnapshot,
     DeleteHistory,
     DeleteRestriction,
@@ -70,6 +72,19 @@ class SqliteCatalog:
             ],
             legacy_agents={str(name): str(agent_id) for name, agent_id in legacy},
         )
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        snapshot = await self.load()  # one connection, one thread: already one snapshot
+        if names is None:
+            return dataclasses.replace(snapshot, legacy_agents={})
+        wanted = set(names)
+        return CatalogSnapshot(
+            scopes=[row for row in snapshot.scopes if row.name in wanted],
+            restrictions=[r for r in snapshot.restrictions if r.scope in wanted],
+        )
+
+    def follow(self, changed: CatalogFollower) -> None:
+        """Never called: a SQLite file has one registry, whose own changes it already has."""
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
         self._refuse_if_corrupt()

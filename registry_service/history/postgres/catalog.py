@@ -2,11 +2,16 @@
 
 It reads and writes through the history store's read connection (one change = one transaction
 there, all or nothing), so a catalog change never waits inside a history batch, and a failure
-is reported through the history's health: one database, one health."""
+is reported through the history's health: one database, one health.
+
+Several registries share the catalog: each change notifies (`CATALOG_CHANNEL`, in its own
+transaction) the scopes it touched, and the history store's LISTEN connection hands what other
+registries changed to this process's followers (`follow`), which reload those scopes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, assert_never
 
@@ -16,6 +21,7 @@ from psycopg.types.json import Jsonb
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
+    CatalogFollower,
     CatalogSnapshot,
     DeleteHistory,
     DeleteRestriction,
@@ -24,9 +30,15 @@ from registry_service.history.catalog_store import (
     PutScope,
     RestrictionRow,
     ScopeRow,
+    changed_scopes,
 )
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+CATALOG_CHANNEL = "codemode_catalog"
+# pg_notify's payload must stay below 8000 bytes; a change naming more scopes than fit (a
+# preset deleted with many agents under it) tells the others to reload everything instead.
+MAX_NOTE_BYTES = 7000
 
 # One agent id's records, what they spilled and its open calls (DeleteHistory).
 DELETE_AGENT_HISTORY = (
@@ -38,21 +50,46 @@ DELETE_AGENT_HISTORY = (
 
 
 class PostgresCatalog:
-    def __init__(self, connection: Callable[[], AbstractAsyncContextManager[Conn]]) -> None:
+    def __init__(
+        self,
+        connection: Callable[[], AbstractAsyncContextManager[Conn]],
+        writer_id: str,
+        follow: Callable[[CatalogFollower], None],
+    ) -> None:
         self._connection = connection  # the history's reads: its lock, errors and health
+        self._writer_id = writer_id  # who a notification is from (this process skips its own)
+        self._follow = follow  # the history's LISTEN connection, which tells followers
 
     async def load(self) -> CatalogSnapshot:
-        async with self._connection() as conn:
+        return await self._select(None)
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        return await self._select(None if names is None else sorted(names))
+
+    def follow(self, changed: CatalogFollower) -> None:
+        self._follow(changed)
+
+    async def _select(self, names: list[str] | None) -> CatalogSnapshot:
+        """The scopes (all, or those named) and their restrictions, read in one snapshot: a
+        change committed between the two reads is seen by both or by neither."""
+        where, params = ("", ()) if names is None else (" WHERE {} = ANY(%s)", (names,))
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             scopes = await (
                 await conn.execute(
                     "SELECT name, create_time, mode, language, self_modification, preset,"
-                    " agent_id FROM catalog_scopes ORDER BY name LIKE 'agents/%%', name"
+                    " agent_id FROM catalog_scopes"
+                    + where.format("name")
+                    + " ORDER BY name LIKE 'agents/%%', name",
+                    params,
                 )
             ).fetchall()
             restrictions = await (
                 await conn.execute(
                     "SELECT scope, restriction_id, allow, deny FROM catalog_restrictions"
-                    " ORDER BY restriction_id"
+                    + where.format("scope")
+                    + " ORDER BY restriction_id",
+                    params,
                 )
             ).fetchall()
         return CatalogSnapshot(
@@ -66,9 +103,34 @@ class PostgresCatalog:
         )
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
+        """The change, and the notification that tells the other registries which scopes it
+        touched, in one transaction: PostgreSQL delivers the notification only once the change
+        is committed, and always if it is."""
         async with self._connection() as conn, conn.transaction():
             for change in changes:
                 await _apply(conn, change)
+            await conn.execute(
+                "SELECT pg_notify(%s, %s)", (CATALOG_CHANNEL, self._note(changed_scopes(changes)))
+            )
+
+    def _note(self, scopes: Collection[str]) -> str:
+        payload = json.dumps({"w": self._writer_id, "s": sorted(scopes)})
+        if len(payload.encode()) > MAX_NOTE_BYTES:  # too many names: reload everything
+            payload = json.dumps({"w": self._writer_id, "s": None})
+        return payload
+
+
+def read_note(payload: str, own_writer: str) -> tuple[bool, frozenset[str] | None]:
+    """What a catalog notification tells this process: whether it is another registry's
+    (not this process's own, and readable), and the scopes that registry changed (None: too
+    many to name, reload everything)."""
+    try:
+        note = json.loads(payload)
+        writer, scopes = str(note["w"]), note["s"]
+        names = None if scopes is None else frozenset(str(name) for name in scopes)
+    except (ValueError, KeyError, TypeError):
+        return False, None
+    return writer != own_writer, names
 
 
 async def _apply(conn: Conn, change: CatalogChange) -> None:

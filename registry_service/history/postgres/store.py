@@ -38,9 +38,10 @@ from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
 from registry_service.history import build
+from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
-from registry_service.history.postgres.catalog import PostgresCatalog
+from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
 from registry_service.history.postgres.connect import connect_async, connect_sync, redact
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
@@ -105,6 +106,7 @@ class PostgresHistory(StoreHealth):
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
+        self._catalog_followers: list[CatalogFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
@@ -130,7 +132,7 @@ class PostgresHistory(StoreHealth):
 
     def catalog(self) -> PostgresCatalog:
         """The catalog store on this database (through this store's reads: see catalog)."""
-        return PostgresCatalog(self._reading)
+        return PostgresCatalog(self._reading, self.writer_id, self._follow_catalog)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -353,21 +355,41 @@ class PostgresHistory(StoreHealth):
         if self._listener is None and not self._closing:
             self._listener = asyncio.ensure_future(self._listen())
 
+    def _follow_catalog(self, changed: CatalogFollower) -> None:
+        """`changed` hears what other registries change in the catalog, from now on: it is
+        told "anything" first (and after every lost connection), for what it may have missed
+        before the LISTEN took effect."""
+        self._catalog_followers.append(changed)
+        self._start_listening()
+
     async def _listen(self) -> None:
-        """Follows what other registries commit (LISTEN): each notification names an agent and
-        its newest seq, and wakes this process's watches of that agent. After a lost
-        connection every watch reads the database once, for what it may have missed."""
+        """Follows what other registries commit (LISTEN): each history notification names an
+        agent and its newest seq, and wakes this process's watches of that agent; a catalog
+        one names the scopes changed. After a lost connection every watch reads the database
+        once, and every catalog follower reloads, for what they may have missed."""
         while True:
             try:
                 async with await self._connect() as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    await conn.execute(f"LISTEN {CATALOG_CHANNEL}")
                     for agent in list(self._watchers):
                         self._tell_watchers(agent, 2**63 - 1)
+                    for follower in self._catalog_followers:
+                        follower(None)
                     async for note in conn.notifies():
-                        self._notified(note.payload)
+                        if note.channel == CATALOG_CHANNEL:
+                            self._catalog_notified(note.payload)
+                        else:
+                            self._notified(note.payload)
             except psycopg.Error as exc:
-                log.debug("history: listening for other registries' records: %s", exc)
+                log.debug("history: listening for other registries' changes: %s", exc)
             await asyncio.sleep(_LISTEN_RETRY_S)
+
+    def _catalog_notified(self, payload: str) -> None:
+        others, names = read_note(payload, self.writer_id)
+        if others:
+            for follower in self._catalog_followers:
+                follower(names)
 
     def _notified(self, payload: str) -> None:
         try:
