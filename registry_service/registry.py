@@ -203,6 +203,7 @@ def _store_options(settings: RegistrySettings) -> StoreOptions:
         dsn=settings.history_dsn.get_secret_value(),
         max_inline_bytes=settings.history_max_inline_bytes,
         lease_s=settings.history_writer_lease_s,
+        statement_timeout_s=settings.history_statement_timeout_s,
     )
 
 

@@ -11,7 +11,12 @@ from typing import Any
 
 import psycopg
 
-from registry_service.history.postgres.connect import connect_async, connect_sync, redact
+from registry_service.history.postgres.connect import (
+    DEFAULT_STATEMENT_TIMEOUT_S,
+    connect_async,
+    connect_sync,
+    redact,
+)
 from registry_service.history.postgres.migrations import migrate
 from registry_service.history.store import StoreOpenError, store_unavailable
 
@@ -22,12 +27,13 @@ _SAVE = (
 
 
 class PostgresCordisState:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S) -> None:
         self._dsn = dsn
+        self._statement_timeout_s = statement_timeout_s
         self._conn: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._lock = asyncio.Lock()
         try:
-            with connect_sync(dsn) as conn:
+            with connect_sync(dsn, statement_timeout_s) as conn:
                 migrate(conn)  # at its version already when the history store opened first
                 row = conn.execute("SELECT body FROM cordis_state WHERE id = 1").fetchone()
         except psycopg.Error as exc:
@@ -42,7 +48,7 @@ class PostgresCordisState:
         async with self._lock:  # one write at a time, in the order they were asked for
             try:
                 if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = await connect_async(self._dsn)
+                    self._conn = await connect_async(self._dsn, self._statement_timeout_s)
                 await self._conn.execute(_SAVE, (body,))
             except psycopg.Error as exc:
                 raise store_unavailable(f"cannot save the Cordis state: {exc}") from exc

@@ -42,7 +42,12 @@ from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
-from registry_service.history.postgres.connect import connect_async, connect_sync, redact
+from registry_service.history.postgres.connect import (
+    DEFAULT_STATEMENT_TIMEOUT_S,
+    connect_async,
+    connect_sync,
+    redact,
+)
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
 from registry_service.history.store import (
@@ -92,8 +97,10 @@ class PostgresHistory(StoreHealth):
         *,
         max_inline_bytes: int = 64 * 1024,
         lease_s: float = DEFAULT_LEASE_S,
+        statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
     ) -> None:
         self._dsn = dsn
+        self._statement_timeout_s = statement_timeout_s
         super().__init__(redact(dsn))
         self._max_inline = max_inline_bytes
         self._lease_s = lease_s
@@ -111,7 +118,7 @@ class PostgresHistory(StoreHealth):
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
         try:
-            with connect_sync(dsn) as conn:
+            with connect_sync(dsn, statement_timeout_s) as conn:
                 migrate(conn)
                 conn.execute(_CHECK)
                 self._register_sync(conn)
@@ -142,6 +149,14 @@ class PostgresHistory(StoreHealth):
             log.error("history database %s is damaged: %s", self._where, exc)
             self._set_state(StoreState.CORRUPT)
             return store_corrupt(f"{exc}; restore the database from a backup")
+        if isinstance(exc, pg_errors.QueryCanceled):
+            self._set_state(StoreState.UNAVAILABLE)
+            limit = f"history_statement_timeout_s ({self._statement_timeout_s:g} s)"
+            log.error("history store %s: a statement ran over %s", self._where, limit)
+            return store_unavailable(
+                f"a statement of the history database ran over {limit}: a lock another session "
+                f"holds, or an overloaded server ({str(exc).strip()})"
+            )
         if not isinstance(exc, psycopg.OperationalError):
             log.error("history store %s: unexpected failure", self._where, exc_info=exc)
         self._set_state(StoreState.UNAVAILABLE)
@@ -160,7 +175,7 @@ class PostgresHistory(StoreHealth):
     # -- connections -----------------------------------------------------------------------------
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
-        return await connect_async(self._dsn)
+        return await connect_async(self._dsn, self._statement_timeout_s)
 
     async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
         if not _usable(self._writer):
