@@ -182,7 +182,24 @@ def test_flag_errors(args: list[str], message: str, capsys: pytest.CaptureFixtur
     "address", ["127.0.0.1:1", "127.8.9.10:50051", "[::1]:50051", "localhost:9"]
 )
 def test_loopback_registries_are_accepted(address: str) -> None:
-    assert _parse("--registry", address).registry == address
+    assert _parse("--registry", address).registry == [[address]]
+
+
+def test_several_registries_are_repeated_flags_or_a_comma_list() -> None:
+    args = _parse("--registry", "127.0.0.1:1,[::1]:2", "--registry", "localhost:3")
+    assert args.registry == [["127.0.0.1:1", "[::1]:2"], ["localhost:3"]]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("127.0.0.1:1,10.0.0.1:2", "not a loopback address"), ("127.0.0.1:1,", "an empty address")],
+)
+def test_every_registry_of_a_list_is_checked(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--registry", value)
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
