@@ -29,7 +29,7 @@ import json
 import logging
 import select
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,7 @@ class PostgresHistory(StoreHealth):
         self._writing: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._catalog_listener: asyncio.Task[None] | None = None
         self._closing = False
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
@@ -368,37 +369,47 @@ class PostgresHistory(StoreHealth):
 
     def _start_listening(self) -> None:
         if self._listener is None and not self._closing:
-            self._listener = asyncio.ensure_future(self._listen())
+            self._listener = asyncio.ensure_future(
+                self._listen(NOTIFY_CHANNEL, self._watches_missed, self._notified)
+            )
 
     def _follow_catalog(self, changed: CatalogFollower) -> None:
         """`changed` hears what other registries change in the catalog, from now on: it is
         told "anything" first (and after every lost connection), for what it may have missed
         before the LISTEN took effect."""
         self._catalog_followers.append(changed)
-        self._start_listening()
+        if self._catalog_listener is None and not self._closing:
+            self._catalog_listener = asyncio.ensure_future(
+                self._listen(CATALOG_CHANNEL, self._catalog_missed, self._catalog_notified)
+            )
 
-    async def _listen(self) -> None:
-        """Follows what other registries commit (LISTEN): each history notification names an
-        agent and its newest seq, and wakes this process's watches of that agent; a catalog
-        one names the scopes changed. After a lost connection every watch reads the database
-        once, and every catalog follower reloads, for what they may have missed."""
+    async def _listen(
+        self, channel: str, missed: Callable[[], None], notified: Callable[[str], None]
+    ) -> None:
+        """Follows what other registries commit on `channel` (LISTEN), each notification to
+        `notified`; `missed` runs once the LISTEN holds, at first and after a lost connection,
+        for what may have been missed meanwhile. History and catalog listen on connections of
+        their own: a registry follows the catalog always, but the history's notifications
+        (one per agent per batch of every other registry) only while it has watches."""
         while True:
             try:
                 async with await self._connect() as conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    await conn.execute(f"LISTEN {CATALOG_CHANNEL}")
-                    for agent in list(self._watchers):
-                        self._tell_watchers(agent, 2**63 - 1)
-                    for follower in self._catalog_followers:
-                        follower(None)
+                    await conn.execute(f"LISTEN {channel}")
+                    missed()
                     async for note in conn.notifies():
-                        if note.channel == CATALOG_CHANNEL:
-                            self._catalog_notified(note.payload)
-                        else:
-                            self._notified(note.payload)
+                        notified(note.payload)
             except psycopg.Error as exc:
-                log.debug("history: listening for other registries' changes: %s", exc)
+                log.debug("history: listening on %s for other registries: %s", channel, exc)
             await asyncio.sleep(_LISTEN_RETRY_S)
+
+    def _watches_missed(self) -> None:
+        """Every watch reads the database once: another registry may have written meanwhile."""
+        for agent in list(self._watchers):
+            self._tell_watchers(agent, 2**63 - 1)
+
+    def _catalog_missed(self) -> None:
+        for follower in self._catalog_followers:
+            follower(None)
 
     def _catalog_notified(self, payload: str) -> None:
         others, names = read_note(payload, self.writer_id)
@@ -457,7 +468,7 @@ SELECT count(*) FROM old
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._heartbeat, self._listener):
+        for task in (self._heartbeat, self._listener, self._catalog_listener):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
