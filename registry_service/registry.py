@@ -40,7 +40,7 @@ from registry_service.domain.tools import (
     ToolDefinition,
 )
 from registry_service.history import build, records
-from registry_service.history.catalog_store import CatalogStore
+from registry_service.history.catalog_store import CatalogConflict, CatalogStore
 from registry_service.history.health import Report, keep_reporting
 from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
@@ -51,6 +51,8 @@ from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 
 log = logging.getLogger(__name__)
+
+_RESTORE_ATTEMPTS = 3  # registries sharing a store that start at once may race to store a scope
 
 RUN_CODE_OUTPUT_SCHEMA: JsonValue = {
     "type": "object",
@@ -84,10 +86,15 @@ class Registry:
         itself unavailable or damaged through the health service meanwhile. From then on,
         what other registries sharing the store change is reloaded here (first everything,
         for what changed since this load, or what it could not read)."""
-        try:
-            await self.catalog.restore(await self.catalog_store.load())
-        except CodemodeError as exc:
-            log.error("catalog: cannot restore the stored presets and agents: %s", exc.message)
+        for _ in range(_RESTORE_ATTEMPTS):
+            try:
+                await self.catalog.restore(await self.catalog_store.load())
+            except CatalogConflict as conflict:  # a registry starting beside this one was first
+                log.info("catalog: %s; restoring again", conflict)
+                continue
+            except CodemodeError as exc:
+                log.error("catalog: cannot restore the stored presets and agents: %s", exc.message)
+            break
         self.follower = CatalogFollower(self.catalog)
         self.catalog_store.follow(self.follower.changed)
         self.cordis.runner.adopt_owners()

@@ -19,7 +19,7 @@ import bisect
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -31,6 +31,7 @@ from codemode_wire.errors import (
 )
 from registry_service.domain.catalog_changes import (
     CatalogChange,
+    CatalogConflict,
     CatalogPort,
     CatalogSnapshot,
     DeleteHistory,
@@ -71,6 +72,7 @@ def new_restriction_id() -> str:
 
 
 _T = TypeVar("_T")
+_CONFLICT_ATTEMPTS = 3  # a scope changed elsewhere between reload and write, twice in a row
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,21 @@ class Catalog:
     async def _write(self, changes: Sequence[CatalogChange]) -> None:
         await self._store.apply(changes)
 
+    async def _change(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Runs `attempt` (check, write, then make the change) under the change lock. When
+        the store finds that another registry sharing it changed the scope first (this one
+        had not heard yet), the scope is reloaded and `attempt` runs again on what is there
+        now: its checks then answer as they would have (the name exists, the agent is gone),
+        or the change applies to the scope as it now is."""
+        async with self._writing:
+            for _ in range(_CONFLICT_ATTEMPTS - 1):
+                try:
+                    return await attempt()
+                except CatalogConflict as conflict:
+                    names = [conflict.scope]
+                    self._reconcile(await self._store.load_scopes(names), names)
+            return await attempt()
+
     def _new_preset(
         self, preset_id: str, mode: Mode | None, language: str | None, self_mod: bool | None
     ) -> ScopeRow:
@@ -266,12 +283,14 @@ class Catalog:
         language: str | None = None,
         self_modification: bool | None = None,
     ) -> Preset:
-        async with self._writing:
+        async def attempt() -> Preset:
             row = self._new_preset(preset_id, mode, language, self_modification)
-            await self._write([PutScope(row)])
+            await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
             return self._presets[row.name]
+
+        return await self._change(attempt)
 
     async def create_agent(
         self,
@@ -281,12 +300,14 @@ class Catalog:
         language: str | None = None,
         self_modification: bool | None = None,
     ) -> Agent:
-        async with self._writing:
+        async def attempt() -> Agent:
             row = self._new_agent(agent_id, preset, mode, language, self_modification)
-            await self._write([PutScope(row)])
+            await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
             return self._agents[row.name]
+
+        return await self._change(attempt)
 
     # -- settings-declared scopes and the stored catalog ---------------------------------------
 
@@ -349,7 +370,7 @@ class Catalog:
                 if legacy:
                     row = replace(row, agent_id=legacy)
                     self._put(row)
-                writes.append(PutScope(row))
+                writes.append(PutScope(row, create=True))
             for restriction in snapshot.restrictions:
                 layer = self._layers.get(restriction.scope)
                 if layer is None:
@@ -451,7 +472,8 @@ class Catalog:
     async def delete_preset(self, name: str, *, force: bool = False) -> None:
         """Removes the preset and everything it declared. Its agents, if `force` allows it,
         are unparented: the deployment default applies to them again."""
-        async with self._writing:
+
+        async def attempt() -> None:
             self.get_preset(name)
             users = sorted(a.name for a in self._agents.values() if a.preset == name)
             if users and not force:
@@ -468,20 +490,26 @@ class Catalog:
             del self._presets[name]
             del self._layers[name]
             self._changed()
+
+        await self._change(attempt)
         self._deleted(name)
 
     async def delete_agent(self, name: str) -> None:
         """Removes the agent and everything it declared. Its history stays, readable by its
         id, unless the catalog deletes histories with their agents."""
-        async with self._writing:
+
+        async def attempt() -> Agent:
             agent = self.get_agent(name)
-            changes: list[CatalogChange] = [DeleteScope(name)]
+            changes: list[CatalogChange] = [DeleteScope(name, agent.agent_id)]
             if self._delete_history_with_agent:
                 changes.append(DeleteHistory(agent.agent_id))
             await self._write(changes)
             del self._agents[name]
             del self._layers[name]
             self._changed()
+            return agent
+
+        agent = await self._change(attempt)
         if not self._delete_history_with_agent:
             log.info("agent %s deleted; its history stays under agent_id %s", name, agent.agent_id)
         self._deleted(name)
@@ -517,8 +545,7 @@ class Catalog:
         return self._layers[scope].mode
 
     async def set_mode(self, scope: str, mode: Mode) -> None:
-        async with self._writing:
-            await self._set_mode(scope, mode)
+        await self._change(lambda: self._set_mode(scope, mode))
 
     async def _set_mode(self, scope: str, mode: Mode) -> None:
         self.require_scope(scope, allow_global=False)
@@ -613,8 +640,7 @@ class Catalog:
     async def add_restriction(
         self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
     ) -> str:
-        async with self._writing:
-            return await self._add_restriction(scope, allow, deny)
+        return await self._change(lambda: self._add_restriction(scope, allow, deny))
 
     async def _add_restriction(
         self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
@@ -656,7 +682,7 @@ class Catalog:
         return restriction_id
 
     async def remove_restriction(self, scope: str, restriction_id: str) -> None:
-        async with self._writing:
+        async def attempt() -> None:
             self.require_scope(scope, allow_global=False)
             if not restriction_id:
                 raise invalid_argument(
@@ -670,6 +696,8 @@ class Catalog:
             await self._write([DeleteRestriction(scope, restriction_id)])
             del self._layers[scope].restrictions[restriction_id]
             self._changed()
+
+        await self._change(attempt)
 
     # -- policy hooks --------------------------------------------------------------------------
 

@@ -38,27 +38,45 @@ class RestrictionRow:
 
 @dataclass(frozen=True, slots=True)
 class PutScope:
-    """Inserts the scope, or replaces the stored row of that name (its restrictions stay)."""
+    """`create`: inserts the scope, a conflict when one of that name is stored. Else replaces
+    the stored row of that name and agent id (its restrictions stay), a conflict when there is
+    none (deleted, or deleted and re-created, by another registry)."""
 
     row: ScopeRow
+    create: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteScope:
-    """Deletes the scope and its restrictions."""
+    """Deletes the scope of that name and agent id ("" for a preset) and its restrictions; a
+    conflict when there is none."""
 
     name: str
+    agent_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PutRestriction:
+    """Stores the restriction; a conflict when its scope is not stored."""
+
     row: RestrictionRow
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteRestriction:
+    """Deletes the restriction; a conflict when it is not stored."""
+
     scope: str
     restriction_id: str
+
+
+class CatalogConflict(Exception):
+    """The stored catalog is not what a change expects: another registry sharing the store
+    changed `scope` first. Nothing of the change is stored."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"{scope} was changed by another registry")
+        self.scope = scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +122,8 @@ class CatalogSnapshot:
 
 class CatalogPort(Protocol):
     """Where the catalog writes its changes: one call per change, in one transaction, durable
-    when it returns; a `CodemodeError` when it is not (the catalog then stays as it was)."""
+    when it returns; a `CodemodeError` when it is not, a `CatalogConflict` when the stored
+    catalog is not what the change expects (the catalog then stays as it was)."""
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None: ...
 

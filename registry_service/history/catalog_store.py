@@ -9,6 +9,9 @@ opened together by `history.stores.open_store`). The contract:
   once it is durable; on failure it raises `CodemodeError` (`HISTORY_UNAVAILABLE` or
   `HISTORY_CORRUPT`, the history store's codes: it is the same database) and nothing of the
   change is stored. Changes are row-level: no change rewrites the whole catalog.
+- Changes say what they expect to find (a name not stored yet, a scope with this agent id, a
+  restriction): when the store holds otherwise, `apply` raises `CatalogConflict` (another
+  registry changed that scope first) and stores nothing.
 - Tools are not stored (they belong to their provider's stream), nor are policy hooks (they
   come from settings and plugins at start).
 - An agent's `agent_id` is never reused: the catalog draws a random 128-bit id per agent. History
@@ -31,6 +34,7 @@ from typing import Protocol
 
 from registry_service.domain.catalog_changes import (
     CatalogChange,
+    CatalogConflict,
     CatalogFollower,
     CatalogPort,
     CatalogSnapshot,
@@ -46,6 +50,7 @@ from registry_service.domain.catalog_changes import (
 
 __all__ = [
     "CatalogChange",
+    "CatalogConflict",
     "CatalogFollower",
     "CatalogSnapshot",
     "CatalogStore",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -197,3 +198,81 @@ async def test_a_change_missed_while_not_listening_is_reloaded_on_reconnect(
         await code_of(b.stub.GetAgent(rpb.GetAgentRequest(name="agents/known")))
         is grpc.StatusCode.NOT_FOUND
     )
+
+
+def _sql(dsn: str, statement: str, *params: object) -> None:
+    """A change another registry committed whose notification has not arrived (none is sent)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement.encode(), params)
+
+
+async def test_a_change_on_a_replica_that_had_not_heard_answers_as_the_store_is(
+    replicas: tuple[Harness, Harness], pg_database: str
+) -> None:
+    """B acts on a scope another registry changed a moment ago (the store holds it, B has not
+    heard): the store refuses B's write, B reloads the scope and answers from what is stored,
+    instead of overwriting the other registry's change."""
+    _, b = replicas
+    # Created elsewhere: B's create of the name is ALREADY_EXISTS, and B now knows that agent.
+    _sql(
+        pg_database,
+        "INSERT INTO catalog_scopes (name, agent_id, preset, create_time)"
+        " VALUES ('agents/twin', 'a1', '', 1.0)",
+    )
+    assert (
+        await code_of(b.stub.CreateAgent(rpb.CreateAgentRequest(agent_id="twin")))
+        is grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert (await agent_on(b, "agents/twin")).agent_id == "a1"
+
+    # Deleted and re-created elsewhere: B's mode change applies to the agent as it now is.
+    made = (await b.stub.CreateAgent(rpb.CreateAgentRequest(agent_id="moved"))).agent
+    _sql(pg_database, "UPDATE catalog_scopes SET agent_id = 'b2' WHERE name = 'agents/moved'")
+    await b.stub.SetPresentationMode(
+        rpb.SetPresentationModeRequest(scope="agents/moved", mode=CODE)
+    )
+    now = await agent_on(b, "agents/moved")
+    assert (now.agent_id, now.mode) == ("b2", CODE) and made.agent_id != "b2"
+
+    # Deleted elsewhere: B's delete, and B's restriction, find no agent.
+    for agent_id in ("gone", "fenced"):
+        await b.stub.CreateAgent(rpb.CreateAgentRequest(agent_id=agent_id))
+        _sql(pg_database, "DELETE FROM catalog_scopes WHERE name = %s", f"agents/{agent_id}")
+    assert (
+        await code_of(b.stub.DeleteAgent(rpb.DeleteAgentRequest(name="agents/gone")))
+        is grpc.StatusCode.NOT_FOUND
+    )
+    assert (
+        await code_of(
+            b.stub.AddRestriction(rpb.AddRestrictionRequest(scope="agents/fenced", deny=["read"]))
+        )
+        is grpc.StatusCode.NOT_FOUND
+    )
+    with psycopg.connect(pg_database) as conn:
+        assert conn.execute("SELECT count(*) FROM catalog_restrictions").fetchone() == (0,)
+
+
+async def test_two_replicas_creating_one_name_at_once_agree_on_one_agent(
+    replicas: tuple[Harness, Harness],
+) -> None:
+    a, b = replicas
+    for n in range(10):
+        request = rpb.CreateAgentRequest(agent_id=f"race-{n}")
+        outcomes = await asyncio.gather(
+            a.stub.CreateAgent(request), b.stub.CreateAgent(request), return_exceptions=True
+        )
+        made = [o for o in outcomes if not isinstance(o, BaseException)]
+        refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+        assert len(made) == 1 and len(refused) == 1, outcomes
+        assert refused[0].code() is grpc.StatusCode.ALREADY_EXISTS
+        winner: str = made[0].agent.agent_id
+        for h in (a, b):
+            await seen(
+                functools.partial(agent_on, h, f"agents/race-{n}"),
+                functools.partial(_is_agent, winner),
+                "the one agent",
+            )
+
+
+def _is_agent(agent_id: str, agent: scope_pb2.Agent) -> bool:
+    return bool(agent.agent_id == agent_id)

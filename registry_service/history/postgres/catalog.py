@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
+    CatalogConflict,
     CatalogFollower,
     CatalogSnapshot,
     DeleteHistory,
@@ -134,30 +135,50 @@ def read_note(payload: str, own_writer: str) -> tuple[bool, frozenset[str] | Non
 
 
 async def _apply(conn: Conn, change: CatalogChange) -> None:
+    """One change's statements; `CatalogConflict` (the transaction rolls back) when the stored
+    catalog is not what it expects. Row locks order it against other registries' changes: a
+    create waits for a concurrent create of the name, a restriction holds its scope's row."""
     if isinstance(change, PutScope):
         row = change.row
-        await conn.execute(
-            "INSERT INTO catalog_scopes (name, agent_id, preset, mode, language,"
-            " self_modification, create_time) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (name) DO UPDATE SET agent_id = excluded.agent_id,"
-            " preset = excluded.preset, mode = excluded.mode, language = excluded.language,"
-            " self_modification = excluded.self_modification,"
-            " create_time = excluded.create_time",
-            (
-                row.name,
-                row.agent_id,
-                row.preset,
-                None if row.mode is None else row.mode.value,
-                row.language,
-                row.self_modification,
-                row.create_time,
-            ),
+        values = (
+            row.preset,
+            None if row.mode is None else row.mode.value,
+            row.language,
+            row.self_modification,
+            row.create_time,
+            row.name,
+            row.agent_id,
         )
+        if change.create:
+            cursor = await conn.execute(
+                "INSERT INTO catalog_scopes (preset, mode, language, self_modification,"
+                " create_time, name, agent_id) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (name) DO NOTHING",
+                values,
+            )
+        else:
+            cursor = await conn.execute(
+                "UPDATE catalog_scopes SET preset = %s, mode = %s, language = %s,"
+                " self_modification = %s, create_time = %s WHERE name = %s AND agent_id = %s",
+                values,
+            )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(row.name)
     elif isinstance(change, DeleteScope):
+        cursor = await conn.execute(
+            "DELETE FROM catalog_scopes WHERE name = %s AND agent_id = %s",
+            (change.name, change.agent_id),
+        )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(change.name)
         await conn.execute("DELETE FROM catalog_restrictions WHERE scope = %s", (change.name,))
-        await conn.execute("DELETE FROM catalog_scopes WHERE name = %s", (change.name,))
     elif isinstance(change, PutRestriction):
         r = change.row
+        held = await conn.execute(
+            "SELECT 1 FROM catalog_scopes WHERE name = %s FOR SHARE", (r.scope,)
+        )
+        if await held.fetchone() is None:
+            raise CatalogConflict(r.scope)
         await conn.execute(
             "INSERT INTO catalog_restrictions (restriction_id, scope, allow, deny)"
             " VALUES (%s, %s, %s, %s) ON CONFLICT (restriction_id) DO UPDATE SET"
@@ -165,10 +186,12 @@ async def _apply(conn: Conn, change: CatalogChange) -> None:
             (r.restriction_id, r.scope, _json(r.allow), _json(r.deny)),
         )
     elif isinstance(change, DeleteRestriction):
-        await conn.execute(
+        cursor = await conn.execute(
             "DELETE FROM catalog_restrictions WHERE scope = %s AND restriction_id = %s",
             (change.scope, change.restriction_id),
         )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(change.scope)
     elif isinstance(change, DeleteHistory):
         for statement in DELETE_AGENT_HISTORY:
             await conn.execute(statement, (change.agent_id,))
