@@ -214,8 +214,7 @@ class Catalog:
                 try:
                     return await attempt()
                 except CatalogConflict as conflict:
-                    names = [conflict.scope]
-                    self._reconcile(await self._store.load_scopes(names), names)
+                    await self._reload([conflict.scope])
             return await attempt()
 
     def _new_preset(
@@ -391,7 +390,21 @@ class Catalog:
         first. Read and made under the change lock: no change of this registry interleaves,
         and what is read is at least as new as this registry's own last change."""
         async with self._writing:
-            self._reconcile(await self._store.load_scopes(names), names)
+            await self._reload(names)
+
+    async def _reload(self, names: Collection[str] | None) -> None:
+        """`refresh` under the change lock. A stored agent's preset this registry has not
+        heard of yet (made while it was not listening) is read along with it."""
+        snapshot = await self._store.load_scopes(names)
+        if names is not None:
+            unknown = {row.preset for row in snapshot.scopes if row.preset} - {
+                *self._presets,
+                *names,
+            }
+            if unknown:
+                names = {*names, *unknown}
+                snapshot = await self._store.load_scopes(names)
+        self._reconcile(snapshot, names)
 
     def _reconcile(self, snapshot: CatalogSnapshot, names: Collection[str] | None) -> None:
         stored = {row.name: row for row in snapshot.scopes}

@@ -288,3 +288,22 @@ async def test_durable_cordis_state_on_a_shared_database_is_said_to_be_per_regis
         assert "the Cordis state is per registry" not in caplog.text
         async with make_registry(**settings):
             assert "cordis_durable: 2 registries write to" in caplog.text
+
+
+async def test_a_reloaded_agent_brings_the_preset_this_replica_had_missed(
+    replicas: tuple[Harness, Harness], pg_database: str
+) -> None:
+    """A notification names an agent whose preset B never heard of (made while B was not
+    listening): B reads the preset along with the agent instead of unparenting it."""
+    _, b = replicas
+    _sql(
+        pg_database,
+        "INSERT INTO catalog_scopes (name, agent_id, preset, mode, create_time) VALUES"
+        " ('presets/quiet', '', '', 'code', 1.0),"
+        " ('agents/child', 'c3', 'presets/quiet', NULL, 2.0)",
+    )
+    _sql(
+        pg_database, "SELECT pg_notify('codemode_catalog', %s)", '{"w": "x", "s": ["agents/child"]}'
+    )
+    child = await seen(lambda: agent_on(b, "agents/child"), lambda r: bool(r.agent_id), "a child")
+    assert (child.preset, child.effective_mode) == ("presets/quiet", CODE)
