@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import contextlib
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from codemode_wire.errors import (
+    CodemodeError,
     already_exists,
     failed_precondition,
     invalid_argument,
@@ -391,6 +393,15 @@ class Catalog:
         and what is read is at least as new as this registry's own last change."""
         async with self._writing:
             await self._reload(names)
+
+    async def hear_of(self, scope: str) -> None:
+        """A preset or agent this registry does not know may have been made on another one a
+        moment ago (its notification still on the way): it is read from the store once, so
+        that a provider registering into an agent just created elsewhere is not refused.
+        A store that fails leaves the catalog as it is (the caller then finds no scope)."""
+        if scope.startswith(("agents/", "presets/")) and scope not in self._layers:
+            with contextlib.suppress(CodemodeError):
+                await self.refresh([scope])
 
     async def _reload(self, names: Collection[str] | None) -> None:
         """`refresh` under the change lock. A stored agent's preset this registry has not

@@ -17,6 +17,7 @@ import grpc
 import psycopg
 import pytest
 
+from codemode_client import ToolProvider
 from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
@@ -59,7 +60,21 @@ async def replicas(make_registry: Any, pg_database: str) -> AsyncIterator[tuple[
         for h in (a, b):  # a provider connected to both replicas
             echo_tool(h.registry, "read")
             echo_tool(h.registry, "write")
+            await _listening(h)
         yield a, b
+
+
+async def _listening(h: Harness) -> None:
+    """Once the replica's LISTEN holds it reloads everything (for what it missed before):
+    after that, a row written without a notification stays unheard of (the tests' "not heard
+    yet")."""
+    follower = h.registry.follower
+    assert follower is not None
+    for _ in range(_POLLS):
+        if follower.reloads:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the replica never followed the catalog")
 
 
 async def agent_on(h: Harness, name: str) -> scope_pb2.Agent:
@@ -307,3 +322,25 @@ async def test_a_reloaded_agent_brings_the_preset_this_replica_had_missed(
     )
     child = await seen(lambda: agent_on(b, "agents/child"), lambda r: bool(r.agent_id), "a child")
     assert (child.preset, child.effective_mode) == ("presets/quiet", CODE)
+
+
+async def test_a_provider_registers_into_an_agent_made_elsewhere_a_moment_ago(
+    replicas: tuple[Harness, Harness], pg_database: str
+) -> None:
+    """The agent is stored, B has not heard yet: B reads it when a provider registers into it,
+    instead of refusing the registration (AGENT_NOT_FOUND ends a provider's stream)."""
+    _, b = replicas
+    _sql(
+        pg_database,
+        "INSERT INTO catalog_scopes (name, agent_id, preset, create_time)"
+        " VALUES ('agents/fresh', 'd4', '', 1.0)",
+    )
+    provider = ToolProvider(b.channel, "fresh")
+
+    @provider.tool(scope="agents/fresh")
+    async def lookup(args: Any, ctx: Any) -> Any:
+        return {}
+
+    async with provider:
+        assert "lookup" in names(await visible_on(b, "agents/fresh"))
+    assert (await agent_on(b, "agents/fresh")).agent_id == "d4"
