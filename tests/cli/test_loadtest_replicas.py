@@ -157,10 +157,13 @@ async def test_a_registry_killed_mid_load_loses_nothing_and_records_nothing_twic
     for call in calls:
         if call["status"] == "ok":
             assert call["call_id"] in started and not results[call["call_id"]][4], call
-        else:  # ended, as interrupted by the sweep unless the victim recorded it itself
+        elif call["call_id"] in started:  # ended: interrupted by the sweep, or by the victim
             assert call["call_id"] in results, call
+        else:  # sent to the victim once it was gone: nothing of it was recorded
+            assert call["call_id"] not in results, call
     interrupted = [r for r in results.values() if r[5] == "INTERRUPTED"]
     print(
-        f"killed mid-load: {len(failed)} calls failed UNAVAILABLE on the killed replica, "
+        f"killed mid-load: {len(failed)} calls failed UNAVAILABLE on the killed replica "
+        f"({loss['never_recorded_programs']} of them sent after its death, never recorded), "
         f"{by[survivor]['ok']} served by the survivor, {len(interrupted)} closed as interrupted"
     )
