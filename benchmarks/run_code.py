@@ -108,8 +108,11 @@ class Outcome:
 class Client:
     """ExecuteToolCall(run_code) against the registry."""
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, call_prefix: str = "bench") -> None:
+        """`call_prefix` starts every call id: clients of one agent on several registry
+        replicas need their own, or their call ids would repeat in the shared history."""
         self.stub = rpb_grpc.RegistryServiceStub(channel)
+        self._prefix = call_prefix
         self._ids = itertools.count(1)
 
     async def create_agent(self, agent_id: str) -> str:
@@ -128,7 +131,7 @@ class Client:
         the registry batch progress events that are ready together (as the clients do)."""
         request = rpb.ExecuteToolCallRequest(
             agent=agent,
-            call_id=f"bench-{next(self._ids)}",
+            call_id=f"{self._prefix}-{next(self._ids)}",
             tool_name="run_code",
             arguments_json=json.dumps({"code": code, "description": "benchmark program"}),
             progress_events=rpb.PROGRESS_EVENTS_NONE if quiet else rpb.PROGRESS_EVENTS_ALL,

@@ -224,6 +224,11 @@ class RegistrySettings(ServiceSettings):
     """PostgreSQL: how long a registry that stopped renewing its writer lease (renewed every
     third of it) is still taken for alive. Calls a crashed registry left open are closed as
     interrupted once its lease expired, by whichever registry sweeps first."""
+    history_statement_timeout_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
+    """PostgreSQL: the `statement_timeout` of every connection to `history_dsn`. A statement
+    that runs, or waits for a lock another session holds, longer than this is ended by the
+    server, and the call that needed it fails with `HISTORY_UNAVAILABLE` saying so, instead
+    of waiting for good. A `-c statement_timeout=...` in the DSN's `options` wins."""
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""

@@ -23,6 +23,7 @@ from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.admission import Admission, Limits
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.catalog_follow import CatalogFollower
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
@@ -39,7 +40,7 @@ from registry_service.domain.tools import (
     ToolDefinition,
 )
 from registry_service.history import build, records
-from registry_service.history.catalog_store import CatalogStore
+from registry_service.history.catalog_store import CatalogConflict, CatalogStore
 from registry_service.history.health import Report, keep_reporting
 from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
@@ -50,6 +51,8 @@ from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 
 log = logging.getLogger(__name__)
+
+_RESTORE_ATTEMPTS = 3  # registries sharing a store that start at once may race to store a scope
 
 RUN_CODE_OUTPUT_SCHEMA: JsonValue = {
     "type": "object",
@@ -74,21 +77,26 @@ class Registry:
     catalog_store: CatalogStore
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     admission: Admission = field(default_factory=Admission)
+    follower: CatalogFollower | None = None  # other registries' catalog changes, once restored
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def restore_catalog(self) -> None:
         """At start, before any call: the stored presets and agents join the settings' ones.
         A store that cannot be read leaves the settings' scopes only (logged): it reports
-        itself unavailable or damaged through the health service meanwhile."""
-        try:
-            snapshot = await self.catalog_store.load()
-        except CodemodeError as exc:
-            log.error("catalog: cannot load the stored presets and agents: %s", exc.message)
-            return
-        try:
-            await self.catalog.restore(snapshot)
-        except CodemodeError as exc:
-            log.error("catalog: cannot store the settings' presets and agents: %s", exc.message)
+        itself unavailable or damaged through the health service meanwhile. From then on,
+        what other registries sharing the store change is reloaded here (first everything,
+        for what changed since this load, or what it could not read)."""
+        for _ in range(_RESTORE_ATTEMPTS):
+            try:
+                await self.catalog.restore(await self.catalog_store.load())
+            except CatalogConflict as conflict:  # a registry starting beside this one was first
+                log.info("catalog: %s; restoring again", conflict)
+                continue
+            except CodemodeError as exc:
+                log.error("catalog: cannot restore the stored presets and agents: %s", exc.message)
+            break
+        self.follower = CatalogFollower(self.catalog)
+        self.catalog_store.follow(self.follower.changed)
         self.cordis.runner.adopt_owners()
 
     async def close_interrupted(self) -> None:
@@ -146,6 +154,8 @@ class Registry:
         return result
 
     async def close(self) -> None:
+        if self.follower is not None:
+            await self.follower.close()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +210,7 @@ def _store_options(settings: RegistrySettings) -> StoreOptions:
         dsn=settings.history_dsn.get_secret_value(),
         max_inline_bytes=settings.history_max_inline_bytes,
         lease_s=settings.history_writer_lease_s,
+        statement_timeout_s=settings.history_statement_timeout_s,
     )
 
 

@@ -158,6 +158,8 @@ async def provider_stream(
                 return
             kind = message.WhichOneof("message")
             if kind == "register":
+                # An agent made on another replica a moment ago is known here first.
+                await registry.catalog.hear_of(message.register.scope)
                 out.put_nowait(_register(session, message.register, may_register))
             elif kind == "result":
                 returned = message.result.result

@@ -21,13 +21,18 @@ examples:
   codemode loadtest --programs 500 --concurrency 20 --calls 10
   codemode loadtest --exclusive-share 0.3 --approval-share 0.2 --latency uniform:1ms-20ms
   codemode loadtest --registry 127.0.0.1:50051 --duration-limit 60
+  codemode loadtest --registry 127.0.0.1:50051,127.0.0.1:50052   # replicas on one store
 
 By default the runtime, a registry (SQLite history in a temporary directory, tracing off) and
 a load peer (tool provider + auto-approver) start on 127.0.0.1. With --registry the load goes
 to an existing loopback registry; its agents are untouched (the load agent and its tools are
 created for the run and deleted after), and --approval-share needs its policy rules to ask for
-`work_*_approve`. Exit status: 0 when every call succeeded and nothing was lost, 1 otherwise
-(the summary says why), 2 for bad flags.
+`work_*_approve`. Several --registry addresses (repeated, or a comma list) are replicas
+sharing one store: the agent is created on the first and awaited on the others, the peer
+serves every one, programs are spread over them, and a program that fails as UNAVAILABLE (a
+replica gone) moves its worker to the next replica for the programs after it (the failed one
+is reported, not retried). Exit status: 0 when every call succeeded and nothing was lost, 1
+otherwise (the summary says why), 2 for bad flags.
 """
 
 
@@ -103,9 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--registry",
-        type=w.loopback_arg,
-        metavar="HOST:PORT",
-        help="use this registry (loopback only) instead of starting services",
+        type=w.loopback_list_arg,
+        action="append",
+        metavar="HOST:PORT[,...]",
+        help="use this registry (loopback only) instead of starting services; repeat it, or "
+        "give a comma list, for replicas sharing one store",
     )
     add(
         "--max-parallel",
@@ -142,12 +149,13 @@ def _usage(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    registries = tuple(dict.fromkeys(a for group in args.registry or () for a in group))
     nested = args.programs * args.calls
     if nested > w.MAX_NESTED_TOTAL:
         return _usage(
             f"--programs x --calls is {nested}; at most {w.MAX_NESTED_TOTAL} nested calls per run"
         )
-    if args.registry and (
+    if registries and (
         args.max_parallel is not None or args.trace_file or args.admission_limit is not None
     ):
         return _usage(
@@ -180,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from codemode_cli.loadtest.services import StartError
 
     options = runner.Options(
-        registry=args.registry,
+        registries=registries,
         max_parallel=args.max_parallel or 10,
         trace_file=str(Path(args.trace_file).resolve()) if args.trace_file else "off",
         out=args.out,

@@ -31,11 +31,20 @@ from codemode_wire.grpc_status import retry_delay
 OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
 # Refused by admission control (RESOURCE_EXHAUSTED): nothing of the call started.
 REFUSED = "refused"
+UNAVAILABLE = f"rpc:{grpc.StatusCode.UNAVAILABLE.name}"
 WARMUP_TIMEOUT_S = 60.0
 
 
 class SetupError(RuntimeError):
     """The target cannot run the load (no runtime, refused agent, unreachable)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One channel's stub to one registry replica."""
+
+    address: str
+    stub: Any
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Outcome:
 
     plan: Plan
     call_id: str
+    registry: str = ""  # the replica the call went to
     status: str = CANCELLED
     latency_ms: float = 0.0
     ended_s: float = 0.0  # since the load started
@@ -88,7 +98,7 @@ def request(agent: str, call_id: str, code: str) -> rpb.ExecuteToolCallRequest:
     )
 
 
-async def warm_up(stub: Any, agent: str, approvals: bool) -> None:
+async def warm_up(stub: Any, agent: str, approvals: bool, call_id: str = "warmup") -> None:
     """One small program end to end, so set-up problems fail fast with their own message."""
     tools = [SAFE, SAFE_APPROVE] if approvals else [SAFE]
     calls = "\n".join(f'await tools["{t}"]({{"p": -1, "i": 0, "sleep_ms": 0}})' for t in tools)
@@ -96,7 +106,7 @@ async def warm_up(stub: Any, agent: str, approvals: bool) -> None:
     try:
         async with asyncio.timeout(WARMUP_TIMEOUT_S):
             async for message in stub.ExecuteToolCall(
-                request(agent, "warmup", calls + "\nreturn 1")
+                request(agent, call_id, calls + "\nreturn 1")
             ):
                 if message.WhichOneof("event") == "result":
                     result = message.result
@@ -114,9 +124,9 @@ async def _events(call: Any) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
 
 
 class Driver:
-    def __init__(self, spec: Spec, stubs: list[Any], agent: str, progress: Progress) -> None:
+    def __init__(self, spec: Spec, targets: list[Target], agent: str, progress: Progress) -> None:
         self.spec = spec
-        self.stubs = stubs
+        self.targets = targets
         self.agent = agent
         self.progress = progress
         self.load = Load()
@@ -135,17 +145,30 @@ class Driver:
         return self.load
 
     async def _worker(self, worker: int, deadline: float) -> None:
-        stub = self.stubs[worker % len(self.stubs)]
+        at = worker % len(self.targets)
         loop = asyncio.get_running_loop()
         while (index := next(self._next)) < self.spec.programs:
             if loop.time() >= deadline:
                 self.load.stopped_by_limit = True
                 return
-            outcome = Outcome(plan(self.spec, index), f"lt-{index}")
+            target = self.targets[at]
+            outcome = Outcome(plan(self.spec, index), f"lt-{index}", target.address)
             self.load.outcomes.append(outcome)
-            await self._one(stub, outcome, deadline)
+            await self._one(target.stub, outcome, deadline)
             if outcome.status != CANCELLED:
                 self.progress.done += 1
+            if outcome.code == UNAVAILABLE:
+                # That replica is gone (or going): the next programs go to the next one. The
+                # failed program is not sent again: its side effects may have happened.
+                at = self._next_replica(at)
+
+    def _next_replica(self, at: int) -> int:
+        gone = self.targets[at].address
+        for step in range(1, len(self.targets)):
+            candidate = (at + step) % len(self.targets)
+            if self.targets[candidate].address != gone:
+                return candidate
+        return at
 
     async def _one(self, stub: Any, outcome: Outcome, deadline: float) -> None:
         began = time.perf_counter()

@@ -117,6 +117,7 @@ def program_queue_waits(
 
 def check(outcomes: list[Outcome], tallies: dict[str, Tally]) -> dict[str, Any]:
     made = events = starts = settles = lost = extra = unresolved = checked = refused = 0
+    never_recorded = 0
     mismatches: list[dict[str, Any]] = []
     for outcome in outcomes:
         tally = tallies[outcome.call_id]
@@ -129,6 +130,11 @@ def check(outcomes: list[Outcome], tallies: dict[str, Tally]) -> dict[str, Any]:
             surplus = max(0, settled - n, outcome.nested_settled - n, settled - tally.start_records)
             made += outcome.made
             events += outcome.nested_settled
+        elif not tally.records:
+            # Failed or cancelled before the registry recorded anything of it (a replica that
+            # was already gone, say): nothing started, nothing to balance.
+            never_recorded += 1
+            missing = surplus = 0
         elif not tally.has_result:
             unresolved += 1  # never reached quiescence within the wait: not judged
             continue
@@ -155,6 +161,7 @@ def check(outcomes: list[Outcome], tallies: dict[str, Tally]) -> dict[str, Any]:
         "checked_programs": checked,
         "refused_programs": refused,
         "unresolved_programs": unresolved,
+        "never_recorded_programs": never_recorded,
         "made": made,
         "settled_events": events,
         "start_records": starts,

@@ -93,6 +93,24 @@ def build(
         ],
         "program_error_examples": load.program_errors,
         "loss_check": loss,
+        # Per replica, and per call (which replica, how it ended): what the caller saw.
+        "by_registry": {
+            address: {
+                s: sum(1 for o in outcomes if o.registry == address and o.status == s)
+                for s in (OK, FAILED, CANCELLED, REFUSED)
+            }
+            for address in dict.fromkeys(o.registry for o in outcomes)
+        },
+        "calls": [
+            {
+                "call_id": o.call_id,
+                "registry": o.registry,
+                "status": o.status,
+                "code": o.code,
+                "ended_s": round(o.ended_s, 4),
+            }
+            for o in outcomes
+        ],
         "time_series": {
             "max_points": stats.MAX_POINTS,
             "outer": stats.sample_series([(o.ended_s, o.latency_ms) for o in done]),
@@ -117,7 +135,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     where = (
         f"own services, max {services['max_parallel_sub_calls']} parallel per run"
         if services["mode"] == "started"
-        else f"registry {services['registry']}"
+        else f"registry {', '.join(services['registries'])}"
     )
     lines = [
         f"codemode loadtest: {totals['programs_completed']}/{totals['programs_planned']} programs, "

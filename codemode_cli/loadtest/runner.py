@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
 import secrets
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,21 +19,22 @@ from typing import Any
 import grpc
 
 from codemode_cli.loadtest import losscheck, plot, report
-from codemode_cli.loadtest.driver import Driver, SetupError, warm_up
+from codemode_cli.loadtest.driver import Driver, SetupError, Target, warm_up
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.services import StackOptions, own_stack, peer
-from codemode_cli.loadtest.workload import Spec
+from codemode_cli.loadtest.workload import TOOLS, Spec
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_wire.api.registry.v1 import scope_pb2
 
 STREAMS_PER_CHANNEL = 100  # HTTP/2 servers commonly cap concurrent streams per connection
 CONNECT_TIMEOUT_S = 10.0
+REPLICA_WAIT_S = 30.0  # for the agent, then its tools, to be on every replica
 
 
 @dataclass(frozen=True)
 class Options:
-    registry: str | None
+    registries: tuple[str, ...]  # empty: start own services
     max_parallel: int
     trace_file: str
     out: Path
@@ -42,43 +45,58 @@ class Options:
 async def execute(spec: Spec, options: Options) -> int:
     progress = Progress(spec.programs, options.quiet)
     pool = min(spec.concurrency, 16)
+    external = bool(options.registries)
     services: dict[str, Any] = {
-        "mode": "external" if options.registry else "started",
-        "registry": options.registry,
-        "max_parallel_sub_calls": None if options.registry else options.max_parallel,
-        "runtime_pool_size": None if options.registry else pool,
-        "trace_file": None if options.registry else options.trace_file,
+        "mode": "external" if external else "started",
+        "registry": options.registries[0] if external else None,
+        "registries": list(options.registries),
+        "max_parallel_sub_calls": None if external else options.max_parallel,
+        "runtime_pool_size": None if external else pool,
+        "trace_file": None if external else options.trace_file,
         "admission_limit": options.admission_limit,
     }
     with tempfile.TemporaryDirectory(prefix="codemode-loadtest-") as tmp:
         work = Path(tmp)
         async with contextlib.AsyncExitStack() as stack:
-            address = options.registry
-            if address is None:
+            addresses = list(options.registries)
+            if not addresses:
                 progress.note("loadtest: starting the runtime and the registry")
                 stack_options = StackOptions(
                     options.max_parallel, pool, options.trace_file, options.admission_limit
                 )
-                address = await stack.enter_async_context(own_stack(stack_options, work))
-                services["registry"] = address
-            channels = [
-                grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(math.ceil(spec.concurrency / STREAMS_PER_CHANNEL))
-            ]
-            for channel in channels:
-                stack.push_async_callback(channel.close)
-            stubs = [rpb_grpc.RegistryServiceStub(c) for c in channels]
-            await _reach(channels[0], address)
-            agent = await _create_agent(stubs[0])
+                addresses = [await stack.enter_async_context(own_stack(stack_options, work))]
+                services["registry"] = addresses[0]
+                services["registries"] = addresses
+            # Each replica's share of the concurrency, over as many channels as it needs;
+            # worker w starts on targets[w % len]: consecutive workers on different replicas.
+            per_replica = math.ceil(spec.concurrency / len(addresses))
+            rows: list[list[Target]] = []
+            for address in addresses:
+                row = []
+                for _ in range(math.ceil(per_replica / STREAMS_PER_CHANNEL)):
+                    channel = grpc.aio.insecure_channel(
+                        address, options=[("grpc.use_local_subchannel_pool", 1)]
+                    )
+                    stack.push_async_callback(channel.close)
+                    row.append(Target(address, rpb_grpc.RegistryServiceStub(channel)))
+                rows.append(row)
+                await _reach(channel, address)
+            targets = [t for column in itertools.zip_longest(*rows) for t in column if t]
+            first = {address: row[0].stub for address, row in zip(addresses, rows, strict=True)}
+            agent = await _create_agent(first[addresses[0]])
             services["agent"] = agent
-            if options.registry:  # a shared registry keeps nothing of ours afterwards
-                stack.push_async_callback(_delete_agent, stubs[0], agent)
-            await stack.enter_async_context(peer(address, agent, work))
+            if external:  # a shared registry keeps nothing of ours afterwards
+                stack.push_async_callback(_delete_agent, list(first.values()), agent)
+            await _everywhere(first, agent, lambda stub: _has_agent(stub, agent), "the agent")
+            await stack.enter_async_context(peer(addresses, agent, work))
+            await _everywhere(first, agent, lambda stub: _has_tools(stub, agent), "the tools")
             progress.note("loadtest: warming up")
-            await warm_up(stubs[0], agent, spec.approval_share > 0)
-            load = await Driver(spec, stubs, agent, progress).run()
+            for n, stub in enumerate(first.values()):
+                await warm_up(stub, agent, spec.approval_share > 0, f"warmup-{n}")
+            load = await Driver(spec, targets, agent, progress).run()
             progress.note("loadtest: checking history")
-            tallies = await losscheck.scan(stubs[0], agent, load.outcomes, progress)
+            reader = await _live(first)
+            tallies = await losscheck.scan(reader, agent, load.outcomes, progress)
             await progress.stop()
     loss = losscheck.check(load.outcomes, tallies)
     waits, negative = losscheck.program_queue_waits(load.outcomes, tallies)
@@ -87,7 +105,7 @@ async def execute(spec: Spec, options: Options) -> int:
     )
     lines = report.summary_lines(document)
     totals = document["totals"]
-    if options.registry and totals["approvals_planned"] and not totals["approvals_asked"]:
+    if external and totals["approvals_planned"] and not totals["approvals_asked"]:
         lines.append(
             "  note: no approval was asked: the target registry needs a policy rule "
             "`{tool: work_*_approve, action: ask}` for --approval-share to take effect"
@@ -108,6 +126,44 @@ async def _reach(channel: Any, address: str) -> None:
         raise SetupError(f"cannot reach a registry at {address}") from None
 
 
+async def _everywhere(
+    stubs: dict[str, Any], agent: str, ready: Callable[[Any], Awaitable[bool]], what: str
+) -> None:
+    """Waits until `ready` holds on every replica (a change made on one reaches the others
+    through the shared store, within about a second)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + REPLICA_WAIT_S
+    for address, stub in stubs.items():
+        while not await ready(stub):
+            if loop.time() > until:
+                raise SetupError(f"{what} of {agent} did not reach the registry at {address}")
+            await asyncio.sleep(0.05)
+
+
+async def _has_agent(stub: Any, agent: str) -> bool:
+    try:
+        await stub.GetAgent(rpb.GetAgentRequest(name=agent))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def _has_tools(stub: Any, agent: str) -> bool:
+    listed = await stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent))
+    return set(TOOLS) <= {tool.name for tool in listed.tools}
+
+
+async def _live(stubs: dict[str, Any]) -> Any:
+    """The first replica that still answers (the loss check reads the shared history there)."""
+    for stub in stubs.values():
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await stub.ListAgents(rpb.ListAgentsRequest(page_size=1), timeout=CONNECT_TIMEOUT_S)
+            return stub
+    raise SetupError("no registry answers to check the history")
+
+
 async def _create_agent(stub: Any) -> str:
     agent_id = f"loadtest-{os.getpid()}-{secrets.token_hex(3)}"
     request = rpb.CreateAgentRequest(
@@ -119,9 +175,11 @@ async def _create_agent(stub: Any) -> str:
         raise SetupError(f"the registry refused the load agent: {exc.details()}") from None
 
 
-async def _delete_agent(stub: Any, agent: str) -> None:
-    with contextlib.suppress(grpc.aio.AioRpcError):
-        await stub.DeleteAgent(rpb.DeleteAgentRequest(name=agent))
+async def _delete_agent(stubs: list[Any], agent: str) -> None:
+    for stub in stubs:  # the first replica that still answers deletes it for all
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await stub.DeleteAgent(rpb.DeleteAgentRequest(name=agent), timeout=CONNECT_TIMEOUT_S)
+            return
 
 
 def report_failure(exc: BaseException) -> int:

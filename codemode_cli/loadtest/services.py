@@ -85,7 +85,7 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def peer(registry: str, agent: str, work: Path) -> AsyncIterator[None]:
-    args = ["-m", "codemode_cli.loadtest.peer", registry, agent]
+async def peer(registries: list[str], agent: str, work: Path) -> AsyncIterator[None]:
+    args = ["-m", "codemode_cli.loadtest.peer", ",".join(registries), agent]
     async with process("load peer", args, "ready", dict(os.environ), work):
         yield

@@ -164,6 +164,14 @@ def loopback_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def loopback_list_arg(text: str) -> list[str]:
+    """`HOST:PORT[,HOST:PORT...]`: registry replicas, each on loopback."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty address in the list")
+    return [loopback_arg(part) for part in parts]
+
+
 # -- the plan ---------------------------------------------------------------------------------
 
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from codemode_wire.errors import (
+    CodemodeError,
     already_exists,
     failed_precondition,
     invalid_argument,
@@ -31,6 +33,7 @@ from codemode_wire.errors import (
 )
 from registry_service.domain.catalog_changes import (
     CatalogChange,
+    CatalogConflict,
     CatalogPort,
     CatalogSnapshot,
     DeleteHistory,
@@ -71,6 +74,7 @@ def new_restriction_id() -> str:
 
 
 _T = TypeVar("_T")
+_CONFLICT_ATTEMPTS = 3  # a scope changed elsewhere between reload and write, twice in a row
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +205,20 @@ class Catalog:
     async def _write(self, changes: Sequence[CatalogChange]) -> None:
         await self._store.apply(changes)
 
+    async def _change(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Runs `attempt` (check, write, then make the change) under the change lock. When
+        the store finds that another registry sharing it changed the scope first (this one
+        had not heard yet), the scope is reloaded and `attempt` runs again on what is there
+        now: its checks then answer as they would have (the name exists, the agent is gone),
+        or the change applies to the scope as it now is."""
+        async with self._writing:
+            for _ in range(_CONFLICT_ATTEMPTS - 1):
+                try:
+                    return await attempt()
+                except CatalogConflict as conflict:
+                    await self._reload([conflict.scope])
+            return await attempt()
+
     def _new_preset(
         self, preset_id: str, mode: Mode | None, language: str | None, self_mod: bool | None
     ) -> ScopeRow:
@@ -266,12 +284,14 @@ class Catalog:
         language: str | None = None,
         self_modification: bool | None = None,
     ) -> Preset:
-        async with self._writing:
+        async def attempt() -> Preset:
             row = self._new_preset(preset_id, mode, language, self_modification)
-            await self._write([PutScope(row)])
+            await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
             return self._presets[row.name]
+
+        return await self._change(attempt)
 
     async def create_agent(
         self,
@@ -281,12 +301,14 @@ class Catalog:
         language: str | None = None,
         self_modification: bool | None = None,
     ) -> Agent:
-        async with self._writing:
+        async def attempt() -> Agent:
             row = self._new_agent(agent_id, preset, mode, language, self_modification)
-            await self._write([PutScope(row)])
+            await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
             return self._agents[row.name]
+
+        return await self._change(attempt)
 
     # -- settings-declared scopes and the stored catalog ---------------------------------------
 
@@ -349,7 +371,7 @@ class Catalog:
                 if legacy:
                     row = replace(row, agent_id=legacy)
                     self._put(row)
-                writes.append(PutScope(row))
+                writes.append(PutScope(row, create=True))
             for restriction in snapshot.restrictions:
                 layer = self._layers.get(restriction.scope)
                 if layer is None:
@@ -361,6 +383,93 @@ class Catalog:
             self._changed()
             if writes:
                 await self._write(writes)
+
+    async def refresh(self, names: Collection[str] | None) -> None:
+        """Makes the scopes named (None: every scope) what the store holds now: what another
+        registry sharing the store changed. A scope gone from the store is deleted here as if
+        deleted here (its layer, and the tools registered into it, go; delete listeners run);
+        an agent stored under a new id was deleted and re-created there, so its old layer goes
+        first. Read and made under the change lock: no change of this registry interleaves,
+        and what is read is at least as new as this registry's own last change."""
+        async with self._writing:
+            await self._reload(names)
+
+    async def hear_of(self, scope: str) -> None:
+        """A preset or agent this registry does not know may have been made on another one a
+        moment ago (its notification still on the way): it is read from the store once, so
+        that a provider registering into an agent just created elsewhere is not refused.
+        A store that fails leaves the catalog as it is (the caller then finds no scope)."""
+        if scope.startswith(("agents/", "presets/")) and scope not in self._layers:
+            with contextlib.suppress(CodemodeError):
+                await self.refresh([scope])
+
+    async def _reload(self, names: Collection[str] | None) -> None:
+        """`refresh` under the change lock. A stored agent's preset this registry has not
+        heard of yet (made while it was not listening) is read along with it."""
+        snapshot = await self._store.load_scopes(names)
+        if names is not None:
+            unknown = {row.preset for row in snapshot.scopes if row.preset} - {
+                *self._presets,
+                *names,
+            }
+            if unknown:
+                names = {*names, *unknown}
+                snapshot = await self._store.load_scopes(names)
+        self._reconcile(snapshot, names)
+
+    def _reconcile(self, snapshot: CatalogSnapshot, names: Collection[str] | None) -> None:
+        stored = {row.name: row for row in snapshot.scopes}
+        if names is None:
+            # Settings-declared scopes the store lacks (their write at start failed) stay:
+            # the settings declare them on every replica.
+            local = {*self._presets, *self._agents} - self._declared.keys()
+            names = {*stored, *local}
+        restrictions: dict[str, dict[str, Restriction]] = {name: {} for name in names}
+        for r in snapshot.restrictions:
+            if r.scope in restrictions:
+                allow = None if r.allow is None else frozenset(r.allow)
+                deny = None if r.deny is None else frozenset(r.deny)
+                restrictions[r.scope][r.restriction_id] = Restriction(allow, deny)
+        gone: list[str] = []
+        changed = False
+        # Presets before agents (an agent may name a preset made in the same change); agents'
+        # deletions before presets'.
+        for name in sorted(names, key=lambda n: (n.startswith("agents/"), n)):
+            row = stored.get(name)
+            if row is None:
+                continue
+            current = self._agents.get(name)
+            if current is not None and current.agent_id != row.agent_id:
+                self._drop(name)  # deleted and re-created there: a new identity
+                gone.append(name)
+            if row.preset and row.preset not in self._presets:
+                log.error("catalog: %s names a missing preset %s", name, row.preset)
+                row = replace(row, preset="")
+            layer = self._layers.get(name)
+            if layer is not None and self.row(name) == row:
+                if layer.restrictions == restrictions[name]:
+                    continue
+            else:
+                self._put(row)
+            self._layers[name].restrictions = restrictions[name]
+            changed = True
+        for name in sorted(names, key=lambda n: (not n.startswith("agents/"), n)):
+            if name not in stored and (name in self._agents or name in self._presets):
+                self._drop(name)
+                gone.append(name)
+        if changed or gone:
+            self._changed()
+        for name in gone:
+            self._deleted(name)
+
+    def _drop(self, name: str) -> None:
+        """Removes a scope and its layer; a preset's agents here are unparented (the change
+        that deleted it elsewhere unparented them in the store too)."""
+        del self._layers[name]
+        if self._agents.pop(name, None) is None:
+            del self._presets[name]
+            for agent in [a for a in self._agents.values() if a.preset == name]:
+                self._agents[agent.name] = replace(agent, preset="")
 
     def get_preset(self, name: str) -> Preset:
         parse_name(name, allow=("presets",))
@@ -387,7 +496,8 @@ class Catalog:
     async def delete_preset(self, name: str, *, force: bool = False) -> None:
         """Removes the preset and everything it declared. Its agents, if `force` allows it,
         are unparented: the deployment default applies to them again."""
-        async with self._writing:
+
+        async def attempt() -> None:
             self.get_preset(name)
             users = sorted(a.name for a in self._agents.values() if a.preset == name)
             if users and not force:
@@ -404,20 +514,26 @@ class Catalog:
             del self._presets[name]
             del self._layers[name]
             self._changed()
+
+        await self._change(attempt)
         self._deleted(name)
 
     async def delete_agent(self, name: str) -> None:
         """Removes the agent and everything it declared. Its history stays, readable by its
         id, unless the catalog deletes histories with their agents."""
-        async with self._writing:
+
+        async def attempt() -> Agent:
             agent = self.get_agent(name)
-            changes: list[CatalogChange] = [DeleteScope(name)]
+            changes: list[CatalogChange] = [DeleteScope(name, agent.agent_id)]
             if self._delete_history_with_agent:
                 changes.append(DeleteHistory(agent.agent_id))
             await self._write(changes)
             del self._agents[name]
             del self._layers[name]
             self._changed()
+            return agent
+
+        agent = await self._change(attempt)
         if not self._delete_history_with_agent:
             log.info("agent %s deleted; its history stays under agent_id %s", name, agent.agent_id)
         self._deleted(name)
@@ -453,8 +569,7 @@ class Catalog:
         return self._layers[scope].mode
 
     async def set_mode(self, scope: str, mode: Mode) -> None:
-        async with self._writing:
-            await self._set_mode(scope, mode)
+        await self._change(lambda: self._set_mode(scope, mode))
 
     async def _set_mode(self, scope: str, mode: Mode) -> None:
         self.require_scope(scope, allow_global=False)
@@ -549,8 +664,7 @@ class Catalog:
     async def add_restriction(
         self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
     ) -> str:
-        async with self._writing:
-            return await self._add_restriction(scope, allow, deny)
+        return await self._change(lambda: self._add_restriction(scope, allow, deny))
 
     async def _add_restriction(
         self, scope: str, allow: Iterable[str] | None, deny: Iterable[str] | None
@@ -592,7 +706,7 @@ class Catalog:
         return restriction_id
 
     async def remove_restriction(self, scope: str, restriction_id: str) -> None:
-        async with self._writing:
+        async def attempt() -> None:
             self.require_scope(scope, allow_global=False)
             if not restriction_id:
                 raise invalid_argument(
@@ -606,6 +720,8 @@ class Catalog:
             await self._write([DeleteRestriction(scope, restriction_id)])
             del self._layers[scope].restrictions[restriction_id]
             self._changed()
+
+        await self._change(attempt)
 
     # -- policy hooks --------------------------------------------------------------------------
 

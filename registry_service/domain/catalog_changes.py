@@ -4,7 +4,7 @@ itself. The store that writes them is `history.catalog_store.CatalogStore`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -38,27 +38,45 @@ class RestrictionRow:
 
 @dataclass(frozen=True, slots=True)
 class PutScope:
-    """Inserts the scope, or replaces the stored row of that name (its restrictions stay)."""
+    """`create`: inserts the scope, a conflict when one of that name is stored. Else replaces
+    the stored row of that name and agent id (its restrictions stay), a conflict when there is
+    none (deleted, or deleted and re-created, by another registry)."""
 
     row: ScopeRow
+    create: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteScope:
-    """Deletes the scope and its restrictions."""
+    """Deletes the scope of that name and agent id ("" for a preset) and its restrictions; a
+    conflict when there is none."""
 
     name: str
+    agent_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PutRestriction:
+    """Stores the restriction; a conflict when its scope is not stored."""
+
     row: RestrictionRow
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteRestriction:
+    """Deletes the restriction; a conflict when it is not stored."""
+
     scope: str
     restriction_id: str
+
+
+class CatalogConflict(Exception):
+    """The stored catalog is not what a change expects: another registry sharing the store
+    changed `scope` first. Nothing of the change is stored."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"{scope} was changed by another registry")
+        self.scope = scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +91,25 @@ CatalogChange: TypeAlias = (
 )
 
 
+def changed_scopes(changes: Sequence[CatalogChange]) -> set[str]:
+    """The presets and agents whose stored form `changes` alter (what another registry
+    reloads after them; a history deletion alters none)."""
+    names: set[str] = set()
+    for change in changes:
+        if isinstance(change, PutScope | PutRestriction):
+            names.add(change.row.name if isinstance(change, PutScope) else change.row.scope)
+        elif isinstance(change, DeleteScope):
+            names.add(change.name)
+        elif isinstance(change, DeleteRestriction):
+            names.add(change.scope)
+    return names
+
+
+# Told what another registry sharing the store changed: the scope names, or None when anything
+# may have changed (too many to name, or notifications may have been missed).
+CatalogFollower: TypeAlias = Callable[[Collection[str] | None], None]
+
+
 @dataclass(frozen=True, slots=True)
 class CatalogSnapshot:
     """What `load` returns: presets before agents (in name order), then restrictions."""
@@ -85,9 +122,15 @@ class CatalogSnapshot:
 
 class CatalogPort(Protocol):
     """Where the catalog writes its changes: one call per change, in one transaction, durable
-    when it returns; a `CodemodeError` when it is not (the catalog then stays as it was)."""
+    when it returns; a `CodemodeError` when it is not, a `CatalogConflict` when the stored
+    catalog is not what the change expects (the catalog then stays as it was)."""
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None: ...
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        """The stored rows and restrictions of the scopes named (a name not stored is
+        absent; None: every scope), read in one snapshot."""
+        ...
 
 
 class InMemory:
@@ -95,3 +138,6 @@ class InMemory:
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
         return None
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        return CatalogSnapshot()  # never asked: nothing else changes a memory-only catalog

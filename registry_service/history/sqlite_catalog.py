@@ -8,15 +8,18 @@ on the loop costs what one history batch does."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import assert_never
 
 from codemode_wire.errors import CodemodeError
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
+    CatalogConflict,
+    CatalogFollower,
     CatalogSnapshot,
     DeleteHistory,
     DeleteRestriction,
@@ -71,6 +74,19 @@ class SqliteCatalog:
             legacy_agents={str(name): str(agent_id) for name, agent_id in legacy},
         )
 
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        snapshot = await self.load()  # one connection, one thread: already one snapshot
+        if names is None:
+            return dataclasses.replace(snapshot, legacy_agents={})
+        wanted = set(names)
+        return CatalogSnapshot(
+            scopes=[row for row in snapshot.scopes if row.name in wanted],
+            restrictions=[r for r in snapshot.restrictions if r.scope in wanted],
+        )
+
+    def follow(self, changed: CatalogFollower) -> None:
+        """Never called: a SQLite file has one registry, whose own changes it already has."""
+
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
         self._refuse_if_corrupt()
         db = self._db
@@ -98,43 +114,64 @@ class SqliteCatalog:
                 db.execute("PRAGMA synchronous=NORMAL")
 
     def _apply(self, change: CatalogChange) -> None:
+        """One change's statements; `CatalogConflict` when the stored catalog is not what it
+        expects (one registry per file: only a bug of its own gets there)."""
         db = self._db
         if isinstance(change, PutScope):
             row = change.row
-            db.execute(
-                "INSERT INTO catalog_scopes (name, agent_id, preset, mode, language,"
-                " self_modification, create_time) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET agent_id = excluded.agent_id,"
-                " preset = excluded.preset, mode = excluded.mode, language = excluded.language,"
-                " self_modification = excluded.self_modification,"
-                " create_time = excluded.create_time",
-                (
-                    row.name,
-                    row.agent_id,
-                    row.preset,
-                    None if row.mode is None else row.mode.value,
-                    row.language,
-                    None if row.self_modification is None else int(row.self_modification),
-                    row.create_time,
-                ),
+            values = (
+                row.preset,
+                None if row.mode is None else row.mode.value,
+                row.language,
+                None if row.self_modification is None else int(row.self_modification),
+                row.create_time,
+                row.name,
+                row.agent_id,
             )
+            if change.create:
+                cursor = db.execute(
+                    "INSERT INTO catalog_scopes (preset, mode, language, self_modification,"
+                    " create_time, name, agent_id) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO NOTHING",
+                    values,
+                )
+            else:
+                cursor = db.execute(
+                    "UPDATE catalog_scopes SET preset = ?, mode = ?, language = ?,"
+                    " self_modification = ?, create_time = ? WHERE name = ? AND agent_id = ?",
+                    values,
+                )
+            if cursor.rowcount != 1:
+                raise CatalogConflict(row.name)
             if row.agent_id:
                 db.execute("DELETE FROM legacy_agents WHERE agent_id = ?", (row.agent_id,))
         elif isinstance(change, DeleteScope):
+            cursor = db.execute(
+                "DELETE FROM catalog_scopes WHERE name = ? AND agent_id = ?",
+                (change.name, change.agent_id),
+            )
+            if cursor.rowcount != 1:
+                raise CatalogConflict(change.name)
             db.execute("DELETE FROM catalog_restrictions WHERE scope = ?", (change.name,))
-            db.execute("DELETE FROM catalog_scopes WHERE name = ?", (change.name,))
         elif isinstance(change, PutRestriction):
             r = change.row
+            if (
+                db.execute("SELECT 1 FROM catalog_scopes WHERE name = ?", (r.scope,)).fetchone()
+                is None
+            ):
+                raise CatalogConflict(r.scope)
             db.execute(
                 "INSERT OR REPLACE INTO catalog_restrictions (restriction_id, scope, allow, deny)"
                 " VALUES (?, ?, ?, ?)",
                 (r.restriction_id, r.scope, _json(r.allow), _json(r.deny)),
             )
         elif isinstance(change, DeleteRestriction):
-            db.execute(
+            cursor = db.execute(
                 "DELETE FROM catalog_restrictions WHERE scope = ? AND restriction_id = ?",
                 (change.scope, change.restriction_id),
             )
+            if cursor.rowcount != 1:
+                raise CatalogConflict(change.scope)
         elif isinstance(change, DeleteHistory):
             for statement in DELETE_AGENT_HISTORY:
                 db.execute(statement, (change.agent_id,))

@@ -10,7 +10,7 @@ from pathlib import Path
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.history.catalog_store import CatalogStore
 from registry_service.history.cordis_state import SqliteCordisState
-from registry_service.history.postgres.connect import check_dsn
+from registry_service.history.postgres.connect import DEFAULT_STATEMENT_TIMEOUT_S, check_dsn
 from registry_service.history.postgres.cordis_state import PostgresCordisState
 from registry_service.history.postgres.store import DEFAULT_LEASE_S, PostgresHistory
 from registry_service.history.sqlite import SqliteHistory
@@ -31,6 +31,7 @@ class StoreOptions:
     dsn: str = ""  # postgres: history_dsn
     max_inline_bytes: int = 64 * 1024
     lease_s: float = DEFAULT_LEASE_S  # postgres: history_writer_lease_s
+    statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S  # postgres: every connection's
 
 
 def _sqlite(options: StoreOptions) -> Stores:
@@ -47,7 +48,10 @@ def _sqlite(options: StoreOptions) -> Stores:
 
 def _postgres(options: StoreOptions) -> Stores:
     history = PostgresHistory(
-        options.dsn, max_inline_bytes=options.max_inline_bytes, lease_s=options.lease_s
+        options.dsn,
+        max_inline_bytes=options.max_inline_bytes,
+        lease_s=options.lease_s,
+        statement_timeout_s=options.statement_timeout_s,
     )
     return Stores(history, history.catalog())
 
@@ -57,7 +61,10 @@ STORES: dict[
     str, tuple[Callable[[StoreOptions], Stores], Callable[[StoreOptions], CordisStateStore]]
 ] = {
     "sqlite": (_sqlite, lambda options: SqliteCordisState(options.path)),
-    "postgres": (_postgres, lambda options: PostgresCordisState(options.dsn)),
+    "postgres": (
+        _postgres,
+        lambda options: PostgresCordisState(options.dsn, options.statement_timeout_s),
+    ),
 }
 
 

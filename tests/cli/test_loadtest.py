@@ -19,7 +19,7 @@ import pytest
 from codemode_cli import loadtest
 from codemode_cli.loadtest import losscheck, plot, stats
 from codemode_cli.loadtest import workload as w
-from codemode_cli.loadtest.driver import CANCELLED, OK, Outcome
+from codemode_cli.loadtest.driver import CANCELLED, FAILED, OK, Outcome
 
 
 def _cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -182,7 +182,24 @@ def test_flag_errors(args: list[str], message: str, capsys: pytest.CaptureFixtur
     "address", ["127.0.0.1:1", "127.8.9.10:50051", "[::1]:50051", "localhost:9"]
 )
 def test_loopback_registries_are_accepted(address: str) -> None:
-    assert _parse("--registry", address).registry == address
+    assert _parse("--registry", address).registry == [[address]]
+
+
+def test_several_registries_are_repeated_flags_or_a_comma_list() -> None:
+    args = _parse("--registry", "127.0.0.1:1,[::1]:2", "--registry", "localhost:3")
+    assert args.registry == [["127.0.0.1:1", "[::1]:2"], ["localhost:3"]]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("127.0.0.1:1,10.0.0.1:2", "not a loopback address"), ("127.0.0.1:1,", "an empty address")],
+)
+def test_every_registry_of_a_list_is_checked(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--registry", value)
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -273,7 +290,12 @@ def _outcome(status: str, made: int | None, events: int) -> Outcome:
 
 def test_the_loss_check_flags_every_kind_of_mismatch() -> None:
     def tally(starts: int, settles: int, result: bool = True) -> losscheck.Tally:
-        return losscheck.Tally(start_records=starts, settle_records=settles, has_result=result)
+        return losscheck.Tally(
+            start_records=starts,
+            settle_records=settles,
+            has_result=result,
+            records=starts + settles + result + 1,  # and the outer call record
+        )
 
     cases = [
         (_outcome(OK, 3, 3), tally(3, 3), 0, 0),
@@ -289,6 +311,10 @@ def test_the_loss_check_flags_every_kind_of_mismatch() -> None:
         assert len(result["mismatches"]) == (1 if lost or extra else 0)
     unresolved = losscheck.check([_outcome(CANCELLED, None, 0)], {"lt-0": tally(1, 0, False)})
     assert unresolved["unresolved_programs"] == 1 and unresolved["lost"] == 0
+    # Failed before anything was recorded (sent to a replica already gone): checked, balanced.
+    never = losscheck.check([_outcome(FAILED, None, 0)], {"lt-0": losscheck.Tally()})
+    assert (never["never_recorded_programs"], never["checked_programs"]) == (1, 1)
+    assert (never["unresolved_programs"], never["lost"], never["extra"]) == (0, 0, 0)
 
 
 def test_the_page_copes_with_no_data() -> None:

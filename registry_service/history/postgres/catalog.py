@@ -2,11 +2,16 @@
 
 It reads and writes through the history store's read connection (one change = one transaction
 there, all or nothing), so a catalog change never waits inside a history batch, and a failure
-is reported through the history's health: one database, one health."""
+is reported through the history's health: one database, one health.
+
+Several registries share the catalog: each change notifies (`CATALOG_CHANNEL`, in its own
+transaction) the scopes it touched, and the history store's LISTEN connection hands what other
+registries changed to this process's followers (`follow`), which reload those scopes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, assert_never
 
@@ -16,6 +21,8 @@ from psycopg.types.json import Jsonb
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
+    CatalogConflict,
+    CatalogFollower,
     CatalogSnapshot,
     DeleteHistory,
     DeleteRestriction,
@@ -24,9 +31,15 @@ from registry_service.history.catalog_store import (
     PutScope,
     RestrictionRow,
     ScopeRow,
+    changed_scopes,
 )
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+CATALOG_CHANNEL = "codemode_catalog"
+# pg_notify's payload must stay below 8000 bytes; a change naming more scopes than fit (a
+# preset deleted with many agents under it) tells the others to reload everything instead.
+MAX_NOTE_BYTES = 7000
 
 # One agent id's records, what they spilled and its open calls (DeleteHistory).
 DELETE_AGENT_HISTORY = (
@@ -38,21 +51,46 @@ DELETE_AGENT_HISTORY = (
 
 
 class PostgresCatalog:
-    def __init__(self, connection: Callable[[], AbstractAsyncContextManager[Conn]]) -> None:
+    def __init__(
+        self,
+        connection: Callable[[], AbstractAsyncContextManager[Conn]],
+        writer_id: str,
+        follow: Callable[[CatalogFollower], None],
+    ) -> None:
         self._connection = connection  # the history's reads: its lock, errors and health
+        self._writer_id = writer_id  # who a notification is from (this process skips its own)
+        self._follow = follow  # the history's LISTEN connection, which tells followers
 
     async def load(self) -> CatalogSnapshot:
-        async with self._connection() as conn:
+        return await self._select(None)
+
+    async def load_scopes(self, names: Collection[str] | None) -> CatalogSnapshot:
+        return await self._select(None if names is None else sorted(names))
+
+    def follow(self, changed: CatalogFollower) -> None:
+        self._follow(changed)
+
+    async def _select(self, names: list[str] | None) -> CatalogSnapshot:
+        """The scopes (all, or those named) and their restrictions, read in one snapshot: a
+        change committed between the two reads is seen by both or by neither."""
+        where, params = ("", ()) if names is None else (" WHERE {} = ANY(%s)", (names,))
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             scopes = await (
                 await conn.execute(
                     "SELECT name, create_time, mode, language, self_modification, preset,"
-                    " agent_id FROM catalog_scopes ORDER BY name LIKE 'agents/%%', name"
+                    " agent_id FROM catalog_scopes"
+                    + where.format("name")
+                    + " ORDER BY name LIKE 'agents/%%', name",
+                    params,
                 )
             ).fetchall()
             restrictions = await (
                 await conn.execute(
                     "SELECT scope, restriction_id, allow, deny FROM catalog_restrictions"
-                    " ORDER BY restriction_id"
+                    + where.format("scope")
+                    + " ORDER BY restriction_id",
+                    params,
                 )
             ).fetchall()
         return CatalogSnapshot(
@@ -66,36 +104,81 @@ class PostgresCatalog:
         )
 
     async def apply(self, changes: Sequence[CatalogChange]) -> None:
+        """The change, and the notification that tells the other registries which scopes it
+        touched, in one transaction: PostgreSQL delivers the notification only once the change
+        is committed, and always if it is."""
         async with self._connection() as conn, conn.transaction():
             for change in changes:
                 await _apply(conn, change)
+            await conn.execute(
+                "SELECT pg_notify(%s, %s)", (CATALOG_CHANNEL, self._note(changed_scopes(changes)))
+            )
+
+    def _note(self, scopes: Collection[str]) -> str:
+        payload = json.dumps({"w": self._writer_id, "s": sorted(scopes)})
+        if len(payload.encode()) > MAX_NOTE_BYTES:  # too many names: reload everything
+            payload = json.dumps({"w": self._writer_id, "s": None})
+        return payload
+
+
+def read_note(payload: str, own_writer: str) -> tuple[bool, frozenset[str] | None]:
+    """What a catalog notification tells this process: whether it is another registry's
+    (not this process's own, and readable), and the scopes that registry changed (None: too
+    many to name, reload everything)."""
+    try:
+        note = json.loads(payload)
+        writer, scopes = str(note["w"]), note["s"]
+        names = None if scopes is None else frozenset(str(name) for name in scopes)
+    except (ValueError, KeyError, TypeError):
+        return False, None
+    return writer != own_writer, names
 
 
 async def _apply(conn: Conn, change: CatalogChange) -> None:
+    """One change's statements; `CatalogConflict` (the transaction rolls back) when the stored
+    catalog is not what it expects. Row locks order it against other registries' changes: a
+    create waits for a concurrent create of the name, a restriction holds its scope's row."""
     if isinstance(change, PutScope):
         row = change.row
-        await conn.execute(
-            "INSERT INTO catalog_scopes (name, agent_id, preset, mode, language,"
-            " self_modification, create_time) VALUES (%s, %s, %s, %s, %s, %s, %s)"
-            " ON CONFLICT (name) DO UPDATE SET agent_id = excluded.agent_id,"
-            " preset = excluded.preset, mode = excluded.mode, language = excluded.language,"
-            " self_modification = excluded.self_modification,"
-            " create_time = excluded.create_time",
-            (
-                row.name,
-                row.agent_id,
-                row.preset,
-                None if row.mode is None else row.mode.value,
-                row.language,
-                row.self_modification,
-                row.create_time,
-            ),
+        values = (
+            row.preset,
+            None if row.mode is None else row.mode.value,
+            row.language,
+            row.self_modification,
+            row.create_time,
+            row.name,
+            row.agent_id,
         )
+        if change.create:
+            cursor = await conn.execute(
+                "INSERT INTO catalog_scopes (preset, mode, language, self_modification,"
+                " create_time, name, agent_id) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (name) DO NOTHING",
+                values,
+            )
+        else:
+            cursor = await conn.execute(
+                "UPDATE catalog_scopes SET preset = %s, mode = %s, language = %s,"
+                " self_modification = %s, create_time = %s WHERE name = %s AND agent_id = %s",
+                values,
+            )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(row.name)
     elif isinstance(change, DeleteScope):
+        cursor = await conn.execute(
+            "DELETE FROM catalog_scopes WHERE name = %s AND agent_id = %s",
+            (change.name, change.agent_id),
+        )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(change.name)
         await conn.execute("DELETE FROM catalog_restrictions WHERE scope = %s", (change.name,))
-        await conn.execute("DELETE FROM catalog_scopes WHERE name = %s", (change.name,))
     elif isinstance(change, PutRestriction):
         r = change.row
+        held = await conn.execute(
+            "SELECT 1 FROM catalog_scopes WHERE name = %s FOR SHARE", (r.scope,)
+        )
+        if await held.fetchone() is None:
+            raise CatalogConflict(r.scope)
         await conn.execute(
             "INSERT INTO catalog_restrictions (restriction_id, scope, allow, deny)"
             " VALUES (%s, %s, %s, %s) ON CONFLICT (restriction_id) DO UPDATE SET"
@@ -103,10 +186,12 @@ async def _apply(conn: Conn, change: CatalogChange) -> None:
             (r.restriction_id, r.scope, _json(r.allow), _json(r.deny)),
         )
     elif isinstance(change, DeleteRestriction):
-        await conn.execute(
+        cursor = await conn.execute(
             "DELETE FROM catalog_restrictions WHERE scope = %s AND restriction_id = %s",
             (change.scope, change.restriction_id),
         )
+        if cursor.rowcount != 1:
+            raise CatalogConflict(change.scope)
     elif isinstance(change, DeleteHistory):
         for statement in DELETE_AGENT_HISTORY:
             await conn.execute(statement, (change.agent_id,))

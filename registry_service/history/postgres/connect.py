@@ -19,6 +19,10 @@ CONNECT_PARAMS: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,  # ms unacknowledged before the connection is dropped
 }
+# The server ends a statement that runs (or waits for a lock) longer than this: a lock another
+# session holds, or a runaway query, fails the call with an error instead of leaving it, and
+# the batch or change behind it, waiting for good. Generous: a batch takes milliseconds.
+DEFAULT_STATEMENT_TIMEOUT_S = 30.0
 
 
 def redact(dsn: str) -> str:
@@ -40,17 +44,28 @@ def check_dsn(dsn: str) -> str:
     return ""
 
 
-def connect_sync(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
+def connect_sync(
+    dsn: str, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
+) -> psycopg.Connection[tuple[Any, ...]]:
     """A blocking autocommit connection, for what runs once at start (migrations, leases,
     loading the Cordis state) before the event loop serves."""
-    return psycopg.connect(_with_defaults(dsn), autocommit=True)
+    return psycopg.connect(_with_defaults(dsn, statement_timeout_s), autocommit=True)
 
 
-async def connect_async(dsn: str) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+async def connect_async(
+    dsn: str, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
+) -> psycopg.AsyncConnection[tuple[Any, ...]]:
     """An autocommit connection for the event loop."""
-    return await psycopg.AsyncConnection.connect(_with_defaults(dsn), autocommit=True)
+    return await psycopg.AsyncConnection.connect(
+        _with_defaults(dsn, statement_timeout_s), autocommit=True
+    )
 
 
-def _with_defaults(dsn: str) -> str:
-    """The DSN with `CONNECT_PARAMS` where it does not set them itself (its own win)."""
-    return make_conninfo("", **{**CONNECT_PARAMS, **conninfo_to_dict(dsn)})
+def _with_defaults(dsn: str, statement_timeout_s: float) -> str:
+    """The DSN with `CONNECT_PARAMS` where it does not set them itself (its own win), and the
+    statement timeout as a session setting (before the DSN's own `options`: a
+    `-c statement_timeout` there comes later, and wins)."""
+    params = {**CONNECT_PARAMS, **conninfo_to_dict(dsn)}
+    timeout = f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"
+    params["options"] = f"{timeout} {params.get('options', '')}".strip()
+    return make_conninfo("", **params)

@@ -29,7 +29,7 @@ import json
 import logging
 import select
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,16 @@ from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
 from registry_service.history import build
+from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
-from registry_service.history.postgres.catalog import PostgresCatalog
-from registry_service.history.postgres.connect import connect_async, connect_sync, redact
+from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
+from registry_service.history.postgres.connect import (
+    DEFAULT_STATEMENT_TIMEOUT_S,
+    connect_async,
+    connect_sync,
+    redact,
+)
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.records import END_OF, INTERRUPTED, Record
 from registry_service.history.store import (
@@ -91,8 +97,10 @@ class PostgresHistory(StoreHealth):
         *,
         max_inline_bytes: int = 64 * 1024,
         lease_s: float = DEFAULT_LEASE_S,
+        statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S,
     ) -> None:
         self._dsn = dsn
+        self._statement_timeout_s = statement_timeout_s
         super().__init__(redact(dsn))
         self._max_inline = max_inline_bytes
         self._lease_s = lease_s
@@ -101,15 +109,17 @@ class PostgresHistory(StoreHealth):
         self._writing: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._catalog_listener: asyncio.Task[None] | None = None
         self._closing = False
         # End records whose write failed, owed as interrupted ones to the next write that works.
         self._owed: list[Record] = []
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
+        self._catalog_followers: list[CatalogFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
         try:
-            with connect_sync(dsn) as conn:
+            with connect_sync(dsn, statement_timeout_s) as conn:
                 migrate(conn)
                 conn.execute(_CHECK)
                 self._register_sync(conn)
@@ -130,7 +140,7 @@ class PostgresHistory(StoreHealth):
 
     def catalog(self) -> PostgresCatalog:
         """The catalog store on this database (through this store's reads: see catalog)."""
-        return PostgresCatalog(self._reading)
+        return PostgresCatalog(self._reading, self.writer_id, self._follow_catalog)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -140,6 +150,14 @@ class PostgresHistory(StoreHealth):
             log.error("history database %s is damaged: %s", self._where, exc)
             self._set_state(StoreState.CORRUPT)
             return store_corrupt(f"{exc}; restore the database from a backup")
+        if isinstance(exc, pg_errors.QueryCanceled):
+            self._set_state(StoreState.UNAVAILABLE)
+            limit = f"history_statement_timeout_s ({self._statement_timeout_s:g} s)"
+            log.error("history store %s: a statement ran over %s", self._where, limit)
+            return store_unavailable(
+                f"a statement of the history database ran over {limit}: a lock another session "
+                f"holds, or an overloaded server ({str(exc).strip()})"
+            )
         if not isinstance(exc, psycopg.OperationalError):
             log.error("history store %s: unexpected failure", self._where, exc_info=exc)
         self._set_state(StoreState.UNAVAILABLE)
@@ -158,7 +176,7 @@ class PostgresHistory(StoreHealth):
     # -- connections -----------------------------------------------------------------------------
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
-        return await connect_async(self._dsn)
+        return await connect_async(self._dsn, self._statement_timeout_s)
 
     async def _writer_conn(self) -> psycopg.AsyncConnection[tuple[Any, ...]]:
         if not _usable(self._writer):
@@ -351,23 +369,53 @@ class PostgresHistory(StoreHealth):
 
     def _start_listening(self) -> None:
         if self._listener is None and not self._closing:
-            self._listener = asyncio.ensure_future(self._listen())
+            self._listener = asyncio.ensure_future(
+                self._listen(NOTIFY_CHANNEL, self._watches_missed, self._notified)
+            )
 
-    async def _listen(self) -> None:
-        """Follows what other registries commit (LISTEN): each notification names an agent and
-        its newest seq, and wakes this process's watches of that agent. After a lost
-        connection every watch reads the database once, for what it may have missed."""
+    def _follow_catalog(self, changed: CatalogFollower) -> None:
+        """`changed` hears what other registries change in the catalog, from now on: it is
+        told "anything" first (and after every lost connection), for what it may have missed
+        before the LISTEN took effect."""
+        self._catalog_followers.append(changed)
+        if self._catalog_listener is None and not self._closing:
+            self._catalog_listener = asyncio.ensure_future(
+                self._listen(CATALOG_CHANNEL, self._catalog_missed, self._catalog_notified)
+            )
+
+    async def _listen(
+        self, channel: str, missed: Callable[[], None], notified: Callable[[str], None]
+    ) -> None:
+        """Follows what other registries commit on `channel` (LISTEN), each notification to
+        `notified`; `missed` runs once the LISTEN holds, at first and after a lost connection,
+        for what may have been missed meanwhile. History and catalog listen on connections of
+        their own: a registry follows the catalog always, but the history's notifications
+        (one per agent per batch of every other registry) only while it has watches."""
         while True:
             try:
                 async with await self._connect() as conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    for agent in list(self._watchers):
-                        self._tell_watchers(agent, 2**63 - 1)
+                    await conn.execute(f"LISTEN {channel}")
+                    missed()
                     async for note in conn.notifies():
-                        self._notified(note.payload)
+                        notified(note.payload)
             except psycopg.Error as exc:
-                log.debug("history: listening for other registries' records: %s", exc)
+                log.debug("history: listening on %s for other registries: %s", channel, exc)
             await asyncio.sleep(_LISTEN_RETRY_S)
+
+    def _watches_missed(self) -> None:
+        """Every watch reads the database once: another registry may have written meanwhile."""
+        for agent in list(self._watchers):
+            self._tell_watchers(agent, 2**63 - 1)
+
+    def _catalog_missed(self) -> None:
+        for follower in self._catalog_followers:
+            follower(None)
+
+    def _catalog_notified(self, payload: str) -> None:
+        others, names = read_note(payload, self.writer_id)
+        if others:
+            for follower in self._catalog_followers:
+                follower(names)
 
     def _notified(self, payload: str) -> None:
         try:
@@ -420,7 +468,7 @@ SELECT count(*) FROM old
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._heartbeat, self._listener):
+        for task in (self._heartbeat, self._listener, self._catalog_listener):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
