@@ -6,14 +6,16 @@ both workers with the same code."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from typing import Any
 
 import pytest
 
 from runtime_service.frame_decoding import LARGE_FRAME_BYTES, decode_frame
 from runtime_service.protocol import DoneMessage
-from runtime_service.worker import flatwire
+from runtime_service.worker import flatwire, framing
 from runtime_service.worker.bootstrap import NO_ARGUMENTS
 from runtime_service.worker.framing import LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from tests.runtime.ts_worker import TsWorker, echo_reply, run_ts
@@ -450,3 +452,71 @@ def test_a_large_completion_is_spelled_as_the_runtime_reads_large_frames() -> No
 
 def test_echo_reply_helper_is_the_default() -> None:
     assert echo_reply({"t": "call", "id": 1, "name": "never", "args": [1]}) is None
+
+
+def _unanswered(call: dict[str, Any]) -> None:
+    return None
+
+
+def _reply_frame(call_id: int, value: object) -> bytes:
+    return framing.pack({"t": "reply", "id": call_id, "ok": True, "value": flatwire.encode(value)})
+
+
+def test_replies_cut_anywhere_or_batched_arrive_whole_and_in_order() -> None:
+    """The worker reads its channel into one reused buffer: a reply cut across reads, several
+    replies in one read followed by the start of the next, and a reply larger than one read
+    (64 KiB) must each reach the program whole -- bytes held back from one read must not be
+    overwritten by the next. (Pauses between writes give the worker time to read each piece
+    on its own; without them the pieces may merge, which the worker must handle too.)"""
+    long_text = "é" * 3000  # its reply spans ~18 KB: the next read overwrites the buffer's start
+    huge_text = "z" * 300_000  # read in several 64 KiB pieces
+    program = (
+        "const a = await tools.echo(1);\n"
+        "const [b, c, d] = await Promise.all([tools.echo(2), tools.echo(3), tools.echo(4)]);\n"
+        "const e = await tools.echo(5);\n"
+        "return { a, b, c, d, e: [e.length, e.slice(0, 3), e.slice(-3)] };\n"
+    )
+    worker = TsWorker()
+    try:
+        worker.ready()
+        worker.start(program)
+        [first] = worker.drive(_unanswered, until=1).calls
+        reply = _reply_frame(first["id"], "one")
+        # Cut inside the header, inside the payload, and before the last byte.
+        cuts = [0, 2, 7, len(reply) - 1, len(reply)]
+        for start, end in itertools.pairwise(cuts):
+            worker.sock.sendall(reply[start:end])
+            time.sleep(0.05)
+        batch = worker.drive(_unanswered, until=3).calls
+        assert [call["id"] for call in batch] == [2, 3, 4]
+        held = _reply_frame(4, long_text)
+        worker.sock.sendall(_reply_frame(2, "two") + _reply_frame(3, ["three"]) + held[:9])
+        time.sleep(0.05)
+        worker.sock.sendall(held[9:])
+        [last] = worker.drive(_unanswered, until=1).calls
+        worker.sock.sendall(_reply_frame(last["id"], huge_text))
+        outcome = worker.drive()
+    finally:
+        worker.close()
+    assert outcome.value == {
+        "a": "one",
+        "b": "two",
+        "c": ["three"],
+        "d": long_text,
+        "e": [300_000, "zzz", "zzz"],
+    }
+
+
+def test_the_warm_up_rehearsal_leaves_no_trace_in_the_run() -> None:
+    """The worker rehearses binding calls before ready (to warm the call path): none of it
+    reaches the channel, and the program's own calls are numbered from 1."""
+    worker = TsWorker()
+    try:
+        worker.ready()
+        worker.start("await tools.echo(1);\nreturn await tools.echo({ k: 2 });")
+        outcome = worker.drive()
+    finally:
+        worker.close()
+    assert [frame["t"] for frame in outcome.frames] == ["call", "call", "done"]
+    assert [(call["id"], call["name"]) for call in outcome.calls] == [(1, "echo"), (2, "echo")]
+    assert outcome.value == {"k": 2}
