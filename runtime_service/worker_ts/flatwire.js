@@ -611,6 +611,54 @@ export function spellTokens(tokens) {
   return out + ']';
 }
 
+/**
+ * The compact JSON text of the value a token list encodes (numbers spelled as on the wire),
+ * iteratively: a schema or a service's data as JSON text, whatever its depth.
+ * @param {any[]} tokens
+ */
+export function jsonOfTokens(tokens) {
+  let out = '';
+  const stack = bareArray(); // open containers: [keys (null: an array), length, next index]
+  for (let at = 0; at < tokens.length; at++) {
+    const token = tokens[at];
+    const top = stack.length ? stack[stack.length - 1] : null;
+    if (top !== null) {
+      if (top[2] > 0) out += ',';
+      if (top[0] !== null) out += spellString(top[0][top[2]]) + ':';
+      top[2] += 1;
+    }
+    switch (typeof token) {
+      case 'string':
+        out += spellString(token);
+        break;
+      case 'number':
+        out += spellNumber(token);
+        break;
+      case 'bigint':
+        out += BigIntPrototypeToString(token);
+        break;
+      case 'boolean':
+        out += token ? 'true' : 'false';
+        break;
+      default:
+        if (token === null) {
+          out += 'null';
+        } else if (token.kind === 'array') {
+          out += '[';
+          stack[stack.length] = [null, token.length, 0];
+        } else {
+          out += '{';
+          stack[stack.length] = [token.keys, token.keys.length, 0];
+        }
+    }
+    while (stack.length && stack[stack.length - 1][2] === stack[stack.length - 1][1]) {
+      out += stack[stack.length - 1][0] === null ? ']' : '}';
+      stack.length -= 1;
+    }
+  }
+  return out;
+}
+
 // -- parsing -----------------------------------------------------------------------------
 
 /**

@@ -158,53 +158,6 @@ function lossless(value, what) {
 }
 
 /**
- * The compact JSON text of the value a token list encodes (numbers spelled as on the wire).
- * @param {any[]} tokens
- */
-export function jsonOfTokens(tokens) {
-  let out = '';
-  /** @type {{keys: string[] | null, length: number, index: number}[]} */
-  const stack = [];
-  for (let at = 0; at < tokens.length; at++) {
-    const token = tokens[at]; // a bare array (no iterator): indexed
-    const top = stack.length ? stack[stack.length - 1] : null;
-    if (top !== null) {
-      if (top.index > 0) out += ',';
-      if (top.keys !== null) out += `${wire.spellString(top.keys[top.index])}:`;
-      top.index += 1;
-    }
-    switch (typeof token) {
-      case 'string':
-        out += wire.spellString(token);
-        break;
-      case 'number':
-        out += wire.spellNumber(token);
-        break;
-      case 'bigint':
-        out += token.toString();
-        break;
-      case 'boolean':
-        out += token ? 'true' : 'false';
-        break;
-      default:
-        if (token === null) {
-          out += 'null';
-        } else if (token.kind === 'array') {
-          out += '[';
-          stack.push({ keys: null, length: token.length, index: 0 });
-        } else {
-          out += '{';
-          stack.push({ keys: token.keys, length: token.keys.length, index: 0 });
-        }
-    }
-    while (stack.length && stack[stack.length - 1].index === stack[stack.length - 1].length) {
-      out += /** @type {any} */ (stack.pop()).keys === null ? ']' : '}';
-    }
-  }
-  return out;
-}
-
-/**
  * @param {string} name
  */
 function notInjected(name) {
@@ -355,8 +308,8 @@ class Host {
     const tools = [...this.tools.values()].map((tool) => ({
       name: tool.name,
       description: tool.description,
-      input: jsonOfTokens(wire.encode(tool.inputSchema)),
-      output: tool.outputSchema === undefined ? '' : jsonOfTokens(wire.encode(tool.outputSchema)),
+      input: wire.jsonOfTokens(wire.encode(tool.inputSchema)),
+      output: tool.outputSchema === undefined ? '' : wire.jsonOfTokens(wire.encode(tool.outputSchema)),
     }));
     const regs = {
       tools,
@@ -1202,7 +1155,7 @@ function describe(name, value) {
   } catch {
     tokens = null;
   }
-  if (tokens !== null) return { name, methods: [], data: jsonOfTokens(tokens) };
+  if (tokens !== null) return { name, methods: [], data: wire.jsonOfTokens(tokens) };
   const methods = (typeof value === 'object' || typeof value === 'function') && value !== null ? methodNames(value) : [];
   if (!methods.length) throw new TypeError(NOT_A_SERVICE);
   return { name, methods, data: '' };
