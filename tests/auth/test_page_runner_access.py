@@ -18,8 +18,10 @@ async def attach(registry: AuthRegistry, agent: str, **who: str) -> Any:
     bearer = who.get("bearer")
     metadata = () if bearer is None else (("authorization", f"Bearer {bearer}"),)
     call = stub.Attach(metadata=metadata)
-    await call.write(pages.AttachRequest(open=pages.AttachOpen(agent=agent, page_name="test")))
     try:
+        # A refusal at the stream's start may end the call before this write is done: the
+        # write then raises the status itself.
+        await call.write(pages.AttachRequest(open=pages.AttachOpen(agent=agent, page_name="test")))
         first = await call.read()
     except grpc.aio.AioRpcError as error:
         return error.code()
