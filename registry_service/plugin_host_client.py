@@ -118,8 +118,8 @@ class GrpcActiveHost:
         self._ended = False
         self._retracting = False
         self._writes = asyncio.Lock()  # one write at a time on the stream, in call order
-        self._serving: set[asyncio.Task[None]] = set()  # the plugin's service calls
-        self._served: dict[int, asyncio.Task[None]] = {}  # the same, by call id
+        # The plugin's service calls being answered, by call id (unique on the stream).
+        self._serving: dict[int, asyncio.Task[None]] = {}
         self._reader = asyncio.ensure_future(self._read_all())
 
     @property
@@ -238,7 +238,7 @@ class GrpcActiveHost:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await self._write(pb.HostRequest(retract=pb.HostRetract()))
         await asyncio.shield(self._reader)
-        for task in list(self._serving):
+        for task in list(self._serving.values()):
             task.cancel()
         self._call.cancel()
 
@@ -259,7 +259,7 @@ class GrpcActiveHost:
                 elif kind == "service_call":
                     self._serve(message.service_call)
                 elif kind == "service_call_cancel":
-                    serving = self._served.pop(message.service_call_cancel.call_id, None)
+                    serving = self._serving.pop(message.service_call_cancel.call_id, None)
                     if serving is not None:
                         serving.cancel()  # its provider's invocation is cancelled with it
                 elif kind == "retracted":
@@ -298,13 +298,11 @@ class GrpcActiveHost:
                     await self._write(pb.HostRequest(service_result=result))
 
         task = asyncio.ensure_future(answer())
-        self._serving.add(task)
-        self._served[call.call_id] = task
+        self._serving[call.call_id] = task
 
         def done(task: asyncio.Task[None]) -> None:
-            self._serving.discard(task)
-            if self._served.get(call.call_id) is task:
-                del self._served[call.call_id]
+            if self._serving.get(call.call_id) is task:
+                del self._serving[call.call_id]
 
         task.add_done_callback(done)
 

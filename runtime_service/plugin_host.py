@@ -339,10 +339,14 @@ class PluginHost:
     def _start_metering(self) -> None:
         """From the start on, the host's CPU is always metered: by invocation while one is in
         flight, as background work otherwise."""
-        self._metered_cpu = self._cpu_now()
-        self._metered_at = asyncio.get_running_loop().time()
+        self._meter_from_now()
         if self._cpu_timer is None:
             self._poll_cpu()
+
+    def _meter_from_now(self) -> None:
+        """The background meter accounts from here: what ran before is not background work."""
+        self._metered_cpu = self._cpu_now()
+        self._metered_at = asyncio.get_running_loop().time()
 
     def _charge_background(self, now: float) -> bool:
         """Charges the busy CPU since the meter's last reading to the background credit; False
@@ -496,8 +500,7 @@ class PluginHost:
                 return  # unknown or repeated: ignored
             del self._pending[invocation]
             if not self._pending:  # what the invocations used is not background work
-                self._metered_cpu = self._cpu_now()
-                self._metered_at = asyncio.get_running_loop().time()
+                self._meter_from_now()
             if message.get("ok") is True:
                 value = flatwire.decode(message.get("value"))
                 meta = flatwire.decode(message["meta"]) if "meta" in message else None

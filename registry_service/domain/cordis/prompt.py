@@ -41,46 +41,46 @@ number), a Package id `pkg-<n>`, an activation attempt `run-<n>`. Ids are never 
 
 """
 
-# The Host half, in the agent's program language (its host halves' language too).
+# The Host half, in the agent's program language (its host halves' language too): the façade's
+# names differ, what it does is one text.
+_SHARED: Final = """\
+; they appear in your tool list from the next prompt, and in the next run_code program. \
+ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a plugin cannot execute \
+another tool. Use ctx.get(name) for an optional service and `inject` for a required one (the \
+plugin waits until it exists, and waits again if it goes); ctx.provide(name, service) shares a \
+service with your other plugins, which run in other processes: provide JSON data, or an object \
+whose methods they call as `await ctx.<name>.<method>(...)` with JSON arguments and results. \
+ctx.on(event, fn) and ctx.once(event, fn) observe your tool calls as they are recorded \
+(Event.listEvents). Make every side effect reversible with ctx.effect("""
+_BUDGET: Final = """\
+ Each tool call into a plugin has a CPU budget: a busy loop ends the call and stops the \
+plugin.
+
+"""
 _HOST_HALF: Final = {
     "python": """\
 The Host half is the body of a Python async function (no imports of the registry, no \
 network, no files outside its temporary directory) that returns the plugin: an async \
 function `apply(ctx)` or an object with an `apply(ctx)` method and optionally `inject`, the \
 services it needs. Tools are made with harness.define_tool(...) and registered with \
-harness.register_tool(tool); they appear in your tool list from the next prompt, and in the \
-next run_code program. ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a \
-plugin cannot execute another tool. Use ctx.get(name) for an optional service and `inject` for \
-a required one (the plugin waits until it exists, and waits again if it goes); \
-ctx.provide(name, service) shares a service with your other plugins, which run in other \
-processes: provide JSON data, or an object whose methods they call as \
-`await ctx.<name>.<method>(...)` with JSON arguments and results. ctx.on(event, fn) and \
-ctx.once(event, fn) observe your tool calls as they are recorded (Event.listEvents). Make \
-every side effect reversible with ctx.effect(...) (disposers run in reverse order when the \
-plugin stops); timers come from the `timer` service and only when `inject` lists it. Each \
-tool call into a plugin has a CPU budget: a busy loop ends the call and stops the plugin.
-
-""",
+harness.register_tool(tool)"""
+    + _SHARED
+    + """\
+...) (disposers run in reverse order when the plugin stops); timers come from the `timer` \
+service and only when `inject` lists it."""
+    + _BUDGET,
     "typescript": """\
 The Host half is the body of a TypeScript async function (types are stripped, not checked; \
 no imports or require, no network, no files outside its temporary directory) that returns \
 the plugin: a function `(ctx) => ...` or an object with an `apply(ctx)` method and \
 optionally `inject`, the services it needs. Tools are made with \
 harness.defineTool({ name, description, parameters, execute }) and registered with \
-harness.registerTool(tool); they appear in your tool list from the next prompt, and in the \
-next run_code program. ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a \
-plugin cannot execute another tool. Use ctx.get(name) for an optional service and `inject` for \
-a required one (the plugin waits until it exists, and waits again if it goes); \
-ctx.provide(name, service) shares a service with your other plugins, which run in other \
-processes: provide JSON data, or an object whose methods they call as \
-`await ctx.<name>.<method>(...)` with JSON arguments and results. ctx.on(event, fn) and \
-ctx.once(event, fn) observe your tool calls as they are recorded (Event.listEvents). Make \
-every side effect reversible with ctx.effect(() => dispose) (disposers run in reverse order \
-when the plugin stops); timers come from the `timer` service (ctx.timer.timeout / interval) \
-and only when `inject` lists it. Each tool call into a plugin has a CPU budget: a busy loop \
-ends the call and stops the plugin.
-
-""",
+harness.registerTool(tool)"""
+    + _SHARED
+    + """\
+() => dispose) (disposers run in reverse order when the plugin stops); timers come from the \
+`timer` service (ctx.timer.timeout / interval) and only when `inject` lists it."""
+    + _BUDGET,
 }
 
 _TAIL: Final = """\

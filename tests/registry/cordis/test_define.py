@@ -3,10 +3,26 @@ code, never asks approval, never moves a pointer; ids are never reused)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.registry.conftest import result_text
 from tests.registry.cordis.conftest import CLOCK, CordisHarness
+
+
+async def _define_call(cordis: CordisHarness, agent: str, host: str) -> Any:
+    """The raw result of a `cordis_define` of `host` (for refusals: `cordis.define` wants ok)."""
+    return await cordis.call(
+        agent,
+        "cordis_define",
+        {
+            "plugin": {"kind": "new", "idPrefix": "clock"},
+            "name": "n",
+            "purpose": "p",
+            "code": {"host": host},
+        },
+    )
 
 
 async def test_define_records_a_package_and_runs_nothing(cordis: CordisHarness) -> None:
@@ -146,16 +162,7 @@ async def test_schema_closes_the_plugin_union(cordis: CordisHarness) -> None:
 
 async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarness) -> None:
     agent = await cordis.agent("maker")
-    result = await cordis.call(
-        agent,
-        "cordis_define",
-        {
-            "plugin": {"kind": "new", "idPrefix": "clock"},
-            "name": "n",
-            "purpose": "p",
-            "code": {"host": "async def apply(ctx):\n    x = (1,\n\nreturn apply"},
-        },
-    )
+    result = await _define_call(cordis, agent, "async def apply(ctx):\n    x = (1,\n\nreturn apply")
     assert result.is_error and result.error.code == "syntax-error"
     assert result.error.message == (
         "cordis_define code.host does not parse as a Python async function body: '(' was "
@@ -165,16 +172,7 @@ async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarne
         "Hint: check that brackets, quotes and indentation balance; line numbers count from "
         "the first line of the body (the async function wrapper adds none)."
     )
-    js = await cordis.call(
-        agent,
-        "cordis_define",
-        {
-            "plugin": {"kind": "new", "idPrefix": "clock"},
-            "name": "n",
-            "purpose": "p",
-            "code": {"host": "const tool = harness.define_tool({})\nreturn tool"},
-        },
-    )
+    js = await _define_call(cordis, agent, "const tool = harness.define_tool({})\nreturn tool")
     assert js.error.message.endswith(
         "Hint: the Host half is Python (an async function body that returns the plugin), "
         "not JavaScript or TypeScript."
@@ -209,16 +207,7 @@ async def test_a_typescript_host_half_is_checked_as_typescript(cordis: CordisHar
         # Strip-only cannot erase an enum.
         ("enum Zone { Utc }\nreturn () => {};", 1, "enum Zone { Utc }", "enum"),
     ]:
-        bad = await cordis.call(
-            agent,
-            "cordis_define",
-            {
-                "plugin": {"kind": "new", "idPrefix": "clock"},
-                "name": "n",
-                "purpose": "p",
-                "code": {"host": code},
-            },
-        )
+        bad = await _define_call(cordis, agent, code)
         assert bad.is_error and bad.error.code == "syntax-error", code
         message = bad.error.message
         assert message.startswith(
@@ -228,16 +217,7 @@ async def test_a_typescript_host_half_is_checked_as_typescript(cordis: CordisHar
         assert error.lower() in message.lower(), message
         caret = message.split("\n")[2]
         assert caret.strip() == "^" and len(caret) <= len(text) + 1
-    python = await cordis.call(
-        agent,
-        "cordis_define",
-        {
-            "plugin": {"kind": "new", "idPrefix": "clock"},
-            "name": "n",
-            "purpose": "p",
-            "code": {"host": "def apply(ctx):\n    pass\nreturn apply"},
-        },
-    )
+    python = await _define_call(cordis, agent, "def apply(ctx):\n    pass\nreturn apply")
     assert python.error.message.endswith(
         "Hint: the Host half is TypeScript (an async function body that returns the plugin), "
         "not Python."
