@@ -19,6 +19,10 @@ launch) shares the host's.
    do: move it over ``/`` and chroot), so the runtime's files, ``/root``, ``/home``, ``/work``,
    ``/etc``, ``/var``, ``/run`` and the host ``/tmp`` are simply not there. The new root is
    mounted over ``/tmp`` inside the worker's own mount namespace: nothing appears on the host.
+   A forked worker usually starts from a root template instead (``build_root_template``):
+   the fork server keeps one mount namespace per configuration with the fixed part of that
+   root already built; the worker enters it, leaves it at once for a copy of its own, and
+   mounts only its ``/proc`` and ``/tmp`` (~0.3 ms instead of ~2 ms of mounting per run).
    Without the privileges for this, the worker makes a fresh directory under the host's temp
    directory instead and reports it (the runtime removes it afterwards);
 4. drop to an unprivileged uid/gid of its own (no supplementary groups, no capabilities),
@@ -60,6 +64,7 @@ __all__ = [
     "SandboxConfig",
     "UidBusyError",
     "apply_run_limits",
+    "build_root_template",
     "isolate",
     "join_cgroups",
     "prepare",
@@ -141,7 +146,16 @@ class UidBusyError(OSError):
 class SandboxConfig:
     """What the runtime asks for (decoded from the worker's command line or fork request)."""
 
-    __slots__ = ("cgroups", "expose", "hide", "pid_namespace", "tmp_bytes", "tmp_root", "uid")
+    __slots__ = (
+        "cgroups",
+        "expose",
+        "hide",
+        "mount_template",
+        "pid_namespace",
+        "tmp_bytes",
+        "tmp_root",
+        "uid",
+    )
 
     def __init__(self, raw: dict[str, object]) -> None:
         uid = raw.get("uid")
@@ -165,6 +179,11 @@ class SandboxConfig:
         # Set by the fork server (never by the runtime): the worker runs in a pid namespace
         # of its own, below the run's init.
         self.pid_namespace = raw.get("pid_namespace") is True
+        # Set by the fork server (never by the runtime): the descriptor of a mount namespace
+        # whose root is this configuration's private root, fixed part already built
+        # (``build_root_template``); the worker closes it as soon as it stands in a copy.
+        template = raw.get("mount_template")
+        self.mount_template = template if type(template) is int and template >= 0 else None
 
 
 class _Libc:
@@ -181,7 +200,7 @@ class _Libc:
         self.lib.prctl.restype = ctypes.c_int
         # CDLL makes each function object on first use: make them all now, in the fork
         # server, rather than in every child.
-        for name in ("unshare", "umount2", "syscall"):
+        for name in ("unshare", "setns", "umount2", "syscall"):
             getattr(self.lib, name)
 
     def check(self, result: int, what: str) -> None:
@@ -195,6 +214,9 @@ class _Libc:
 
     def unshare(self, flags: int) -> None:
         self.check(self.lib.unshare(flags), "unshare")
+
+    def setns(self, fd: int, flags: int) -> None:
+        self.check(self.lib.setns(fd, flags), "setns")
 
     def mount(
         self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None
@@ -231,8 +253,15 @@ def isolate(config: SandboxConfig) -> dict[str, str]:
     _die_with_parent(libc, parent)
     report["pid-namespace"] = PID_NAMESPACE_OWN if config.pid_namespace else "host (spawned worker)"
     arch = _ARCHES.get(os.uname().machine)
+    templated = config.mount_template is not None and _enter_template(libc, config.mount_template)
     privileged = _unshare(libc, report)
-    if privileged:
+    if templated:
+        # Standing in the template itself: only a copy of it may be changed, and only a
+        # finished private root may run a program (there is no host tree to fall back on).
+        if not privileged:
+            raise OSError(1, "could not leave the root template's mount namespace")
+        _root_from_template(libc, config, report)
+    elif privileged:
         try:
             _private_root(libc, config, arch, report)
         except OSError as exc:
@@ -351,16 +380,124 @@ def _private_root(
     arch: tuple[int, dict[str, int]] | None,
     report: dict[str, str],
 ) -> None:
+    """Build the whole private root for this run, from the host's mount namespace (a
+    spawned worker, or a fork server without a template for this configuration)."""
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    root = _root_mount_point()
+    trees = _exposed_trees()
+    masks = _masked_paths(config)
+    extra = _hold_extra_trees(config, trees, masks)
+    try:
+        _lay_out_root(libc, root, trees, masks)
+        _mount_run_filesystems(libc, config, root, report)
+        # Last, so that a tree under /tmp lands in the worker's own /tmp, read-only.
+        _bind_held_trees(libc, root, extra)
+    finally:
+        for held in extra.values():
+            with contextlib.suppress(OSError):
+                os.close(held)
+    os.chdir(root)
+    try:
+        if arch is None:
+            raise OSError(38, "no syscall table")
+        _pivot_into_cwd(libc, arch)
+        report["root-switch"] = "pivot_root"
+    except OSError:
+        # Container runtimes' default seccomp profiles refuse pivot_root: move the new root
+        # over / and chroot into it (the old root stays mounted underneath, out of reach of a
+        # process without CAP_SYS_CHROOT -- and the worker's own filter refuses chroot).
+        libc.mount(".", "/", None, _MS_MOVE, None)
+        os.chroot(".")
+        report["root-switch"] = "move+chroot"
+    _seal_root(libc)
+    os.chdir("/tmp")
+    report["filesystem"] = "private-root"
+
+
+def build_root_template(config: SandboxConfig) -> None:
+    """Turn this process's mount namespace into a root template for ``config``.
+
+    Run by a short-lived child of the fork server, which keeps the namespace (a descriptor
+    of ``/proc/<child>/ns/mnt``) once the child exits. The template holds everything of the
+    private root that is the same for every run of this configuration -- the tmpfs root, the
+    read-only trees, masks, files, devices and extra trees -- and nothing of a run: no
+    ``/proc`` (it shows the mounter's pid namespace) and no ``/tmp`` (sized and owned per
+    run). A worker enters it and leaves it at once for a copy of its own
+    (``_root_from_template``): copying a dozen mounts costs a fraction of building them.
+    Every mount is private, so nothing a run mounts in its copy reaches the template or
+    another run's copy. The old root is detached (``pivot_root``), so the template holds no
+    path to the host's files; where ``pivot_root`` is refused there is no template (a
+    ``chroot`` belongs to a process, not to a namespace) and workers build their own root.
+    """
+    arch = _ARCHES.get(os.uname().machine)
+    if arch is None:
+        raise OSError(38, f"no syscall table for {os.uname().machine}")
+    libc = _shared_libc()
+    libc.unshare(_CLONE_NEWNS)
+    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    root = _root_mount_point()
+    trees = _exposed_trees()
+    masks = _masked_paths(config)
+    extra = _hold_extra_trees(config, trees, masks)
+    try:
+        _lay_out_root(libc, root, trees, masks)
+        os.mkdir(root + "/tmp")
+        _bind_held_trees(libc, root, extra)
+    finally:
+        for held in extra.values():
+            with contextlib.suppress(OSError):
+                os.close(held)
+    os.chdir(root)
+    _pivot_into_cwd(libc, arch)
+    _seal_root(libc)
+    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+
+
+def _enter_template(libc: _Libc, fd: int) -> bool:
+    """Stand in the root template (closing its descriptor either way); False if refused."""
+    try:
+        libc.setns(fd, _CLONE_NEWNS)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _root_from_template(libc: _Libc, config: SandboxConfig, report: dict[str, str]) -> None:
+    """In this run's own copy of the template (``setns`` then ``unshare``, cwd and root
+    already its root): add what belongs to the run -- ``/proc`` and ``/tmp``."""
+    # Extra trees below /tmp are in the copy already, about to be covered by the run's
+    # /tmp: held first, bound again inside it.
+    extra = {
+        tree: os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for tree in config.expose
+        if _within(tree, "/tmp") and tree != "/tmp" and os.path.isdir(tree)
+    }
+    try:
+        _mount_run_filesystems(libc, config, "", report)
+        _bind_held_trees(libc, "", extra)
+    finally:
+        for held in extra.values():
+            with contextlib.suppress(OSError):
+                os.close(held)
+    os.chdir("/tmp")
+    report["root-switch"] = "template"
+    report["filesystem"] = "private-root"
+
+
+def _root_mount_point() -> str:
     # The new root is mounted over an existing directory: only this namespace sees it.
     root = next((path for path in _ROOT_MOUNT_POINTS if os.path.isdir(path)), None)
     if root is None:
         raise OSError(2, "no directory to mount the private root on")
-    trees = _exposed_trees()
-    masks = _masked_paths(config)
-    # Extra trees (the TypeScript worker's directory) are held open first: the root's tmpfs
-    # may cover them (a checkout under /tmp), and they are bound from these descriptors.
-    extra = {
+    return root
+
+
+def _hold_extra_trees(config: SandboxConfig, trees: list[str], masks: list[str]) -> dict[str, int]:
+    """Extra trees (the TypeScript worker's directory) not already exposed, held open: the
+    root's tmpfs may cover them (a checkout under /tmp), and they are bound from these."""
+    return {
         tree: os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         for tree in config.expose
         if os.path.isdir(tree)
@@ -368,6 +505,11 @@ def _private_root(
             any(_within(tree, top) for top in trees) and not any(_within(tree, m) for m in masks)
         )
     }
+
+
+def _lay_out_root(libc: _Libc, root: str, trees: list[str], masks: list[str]) -> None:
+    """The part of the private root every run of one configuration shares: a small tmpfs
+    with the read-only trees, masks, files, devices, and the directory ``/proc`` goes on."""
     libc.mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     for tree in trees:
         target = root + tree
@@ -378,7 +520,7 @@ def _private_root(
         os.makedirs(target, exist_ok=True)
         libc.mount(tree, target, None, _MS_BIND | _MS_REC, None)
         libc.mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID, None)
-    for mask in _masked_paths(config):
+    for mask in masks:
         inside = any(mask.startswith(tree.rstrip("/") + "/") for tree in trees)
         if inside and os.path.isdir(root + mask):
             libc.mount("tmpfs", root + mask, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
@@ -393,6 +535,12 @@ def _private_root(
     for name, target in _DEV_LINKS.items():
         os.symlink(target, f"{root}/dev/{name}")
     os.mkdir(root + "/proc")
+
+
+def _mount_run_filesystems(
+    libc: _Libc, config: SandboxConfig, root: str, report: dict[str, str]
+) -> None:
+    """What belongs to one run: its ``/proc`` and its size-capped ``/tmp``."""
     # A proc mount shows the pid namespace of the process that mounts it. In the run's own
     # namespace that is just the run's processes, and they are not dumpable, so hidepid
     # would hide the program's own children from it; in the host's namespace, hidepid hides
@@ -404,38 +552,31 @@ def _private_root(
         report["proc"] = "private"
     except OSError as exc:
         report["proc"] = f"absent ({exc.strerror})"
-    os.mkdir(root + "/tmp")
+    if not os.path.isdir(root + "/tmp"):
+        os.mkdir(root + "/tmp")
     owner = f",uid={config.uid},gid={config.uid}" if config.uid is not None else ""
     libc.mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
                f"size={config.tmp_bytes},nr_inodes=16384,mode=700{owner}")  # fmt: skip
-    # Last, so that a tree under /tmp lands in the worker's own /tmp, read-only.
-    for tree, held in extra.items():
-        try:
-            os.makedirs(root + tree, exist_ok=True)
-            libc.mount(f"/proc/self/fd/{held}", root + tree, None, _MS_BIND | _MS_REC, None)
-            libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
-                       None)  # fmt: skip
-        finally:
-            os.close(held)
-    os.chdir(root)
-    try:
-        if arch is None:
-            raise OSError(38, "no syscall table")
-        # pivot_root(".", "."): the old root ends up on top of the new one; detach it.
-        libc.syscall(arch[1]["pivot_root"], b".", b".")
-        libc.umount(".", _MNT_DETACH)
-        report["root-switch"] = "pivot_root"
-    except OSError:
-        # Container runtimes' default seccomp profiles refuse pivot_root: move the new root
-        # over / and chroot into it (the old root stays mounted underneath, out of reach of a
-        # process without CAP_SYS_CHROOT -- and the worker's own filter refuses chroot).
-        libc.mount(".", "/", None, _MS_MOVE, None)
-        os.chroot(".")
-        report["root-switch"] = "move+chroot"
+
+
+def _bind_held_trees(libc: _Libc, root: str, held_trees: dict[str, int]) -> None:
+    """Bind each held tree read-only at its own path below ``root``."""
+    for tree, held in held_trees.items():
+        os.makedirs(root + tree, exist_ok=True)
+        libc.mount(f"/proc/self/fd/{held}", root + tree, None, _MS_BIND | _MS_REC, None)
+        libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
+                   None)  # fmt: skip
+
+
+def _pivot_into_cwd(libc: _Libc, arch: tuple[int, dict[str, int]]) -> None:
+    # pivot_root(".", "."): the old root ends up on top of the new one; detach it.
+    libc.syscall(arch[1]["pivot_root"], b".", b".")
+    libc.umount(".", _MNT_DETACH)
+
+
+def _seal_root(libc: _Libc) -> None:
     os.chdir("/")
     libc.mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
-    os.chdir("/tmp")
-    report["filesystem"] = "private-root"
 
 
 def _within(path: str, tree: str) -> bool:

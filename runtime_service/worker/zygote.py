@@ -68,6 +68,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 _CLONE_NEWPID = 0x20000000
 _MAX_REQUEST = 1 << 16
+_MAX_TEMPLATES = 8  # root templates kept (one per sandbox configuration: a handful in practice)
+_TEMPLATE_TIMEOUT_MS = 5000
+TEMPLATE_FD = 4  # where a child finds its root template's descriptor, until it enters it
 _NR_CLOSE_RANGE = 436  # the same number on every architecture
 
 
@@ -129,6 +132,9 @@ class Zygote:
         self.poller = select.poll()
         self.naming: dict[int, int] = {}
         """Report sockets of inits that have not named their worker yet, by fd: init pid."""
+        self.templates: dict[str, int] = {}
+        """Root templates (mount namespace descriptors) by sandbox configuration."""
+        self.templates_possible = True
 
     def serve(self) -> NoReturn:
         poller = self.poller
@@ -191,6 +197,7 @@ class Zygote:
         """Fork the run's first process; returns its pid and the worker's (as the host sees
         them: the same process without a pid namespace; None while the init has not named
         it yet)."""
+        template = self.root_template(request.get("config"))
         new_namespace = False
         if self.pid_namespaces:
             try:
@@ -218,7 +225,7 @@ class Zygote:
                 report_child.close()
         if pid == 0:
             report.close()
-            self.become_worker(request, fds, report_child if new_namespace else None)
+            self.become_worker(request, fds, report_child if new_namespace else None, template)
         self.children[pid] = report
         if not new_namespace:
             return pid, pid
@@ -246,8 +253,72 @@ class Zygote:
             self.send({"t": "worker", "pid": init, "worker": worker})
 
     # -- the child --------------------------------------------------------------------------
+    # -- root templates ---------------------------------------------------------------------
+    def root_template(self, config: object) -> int | None:
+        """The root template for this sandbox configuration (built on first use), or None:
+        the child then builds its whole private root itself, as a spawned worker does."""
+        if type(config) is not dict or not self.templates_possible:
+            return None
+        key = json.dumps([config.get("expose"), config.get("hide")], sort_keys=True)
+        template = self.templates.get(key)
+        if template is None and len(self.templates) < _MAX_TEMPLATES:
+            template = self.build_template(config)
+            if template is not None:
+                self.templates[key] = template
+        return template
+
+    def build_template(self, config: dict[str, Any]) -> int | None:
+        """Have a short-lived child build the template in a mount namespace of its own, and
+        keep that namespace by a descriptor once the child is gone. Any failure (no
+        privileges, ``pivot_root`` refused) turns templates off for good: workers then
+        build their own roots, and report it."""
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                sandbox_child.build_root_template(sandbox_child.SandboxConfig(config))
+                os.write(ready_w, b"\0")
+                os.read(done_r, 1)  # until the fork server holds the namespace
+                os._exit(0)
+            except BaseException as exc:
+                with contextlib.suppress(BaseException):
+                    os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:512])
+                os._exit(1)
+        os.close(ready_w)
+        os.close(done_r)
+        template: int | None = None
+        answer = b"the template builder did not answer"
+        try:
+            poll = select.poll()
+            poll.register(ready_r, select.POLLIN)
+            if poll.poll(_TEMPLATE_TIMEOUT_MS):
+                answer = os.read(ready_r, 1024)
+            if answer == b"\0":
+                template = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            answer = str(exc).encode()
+        finally:
+            os.close(ready_r)
+            os.close(done_w)  # the builder exits
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # (only if it hangs: it is still our child)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if template is None:
+            self.templates_possible = False
+            print(f"fork server: no root templates ({answer.decode('utf-8', 'replace')})",
+                  file=sys.stderr)  # fmt: skip
+        return template
+
     def become_worker(
-        self, request: dict[str, Any], fds: list[int], report: socket.socket | None
+        self,
+        request: dict[str, Any],
+        fds: list[int],
+        report: socket.socket | None,
+        template: int | None,
     ) -> NoReturn:
         """In the child: die with the zygote, keep only the run's descriptors, isolate (as
         the worker does), then continue as the requested language's worker.
@@ -269,6 +340,8 @@ class Zygote:
             config = request.get("config", {})
             if type(config) is not dict:
                 config = {}
+            # Only the fork server names a template descriptor: never one from a request.
+            config = {key: value for key, value in config.items() if key != "mount_template"}
             if report is not None:
                 # Init and worker are charged to the run from their first instruction: the
                 # init joins before it forks the worker (the worker joins again, a no-op, and
@@ -284,14 +357,23 @@ class Zygote:
             self.libc.set_name(b"codemode-worker")
             channel, stdout, stderr = fds
             # Above every fd number the targets could collide with, then into place.
-            high = [os.dup(fd) for fd in (channel, stdout, stderr)]
+            kept = (
+                (channel, stdout, stderr)
+                if template is None
+                else (channel, stdout, stderr, template)
+            )
+            high = [os.dup(fd) for fd in kept]
             moved = [fcntl_dupfd(fd, 10) for fd in high]
             os.dup2(moved[1], 1)
             os.dup2(moved[2], 2)
             os.dup2(moved[0], CHANNEL_FD)
-            # Only 0 (/dev/null), 1, 2 and the channel stay open: the control socket, the
-            # zygote's own descriptors and every copy above are closed here.
-            self.libc.close_from(CHANNEL_FD + 1)
+            if template is not None:
+                # The worker closes it as soon as it stands in the template (sandbox_child).
+                os.dup2(moved[3], TEMPLATE_FD)
+                config["mount_template"] = TEMPLATE_FD
+            # Only 0 (/dev/null), 1, 2, the channel and the template stay open: the control
+            # socket, the zygote's own descriptors and every copy above are closed here.
+            self.libc.close_from(CHANNEL_FD + 1 if template is None else TEMPLATE_FD + 1)
             os.setsid()
             gc.enable()
             # The shape of a spawned worker's argv (the package root left out: it is not

@@ -361,6 +361,77 @@ async def test_the_fork_server_never_ran_a_program_and_cannot_be_signalled() -> 
         assert again.value == 1
 
 
+# -- the root template every forked run starts from ------------------------------------------------
+
+MOUNTS = """\
+import os
+open('/tmp/mine', 'w').write('x')
+mounts = {}
+for line in open('/proc/self/mountinfo'):
+    fields, _, rest = line.partition(' - ')
+    parts = fields.split()
+    # id, parent, device, root, mount point, options, then the optional fields (propagation)
+    mounts[parts[4]] = {'device': parts[2], 'propagation': parts[6:]}
+held = await tools.hold({})
+return {'mounts': mounts, 'tmp': sorted(os.listdir('/tmp'))}
+"""
+
+
+def template_listing(zygote: int) -> dict[str, list[str]]:
+    """What the fork server's root template holds in /tmp and /proc, seen from inside it
+    (nsenter on the namespace descriptor the fork server keeps; no process lives there)."""
+    (template,) = [
+        f"/proc/{zygote}/fd/{fd}"
+        for fd in os.listdir(f"/proc/{zygote}/fd")
+        if os.readlink(f"/proc/{zygote}/fd/{fd}").startswith("mnt:")
+    ]
+    listing = subprocess.run(
+        ["nsenter", f"--mount={template}", "/bin/sh", "-c",
+         "echo tmp: $(ls -A /tmp); echo proc: $(ls -A /proc)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return {
+        name: rest.split()
+        for name, _, rest in (line.partition(":") for line in listing.stdout.splitlines())
+    }
+
+
+async def test_runs_start_from_a_root_template_and_share_no_mount_with_it_or_each_other() -> None:
+    both_held = asyncio.Event()
+    holding = 0
+
+    async def hold(call: BindingCall) -> BindingResult:
+        nonlocal holding
+        holding += 1
+        if holding == 2:
+            both_held.set()
+        await both_held.wait()  # both runs mounted and wrote their /tmp before either ends
+        return BindingResult.success(None)
+
+    async with private_runtime(63_100, 8, pool_size=2) as runtime:
+        worker = await runtime.pool.acquire()
+        report = dict(worker.sandbox)
+        await worker.kill()
+        first, second = await asyncio.gather(run(runtime, MOUNTS, hold), run(runtime, MOUNTS, hold))
+        server = runtime.pool.fork_server
+        assert server is not None and server.pid is not None
+        # The template kept nothing of either run: no /proc mounted, an empty /tmp.
+        assert await asyncio.to_thread(template_listing, server.pid) == {"tmp": [], "proc": []}
+    assert report["root-switch"] == "template" and report["filesystem"] == "private-root"
+    assert isinstance(first.value, dict) and isinstance(second.value, dict), (first, second)
+    assert first.value["tmp"] == second.value["tmp"] == ["mine"]
+    for result in (first.value, second.value):
+        # Every mount private: nothing one run mounts propagates to the template or to
+        # another run's copy of it.
+        assert all(m["propagation"] == [] for m in result["mounts"].values()), result["mounts"]
+        assert {"/", "/usr", "/proc", "/tmp", "/dev/null"} <= set(result["mounts"])
+    mounts = first.value["mounts"], second.value["mounts"]
+    # Each run's /proc and /tmp are its own filesystems; the trees come from the template.
+    assert mounts[0]["/proc"]["device"] != mounts[1]["/proc"]["device"]
+    assert mounts[0]["/tmp"]["device"] != mounts[1]["/tmp"]["device"]
+    assert mounts[0]["/usr"]["device"] == mounts[1]["/usr"]["device"]
+
+
 # -- the fork server dies --------------------------------------------------------------------------
 
 
