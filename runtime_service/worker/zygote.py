@@ -59,7 +59,7 @@ from runtime_service.worker import (  # noqa: F401
     typescript,
 )
 
-__all__ = ["CHANNEL_FD", "LANGUAGES", "main"]
+__all__ = ["CHANNEL_FD", "LANGUAGES", "TEMPLATE_FD", "build_root_template", "main"]
 
 CHANNEL_FD = 3  # where a child finds its channel socket (0-2: /dev/null, stdout, stderr)
 LANGUAGES = ("python", "typescript")
@@ -268,49 +268,12 @@ class Zygote:
         return template
 
     def build_template(self, config: dict[str, Any]) -> int | None:
-        """Have a short-lived child build the template in a mount namespace of its own, and
-        keep that namespace by a descriptor once the child is gone. Any failure (no
-        privileges, ``pivot_root`` refused) turns templates off for good: workers then
-        build their own roots, and report it."""
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-        done_r, done_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.set_wakeup_fd(-1)
-                self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                sandbox_child.build_root_template(sandbox_child.SandboxConfig(config))
-                os.write(ready_w, b"\0")
-                os.read(done_r, 1)  # until the fork server holds the namespace
-                os._exit(0)
-            except BaseException as exc:
-                with contextlib.suppress(BaseException):
-                    os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:512])
-                os._exit(1)
-        os.close(ready_w)
-        os.close(done_r)
-        template: int | None = None
-        answer = b"the template builder did not answer"
-        try:
-            poll = select.poll()
-            poll.register(ready_r, select.POLLIN)
-            if poll.poll(_TEMPLATE_TIMEOUT_MS):
-                answer = os.read(ready_r, 1024)
-            if answer == b"\0":
-                template = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            answer = str(exc).encode()
-        finally:
-            os.close(ready_r)
-            os.close(done_w)  # the builder exits
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)  # (only if it hangs: it is still our child)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        """Any failure (no privileges, ``pivot_root`` refused) turns templates off for good:
+        workers then build their own roots, and report it."""
+        template, error = build_root_template(self.libc, config)
         if template is None:
             self.templates_possible = False
-            print(f"fork server: no root templates ({answer.decode('utf-8', 'replace')})",
-                  file=sys.stderr)  # fmt: skip
+            print(f"fork server: no root templates ({error})", file=sys.stderr)
         return template
 
     def become_worker(
@@ -456,6 +419,48 @@ class Zygote:
                         code = struct.unpack("i", data)[0]
                 report.close()
                 self.send({"t": "exit", "pid": pid, "status": code})
+
+
+def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None, str]:
+    """Have a short-lived child build a root template in a mount namespace of its own
+    (``sandbox_child.build_root_template``) and keep that namespace by a descriptor once the
+    child is gone; returns it, or None and why not."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    done_r, done_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.set_wakeup_fd(-1)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            sandbox_child.build_root_template(sandbox_child.SandboxConfig(config))
+            os.write(ready_w, b"\0")
+            os.read(done_r, 1)  # until the fork server holds the namespace
+            os._exit(0)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:512])
+            os._exit(1)
+    os.close(ready_w)
+    os.close(done_r)
+    template: int | None = None
+    answer = b"the template builder did not answer"
+    try:
+        poll = select.poll()
+        poll.register(ready_r, select.POLLIN)
+        if poll.poll(_TEMPLATE_TIMEOUT_MS):
+            answer = os.read(ready_r, 1024)
+        if answer == b"\0":
+            template = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        answer = str(exc).encode()
+    finally:
+        os.close(ready_r)
+        os.close(done_w)  # the builder exits
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # (only if it hangs: it is still our child)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return template, answer.decode("utf-8", "replace")
 
 
 def _read_worker(report: socket.socket) -> int | None:
