@@ -108,9 +108,17 @@ def _start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+_IDENTITY: dict[int, str] = {}
+
+
 def runtime_identity() -> str:
-    """``<pid>.<start time>`` of this process: the middle of its run cgroups' names."""
-    return f"{os.getpid()}.{_start_time(os.getpid()) or 0}"
+    """``<pid>.<start time>`` of this process: the middle of its run cgroups' names (read
+    once per process: it is part of every run's cgroup name)."""
+    pid = os.getpid()
+    identity = _IDENTITY.get(pid)
+    if identity is None:
+        identity = _IDENTITY[pid] = f"{pid}.{_start_time(pid) or 0}"
+    return identity
 
 
 def _owner_alive(name: str) -> bool:
