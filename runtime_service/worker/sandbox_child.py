@@ -151,6 +151,7 @@ class SandboxConfig:
         "expose",
         "hide",
         "mount_template",
+        "mount_template_switch",
         "pid_namespace",
         "tmp_bytes",
         "tmp_root",
@@ -184,6 +185,9 @@ class SandboxConfig:
         # (``build_root_template``); the worker closes it as soon as it stands in a copy.
         template = raw.get("mount_template")
         self.mount_template = template if type(template) is int and template >= 0 else None
+        switch = raw.get("mount_template_switch")
+        # How the template's root was switched (``build_root_template``), for the report.
+        self.mount_template_switch = switch if switch in ("pivot_root", "move") else "pivot_root"
 
 
 class _Libc:
@@ -414,8 +418,9 @@ def _private_root(
     report["filesystem"] = "private-root"
 
 
-def build_root_template(config: SandboxConfig) -> None:
-    """Turn this process's mount namespace into a root template for ``config``.
+def build_root_template(config: SandboxConfig) -> str:
+    """Turn this process's mount namespace into a root template for ``config``; returns how
+    the root was switched (``pivot_root``, or ``move`` where seccomp refuses it).
 
     Run by a short-lived child of the fork server, which keeps the namespace (a descriptor
     of ``/proc/<child>/ns/mnt``) once the child exits. The template holds everything of the
@@ -425,13 +430,14 @@ def build_root_template(config: SandboxConfig) -> None:
     run). A worker enters it and leaves it at once for a copy of its own
     (``_root_from_template``): copying a dozen mounts costs a fraction of building them.
     Every mount is private, so nothing a run mounts in its copy reaches the template or
-    another run's copy. The old root is detached (``pivot_root``), so the template holds no
-    path to the host's files; where ``pivot_root`` is refused there is no template (a
-    ``chroot`` belongs to a process, not to a namespace) and workers build their own root.
+    another run's copy. With ``pivot_root`` the old root is detached and the template holds
+    no path to the host's files. Where container runtimes' seccomp profiles refuse it, the new
+    root is moved over ``/`` instead: entering a mount namespace lands on the topmost mount
+    at its root (``setns`` looks down), which is the private root, with the old root
+    underneath and out of reach as in the per-run ``move+chroot`` switch (the worker gets no
+    ``CAP_SYS_CHROOT`` and its filter refuses ``chroot``).
     """
     arch = _ARCHES.get(os.uname().machine)
-    if arch is None:
-        raise OSError(38, f"no syscall table for {os.uname().machine}")
     libc = _shared_libc()
     libc.unshare(_CLONE_NEWNS)
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
@@ -448,9 +454,18 @@ def build_root_template(config: SandboxConfig) -> None:
             with contextlib.suppress(OSError):
                 os.close(held)
     os.chdir(root)
-    _pivot_into_cwd(libc, arch)
+    try:
+        if arch is None:
+            raise OSError(38, "no syscall table")
+        _pivot_into_cwd(libc, arch)
+        switch = "pivot_root"
+    except OSError:
+        libc.mount(".", "/", None, _MS_MOVE, None)
+        os.chroot(".")  # this process's own view, for sealing it below
+        switch = "move"
     _seal_root(libc)
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    return switch
 
 
 def _enter_template(libc: _Libc, fd: int) -> bool:
@@ -482,7 +497,7 @@ def _root_from_template(libc: _Libc, config: SandboxConfig, report: dict[str, st
             with contextlib.suppress(OSError):
                 os.close(held)
     os.chdir("/tmp")
-    report["root-switch"] = "template"
+    report["root-switch"] = f"template ({config.mount_template_switch})"
     report["filesystem"] = "private-root"
 
 

@@ -132,8 +132,9 @@ class Zygote:
         self.poller = select.poll()
         self.naming: dict[int, int] = {}
         """Report sockets of inits that have not named their worker yet, by fd: init pid."""
-        self.templates: dict[str, int] = {}
-        """Root templates (mount namespace descriptors) by sandbox configuration."""
+        self.templates: dict[str, tuple[int, str]] = {}
+        """Root templates by sandbox configuration: a mount namespace descriptor, and how its
+        root was switched (``pivot_root`` or ``move``)."""
         self.templates_possible = True
 
     def serve(self) -> NoReturn:
@@ -252,9 +253,8 @@ class Zygote:
         if worker is not None:
             self.send({"t": "worker", "pid": init, "worker": worker})
 
-    # -- the child --------------------------------------------------------------------------
     # -- root templates ---------------------------------------------------------------------
-    def root_template(self, config: object) -> int | None:
+    def root_template(self, config: object) -> tuple[int, str] | None:
         """The root template for this sandbox configuration (built on first use), or None:
         the child then builds its whole private root itself, as a spawned worker does."""
         if type(config) is not dict or not self.templates_possible:
@@ -262,26 +262,23 @@ class Zygote:
         key = json.dumps([config.get("expose"), config.get("hide")], sort_keys=True)
         template = self.templates.get(key)
         if template is None and len(self.templates) < _MAX_TEMPLATES:
-            template = self.build_template(config)
-            if template is not None:
-                self.templates[key] = template
+            fd, detail = build_root_template(self.libc, config)
+            if fd is None:
+                # No privileges for it: no later configuration will fare better. Workers
+                # build their own roots, and report it.
+                self.templates_possible = False
+                print(f"fork server: no root templates ({detail})", file=sys.stderr)
+                return None
+            template = self.templates[key] = (fd, detail)
         return template
 
-    def build_template(self, config: dict[str, Any]) -> int | None:
-        """Any failure (no privileges, ``pivot_root`` refused) turns templates off for good:
-        workers then build their own roots, and report it."""
-        template, error = build_root_template(self.libc, config)
-        if template is None:
-            self.templates_possible = False
-            print(f"fork server: no root templates ({error})", file=sys.stderr)
-        return template
-
+    # -- the child --------------------------------------------------------------------------
     def become_worker(
         self,
         request: dict[str, Any],
         fds: list[int],
         report: socket.socket | None,
-        template: int | None,
+        template: tuple[int, str] | None,
     ) -> NoReturn:
         """In the child: die with the zygote, keep only the run's descriptors, isolate (as
         the worker does), then continue as the requested language's worker.
@@ -304,7 +301,7 @@ class Zygote:
             if type(config) is not dict:
                 config = {}
             # Only the fork server names a template descriptor: never one from a request.
-            config = {key: value for key, value in config.items() if key != "mount_template"}
+            config = {k: v for k, v in config.items() if not k.startswith("mount_template")}
             if report is not None:
                 # Init and worker are charged to the run from their first instruction: the
                 # init joins before it forks the worker (the worker joins again, a no-op, and
@@ -323,7 +320,7 @@ class Zygote:
             kept = (
                 (channel, stdout, stderr)
                 if template is None
-                else (channel, stdout, stderr, template)
+                else (channel, stdout, stderr, template[0])
             )
             high = [os.dup(fd) for fd in kept]
             moved = [fcntl_dupfd(fd, 10) for fd in high]
@@ -334,6 +331,7 @@ class Zygote:
                 # The worker closes it as soon as it stands in the template (sandbox_child).
                 os.dup2(moved[3], TEMPLATE_FD)
                 config["mount_template"] = TEMPLATE_FD
+                config["mount_template_switch"] = template[1]
             # Only 0 (/dev/null), 1, 2, the channel and the template stay open: the control
             # socket, the zygote's own descriptors and every copy above are closed here.
             self.libc.close_from(CHANNEL_FD + 1 if template is None else TEMPLATE_FD + 1)
@@ -424,7 +422,7 @@ class Zygote:
 def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None, str]:
     """Have a short-lived child build a root template in a mount namespace of its own
     (``sandbox_child.build_root_template``) and keep that namespace by a descriptor once the
-    child is gone; returns it, or None and why not."""
+    child is gone; returns it and how its root was switched, or None and why not."""
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     done_r, done_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
@@ -432,8 +430,8 @@ def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None
         try:
             signal.set_wakeup_fd(-1)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            sandbox_child.build_root_template(sandbox_child.SandboxConfig(config))
-            os.write(ready_w, b"\0")
+            switch = sandbox_child.build_root_template(sandbox_child.SandboxConfig(config))
+            os.write(ready_w, b"\0" + switch.encode())
             os.read(done_r, 1)  # until the fork server holds the namespace
             os._exit(0)
         except BaseException as exc:
@@ -449,8 +447,9 @@ def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None
         poll.register(ready_r, select.POLLIN)
         if poll.poll(_TEMPLATE_TIMEOUT_MS):
             answer = os.read(ready_r, 1024)
-        if answer == b"\0":
+        if answer.startswith(b"\0"):
             template = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            answer = answer[1:]
     except OSError as exc:
         answer = str(exc).encode()
     finally:

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -265,3 +266,16 @@ def _become_subreaper() -> None:
 
 
 _become_subreaper()
+
+
+@contextlib.contextmanager
+def secret_file(directory: str) -> Iterator[str]:
+    """A world-readable file: only the sandbox, not file permissions, can keep it away."""
+    path = os.path.join(directory, f"codemode-secret-{uuid.uuid4().hex}")
+    with open(path, "w") as handle:
+        handle.write("secret")
+    os.chmod(path, 0o644)
+    try:
+        yield path
+    finally:
+        os.unlink(path)

@@ -13,7 +13,7 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,13 @@ from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.sandbox_uids import UidLeaseError
 from runtime_service.worker.sandbox_child import PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import UidLeases, WorkerProcess, WorkerSpec
-from tests.runtime.conftest import ProgramRunner, can_isolate, child_pids, echo_handler
+from tests.runtime.conftest import (
+    ProgramRunner,
+    can_isolate,
+    child_pids,
+    echo_handler,
+    secret_file,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ISOLATED = can_isolate()
@@ -51,19 +57,6 @@ async def test_full_sandbox_where_the_host_allows_it(report: dict[str, str]) -> 
     if not ISOLATED:
         pytest.skip("needs root with CAP_SYS_ADMIN")
     assert {key: report.get(key) for key in REPORT_KEYS} == REPORT_KEYS
-
-
-@contextlib.contextmanager
-def secret_file(directory: str) -> Iterator[str]:
-    """A world-readable file: only the sandbox, not file permissions, can keep it away."""
-    path = os.path.join(directory, f"codemode-secret-{uuid.uuid4().hex}")
-    with open(path, "w") as handle:
-        handle.write("secret")
-    os.chmod(path, 0o644)
-    try:
-        yield path
-    finally:
-        os.unlink(path)
 
 
 async def test_runtime_files_are_absent(run_program: ProgramRunner, report: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -29,10 +30,12 @@ from runtime_service.budgets import Budgets
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.sandbox_uids import UidLeases, live_processes_of
+from runtime_service.worker.sandbox_child import REPORT_KEYS
 from runtime_service.worker_process import WorkerProcess, WorkerSpec
-from tests.runtime.conftest import can_isolate, child_pids, start_message
+from tests.runtime.conftest import can_isolate, child_pids, secret_file, start_message
 
 pb = runtime_pb2
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not can_isolate(), reason="needs root with CAP_SYS_ADMIN")
 
 POLLS = 1000  # bounded polls of the host (each ~10 ms apart): an outcome, never a duration
@@ -417,7 +420,8 @@ async def test_runs_start_from_a_root_template_and_share_no_mount_with_it_or_eac
         assert server is not None and server.pid is not None
         # The template kept nothing of either run: no /proc mounted, an empty /tmp.
         assert await asyncio.to_thread(template_listing, server.pid) == {"tmp": [], "proc": []}
-    assert report["root-switch"] == "template" and report["filesystem"] == "private-root"
+    assert report["root-switch"] == "template (pivot_root)"
+    assert report["filesystem"] == "private-root"
     assert isinstance(first.value, dict) and isinstance(second.value, dict), (first, second)
     assert first.value["tmp"] == second.value["tmp"] == ["mine"]
     for result in (first.value, second.value):
@@ -430,6 +434,67 @@ async def test_runs_start_from_a_root_template_and_share_no_mount_with_it_or_eac
     assert mounts[0]["/proc"]["device"] != mounts[1]["/proc"]["device"]
     assert mounts[0]["/tmp"]["device"] != mounts[1]["/tmp"]["device"]
     assert mounts[0]["/usr"]["device"] == mounts[1]["/usr"]["device"]
+
+
+# Container runtimes' default seccomp profiles refuse pivot_root: the template's root is then
+# moved over / (the host's root stays below it, out of reach without CAP_SYS_CHROOT).
+NO_PIVOT_ROOT_ZYGOTE = """\
+import errno, sys
+sys.path.insert(0, sys.argv[1])
+from runtime_service.worker import sandbox_child
+def refuse(*args, **kwargs):
+    raise OSError(errno.EPERM, 'Operation not permitted')
+sandbox_child._Libc.syscall = refuse
+from runtime_service.worker.zygote import main
+main()
+"""
+
+
+def escape(secret: str) -> str:
+    """A program that looks for the host's files from a run and tries to leave its root."""
+    return f"""\
+import os
+out = {{'root': sorted(os.listdir('/'))}}
+for path in ({str(PROJECT_ROOT / "pyproject.toml")!r}, '/etc/hostname', {secret!r}):
+    try:
+        os.stat(path)
+        out[path] = 'there'
+    except OSError as exc:
+        out[path] = type(exc).__name__
+try:
+    os.chroot('/')
+    out['chroot'] = 'done'
+except OSError as exc:
+    out['chroot'] = type(exc).__name__
+out['up'] = sorted(os.listdir('/../../..'))
+return out
+"""
+
+
+async def test_without_pivot_root_the_template_is_moved_over_the_host_root_and_still_hides_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime_service import zygote
+
+    monkeypatch.setattr(zygote, "_LOADER", NO_PIVOT_ROOT_ZYGOTE)
+    async with private_runtime(63_200, 8) as runtime:
+        worker = await runtime.pool.acquire()
+        report = dict(worker.sandbox)
+        await worker.kill()
+        with secret_file("/root") as secret:
+            result = await run(runtime, escape(secret))
+    assert report["root-switch"] == "template (move)"
+    assert {key: report.get(key) for key in REPORT_KEYS} == REPORT_KEYS
+    assert isinstance(result.value, dict), result
+    listing = result.value.pop("root")
+    assert "work" not in listing and "home" not in listing and "tmp" in listing
+    assert result.value.pop("up") == listing
+    assert result.value == {
+        str(PROJECT_ROOT / "pyproject.toml"): "FileNotFoundError",
+        "/etc/hostname": "FileNotFoundError",
+        secret: "FileNotFoundError",
+        "chroot": "PermissionError",
+    }
 
 
 # -- the fork server dies --------------------------------------------------------------------------
