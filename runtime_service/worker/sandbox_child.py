@@ -54,6 +54,7 @@ import resource
 import signal
 import struct
 import sys
+from collections.abc import Iterator
 
 from runtime_service.worker import seccomp
 from runtime_service.worker.seccomp import ARCHES as _ARCHES
@@ -386,34 +387,11 @@ def _private_root(
 ) -> None:
     """Build the whole private root for this run, from the host's mount namespace (a
     spawned worker, or a fork server without a template for this configuration)."""
-    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
-    root = _root_mount_point()
-    trees = _exposed_trees()
-    masks = _masked_paths(config)
-    extra = _hold_extra_trees(config, trees, masks)
-    try:
-        _lay_out_root(libc, root, trees, masks)
-        _mount_run_filesystems(libc, config, root, report)
-        # Last, so that a tree under /tmp lands in the worker's own /tmp, read-only.
-        _bind_held_trees(libc, root, extra)
-    finally:
-        for held in extra.values():
-            with contextlib.suppress(OSError):
-                os.close(held)
-    os.chdir(root)
-    try:
-        if arch is None:
-            raise OSError(38, "no syscall table")
-        _pivot_into_cwd(libc, arch)
-        report["root-switch"] = "pivot_root"
-    except OSError:
-        # Container runtimes' default seccomp profiles refuse pivot_root: move the new root
-        # over / and chroot into it (the old root stays mounted underneath, out of reach of a
-        # process without CAP_SYS_CHROOT -- and the worker's own filter refuses chroot).
-        libc.mount(".", "/", None, _MS_MOVE, None)
-        os.chroot(".")
-        report["root-switch"] = "move+chroot"
-    _seal_root(libc)
+    switch = _build_root(libc, config, arch, report)
+    # Container runtimes' default seccomp profiles refuse pivot_root: the new root was moved
+    # over / and chrooted into (the old root stays mounted underneath, out of reach of a
+    # process without CAP_SYS_CHROOT -- and the worker's own filter refuses chroot).
+    report["root-switch"] = "pivot_root" if switch == "pivot_root" else "move+chroot"
     os.chdir("/tmp")
     report["filesystem"] = "private-root"
 
@@ -437,34 +415,48 @@ def build_root_template(config: SandboxConfig) -> str:
     underneath and out of reach as in the per-run ``move+chroot`` switch (the worker gets no
     ``CAP_SYS_CHROOT`` and its filter refuses ``chroot``).
     """
-    arch = _ARCHES.get(os.uname().machine)
     libc = _shared_libc()
     libc.unshare(_CLONE_NEWNS)
+    switch = _build_root(libc, config, _ARCHES.get(os.uname().machine), None)
+    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    return switch
+
+
+def _build_root(
+    libc: _Libc,
+    config: SandboxConfig,
+    arch: tuple[int, dict[str, int]] | None,
+    run: dict[str, str] | None,
+) -> str:
+    """Lay out the private root over a directory of this mount namespace and switch into
+    it; with ``run`` (the run's report) its ``/proc`` and ``/tmp`` too, without it (a
+    template) an empty ``/tmp`` to mount them on. Returns ``pivot_root`` or ``move``."""
     libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
     root = _root_mount_point()
     trees = _exposed_trees()
     masks = _masked_paths(config)
-    extra = _hold_extra_trees(config, trees, masks)
-    try:
+    with _holding(_extra_trees(config, trees, masks)) as extra:
         _lay_out_root(libc, root, trees, masks)
-        os.mkdir(root + "/tmp")
+        if run is not None:
+            _mount_run_filesystems(libc, config, root, run)
+        else:
+            os.mkdir(root + "/tmp")
+        # Last, so that a tree under /tmp lands in the worker's own /tmp, read-only.
         _bind_held_trees(libc, root, extra)
-    finally:
-        for held in extra.values():
-            with contextlib.suppress(OSError):
-                os.close(held)
     os.chdir(root)
     try:
         if arch is None:
             raise OSError(38, "no syscall table")
-        _pivot_into_cwd(libc, arch)
+        # pivot_root(".", "."): the old root ends up on top of the new one; detach it.
+        libc.syscall(arch[1]["pivot_root"], b".", b".")
+        libc.umount(".", _MNT_DETACH)
         switch = "pivot_root"
     except OSError:
         libc.mount(".", "/", None, _MS_MOVE, None)
-        os.chroot(".")  # this process's own view, for sealing it below
+        os.chroot(".")
         switch = "move"
-    _seal_root(libc)
-    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
+    os.chdir("/")
+    libc.mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
     return switch
 
 
@@ -484,18 +476,12 @@ def _root_from_template(libc: _Libc, config: SandboxConfig, report: dict[str, st
     already its root): add what belongs to the run -- ``/proc`` and ``/tmp``."""
     # Extra trees below /tmp are in the copy already, about to be covered by the run's
     # /tmp: held first, bound again inside it.
-    extra = {
-        tree: os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        for tree in config.expose
-        if _within(tree, "/tmp") and tree != "/tmp" and os.path.isdir(tree)
-    }
-    try:
+    below_tmp = [
+        t for t in config.expose if _within(t, "/tmp") and t != "/tmp" and os.path.isdir(t)
+    ]
+    with _holding(below_tmp) as extra:
         _mount_run_filesystems(libc, config, "", report)
         _bind_held_trees(libc, "", extra)
-    finally:
-        for held in extra.values():
-            with contextlib.suppress(OSError):
-                os.close(held)
     os.chdir("/tmp")
     report["root-switch"] = f"template ({config.mount_template_switch})"
     report["filesystem"] = "private-root"
@@ -509,17 +495,31 @@ def _root_mount_point() -> str:
     return root
 
 
-def _hold_extra_trees(config: SandboxConfig, trees: list[str], masks: list[str]) -> dict[str, int]:
-    """Extra trees (the TypeScript worker's directory) not already exposed, held open: the
-    root's tmpfs may cover them (a checkout under /tmp), and they are bound from these."""
-    return {
-        tree: os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+def _extra_trees(config: SandboxConfig, trees: list[str], masks: list[str]) -> list[str]:
+    """Extra trees (the TypeScript worker's directory) not already exposed."""
+    return [
+        tree
         for tree in config.expose
         if os.path.isdir(tree)
         and not (
             any(_within(tree, top) for top in trees) and not any(_within(tree, m) for m in masks)
         )
-    }
+    ]
+
+
+@contextlib.contextmanager
+def _holding(trees: list[str]) -> Iterator[dict[str, int]]:
+    """The trees held open while the root is laid out: a tmpfs mounted on the way may cover
+    them (a checkout under /tmp), and they are bound from these descriptors."""
+    held: dict[str, int] = {}
+    try:
+        for tree in trees:
+            held[tree] = os.open(tree, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        yield held
+    finally:
+        for fd in held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _lay_out_root(libc: _Libc, root: str, trees: list[str], masks: list[str]) -> None:
@@ -581,17 +581,6 @@ def _bind_held_trees(libc: _Libc, root: str, held_trees: dict[str, int]) -> None
         libc.mount(f"/proc/self/fd/{held}", root + tree, None, _MS_BIND | _MS_REC, None)
         libc.mount(None, root + tree, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID,
                    None)  # fmt: skip
-
-
-def _pivot_into_cwd(libc: _Libc, arch: tuple[int, dict[str, int]]) -> None:
-    # pivot_root(".", "."): the old root ends up on top of the new one; detach it.
-    libc.syscall(arch[1]["pivot_root"], b".", b".")
-    libc.umount(".", _MNT_DETACH)
-
-
-def _seal_root(libc: _Libc) -> None:
-    os.chdir("/")
-    libc.mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
 
 
 def _within(path: str, tree: str) -> bool:
