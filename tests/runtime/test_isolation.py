@@ -30,6 +30,7 @@ from tests.runtime.conftest import (
     child_pids,
     echo_handler,
     secret_file,
+    without_pivot_root,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -400,16 +401,7 @@ async def test_failure_outcomes_still_work_inside_the_sandbox(run_program: Progr
 
 # Container runtimes' default seccomp profiles refuse pivot_root; the worker then moves its
 # root over / and chroots into it.
-NO_PIVOT_ROOT_LOADER = """\
-import errno, sys
-sys.path.insert(0, sys.argv[1])
-from runtime_service.worker import sandbox_child
-def refuse(*args, **kwargs):
-    raise OSError(errno.EPERM, 'Operation not permitted')
-sandbox_child._Libc.syscall = refuse
-from runtime_service.worker.bootstrap import main
-main()
-"""
+NO_PIVOT_ROOT_LOADER = without_pivot_root("runtime_service.worker.bootstrap")
 
 
 async def test_root_switch_without_pivot_root_still_hides_the_runtime() -> None:

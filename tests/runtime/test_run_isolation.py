@@ -32,7 +32,13 @@ from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.sandbox_uids import UidLeases, live_processes_of
 from runtime_service.worker.sandbox_child import REPORT_KEYS
 from runtime_service.worker_process import WorkerProcess, WorkerSpec
-from tests.runtime.conftest import can_isolate, child_pids, secret_file, start_message
+from tests.runtime.conftest import (
+    can_isolate,
+    child_pids,
+    secret_file,
+    start_message,
+    without_pivot_root,
+)
 
 pb = runtime_pb2
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -438,16 +444,7 @@ async def test_runs_start_from_a_root_template_and_share_no_mount_with_it_or_eac
 
 # Container runtimes' default seccomp profiles refuse pivot_root: the template's root is then
 # moved over / (the host's root stays below it, out of reach without CAP_SYS_CHROOT).
-NO_PIVOT_ROOT_ZYGOTE = """\
-import errno, sys
-sys.path.insert(0, sys.argv[1])
-from runtime_service.worker import sandbox_child
-def refuse(*args, **kwargs):
-    raise OSError(errno.EPERM, 'Operation not permitted')
-sandbox_child._Libc.syscall = refuse
-from runtime_service.worker.zygote import main
-main()
-"""
+NO_PIVOT_ROOT_ZYGOTE = without_pivot_root("runtime_service.worker.zygote")
 
 
 def escape(secret: str) -> str:
