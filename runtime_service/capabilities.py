@@ -331,7 +331,12 @@ def _mechanisms(report: dict[str, str], spec: WorkerSpec) -> list[Mechanism]:
         ("seccomp", "seccomp", "system-call filter, inherited by every process of the run"),
     ):
         if held(key):
-            items.append(Mechanism(name, True, "per-run", what))
+            detail = what
+            if key == "filesystem" and report.get("root-switch"):
+                # How the root was entered: a copy of the fork server's root template, or
+                # built by the worker (pivot_root, or move+chroot under container seccomp).
+                detail = f"{what} (root: {report['root-switch']})"
+            items.append(Mechanism(name, True, "per-run", detail))
         else:
             items.append(Mechanism(name, False, "", report.get(key, "not reported")))
     failed = sorted(value for key, value in report.items() if key.startswith("rlimit-"))

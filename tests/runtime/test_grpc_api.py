@@ -35,6 +35,10 @@ async def test_capabilities_are_honest(stub: runtime_pb2_grpc.RuntimeServiceStub
         if can_isolate():
             assert sides[0], topic
     assert any(item.startswith("kernel:") for item in caps.isolation.not_enforced)
+    if can_isolate():
+        # Forked workers start from the fork server's root template, and say so.
+        (filesystem,) = [m for m in caps.isolation.mechanisms if m.name == "filesystem"]
+        assert filesystem.detail.endswith("(root: template (pivot_root))"), filesystem.detail
 
 
 async def test_run_relays_binding_calls_and_logs(stub: runtime_pb2_grpc.RuntimeServiceStub) -> None:
