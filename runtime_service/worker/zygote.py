@@ -29,6 +29,14 @@ signal would fire). When the init of a pid namespace dies, the kernel kills ever
 process in it and waits for them: so the zygote reaping a worker means the whole run is
 gone, whatever the program forked, double-forked or cloned.
 
+Root templates: on the first fork for a sandbox configuration (the trees a language exposes
+or hides) a short-lived child builds that configuration's private root in a mount namespace
+of its own and exits; the zygote keeps the namespace by a descriptor and hands it to every
+later child of that configuration as fd 4 (``TEMPLATE_FD``), which the worker enters, leaves
+for a copy of its own, and closes before anything else (``sandbox_child``). The zygote itself
+never changes namespace. If a template cannot be built, none is tried again: children build
+their own roots.
+
 The zygote dies with the runtime (``PR_SET_PDEATHSIG``) and every worker dies with the
 zygote (the same, set first thing in the child). It is a child subreaper: a process orphaned
 below it (only possible without pid namespaces) is reparented to it and reaped here.
