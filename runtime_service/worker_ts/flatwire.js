@@ -574,6 +574,26 @@ export function spellString(text) {
 }
 
 /**
+ * The JSON spelling of a scalar token, as on the wire; null for a container's token.
+ * @param {any} token
+ * @returns {string | null}
+ */
+function spellScalar(token) {
+  switch (typeof token) {
+    case 'string':
+      return spellString(token);
+    case 'number':
+      return spellNumber(token);
+    case 'bigint':
+      return BigIntPrototypeToString(token);
+    case 'boolean':
+      return token ? 'true' : 'false';
+    default:
+      return token === null ? 'null' : null;
+  }
+}
+
+/**
  * The JSON text of a token list (compact ASCII, as the runtime's `framing.pack` writes it).
  * @param {any[]} tokens
  */
@@ -582,30 +602,16 @@ export function spellTokens(tokens) {
   for (let index = 0; index < tokens.length; index++) {
     if (index) out += ',';
     const token = tokens[index];
-    switch (typeof token) {
-      case 'string':
-        out += spellString(token);
-        break;
-      case 'number':
-        out += spellNumber(token);
-        break;
-      case 'bigint':
-        out += BigIntPrototypeToString(token);
-        break;
-      case 'boolean':
-        out += token ? 'true' : 'false';
-        break;
-      default:
-        if (token === null) {
-          out += 'null';
-        } else if (token.kind === 'array') {
-          out += '{"kind":"array","length":' + NumberPrototypeToString(token.length, 10) + '}';
-        } else {
-          const keys = token.keys;
-          out += '{"kind":"object","keys":[';
-          for (let k = 0; k < keys.length; k++) out += (k ? ',' : '') + spellString(keys[k]);
-          out += ']}';
-        }
+    const scalar = spellScalar(token);
+    if (scalar !== null) {
+      out += scalar;
+    } else if (token.kind === 'array') {
+      out += '{"kind":"array","length":' + NumberPrototypeToString(token.length, 10) + '}';
+    } else {
+      const keys = token.keys;
+      out += '{"kind":"object","keys":[';
+      for (let k = 0; k < keys.length; k++) out += (k ? ',' : '') + spellString(keys[k]);
+      out += ']}';
     }
   }
   return out + ']';
@@ -627,29 +633,15 @@ export function jsonOfTokens(tokens) {
       if (top[0] !== null) out += spellString(top[0][top[2]]) + ':';
       top[2] += 1;
     }
-    switch (typeof token) {
-      case 'string':
-        out += spellString(token);
-        break;
-      case 'number':
-        out += spellNumber(token);
-        break;
-      case 'bigint':
-        out += BigIntPrototypeToString(token);
-        break;
-      case 'boolean':
-        out += token ? 'true' : 'false';
-        break;
-      default:
-        if (token === null) {
-          out += 'null';
-        } else if (token.kind === 'array') {
-          out += '[';
-          stack[stack.length] = [null, token.length, 0];
-        } else {
-          out += '{';
-          stack[stack.length] = [token.keys, token.keys.length, 0];
-        }
+    const scalar = spellScalar(token);
+    if (scalar !== null) {
+      out += scalar;
+    } else if (token.kind === 'array') {
+      out += '[';
+      stack[stack.length] = [null, token.length, 0];
+    } else {
+      out += '{';
+      stack[stack.length] = [token.keys, token.keys.length, 0];
     }
     while (stack.length && stack[stack.length - 1][2] === stack[stack.length - 1][1]) {
       out += stack[stack.length - 1][0] === null ? ']' : '}';
