@@ -37,7 +37,7 @@ from registry_service.domain.plugin_hosts import (
     HostRegistrations,
     ServiceSpec,
 )
-from registry_service.domain.results import ToolResult
+from registry_service.domain.results import ABORTED, ToolResult
 from registry_service.domain.signals import AbortSignal
 from registry_service.runtime_client import GrpcRuntime
 
@@ -180,6 +180,9 @@ class GrpcActiveHost:
             return value
         if result is _GONE:  # the stream ended with the call in flight
             raise ToolCallFailure(_HOST_GONE, HOST_GONE)
+        if result.cancelled:  # as every cancelled call: the caller's abort, or the plugin's stop
+            why = "the plugin was stopped" if self._retracting else "the call was cancelled"
+            raise ToolCallFailure(f"tool call aborted: {why}", ABORTED, "AbortError")
         raise ToolCallFailure(result.error_message or "the plugin's tool failed")
 
     async def call_handler(self, method: str, args: JsonValue) -> JsonValue:

@@ -109,6 +109,7 @@ class HostResult:
     presentation_meta_json: str = ""  # with a value: the tool's presentation metadata
     error_stack: str = ""  # a handler's traceback
     method_not_found: bool = False  # a handler invocation named no handler
+    cancelled: bool = False  # cut short by a cancel or the retract
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +518,7 @@ class PluginHost:
                         text if type(text) is str else "failed",
                         error_stack=stack if type(stack) is str else "",
                         method_not_found=message.get("notFound") is True,
+                        cancelled=message.get("cancelled") is True,
                     )
                 )
         elif kind == "retracted" and self._retracting:

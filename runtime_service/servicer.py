@@ -286,6 +286,7 @@ def _host_response(event: HostEvent) -> runtime_pb2.HostResponse:
             result.error_message = event.error_message
             result.error_stack = event.error_stack
             result.method_not_found = event.method_not_found
+            result.cancelled = event.cancelled
         return runtime_pb2.HostResponse(result=result)
     if isinstance(event, HostLog):
         return runtime_pb2.HostResponse(log=runtime_pb2.LogLine(text=event.text))

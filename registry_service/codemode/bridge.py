@@ -52,6 +52,7 @@ from registry_service.domain.execution import (
 )
 from registry_service.domain.json_admission import decode_text, off_loop
 from registry_service.domain.results import (
+    ABORTED_BEFORE_DISPATCH,
     AdditionalContext,
     ImageBlock,
     TextBlock,
@@ -432,7 +433,11 @@ class _Run(RunHooks):
 
     def abandoned(self, call: NestedCall) -> None:
         reason = self.controller.signal.reason or SETTLED
-        result = error_result(f"run_code run is over ({reason}); {call.name} tool call abandoned")
+        result = error_result(
+            f"run_code run is over ({reason}); {call.name} tool call abandoned",
+            ABORTED_BEFORE_DISPATCH,
+            "AbortError",
+        )
         call.inp.trace.end(result, ABANDONED)
         self.telemetry.nested_abandoned()
         self.answer(call, result)

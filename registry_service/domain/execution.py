@@ -252,7 +252,8 @@ class Executor:
         except JsonValueError as exc:
             return error_result(
                 f"tool execution arguments must be losslessly JSON-serializable: {exc}",
-                name="TypeError",
+                INVALID_ARGS,
+                "TypeError",
             )
         scope = inp.agent or GLOBAL
         nested = inp.parent is not None

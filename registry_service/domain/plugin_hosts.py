@@ -57,6 +57,10 @@ ActivationPhase = Literal["host-load", "host-apply"]
 # The `ToolCallFailure` code of a dynamic tool call that found its plugin host gone (not the
 # plugin's own failure): Cordis treats it as the host's loss.
 HOST_GONE = "PLUGIN_HOST_GONE"
+# A plugin's call of another plugin's service that no running plugin provides, or of a method
+# the service does not have.
+SERVICE_MISSING = "SERVICE_MISSING"
+SERVICE_METHOD_MISSING = "SERVICE_METHOD_MISSING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +159,9 @@ class HostEvents:
 
 
 async def _no_services(service: str) -> JsonValue:
-    raise ToolCallFailure(f'service "{service}" is not provided by a running plugin')
+    raise ToolCallFailure(
+        f'service "{service}" is not provided by a running plugin', SERVICE_MISSING
+    )
 
 
 class ActiveHost(Protocol):

@@ -13,6 +13,10 @@ ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
 UNKNOWN_TOOL = "UNKNOWN_TOOL"
 INVALID_ARGS = "INVALID_ARGS"
 INVALID_TOOL_OUTPUT = "INVALID_TOOL_OUTPUT"
+TOOL_FAILED = "TOOL_FAILED"
+"""The code of a failure whose source named none (a tool body's plain exception, a provider's or
+plugin's error without a code): every failure carries a code, so a caller can always branch on
+one and history never holds an error without one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +52,12 @@ class AdditionalContext:
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     message: str
-    code: str = ""
+    code: str = TOOL_FAILED
     name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.code:  # no failure without a code (see TOOL_FAILED)
+            object.__setattr__(self, "code", TOOL_FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,11 @@ class ToolResult:
     code runtime was unavailable. The result is recorded as usual, then the call's RPC ends
     with this error instead of carrying the result. Results from providers never set it."""
 
+    def __post_init__(self) -> None:
+        if self.is_error and self.error is None:  # a result built as failed without its info
+            message = text_of(self.content).removeprefix("Error: ") or "tool failed"
+            object.__setattr__(self, "error", ErrorInfo(message))
+
     def with_contexts(self, contexts: tuple[AdditionalContext, ...]) -> ToolResult:
         return replace(self, additional_contexts=contexts)
 
@@ -88,7 +101,7 @@ def success(
     return ToolResult(content=content, value=value, has_value=has_value)
 
 
-def error_result(message: str, code: str = "", name: str = "") -> ToolResult:
+def error_result(message: str, code: str = TOOL_FAILED, name: str = "") -> ToolResult:
     """The canonical error result: content `Error: <message>`."""
     return ToolResult(
         content=(TextBlock(f"Error: {message}"),),

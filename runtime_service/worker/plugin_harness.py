@@ -691,7 +691,7 @@ class _Host:
                 if inspect.isawaitable(meta):
                     meta = await meta
         except asyncio.CancelledError:
-            self.reply(invocation, False, "the call was cancelled")
+            self.reply(invocation, False, "the call was cancelled", cancelled=True)
             return
         except MemoryError:
             # As for a program: the host's state cannot be trusted after it, the host ends.
@@ -745,9 +745,12 @@ class _Host:
                 return
         self.channel.send(frame)
 
-    def reply(self, invocation: int, ok: bool, message: str) -> None:
+    def reply(self, invocation: int, ok: bool, message: str, *, cancelled: bool = False) -> None:
         message = ledger.fit_prefix(ledger.valid_text(message), self.max_output)
-        self.channel.send({"t": "result", "id": invocation, "ok": ok, "message": message})
+        frame: dict[str, object] = {"t": "result", "id": invocation, "ok": ok, "message": message}
+        if cancelled:
+            frame["cancelled"] = True
+        self.channel.send(frame)
 
     async def dispose(self) -> None:
         for task in list(self.invocations.values()):

@@ -869,7 +869,7 @@ class Host {
       if (running !== undefined) {
         this.invocations.delete(id);
         running.abort();
-        this.reply(id, false, 'the call was cancelled');
+        this.reply(id, false, 'the call was cancelled', true);
       }
     } else if (kind === 'retract' && !this.retracting) {
       this.retracting = true;
@@ -1056,16 +1056,17 @@ class Host {
    * @param {boolean} ok
    * @param {string} message
    */
-  reply(id, ok, message) {
+  reply(id, ok, message, cancelled = false) {
     message = fitPrefix(validText(message), this.maxOutput);
-    send(`{"t":"result","id":${id},"ok":${ok},"message":${wire.spellString(message)}}`);
+    const flag = cancelled ? ',"cancelled":true' : '';
+    send(`{"t":"result","id":${id},"ok":${ok},"message":${wire.spellString(message)}${flag}}`);
   }
 
   async dispose() {
     for (const [id, controller] of [...this.invocations]) {
       this.invocations.delete(id);
       controller.abort();
-      this.reply(id, false, 'the call was cancelled');
+      this.reply(id, false, 'the call was cancelled', true);
     }
     for (const [id, call] of [...this.calls]) {
       this.calls.delete(id);

@@ -375,6 +375,7 @@ async def test_direct_and_nested_calls_run_the_same_pipeline(
     print(f"{scenario.id}: direct={direct}\n{scenario.id}: nested={nested}")
     assert nested == direct
     assert EXPECTED[scenario.id] == (direct.error_code, direct.stages)
+    assert bool(direct.error_code) == direct.is_error  # no failure without its code
 
 
 # The model-direct behaviour each scenario must show (README "The pipeline"): the error code
@@ -384,13 +385,13 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "allow-default": ("", _ALL),
     "allow-explicit": ("", _ALL),
     "deny": ("DENIED", ["pre", "post", "observe"]),
-    "pre-execute-throw": ("", ["pre", "observe"]),
+    "pre-execute-throw": ("TOOL_FAILED", ["pre", "observe"]),
     "ask-approval-allowed": ("", ["pre", "approval", *_ALL[1:]]),
     "ask-approval-rejected": ("DENIED", ["pre", "approval", "post", "observe"]),
     "ask-approval-unavailable": ("DENIED", ["pre", "approval", "post", "observe"]),
     "ask-approval-cancelled": ("ABORTED_BEFORE_DISPATCH", ["pre", "approval", "post", "observe"]),
     "guard-deny": ("DENIED", ["pre", "guard", "post", "observe"]),
-    "guard-throw": ("", ["pre", "guard", "observe"]),
+    "guard-throw": ("TOOL_FAILED", ["pre", "guard", "observe"]),
     "around-throw": ("MY_CODE", ["pre", "guard", "around", "observe"]),
     "around-short-circuit": ("WRAPPER_REFUSED", ["pre", "guard", "around", "post", "observe"]),
     "around-replace": ("", _ALL),
@@ -401,7 +402,7 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "post-replace-value": ("", _ALL),
     "post-replace-content": ("", _ALL),
     "post-block": ("BLOCKED", _ALL),
-    "post-throw": ("", _ALL),
+    "post-throw": ("TOOL_FAILED", _ALL),
     "post-on-denied": ("DENIED", ["pre", "post", "observe"]),
     "observer-throw": ("", _ALL),
     "cancel-during-pre-execute": ("ABORTED_BEFORE_DISPATCH", ["pre", "guard", "post", "observe"]),

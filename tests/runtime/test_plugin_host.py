@@ -436,9 +436,11 @@ async def test_an_invocation_is_cancelled_and_a_failing_tool_reports_its_message
     await host.invoke(2, "bad", {})
     bad = await host.next_not_log()
     assert (bad.result.invocation_id, bad.result.error_message) == (2, "the plugin refused")
+    assert not bad.result.cancelled
     await host.call.write(runtime_pb2.HostRequest(cancel=runtime_pb2.HostCancel(invocation_id=1)))
     slow = await host.next_not_log()
     assert (slow.result.invocation_id, slow.result.error_message) == (1, "the call was cancelled")
+    assert slow.result.cancelled  # so the registry settles it ABORTED, as every cancelled call
     await host.invoke(3, "lossy", {})
     lossy = await host.next_not_log()
     assert lossy.result.error_message.startswith('the result of tool "lossy" must be lossless')

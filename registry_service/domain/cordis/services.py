@@ -14,12 +14,14 @@ from collections.abc import Iterable
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.cordis.model import ActiveRun, Plugin
-from registry_service.domain.plugin_hosts import ServiceSpec
+from registry_service.domain.plugin_hosts import (
+    SERVICE_METHOD_MISSING,
+    SERVICE_MISSING,
+    ServiceSpec,
+)
 from registry_service.domain.signals import AbortSignal
 
 __all__ = ["ServiceRouter"]
-
-SERVICE_MISSING = "SERVICE_MISSING"
 
 
 class ServiceRouter:
@@ -85,6 +87,8 @@ class ServiceRouter:
             )
         spec, run = entry
         if method not in spec.methods:
-            raise ToolCallFailure(f'service "{service}" has no method "{method}"')
+            raise ToolCallFailure(
+                f'service "{service}" has no method "{method}"', SERVICE_METHOD_MISSING
+            )
         assert run.host is not None
         return await run.host.call_service(service, method, arguments, AbortSignal())

@@ -55,6 +55,8 @@ async def until(predicate: Callable[[], bool], what: str = "condition") -> None:
 
 class CordisHarness(Harness):
     hosts: InProcessHosts | None
+    runtime: Any = None
+    """The in-process runtime whose plugin hosts run the host halves (real stacks only)."""
 
     async def agent(
         self,

@@ -623,6 +623,7 @@ class HostInvokeResult(_message.Message):
     PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
     METHOD_NOT_FOUND_FIELD_NUMBER: _builtins.int
     ERROR_STACK_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this answers."""
     value_json: _builtins.str
@@ -637,6 +638,10 @@ class HostInvokeResult(_message.Message):
     """A handler invocation named a method the plugin does not handle (error_message says so)."""
     error_stack: _builtins.str
     """The failure's traceback, when there is one (handler invocations)."""
+    cancelled: _builtins.bool
+    """The invocation was cancelled before it finished: withdrawn by a cancel, or cut short by the
+    plugin's retract (error_message says so).
+    """
     def __init__(
         self,
         *,
@@ -646,10 +651,11 @@ class HostInvokeResult(_message.Message):
         presentation_meta_json: _builtins.str = ...,
         method_not_found: _builtins.bool = ...,
         error_stack: _builtins.str = ...,
+        cancelled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "outcome", b"outcome", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "error_stack", b"error_stack", "invocation_id", b"invocation_id", "method_not_found", b"method_not_found", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "error_message", b"error_message", "error_stack", b"error_stack", "invocation_id", b"invocation_id", "method_not_found", b"method_not_found", "outcome", b"outcome", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["value_json", "error_message"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015

@@ -299,6 +299,11 @@ export interface HostInvokeResult {
   methodNotFound: boolean;
   /** The failure's traceback, when there is one (handler invocations). */
   errorStack: string;
+  /**
+   * The invocation was cancelled before it finished: withdrawn by a cancel, or cut short by the
+   * plugin's retract (error_message says so).
+   */
+  cancelled: boolean;
 }
 
 /** HostRetracted confirms that the plugin is gone. */
@@ -1828,7 +1833,14 @@ export const HostFailure: MessageFns<HostFailure> = {
 };
 
 function createBaseHostInvokeResult(): HostInvokeResult {
-  return { invocationId: 0n, outcome: undefined, presentationMetaJson: "", methodNotFound: false, errorStack: "" };
+  return {
+    invocationId: 0n,
+    outcome: undefined,
+    presentationMetaJson: "",
+    methodNotFound: false,
+    errorStack: "",
+    cancelled: false,
+  };
 }
 
 export const HostInvokeResult: MessageFns<HostInvokeResult> = {
@@ -1855,6 +1867,9 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
     }
     if (message.errorStack !== "") {
       writer.uint32(50).string(message.errorStack);
+    }
+    if (message.cancelled !== false) {
+      writer.uint32(56).bool(message.cancelled);
     }
     return writer;
   },
@@ -1920,6 +1935,14 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
             message.errorStack = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.cancelled = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1957,6 +1980,7 @@ export const HostInvokeResult: MessageFns<HostInvokeResult> = {
     message.presentationMetaJson = object.presentationMetaJson ?? "";
     message.methodNotFound = object.methodNotFound ?? false;
     message.errorStack = object.errorStack ?? "";
+    message.cancelled = object.cancelled ?? false;
     return message;
   },
 };
