@@ -280,6 +280,7 @@ class Executor:
             traceparent=inp.traceparent,
             tracestate=inp.tracestate,
             trace=inp.trace,
+            principal=inp.principal,
         )
 
     def plan(self, execution: Execution) -> Plan:
@@ -440,6 +441,7 @@ class Executor:
             deadline=execution.deadline,
             traceparent=traceparent,  # the call's own span: providers continue from it
             tracestate=tracestate,
+            principal=execution.principal,
         )
         try:
             with trace.activated():
