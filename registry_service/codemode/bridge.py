@@ -1,8 +1,10 @@
 """The `run_code` transport: runs a program on a runtime and dispatches its binding calls.
 
 The body of `run_code` (reference §6): validate the description, mint the parent token,
-enumerate the agent's visible tools once as bindings (`run_code` excluded), open a run, turn
-every binding call into a nested call through the per-run scheduler, and, when the run ends,
+enumerate once as bindings the agent's visible tools that the caller's principal may call
+(`run_code` excluded), open a run, turn every binding call into a nested call (acting as that
+principal, admitted by the rule of the direct call) through the per-run scheduler, and, when
+the run ends,
 reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
 the outer result exists.
 
