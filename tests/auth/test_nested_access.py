@@ -135,7 +135,8 @@ async def run_program(stack: Stack, who: str, agent: str, code: str, call_id: st
         stack.stub(who), agent, "run_code", {"code": code, "description": "probe"}, call_id
     )
     assert not result.is_error, result.error.message
-    return jsonvalue.loads(result.value_json)["result"]
+    value: Any = jsonvalue.loads(result.value_json)
+    return value["result"]
 
 
 def probe(language: str, tool: str) -> str:
@@ -360,7 +361,7 @@ async def test_a_plugin_host_acts_as_the_principal_that_started_it(
     # Who may starts one; the host is shown what its principal may call (Cordis included).
     defined = await execute(frank, agent, "cordis_define", define, f"h-def-{language}")
     assert not defined.is_error, defined.error.message
-    receipt = jsonvalue.loads(defined.value_json)
+    receipt: Any = jsonvalue.loads(defined.value_json)
     ran = await execute(
         frank,
         agent,
