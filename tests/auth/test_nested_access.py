@@ -3,7 +3,9 @@ directly, from a Python or a TypeScript `run_code` program, or by a plugin host
 (registry_service/domain/tool_access.py). Real gRPC with TLS and JWTs, a real runtime (worker
 processes, plugin hosts), the registry's own composition.
 
-- `jwt:erin`: execute on the agents, no cordis; `jwt:frank`: execute and cordis.
+- `jwt:erin`: execute on the agents, no cordis; `jwt:frank`: execute and cordis;
+  `cert:spiffe://codemode/pager`: a page runner, cordis only (it may start a host from a panel,
+  and call none of the agent's tools).
 - A tool the run's principal may not call is not one of its bindings (the program cannot name
   it; the runtime refuses a name outside them), nor in the SDK, prompt, wire schemas or tool
   list that principal gets. A binding call that reaches the registry anyway (a hostile
@@ -23,6 +25,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from codemode_client.page_runner import PageRunner
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
@@ -39,10 +42,12 @@ from tests.registry.cordis.real_stack import NEEDS_NODE
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 AGENTS = {"py": "python", "ts": "typescript"}
+PAGER = "cert:spiffe://codemode/pager"
 NESTED_GRANTS: list[dict[str, Any]] = [
     *GRANTS,
     {"principals": ["jwt:erin"], "permissions": ["execute"], "resources": ["agents/*"]},
     {"principals": ["jwt:frank"], "permissions": ["execute", "cordis"], "resources": ["agents/*"]},
+    {"principals": [PAGER], "permissions": ["cordis"], "resources": ["agents/*"]},
 ]
 MAY_USE_CORDIS = {"erin": False, "frank": True}
 ORDINARY, CORDIS = "echo", "cordis_inspect_list"
@@ -63,7 +68,7 @@ def _settings(directory: Path, authority: Authority, signer: Signer, **extra: An
         {"id": f"{name}{suffix}", "mode": "both", "code_language": language,
          "self_modification": True}
         for name, language in AGENTS.items()
-        for suffix in ("", "-host")
+        for suffix in ("", "-host", "-panel")
     ]  # fmt: skip
     return auth_settings(directory, authority, signer, grants=NESTED_GRANTS, agents=agents, **extra)
 
@@ -73,6 +78,7 @@ class Stack:
     auth: AuthRegistry
     running: RunningRegistry
     stubs: dict[str, tuple[Any, Any]]
+    pager: grpc.aio.Channel | None = None  # a page runner's channel (PageRunnerService)
 
     def stub(self, who: str) -> tuple[Any, Any]:
         return self.stubs[who]
@@ -101,9 +107,15 @@ async def stack(
         "erin": auth.stub(bearer=signer.token("erin")),
         "frank": auth.stub(bearer=signer.token("frank")),
     }
+    pem = authority.client(uri=PAGER.removeprefix("cert:"))
+    pager = grpc.aio.secure_channel(
+        f"localhost:{running.port}",
+        grpc.ssl_channel_credentials(authority.pem, pem.key, pem.cert),
+    )
     try:
-        yield Stack(auth, running, stubs)
+        yield Stack(auth, running, stubs, pager)
     finally:
+        await pager.close()
         await auth.close()
         await running.stop(0)
         await runtime.stop(0)
@@ -263,14 +275,11 @@ async def test_a_binding_call_the_principal_may_not_make_is_refused_and_audited(
         echo_tool(running.registry, ORDINARY)
         auth = AuthRegistry(running, authority, signer, tmp_path)
         try:
-            stack = Stack(
-                auth,
-                running,
-                {
-                    "admin": auth.stub(cert="spiffe://codemode/admin"),
-                    "erin": auth.stub(bearer=signer.token("erin")),
-                },
-            )
+            stubs = {
+                "admin": auth.stub(cert="spiffe://codemode/admin"),
+                "erin": auth.stub(bearer=signer.token("erin")),
+            }
+            stack = Stack(auth, running, stubs)
             tools_before = sorted(running.registry.catalog.view("agents/py").visible)
             erin = stack.stub("erin")
             await execute(erin, "agents/py", "run_code", {"code": "x", "description": "d"}, "r-1")
@@ -380,3 +389,30 @@ async def test_a_plugin_host_acts_as_the_principal_that_started_it(
         await execute(
             frank, agent, "cordis_stop", {"pluginId": receipt["pluginId"]}, f"h-stop-{language}"
         )
+
+
+@pytest.mark.parametrize("language", ["python", pytest.param("typescript", marks=NEEDS_NODE)])
+async def test_a_host_started_from_a_panel_acts_as_its_page_runner(
+    stack: Stack, language: str
+) -> None:
+    """A page runner holds cordis but not execute: the host its panel starts is shown none of
+    the agent's tools (one that `cordis_run` by frank starts is shown them all, above)."""
+    agent = "agents/py-panel" if language == "python" else "agents/ts-panel"
+    frank = stack.stub("frank")
+    define = {
+        "plugin": {"kind": "new", "idPrefix": "probe"},
+        "name": "Probe",
+        "purpose": "p",
+        "code": {"host": HOST[language]},
+    }
+    defined = await execute(frank, agent, "cordis_define", define, f"p-def-{language}")
+    assert not defined.is_error, defined.error.message
+    receipt: Any = jsonvalue.loads(defined.value_json)
+    assert stack.pager is not None
+    async with PageRunner(stack.pager, agent) as page:
+        started = await page.panel_run(receipt["pluginId"], receipt["packageId"])
+        assert started.accepted, started.message
+        seen = await execute(frank, agent, "host_sees", {}, f"p-call-{language}")
+        assert not seen.is_error, seen.error.message
+        assert jsonvalue.loads(seen.value_json) == []
+        await page.stop(receipt["pluginId"])
