@@ -149,7 +149,10 @@ class PageRunnerServicer:
         out: asyncio.Queue[Any] = asyncio.Queue()
         cordis = self._registry.cordis
         page = cordis.pages.attach(
-            agent.agent, agent.page_name, lambda e: out.put_nowait(_event(e))
+            agent.agent,
+            agent.page_name,
+            lambda e: out.put_nowait(_event(e)),
+            current_principal(),
         )
         self._queues.add(out)
         if self._closing:

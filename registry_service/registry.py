@@ -33,6 +33,7 @@ from registry_service.domain.providers import ProviderHub
 from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.telemetry import RegistryTelemetry
+from registry_service.domain.tool_access import ToolAuthority
 from registry_service.domain.tools import (
     RUN_CODE,
     Classifier,
@@ -75,6 +76,9 @@ class Registry:
     runtime: RuntimePort | None
     cordis: Cordis
     catalog_store: CatalogStore
+    # Who may call which tool, for every path a call takes (domain/tool_access.py); the RPC
+    # guard and the presentation RPCs ask it too.
+    authority: ToolAuthority
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     admission: Admission = field(default_factory=Admission)
     follower: CatalogFollower | None = None  # other registries' catalog changes, once restored
@@ -233,7 +237,11 @@ def _connect_runtime(
 
 
 def _cordis(
-    catalog: Catalog, hosts: PluginHosts | None, history: HistoryStore, settings: RegistrySettings
+    catalog: Catalog,
+    hosts: PluginHosts | None,
+    history: HistoryStore,
+    settings: RegistrySettings,
+    authority: ToolAuthority,
 ) -> Cordis:
     state_store: CordisStateStore | None = None
     if settings.cordis_durable:
@@ -250,6 +258,7 @@ def _cordis(
             history.watch,
             start_timeout_s=settings.cordis_start_timeout_s,
             compute_ms_per_call=settings.cordis_compute_ms_per_call,
+            authority=authority,
         )
     except (ValueError, KeyError, TypeError) as exc:  # a snapshot this version cannot read
         raise ConfigError(f"the durable Cordis state cannot be read: {exc}") from exc
@@ -319,6 +328,7 @@ def build_registry(
     )
     stores = _open_stores(settings)
     history = stores.history
+    authority = ToolAuthority(settings.access_policy(), history.append)
     catalog = Catalog(
         settings.default_mode,
         run_code,
@@ -347,6 +357,7 @@ def build_registry(
         ),
         TokenMinter(bytes.fromhex(settings.token_key) if settings.token_key else None),
         admission=admission,
+        authority=authority,
     )
     holder.append(transport)
     registry = Registry(
@@ -359,8 +370,11 @@ def build_registry(
         history=history,
         transport=transport,
         runtime=runtime,
-        cordis=_cordis(catalog, plugin_hosts or _plugin_hosts(runtime), history, settings),
+        cordis=_cordis(
+            catalog, plugin_hosts or _plugin_hosts(runtime), history, settings, authority
+        ),
         catalog_store=stores.catalog,
+        authority=authority,
         telemetry=telemetry,
         admission=admission,
     )

@@ -1,5 +1,7 @@
 """The one table of RegistryService methods → the permission each needs, and the guard that
-applies it before any method runs (installed by `add_service(..., guard=...)`).
+applies it before any method runs (installed by `add_service(..., guard=...)`). A tool call
+(ExecuteToolCall) is admitted by the tool rule instead (`domain.tool_access`), the one that
+also admits the nested calls of its runs and of plugin hosts.
 
 A method missing from the table is refused to everyone once authentication is on (and the
 tests check every method is listed), so a new RPC cannot ship open by accident. Streams
@@ -18,8 +20,8 @@ import grpc
 from codemode_common.peer import bearer_token, certificate_names
 from codemode_common.principals import Authenticator, Principal
 from registry_service._errors import DOMAIN
-from registry_service.domain.access import AccessPolicy, Permission, denied, resource_of
-from registry_service.domain.cordis.tools import NAMES as CORDIS_TOOLS
+from registry_service.domain.access import Permission, denied, resource_of
+from registry_service.domain.tool_access import ToolAuthority
 
 __all__ = ["RULES", "RegistryGuard", "Rule"]
 
@@ -68,6 +70,7 @@ RULES: dict[str, Rule] = {
     "GetWireSchemas": Rule((E, M), _scope),
     "GetSystemPrompt": Rule((E, M), _scope),
     "GetSdk": Rule((E, M), _scope),
+    # What `domain.tool_access` asks of every tool call (`cordis` too for a `cordis_*` tool).
     "ExecuteToolCall": Rule((E,), _agent),
     # The empty agent's history is the audit log: manage on `global` instead (see below).
     "ListHistory": Rule((E,), _agent),
@@ -92,9 +95,10 @@ class RegistryGuard:
 
     domain = DOMAIN
 
-    def __init__(self, authenticator: Authenticator, policy: AccessPolicy) -> None:
+    def __init__(self, authenticator: Authenticator, tools: ToolAuthority) -> None:
         self._authenticator = authenticator
-        self.policy = policy
+        self._tools = tools
+        self.policy = tools.policy
 
     async def __call__(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, request: Any | None
@@ -113,13 +117,16 @@ class RegistryGuard:
             if rule.resource is None and not self.policy.holds(principal, rule.permissions[0]):
                 raise denied(principal, rule.permissions[0], "any scope")
             return principal
+        if method == "ExecuteToolCall":
+            # The rule every nested call is held to as well; a refusal is audited.
+            await self._tools.authorize(
+                principal, request.agent, request.tool_name, call_id=request.call_id, via="direct"
+            )
+            return principal
         resource = rule.resource(request)
         if method in _AUDIT_READS and request.agent == "":
             self.policy.require(principal, M, resource)
             return principal
         if not any(self.policy.allows(principal, p, resource) for p in rule.permissions):
             raise denied(principal, rule.permissions[0], resource)
-        if method == "ExecuteToolCall" and request.tool_name in CORDIS_TOOLS:
-            # Self-modification is its own permission beyond calling the agent's tools.
-            self.policy.require(principal, C, resource)
         return principal

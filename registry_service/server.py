@@ -71,8 +71,8 @@ async def start(
         options=base_options(settings.max_message_bytes),
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
-    policy = settings.access_policy()
-    guard = RegistryGuard(settings.authenticator(), policy)
+    policy = registry.authority.policy
+    guard = RegistryGuard(settings.authenticator(), registry.authority)
     servicer = RegistryServicer(registry, policy)
     await registry.restore_catalog()  # before the first call can start
     await registry.close_interrupted()

@@ -230,7 +230,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         self, request: rpb.ListVisibleToolsRequest, context: Context
     ) -> rpb.ListVisibleToolsResponse:
         scope = self._catalog.require_scope(request.scope)
-        view = self._catalog.view(scope)
+        # Only the tools the caller may call (domain/tool_access.py).
+        view = self._registry.authority.access(current_principal(), scope).restrict(
+            self._catalog.view(scope)
+        )
         return rpb.ListVisibleToolsResponse(
             tools=[
                 convert.tool_to_proto(view.visible[n], view.registered_in[n])
@@ -285,6 +288,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             agent=agent,
             agent_id=agent_id,
             deadline=None if remaining is None else loop.time() + remaining,
+            principal=current_principal(),  # the guard's: the run and its nested calls keep it
         )
         self._inflight.add(key)
         self._no_calls.clear()

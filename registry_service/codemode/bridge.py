@@ -1,8 +1,10 @@
 """The `run_code` transport: runs a program on a runtime and dispatches its binding calls.
 
 The body of `run_code` (reference §6): validate the description, mint the parent token,
-enumerate the agent's visible tools once as bindings (`run_code` excluded), open a run, turn
-every binding call into a nested call through the per-run scheduler, and, when the run ends,
+enumerate once as bindings the agent's visible tools that the caller's principal may call
+(`run_code` excluded), open a run, turn every binding call into a nested call (acting as that
+principal, admitted by the rule of the direct call) through the per-run scheduler, and, when
+the run ends,
 reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
 the outer result exists.
 
@@ -41,6 +43,7 @@ from registry_service.codemode.runtime_port import (
 )
 from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
 from registry_service.codemode.token import TokenError, TokenMinter
+from registry_service.domain.access import AccessPolicy
 from registry_service.domain.admission import Admission, Slot
 from registry_service.domain.execution import (
     ExecutionInput,
@@ -69,6 +72,7 @@ from registry_service.domain.telemetry import (
     RegistryTelemetry,
     outcome_of,
 )
+from registry_service.domain.tool_access import ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation
 from registry_service.history import build, records
 from registry_service.history.records import Record
@@ -81,6 +85,9 @@ CODE_RUNTIME_UNAVAILABLE = "CODE_RUNTIME_UNAVAILABLE"
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
 NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"
+# A binding call its run's principal may not make, as the program sees it: the code is stable
+# (the text after it names the principal, the missing permission and the resource).
+NESTED_DENIED = "nested call refused: PERMISSION_DENIED"
 HISTORY_FAILED = "the history store failed"
 NO_OUTPUT = "(run_code completed with no output)"
 
@@ -124,7 +131,12 @@ class RunCodeTransport:
         minter: TokenMinter,
         *,
         admission: Admission | None = None,
+        authority: ToolAuthority | None = None,
     ) -> None:
+        """`authority`: who may call which tool (None: everyone everything, the open default).
+        A run acts as the principal of its `run_code` call: its bindings are the tools that
+        principal may call, and each binding call is admitted by the same rule as the direct
+        call (domain/tool_access.py)."""
         if config.max_parallel_sub_calls < 1:
             raise ValueError("maxParallelSubCalls must be a positive integer")
         self.executor = executor
@@ -133,6 +145,7 @@ class RunCodeTransport:
         self.config = config
         self.minter = minter
         self.admission = admission or Admission()
+        self.authority = authority or ToolAuthority(AccessPolicy((), enforced=False))
         self._closing: set[asyncio.Task[None]] = set()
 
     def close_later(self, stream: RunStream) -> None:
@@ -173,6 +186,7 @@ class _Run(RunHooks):
     # Admission slots of this run's nested calls in flight, by binding call id: released
     # when each is answered, and whatever is left when the run ends.
     nested_slots: dict[int, Slot] = field(default_factory=dict)
+    access: ToolAccess = field(init=False)  # what the run's principal may call (set in `run`)
 
     @property
     def telemetry(self) -> RegistryTelemetry:
@@ -182,7 +196,11 @@ class _Run(RunHooks):
         t = self.transport
         outer = self.outer
         scope = outer.agent or GLOBAL
-        bindings = tuple(sorted(n for n in t.executor.catalog.view(scope).visible if n != RUN_CODE))
+        # The principal is the registry's record of who called run_code (the guard's); asked
+        # once per run, and never taken from anything the runtime sends.
+        self.access = t.authority.access(outer.principal, outer.agent or "")
+        visible = t.executor.catalog.view(scope).visible
+        bindings = tuple(sorted(n for n in self.access.callable(visible) if n != RUN_CODE))
         self.bindings = frozenset(bindings)
         remove = outer.signal.add_listener(self.controller.abort)
         self.scheduler = RunScheduler(
@@ -268,6 +286,19 @@ class _Run(RunHooks):
         except TokenError as exc:
             telemetry.nested_refused("invalid_token", name)
             return stream.reply(call.call_id, False, f"nested call refused: {exc}")
+        try:
+            # Before the binding check: refused as the same direct call is, and audited.
+            await self.transport.authority.check(
+                self.access,
+                self.outer.agent or "",
+                name,
+                call_id="",  # refused before it had a sub-call id, as every refusal here
+                via="run_code",
+                parent_call_id=self.outer.call_id,
+            )
+        except CodemodeError as exc:
+            telemetry.nested_refused("permission_denied", name)
+            return stream.reply(call.call_id, False, f"{NESTED_DENIED}: {exc.message}")
         if name not in self.bindings:
             telemetry.nested_refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
@@ -350,6 +381,7 @@ class _Run(RunHooks):
                 traceparent=traceparent,
                 tracestate=tracestate,
                 trace=trace,
+                principal=self.outer.principal,  # the run's: what it calls acts as it
             ),
             binding_call_id=call.call_id,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortSignal
@@ -41,6 +42,9 @@ class ExecutionInput:
     # `dumps(arguments)`, from a caller that has just decoded `arguments` and shares it with no
     # one (a wire message): the pipeline then takes the pair as its snapshot without copying.
     arguments_json: str | None = None
+    # Who the call acts for: the principal the RPC guard authenticated, which a run_code run
+    # keeps for its nested calls (the registry's record; nothing a runtime sends can set it).
+    principal: Principal = ANONYMOUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,7 @@ class Execution:
     tracestate: str
     trace: CallTrace = NO_TRACE
     agent_id: str = ""
+    principal: Principal = ANONYMOUS
 
     @property
     def scope(self) -> str:

@@ -281,6 +281,7 @@ class Executor:
             traceparent=inp.traceparent,
             tracestate=inp.tracestate,
             trace=inp.trace,
+            principal=inp.principal,
         )
 
     def plan(self, execution: Execution) -> Plan:
@@ -441,6 +442,7 @@ class Executor:
             deadline=execution.deadline,
             traceparent=traceparent,  # the call's own span: providers continue from it
             tracestate=tracestate,
+            principal=execution.principal,
         )
         try:
             with trace.activated():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire import jsonvalue
 from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
@@ -38,6 +39,9 @@ class Invocation:
     agent_id: str = ""  # the agent's stable identity (the key of its history)
     # Progress events for the caller's stream (used by run_code for nested-call events).
     emit: Callable[[Any], None] = lambda _event: None
+    # Who the call acts for (`ExecutionInput.principal`): a run_code run's nested calls act as
+    # it, and the plugin host a `cordis_run` starts acts as it.
+    principal: Principal = ANONYMOUS
 
     @cached_property
     def arguments(self) -> JsonValue:

@@ -20,6 +20,12 @@ AGENT_INJECT = "agent/inject"
 # history of the global scope (agent `""`), so that deleting or re-creating an agent neither
 # erases nor inherits the trail; read it with ListHistory/WatchHistory for the empty agent.
 ADMIN_AUDIT = "admin/audit"
+# A tool call refused for want of a permission (registry_service/domain/tool_access.py), by any
+# path (direct, a run_code program, a plugin host): `name` is the tool, `arguments_json`
+# `{"principal", "permission", "resource", "agent", "tool", "call_id", "parent_call_id",
+# "via"}` (never the call's arguments), `is_error` with `error_code` PERMISSION_DENIED. In the
+# same audit log.
+ACCESS_DENIED = "access/denied"
 AUDIT_LOG = ""
 KINDS = (
     TOOL_CALL,
@@ -29,6 +35,7 @@ KINDS = (
     AGENT_STEER,
     AGENT_INJECT,
     ADMIN_AUDIT,
+    ACCESS_DENIED,
 )
 # Only the outer layer derives model messages; nested records are log-only.
 MODEL_KINDS = frozenset({TOOL_CALL, TOOL_RESULT})

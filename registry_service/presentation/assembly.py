@@ -12,10 +12,12 @@ the advertisement and the executor cannot drift apart. Rules:
   `code` (seed 000: the model must not be told to call tools it cannot reach directly), drops
   empty sections and sorts by (order, `tool_order` position of a `tool:*` section, id).
 - A `tool_order` entry outside the scope's known names fails assembly (reference §1.6).
-- Results are cached per (catalog version, scope, language): any registry change bumps the
-  version, so invalidation is automatic. SDK text is additionally cached per (language, exact
-  tool definitions), so an unchanged tool set yields the very same string after unrelated
-  changes, for every scope that sees it.
+- A caller is shown only the tools it may call (`domain.tool_access`): given its `ToolAccess`,
+  every rule above runs over the scope's view without the others.
+- Results are cached per (catalog version, scope, language, the caller's permissions there):
+  any registry change bumps the version, so invalidation is automatic. SDK text is
+  additionally cached per (language, exact tool definitions), so an unchanged tool set yields
+  the very same string after unrelated changes, for every scope that sees it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from registry_service.domain.catalog import Catalog, View
 from registry_service.domain.cordis import prompt as cordis_prompt
 from registry_service.domain.scopes import GLOBAL, Mode
 from registry_service.domain.sections import Section
+from registry_service.domain.tool_access import ToolAccess
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
 from registry_service.presentation._sdk_common import utf16_sort_key
 from registry_service.presentation.languages import SDK_RENDERERS, resolve_language
@@ -153,7 +156,7 @@ def ordered_names(names: Iterable[str], tool_order: Sequence[str]) -> list[str]:
 
 
 T = TypeVar("T")
-_Key = tuple[int, str, str]
+_Key = tuple[int, str, str, frozenset[object] | None]
 
 
 class Assembler:
@@ -179,14 +182,20 @@ class Assembler:
 
     # -- public API ------------------------------------------------------------------------
 
-    def wire_schemas(self, scope: str, language: str = "") -> WireSchemas:
-        return self._cached(self._wire, scope, language, self._build_wire)
+    # `access`: what the caller may call there (None: every tool, as with authorization off).
 
-    def system_prompt(self, scope: str, language: str = "") -> SystemPrompt:
-        return self._cached(self._prompts, scope, language, self._build_prompt)
+    def wire_schemas(
+        self, scope: str, language: str = "", access: ToolAccess | None = None
+    ) -> WireSchemas:
+        return self._cached(self._wire, scope, language, access, self._build_wire)
 
-    def sdk(self, scope: str, language: str = "") -> Sdk:
-        return self._cached(self._sdks, scope, language, self._build_sdk)
+    def system_prompt(
+        self, scope: str, language: str = "", access: ToolAccess | None = None
+    ) -> SystemPrompt:
+        return self._cached(self._prompts, scope, language, access, self._build_prompt)
+
+    def sdk(self, scope: str, language: str = "", access: ToolAccess | None = None) -> Sdk:
+        return self._cached(self._sdks, scope, language, access, self._build_sdk)
 
     def code_language(self, scope: str) -> str:
         """The language `run_code` runs in for `scope` ("" when it is effectively native);
@@ -201,13 +210,15 @@ class Assembler:
         cache: Lru[_Key, T],
         scope: str,
         language: str,
+        access: ToolAccess | None,
         build: Callable[[View, str], T],
     ) -> T:
         self._catalog.require_scope(scope)
-        key = (self._catalog.version, scope, language)
+        key = (self._catalog.version, scope, language, None if access is None else access.key)
         hit = cache.get(key)
         if hit is None:
-            hit = cache.put(key, build(self._catalog.view(scope), language))
+            view = self._catalog.view(scope)
+            hit = cache.put(key, build(view if access is None else access.restrict(view), language))
         return hit
 
     def _language(self, view: View, requested: str) -> str:

@@ -108,21 +108,22 @@ def auth_settings(directory: Path, ca: Authority, signer: Signer, **extra: Any) 
     server_cert, server_key = ca.server().write(directory, "server")
     (directory / "ca.pem").write_bytes(ca.pem)
     (directory / "jwks.json").write_text(json.dumps({"keys": [signer.jwk()]}))
-    return RegistrySettings(
-        listen="127.0.0.1:0",
-        history_path=":memory:",
-        trace_file="off",
-        tls_cert_file=server_cert,
-        tls_key_file=server_key,
-        tls_client_ca_file=directory / "ca.pem",
-        auth={
+    # `extra` may also replace the grants and agents below.
+    settings: dict[str, Any] = {
+        "listen": "127.0.0.1:0",
+        "history_path": ":memory:",
+        "trace_file": "off",
+        "tls_cert_file": server_cert,
+        "tls_key_file": server_key,
+        "tls_client_ca_file": directory / "ca.pem",
+        "auth": {
             "tokens": [{"principal": "alice", "sha256": sha256(ALICE_TOKEN)}],
             "jwt": {"jwks_file": directory / "jwks.json", "issuer": ISSUER, "audience": AUDIENCE},
         },
-        grants=GRANTS,
-        agents=[{"id": name} for name in AGENTS],
-        **extra,
-    )
+        "grants": GRANTS,
+        "agents": [{"id": name} for name in AGENTS],
+    }
+    return RegistrySettings(**{**settings, **extra})
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from codemode_common.principals import Principal
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.model import (
     Attempt,
@@ -108,13 +109,21 @@ class ClientRuns:
     def has_pending(self, plugin_id: str) -> bool:
         return self._request_of(plugin_id) is not None
 
-    def request(self, plugin: Plugin, package: Package, mode: Mode) -> dict[str, JsonValue]:
+    def request(
+        self, plugin: Plugin, package: Package, mode: Mode, principal: Principal
+    ) -> dict[str, JsonValue]:
+        """`principal`: the caller of `cordis_run`; the plugin host, once a page settles the
+        request, acts as it."""
         k = package.package_id
         requires = not (
             plugin.client_version_updates_approved or k in plugin.approved_client_packages
         )
         attempt = self._runner.new_attempt(
-            plugin, package, mode, "awaiting-approval" if requires else "starting-host"
+            plugin,
+            package,
+            mode,
+            "awaiting-approval" if requires else "starting-host",
+            principal=principal,
         )
         request = _Request(
             self._runner.ids.approval(),
@@ -254,7 +263,10 @@ class ClientRuns:
             plugin.approved_client_packages.add(package_id)
             if approve_future:
                 plugin.client_version_updates_approved = True
-        attempt = self._runner.new_attempt(plugin, package, cast(Mode, mode), "starting-host")
+        # A panel run is the page's own act: its host acts as the page runner's principal.
+        attempt = self._runner.new_attempt(
+            plugin, package, cast(Mode, mode), "starting-host", principal=page.principal
+        )
         self._panel_runs[attempt.run_id] = page.page_id
         answer = await self._start(plugin, package, attempt)
         if not package.has_client or not answer.accepted:  # settled already

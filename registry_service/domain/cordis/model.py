@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.plugin_hosts import ActiveHost, HostRegistrations
 from registry_service.domain.tools import ToolDefinition
@@ -98,6 +99,9 @@ class Attempt:
     host: HalfState
     client: HalfState
     error: Diagnostic | None = None
+    # Who started it (a `cordis_run` caller, or a panel's page runner): its plugin host acts
+    # as them (domain/tool_access.py). Not durable: runs are not restarted.
+    principal: Principal = ANONYMOUS
 
     def to_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.jsonvalue import JsonValue
 
 
@@ -93,6 +94,7 @@ class Page:
     agent: str
     name: str
     push: Callable[[PageEvent], None]
+    principal: Principal = ANONYMOUS  # who attached it (a panel run's host acts as them)
 
 
 class PageHub:
@@ -105,8 +107,14 @@ class PageHub:
     def add_pending_source(self, source: Callable[[str], list[PageEvent]]) -> None:
         self._pending.append(source)
 
-    def attach(self, agent: str, name: str, push: Callable[[PageEvent], None]) -> Page:
-        page = Page(next(self._ids), agent, name, push)
+    def attach(
+        self,
+        agent: str,
+        name: str,
+        push: Callable[[PageEvent], None],
+        principal: Principal = ANONYMOUS,
+    ) -> Page:
+        page = Page(next(self._ids), agent, name, push, principal)
         self._pages[page.page_id] = page
         for source in self._pending:
             for event in source(agent):

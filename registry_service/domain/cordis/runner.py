@@ -24,8 +24,10 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol, cast
 
+from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.access import AccessPolicy
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.durable import (
@@ -73,6 +75,7 @@ from registry_service.domain.plugin_hosts import (
 )
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
+from registry_service.domain.tool_access import CallKind, ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
 from registry_service.history.records import Record
 
@@ -91,7 +94,9 @@ class ClientActivation(Protocol):
 
     def has_pending(self, plugin_id: str) -> bool: ...
 
-    def request(self, plugin: Plugin, package: Package, mode: Mode) -> dict[str, JsonValue]: ...
+    def request(
+        self, plugin: Plugin, package: Package, mode: Mode, principal: Principal
+    ) -> dict[str, JsonValue]: ...
 
     def cancel_pending(self, plugin: Plugin) -> bool:
         """Cancels the plugin's pending request (stop, undefine); True when there was one."""
@@ -110,11 +115,15 @@ class CordisRunner:
         state_store: CordisStateStore | None = None,
         history_watch: Watch | None = None,
         compute_ms_per_call: int | None = None,
+        authority: ToolAuthority | None = None,
     ) -> None:
         """`state_store`: keep plugins, packages, grants, pointers and id counters there
         across restarts (loaded now; runs are not restarted). None: process memory only.
-        `history_watch` (the history store's `watch`) is where plugins' events come from."""
+        `history_watch` (the history store's `watch`) is where plugins' events come from.
+        `authority`: what a plugin host may do and see, as the principal that started it
+        (None: everything, the open default)."""
         self._catalog = catalog
+        self._authority = authority or ToolAuthority(AccessPolicy((), enforced=False))
         self.hosts = hosts
         self.steering = steering or Steering()
         self._reserved = frozenset(reserved_names)
@@ -172,8 +181,11 @@ class CordisRunner:
     def owned(self, owner: str) -> list[Plugin]:
         return [p for p in self._plugins.values() if p.owner == owner]
 
-    def visible_tools(self, owner: str) -> list[ToolDefinition]:
+    def visible_tools(self, owner: str, access: ToolAccess | None = None) -> list[ToolDefinition]:
+        """What the owner sees (run_code excluded); with `access`, only what it may call."""
         view = self._catalog.view(owner)
+        if access is not None:
+            view = access.restrict(view)
         return [defn for name, defn in view.visible.items() if name != RUN_CODE]
 
     def provided_services(self, owner: str) -> list[tuple[str, str, ServiceSpec | None]]:
@@ -272,8 +284,16 @@ class CordisRunner:
         return package
 
     async def run(
-        self, owner: str, plugin_id: str, package_id: str, mode: str, signal: AbortSignal
+        self,
+        owner: str,
+        plugin_id: str,
+        package_id: str,
+        mode: str,
+        signal: AbortSignal,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> dict[str, JsonValue]:
+        """`principal`: the caller of `cordis_run`; the plugin host acts as it."""
         plugin = self._owned(owner, plugin_id)
         package = self._plan(plugin, package_id, mode)
         if signal.aborted:
@@ -292,10 +312,12 @@ class CordisRunner:
                     "client-unavailable",
                 )
             # Never waits for a page: the outcome arrives later as a steering record.
-            return client.request(plugin, package, cast(Mode, mode))
+            return client.request(plugin, package, cast(Mode, mode), principal)
         if self.hosts is None:
             raise CordisError(NO_PLUGIN_HOSTS, "plugin-hosts-unavailable")
-        attempt = self.new_attempt(plugin, package, cast(Mode, mode), "starting-host")
+        attempt = self.new_attempt(
+            plugin, package, cast(Mode, mode), "starting-host", principal=principal
+        )
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
         task = self.start_host(plugin, package, attempt, self.hosts)
@@ -303,9 +325,16 @@ class CordisRunner:
         return await asyncio.shield(task)
 
     def new_attempt(
-        self, plugin: Plugin, package: Package, mode: Mode, status: AttemptStatus
+        self,
+        plugin: Plugin,
+        package: Package,
+        mode: Mode,
+        status: AttemptStatus,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> Attempt:
-        """Mints `run-<n>` and records the attempt as the plugin's latest, `next` its target."""
+        """Mints `run-<n>` and records the attempt as the plugin's latest, `next` its target;
+        `principal` started it (its plugin host acts as it)."""
         attempt = Attempt(
             run_id=self._ids.run(),
             package_id=package.package_id,
@@ -313,6 +342,7 @@ class CordisRunner:
             status=status,
             host=HalfState("pending" if package.has_host else "absent"),
             client=HalfState("pending" if package.has_client else "absent"),
+            principal=principal,
         )
         plugin.next = package.package_id
         plugin.latest = attempt
@@ -421,6 +451,9 @@ class CordisRunner:
         run_id = attempt.run_id
         owner, plugin_id = plugin.owner, plugin.plugin_id
         services = self._services.available(self._plugins.values(), owner, plugin_id)
+        # The host acts as the principal that started it: it is shown the tools that
+        # principal may call, and its own calls are admitted by the same rule.
+        access = self._authority.access(attempt.principal, owner)
         spec = ActivationSpec(
             owner=plugin.owner,
             plugin_id=plugin.plugin_id,
@@ -432,7 +465,9 @@ class CordisRunner:
             start_timeout_s=self._start_timeout_s,
             compute_ms_per_call=self._compute_ms_per_call,
             # (name, input schema), as the seam and the runtime adapter read them.
-            visible_tools=tuple((d.name, d.input_schema) for d in self.visible_tools(plugin.owner)),
+            visible_tools=tuple(
+                (d.name, d.input_schema) for d in self.visible_tools(plugin.owner, access)
+            ),
             services=services,
         )
         events = HostEvents(
@@ -441,13 +476,8 @@ class CordisRunner:
             on_log=lambda stream, text: log.info(
                 "[cordis:%s] %s: %s", plugin.plugin_id, stream, text.rstrip()
             ),
-            on_service_call=lambda service, method, args: self._services.call(
-                list(self._plugins.values()),
-                owner,
-                caller=plugin_id,
-                service=service,
-                method=method,
-                arguments=args,
+            on_service_call=lambda service, method, args: self._host_call(
+                access, owner, plugin_id, run_id, service=service, method=method, arguments=args
             ),
         )
         try:
@@ -498,6 +528,41 @@ class CordisRunner:
             },
             "client": {"status": "absent", "waitingFor": []},
         }
+
+    async def _host_call(
+        self,
+        access: ToolAccess,
+        owner: str,
+        plugin_id: str,
+        run_id: str,
+        *,
+        service: str,
+        method: str,
+        arguments: JsonValue,
+    ) -> JsonValue:
+        """A plugin host's call of another plugin's service method, as the host's principal."""
+        try:
+            await self._authority.check(
+                access,
+                owner,
+                f"{service}.{method}",
+                call_id="",
+                via="plugin-host",
+                parent_call_id=run_id,
+                kind=CallKind.HOST,
+            )
+        except CodemodeError as exc:
+            raise ToolCallFailure(
+                f"PERMISSION_DENIED: {exc.message}", "PERMISSION_DENIED"
+            ) from None
+        return await self._services.call(
+            list(self._plugins.values()),
+            owner,
+            caller=plugin_id,
+            service=service,
+            method=method,
+            arguments=arguments,
+        )
 
     def _failed(
         self, plugin: Plugin, attempt: Attempt, phase: Phase, message: str, stack: str = ""

@@ -11,6 +11,7 @@ from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.events import Watch
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry, client_providers
+from registry_service.domain.cordis.names import NAMES
 from registry_service.domain.cordis.page_runners import Answer, Page, PageHub, refused
 from registry_service.domain.cordis.references import (
     ReferenceContext,
@@ -20,8 +21,9 @@ from registry_service.domain.cordis.references import (
 )
 from registry_service.domain.cordis.runner import CordisRunner
 from registry_service.domain.cordis.steering import SOURCE, Steering, Submit
-from registry_service.domain.cordis.tools import NAMES, cordis_tools
+from registry_service.domain.cordis.tools import cordis_tools
 from registry_service.domain.plugin_hosts import PluginHosts
+from registry_service.domain.tool_access import ToolAuthority
 
 
 class Cordis:
@@ -35,6 +37,7 @@ class Cordis:
         *,
         start_timeout_s: float = 5.0,
         compute_ms_per_call: int | None = None,
+        authority: ToolAuthority | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `state_store` keeps the plugins across restarts (none: process memory only);
@@ -50,6 +53,7 @@ class Cordis:
             history_watch=history_watch,
             start_timeout_s=start_timeout_s,
             compute_ms_per_call=compute_ms_per_call,
+            authority=authority,
         )
         for provider in host_providers(
             self.runner.visible_tools, self.runner.provided_services, catalog.language_for

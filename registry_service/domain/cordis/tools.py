@@ -8,19 +8,19 @@ from typing import cast
 
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.inspect import InspectRegistry
+from registry_service.domain.cordis.names import (
+    DEFINE,
+    INSPECT_LIST,
+    INSPECT_QUERY,
+    INSPECT_SELF,
+    RUN,
+    STOP,
+    UNDEFINE,
+)
 from registry_service.domain.cordis.refusals import CordisError, require_agent
 from registry_service.domain.cordis.runner import CordisRunner
 from registry_service.domain.results import TextBlock, ToolResult
 from registry_service.domain.tools import Invocation, ToolBody, ToolDefinition
-
-INSPECT_LIST = "cordis_inspect_list"
-INSPECT_QUERY = "cordis_inspect_query"
-INSPECT_SELF = "cordis_inspect_self"
-DEFINE = "cordis_define"
-RUN = "cordis_run"
-STOP = "cordis_stop"
-UNDEFINE = "cordis_undefine"
-NAMES = (INSPECT_LIST, INSPECT_QUERY, INSPECT_SELF, DEFINE, RUN, STOP, UNDEFINE)
 
 _STRING: JsonValue = {"type": "string"}
 
@@ -111,6 +111,7 @@ def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDef
             cast(str, args["packageId"]),
             cast(str, args["mode"]),
             inv.signal,
+            principal=inv.principal,  # the host it starts acts as the caller
         )
         where = f"{out['pluginId']}/{out['packageId']}"
         status = out["status"]

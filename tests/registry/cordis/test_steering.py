@@ -186,10 +186,10 @@ async def test_a_cancelled_run_call_steers_the_outcome_it_did_not_return(
     run = runner.run
 
     async def capturing_run(
-        owner: str, plugin_id: str, package_id: str, mode: str, signal: AbortSignal
+        owner: str, plugin_id: str, package_id: str, mode: str, signal: AbortSignal, **kw: Any
     ) -> dict[str, JsonValue]:
         signals.append(signal)
-        return await run(owner, plugin_id, package_id, mode, signal)
+        return await run(owner, plugin_id, package_id, mode, signal, **kw)
 
     runner.run = capturing_run  # type: ignore[method-assign]
     call = cordis.stub.ExecuteToolCall(
