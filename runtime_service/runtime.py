@@ -86,6 +86,11 @@ class Runtime:
     def live_runs(self) -> int:
         return len(self._live)
 
+    @property
+    def live_hosts(self) -> int:
+        """Plugin hosts being driven (starting, running or ending)."""
+        return len(self._hosts)
+
     def create_run(
         self,
         *,

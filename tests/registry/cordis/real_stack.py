@@ -50,6 +50,7 @@ async def real_stack(
     channel = grpc.aio.insecure_channel(registry.address)
     harness = CordisHarness(registry, channel)
     harness.hosts = None
+    harness.runtime = runtime.runtime
     try:
         yield harness
     finally:
