@@ -166,29 +166,34 @@ class Admission:
         ):
             bound = getattr(limits, limit)
             if bound is not None and self._nested.get(key, 0) >= bound:
-                raise _over(what, limit, agent, self.retry_delay_s)
+                raise _over(what, limit, agent, self.retry_delay_s, bound=bound)
         return _take(self._nested, agent)
 
     def _sandbox(self, counter: dict[str, int], limit: str, agent: str) -> Slot:
         """A run or a plugin host: the agent's own limit of its kind, the registry's limit of
         its kind (hosts), then the registry's sandboxes (runs and hosts together), shared
         fairly among the agents that want one."""
+        nothing = "no plugin host was started" if counter is self._hosts else "nothing was started"
+
+        def over(what: str, name: str, bound: int) -> CodemodeError:
+            return _over(what, name, agent, self.retry_delay_s, bound=bound, nothing=nothing)
+
         bound = getattr(self.limits_for(agent), limit)
         if bound is not None and counter.get(agent, 0) >= bound:
-            raise _over("agent", limit, agent, self.retry_delay_s)
+            raise over("agent", limit, bound)
         if limit != "max_concurrent_runs":
             bound = getattr(self.global_limits, limit)
             if bound is not None and counter.get(_GLOBAL, 0) >= bound:
-                raise _over("global", limit, agent, self.retry_delay_s)
+                raise over("global", limit, bound)
         sandboxes = self.global_limits.max_concurrent_runs
         if sandboxes is not None:
             now = self.clock()
             if self._held(_GLOBAL) >= sandboxes:
                 self._waiting[agent] = now
-                raise _over("global", "max_concurrent_runs", agent, self.retry_delay_s)
+                raise over("global", "max_concurrent_runs", sandboxes)
             share = self._fair_share(agent, sandboxes, now)
             if share is not None and self._held(agent) >= share:
-                raise _over("global", "fair_share", agent, self.retry_delay_s, share=share)
+                raise over("global", "fair_share", share)
             self._waiting.pop(agent, None)
         return _take(counter, agent)
 
@@ -227,19 +232,26 @@ def _take(counter: dict[str, int], agent: str) -> Slot:
 
 
 def _over(
-    what: str, limit: str, agent: str, delay: float, *, share: int | None = None
+    what: str,
+    limit: str,
+    agent: str,
+    delay: float,
+    *,
+    bound: float | None = None,
+    nothing: str = "nothing was started",
 ) -> CodemodeError:
-    whose = "the registry's" if what == "global" else f"{agent or 'the global scope'}'s"
-    if share is not None:
+    owner = agent or "the global scope"
+    if limit == "fair_share":
         why = (
-            f"{agent or 'the global scope'} holds its fair share ({share}) of the registry's "
-            "sandboxes while another agent waits for one"
+            f"{owner} holds its fair share ({bound}) of the registry's sandboxes while another "
+            "agent waits for one"
         )
     else:
-        why = f"over {whose} {limit}"
+        whose = "the registry's" if what == "global" else f"{owner}'s"
+        why = f"over {whose} {limit}" + ("" if bound is None else f" ({bound:g})")
     return resource_exhausted(
         "ADMISSION_LIMIT",
-        f"{why}: nothing was started; retry after {delay:.3g} s",
+        f"{why}: {nothing}; retry after {delay:.3g} s",
         retry_delay=delay,
         limit=limit,
         scope=what,

@@ -40,9 +40,9 @@ class AdmittedPluginHosts:
         try:
             slot = self._admission.plugin_host(spec.owner)
         except CodemodeError as exc:
-            message = f"no plugin host was started: {exc.message}"
-            if exc.metadata.get("scope") == "agent":
-                message += " (or stop one of its running plugins with cordis_stop)"
+            message = exc.message
+            if exc.metadata.get("scope") == "agent":  # its own hosts: waiting alone may not do
+                message += ", or stop one of its running plugins (cordis_stop)"
             raise ActivationFailed(
                 "host-load", message, code=RESOURCE_EXHAUSTED, retry_delay_s=exc.retry_delay
             ) from None

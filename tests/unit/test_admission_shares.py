@@ -27,12 +27,15 @@ class Clock:
 
 
 def _refused(admission: Admission, agent: str, what: str = "run") -> dict[str, str]:
-    with pytest.raises(CodemodeError) as raised:
+    def take() -> None:
         if what == "run":
             with admission.run(agent):
                 pass
         else:
             admission.plugin_host(agent)
+
+    with pytest.raises(CodemodeError) as raised:
+        take()
     assert raised.value.reason == "ADMISSION_LIMIT" and raised.value.retry_delay == 1.0
     return raised.value.metadata
 

@@ -49,7 +49,7 @@ async def test_an_agent_cannot_take_the_sandboxes_with_plugin_hosts() -> None:
         for _, result in refused:
             assert result.error.code == "resource-exhausted", result.error
             assert "max_plugin_hosts" in result.error.message
-            assert "no plugin host was started" in result.error.message
+            assert "no plugin host was started" in result.error.message, result.error.message
         assert h.runtime.live_hosts == 4  # nothing of the refused ones started
         assert h.registry.admission.live_hosts(a) == 4
 
