@@ -10,10 +10,11 @@ Limits, each per agent and global (every agent together):
 - `calls_per_second` (with `burst`): model-direct tool calls started, a token bucket.
 
 Fair share of the global sandbox limit: when an agent was refused because the registry's
-sandboxes were all taken, and asked again within `fair_share_window` (it is waiting), no
-other agent gets a new sandbox while it holds its fair share, the global limit divided by
-the agents holding or waiting for one (at least 1): what frees up goes to the agents below
-their share, and nobody is ever preempted.
+sandboxes were all taken, it counts as waiting for `fair_share_window_s` (a client retrying
+after the RetryInfo delay keeps waiting). While another agent waits, no agent gets a new
+sandbox once it holds its fair share: the global limit divided by the agents holding or
+waiting for one (at least 1). What frees up then goes to the agents below their share;
+nobody is preempted, and with nobody waiting an agent may use all that is free.
 
 Over a limit a call is refused before anything of it starts (no history record, no run, no
 plugin host): RESOURCE_EXHAUSTED with RetryInfo, the delay being when a token is due (rate)
@@ -52,8 +53,8 @@ class Limits:
 
 
 # The defaults keep a bystander working on a small machine (2 cores): one agent holds at most
-# 8 runs and 4 plugin hosts, a quarter of the 32 sandboxes of the registry, and hosts never
-# take more than half of them. Nested calls are bounded per run (the runtime's outstanding
+# 8 runs and 4 plugin hosts of the registry's 32 sandboxes, and plugin hosts (long-lived)
+# never take more than half of them. Nested calls are bounded per run (the runtime's outstanding
 # calls, `max_parallel_sub_calls`) and model-direct calls hold no sandbox: unlimited.
 DEFAULT_GLOBAL_LIMITS = Limits(max_concurrent_runs=32, max_plugin_hosts=16)
 DEFAULT_AGENT_LIMITS = Limits(max_concurrent_runs=8, max_plugin_hosts=4)
@@ -93,6 +94,8 @@ class Slot:
         self.released = True
         for counter, key in zip(self._counters, self._keys, strict=True):
             counter[key] -= 1
+            if not counter[key]:  # an agent holding nothing is not kept
+                del counter[key]
 
 
 _GLOBAL = "\x00global"  # a key no agent name can take
