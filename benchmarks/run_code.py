@@ -304,6 +304,9 @@ async def stack(
             "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([runtime.address]),
             "CODEMODE_REGISTRY_HISTORY_PATH": ":memory:",
             "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": "16",
+            # P4/P5 run 50 and 200 programs of one agent at once: no admission run limits.
+            "CODEMODE_REGISTRY_LIMITS": json.dumps({"max_concurrent_runs": None}),
+            "CODEMODE_REGISTRY_AGENT_LIMITS": json.dumps({"max_concurrent_runs": None}),
             "CODEMODE_REGISTRY_PLUGINS": json.dumps(["benchmarks._run_code_tools:install"]),
             "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": json.dumps(["python", "typescript"]),
         }

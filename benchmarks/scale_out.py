@@ -80,6 +80,9 @@ async def registries(
         "CODEMODE_REGISTRY_DEFAULT_MODE": "code",
         "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([runtime.address]),
         "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": "16",
+        # P4 runs 50 programs of one agent at once: no admission run limits.
+        "CODEMODE_REGISTRY_LIMITS": json.dumps({"max_concurrent_runs": None}),
+        "CODEMODE_REGISTRY_AGENT_LIMITS": json.dumps({"max_concurrent_runs": None}),
         "CODEMODE_REGISTRY_PLUGINS": json.dumps(["benchmarks._run_code_tools:install"]),
     }
     sqlite = {**base, "CODEMODE_REGISTRY_HISTORY_PATH": f"{history_dir}/history.sqlite3"}

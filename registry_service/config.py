@@ -15,7 +15,11 @@ from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
 from registry_service.domain.access import AccessPolicy, Grant, Permission
-from registry_service.domain.admission import Limits
+from registry_service.domain.admission import (
+    DEFAULT_AGENT_LIMITS,
+    DEFAULT_GLOBAL_LIMITS,
+    Limits,
+)
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
 from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
 from registry_service.history.store import StoreOpenError
@@ -43,13 +47,17 @@ _GRPC_MAX_S = (2**31 - 1) // 1000
 
 
 class LimitsSetting(BaseModel):
-    """Admission limits (see `registry_service.domain.admission`); unset: unlimited (or, on a
-    preset or agent, inherited)."""
+    """Admission limits (see `registry_service.domain.admission`). On `limits` and
+    `agent_limits` an unset field takes its default and `null` means unlimited; on a preset or
+    agent an unset (or `null`) field is inherited."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_concurrent_runs: int | None = Field(default=None, ge=0)
-    """`run_code` runs in flight."""
+    """`run_code` runs in flight; on `limits`, runs in flight plus live plugin hosts (each holds
+    a sandbox on a runtime)."""
+    max_plugin_hosts: int | None = Field(default=None, ge=0)
+    """Live plugin hosts (Cordis host halves), from activation until their processes are gone."""
     max_nested_in_flight: int | None = Field(default=None, ge=0)
     """Nested tool calls of programs in flight (queued or running)."""
     calls_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -58,11 +66,23 @@ class LimitsSetting(BaseModel):
     """Calls that may start at once after a quiet spell; unset: the rate rounded up."""
 
     def to_limits(self) -> Limits:
+        """The declared limits (unset: None, inherited when merged over others)."""
         return Limits(
-            self.max_concurrent_runs,
-            self.max_nested_in_flight,
-            self.calls_per_second,
-            self.burst,
+            max_concurrent_runs=self.max_concurrent_runs,
+            max_nested_in_flight=self.max_nested_in_flight,
+            calls_per_second=self.calls_per_second,
+            burst=self.burst,
+            max_plugin_hosts=self.max_plugin_hosts,
+        )
+
+    def over_defaults(self, defaults: Limits) -> Limits:
+        """The limits in force: each field set here (`null`: unlimited), else the default."""
+        declared = self.to_limits()
+        return Limits(
+            **{
+                name: getattr(declared if name in self.model_fields_set else defaults, name)
+                for name in type(self).model_fields
+            }
         )
 
 
@@ -275,13 +295,23 @@ class RegistrySettings(ServiceSettings):
     grants: list[GrantSetting] = Field(default_factory=list)
     """What each principal may do (see `registry_service.domain.access`)."""
     limits: LimitsSetting = Field(default_factory=LimitsSetting)
-    """Admission limits of the whole registry (every agent together); unset: unlimited."""
+    """Admission limits of the whole registry (every agent together). Unset fields take the
+    defaults (`max_concurrent_runs` 32 sandboxes: runs plus live plugin hosts;
+    `max_plugin_hosts` 16); `null` lifts a limit."""
     agent_limits: LimitsSetting = Field(default_factory=LimitsSetting)
     """Each agent's own admission limits (the global scope's calls count as one agent),
-    unless its preset or itself declares others (`presets[].limits`, `agents[].limits`)."""
+    unless its preset or itself declares others (`presets[].limits`, `agents[].limits`).
+    Unset fields take the defaults (`max_concurrent_runs` 8, `max_plugin_hosts` 4); `null`
+    lifts a limit."""
     admission_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
     """The RetryInfo delay sent with a refusal over a concurrency limit (a rate limit sends
     when its next token is due)."""
+
+    def global_limits(self) -> Limits:
+        return self.limits.over_defaults(DEFAULT_GLOBAL_LIMITS)
+
+    def default_agent_limits(self) -> Limits:
+        return self.agent_limits.over_defaults(DEFAULT_AGENT_LIMITS)
 
     def json_limits(self) -> JsonLimits:
         return JsonLimits(

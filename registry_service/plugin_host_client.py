@@ -29,6 +29,7 @@ from registry_service.codemode.runtime_port import RuntimeUnavailable
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.plugin_hosts import (
     HOST_GONE,
+    RESOURCE_EXHAUSTED,
     ActivationFailed,
     ActivationSpec,
     DynamicToolSpec,
@@ -39,7 +40,7 @@ from registry_service.domain.plugin_hosts import (
 )
 from registry_service.domain.results import ABORTED, ToolResult
 from registry_service.domain.signals import AbortSignal
-from registry_service.runtime_client import GrpcRuntime
+from registry_service.runtime_client import GrpcRuntime, runtime_exhausted
 
 __all__ = ["GrpcPluginHosts"]
 
@@ -85,9 +86,16 @@ class GrpcPluginHosts:
                 first = await _read(call)
                 kind = first.WhichOneof("kind") if first is not None else None
         except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            if exhausted := runtime_exhausted(exc):  # no sandbox was free: nothing started
+                raise ActivationFailed(
+                    "host-load",
+                    f"no plugin host was started: {exhausted}",
+                    code=RESOURCE_EXHAUSTED,
+                    retry_delay_s=exhausted.retry_delay_s,
+                ) from exc
             # The runtime went away (killed, restarted, unreachable) with the start in flight:
             # its plugin host went with it; the attempt fails like any other start.
-            call.cancel()
             raise ActivationFailed(
                 "host-apply",
                 f"the runtime was lost while the Host half was starting: {exc.details()}",

@@ -241,7 +241,9 @@ def _cordis(
     hosts: PluginHosts | None,
     history: HistoryStore,
     settings: RegistrySettings,
+    *,
     authority: ToolAuthority,
+    admission: Admission,
 ) -> Cordis:
     state_store: CordisStateStore | None = None
     if settings.cordis_durable:
@@ -259,6 +261,7 @@ def _cordis(
             start_timeout_s=settings.cordis_start_timeout_s,
             compute_ms_per_call=settings.cordis_compute_ms_per_call,
             authority=authority,
+            admission=admission,
         )
     except (ValueError, KeyError, TypeError) as exc:  # a snapshot this version cannot read
         raise ConfigError(f"the durable Cordis state cannot be read: {exc}") from exc
@@ -371,7 +374,12 @@ def build_registry(
         transport=transport,
         runtime=runtime,
         cordis=_cordis(
-            catalog, plugin_hosts or _plugin_hosts(runtime), history, settings, authority
+            catalog,
+            plugin_hosts or _plugin_hosts(runtime),
+            history,
+            settings,
+            authority=authority,
+            admission=admission,
         ),
         catalog_store=stores.catalog,
         authority=authority,
@@ -392,7 +400,7 @@ def build_registry(
 
 def _admission(settings: RegistrySettings, catalog: Catalog) -> Admission:
     """Limits: the agent's own declaration, over its preset's, over `agent_limits`."""
-    default = settings.agent_limits.to_limits()
+    default = settings.default_agent_limits()
     declared = {
         **{f"presets/{p.id}": p.limits.to_limits() for p in settings.presets if p.limits},
         **{f"agents/{a.id}": a.limits.to_limits() for a in settings.agents if a.limits},
@@ -410,7 +418,7 @@ def _admission(settings: RegistrySettings, catalog: Catalog) -> Admission:
         return limits
 
     return Admission(
-        settings.limits.to_limits(), limits_for, retry_delay_s=settings.admission_retry_delay_s
+        settings.global_limits(), limits_for, retry_delay_s=settings.admission_retry_delay_s
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from grpc_status import rpc_status
 from opentelemetry.trace import TracerProvider
 
 from codemode_common.run_acceptance import accepted
@@ -32,6 +33,7 @@ from codemode_common.tls import ClientTls
 from codemode_wire.api.common.v1 import trace_pb2
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
+from codemode_wire.grpc_status import retry_delay
 from registry_service.codemode.runtime_port import (
     BindingCall,
     RunEvent,
@@ -39,6 +41,7 @@ from registry_service.codemode.runtime_port import (
     RunRefused,
     RunSpec,
     RunTerminal,
+    RuntimeExhausted,
     RuntimeLimits,
     RuntimeLost,
     RuntimeUnreachable,
@@ -175,6 +178,8 @@ class GrpcRunStream:
                     return
         except grpc.aio.AioRpcError as exc:
             detail = f"{exc.code().name}: {exc.details()}"
+            if exhausted := runtime_exhausted(exc):
+                raise exhausted from exc
             if exc.code() is grpc.StatusCode.UNAVAILABLE or (
                 exc.code() in _BROKEN_CONNECTION and not _from_the_runtime(exc)
             ):
@@ -222,6 +227,15 @@ _BROKEN_CONNECTION = frozenset(
         grpc.StatusCode.DEADLINE_EXCEEDED,
     }
 )
+
+
+def runtime_exhausted(exc: grpc.aio.AioRpcError) -> RuntimeExhausted | None:
+    """The runtime's RESOURCE_EXHAUSTED (no sandbox free: nothing ran), with its RetryInfo."""
+    if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED or not _from_the_runtime(exc):
+        return None
+    status = rpc_status.from_call(exc)
+    delay = retry_delay(status) if status is not None else None
+    return RuntimeExhausted(exc.details() or "the code runtime is at capacity", delay)
 
 
 def _from_the_runtime(exc: grpc.aio.AioRpcError) -> bool:

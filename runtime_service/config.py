@@ -91,6 +91,9 @@ class RuntimeSettings(ServiceSettings):
     worker_uid_count: int = Field(default=1_000, ge=1, le=1_000_000)
     """Size of that range: the most workers alive at once. The range must belong to no other
     user on the host, and runtimes sharing a host need disjoint ranges."""
+    capacity_retry_delay_s: float = Field(default=1.0, gt=0, le=_GRPC_MAX_S, allow_inf_nan=False)
+    """The RetryInfo delay sent with RESOURCE_EXHAUSTED when a run or plugin host finds no
+    sandbox free (every uid of the range is held by a live worker): nothing ran."""
     worker_tmp_bytes: int = Field(default=64 << 20, ge=1 << 20)
     """Size cap of each worker's private ``/tmp`` (memory-backed), its working directory. With
     a run cgroup its pages also count against the run's memory budget; without one they come
@@ -199,6 +202,7 @@ class RuntimeSettings(ServiceSettings):
             worker=spec,
             max_program_bytes=self.max_program_bytes,
             max_call_bytes=self.max_message_bytes,
+            capacity_retry_delay_s=self.capacity_retry_delay_s,
         )
 
 

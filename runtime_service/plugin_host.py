@@ -27,7 +27,7 @@ from runtime_service.run import next_cpu_poll_s
 from runtime_service.worker import flatwire
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.typescript import HEAP_EXHAUSTED
-from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
+from runtime_service.worker_process import WorkerCapacityError, WorkerLaunchError, WorkerProcess
 
 __all__ = [
     "HostEvent",
@@ -180,6 +180,8 @@ class PluginHost:
         self._stderr_tail = b""
         self._heap_exhausted = False
         self._final: HostEvent | None = None
+        self.exhausted: str | None = None
+        """Set when no sandbox was free for the host: it never started, and sent nothing."""
         self._done = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Resolves once the worker is reaped (after the last event)."""
@@ -190,6 +192,12 @@ class PluginHost:
         try:
             try:
                 worker = await self._acquire()
+            except WorkerCapacityError as exc:
+                # Not the plugin's failure and nothing started: no event, the stream's status
+                # says so instead (RESOURCE_EXHAUSTED).
+                self.exhausted = str(exc)
+                self._ended = True
+                return
             except WorkerLaunchError as exc:
                 self._end(HostFailed("host-load", f"no plugin host could be started: {exc}"))
                 return
@@ -239,8 +247,8 @@ class PluginHost:
                 self._end(HostFailed("host-lost", "the plugin host was stopped"))
             # The last word, only now: whoever hears "retracted" (or "lost") may rely on the
             # host's processes being gone (quiescence, reference §9.4).
-            assert self._final is not None
-            self._emit(self._final)
+            if self._final is not None:  # None: refused for want of a sandbox (`exhausted`)
+                self._emit(self._final)
             if not self.closed.done():
                 self.closed.set_result(None)
 

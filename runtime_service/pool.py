@@ -23,7 +23,12 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
-from runtime_service.worker_process import WorkerLaunchError, WorkerProcess, WorkerSpec
+from runtime_service.worker_process import (
+    WorkerCapacityError,
+    WorkerLaunchError,
+    WorkerProcess,
+    WorkerSpec,
+)
 from runtime_service.zygote import ForkServer
 
 __all__ = ["WorkerPool"]
@@ -128,6 +133,7 @@ class WorkerPool:
         return worker
 
     async def _fill(self) -> None:
+        full = False  # the last refill found no sandbox free
         while not self._closed:
             await self._wanted.wait()
             await asyncio.sleep(_REFILL_DEFER_S)
@@ -137,9 +143,13 @@ class WorkerPool:
                     worker = await self._spawn(background=True)
                 except WorkerLaunchError as exc:
                     self.spawn_failures += 1
-                    _log.warning("worker pool refill failed: %s", exc)
+                    # A full runtime is logged once until a refill works again, not per retry.
+                    if not isinstance(exc, WorkerCapacityError) or not full:
+                        _log.warning("worker pool refill failed: %s", exc)
+                    full = isinstance(exc, WorkerCapacityError)
                     await asyncio.sleep(_RETRY_DELAY_S)
                     continue
+                full = False
                 if self._closed:
                     await worker.kill()
                     return

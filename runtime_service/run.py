@@ -51,7 +51,7 @@ from runtime_service.worker import flatwire
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY, LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from runtime_service.worker.ledger import OutputLedger
 from runtime_service.worker.typescript import HEAP_EXHAUSTED
-from runtime_service.worker_process import WorkerLaunchError, WorkerProcess
+from runtime_service.worker_process import WorkerCapacityError, WorkerLaunchError, WorkerProcess
 
 __all__ = [
     "CPU_POLL_INTERVAL_S",
@@ -179,6 +179,8 @@ class Run:
         if worker is None:
             try:
                 worker = await self._boot()
+            except WorkerCapacityError:
+                raise  # no sandbox is free: not the program's outcome, nothing ran
             except WorkerLaunchError as exc:
                 self._settle(_Terminal(RunFailure("worker-exit", str(exc))))
                 return self._materialize()

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
-from runtime_service.errors import RunRequestError, RuntimeDisposedError
+from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
-from runtime_service.worker_process import WorkerSpec, typescript_installed
+from runtime_service.worker_process import WorkerCapacityError, WorkerSpec, typescript_installed
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
 
@@ -41,6 +41,8 @@ class RuntimeOptions:
     max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
     """The most JSON bytes of one binding call's arguments the caller can be sent (the gRPC
     message limit): a worker's call frame beyond it fails that call without being read."""
+    capacity_retry_delay_s: float = 1.0
+    """The RetryInfo delay of a run or plugin host refused because no sandbox was free."""
 
 
 class Runtime:
@@ -83,6 +85,11 @@ class Runtime:
     @property
     def live_runs(self) -> int:
         return len(self._live)
+
+    @property
+    def live_hosts(self) -> int:
+        """Plugin hosts being driven (starting, running or ending)."""
+        return len(self._hosts)
 
     def create_run(
         self,
@@ -138,6 +145,8 @@ class Runtime:
         self._executions.add(task)
         try:
             return await asyncio.shield(task)
+        except WorkerCapacityError as exc:
+            raise self._exhausted(exc) from exc
         except asyncio.CancelledError:
             # The caller went away: the run ends as an abort and its worker still dies.
             run.abort("run cancelled")
@@ -193,6 +202,15 @@ class Runtime:
             await host.run()
         finally:
             self._hosts.discard(host)
+        if host.exhausted is not None:
+            raise self._exhausted(WorkerCapacityError(host.exhausted))
+
+    def _exhausted(self, exc: WorkerCapacityError) -> RuntimeExhaustedError:
+        delay = self.options.capacity_retry_delay_s
+        return RuntimeExhaustedError(
+            f"no sandbox is free on this runtime ({exc}): nothing ran; retry after {delay:.3g} s",
+            delay,
+        )
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no run is live (or the timeout passes); True when idle."""

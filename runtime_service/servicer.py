@@ -14,12 +14,12 @@ from codemode_common.run_acceptance import ACCEPTED
 from codemode_wire import jsonvalue
 from codemode_wire.api.common.v1 import trace_pb2
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_wire.errors import CodemodeError, invalid_argument, unavailable
+from codemode_wire.errors import CodemodeError, invalid_argument, resource_exhausted, unavailable
 from codemode_wire.grpc_status import abort_rpc
 from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities, Isolation
-from runtime_service.errors import RunRequestError, RuntimeDisposedError
+from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.plugin_host import (
     HostEvent,
@@ -149,6 +149,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             refusal = _refusal(reader)
             if refusal is not None:  # the run was aborted for it: the status says why instead
                 await _abort(context, refusal)
+            exhausted = _exhausted(execution)
+            if exhausted is not None:  # no sandbox was free: nothing ran
+                await _abort(context, exhausted)
             response = runtime_pb2.RunResponse()
             _fill_terminal(response.terminal, execution.result())  # a large value: one copy
             yield response
@@ -204,12 +207,27 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             refusal = _refusal(reader)
             if refusal is not None:
                 await _abort(context, refusal)
+            exhausted = _exhausted(hosting)
+            if exhausted is not None:  # no sandbox was free: the host never started
+                await _abort(context, exhausted)
         finally:
             reader.cancel()
             if not hosting.done():
                 host.kill()  # the caller went away: closing the stream retracts
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.shield(hosting)
+
+
+def _exhausted(task: asyncio.Future[Any]) -> CodemodeError | None:
+    """RESOURCE_EXHAUSTED (with RetryInfo) when ``task`` found no sandbox free."""
+    if not task.done() or task.cancelled():
+        return None
+    exc = task.exception()
+    if not isinstance(exc, RuntimeExhaustedError):
+        return None
+    return resource_exhausted(
+        "RUNTIME_AT_CAPACITY", str(exc), retry_delay=exc.retry_delay_s, resource="sandbox-uids"
+    )
 
 
 async def _first_start(requests: AsyncIterator[Any], context: Context, rpc: str) -> Any:

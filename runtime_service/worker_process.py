@@ -57,6 +57,7 @@ from runtime_service.zygote import ForkedChild, ForkServer, ForkServerError
 
 __all__ = [
     "UidLeases",
+    "WorkerCapacityError",
     "WorkerLanguage",
     "WorkerLaunch",
     "WorkerLaunchError",
@@ -112,6 +113,11 @@ def typescript_installed(spec: WorkerSpec) -> bool:
 
 class WorkerLaunchError(RuntimeError):
     """A worker could not be started or did not report ready."""
+
+
+class WorkerCapacityError(WorkerLaunchError):
+    """No sandbox is free: every uid of the range is leased to a live worker. Nothing ran; a
+    worker that ends frees one (the runtime answers RESOURCE_EXHAUSTED with RetryInfo)."""
 
 
 class _UidBusy(WorkerLaunchError):
@@ -311,7 +317,7 @@ class WorkerProcess:
             try:
                 uid = UidLeases.acquire(spec.uid_base, spec.uid_count)
             except UidLeaseError as exc:
-                raise WorkerLaunchError(str(exc)) from exc
+                raise WorkerCapacityError(str(exc)) from exc
             try:
                 return await cls._launch(spec, uid, started, background, server)
             except _UidBusy:

@@ -70,10 +70,12 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
             "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": str(options.max_parallel),
             "CODEMODE_REGISTRY_TRACE_FILE": options.trace_file,
         }
-        if options.admission_limit is not None:
-            registry_env["CODEMODE_REGISTRY_AGENT_LIMITS"] = json.dumps(
-                {"max_concurrent_runs": options.admission_limit}
-            )
+        # The load is the measure: no run limit (null) unless --admission-limit asks for one
+        # per agent; the registry's own sandbox limit is lifted so it is the only one.
+        registry_env["CODEMODE_REGISTRY_LIMITS"] = json.dumps({"max_concurrent_runs": None})
+        registry_env["CODEMODE_REGISTRY_AGENT_LIMITS"] = json.dumps(
+            {"max_concurrent_runs": options.admission_limit}
+        )
         async with process(
             "registry",
             ["-m", "registry_service", "--listen", "127.0.0.1:0"],

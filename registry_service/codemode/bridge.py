@@ -12,7 +12,9 @@ A code runtime that cannot be reached, or is lost mid-run, is the service's fail
 program's: the outer result (recorded like any other) carries an UNAVAILABLE
 CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see `ToolResult.rpc_error`), with
 `phase: connect` and a retry delay when nothing ran, `phase: running` and none when the
-program may have run in part.
+program may have run in part. A runtime with no sandbox free for the run (RESOURCE_EXHAUSTED)
+is capacity, not the program's failure either: the outer result carries a RESOURCE_EXHAUSTED
+CODE_RUNTIME_EXHAUSTED error with the runtime's retry delay; nothing ran.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from codemode_wire import jsonvalue
-from codemode_wire.errors import CodemodeError, unavailable
+from codemode_wire.errors import CodemodeError, resource_exhausted, unavailable
 from codemode_wire.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
 from codemode_wire.text import utf8_exceeds
 from registry_service.codemode.runtime_port import (
@@ -35,6 +37,7 @@ from registry_service.codemode.runtime_port import (
     RunSpec,
     RunStream,
     RunTerminal,
+    RuntimeExhausted,
     RuntimeLimits,
     RuntimeLost,
     RuntimePort,
@@ -80,6 +83,7 @@ from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
 CODE_RUNTIME_UNAVAILABLE = "CODE_RUNTIME_UNAVAILABLE"
+CODE_RUNTIME_EXHAUSTED = "CODE_RUNTIME_EXHAUSTED"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
 # first, with the same texts: runtime_service/worker/bootstrap.py).
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
@@ -208,7 +212,7 @@ class _Run(RunHooks):
         )
         runtime = t.runtime
         assert runtime is not None
-        terminal: RunTerminal | RuntimeUnavailable | None = None
+        terminal: RunTerminal | RuntimeUnavailable | RuntimeExhausted | None = None
         stream: RunStream | None = None
         self.telemetry.run_started()
         try:
@@ -233,7 +237,7 @@ class _Run(RunHooks):
             )
             stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)
-        except RuntimeUnavailable as exc:
+        except (RuntimeUnavailable, RuntimeExhausted) as exc:
             terminal = exc
         except RunRefused as exc:
             terminal = RunTerminal(
@@ -489,7 +493,9 @@ class _Run(RunHooks):
 
     # -- the outer result ----------------------------------------------------------------------
 
-    def _outer_result(self, terminal: RunTerminal | RuntimeUnavailable | None) -> ToolResult:
+    def _outer_result(
+        self, terminal: RunTerminal | RuntimeUnavailable | RuntimeExhausted | None
+    ) -> ToolResult:
         contexts = tuple(self.deferred)
         assert terminal is not None
         if self._caller_gone():
@@ -499,6 +505,8 @@ class _Run(RunHooks):
             return aborted(before_dispatch=False).with_contexts(contexts)
         if isinstance(terminal, RuntimeUnavailable):
             return self._runtime_unavailable(terminal).with_contexts(contexts)
+        if isinstance(terminal, RuntimeExhausted):
+            return self._runtime_exhausted(terminal).with_contexts(contexts)
         if not terminal.ok:
             message = f"code run failed ({terminal.kind}): {terminal.message}"
             if terminal.logs:
@@ -531,6 +539,19 @@ class _Run(RunHooks):
             delay = None
         error = unavailable(CODE_RUNTIME_UNAVAILABLE, message, retry_delay=delay, phase=lost.phase)
         failed = error_result(message, CODE_RUNTIME_UNAVAILABLE, "CodeRuntimeUnavailableError")
+        return replace(failed, rpc_error=error)
+
+    def _runtime_exhausted(self, full: RuntimeExhausted) -> ToolResult:
+        """The outer result when the runtime had no sandbox free: capacity, retryable."""
+        delay = full.retry_delay_s
+        if delay is None:
+            delay = self.transport.config.retry_delay_s
+        message = (
+            f"the code runtime is at capacity: {full}; the program did not run, so the call is "
+            f"safe to repeat after {delay:.3g} s"
+        )
+        error = resource_exhausted(CODE_RUNTIME_EXHAUSTED, message, retry_delay=delay)
+        failed = error_result(message, CODE_RUNTIME_EXHAUSTED, "CodeRuntimeExhaustedError")
         return replace(failed, rpc_error=error)
 
     def _caller_gone(self) -> bool:

@@ -123,6 +123,16 @@ class RuntimeLost(RuntimeUnavailable):
     phase = "running"
 
 
+class RuntimeExhausted(Exception):
+    """The runtime had no sandbox free for the run (every worker slot in use): the program
+    never ran, so the same call may succeed after `retry_delay_s` (the runtime's RetryInfo;
+    None: it sent none). Capacity, not a failure of the program."""
+
+    def __init__(self, message: str, retry_delay_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_delay_s = retry_delay_s
+
+
 class RunRefused(Exception):
     """A reachable runtime ended the run with an error status of its own (a protocol or input
     error it reports with its ErrorInfo): not an outage, so the run just fails."""

@@ -1,13 +1,24 @@
 """Admission control: how much one agent, and the whole registry, may run at once.
 
-Three limits, each per agent and global (every agent together):
-- `max_concurrent_runs`: `run_code` runs in flight;
+Limits, each per agent and global (every agent together):
+- `max_concurrent_runs`: `run_code` runs in flight. Globally it bounds the registry's
+  *sandboxes*: runs in flight plus live plugin hosts, since each holds one worker (and one
+  sandbox uid) on a runtime until it ends;
+- `max_plugin_hosts`: live plugin hosts (Cordis host halves), from the start of their
+  activation until their processes are gone;
 - `max_nested_in_flight`: nested tool calls of programs in flight (queued or running);
 - `calls_per_second` (with `burst`): model-direct tool calls started, a token bucket.
 
-Over a limit a call is refused before anything of it starts (no history record, no run):
-RESOURCE_EXHAUSTED with RetryInfo, the delay being when a token is due (rate) or
-`retry_delay_s` (concurrency). A nested call over its limit is answered to the program as a
+Fair share of the global sandbox limit: when an agent was refused because the registry's
+sandboxes were all taken, it counts as waiting for `fair_share_window_s` (a client retrying
+after the RetryInfo delay keeps waiting). While another agent waits, no agent gets a new
+sandbox once it holds its fair share: the global limit divided by the agents holding or
+waiting for one (at least 1). What frees up then goes to the agents below their share;
+nobody is preempted, and with nobody waiting an agent may use all that is free.
+
+Over a limit a call is refused before anything of it starts (no history record, no run, no
+plugin host): RESOURCE_EXHAUSTED with RetryInfo, the delay being when a token is due (rate)
+or `retry_delay_s` (concurrency). A nested call over its limit is answered to the program as a
 failed call instead (the run goes on; it may catch it and retry).
 """
 
@@ -21,7 +32,7 @@ from dataclasses import dataclass, field, fields
 
 from codemode_wire.errors import CodemodeError, resource_exhausted
 
-__all__ = ["Admission", "Limits", "Slot"]
+__all__ = ["DEFAULT_AGENT_LIMITS", "DEFAULT_GLOBAL_LIMITS", "Admission", "Limits", "Slot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +44,20 @@ class Limits:
     calls_per_second: float | None = None
     burst: int | None = None
     """Calls that may start at once after a quiet spell; none: the rate rounded up (≥ 1)."""
+    max_plugin_hosts: int | None = None
 
     def over(self, base: Limits) -> Limits:
         """These limits, each unset one taken from `base`."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return Limits(**{k: getattr(base, k) if v is None else v for k, v in values.items()})
+
+
+# The defaults keep a bystander working on a small machine (2 cores): one agent holds at most
+# 8 runs and 4 plugin hosts of the registry's 32 sandboxes, and plugin hosts (long-lived)
+# never take more than half of them. Nested calls are bounded per run (the runtime's outstanding
+# calls, `max_parallel_sub_calls`) and model-direct calls hold no sandbox: unlimited.
+DEFAULT_GLOBAL_LIMITS = Limits(max_concurrent_runs=32, max_plugin_hosts=16)
+DEFAULT_AGENT_LIMITS = Limits(max_concurrent_runs=8, max_plugin_hosts=4)
 
 
 @dataclass(slots=True)
@@ -74,6 +94,8 @@ class Slot:
         self.released = True
         for counter, key in zip(self._counters, self._keys, strict=True):
             counter[key] -= 1
+            if not counter[key]:  # an agent holding nothing is not kept
+                del counter[key]
 
 
 _GLOBAL = "\x00global"  # a key no agent name can take
@@ -86,8 +108,13 @@ class Admission:
     """Each agent's own limits (its declaration, else its preset's, else the default)."""
     retry_delay_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
+    fair_share_window_s: float | None = None
+    """How long an agent refused for want of a global sandbox counts as waiting for one;
+    None: twice `retry_delay_s`, at least 1 s (a client retrying on RetryInfo stays waiting)."""
     _runs: dict[str, int] = field(default_factory=dict)
+    _hosts: dict[str, int] = field(default_factory=dict)
     _nested: dict[str, int] = field(default_factory=dict)
+    _waiting: dict[str, float] = field(default_factory=dict)
     _buckets: dict[tuple[str, float, float], _Bucket] = field(default_factory=dict)
 
     def admit_call(self, agent: str) -> None:
@@ -120,40 +147,114 @@ class Admission:
 
     @contextlib.contextmanager
     def run(self, agent: str) -> Iterator[None]:
-        """Holds one `run_code` slot of the agent and of the registry while the run lasts."""
-        slot = self._acquire(self._runs, "max_concurrent_runs", agent)
+        """Holds one `run_code` slot of the agent and one sandbox of the registry while the
+        run lasts."""
+        slot = self._sandbox(self._runs, "max_concurrent_runs", agent)
         try:
             yield
         finally:
             slot.release()
 
+    def plugin_host(self, agent: str) -> Slot:
+        """One live plugin host of the agent and one sandbox of the registry (raises when
+        over); the caller releases it once the host's processes are gone."""
+        return self._sandbox(self._hosts, "max_plugin_hosts", agent)
+
     def nested(self, agent: str) -> Slot:
         """One nested-call slot (raises when over); the caller releases it when it settles."""
-        return self._acquire(self._nested, "max_nested_in_flight", agent)
-
-    def _acquire(self, counter: dict[str, int], limit: str, agent: str) -> Slot:
+        limit = "max_nested_in_flight"
         for key, limits, what in (
-            (_GLOBAL, self.global_limits, "global"),
             (agent, self.limits_for(agent), "agent"),
+            (_GLOBAL, self.global_limits, "global"),
         ):
             bound = getattr(limits, limit)
-            if bound is not None and counter.get(key, 0) >= bound:
-                raise _over(what, limit, agent, self.retry_delay_s)
-        for key in (_GLOBAL, agent):
-            counter[key] = counter.get(key, 0) + 1
-        return Slot([counter, counter], [_GLOBAL, agent])
+            if bound is not None and self._nested.get(key, 0) >= bound:
+                raise _over(what, limit, agent, self.retry_delay_s, bound=bound)
+        return _take(self._nested, agent)
+
+    def _sandbox(self, counter: dict[str, int], limit: str, agent: str) -> Slot:
+        """A run or a plugin host: the agent's own limit of its kind, the registry's limit of
+        its kind (hosts), then the registry's sandboxes (runs and hosts together), shared
+        fairly among the agents that want one."""
+        nothing = "no plugin host was started" if counter is self._hosts else "nothing was started"
+
+        def over(what: str, name: str, bound: int) -> CodemodeError:
+            return _over(what, name, agent, self.retry_delay_s, bound=bound, nothing=nothing)
+
+        bound = getattr(self.limits_for(agent), limit)
+        if bound is not None and counter.get(agent, 0) >= bound:
+            raise over("agent", limit, bound)
+        if limit != "max_concurrent_runs":
+            bound = getattr(self.global_limits, limit)
+            if bound is not None and counter.get(_GLOBAL, 0) >= bound:
+                raise over("global", limit, bound)
+        sandboxes = self.global_limits.max_concurrent_runs
+        if sandboxes is not None:
+            now = self.clock()
+            if self._held(_GLOBAL) >= sandboxes:
+                self._waiting[agent] = now
+                raise over("global", "max_concurrent_runs", sandboxes)
+            share = self._fair_share(agent, sandboxes, now)
+            if share is not None and self._held(agent) >= share:
+                raise over("global", "fair_share", share)
+            self._waiting.pop(agent, None)
+        return _take(counter, agent)
+
+    def _held(self, key: str) -> int:
+        return self._runs.get(key, 0) + self._hosts.get(key, 0)
+
+    def _fair_share(self, agent: str, sandboxes: int, now: float) -> int | None:
+        """The sandboxes `agent` may hold while another agent waits for one; None: nobody
+        else waits."""
+        window = self.fair_share_window_s
+        if window is None:
+            window = max(1.0, 2 * self.retry_delay_s)
+        for waiting, since in list(self._waiting.items()):
+            if now - since > window:
+                del self._waiting[waiting]
+        if not self._waiting.keys() - {agent}:
+            return None
+        holders = {key for key in (*self._runs, *self._hosts) if key != _GLOBAL and self._held(key)}
+        wanting = holders | self._waiting.keys() | {agent}
+        return max(1, sandboxes // len(wanting))
 
     def in_flight(self, agent: str | None = None) -> tuple[int, int]:
         """(runs, nested calls) in flight for `agent`, or for everyone."""
         key = _GLOBAL if agent is None else agent
         return self._runs.get(key, 0), self._nested.get(key, 0)
 
+    def live_hosts(self, agent: str | None = None) -> int:
+        """Plugin hosts holding a slot, of `agent` or of everyone."""
+        return self._hosts.get(_GLOBAL if agent is None else agent, 0)
 
-def _over(what: str, limit: str, agent: str, delay: float) -> CodemodeError:
-    whose = "the registry's" if what == "global" else f"{agent or 'the global scope'}'s"
+
+def _take(counter: dict[str, int], agent: str) -> Slot:
+    for key in (_GLOBAL, agent):
+        counter[key] = counter.get(key, 0) + 1
+    return Slot([counter, counter], [_GLOBAL, agent])
+
+
+def _over(
+    what: str,
+    limit: str,
+    agent: str,
+    delay: float,
+    *,
+    bound: float | None = None,
+    nothing: str = "nothing was started",
+) -> CodemodeError:
+    owner = agent or "the global scope"
+    if limit == "fair_share":
+        why = (
+            f"{owner} holds its fair share ({bound}) of the registry's sandboxes while another "
+            "agent waits for one"
+        )
+    else:
+        whose = "the registry's" if what == "global" else f"{owner}'s"
+        why = f"over {whose} {limit}" + ("" if bound is None else f" ({bound:g})")
     return resource_exhausted(
         "ADMISSION_LIMIT",
-        f"over {whose} {limit}: nothing was started; retry after {delay:.3g} s",
+        f"{why}: {nothing}; retry after {delay:.3g} s",
         retry_delay=delay,
         limit=limit,
         scope=what,

@@ -42,6 +42,7 @@ from registry_service.domain.signals import AbortSignal
 
 __all__ = [
     "HOST_GONE",
+    "RESOURCE_EXHAUSTED",
     "ActivationFailed",
     "ActivationSpec",
     "ActiveHost",
@@ -61,6 +62,9 @@ HOST_GONE = "PLUGIN_HOST_GONE"
 # the service does not have.
 SERVICE_MISSING = "SERVICE_MISSING"
 SERVICE_METHOD_MISSING = "SERVICE_METHOD_MISSING"
+# The Cordis reason of an activation refused for want of capacity (an admission limit, or a
+# runtime out of sandboxes): nothing was started, and the same activation may succeed later.
+RESOURCE_EXHAUSTED = "resource-exhausted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +125,25 @@ class HostRegistrations:
 
 class ActivationFailed(Exception):
     """The host half could not be loaded (syntax, wrong return) or applied (its start threw,
-    timed out, or the host died while starting). ``message`` is the reference's text."""
+    timed out, or the host died while starting). ``message`` is the reference's text.
+    ``code``: the Cordis reason when it is not the host half's own failure
+    (``RESOURCE_EXHAUSTED``: no capacity, nothing started; retry after ``retry_delay_s``)."""
 
-    def __init__(self, phase: ActivationPhase, message: str, stack: str = "") -> None:
+    def __init__(
+        self,
+        phase: ActivationPhase,
+        message: str,
+        stack: str = "",
+        *,
+        code: str = "",
+        retry_delay_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.phase: ActivationPhase = phase
         self.message = message
         self.stack = stack
+        self.code = code
+        self.retry_delay_s = retry_delay_s
 
 
 class HandlerFailed(Exception):

@@ -58,10 +58,18 @@ __all__ = ["make_registry"]  # re-exported fixture
 def make_stack() -> Callable[..., Any]:
     @contextlib.asynccontextmanager
     async def factory(
-        pool_size: int = 2, tracer_provider: TracerProvider | None = None, **settings: Any
+        pool_size: int = 2,
+        tracer_provider: TracerProvider | None = None,
+        runtime_settings: dict[str, Any] | None = None,
+        **settings: Any,
     ) -> AsyncIterator[Stack]:
-        """`tracer_provider`: the registry's spans go there (default: not traced)."""
-        runtime = await start_runtime(RuntimeSettings(listen="127.0.0.1:0", pool_size=pool_size))
+        """`tracer_provider`: the registry's spans go there (default: not traced);
+        `runtime_settings`: the runtime's, over the defaults."""
+        runtime = await start_runtime(
+            RuntimeSettings(
+                **{"listen": "127.0.0.1:0", "pool_size": pool_size, **(runtime_settings or {})}
+            )
+        )
         config = RegistrySettings(
             **{
                 "listen": "127.0.0.1:0",

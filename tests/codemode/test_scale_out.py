@@ -108,6 +108,9 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
         history_path=str(tmp_path / "history.sqlite3"),
         default_mode=Mode.CODE,
         runtime_targets=[address for _, address in started],
+        # One agent holds every run parked at once and starts more beside them (more than
+        # the default 8 per agent).
+        agent_limits={"max_concurrent_runs": IN_FLIGHT + AFTER_KILL},
     )
     running = await start_registry(config, build_registry(config))
     channel = grpc.aio.insecure_channel(running.address)

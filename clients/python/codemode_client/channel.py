@@ -9,7 +9,8 @@ limit up to that size.
 
 Retries: one gRPC service-config retry policy (`service_config.json`, the same file as the
 TypeScript client's): idempotent reads on UNAVAILABLE and RESOURCE_EXHAUSTED, `ExecuteToolCall`
-only on RESOURCE_EXHAUSTED (an admission refusal: nothing of the call started), nothing else.
+only on RESOURCE_EXHAUSTED (an admission refusal, nothing of the call started; or a code
+runtime at capacity, `CODE_RUNTIME_EXHAUSTED`: the program did not run), nothing else.
 gRPC runs every attempt inside the call's one deadline, and waits as long as the server's
 pushback (`grpc-retry-pushback-ms`, sent beside RetryInfo) says.
 """

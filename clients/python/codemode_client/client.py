@@ -7,8 +7,9 @@
 
 Every call carries a deadline (`timeout`, default 30 s) that covers all its attempts. Retries
 are the channel's one gRPC retry policy (`channel.py`): idempotent reads on UNAVAILABLE and
-RESOURCE_EXHAUSTED, a tool call only when admission control refused it (nothing started),
-after the server's RetryInfo delay; nothing that changes state is retried.
+RESOURCE_EXHAUSTED, a tool call only when admission control refused it (nothing started) or
+the code runtime was at capacity (the program did not run), after the server's RetryInfo delay;
+nothing that changes state is retried.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.access import AccessPolicy
+from registry_service.domain.admission import Admission
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.durable import (
@@ -62,6 +63,7 @@ from registry_service.domain.cordis.syntax import (
     check_python_host,
     check_typescript_host,
 )
+from registry_service.domain.plugin_host_admission import AdmittedPluginHosts
 from registry_service.domain.plugin_hosts import (
     HOST_GONE,
     ActivationFailed,
@@ -116,12 +118,14 @@ class CordisRunner:
         history_watch: Watch | None = None,
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
+        admission: Admission | None = None,
     ) -> None:
         """`state_store`: keep plugins, packages, grants, pointers and id counters there
         across restarts (loaded now; runs are not restarted). None: process memory only.
         `history_watch` (the history store's `watch`) is where plugins' events come from.
         `authority`: what a plugin host may do and see, as the principal that started it
-        (None: everything, the open default)."""
+        (None: everything, the open default).
+        `admission`: each live plugin host holds a slot of its owner there (None: no limits)."""
         self._catalog = catalog
         self._authority = authority or ToolAuthority(AccessPolicy((), enforced=False))
         self.hosts = hosts
@@ -129,6 +133,7 @@ class CordisRunner:
         self._reserved = frozenset(reserved_names)
         self._start_timeout_s = start_timeout_s
         self._compute_ms_per_call = compute_ms_per_call
+        self._admission = admission
         self._ids = Ids()
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
@@ -480,10 +485,14 @@ class CordisRunner:
                 access, owner, plugin_id, run_id, service=service, method=method, arguments=args
             ),
         )
+        if self._admission is not None:  # whatever runs the hosts, each holds a slot
+            hosts = AdmittedPluginHosts(hosts, self._admission)
         try:
             host = await hosts.activate(spec, events)
         except ActivationFailed as exc:
-            raise self._failed(plugin, attempt, exc.phase, exc.message, exc.stack) from None
+            raise self._failed(
+                plugin, attempt, exc.phase, exc.message, exc.stack, reason=exc.code
+            ) from None
         except CodemodeError as exc:  # the runtime is unavailable, or refused the start
             raise self._failed(plugin, attempt, "host-load", exc.message) from None
         except Exception as exc:  # an adapter's bug must not leave the attempt "starting"
@@ -565,9 +574,17 @@ class CordisRunner:
         )
 
     def _failed(
-        self, plugin: Plugin, attempt: Attempt, phase: Phase, message: str, stack: str = ""
+        self,
+        plugin: Plugin,
+        attempt: Attempt,
+        phase: Phase,
+        message: str,
+        stack: str = "",
+        *,
+        reason: str = "",
     ) -> CordisError:
-        """Records a failed attempt: `current` stays, `next` is the failed target."""
+        """Records a failed attempt: `current` stays, `next` is the failed target. `reason`:
+        the error code when it is not the host half's failure (no capacity, say)."""
         diagnostic = Diagnostic(
             phase, message, plugin.plugin_id, attempt.package_id, attempt.run_id, stack
         )
@@ -576,7 +593,7 @@ class CordisRunner:
         attempt.host = HalfState("failed", (), diagnostic)
         plugin.next = attempt.package_id
         self._changed()
-        return CordisError(message, "host-half-failed")
+        return CordisError(message, reason or "host-half-failed")
 
     # -- dynamic tools --------------------------------------------------------------------------
 

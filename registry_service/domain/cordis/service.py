@@ -4,6 +4,7 @@ providers, the seven tools installed into the catalog, and `@pluginId` resolutio
 from __future__ import annotations
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.admission import Admission
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.client_queries import ClientQueries
 from registry_service.domain.cordis.client_runs import ClientRuns
@@ -38,6 +39,7 @@ class Cordis:
         start_timeout_s: float = 5.0,
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
+        admission: Admission | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `state_store` keeps the plugins across restarts (none: process memory only);
@@ -54,6 +56,7 @@ class Cordis:
             start_timeout_s=start_timeout_s,
             compute_ms_per_call=compute_ms_per_call,
             authority=authority,
+            admission=admission,
         )
         for provider in host_providers(
             self.runner.visible_tools, self.runner.provided_services, catalog.language_for

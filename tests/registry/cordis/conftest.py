@@ -17,6 +17,7 @@ from registry_service.config import RegistrySettings
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.registry import build_registry
 from registry_service.server import start
+from runtime_service.runtime import Runtime
 from tests.registry.conftest import UNSET, Harness, ModeValue
 from tests.registry.cordis.hosts import InProcessHosts
 
@@ -55,8 +56,7 @@ async def until(predicate: Callable[[], bool], what: str = "condition") -> None:
 
 class CordisHarness(Harness):
     hosts: InProcessHosts | None
-    runtime: Any = None
-    """The in-process runtime whose plugin hosts run the host halves (real stacks only)."""
+    runtime: Runtime | None = None  # the in-process runtime of a real stack
 
     async def agent(
         self,

@@ -49,6 +49,7 @@ return async (ctx: unknown): Promise<void> => {
 
 def _in_flight(h: CordisHarness) -> bool:
     """Whether a plugin host holds an invocation (the latch for "the call is running")."""
+    assert h.runtime is not None
     return any(host._pending for host in h.runtime._hosts)
 
 
