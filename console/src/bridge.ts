@@ -19,6 +19,7 @@ import type { AddressInfo, Socket } from "node:net";
 import { WebSocket, WebSocketServer } from "ws";
 import {
   Approver,
+  CodemodeError,
   PageRunner,
   RegistryClient,
   parseJson,
@@ -105,7 +106,7 @@ export class ConsoleBridge {
     this.approver = new Approver(this.client, "console", (request, { signal }) => this.askPerson(request, signal), {
       onWithdrawn: (approvalId, outcome) => this.withdraw(approvalId, outcome),
     });
-    this.approver.serve().catch((e: unknown) => this.notice("approver", `the approver stopped: ${String(e)}`));
+    this.approver.serve().catch((e: unknown) => this.notice("approver", `the approver stopped: ${describe(e)}`));
     void this.pumpHistory();
 
     const bind = this.options.bind ?? "127.0.0.1";
@@ -315,7 +316,7 @@ export class ConsoleBridge {
         this.broadcast({ type: "history", record });
       }
     } catch (e) {
-      if (!this.watch.signal.aborted) this.notice("history", `the history watch ended: ${String(e)}`);
+      if (!this.watch.signal.aborted) this.notice("history", `the history watch ended: ${describe(e)}`);
     }
   }
 
@@ -353,6 +354,12 @@ function refuse(res: ServerResponse, refusal: Refusal | { status: 404 | 405; rea
     connection: "close",
   });
   res.end(body);
+}
+
+/** A registry refusal in one line, with its code and reason (`PERMISSION_DENIED`, ...). */
+function describe(e: unknown): string {
+  if (!(e instanceof CodemodeError)) return String(e);
+  return `${e.message} (${[e.codeName, e.reason].filter((s) => s !== "").join(", ")})`;
 }
 
 function historyView(entry: HistoryEntry): HistoryView {
