@@ -32,7 +32,7 @@ import {
 } from "@codemode/client";
 import { WebGuard, type Refusal } from "./guard";
 import type { ClientMessage, HistoryView, InspectQueryView, NoticeView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
-import { NO_CONTENT_CSP, ROUTES, SOCKET_PATH, type Route } from "./routes";
+import { NO_CONTENT_CSP, ROUTES, SOCKET_PATH, framingHeaders, type Route } from "./routes";
 
 export interface BridgeOptions {
   registry: string;
@@ -57,7 +57,6 @@ const COMMON_HEADERS = {
   "x-content-type-options": "nosniff",
   "referrer-policy": "no-referrer",
   "cache-control": "no-store",
-  "x-frame-options": "DENY",
   "cross-origin-opener-policy": "same-origin",
   "cross-origin-resource-policy": "same-origin",
 };
@@ -331,7 +330,7 @@ export class ConsoleBridge {
     if (exchange.type === "refused") return refuse(res, exchange.refusal);
     if (exchange.type === "accepted") {
       // The key leaves the address bar (and the history) at once: the clean URL has the cookie.
-      res.writeHead(303, { ...COMMON_HEADERS, "content-security-policy": NO_CONTENT_CSP(), "set-cookie": exchange.setCookie, location: "/" });
+      res.writeHead(303, { ...COMMON_HEADERS, ...framingHeaders(NO_CONTENT_CSP(), "none"), "set-cookie": exchange.setCookie, location: "/" });
       res.end();
       return;
     }
@@ -340,7 +339,7 @@ export class ConsoleBridge {
     if (route === undefined) return refuse(res, { status: 404, reason: "not found" });
     if (req.method !== "GET" && req.method !== "HEAD") return refuse(res, { status: 405, reason: `${req.method} is not served` });
     const body = this.files.get(route.path)!;
-    res.writeHead(200, { ...COMMON_HEADERS, "content-type": route.contentType, "content-security-policy": route.csp(guard.self) });
+    res.writeHead(200, { ...COMMON_HEADERS, ...framingHeaders(route.csp(guard.self), route.framedBy), "content-type": route.contentType });
     res.end(req.method === "HEAD" ? undefined : body);
   }
 }
@@ -349,8 +348,8 @@ function refuse(res: ServerResponse, refusal: Refusal | { status: 404 | 405; rea
   const body = `${refusal.reason}\n`;
   res.writeHead(refusal.status, {
     ...COMMON_HEADERS,
+    ...framingHeaders(NO_CONTENT_CSP(), "none"),
     "content-type": "text/plain; charset=utf-8",
-    "content-security-policy": NO_CONTENT_CSP(),
     connection: "close",
   });
   res.end(body);

@@ -283,6 +283,8 @@ describe("the console's guard", () => {
     assert.deepEqual(directives.get("style-src"), ["'self'"]);
     assert.equal(directives.get("script-src")?.[0], "'self'");
     assert.ok(!csp.includes("unsafe-inline"), csp);
+    assert.equal(response.headers()["x-frame-options"], "DENY");
+    assert.equal(response.headers()["x-content-type-options"], "nosniff");
     // Run from outside the page (Playwright's evaluation is not subject to the page's CSP):
     // the element it appends is, and the violation event is the latch.
     const blocked = await personPage.evaluate(`new Promise((resolve) => {
