@@ -5,25 +5,36 @@ serves a page on 127.0.0.1 and is, for the agent, a Cordis page runner (activati
 Client halves in the page, the plugin panel), an approver of its ordinary tool approvals, and a
 watcher of its history (live trajectories). This command builds the bridge when its build is
 missing or older than its sources, then becomes it (exec): signals and the exit status are the
-bridge's own. It prints `console listening on port N` and the page's URL once it serves.
+bridge's own. It prints `console listening on port N` and the page's URL once it serves: the URL
+carries a key made for this start, which the browser exchanges for a session cookie; nothing is
+served without it.
+
+Toward the registry the console is the principal of `--token-file` (a bearer token) and
+`--tls-cert/--tls-key` (a client certificate), the options `codemode run` takes for TLS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codemode_cli.registry_access import (
-    DEFAULT_REGISTRY,
     RPC_TIMEOUT_S,
+    add_registry_argument,
     agent_name,
     describe_failure,
+    registry_credentials,
 )
+
+if TYPE_CHECKING:
+    import grpc
 
 PROG = "codemode console"
 REPO = Path(__file__).resolve().parent.parent
@@ -34,11 +45,13 @@ SOURCES = (CONSOLE / "src", CONSOLE / "page", REPO / "clients" / "typescript" / 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_registry_argument(parser)
     parser.add_argument(
-        "--registry",
-        default=DEFAULT_REGISTRY,
-        metavar="ADDR",
-        help="registry address, host:port (default %(default)s; plaintext)",
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="send the bearer token this file holds with every registry call "
+        "(the console acts as that principal)",
     )
     parser.add_argument("--agent", required=True, help="the agent, `ID` or `agents/ID`")
     parser.add_argument(
@@ -46,7 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="port on 127.0.0.1 for the page (default 0: a free one; the URL is printed)",
+        help="port for the page (default 0: a free one; the URL is printed)",
+    )
+    parser.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="IP",
+        help="address to serve the page on (default %(default)s). DANGEROUS anywhere but "
+        "loopback: whoever on that network learns the URL (sent in plaintext) drives the agent",
     )
     parser.add_argument(
         "--create-agent",
@@ -59,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         print(f"{PROG}: --port {args.port} is not a port", file=sys.stderr)
         return 2
+    try:
+        bind = ipaddress.ip_address(args.bind)
+    except ValueError:
+        bind = None
+    if bind is None or bind.is_unspecified:
+        print(f"{PROG}: --bind {args.bind}: name one IP address, not a wildcard", file=sys.stderr)
+        return 2
     node = shutil.which("node")
     if node is None:
         print(f"{PROG}: needs Node.js (node on PATH)", file=sys.stderr)
@@ -67,17 +94,46 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
+    try:
+        credentials = registry_credentials(args)
+        token = _read_token(args.token_file)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     agent = agent_name(args.agent)
     if args.create_agent:
-        problem = asyncio.run(_create_agent(args.registry, agent))
+        problem = asyncio.run(_create_agent(args.registry, agent, credentials, token))
         if problem:
             print(f"{PROG}: {problem}", file=sys.stderr)
             return 2
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [node, str(ENTRY), "--registry", args.registry, "--agent", agent]
-    os.execv(node, [*argv, "--port", str(args.port)])
+    argv += ["--port", str(args.port), "--bind", args.bind]
+    for option, path in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+        ("--token-file", args.token_file),
+    ):
+        if path is not None:
+            argv += [option, str(path.resolve())]
+    os.execv(node, argv)
     return 0  # not reached
+
+
+def _read_token(path: Path | None) -> str | None:
+    """The bearer token of `--token-file` (surrounding whitespace dropped); ValueError names a
+    file that cannot be read or holds no single token."""
+    if path is None:
+        return None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--token-file: cannot read {path}: {exc}") from exc
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"--token-file: {path} must hold one token (no spaces)")
+    return token
 
 
 def ensure_built() -> str:
@@ -105,11 +161,15 @@ def _newest(folders: tuple[Path, ...]) -> float:
     )
 
 
-async def _create_agent(registry: str, agent: str) -> str:
+async def _create_agent(
+    registry: str, agent: str, credentials: grpc.ChannelCredentials | None, token: str | None
+) -> str:
     from codemode_client import RegistryClient
     from codemode_client.errors import CodemodeError
 
-    async with RegistryClient(registry, timeout=RPC_TIMEOUT_S) as client:
+    async with RegistryClient(
+        registry, timeout=RPC_TIMEOUT_S, credentials=credentials, bearer_token=token
+    ) as client:
         try:
             await client.get_agent(agent)
             return ""

@@ -110,6 +110,9 @@ class Child:
     exited: asyncio.Task[int]
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
     port: int = 0
+    url: str = ""
+    """The console's URL to open (it carries the console's key); `opened` is set with it."""
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def address(self) -> str:
@@ -193,11 +196,16 @@ class Stack:
             )
             if not await self._ready([self.console]):
                 return
+            # It prints the URL right after its port; a console that dies first is reported
+            # as any child's exit.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.console.opened.wait(), START_TIMEOUT_S)
         for runtime in self.runtimes:
             print(f"{runtime.name} listening on {runtime.address}")
         print(f"registry listening on {self.registry.address}")
         if self.console:
-            print(f"console listening on http://{self.console.address}/")
+            # The URL with the key: the console serves nothing to a browser without it.
+            print(f"console listening on {self.console.url or self.console.address}")
         print(
             f"connect: codemode run PROGRAM.py --agent NAME --create-agent --registry {connect}"
             " (Ctrl-C stops everything)",
@@ -337,6 +345,9 @@ async def _reap(child: Child) -> bool:
     return True
 
 
+_CONSOLE_URL = "console: open "
+
+
 async def _pump(stream: asyncio.StreamReader, child: Child, out: TextIO, ready: str | None) -> None:
     """Forwards a child's output line by line with its name; the first line starting with
     `ready` carries the port instead."""
@@ -346,6 +357,9 @@ async def _pump(stream: asyncio.StreamReader, child: Child, out: TextIO, ready: 
         if port.isdigit() and not child.ready.done():
             child.ready.set_result(int(port))
             continue
+        if text.startswith(_CONSOLE_URL) and not child.url:
+            child.url = text[len(_CONSOLE_URL) :].split(" ", 1)[0]
+            child.opened.set()
         out.write(f"[{child.name}] {text}\n")
         out.flush()
 

@@ -27,6 +27,13 @@ async function main(): Promise<void> {
         document.body.dataset.connected = "true";
         status(`attached for ${event.agent}`);
         break;
+      case "notice": {
+        const item = document.createElement("li");
+        item.dataset.stream = event.notice.stream;
+        item.textContent = event.notice.message;
+        byId("notices").append(item);
+        break;
+      }
       case "run-requested":
         activations?.requested(event.request);
         break;

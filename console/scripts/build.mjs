@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Builds the console: the bridge and the tests with tsc (dist/src, dist/test), the page bundled
-// with esbuild into dist/public/app.js beside a copy of page/index.html.
+// with esbuild into dist/public/app.js beside copies of page/index.html and page/console.css.
 import { execFileSync } from "node:child_process";
 import { copyFileSync, mkdirSync, rmSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -24,4 +24,4 @@ await build({
   outfile: join(DIST, "public", "app.js"),
   logLevel: "warning",
 });
-copyFileSync(join(PKG, "page", "index.html"), join(DIST, "public", "index.html"));
+for (const file of ["index.html", "console.css"]) copyFileSync(join(PKG, "page", file), join(DIST, "public", file));

@@ -1,6 +1,12 @@
 /**
  * The console's bridge: serves the page on loopback and carries it to the registry.
  *
+ * Only the person who started it may drive it: every HTTP request and the WebSocket upgrade pass
+ * `WebGuard` (./guard.ts: Host, Origin, the session cookie the printed URL's key is exchanged
+ * for), and only the routes of ./routes.ts are served, each with its CSP. Toward the registry the
+ * console is the principal its credentials name (`credentials`, `metadata`), never more: what
+ * that principal may not do, the registry refuses, and the page is told.
+ *
  * Server side it holds one `PageRunner` for the agent, one `Approver` and one history watch;
  * every connected page (browser tab) sees the same events, and on connecting it is told what is
  * pending now (activation requests, tool approvals) and the history so far, so a reload loses
@@ -8,27 +14,37 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { readFile } from "node:fs/promises";
-import { extname, join, resolve } from "node:path";
-import type { AddressInfo } from "node:net";
+import { join, resolve } from "node:path";
+import type { AddressInfo, Socket } from "node:net";
 import { WebSocket, WebSocketServer } from "ws";
 import {
   Approver,
+  CodemodeError,
   PageRunner,
   RegistryClient,
   parseJson,
   stringifyJson,
   type ApprovalAnswer,
+  type ChannelCredentials,
   type HistoryEntry,
   type InspectProvider,
   type RunRequest,
 } from "@codemode/client";
-import type { ClientMessage, HistoryView, InspectQueryView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
+import { WebGuard, type Refusal } from "./guard";
+import type { ClientMessage, HistoryView, InspectQueryView, NoticeView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
+import { NO_CONTENT_CSP, ROUTES, SOCKET_PATH, framingHeaders, type Route } from "./routes";
 
 export interface BridgeOptions {
   registry: string;
   agent: string;
   /** 0: any free port. */
   port: number;
+  /** The address to serve on (default 127.0.0.1; anything else lets others on it reach the page). */
+  bind?: string;
+  /** TLS toward the registry (default plaintext). */
+  credentials?: ChannelCredentials;
+  /** Sent with every registry call (`authorization: Bearer …`). */
+  metadata?: Record<string, string>;
   /** The folder with index.html and app.js (default: the built `dist/public`). */
   publicDir?: string;
 }
@@ -36,11 +52,13 @@ export interface BridgeOptions {
 /** History kept for pages that connect later; older records are dropped first. */
 const MAX_HISTORY = 10_000;
 
-const CONTENT_TYPES: Record<string, string> = {
-  ".html": "text/html; charset=utf-8",
-  ".js": "text/javascript; charset=utf-8",
-  ".css": "text/css; charset=utf-8",
-  ".map": "application/json",
+/** Headers of every response, refusals included. */
+const COMMON_HEADERS = {
+  "x-content-type-options": "nosniff",
+  "referrer-policy": "no-referrer",
+  "cache-control": "no-store",
+  "cross-origin-opener-policy": "same-origin",
+  "cross-origin-resource-policy": "same-origin",
 };
 
 interface PendingApproval {
@@ -65,36 +83,43 @@ export class ConsoleBridge {
   private readonly approvals = new Map<string, PendingApproval>();
   private readonly queries = new Map<string, InspectQueryView>();
   private readonly history: HistoryView[] = [];
+  private readonly notices: NoticeView[] = [];
   private http: Server | undefined;
   private wss: WebSocketServer | undefined;
+  private guard: WebGuard | undefined;
+  private readonly files = new Map<string, Buffer>();
   private readonly publicDir: string;
 
   constructor(private readonly options: BridgeOptions) {
-    this.client = new RegistryClient(options.registry, { timeoutMs: 10_000 });
+    this.client = new RegistryClient(options.registry, { timeoutMs: 10_000, credentials: options.credentials, metadata: options.metadata });
     this.publicDir = options.publicDir ?? resolve(__dirname, "..", "public");
     this.lost = new Promise((resolvePromise) => (this.onLost = resolvePromise));
   }
 
-  /** Attaches to the registry, then listens; resolves with the page's URL. */
+  /** Attaches to the registry, then listens; resolves with the page's URL (it carries the key). */
   async start(): Promise<string> {
+    for (const route of ROUTES) this.files.set(route.path, await readFile(join(this.publicDir, route.file)));
     this.page = await PageRunner.attach(this.client, this.options.agent, { pageName: "console" });
     this.agent = this.page.agent;
     void this.pumpPageEvents(this.page);
     this.approver = new Approver(this.client, "console", (request, { signal }) => this.askPerson(request, signal), {
       onWithdrawn: (approvalId, outcome) => this.withdraw(approvalId, outcome),
     });
-    this.approver.serve().catch((e: unknown) => console.error(`console: the approver stopped: ${String(e)}`));
+    this.approver.serve().catch((e: unknown) => this.notice("approver", `the approver stopped: ${describe(e)}`));
     void this.pumpHistory();
 
-    this.http = createServer((req, res) => void this.serveFile(req, res));
-    this.wss = new WebSocketServer({ server: this.http, path: "/ws" });
+    const bind = this.options.bind ?? "127.0.0.1";
+    this.http = createServer((req, res) => this.serveHttp(req, res));
+    this.wss = new WebSocketServer({ noServer: true });
     this.wss.on("connection", (socket) => this.onConnection(socket));
+    this.http.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => this.upgrade(req, socket, head));
     await new Promise<void>((resolvePromise, reject) => {
       this.http!.once("error", reject);
-      this.http!.listen(this.options.port, "127.0.0.1", () => resolvePromise());
+      this.http!.listen(this.options.port, bind, () => resolvePromise());
     });
     const { port } = this.http.address() as AddressInfo;
-    return `http://127.0.0.1:${port}/`;
+    this.guard = new WebGuard(bind, port);
+    return this.guard.url();
   }
 
   async close(): Promise<void> {
@@ -109,11 +134,25 @@ export class ConsoleBridge {
 
   // -- the page's connection -------------------------------------------------------------------
 
+  private upgrade(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    const path = new URL(req.url ?? "/", "http://console").pathname;
+    const refusal: Refusal | undefined =
+      this.guard!.checkUpgrade(req) ?? (path === SOCKET_PATH ? undefined : { status: 403, reason: `no WebSocket at ${path}` });
+    if (refusal) {
+      const body = `${refusal.reason}\n`;
+      const status = refusal.status === 421 ? "421 Misdirected Request" : "403 Forbidden";
+      socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+      return;
+    }
+    this.wss!.handleUpgrade(req, socket, head, (ws) => this.wss!.emit("connection", ws, req));
+  }
+
   private onConnection(socket: WebSocket): void {
     this.sockets.add(socket);
     socket.on("close", () => this.sockets.delete(socket));
     socket.on("message", (data) => void this.onMessage(socket, data.toString()));
     this.send(socket, { type: "hello", agent: this.agent });
+    for (const notice of this.notices) this.send(socket, { type: "notice", notice });
     for (const record of this.history) this.send(socket, { type: "history", record });
     for (const request of this.requests.values()) this.send(socket, { type: "run-requested", request });
     for (const { view } of this.approvals.values()) this.send(socket, { type: "tool-approval", request: view });
@@ -204,6 +243,14 @@ export class ConsoleBridge {
     for (const socket of this.sockets) this.send(socket, message);
   }
 
+  /** Something the console cannot do (the registry refused a stream): logged and shown. */
+  private notice(stream: NoticeView["stream"], message: string): void {
+    console.error(`console: ${message}`);
+    const notice: NoticeView = { stream, message };
+    this.notices.push(notice);
+    this.broadcast({ type: "notice", notice });
+  }
+
   // -- registry streams ------------------------------------------------------------------------
 
   private async pumpPageEvents(page: PageRunner): Promise<void> {
@@ -268,28 +315,50 @@ export class ConsoleBridge {
         this.broadcast({ type: "history", record });
       }
     } catch (e) {
-      if (!this.watch.signal.aborted) console.error(`console: the history watch ended: ${String(e)}`);
+      if (!this.watch.signal.aborted) this.notice("history", `the history watch ended: ${describe(e)}`);
     }
   }
 
-  // -- static files ----------------------------------------------------------------------------
+  // -- HTTP ------------------------------------------------------------------------------------
 
-  private async serveFile(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = new URL(req.url ?? "/", "http://localhost").pathname;
-    const name = path === "/" ? "index.html" : path.slice(1);
-    // Only the built files, by plain name: no path leaves the public folder.
-    if (!/^[A-Za-z0-9_.-]+$/.test(name) || name.startsWith(".")) {
-      res.writeHead(404).end();
+  private serveHttp(req: IncomingMessage, res: ServerResponse): void {
+    const guard = this.guard!;
+    const refusal = guard.checkRequest(req);
+    if (refusal) return refuse(res, refusal);
+    const url = new URL(req.url ?? "/", "http://console");
+    const exchange = guard.exchange(req, url);
+    if (exchange.type === "refused") return refuse(res, exchange.refusal);
+    if (exchange.type === "accepted") {
+      // The key leaves the address bar (and the history) at once: the clean URL has the cookie.
+      res.writeHead(303, { ...COMMON_HEADERS, ...framingHeaders(NO_CONTENT_CSP(), "none"), "set-cookie": exchange.setCookie, location: "/" });
+      res.end();
       return;
     }
-    try {
-      const body = await readFile(join(this.publicDir, name));
-      res.writeHead(200, { "content-type": CONTENT_TYPES[extname(name)] ?? "application/octet-stream", "cache-control": "no-store" });
-      res.end(body);
-    } catch {
-      res.writeHead(404).end();
-    }
+    if (!guard.hasSession(req)) return refuse(res, { status: 403, reason: "no console session: open the URL the console printed" });
+    const route: Route | undefined = ROUTES.find((r) => r.path === url.pathname);
+    if (route === undefined) return refuse(res, { status: 404, reason: "not found" });
+    if (req.method !== "GET" && req.method !== "HEAD") return refuse(res, { status: 405, reason: `${req.method} is not served` });
+    const body = this.files.get(route.path)!;
+    res.writeHead(200, { ...COMMON_HEADERS, ...framingHeaders(route.csp(guard.self), route.framedBy), "content-type": route.contentType });
+    res.end(req.method === "HEAD" ? undefined : body);
   }
+}
+
+function refuse(res: ServerResponse, refusal: Refusal | { status: 404 | 405; reason: string }): void {
+  const body = `${refusal.reason}\n`;
+  res.writeHead(refusal.status, {
+    ...COMMON_HEADERS,
+    ...framingHeaders(NO_CONTENT_CSP(), "none"),
+    "content-type": "text/plain; charset=utf-8",
+    connection: "close",
+  });
+  res.end(body);
+}
+
+/** A registry refusal in one line, with its code and reason (`PERMISSION_DENIED`, ...). */
+function describe(e: unknown): string {
+  if (!(e instanceof CodemodeError)) return String(e);
+  return `${e.message} (${[e.codeName, e.reason].filter((s) => s !== "").join(", ")})`;
 }
 
 function historyView(entry: HistoryEntry): HistoryView {

@@ -57,9 +57,19 @@ export interface InspectQueryView {
   inputJson: string;
 }
 
+/**
+ * A registry stream the console could not keep (its principal may not approve, say): the page
+ * shows it; what the principal may not do, the registry refuses, not the console.
+ */
+export interface NoticeView {
+  stream: "approver" | "history";
+  message: string;
+}
+
 /** Bridge → page. */
 export type ServerMessage =
   | { type: "hello"; agent: string }
+  | { type: "notice"; notice: NoticeView }
   | { type: "run-requested"; request: RunRequestView }
   | { type: "run-resolved"; requestId: string; outcome: string }
   | { type: "tool-approval"; request: ToolApprovalView }

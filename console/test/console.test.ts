@@ -8,16 +8,15 @@
  * under console/test-output/.
  */
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { chromium, type BrowserContext, type Page } from "playwright-core";
+import type { Browser, Page } from "playwright-core";
 import { RegistryClient, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
-import { PYTHON, REPO_ROOT, startService, stopService, type Service } from "@codemode/client/dist/test/services";
+import { startService, stopService, type Service } from "@codemode/client/dist/test/services";
+import { launchChromium, startConsole, type RunningConsole } from "./stack";
 
-const CHROMIUM = process.env.CODEMODE_CHROMIUM ?? "/usr/bin/chromium";
 const OUTPUT = resolve(__dirname, "..", "..", "test-output");
 const WAIT_MS = 30_000; // generous: the machine is shared and loaded
 
@@ -60,13 +59,11 @@ return (ctx) => { ReactDOM.createRoot(mount).render(React.createElement(Counter)
 
 let runtime: Service | undefined;
 let registry: Service | undefined;
-let consoleProcess: ChildProcess | undefined;
-let consoleLog = "";
+let consoleProcess: RunningConsole | undefined;
 let client: RegistryClient;
 let provider: ToolProvider | undefined;
-let browser: BrowserContext | undefined;
+let browser: Browser | undefined;
 let page: Page;
-let profile = "";
 const agent = "agents/console-e2e";
 /** The plugin the first test approves; the panel test stops, runs and removes it. */
 let greeter = "";
@@ -91,37 +88,7 @@ async function defineAndRun(
   return { pluginId, packageId };
 }
 
-/** Starts `codemode console` and resolves with the page's URL once it serves. */
-function startConsole(registryPort: number): Promise<string> {
-  const proc = spawn(PYTHON, ["-m", "codemode_cli", "console", "--registry", `127.0.0.1:${registryPort}`, "--agent", agent], {
-    cwd: REPO_ROOT,
-    env: { ...process.env, PYTHONUNBUFFERED: "1" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  consoleProcess = proc;
-  const keep = (chunk: Buffer): void => {
-    consoleLog = (consoleLog + chunk.toString()).slice(-20_000);
-  };
-  proc.stderr!.on("data", keep);
-  return new Promise((resolvePromise, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the console was not ready:\n${consoleLog}`)), 60_000);
-    proc.stdout!.on("data", (chunk: Buffer) => {
-      keep(chunk);
-      const match = /console listening on port (\d+)/.exec(consoleLog);
-      if (match) {
-        clearTimeout(timer);
-        resolvePromise(`http://127.0.0.1:${match[1]}/`);
-      }
-    });
-    proc.on("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`the console exited (${code}) before it was ready:\n${consoleLog}`));
-    });
-  });
-}
-
 before(async () => {
-  assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: scripts/bootstrap installs Debian's chromium`);
   const dir = mkdtempSync(join(tmpdir(), "codemode-console-"));
   const rules = join(dir, "rules.yaml");
   writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
@@ -137,27 +104,17 @@ before(async () => {
     .tool({ name: "deploy", description: "Deploys a service." }, (args) => `deployed ${(args as JsonObject).service as string}`)
     .tool({ name: "lookup", description: "Looks a number up.", concurrencySafe: true }, (args) => ({ n: (args as JsonObject).n as number }));
   await provider.start();
-  const url = await startConsole(registry.port);
-  profile = mkdtempSync(join(tmpdir(), "codemode-chromium-"));
-  browser = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-  });
-  page = browser.pages()[0] ?? (await browser.newPage());
+  consoleProcess = await startConsole(`127.0.0.1:${registry.port}`, agent);
+  browser = await launchChromium();
+  page = await browser.newPage();
   page.setDefaultTimeout(WAIT_MS);
-  await page.goto(url);
+  await page.goto(consoleProcess.url); // the printed URL: its key signs this browser in
   await page.locator('body[data-connected="true"]').waitFor();
 });
 
 after(async () => {
   await browser?.close();
-  if (profile) rmSync(profile, { recursive: true, force: true });
-  if (consoleProcess && consoleProcess.exitCode === null) {
-    const exited = new Promise((r) => consoleProcess!.once("exit", r));
-    consoleProcess.kill("SIGTERM");
-    await exited;
-  }
+  await consoleProcess?.stop();
   await provider?.close();
   client?.close();
   await stopService(registry);
@@ -173,7 +130,7 @@ async function step(name: string, body: () => Promise<void>): Promise<void> {
     const file = join(OUTPUT, name.replace(/[^a-z0-9]+/gi, "-"));
     await page.screenshot({ path: `${file}.png`, fullPage: true }).catch(() => undefined);
     writeFileSync(`${file}.html`, await page.content().catch(() => ""));
-    writeFileSync(`${file}.console.log`, consoleLog);
+    writeFileSync(`${file}.console.log`, consoleProcess?.log() ?? "");
     throw e;
   }
 }

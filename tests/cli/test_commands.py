@@ -376,9 +376,12 @@ def test_sigterm_right_away_still_stops_gracefully(
 
 def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) -> None:
     """`codemode up --console`: the console (a page runner, approver and history watcher for
-    its agent, which it creates) serves its page on loopback and is stopped before the
-    registry it is a client of."""
+    its agent, which it creates) serves its page on loopback to the browser that opens the URL
+    it prints (with its key), and is stopped before the registry it is a client of."""
+    import urllib.error
     import urllib.request
+    from http.cookiejar import CookieJar
+    from urllib.parse import urlsplit
 
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
     argv += ["--console", "--console-agent", "ops"]
@@ -390,11 +393,18 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
             raise AssertionError((tmp_path / "up.err").read_text()) from None
         line = next(s for s in lines.seen if s.startswith("console listening on "))
         url = line.removeprefix("console listening on ")
-        assert url.startswith("http://127.0.0.1:") and listening_port(line.rstrip("/")) != 0
-        with urllib.request.urlopen(url, timeout=30) as page:
+        parts = urlsplit(url)
+        assert parts.hostname == "127.0.0.1" and parts.port and parts.query.startswith("key=")
+        origin = f"http://127.0.0.1:{parts.port}/"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(origin, timeout=30)  # no session: nothing served
+        assert refused.value.code == 403
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+        with browser.open(url, timeout=30) as page:  # the key, exchanged for the cookie
+            assert page.url == origin
             html = page.read().decode()
         assert "<title>Codemode console</title>" in html and 'src="app.js"' in html
-        with urllib.request.urlopen(url + "app.js", timeout=30) as bundle:
+        with browser.open(origin + "app.js", timeout=30) as bundle:
             assert b"data-plugin-slot" in bundle.read()
         registry = next(s for s in lines.seen if s.startswith("registry listening on "))
         address = registry.removeprefix("registry listening on ")

@@ -73,3 +73,32 @@ def test_the_console_serves_until_its_registry_goes_away(
         _stop(proc)
     assert status == 1
     assert "the page-runner stream to" in (tmp_path / "console.err").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "wording"),
+    [
+        (["--bind", "0.0.0.0"], "--bind 0.0.0.0: name one IP address, not a wildcard"),
+        (["--bind", "example.com"], "--bind example.com: name one IP address"),
+        (["--token-file", "missing.token"], "--token-file: cannot read missing.token"),
+        (["--token-file", "two.token"], "--token-file: two.token must hold one token"),
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+    ],
+)
+def test_bad_page_or_credential_options_are_refused_before_anything_serves(
+    tmp_path: Path, extra: list[str], wording: str
+) -> None:
+    (tmp_path / "two.token").write_text("one two\n")
+    out = cli(
+        "console",
+        "--registry",
+        "127.0.0.1:1",
+        "--agent",
+        "ops",
+        *extra,
+        env=service_env(tmp_path),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert wording in out.stderr
+    assert "console listening" not in out.stdout

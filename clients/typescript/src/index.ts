@@ -67,3 +67,4 @@ export { Concurrency, type ContentBlock, type Tool, type ToolError, type ToolRes
 /** The generated schema types and grpc-js service definitions. */
 export * as registryV1 from "./gen/codemode/registry/v1/registry_service";
 export * as pageRunnerV1 from "./gen/codemode/registry/v1/page_runner";
+export { tlsCredentials, type ChannelCredentials, type TlsMaterial } from "./tls";
