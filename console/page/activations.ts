@@ -128,23 +128,14 @@ export class Activations {
         pluginRunId,
         name,
         code: fetched.code,
-        invoke: (method, args) => this.invoke(pluginId, pluginRunId, method, args),
-        reportError: (error) => {
-          const { message, stack } = describe(error);
-          void this.connection.call("renderFailure", { pluginId, pluginRunId, message, ...(stack ? { stack } : {}) });
-        },
+        invoke: (method, argsJson) => this.connection.call("invoke", { pluginId, pluginRunId, method, argsJson }),
+        reportError: ({ message, stack }) =>
+          void this.connection.call("renderFailure", { pluginId, pluginRunId, message, ...(stack ? { stack } : {}) }),
       });
       return undefined;
     } catch (e) {
       return describe(e);
     }
-  }
-
-  /** `host.call`: resolves with the handler's value, throws the reference's code and message. */
-  private async invoke(pluginId: string, pluginRunId: string, method: string, args: unknown): Promise<unknown> {
-    const out = await this.connection.call("invoke", { pluginId, pluginRunId, method, argsJson: JSON.stringify(args ?? null) });
-    if (out.ok) return JSON.parse(out.valueJson) as unknown;
-    throw Object.assign(new Error(`host.call('${method}') failed: ${out.code}: ${out.message}`), { code: out.code });
   }
 
   private async panelRun(plugin: PluginView): Promise<void> {

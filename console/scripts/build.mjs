@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Builds the console: the bridge and the tests with tsc (dist/src, dist/test), the page bundled
-// with esbuild into dist/public/app.js beside a copy of page/index.html.
+// with esbuild into dist/public/app.js beside a copy of page/index.html, and the Client half
+// frame's bootstrap into dist/frame/bootstrap.js (inlined into /frame.html by src/frame.ts).
 import { execFileSync } from "node:child_process";
 import { copyFileSync, mkdirSync, rmSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -22,6 +23,16 @@ await build({
   target: "es2022",
   sourcemap: true,
   outfile: join(DIST, "public", "app.js"),
+  logLevel: "warning",
+});
+await build({
+  entryPoints: [join(PKG, "page", "frame.ts")],
+  bundle: true,
+  format: "iife",
+  platform: "browser",
+  target: "es2022",
+  minify: true, // inlined into every frame document
+  outfile: join(DIST, "frame", "bootstrap.js"),
   logLevel: "warning",
 });
 copyFileSync(join(PKG, "page", "index.html"), join(DIST, "public", "index.html"));

@@ -22,6 +22,7 @@ import {
   type InspectProvider,
   type RunRequest,
 } from "@codemode/client";
+import { FRAME_PATH, builtFrameDocument } from "./frame";
 import type { ClientMessage, HistoryView, InspectQueryView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
 
 export interface BridgeOptions {
@@ -68,6 +69,7 @@ export class ConsoleBridge {
   private http: Server | undefined;
   private wss: WebSocketServer | undefined;
   private readonly publicDir: string;
+  private readonly frame = builtFrameDocument();
 
   constructor(private readonly options: BridgeOptions) {
     this.client = new RegistryClient(options.registry, { timeoutMs: 10_000 });
@@ -276,6 +278,7 @@ export class ConsoleBridge {
 
   private async serveFile(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = new URL(req.url ?? "/", "http://localhost").pathname;
+    if (path === FRAME_PATH) return void res.writeHead(200, this.frame.headers).end(this.frame.body); // a Client half's sandbox
     const name = path === "/" ? "index.html" : path.slice(1);
     // Only the built files, by plain name: no path leaves the public folder.
     if (!/^[A-Za-z0-9_.-]+$/.test(name) || name.startsWith(".")) {
