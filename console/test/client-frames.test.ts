@@ -440,4 +440,46 @@ await attempt("link", () => {
       assert.equal(mainNavigations, 0);
       assert.deepEqual(popups.map((p) => p.url()), []);
     }));
+
+  it("shows the package's source, both halves as text, before Approve once; a package too long to show whole cannot be approved", () =>
+    step("review-source", async () => {
+      const host = `MARKUP = '<img src=x onerror="window.injected = 1">'
+
+def hello(args):
+    return {"markup": MARKUP}
+
+async def apply(ctx):
+    harness.handle("hello", hello)
+
+return apply
+`;
+      const clientHalf = `// </pre><b class="injected">not markup</b><script>window.injected = 2</script>
+const { markup } = await host.call("hello", {});
+return (ctx) => { const p = document.createElement("p"); p.className = "said"; p.textContent = markup; mount.append(p); };
+`;
+      const defined = await tool("cordis_define", { plugin: { kind: "new", idPrefix: "review" }, name: "Reviewed", purpose: "Shows its code.", code: { host, client: clientHalf } });
+      const pluginId = defined.pluginId as string;
+      await tool("cordis_run", { pluginId, packageId: defined.packageId as JsonValue, mode: "run" });
+      const row = page.locator(`#requests li[data-plugin="${pluginId}"]`);
+      assert.equal(await row.locator('pre.source[data-half="host"]').textContent(), host);
+      assert.equal(await row.locator('pre.source[data-half="client"]').textContent(), clientHalf);
+      assert.equal(await row.locator("img, b, script").count(), 0); // text, never markup
+      assert.equal(await page.evaluate("window.injected"), undefined);
+      assert.equal(await row.locator(".source-cut").count(), 0);
+      await row.locator('[data-action="approve-once"]').click(); // what was shown is what runs
+      await (await halfOf(pluginId)).locator("p.said", { hasText: "<img src=x" }).waitFor();
+
+      // Longer than the console shows: the cut is said, and nothing offers to approve it.
+      const hidden = `return (ctx) => { mount.textContent = "the part nobody saw"; };\n`;
+      const long = `// ${"x".repeat(70_000)}\n${hidden}`;
+      const big = await tool("cordis_define", { plugin: { kind: "new", idPrefix: "long" }, name: "Long", purpose: "Too long to read.", code: { client: long } });
+      await tool("cordis_run", { pluginId: big.pluginId as JsonValue, packageId: big.packageId as JsonValue, mode: "run" });
+      const bigRow = page.locator(`#requests li[data-plugin="${big.pluginId as string}"]`);
+      await bigRow.locator(".source-cut").waitFor();
+      assert.equal(await bigRow.locator('pre.source[data-half="client"]').textContent(), long.slice(0, 65_536));
+      assert.equal(await bigRow.locator('[data-action="approve-once"]').isDisabled(), true);
+      assert.equal(await bigRow.locator('[data-action="approve-future"]').isDisabled(), true);
+      await bigRow.locator('[data-action="reject"]').click();
+      await bigRow.waitFor({ state: "detached" });
+    }));
 });
