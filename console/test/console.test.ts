@@ -2,7 +2,7 @@
  * The web console end to end: the REAL runtime and registry (Python), a tool provider, the
  * console started by `codemode console`, and the page in headless Chromium (Debian's, driven by
  * Playwright). The person's clicks approve a client-bearing plugin (its Client half renders in
- * its slot and reaches the Host half's handler through `host.call`), reject another (the
+ * its own frame in its slot and reaches the Host half's handler through `host.call`), reject another (the
  * steering record appears), allow an ordinary tool call, stop a plugin from the panel, and a
  * `run_code` trajectory is drawn as a tree. A failure leaves a screenshot and the page's HTML
  * under console/test-output/.
