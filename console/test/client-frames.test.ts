@@ -441,6 +441,20 @@ await attempt("link", () => {
       assert.deepEqual(popups.map((p) => p.url()), []);
     }));
 
+  it("a frame that navigates itself away is removed, and the agent is told", () =>
+    step("self-navigation", async () => {
+      const away = `${consoleUrl.replace(/[?#].*$/, "")}frame.html?again`;
+      const pluginId = await approvedOnce(
+        "wander",
+        `return (ctx) => { const b = document.createElement("button"); b.className = "go"; b.onclick = () => { location.href = ${JSON.stringify(away)}; }; mount.append(b); };`,
+      );
+      const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
+      await (await halfOf(pluginId)).locator("button.go").click();
+      await page.locator(`[data-plugin-slot="${pluginId}"][data-state="failed"]`).waitFor();
+      assert.equal(await slot.locator("iframe").count(), 0);
+      await page.locator('#messages li[data-kind="agent/steer"]', { hasText: "navigated its frame away" }).waitFor();
+    }));
+
   it("shows the package's source, both halves as text, before Approve once; a package too long to show whole cannot be approved", () =>
     step("review-source", async () => {
       const host = `MARKUP = '<img src=x onerror="window.injected = 1">'
