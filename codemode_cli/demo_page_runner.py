@@ -3,10 +3,10 @@ agent's activation requests over `PageRunnerService.Attach` (the Python client's
 
 1. the agent defines a plugin with a Host half (a `harness.handle` handler) and a Client half,
    and runs it: `cordis_run` returns `awaiting-approval` at once;
-2. the page hears of the request (metadata only), approves it by running the Host half on the
-   runtime's plugin host, fetches the Client half of the exact active run, calls the Host
-   handler as the Client half's `host.call` would, and settles the request: the agent is
-   steered that the run completed;
+2. the page hears of the request (with its source to review), approves it by running the Host
+   half on the runtime's plugin host, fetches the Client half of the exact active run, calls
+   the Host handler as the Client half's `host.call` would, and settles the request: the agent
+   is steered that the run completed;
 3. the agent updates the plugin to a second package; the page rejects that request: the agent
    is steered not to ask again.
 

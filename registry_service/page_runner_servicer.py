@@ -61,6 +61,11 @@ def _event(event: PageEvent) -> ppb.AttachResponse:
                 purpose=event.purpose,
                 requires_approval=event.requires_approval,
                 has_host_half=event.has_host,
+                source=ppb.PackageSource(
+                    host=event.source.host,
+                    client=event.source.client,
+                    truncated=event.source.truncated,
+                ),
             )
         )
     if isinstance(event, RunResolved):

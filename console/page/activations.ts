@@ -1,7 +1,8 @@
 /**
  * The page-runner side of activations (reference §9.3): pending requests shown to the person
- * with name and purpose (approve once, approve future versions, reject); a request that needs
- * no approval (a grant applies) runs at once. An approved request runs the Host half, fetches
+ * with name, purpose and the package's source — both halves, as text — (approve once, approve
+ * future versions, reject); a package too long to be shown whole cannot be approved here. A
+ * request that needs no approval (a grant applies) runs at once. An approved request runs the Host half, fetches
  * the Client half of the exact active run, loads it into the plugin's slot and settles the
  * request with how that went. Panel gestures (run, stop, remove) go the same way without one.
  */
@@ -45,6 +46,7 @@ export class Activations {
       void this.approve(request, false); // a grant applies: nobody needs to be asked
       return;
     }
+    const approvable = !request.source.truncated;
     const row = el(
       "li",
       { "data-request": request.requestId, "data-plugin": request.pluginId },
@@ -52,9 +54,10 @@ export class Activations {
       " ",
       el("span", { class: "purpose" }, request.purpose),
       el("span", { class: "cm-muted" }, ` ${request.mode} ${request.pluginId}/${request.packageId} (${request.pluginRunId})`),
+      reviewSource(request),
       " ",
-      button("Approve once", "approve-once", () => void this.approve(request, false)),
-      button("Approve future versions", "approve-future", () => void this.approve(request, true)),
+      button("Approve once", "approve-once", () => void this.approve(request, false), approvable),
+      button("Approve future versions", "approve-future", () => void this.approve(request, true), approvable),
       button("Reject", "reject", () => void this.reject(request)),
     );
     this.rows.set(request.requestId, row);
@@ -85,7 +88,8 @@ export class Activations {
       return;
     }
     this.plugins.update(request.pluginId, { state: "client-pending" });
-    const failure = await this.loadClientHalf(request.pluginId, request.packageId, request.name, started.pluginRunId);
+    const reviewed = request.source.truncated ? undefined : request.source.client;
+    const failure = await this.loadClientHalf(request.pluginId, request.packageId, request.name, started.pluginRunId, reviewed);
     if (failure === undefined) {
       await this.settle(request, started.pluginRunId, "success", {});
       this.plugins.update(request.pluginId, { state: "running", currentPackageId: request.packageId, nextPackageId: undefined });
@@ -112,15 +116,20 @@ export class Activations {
     return answer;
   }
 
-  /** Fetches and loads a run's Client half; the failure to settle with, or undefined. */
+  /**
+   * Fetches and loads a run's Client half; the failure to settle with, or undefined. With
+   * `reviewed`, only that code loads: what runs is what the request showed.
+   */
   private async loadClientHalf(
     pluginId: string,
     packageId: string,
     name: string,
     pluginRunId: string,
+    reviewed?: string,
   ): Promise<{ message: string; stack?: string } | undefined> {
     const fetched = await this.connection.call("clientCode", { pluginId, pluginRunId });
     if (!fetched.accepted || fetched.code === undefined) return { message: `no Client half for ${pluginRunId}: ${fetched.message}` };
+    if (reviewed !== undefined && fetched.code !== reviewed) return { message: `the Client half of ${pluginRunId} is not the source its request showed` };
     try {
       await this.slots.load({
         pluginId,
@@ -128,23 +137,14 @@ export class Activations {
         pluginRunId,
         name,
         code: fetched.code,
-        invoke: (method, args) => this.invoke(pluginId, pluginRunId, method, args),
-        reportError: (error) => {
-          const { message, stack } = describe(error);
-          void this.connection.call("renderFailure", { pluginId, pluginRunId, message, ...(stack ? { stack } : {}) });
-        },
+        invoke: (method, argsJson) => this.connection.call("invoke", { pluginId, pluginRunId, method, argsJson }),
+        reportError: ({ message, stack }) =>
+          void this.connection.call("renderFailure", { pluginId, pluginRunId, message, ...(stack ? { stack } : {}) }),
       });
       return undefined;
     } catch (e) {
       return describe(e);
     }
-  }
-
-  /** `host.call`: resolves with the handler's value, throws the reference's code and message. */
-  private async invoke(pluginId: string, pluginRunId: string, method: string, args: unknown): Promise<unknown> {
-    const out = await this.connection.call("invoke", { pluginId, pluginRunId, method, argsJson: JSON.stringify(args ?? null) });
-    if (out.ok) return JSON.parse(out.valueJson) as unknown;
-    throw Object.assign(new Error(`host.call('${method}') failed: ${out.code}: ${out.message}`), { code: out.code });
   }
 
   private async panelRun(plugin: PluginView): Promise<void> {
@@ -195,4 +195,21 @@ export class Activations {
   private refused(what: string, answer: PageAnswerView): void {
     this.status(`could not ${what}: ${answer.code || "refused"} ${answer.message}`.trim());
   }
+}
+
+/** Both halves' source, as text (never markup), and whether it was cut. */
+function reviewSource(request: RunRequestView): HTMLElement {
+  const half = (which: "host" | "client", label: string, code: string): HTMLElement[] => [
+    el("div", { class: "cm-muted" }, label),
+    el("pre", { class: "source", "data-half": which }, code),
+  ];
+  return el(
+    "div",
+    { class: "review" },
+    ...(request.hasHostHalf ? half("host", "Host half (runs in the plugin host):", request.source.host) : [el("div", { class: "cm-muted", "data-half": "host" }, "No Host half.")]),
+    ...(request.source.client ? half("client", "Client half (runs in a sandboxed frame of this page):", request.source.client) : []),
+    ...(request.source.truncated
+      ? [el("p", { class: "source-cut" }, "This package is longer than the console shows (each half is cut at 65,536 characters): it cannot be reviewed whole, so it cannot be approved here.")]
+      : []),
+  );
 }

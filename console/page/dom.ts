@@ -10,8 +10,9 @@ export function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
-export function button(label: string, action: string, onClick: () => void): HTMLButtonElement {
+export function button(label: string, action: string, onClick: () => void, enabled = true): HTMLButtonElement {
   const b = el("button", { type: "button", "data-action": action }, label);
+  b.disabled = !enabled;
   b.addEventListener("click", onClick);
   return b;
 }

@@ -7,7 +7,7 @@
  */
 import type { InspectQueryView } from "../src/protocol";
 import type { Connection } from "./connection";
-import { STYLES } from "./slots";
+import { STYLES, type ClientSlots } from "./slots";
 
 const STRING = { type: "string" };
 
@@ -63,10 +63,10 @@ export const MANIFEST = [
 /** Text kept per slot in an answer: enough to see what rendered, not a page dump. */
 const MAX_TEXT = 2000;
 
-export async function answerQuery(connection: Connection, query: InspectQueryView): Promise<void> {
+export async function answerQuery(connection: Connection, slots: ClientSlots, query: InspectQueryView): Promise<void> {
   let data: unknown;
   try {
-    data = answer(query.provider, query.method, JSON.parse(query.inputJson || "{}") as Record<string, unknown>);
+    data = answer(slots, query.provider, query.method, JSON.parse(query.inputJson || "{}") as Record<string, unknown>);
   } catch (e) {
     await connection.call("failQuery", { queryId: query.queryId, message: e instanceof Error ? e.message : String(e) });
     return;
@@ -74,20 +74,13 @@ export async function answerQuery(connection: Connection, query: InspectQueryVie
   await connection.call("answerQuery", { queryId: query.queryId, dataJson: JSON.stringify(data) });
 }
 
-function answer(provider: string, method: string, input: Record<string, unknown>): unknown {
+function answer(slots: ClientSlots, provider: string, method: string, input: Record<string, unknown>): unknown {
   if (provider === "Theme" && method === "listTokens") {
     return { tokens: Object.entries(STYLES).map(([name, className]) => ({ name, className })) };
   }
   if (provider === "Slots" && method === "listSubTree") {
-    const slots = [...document.querySelectorAll<HTMLElement>("[data-plugin-slot]")]
-      .filter((slot) => input.pluginId === undefined || slot.dataset.pluginSlot === input.pluginId)
-      .map((slot) => ({
-        pluginId: slot.dataset.pluginSlot ?? "",
-        pluginRunId: slot.dataset.runId ?? "",
-        state: slot.dataset.state ?? "",
-        text: (slot.querySelector("[data-mount]")?.textContent ?? "").slice(0, MAX_TEXT),
-      }));
-    return { slots };
+    const pluginId = typeof input.pluginId === "string" ? input.pluginId : undefined;
+    return { slots: slots.describe(pluginId).map((slot) => ({ ...slot, text: slot.text.slice(0, MAX_TEXT) })) };
   }
   throw new Error(`this page has no client inspect method ${provider}.${method}`);
 }

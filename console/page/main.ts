@@ -19,6 +19,7 @@ async function main(): Promise<void> {
   const trajectories = new Trajectories(byId("calls"), byId("messages"));
   let activations: Activations | undefined;
   let approvals: ToolApprovals | undefined;
+  const slots = new ClientSlots(byId("slots"));
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
   const connection = await Connection.open(url, (event) => {
     switch (event.type) {
@@ -47,7 +48,7 @@ async function main(): Promise<void> {
         approvals?.withdrawn(event.approvalId);
         break;
       case "inspect-query":
-        void answerQuery(connection, event.query);
+        void answerQuery(connection, slots, event.query);
         break;
       case "inspect-query-resolved":
         break;
@@ -58,7 +59,7 @@ async function main(): Promise<void> {
     }
   });
   // Created before any event can arrive: messages are dispatched from the event loop, after this.
-  activations = new Activations(connection, byId("requests"), new ClientSlots(byId("slots")), byId("plugins"), status);
+  activations = new Activations(connection, byId("requests"), slots, byId("plugins"), status);
   approvals = new ToolApprovals(connection, byId("approvals"));
   const synced = await connection.call("syncManifest", { providersJson: JSON.stringify(MANIFEST) });
   if (!synced.accepted) status(`the registry refused the inspect manifest: ${synced.code} ${synced.message}`);

@@ -1,36 +1,22 @@
 /**
- * Client halves in the page: each plugin has its own slot (a mount element), and its loads and
- * unloads run one after another on a queue of its own (seed 002 §18): a new run first tears the
- * old entry down, an exact-run unload leaves a newer activation alone, and a failed step is
- * absorbed by the queue so that the next load (a fixed package) still runs.
+ * Client halves in the page: each plugin has its own slot, and its loads and unloads run one
+ * after another on a queue of its own (seed 002 §18): a new run first tears the old entry
+ * down, an exact-run unload leaves a newer activation alone, and a failed step is absorbed by
+ * the queue so that the next load (a fixed package) still runs.
  *
- * A Client half is a plain JavaScript async function body, evaluated with the parameters the
- * reference gives it (§9.2, seed 002 §17): `host` (`host.call(method, args)` reaches the Host
- * half's `harness.handle` handlers through `invoke`), `console` (tagged with the plugin),
- * `mount` (the slot's element), `styles` (the console's class names), `React` (the page's own
- * React, pinned with the console) and `ReactDOM` (`createRoot`; a root made through it is
- * unmounted when the half is unloaded). It returns a plugin: a function or an object with
- * `apply(ctx)`; `apply` may return a disposer, run on unload.
+ * A loaded half lives in a frame of its own (page/client-frame.ts): an opaque-origin sandbox
+ * whose document is its mount, reaching the page only through its port. There it is a plain
+ * JavaScript async function body evaluated with `host` (`host.call(method, args)` reaches the
+ * Host half's `harness.handle` handlers of its own run through `invoke`), `console` (printed
+ * here, tagged with the plugin), `mount` (the frame's body) and `styles` (the console's class
+ * names, styled in the frame). It returns a plugin: a function or an object with `apply(ctx)`;
+ * `apply` may return a disposer, run on unload; unloading removes the frame.
  */
-import * as React from "react";
-import { createRoot, type Root } from "react-dom/client";
+import { ClientFrame, type Invoke } from "./client-frame";
 import { el } from "./dom";
 
-/** What `host.call` reaches: the page's `invoke` for one run. */
-export type Invoke = (method: string, args: unknown) => Promise<unknown>;
-
-export interface ClientContext {
-  pluginId: string;
-  packageId: string;
-  pluginRunId: string;
-  mount: HTMLElement;
-  host: { call: Invoke };
-  console: Console;
-  /** Runs `fn` when this run's Client half is unloaded. */
-  onDispose(fn: () => void | Promise<void>): void;
-  /** Reports a failure to render after the activation settled (the agent is steered). */
-  reportError(error: unknown): void;
-}
+export { STYLES } from "./frame-messages";
+export type { Invoke } from "./client-frame";
 
 export interface LoadRequest {
   pluginId: string;
@@ -39,24 +25,28 @@ export interface LoadRequest {
   name: string;
   code: string;
   invoke: Invoke;
-  reportError: (error: unknown) => void;
+  reportError: (failure: { message: string; stack?: string }) => void;
 }
 
 interface Entry {
   pluginRunId: string;
-  disposers: (() => void | Promise<void>)[];
+  frame?: ClientFrame;
 }
 
-/** The class names a Client half may use for a look that matches the console. */
-export const STYLES = Object.freeze({ card: "cm-card", button: "cm-button", muted: "cm-muted", title: "cm-title" });
-
-type AsyncBody = (...args: unknown[]) => Promise<unknown>;
-const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor as new (...params: string[]) => AsyncBody;
+/** What the `Slots` inspect provider tells of one slot. */
+export interface SlotView {
+  pluginId: string;
+  pluginRunId: string;
+  state: string;
+  text: string;
+}
 
 export class ClientSlots {
   private readonly tails = new Map<string, Promise<void>>();
   private readonly entries = new Map<string, Entry>();
   private readonly slots = new Map<string, HTMLElement>();
+  /** The text each plugin's frame last reported. */
+  private readonly texts = new Map<string, string>();
 
   constructor(private readonly container: HTMLElement) {}
 
@@ -68,10 +58,21 @@ export class ClientSlots {
       const mount = slot.querySelector<HTMLElement>("[data-mount]")!;
       slot.dataset.runId = request.pluginRunId;
       slot.dataset.state = "loading";
-      const entry: Entry = { pluginRunId: request.pluginRunId, disposers: [] };
+      const entry: Entry = { pluginRunId: request.pluginRunId };
       this.entries.set(request.pluginId, entry);
+      const tag = `[cordis:${request.pluginId}]`;
       try {
-        await evaluate(request, mount, entry);
+        entry.frame = await ClientFrame.open(mount, `Client half of ${request.pluginId}`, request, {
+          invoke: request.invoke,
+          reportError: request.reportError,
+          rendered: (text) => {
+            if (this.entries.get(request.pluginId) === entry) this.texts.set(request.pluginId, text);
+          },
+          log: (level, text) => console[level](tag, text),
+          broken: () => {
+            if (this.entries.get(request.pluginId) === entry) slot.dataset.state = "failed";
+          },
+        });
         slot.dataset.state = "running";
       } catch (e) {
         slot.dataset.state = "failed";
@@ -97,6 +98,13 @@ export class ClientSlots {
     this.slots.delete(pluginId);
   }
 
+  /** Each slot (or one plugin's): its run, state and what its frame last showed. */
+  describe(pluginId?: string): SlotView[] {
+    return [...this.slots.entries()]
+      .filter(([id]) => pluginId === undefined || id === pluginId)
+      .map(([id, slot]) => ({ pluginId: id, pluginRunId: slot.dataset.runId ?? "", state: slot.dataset.state ?? "", text: this.texts.get(id) ?? "" }));
+  }
+
   private enqueue(pluginId: string, task: () => Promise<void>): Promise<void> {
     const run = (this.tails.get(pluginId) ?? Promise.resolve()).then(task);
     this.tails.set(
@@ -110,14 +118,8 @@ export class ClientSlots {
     const entry = this.entries.get(pluginId);
     if (entry === undefined || (pluginRunId !== undefined && entry.pluginRunId !== pluginRunId)) return;
     this.entries.delete(pluginId);
-    for (const dispose of entry.disposers.reverse()) {
-      try {
-        await dispose();
-      } catch (e) {
-        console.warn(`[cordis:${pluginId}] a disposer failed`, e);
-      }
-    }
-    this.slots.get(pluginId)?.querySelector("[data-mount]")?.replaceChildren();
+    this.texts.delete(pluginId);
+    await entry.frame?.dispose();
   }
 
   private slot(pluginId: string, name: string): HTMLElement {
@@ -129,52 +131,4 @@ export class ClientSlots {
     }
     return slot;
   }
-}
-
-async function evaluate(request: LoadRequest, mount: HTMLElement, entry: Entry): Promise<void> {
-  const host = Object.freeze({ call: (method: string, args: unknown = null) => request.invoke(method, args) });
-  const tagged = taggedConsole(request.pluginId);
-  // Roots a half creates are its own: unmounted on unload, with its disposers (in reverse order).
-  const reactDom = Object.freeze({
-    createRoot: (container: Element | DocumentFragment): Root => {
-      const root = createRoot(container);
-      entry.disposers.push(() => root.unmount());
-      return root;
-    },
-  });
-  // a SyntaxError fails the load
-  const body = new AsyncFunction("host", "console", "mount", "styles", "React", "ReactDOM", request.code);
-  const plugin = await body(host, tagged, mount, STYLES, React, reactDom);
-  if (plugin === undefined) throw new Error("the Client half returned `undefined` — did you forget `return`?");
-  const apply =
-    typeof plugin === "function"
-      ? (plugin as (ctx: ClientContext) => unknown)
-      : typeof (plugin as { apply?: unknown } | null)?.apply === "function"
-        ? (ctx: ClientContext) => (plugin as { apply: (ctx: ClientContext) => unknown }).apply(ctx)
-        : undefined;
-  if (apply === undefined) throw new Error("the Client half must return a Plugin function or an object with apply(ctx)");
-  const ctx: ClientContext = Object.freeze({
-    pluginId: request.pluginId,
-    packageId: request.packageId,
-    pluginRunId: request.pluginRunId,
-    mount,
-    host,
-    console: tagged,
-    onDispose: (fn: () => void | Promise<void>) => void entry.disposers.push(fn),
-    reportError: request.reportError,
-  });
-  const disposer = await apply(ctx);
-  if (typeof disposer === "function") entry.disposers.push(disposer as () => void);
-}
-
-function taggedConsole(pluginId: string): Console {
-  const tag = `[cordis:${pluginId}]`;
-  return {
-    ...console,
-    log: (...a: unknown[]) => console.log(tag, ...a),
-    info: (...a: unknown[]) => console.info(tag, ...a),
-    warn: (...a: unknown[]) => console.warn(tag, ...a),
-    error: (...a: unknown[]) => console.error(tag, ...a),
-    debug: (...a: unknown[]) => console.debug(tag, ...a),
-  };
 }

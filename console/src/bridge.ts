@@ -30,6 +30,7 @@ import {
   type InspectProvider,
   type RunRequest,
 } from "@codemode/client";
+import { builtFrameDocument } from "./frame";
 import { WebGuard, type Refusal } from "./guard";
 import type { ClientMessage, HistoryView, InspectQueryView, NoticeView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
 import { NO_CONTENT_CSP, ROUTES, SOCKET_PATH, framingHeaders, type Route } from "./routes";
@@ -89,6 +90,7 @@ export class ConsoleBridge {
   private guard: WebGuard | undefined;
   private readonly files = new Map<string, Buffer>();
   private readonly publicDir: string;
+  private readonly frame = builtFrameDocument();
 
   constructor(private readonly options: BridgeOptions) {
     this.client = new RegistryClient(options.registry, { timeoutMs: 10_000, credentials: options.credentials, metadata: options.metadata });
@@ -98,7 +100,10 @@ export class ConsoleBridge {
 
   /** Attaches to the registry, then listens; resolves with the page's URL (it carries the key). */
   async start(): Promise<string> {
-    for (const route of ROUTES) this.files.set(route.path, await readFile(join(this.publicDir, route.file)));
+    for (const route of ROUTES) {
+      if (route.file !== undefined) this.files.set(route.path, await readFile(join(this.publicDir, route.file)));
+    }
+    this.files.set(this.frame.route.path, this.frame.body);
     this.page = await PageRunner.attach(this.client, this.options.agent, { pageName: "console" });
     this.agent = this.page.agent;
     void this.pumpPageEvents(this.page);
@@ -335,7 +340,7 @@ export class ConsoleBridge {
       return;
     }
     if (!guard.hasSession(req)) return refuse(res, { status: 403, reason: "no console session: open the URL the console printed" });
-    const route: Route | undefined = ROUTES.find((r) => r.path === url.pathname);
+    const route: Route | undefined = [...ROUTES, this.frame.route].find((r) => r.path === url.pathname);
     if (route === undefined) return refuse(res, { status: 404, reason: "not found" });
     if (req.method !== "GET" && req.method !== "HEAD") return refuse(res, { status: 405, reason: `${req.method} is not served` });
     const body = this.files.get(route.path)!;

@@ -7,7 +7,7 @@
  * (big integers) travel as JSON text (`...Json` fields) so that nothing is rounded on the way.
  */
 
-/** An activation request (metadata only), as `PageRunner` delivers it. */
+/** An activation request (its metadata and the source to review), as `PageRunner` delivers it. */
 export interface RunRequestView {
   requestId: string;
   agent: string;
@@ -19,6 +19,8 @@ export interface RunRequestView {
   purpose: string;
   requiresApproval: boolean;
   hasHostHalf: boolean;
+  /** Both halves' source for the person to read (shown as text, never evaluated); each cut at 65,536 characters. */
+  source: { host: string; client: string; truncated: boolean };
 }
 
 /** An ordinary tool approval request of the console's agent. */

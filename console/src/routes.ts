@@ -18,8 +18,9 @@ export interface SelfOrigin {
 
 export interface Route {
   path: string;
-  /** The built file in the public folder (`dist/public`). */
-  file: string;
+  /** The built file in the public folder (`dist/public`); none: the bridge makes the body (the
+   * Client half frame document, ./frame.ts). */
+  file?: string;
   contentType: string;
   /** The response's Content-Security-Policy, but for `frame-ancestors` (from `framedBy`). */
   csp: (self: SelfOrigin) => string;
@@ -41,18 +42,11 @@ export function framingHeaders(csp: string, framedBy: Route["framedBy"]): Record
   };
 }
 
-/**
- * The page still evaluates Client halves in its own realm (`new AsyncFunction` in
- * page/slots.ts), which CSP counts as eval. Inline and foreign scripts stay blocked. Drop this
- * once Client halves run in their own sandboxed frame document.
- */
-const IN_PAGE_CLIENT_HALVES = "'unsafe-eval'";
-
 /** The console page: its own script and stylesheet, its own WebSocket, its own frames. */
 export function pageCsp(self: SelfOrigin): string {
   return [
     ...LOCKED,
-    `script-src 'self' ${IN_PAGE_CLIENT_HALVES}`,
+    "script-src 'self'", // Client halves are evaluated in their own frame documents, never here
     "style-src 'self'",
     "img-src 'self' data:",
     `connect-src ${self.ws}`,

@@ -125,7 +125,8 @@ describe("the console against a registry with authorization on", () => {
     const run = await driver.executeToolCall({ agent, toolName: "cordis_run", arguments: { pluginId, packageId, mode: "run" } }).result;
     assert.equal((run.value as JsonObject).status, "awaiting-approval");
     await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-once"]`).click();
-    await page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"] .hi`).waitFor();
+    const slot = page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"]`);
+    await slot.frameLocator("iframe[data-client-frame]").locator(".hi").waitFor(); // the half's own frame
   });
 
   it("is refused by the registry what its principal may not do: approving tool calls", async () => {

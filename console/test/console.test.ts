@@ -2,7 +2,7 @@
  * The web console end to end: the REAL runtime and registry (Python), a tool provider, the
  * console started by `codemode console`, and the page in headless Chromium (Debian's, driven by
  * Playwright). The person's clicks approve a client-bearing plugin (its Client half renders in
- * its slot and reaches the Host half's handler through `host.call`), reject another (the
+ * its own frame in its slot and reaches the Host half's handler through `host.call`), reject another (the
  * steering record appears), allow an ordinary tool call, stop a plugin from the panel, and a
  * `run_code` trajectory is drawn as a tree. A failure leaves a screenshot and the page's HTML
  * under console/test-output/.
@@ -12,7 +12,7 @@ import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
-import type { Browser, Page } from "playwright-core";
+import type { Browser, BrowserContext, FrameLocator, Locator, Page } from "playwright-core";
 import { RegistryClient, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
 import { startService, stopService, type Service } from "@codemode/client/dist/test/services";
 import { launchChromium, startConsole, type RunningConsole } from "./stack";
@@ -46,15 +46,20 @@ return {
 };
 `;
 
-// A Client half drawn with the page's React (hooks, an event handler) through its ReactDOM.
-const REACT_CLIENT = `const { greeting } = await host.call("greet", { name: "react" });
-function Counter() {
-  const [count, setCount] = React.useState(0);
-  return React.createElement("div", { className: "react-card" },
-    React.createElement("p", { className: "react-greeting" }, greeting),
-    React.createElement("button", { className: "react-count", onClick: () => setCount(count + 1) }, "clicked " + count));
-}
-return (ctx) => { ReactDOM.createRoot(mount).render(React.createElement(Counter)); };
+// A Client half sees its own frame: its document is its mount's, its origin opaque, and the
+// page's React (or anything else of the page) is not among its parameters.
+const FRAME_CLIENT = `const seen = {
+  params: [typeof host, typeof console, typeof mount, typeof styles, typeof React, typeof ReactDOM],
+  ownDocument: mount.ownerDocument === document && mount === document.body,
+  origin: self.origin,
+  framed: window.parent !== window,
+};
+return (ctx) => {
+  const pre = document.createElement("pre");
+  pre.className = "seen";
+  pre.textContent = JSON.stringify(seen);
+  mount.append(pre);
+};
 `;
 
 let runtime: Service | undefined;
@@ -121,6 +126,11 @@ after(async () => {
   await stopService(runtime);
 });
 
+/** The document of a slot's Client half (its frame). */
+function inFrame(slot: Locator): FrameLocator {
+  return slot.frameLocator("iframe[data-client-frame]");
+}
+
 /** Runs a step; on failure keeps a screenshot and the page's HTML, then fails. */
 async function step(name: string, body: () => Promise<void>): Promise<void> {
   try {
@@ -147,9 +157,9 @@ describe("the web console", () => {
       await request.locator('[data-action="approve-once"]').click();
 
       const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
-      await slot.locator(".greeting", { hasText: "hello, console" }).waitFor(); // host.call at load
-      await slot.locator("button.again").click();
-      await slot.locator(".greeting", { hasText: "hello, button" }).waitFor(); // host.call from a click
+      await inFrame(slot).locator(".greeting", { hasText: "hello, console" }).waitFor(); // host.call at load
+      await inFrame(slot).locator("button.again").click();
+      await inFrame(slot).locator(".greeting", { hasText: "hello, button" }).waitFor(); // host.call from a click
       await request.waitFor({ state: "detached" });
       await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
       const steer = page.locator('#messages li[data-kind="agent/steer"]', { hasText: `${pluginId}/${packageId}` });
@@ -160,16 +170,21 @@ describe("the web console", () => {
       assert.equal(state.currentPackageId, packageId);
     }));
 
-  it("runs a Client half drawn with React, and unmounts it when the plugin stops", () =>
-    step("react", async () => {
-      const { pluginId } = await defineAndRun("react", "Counter", "Counts clicks with React.", REACT_CLIENT);
+  it("runs a Client half in its own opaque-origin frame, without the page's React; stopping removes the frame", () =>
+    step("frame", async () => {
+      const { pluginId } = await defineAndRun("frame", "Framed", "Shows what it can see.", FRAME_CLIENT);
       await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-once"]`).click();
       const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
-      await slot.locator(".react-greeting", { hasText: "hello, react" }).waitFor();
-      await slot.locator("button.react-count", { hasText: "clicked 0" }).click();
-      await slot.locator("button.react-count", { hasText: "clicked 1" }).waitFor(); // state re-rendered
+      const seen = JSON.parse((await inFrame(slot).locator("pre.seen").textContent()) ?? "") as JsonObject;
+      assert.deepEqual(seen, {
+        params: ["object", "object", "object", "object", "undefined", "undefined"],
+        ownDocument: true,
+        origin: "null",
+        framed: true,
+      });
+      assert.equal(await slot.locator("iframe").getAttribute("sandbox"), "allow-scripts");
       await tool("cordis_stop", { pluginId });
-      await slot.locator(".react-card").waitFor({ state: "detached" }); // the root was unmounted
+      await slot.locator("iframe").waitFor({ state: "detached" }); // unloading removes the frame
     }));
 
   it("rejects another plugin: nothing runs and the steering record appears", () =>
@@ -248,7 +263,7 @@ describe("the web console", () => {
       assert.equal((await tool("cordis_run", { pluginId, packageId: first.packageId, mode: "run" })).status, "awaiting-approval");
       await page.locator(`#requests li[data-plugin="${pluginId}"] [data-action="approve-future"]`).click();
       const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
-      await slot.locator(".version", { hasText: "v1" }).waitFor();
+      await inFrame(slot).locator(".version", { hasText: "v1" }).waitFor();
 
       // A broken update: asked of nobody (the grant applies), its load fails and is settled so.
       const broken = await define(pluginId, 'return { apply() { throw new Error("no DOM for v2") } };');
@@ -257,7 +272,7 @@ describe("the web console", () => {
       await failed.waitFor();
       assert.match((await failed.locator("pre").textContent()) ?? "", /client-half-failed\nno DOM for v2\n/);
       await page.locator(`[data-plugin-slot="${pluginId}"][data-state="failed"]`).waitFor();
-      assert.equal(await slot.locator(".version").count(), 0); // v1 was torn down before v2 loaded
+      assert.equal(await slot.locator("iframe").count(), 0); // v1 was torn down before v2 loaded
 
       // The queue absorbed the failure: the fixed package loads.
       const fixed = await define(
@@ -266,12 +281,13 @@ describe("the web console", () => {
       );
       assert.equal((await tool("cordis_run", { pluginId, packageId: fixed.packageId, mode: "update" })).status, "starting");
       await page.locator(`[data-plugin-slot="${pluginId}"][data-state="running"]`).waitFor();
-      assert.deepEqual(await slot.locator(".version").allTextContents(), ["v3"]);
+      assert.deepEqual(await inFrame(slot).locator(".version").allTextContents(), ["v3"]);
+      assert.equal(await slot.locator("iframe").count(), 1);
       await page.locator(`#plugins li[data-plugin="${pluginId}"][data-state="running"]`).waitFor();
       assert.equal((await tool("cordis_inspect_self", { pluginId })).currentPackageId, fixed.packageId);
 
       // A render failure after the activation settled reaches the registry (kept per run) and the agent.
-      await slot.locator("button.break").click();
+      await inFrame(slot).locator("button.break").click();
       await page.locator('#messages li[data-kind="agent/steer"]', { hasText: "render broke" }).waitFor();
       const view = await tool("cordis_inspect_self", { pluginId, packageId: fixed.packageId });
       const failure = ((view.runtime as JsonObject).client as JsonObject).renderFailure as JsonObject;
@@ -285,12 +301,12 @@ describe("the web console", () => {
       const slot = page.locator(`[data-plugin-slot="${pluginId}"]`);
       await row.locator('[data-action="stop"]').click();
       await page.locator(`[data-plugin-slot="${pluginId}"][data-state="unloaded"]`).waitFor();
-      assert.equal(await slot.locator(".greeting").count(), 0);
+      assert.equal(await slot.locator("iframe").count(), 0); // its frame is gone
       await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user stopped Cordis Plugin ${pluginId}` }).waitFor();
       assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "stopped");
 
       await row.locator('[data-action="run"]').click(); // a direct gesture: no request to approve
-      await slot.locator(".greeting", { hasText: "hello, console" }).waitFor();
+      await inFrame(slot).locator(".greeting", { hasText: "hello, console" }).waitFor();
       await page.locator('#messages li[data-kind="agent/inject"]', { hasText: `The user ran Cordis run ${pluginId}/` }).waitFor();
       assert.equal((await tool("cordis_inspect_self", { pluginId })).state, "running");
 

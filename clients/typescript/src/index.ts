@@ -17,6 +17,7 @@ export {
   type InvokeResult,
   type PageAnswer,
   type PageEvent,
+  type ReviewSource,
   type RunRequest,
   type SettleOptions,
   type SettleOutcomeName,

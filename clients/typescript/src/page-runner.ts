@@ -12,7 +12,8 @@
  *       await page.settle(event.request.requestId, started.pluginRunId);  // success
  *     }
  *
- * Requests carry metadata only; a Client half's source comes from `clientCode`, and only for
+ * Requests carry their metadata and the package's source for the person to review (`source`,
+ * shown, never evaluated); the Client half to evaluate comes from `clientCode`, and only for
  * the exact active run. Every verb resolves with the registry's answer; `accepted: false` means
  * the message was refused (unknown, duplicate or stale) and changed nothing.
  */
@@ -29,7 +30,15 @@ import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { AsyncQueue } from "./queue";
 import type { RegistryClient } from "./registry";
 
-/** An activation request waiting for a page (never the source). */
+/** A package's code as the person reviews it before approving; each half cut at 65,536 characters. */
+export interface ReviewSource {
+  host: string;
+  client: string;
+  /** A half was cut: the package cannot be reviewed whole (do not offer to approve it). */
+  truncated: boolean;
+}
+
+/** An activation request waiting for a page. */
 export interface RunRequest {
   requestId: string;
   agent: string;
@@ -42,6 +51,7 @@ export interface RunRequest {
   /** True unless a grant applies: ask the person. */
   requiresApproval: boolean;
   hasHostHalf: boolean;
+  source: ReviewSource;
 }
 
 /** A client inspect query for this page to answer. */
@@ -321,7 +331,10 @@ export class PageRunner {
         break;
       }
       case "runRequested":
-        this.queue.push({ type: "run-requested", request: { ...m.value } });
+        this.queue.push({
+          type: "run-requested",
+          request: { ...m.value, source: { host: m.value.source?.host ?? "", client: m.value.source?.client ?? "", truncated: m.value.source?.truncated ?? false } },
+        });
         break;
       case "runResolved":
         this.queue.push({ type: "run-resolved", requestId: m.value.requestId, outcome: m.value.outcome });

@@ -109,6 +109,7 @@ describe("page runners", () => {
         purpose: "Greets.",
         requiresApproval: true,
         hasHostHalf: true,
+        source: { host: HOST, client: CLIENT, truncated: false }, // for the person to review
       } satisfies RunRequest);
       assert.match(request.requestId, /^approval-\d+$/);
       const early = await page.clientCode(pluginId, request.pluginRunId);

@@ -2,13 +2,14 @@
 its settlement, direct panel gestures, `invoke` and render failures.
 
 `cordis_run` of a package with a Client half never waits for a page: it arms a request
-(`approval-<n>`, with the attempt's `run-<n>`), tells the owner's pages (metadata only) and
-returns `awaiting-approval` (no grant applies) or `starting`. A page then runs the Host half for
-the request (which approves it and records the grant, kept even if later steps fail), fetches
-the Client half of the exact active run, loads it, and settles. The first valid settlement
-claims the request; unknown, duplicate or stale answers are refused (`accepted: false`) and
-change nothing. The outcome reaches the agent as an `agent/steer` record; a person's own panel
-actions (a run without a request, stop, remove) as `agent/inject` records."""
+(`approval-<n>`, with the attempt's `run-<n>`), tells the owner's pages (its metadata and the
+package's source to review) and returns `awaiting-approval` (no grant applies) or `starting`.
+A page then runs the Host half for the request (which approves it and records the grant, kept
+even if later steps fail), fetches the Client half of the exact active run, loads it, and
+settles. The first valid settlement claims the request; unknown, duplicate or stale answers are
+refused (`accepted: false`) and change nothing. The outcome reaches the agent as an
+`agent/steer` record; a person's own panel actions (a run without a request, stop, remove) as
+`agent/inject` records."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from registry_service.domain.cordis.page_runners import (
     Page,
     PageEvent,
     PageHub,
+    ReviewSource,
     RunRequested,
     RunResolved,
     refused,
@@ -83,6 +85,7 @@ class _Request:
             purpose=self.package.purpose,
             requires_approval=self.requires_approval,
             has_host=self.package.has_host,
+            source=ReviewSource.of(self.package.host, self.package.client),
         )
 
 

@@ -1,8 +1,9 @@
 """Page runners (design/cordis.md): the pages attached for an agent, and what they are told.
 
 A page attaches for one agent and from then on hears of that agent's activation requests and
-client inspect queries (metadata only: a page fetches a Client half's source separately, and
-only for the exact active run). Pages come and go; the requests and queries do not belong to
+client inspect queries. A request carries its package's source for the person to review
+(`ReviewSource`, bounded), but a page evaluates only the Client half it fetches separately, for
+the exact active run. Pages come and go; the requests and queries do not belong to
 a page: a page attaching later is told of everything still pending (`replay`)."""
 
 from __future__ import annotations
@@ -13,6 +14,26 @@ from dataclasses import dataclass
 
 from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.jsonvalue import JsonValue
+
+REVIEW_SOURCE_CHARS = 65_536
+"""Each half of a request's source is cut here: what a page shows a person, replayed to every
+page of the agent, stays small; a longer package cannot be reviewed whole, so it is not
+offered for approval (the page shows that it was cut)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewSource:
+    """A package's code as the person reads it before approving (both halves)."""
+
+    host: str
+    client: str
+    truncated: bool
+
+    @classmethod
+    def of(cls, host: str | None, client: str | None) -> ReviewSource:
+        host, client = host or "", client or ""
+        cut = len(host) > REVIEW_SOURCE_CHARS or len(client) > REVIEW_SOURCE_CHARS
+        return cls(host[:REVIEW_SOURCE_CHARS], client[:REVIEW_SOURCE_CHARS], cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +50,7 @@ class RunRequested:
     purpose: str
     requires_approval: bool
     has_host: bool
+    source: ReviewSource
 
 
 @dataclass(frozen=True, slots=True)

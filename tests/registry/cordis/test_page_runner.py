@@ -20,6 +20,7 @@ from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import page_runner_pb2 as ppb
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.cordis.page_runners import REVIEW_SOURCE_CHARS
 from registry_service.domain.cordis.steering import INSPECT_DIRECTION
 from registry_service.history.records import AGENT_INJECT, AGENT_STEER
 from tests.registry.cordis.conftest import CordisHarness, until
@@ -108,7 +109,7 @@ async def _settled_run(cordis: CordisHarness, page: PageRunner, agent: str) -> s
     return started.plugin_run_id
 
 
-async def test_a_request_carries_metadata_only_and_an_approved_run_commits_and_steers(
+async def test_a_request_carries_its_source_to_review_and_an_approved_run_commits_and_steers(
     cordis: CordisHarness,
 ) -> None:
     agent = await cordis.agent("maker")
@@ -129,8 +130,8 @@ async def test_a_request_carries_metadata_only_and_an_approved_run_commits_and_s
             purpose="Tell the time.",
             requires_approval=True,
             has_host_half=True,
+            source=ppb.PackageSource(host=PANEL_HOST, client=CLIENT, truncated=False),
         )
-        assert PANEL_HOST not in str(event) and CLIENT not in str(event)  # never source
         early = await page.client_code("panel-1", "run-1")
         assert not early.accepted and early.code == "stale-run"  # no active run yet
         started = await page.run_host_half(request)
@@ -163,6 +164,24 @@ async def test_a_request_carries_metadata_only_and_an_approved_run_commits_and_s
         "Continue using the running Plugin."
     )
     assert steer.metadata == {"pluginId": "panel-1", "packageId": "pkg-1", "pluginRunId": "run-1"}
+
+
+async def test_a_source_too_long_to_review_whole_is_cut_and_says_so(
+    cordis: CordisHarness,
+) -> None:
+    agent = await cordis.agent("maker")
+    long_client = "// " + "é" * REVIEW_SOURCE_CHARS + "\n" + CLIENT  # the payload after the cut
+    await cordis.define(agent, None, prefix="panel", client=long_client, name="Panel")
+    async with _page(cordis, agent) as page:
+        await _run(cordis, agent)
+        first = (await page.next_event("run_requested")).run_requested
+    async with _page(cordis, agent) as later:  # replayed to a page that attaches later, the same
+        replayed = (await later.next_event("run_requested")).run_requested
+    for request in (first, replayed):
+        assert request.source == ppb.PackageSource(
+            host="", client=long_client[:REVIEW_SOURCE_CHARS], truncated=True
+        )
+        assert CLIENT not in request.source.client
 
 
 async def test_a_rejection_runs_nothing_and_steers_the_agent_not_to_ask_again(

@@ -466,7 +466,7 @@ class AttachResponse(_message.Message):
 
     @_builtins.property
     def run_requested(self) -> Global___RunRequested:
-        """An activation request waits for a page (metadata only)."""
+        """An activation request waits for a page (metadata, and the source to review)."""
 
     @_builtins.property
     def run_resolved(self) -> Global___RunRequestResolved:
@@ -542,6 +542,7 @@ class RunRequested(_message.Message):
     PURPOSE_FIELD_NUMBER: _builtins.int
     REQUIRES_APPROVAL_FIELD_NUMBER: _builtins.int
     HAS_HOST_HALF_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The request (`approval-<n>`)."""
     agent: _builtins.str
@@ -562,6 +563,12 @@ class RunRequested(_message.Message):
     """True unless a grant applies: the page must ask the person."""
     has_host_half: _builtins.bool
     """Whether the package has a Host half."""
+    @_builtins.property
+    def source(self) -> Global___PackageSource:
+        """The package's source (both halves), for the person to read before approving. It is shown,
+        never evaluated: a page evaluates only the Client half `get_client_code` gives.
+        """
+
     def __init__(
         self,
         *,
@@ -575,14 +582,49 @@ class RunRequested(_message.Message):
         purpose: _builtins.str = ...,
         requires_approval: _builtins.bool = ...,
         has_host_half: _builtins.bool = ...,
+        source: Global___PackageSource | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "has_host_half", b"has_host_half", "mode", b"mode", "name", b"name", "package_id", b"package_id", "plugin_id", b"plugin_id", "plugin_run_id", b"plugin_run_id", "purpose", b"purpose", "request_id", b"request_id", "requires_approval", b"requires_approval"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "has_host_half", b"has_host_half", "mode", b"mode", "name", b"name", "package_id", b"package_id", "plugin_id", b"plugin_id", "plugin_run_id", b"plugin_run_id", "purpose", b"purpose", "request_id", b"request_id", "requires_approval", b"requires_approval", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunRequested: _TypeAlias = RunRequested  # noqa: Y015
+
+@_typing.final
+class PackageSource(_message.Message):
+    """PackageSource is a package's code as a person reviews it; each half is cut at 65,536
+    characters (Unicode code points).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    CLIENT_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """The Host half's source ("" when the package has none)."""
+    client: _builtins.str
+    """The Client half's source ("" when the package has none)."""
+    truncated: _builtins.bool
+    """True when a half was cut: the page cannot show the whole package, so it must not offer
+    to approve it.
+    """
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        client: _builtins.str = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "host", b"host", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackageSource: _TypeAlias = PackageSource  # noqa: Y015
 
 @_typing.final
 class RunRequestResolved(_message.Message):

@@ -40,7 +40,8 @@ class PageRunnerServiceStub:
     Attach: _grpc.StreamStreamMultiCallable[_page_runner_pb2.AttachRequest, _page_runner_pb2.AttachResponse]
     """Attach opens a page runner for one agent. The first client message must be `open`; the
     server answers `attached`, then sends every pending activation request of the agent and
-    each new one as it is armed (metadata only, never source), their resolutions, and client
+    each new one as it is armed (its metadata, and its package's source for the person to
+    review; a page evaluates only what `get_client_code` gives), their resolutions, and client
     inspect queries. Every other client message carries a `reply_to` chosen by the page and is
     answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
     answerable by another page, or by this one when it attaches again.
@@ -57,7 +58,8 @@ class PageRunnerServiceAsyncStub(PageRunnerServiceStub):
     Attach: _aio.StreamStreamMultiCallable[_page_runner_pb2.AttachRequest, _page_runner_pb2.AttachResponse]  # type: ignore[assignment]
     """Attach opens a page runner for one agent. The first client message must be `open`; the
     server answers `attached`, then sends every pending activation request of the agent and
-    each new one as it is armed (metadata only, never source), their resolutions, and client
+    each new one as it is armed (its metadata, and its package's source for the person to
+    review; a page evaluates only what `get_client_code` gives), their resolutions, and client
     inspect queries. Every other client message carries a `reply_to` chosen by the page and is
     answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
     answerable by another page, or by this one when it attaches again.
@@ -77,7 +79,8 @@ class PageRunnerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_page_runner_pb2.AttachResponse], _abc.AsyncIterator[_page_runner_pb2.AttachResponse]]:
         """Attach opens a page runner for one agent. The first client message must be `open`; the
         server answers `attached`, then sends every pending activation request of the agent and
-        each new one as it is armed (metadata only, never source), their resolutions, and client
+        each new one as it is armed (its metadata, and its package's source for the person to
+        review; a page evaluates only what `get_client_code` gives), their resolutions, and client
         inspect queries. Every other client message carries a `reply_to` chosen by the page and is
         answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
         answerable by another page, or by this one when it attaches again.

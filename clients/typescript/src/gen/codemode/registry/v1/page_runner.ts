@@ -196,7 +196,7 @@ export interface AttachResponse {
     /** The stream is open. */
     { $case: "attached"; value: Attached }
     | //
-    /** An activation request waits for a page (metadata only). */
+    /** An activation request waits for a page (metadata, and the source to review). */
     { $case: "runRequested"; value: RunRequested }
     | //
     /** An activation request was settled or cancelled. */
@@ -241,6 +241,27 @@ export interface RunRequested {
   requiresApproval: boolean;
   /** Whether the package has a Host half. */
   hasHostHalf: boolean;
+  /**
+   * The package's source (both halves), for the person to read before approving. It is shown,
+   * never evaluated: a page evaluates only the Client half `get_client_code` gives.
+   */
+  source: PackageSource | undefined;
+}
+
+/**
+ * PackageSource is a package's code as a person reviews it; each half is cut at 65,536
+ * characters (Unicode code points).
+ */
+export interface PackageSource {
+  /** The Host half's source ("" when the package has none). */
+  host: string;
+  /** The Client half's source ("" when the package has none). */
+  client: string;
+  /**
+   * True when a half was cut: the page cannot show the whole package, so it must not offer
+   * to approve it.
+   */
+  truncated: boolean;
 }
 
 /** RunRequestResolved says how a request ended. */
@@ -1573,6 +1594,7 @@ function createBaseRunRequested(): RunRequested {
     purpose: "",
     requiresApproval: false,
     hasHostHalf: false,
+    source: undefined,
   };
 }
 
@@ -1607,6 +1629,9 @@ export const RunRequested: MessageFns<RunRequested> = {
     }
     if (message.hasHostHalf !== false) {
       writer.uint32(80).bool(message.hasHostHalf);
+    }
+    if (message.source !== undefined) {
+      PackageSource.encode(message.source, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -1704,6 +1729,14 @@ export const RunRequested: MessageFns<RunRequested> = {
             message.hasHostHalf = reader.bool();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.source = PackageSource.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1731,6 +1764,88 @@ export const RunRequested: MessageFns<RunRequested> = {
     message.purpose = object.purpose ?? "";
     message.requiresApproval = object.requiresApproval ?? false;
     message.hasHostHalf = object.hasHostHalf ?? false;
+    message.source = (object.source !== undefined && object.source !== null)
+      ? PackageSource.fromPartial(object.source)
+      : undefined;
+    return message;
+  },
+};
+
+function createBasePackageSource(): PackageSource {
+  return { host: "", client: "", truncated: false };
+}
+
+export const PackageSource: MessageFns<PackageSource> = {
+  encode(message: PackageSource, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.host !== "") {
+      writer.uint32(10).string(message.host);
+    }
+    if (message.client !== "") {
+      writer.uint32(18).string(message.client);
+    }
+    if (message.truncated !== false) {
+      writer.uint32(24).bool(message.truncated);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PackageSource {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePackageSource();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.host = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.client = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.truncated = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PackageSource>): PackageSource {
+    return PackageSource.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PackageSource>): PackageSource {
+    const message = createBasePackageSource();
+    message.host = object.host ?? "";
+    message.client = object.client ?? "";
+    message.truncated = object.truncated ?? false;
     return message;
   },
 };
@@ -2251,7 +2366,8 @@ export const PageRunnerServiceService = {
   /**
    * Attach opens a page runner for one agent. The first client message must be `open`; the
    * server answers `attached`, then sends every pending activation request of the agent and
-   * each new one as it is armed (metadata only, never source), their resolutions, and client
+   * each new one as it is armed (its metadata, and its package's source for the person to
+   * review; a page evaluates only what `get_client_code` gives), their resolutions, and client
    * inspect queries. Every other client message carries a `reply_to` chosen by the page and is
    * answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
    * answerable by another page, or by this one when it attaches again.
@@ -2271,7 +2387,8 @@ export interface PageRunnerServiceServer extends UntypedServiceImplementation {
   /**
    * Attach opens a page runner for one agent. The first client message must be `open`; the
    * server answers `attached`, then sends every pending activation request of the agent and
-   * each new one as it is armed (metadata only, never source), their resolutions, and client
+   * each new one as it is armed (its metadata, and its package's source for the person to
+   * review; a page evaluates only what `get_client_code` gives), their resolutions, and client
    * inspect queries. Every other client message carries a `reply_to` chosen by the page and is
    * answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
    * answerable by another page, or by this one when it attaches again.
@@ -2283,7 +2400,8 @@ export interface PageRunnerServiceClient extends Client {
   /**
    * Attach opens a page runner for one agent. The first client message must be `open`; the
    * server answers `attached`, then sends every pending activation request of the agent and
-   * each new one as it is armed (metadata only, never source), their resolutions, and client
+   * each new one as it is armed (its metadata, and its package's source for the person to
+   * review; a page evaluates only what `get_client_code` gives), their resolutions, and client
    * inspect queries. Every other client message carries a `reply_to` chosen by the page and is
    * answered by one `reply` with the same value. Detaching withdraws nothing: a request stays
    * answerable by another page, or by this one when it attaches again.
