@@ -27,8 +27,9 @@ _PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar(
 )
 _BEARER = "bearer "
 # How long a refused stream waits for the client's first message before the refusal is sent
-# anyway (see `guarded`); a client that sends none holds nothing longer than this.
-REFUSAL_READ_S = 5.0
+# anyway (see `_first_message_sent`): a client writes its opening message as soon as the call
+# starts, so this only delays a client that sends nothing (and holds nothing longer).
+REFUSAL_READ_S = 2.0
 
 
 def current_principal() -> Principal:
