@@ -11,6 +11,7 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +22,7 @@ from codemode_cli.processes import start, stop
 from codemode_client import ToolProvider
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from tests.auth.certs import Authority
 
 BOUND = 12
 FLOOD = 48
@@ -43,7 +45,9 @@ def _env(service: str, settings: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def _service(service: str, **settings: str) -> AsyncIterator[tuple[int, int]]:
+async def _service(
+    service: str, stderr: Path | None = None, **settings: str
+) -> AsyncIterator[tuple[int, int]]:
     """The service in a process of its own: its pid and port."""
     started = await start(
         "-m",
@@ -52,6 +56,7 @@ async def _service(service: str, **settings: str) -> AsyncIterator[tuple[int, in
         "127.0.0.1:0",
         ready=f"{service} listening on port ",
         env=_env(service, settings),
+        stderr=stderr,
     )
     try:
         yield started.proc.pid, int(started.rest)
@@ -289,3 +294,19 @@ async def _visible(channel: grpc.aio.Channel) -> list[str]:
         rpb.ListVisibleToolsRequest(), timeout=_WAIT_S, wait_for_ready=True
     )
     return [t.name for t in reply.tools]
+
+
+async def test_failed_tls_handshakes_are_not_logged_one_by_one(tmp_path: Path) -> None:
+    """Connections that open a TLS handshake with garbage are closed, and the server's log
+    does not grow a line per attempt (grpc core logs each failed handshake at INFO)."""
+    cert, key = Authority().server().write(tmp_path, "registry")
+    log = tmp_path / "stderr"
+    tls = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
+    async with _service("registry", stderr=log, handshake_timeout_s="2", **tls) as (_pid, port):
+        flood = [await RawConnection.open(port) for _ in range(FLOOD)]
+        for c in flood:
+            await c.send(b"\x16\x03\x01\x00\x05hello")  # a record too short to be a hello
+        async with asyncio.timeout(_WAIT_S):
+            await asyncio.gather(*(c.read_until_closed() for c in flood))
+    lines = log.read_text().splitlines()
+    assert len(lines) < FLOOD // 4, lines[-5:]
