@@ -46,7 +46,7 @@ def _env(service: str, settings: dict[str, str]) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def _service(
-    service: str, stderr: Path | None = None, **settings: str
+    service: str, settings: dict[str, str], stderr: Path | None = None
 ) -> AsyncIterator[tuple[int, int]]:
     """The service in a process of its own: its pid and port."""
     started = await start(
@@ -144,7 +144,7 @@ async def test_a_flood_of_silent_connections_is_bounded(service: str) -> None:
     closed at once, unread; the server's descriptors grow by at most the bound; the client
     connected before the flood is served throughout, and once the flood lets go a new one
     connects. (The handshake timeout is long here: closing is the next test's.)"""
-    async with _service(service, max_connections=str(BOUND), handshake_timeout_s="600") as (
+    async with _service(service, {"max_connections": str(BOUND), "handshake_timeout_s": "600"}) as (
         pid,
         port,
     ):
@@ -242,7 +242,7 @@ async def test_silent_idle_vanished_and_ping_flooding_connections_are_closed() -
         "keepalive_time_s": "1",
         "keepalive_timeout_s": "1",
     }
-    async with _service("registry", **settings) as (_pid, port), _channel(port) as legit:
+    async with _service("registry", settings) as (_pid, port), _channel(port) as legit:
         assert await _serving(legit)
         proxy = FreezingProxy(port)
         provider_channel = _channel(await proxy.start())
@@ -302,7 +302,7 @@ async def test_failed_tls_handshakes_are_not_logged_one_by_one(tmp_path: Path) -
     cert, key = Authority().server().write(tmp_path, "registry")
     log = tmp_path / "stderr"
     tls = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
-    async with _service("registry", stderr=log, handshake_timeout_s="2", **tls) as (_pid, port):
+    async with _service("registry", {"handshake_timeout_s": "2", **tls}, log) as (_pid, port):
         flood = [await RawConnection.open(port) for _ in range(FLOOD)]
         for c in flood:
             await c.send(b"\x16\x03\x01\x00\x05hello")  # a record too short to be a hello
