@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -21,23 +23,91 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from codemode_common.principals import is_loopback
+from codemode_common.settings import ConnectionLimits
 from codemode_common.telemetry import logs
 from codemode_common.telemetry.setup import TelemetryConfig, TelemetryConfigError, configure
 from codemode_common.tls import ServerTls
 
-__all__ = ["base_options", "open_server", "serve_until_signalled", "warn_if_exposed"]
+__all__ = [
+    "DESCRIPTOR_RESERVE",
+    "base_options",
+    "grpc_ms",
+    "open_server",
+    "serve_until_signalled",
+    "warn_if_descriptors_short",
+    "warn_if_exposed",
+]
 
 log = logging.getLogger(__name__)
 _HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
-def base_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    return [
+# Pings a client may send on a connection without data, at most this often (gRPC's own
+# default); closer ones are strikes, and past MAX_PING_STRIKES the connection gets GOAWAY
+# "too_many_pings" and is closed. A service that expects closer pings passes its own floor.
+MIN_PING_INTERVAL_MS = 300_000
+MAX_PING_STRIKES = 2
+# Descriptors a service needs beside its clients' connections: its stores, logs, channels to
+# other services, worker pipes. `max_connections` above the descriptor limit less this could
+# not keep the process from running out (warned at start).
+DESCRIPTOR_RESERVE = 256
+
+
+def base_options(
+    max_message_bytes: int,
+    limits: ConnectionLimits,
+    *,
+    min_ping_interval_ms: int = MIN_PING_INTERVAL_MS,
+) -> list[tuple[str, int]]:
+    """The channel arguments every server of both services starts with.
+
+    Each bound is grpc core's own, checked against grpcio 1.85 with raw sockets: a connection
+    past `grpc.max_allowed_incoming_connections` (counted per listening port) is closed at
+    accept without a log line; `grpc.server_handshake_timeout_ms` closes a plaintext
+    connection that sent no HTTP/2 settings, and a TLS one that did not finish its handshake;
+    an unanswered keepalive ping ends the connection after `grpc.http2.ping_timeout_ms`
+    (`grpc.keepalive_timeout_ms` alone did not), so both are set.
+    """
+    options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         # A port another process already listens on is an error, not a shared port.
         ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        ("grpc.server_handshake_timeout_ms", grpc_ms(limits.handshake_timeout_s)),
+        ("grpc.keepalive_time_ms", grpc_ms(limits.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", grpc_ms(limits.keepalive_timeout_s)),
+        ("grpc.http2.ping_timeout_ms", grpc_ms(limits.keepalive_timeout_s)),
+        ("grpc.http2.min_ping_interval_without_data_ms", min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
     ]
+    if limits.max_connection_idle_s is not None:
+        options.append(("grpc.max_connection_idle_ms", grpc_ms(limits.max_connection_idle_s)))
+    return options
+
+
+def grpc_ms(seconds: float) -> int:
+    """`seconds` as the whole milliseconds gRPC takes, rounded up and never 0 (0 would mean
+    "at once" or "off" to some arguments)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def warn_if_descriptors_short(what: str, max_connections: int) -> bool:
+    """Logs a warning when `max_connections` cannot keep the process within its descriptor
+    limit (RLIMIT_NOFILE, less DESCRIPTOR_RESERVE): a flood would then exhaust descriptors
+    before the bound refuses it. True when it warned."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or max_connections + DESCRIPTOR_RESERVE <= soft:
+        return False
+    log.warning(
+        "%s: max_connections (%d) plus %d descriptors of its own exceeds the descriptor "
+        "limit (%d): lower max_connections or raise the limit (ulimit -n)",
+        what,
+        max_connections,
+        DESCRIPTOR_RESERVE,
+        soft,
+    )
+    return True
 
 
 async def open_server(

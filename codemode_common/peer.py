@@ -8,6 +8,8 @@ hands it to domain calls explicitly and the domain never sees grpc.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -24,6 +26,10 @@ _PRINCIPAL: contextvars.ContextVar[Principal] = contextvars.ContextVar(
     "codemode_principal", default=ANONYMOUS
 )
 _BEARER = "bearer "
+# How long a refused stream waits for the client's first message before the refusal is sent
+# anyway (see `_first_message_sent`): a client writes its opening message as soon as the call
+# starts, so this only delays a client that sends nothing (and holds nothing longer).
+REFUSAL_READ_S = 2.0
 
 
 def current_principal() -> Principal:
@@ -87,6 +93,8 @@ def guarded(
         try:
             _PRINCIPAL.set(await guard(context, method, shown))
         except CodemodeError as error:
+            if streams_in:
+                await _first_message_sent(request)
             await abort_rpc(context, error, guard.domain)
             return False
         return True
@@ -106,3 +114,17 @@ def guarded(
         return None
 
     return unary
+
+
+async def _first_message_sent(requests: AsyncIterator[Any]) -> None:
+    """Waits (at most REFUSAL_READ_S) until the client's first message of a stream, or its end,
+    has arrived, and discards it.
+
+    A status sent while the client's first write is still in flight fails that write, and
+    grpc.aio's client then reports `INTERNAL "Internal error from Core"` in place of the
+    status the server sent (grpcio's `_StreamRequestMixin._write` overwrites it). Every stream
+    of these services opens with a message its client writes at once, so once it has arrived
+    the client has no write in flight and reads the refusal as sent.
+    """
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(anext(requests), REFUSAL_READ_S)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -41,6 +42,10 @@ def run(
 ) -> int:
     """Serves until SIGINT/SIGTERM (0); invalid settings: 2; cannot listen: 1. `serve` is
     called only once the settings are valid (it may import the server lazily)."""
+    # grpc core logs every failed TLS handshake of a peer at INFO: a flood of them would be a
+    # line per attempt. Its errors are kept; an operator's GRPC_VERBOSITY wins. (Connections
+    # refused by `max_connections` or closed by the handshake timeout log nothing.)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {"listen": args.listen} if args.listen else {}
     try:

@@ -367,7 +367,7 @@ def build_registry(
         settings=settings,
         catalog=catalog,
         approvals=approvals,
-        providers=ProviderHub(catalog),
+        providers=ProviderHub(catalog, settings.max_message_bytes),
         executor=executor,
         assembler=Assembler(catalog, presentation),
         history=history,

@@ -14,6 +14,7 @@ from codemode_common.grpc_server import (
     base_options,
     open_server,
     serve_until_signalled,
+    warn_if_descriptors_short,
     warn_if_exposed,
 )
 from codemode_common.request_parsing import add_service
@@ -68,7 +69,7 @@ async def start(
         settings, tracer_provider=tracer_provider, meter_provider=meter_provider
     )
     server = grpc.aio.server(
-        options=base_options(settings.max_message_bytes),
+        options=base_options(settings.max_message_bytes, settings.connection_limits()),
         interceptors=server_interceptors(registry.telemetry.tracer_provider) or None,
     )
     policy = registry.authority.policy
@@ -93,6 +94,7 @@ async def start(
     )
     tls = settings.server_tls()
     warn_if_exposed("registry", settings.listen, authenticated=policy.enforced, tls=tls is not None)
+    warn_if_descriptors_short("registry", settings.max_connections)
     port, health_servicer = await open_server(
         server,
         service_name=SERVICE_NAME,

@@ -146,7 +146,9 @@ async def provider_stream(
     except CodemodeError as error:
         await abort(context, error)
         return
-    session = registry.providers.open(opened.provider_name or "provider")
+    session = registry.providers.open(
+        opened.provider_name or "provider", opened.max_receive_message_bytes
+    )
     limits = registry.settings.json_limits()
 
     # The session's outbox is the stream's only outgoing queue (invocations, cancellations,
@@ -189,7 +191,15 @@ async def provider_stream(
         yield rpb.ConnectResponse(opened=rpb.ProviderOpened(provider_id=session.provider_id))
         with streams.track(session.outbox):
             async for item in _duplex(reader, None, session.outbox):
-                yield item if isinstance(item, rpb.ConnectResponse) else _provider_message(item)
+                if isinstance(item, rpb.ConnectResponse):
+                    yield item
+                    continue
+                message = _provider_message(item)
+                # An invocation the provider cannot receive would end its stream there.
+                if isinstance(item, CancellationMessage) or session.deliverable(
+                    item.invocation_id, message.ByteSize()
+                ):
+                    yield message
     except CodemodeError as error:
         await abort(context, error)
     finally:

@@ -11,7 +11,6 @@ import os
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-import math
 from dataclasses import dataclass
 
 import grpc
@@ -22,8 +21,10 @@ from opentelemetry.trace import TracerProvider
 
 from codemode_common.grpc_server import (
     base_options,
+    grpc_ms,
     open_server,
     serve_until_signalled,
+    warn_if_descriptors_short,
     warn_if_exposed,
 )
 from codemode_common.request_parsing import add_service
@@ -77,24 +78,23 @@ class RunningRuntime:
 def server_options(settings: RuntimeSettings) -> list[tuple[str, int]]:
     """The gRPC server's channel arguments for these settings."""
     options = [
-        *base_options(settings.max_message_bytes),
         # The registry pings idle connections (its runtime_keepalive_s, at least this far
         # apart) to notice a vanished runtime; accept those pings instead of answering them
         # with GOAWAY "too_many_pings", which would also end the runs on that connection.
+        *base_options(
+            settings.max_message_bytes,
+            settings.connection_limits(),
+            min_ping_interval_ms=MIN_PING_INTERVAL_MS,
+        ),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
     ]
     if settings.max_connection_age_s is not None:
-        options.append(("grpc.max_connection_age_ms", _ms(settings.max_connection_age_s)))
+        options.append(("grpc.max_connection_age_ms", grpc_ms(settings.max_connection_age_s)))
     if settings.max_connection_age_grace_s is not None:
         options.append(
-            ("grpc.max_connection_age_grace_ms", _ms(settings.max_connection_age_grace_s))
+            ("grpc.max_connection_age_grace_ms", grpc_ms(settings.max_connection_age_grace_s))
         )
     return options
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
 
 
 async def start(
@@ -126,6 +126,7 @@ async def start(
     )
     tls = settings.server_tls()
     warn_if_exposed("runtime", settings.listen, authenticated=guard.enforced, tls=tls is not None)
+    warn_if_descriptors_short("runtime", settings.max_connections)
     try:
         port, health_servicer = await open_server(
             server,
@@ -138,7 +139,7 @@ async def start(
         await runtime.dispose()
         raise
     try:
-        health_server, health_port = await _health_only(settings.health_listen, health_servicer)
+        health_server, health_port = await _health_only(settings, health_servicer)
     except OSError:
         await server.stop(0)
         await runtime.dispose()
@@ -155,14 +156,18 @@ async def start(
 
 
 async def _health_only(
-    listen: str, health: health_aio.HealthServicer
+    settings: RuntimeSettings, health: health_aio.HealthServicer
 ) -> tuple[grpc.aio.Server | None, int]:
-    """A plaintext server with only grpc.health on `listen` (none when empty): the kubelet's
-    gRPC probes speak no TLS, and the RuntimeService port may require mutual TLS. It reports
-    the same statuses (one servicer), and reveals nothing else."""
+    """A plaintext server with only grpc.health on `health_listen` (none when empty): the
+    kubelet's gRPC probes speak no TLS, and the RuntimeService port may require mutual TLS. It
+    reports the same statuses (one servicer), and reveals nothing else. Its connections are
+    bounded like the main port's."""
+    listen = settings.health_listen
     if not listen:
         return None, 0
-    server = grpc.aio.server()
+    server = grpc.aio.server(
+        options=base_options(64 * 1024, settings.connection_limits()),
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
         port = server.add_insecure_port(listen)

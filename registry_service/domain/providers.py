@@ -22,6 +22,9 @@ from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.tools import Classifier, Invocation, ToolDefinition
 
 PROVIDER_UNAVAILABLE = "PROVIDER_UNAVAILABLE"
+INVOCATION_TOO_LARGE = "INVOCATION_TOO_LARGE"
+# What a provider that declares no receive limit receives: gRPC's default receive limit.
+DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +56,13 @@ ProviderMessage = InvocationMessage | CancellationMessage
 
 
 class ProviderSession:
-    def __init__(self, provider_id: str, name: str, catalog: Catalog) -> None:
+    def __init__(
+        self, provider_id: str, name: str, catalog: Catalog, max_receive_bytes: int
+    ) -> None:
         self.provider_id = provider_id
         self.name = name
+        self.max_receive_bytes = max_receive_bytes
+        """The largest invocation message this provider can receive (encoded bytes)."""
         # Typed loosely: the transport also queues its own replies here, in order.
         self.outbox: asyncio.Queue[Any] = asyncio.Queue()
         self._catalog = catalog
@@ -109,6 +116,23 @@ class ProviderSession:
             remove()
             self._inflight.pop(invocation_id, None)
 
+    def deliverable(self, invocation_id: str, encoded_bytes: int) -> bool:
+        """Whether an invocation whose message takes `encoded_bytes` can be sent. One larger
+        than the provider receives would end its stream (and revoke its tools for everyone):
+        it is not sent, and that call alone fails with INVOCATION_TOO_LARGE."""
+        if encoded_bytes <= self.max_receive_bytes:
+            return True
+        future = self._inflight.get(invocation_id)
+        if future is not None and not future.done():
+            future.set_exception(
+                ToolCallFailure(
+                    f"the invocation is {encoded_bytes} bytes, larger than the "
+                    f'{self.max_receive_bytes} bytes tool provider "{self.name}" receives',
+                    INVOCATION_TOO_LARGE,
+                )
+            )
+        return False
+
     def resolve(self, invocation_id: str, result: ToolResult) -> bool:
         """Delivers a provider's result; False for unknown or already settled invocations."""
         future = self._inflight.get(invocation_id)
@@ -139,13 +163,22 @@ class ProviderSession:
 class ProviderHub:
     """Creates provider sessions with unique ids."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, max_send_bytes: int) -> None:
         self._catalog = catalog
+        self._max_send_bytes = max_send_bytes
         self._ids = itertools.count(1)
         self.sessions: dict[str, ProviderSession] = {}
 
-    def open(self, name: str) -> ProviderSession:
-        session = ProviderSession(f"provider-{next(self._ids)}", name, self._catalog)
+    def open(self, name: str, max_receive_bytes: int = 0) -> ProviderSession:
+        """A session for a provider that receives messages up to `max_receive_bytes` (0: gRPC's
+        default), and never more than the registry sends (`max_send_bytes`)."""
+        receives = max_receive_bytes if max_receive_bytes > 0 else DEFAULT_RECEIVE_BYTES
+        session = ProviderSession(
+            f"provider-{next(self._ids)}",
+            name,
+            self._catalog,
+            min(receives, self._max_send_bytes),
+        )
         self.sessions[session.provider_id] = session
         return session
 

@@ -1,10 +1,13 @@
 """The runtime accepts `Run` and `Host` only from registries (issue 19: "run programs on the
 RuntimeService directly, bypassing the registry"): real mutual TLS with generated certificates;
-a certificate the same CA signed for someone else is refused before any message is read."""
+a certificate the same CA signed for someone else is refused at its first message, before
+anything runs."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,9 @@ from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from registry_service.config import RegistrySettings
 from registry_service.server import start as start_registry
+from runtime_service import server as runtime_server
 from runtime_service.config import ConfigError, RuntimeSettings, load_settings
+from runtime_service.registry_only import RegistryOnly
 from runtime_service.server import start as start_runtime
 from tests.auth.certs import Authority
 from tests.registry.conftest import error_info_of
@@ -98,6 +103,52 @@ async def test_only_registries_may_run(tmp_path: Path) -> None:
             assert value["result"] == 42
         finally:
             await registry.stop(0)
+    finally:
+        await runtime.stop(0)
+
+
+async def test_a_refusal_reaches_a_client_whose_first_write_is_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's first message is written only once the guard has refused: a status sent
+    before that write arrives failed it, and grpc.aio's client then reported INTERNAL
+    "Internal error from Core" instead of the refusal (most of the time, not always)."""
+    refused = asyncio.Event()
+
+    class Watched(RegistryOnly):
+        async def __call__(self, context: Any, method: str, request: Any | None) -> Any:
+            try:
+                return await super().__call__(context, method, request)
+            except Exception:
+                refused.set()
+                raise
+
+    monkeypatch.setattr(runtime_server, "RegistryOnly", Watched)
+    ca = Authority()
+    runtime = await start_runtime(
+        _runtime_settings(tmp_path, ca, registry_identities=[f"cert:{REGISTRY}"])
+    )
+    intruder = ca.client(uri="spiffe://codemode/intruder")
+    credentials = grpc.ssl_channel_credentials(ca.pem, intruder.key, intruder.cert)
+    try:
+        async with grpc.aio.secure_channel(f"localhost:{runtime.port}", credentials) as channel:
+            stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
+            for method in ("Run", "Host") * 5:
+                refused.clear()
+                message = runtime_pb2.RunRequest() if method == "Run" else runtime_pb2.HostRequest()
+
+                async def late(message: Any = message) -> AsyncIterator[Any]:
+                    await refused.wait()
+                    yield message
+
+                call = getattr(stub, method)(late(), timeout=30)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    async for _ in call:
+                        pass
+                error = caught.value
+                assert error.code() is grpc.StatusCode.PERMISSION_DENIED, error.details()
+                info = error_info_of(error)
+                assert info is not None and info.reason == "NOT_A_REGISTRY"
     finally:
         await runtime.stop(0)
 

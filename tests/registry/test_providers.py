@@ -10,7 +10,13 @@ from typing import Any
 import grpc
 import pytest
 
-from codemode_client import InvocationContext, ProviderError, ToolFailed, ToolProvider
+from codemode_client import (
+    InvocationContext,
+    ProviderError,
+    ToolFailed,
+    ToolProvider,
+    open_channel,
+)
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import tool_pb2
 from codemode_wire.grpc_status import error_info
@@ -404,3 +410,59 @@ async def test_invalid_provider_output_is_a_tool_error(
     assert expected in result.error.message
     assert not result.HasField("value_json")
     raw.call.cancel()
+
+
+async def test_an_invocation_larger_than_the_provider_receives_fails_alone(
+    harness: Harness,
+) -> None:
+    """A provider on a plain gRPC channel receives at most 4 MiB (gRPC's default). An invocation
+    over that used to end its stream there, revoking its tools for every agent; now that call
+    alone fails with INVOCATION_TOO_LARGE, and the stream and other agents' calls go on."""
+    plain = grpc.aio.insecure_channel(harness.running.address)
+    provider = ToolProvider(plain, "plain")
+    caller = open_channel(harness.running.address)  # the caller's channel receives enough
+    harness = Harness(harness.running, caller)
+
+    @provider.tool(input_schema={"type": "object", "properties": {"text": {"type": "string"}}})
+    async def measure(args: Any, ctx: Any) -> Any:
+        return len(args["text"])
+
+    mine, theirs = await harness.agent("mine"), await harness.agent("theirs")
+    try:
+        async with provider:
+            opened_as = provider.provider_id
+            big = "x" * (5 << 20)
+            (_, refused), (_, other) = await asyncio.gather(
+                harness.execute("measure", {"text": big}, agent=mine, call_id="big"),
+                harness.execute("measure", {"text": "abcd"}, agent=theirs, call_id="other"),
+            )
+            assert refused.is_error and refused.error.code == "INVOCATION_TOO_LARGE", refused
+            assert "4194304" in refused.error.message and "plain" in refused.error.message
+            assert other.value_json == "4"
+            _, small = await harness.execute("measure", {"text": "abc"}, agent=mine, call_id="s")
+            assert small.value_json == "3", small
+            _, later = await harness.execute("measure", {"text": "ab"}, agent=theirs, call_id="t")
+            assert later.value_json == "2", later
+            assert provider.provider_id == opened_as  # the same stream served every call
+            record = await harness.settled(mine, "big")
+            assert record.is_error and record.error_code == "INVOCATION_TOO_LARGE"
+    finally:
+        await plain.close()
+        await caller.close()
+
+
+async def test_a_provider_on_open_channel_receives_what_it_declares(harness: Harness) -> None:
+    """`open_channel` receives 64 MiB and says so: a 5 MiB argument reaches its provider."""
+    channel = open_channel(harness.running.address)
+    provider = ToolProvider(channel, "roomy")
+
+    @provider.tool(input_schema={"type": "object", "properties": {"text": {"type": "string"}}})
+    async def measure(args: Any, ctx: Any) -> Any:
+        return len(args["text"])
+
+    try:
+        async with provider:
+            _, result = await harness.execute("measure", {"text": "x" * (5 << 20)})
+            assert result.value_json == str(5 << 20), result.error.message
+    finally:
+        await channel.close()

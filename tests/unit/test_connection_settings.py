@@ -308,3 +308,73 @@ async def test_registry_channel_pings_idle_runtime_connections() -> None:
         finally:
             await pinging.close()
             await silent.close()
+
+
+# -- connection bounds (both services) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("load", [load_registry, load_runtime])
+def test_connection_bounds_default_on_and_reach_the_server(load: Callable[..., Any]) -> None:
+    from codemode_common.grpc_server import base_options
+
+    settings = load()
+    options = dict(base_options(_MESSAGE_BYTES, settings.connection_limits()))
+    assert options["grpc.max_allowed_incoming_connections"] == 1000
+    assert options["grpc.server_handshake_timeout_ms"] == 10_000
+    assert options["grpc.max_connection_idle_ms"] == 300_000
+    assert options["grpc.keepalive_time_ms"] == 60_000
+    assert options["grpc.keepalive_timeout_ms"] == options["grpc.http2.ping_timeout_ms"] == 20_000
+    assert options["grpc.http2.max_ping_strikes"] == 2
+    idle_off = load(max_connection_idle_s=None, max_connections=7).connection_limits()
+    options = dict(base_options(_MESSAGE_BYTES, idle_off))
+    assert "grpc.max_connection_idle_ms" not in options
+    assert options["grpc.max_allowed_incoming_connections"] == 7
+
+
+def test_the_runtime_keeps_its_ping_floor_beside_the_bounds() -> None:
+    options = dict(server_options(load_runtime(max_connections=5)))
+    assert options["grpc.max_allowed_incoming_connections"] == 5
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == MIN_PING_INTERVAL_MS
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("max_connections", "0", "greater than or equal to 1"),
+        ("max_connections", "many", "valid integer"),
+        ("handshake_timeout_s", "0", "greater than 0"),
+        ("handshake_timeout_s", "inf", "finite number"),
+        ("max_connection_idle_s", "-1", "greater than 0"),
+        ("keepalive_time_s", "3000000", "less than or equal to 2147483"),
+        ("keepalive_timeout_s", "nan", "finite number"),
+    ],
+)
+@pytest.mark.parametrize("service", ["registry", "runtime"])
+def test_invalid_connection_bounds_fail_clearly(
+    monkeypatch: pytest.MonkeyPatch, service: str, field: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(f"CODEMODE_{service.upper()}_{field.upper()}", value)
+    load, error = (
+        (load_registry, RegistryConfigError)
+        if service == "registry"
+        else (load_runtime, RuntimeConfigError)
+    )
+    with pytest.raises(error) as caught:
+        load()
+    assert field in str(caught.value) and expected in str(caught.value)
+
+
+def test_a_bound_above_the_descriptor_limit_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import resource
+
+    from codemode_common.grpc_server import DESCRIPTOR_RESERVE, warn_if_descriptors_short
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert not warn_if_descriptors_short("registry", 1)
+    if soft == resource.RLIM_INFINITY:
+        return
+    with caplog.at_level("WARNING"):
+        assert warn_if_descriptors_short("registry", soft - DESCRIPTOR_RESERVE + 1)
+    assert "max_connections" in caplog.text and str(soft) in caplog.text

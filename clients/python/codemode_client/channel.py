@@ -18,19 +18,48 @@ pushback (`grpc-retry-pushback-ms`, sent beside RetryInfo) says.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 import grpc
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "open_channel", "service_config"]
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "GRPC_DEFAULT_RECEIVE_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "open_channel",
+    "receive_limit",
+    "service_config",
+]
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 )
+# What a channel receives unless told otherwise: gRPC's default receive limit.
+GRPC_DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
+# -1 ("unlimited") still cannot receive more than gRPC's int32 message length.
+_UNLIMITED = 2**31 - 1
+_RECEIVE_LIMITS: weakref.WeakKeyDictionary[grpc.aio.Channel, int] = weakref.WeakKeyDictionary()
+
+
+def receive_limit(channel: grpc.aio.Channel) -> int:
+    """The largest message `channel` receives: as `open_channel` set it up, else gRPC's
+    default (a channel made any other way is taken to have it). A tool provider declares it
+    when it opens its stream, so that the registry never sends it an invocation it would
+    refuse, which would end the stream and revoke its tools for every caller."""
+    return _RECEIVE_LIMITS.get(channel, GRPC_DEFAULT_RECEIVE_BYTES)
+
+
+def _receive_option(options: Sequence[tuple[str, int | str]]) -> int:
+    limit = GRPC_DEFAULT_RECEIVE_BYTES
+    for key, value in options:  # a later option overrides an earlier one, as in gRPC
+        if key == "grpc.max_receive_message_length" and isinstance(value, int):
+            limit = _UNLIMITED if value < 0 else value
+    return limit
 
 
 DEFAULT_ATTEMPTS = 4
@@ -88,14 +117,17 @@ def open_channel(
     overrides an earlier one). `bearer_token`: sent with every call (a registry that
     authenticates static tokens or JWTs)."""
     interceptors = None if bearer_token is None else _bearer_interceptors(bearer_token)
-    merged = [
+    merged: list[tuple[str, int | str]] = [
         *CHANNEL_OPTIONS,
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config(max_attempts)),
         *options,
     ]
     if credentials is not None:
-        return grpc.aio.secure_channel(
+        channel = grpc.aio.secure_channel(
             target, credentials, options=merged, interceptors=interceptors
         )
-    return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
+    else:
+        channel = grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
+    _RECEIVE_LIMITS[channel] = _receive_option(merged)
+    return channel

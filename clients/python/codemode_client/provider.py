@@ -40,6 +40,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from codemode_client._reconnect import serve_until_closed
+from codemode_client.channel import receive_limit
 from codemode_client.results import (
     AdditionalContext,
     contexts_to_proto,
@@ -193,7 +194,10 @@ class ToolProvider:
         self._tracer = None if provider is None else provider.get_tracer("codemode.client")
         stub = rpb_grpc.RegistryServiceStub(self.channel)
         self._call = stub.Connect(wait_for_ready=wait_for_ready)
-        await self._write(rpb.ConnectRequest(open=rpb.OpenProvider(provider_name=self.name)))
+        opening = rpb.OpenProvider(
+            provider_name=self.name, max_receive_message_bytes=receive_limit(self.channel)
+        )
+        await self._write(rpb.ConnectRequest(open=opening))
         first = await self._call.read()
         if first is grpc.aio.EOF or first.WhichOneof("message") != "opened":
             raise ProviderError("the registry did not open the provider stream")

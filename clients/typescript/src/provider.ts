@@ -310,7 +310,8 @@ export class ToolProvider {
     stream.call.on("error", (e: ServiceError) => this.finish(stream, CodemodeError.from(e)));
     stream.call.on("end", () => this.finish(stream, undefined));
     const opened = new Promise<string>((resolve, reject) => (stream.opened = { resolve, reject }));
-    stream.write({ message: { $case: "open", value: { providerName: this.name } } });
+    const maxReceiveMessageBytes = BigInt(client.maxReceiveMessageBytes);
+    stream.write({ message: { $case: "open", value: { providerName: this.name, maxReceiveMessageBytes } } });
     try {
       this.providerId = await this.bounded(opened, "opening the provider stream");
       for (const [scope, tools] of byScope) await this.registerOn(stream, scope, tools);

@@ -411,6 +411,14 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
 }
 
 const MiB = 1024 * 1024;
+/** gRPC's default receive limit, what a channel receives unless told otherwise. */
+const GRPC_DEFAULT_RECEIVE_BYTES = 4 * MiB;
+
+/** The receive limit a `grpc.max_receive_message_length` option sets (-1: gRPC's int32 most). */
+function receiveLimit(option: unknown): number {
+  if (typeof option !== "number") return GRPC_DEFAULT_RECEIVE_BYTES;
+  return option < 0 ? 2 ** 31 - 1 : option;
+}
 
 /** The languages a `run_code` program may be written in. */
 export type CodeLanguage = "python" | "typescript";
@@ -420,6 +428,9 @@ export class RegistryClient {
   readonly stub: RegistryServiceClient;
   readonly timeoutMs: number;
   readonly executeTimeoutMs: number;
+  /** The largest message this client's channel receives; a provider declares it when it opens
+   * its stream, so the registry never sends it an invocation the channel would refuse. */
+  readonly maxReceiveMessageBytes: number;
   private readonly retry: Required<RetryOptions>;
   private readonly baseMetadata: Record<string, string>;
 
@@ -429,13 +440,15 @@ export class RegistryClient {
       initialBackoffMs: options.retry?.initialBackoffMs ?? 100,
       maxBackoffMs: options.retry?.maxBackoffMs ?? 2000,
     };
-    this.stub = new RegistryServiceClient(target, options.credentials ?? grpcCredentials.createInsecure(), {
+    const channelOptions: ChannelOptions = {
       "grpc.max_receive_message_length": 64 * MiB,
       "grpc.max_send_message_length": 64 * MiB,
       "grpc.enable_retries": 1,
       "grpc.service_config": JSON.stringify(retryServiceConfig(this.retry)),
       ...options.channelOptions,
-    });
+    };
+    this.stub = new RegistryServiceClient(target, options.credentials ?? grpcCredentials.createInsecure(), channelOptions);
+    this.maxReceiveMessageBytes = receiveLimit(channelOptions["grpc.max_receive_message_length"]);
     this.timeoutMs = options.timeoutMs ?? 30_000;
     this.executeTimeoutMs = options.executeTimeoutMs ?? 600_000;
     this.baseMetadata = { ...options.metadata };

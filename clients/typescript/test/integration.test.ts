@@ -436,6 +436,34 @@ describe("RegistryClient against the real services", () => {
     }
   });
 
+  it("declares its channel's receive limit: a larger invocation fails alone, the stream goes on", async () => {
+    assert.equal(client.maxReceiveMessageBytes, 64 * 1024 * 1024);
+    // A channel that receives what gRPC does by default (4 MiB).
+    const small = new RegistryClient(`127.0.0.1:${registry!.port}`, {
+      timeoutMs: 10_000,
+      channelOptions: { "grpc.max_receive_message_length": 4 * 1024 * 1024 },
+    });
+    assert.equal(small.maxReceiveMessageBytes, 4 * 1024 * 1024);
+    const measuring = new ToolProvider(small, "ts-small").tool(
+      { name: "ts_measure", description: "Measures its text", inputSchema: { type: "object" } },
+      async (args: { text: string }) => args.text.length,
+    );
+    await measuring.start();
+    try {
+      const call = (text: string, callId: string) =>
+        collect(client.executeToolCall({ agent: "agents/ts-native", callId, toolName: "ts_measure", arguments: { text } }));
+      const { result: refused } = await call("x".repeat(5 * 1024 * 1024), "too-big");
+      assert.equal(refused.isError, true);
+      assert.equal(refused.error?.code, "INVOCATION_TOO_LARGE");
+      assert.match(refused.error?.message ?? "", /4194304/);
+      const { result: fits } = await call("abc", "fits");
+      assert.equal(fits.value, 3);
+    } finally {
+      await measuring.close();
+      small.close();
+    }
+  });
+
   it("refuses a conflicting registration and revokes tools when a provider disconnects", async () => {
     const clash = new ToolProvider(client, "clash").tool({ name: "add" }, () => 0);
     await assert.rejects(clash.start(), (e: unknown) => e instanceof CodemodeError && e.reason === "TOOL_ALREADY_REGISTERED");

@@ -951,16 +951,24 @@ class OpenProvider(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROVIDER_NAME_FIELD_NUMBER: _builtins.int
+    MAX_RECEIVE_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     provider_name: _builtins.str
     """The provider's name, shown as the owner of its tools."""
+    max_receive_message_bytes: _builtins.int
+    """The largest message, in bytes, this provider's channel receives (its
+    `grpc.max_receive_message_length`). An invocation whose encoded message is larger is not
+    sent: that call fails with INVOCATION_TOO_LARGE and the stream goes on. Unset or 0:
+    4194304 (4 MiB, gRPC's default receive limit).
+    """
     def __init__(
         self,
         *,
         provider_name: _builtins.str = ...,
+        max_receive_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_name", b"provider_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_receive_message_bytes", b"max_receive_message_bytes", "provider_name", b"provider_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

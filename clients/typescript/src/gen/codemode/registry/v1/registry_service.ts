@@ -361,6 +361,13 @@ export interface ConnectRequest {
 export interface OpenProvider {
   /** The provider's name, shown as the owner of its tools. */
   providerName: string;
+  /**
+   * The largest message, in bytes, this provider's channel receives (its
+   * `grpc.max_receive_message_length`). An invocation whose encoded message is larger is not
+   * sent: that call fails with INVOCATION_TOO_LARGE and the stream goes on. Unset or 0:
+   * 4194304 (4 MiB, gRPC's default receive limit).
+   */
+  maxReceiveMessageBytes: bigint;
 }
 
 /** Registers tools, atomically: all of them or none. */
@@ -2719,13 +2726,19 @@ export const ConnectRequest: MessageFns<ConnectRequest> = {
 };
 
 function createBaseOpenProvider(): OpenProvider {
-  return { providerName: "" };
+  return { providerName: "", maxReceiveMessageBytes: 0n };
 }
 
 export const OpenProvider: MessageFns<OpenProvider> = {
   encode(message: OpenProvider, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.providerName !== "") {
       writer.uint32(10).string(message.providerName);
+    }
+    if (message.maxReceiveMessageBytes !== 0n) {
+      if (BigInt.asIntN(64, message.maxReceiveMessageBytes) !== message.maxReceiveMessageBytes) {
+        throw new globalThis.Error("value provided for field message.maxReceiveMessageBytes of type int64 too large");
+      }
+      writer.uint32(16).int64(message.maxReceiveMessageBytes);
     }
     return writer;
   },
@@ -2751,6 +2764,14 @@ export const OpenProvider: MessageFns<OpenProvider> = {
             message.providerName = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxReceiveMessageBytes = reader.int64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2769,6 +2790,10 @@ export const OpenProvider: MessageFns<OpenProvider> = {
   fromPartial(object: DeepPartial<OpenProvider>): OpenProvider {
     const message = createBaseOpenProvider();
     message.providerName = object.providerName ?? "";
+    message.maxReceiveMessageBytes =
+      (object.maxReceiveMessageBytes !== undefined && object.maxReceiveMessageBytes !== null)
+        ? BigInt(object.maxReceiveMessageBytes)
+        : 0n;
     return message;
   },
 };
