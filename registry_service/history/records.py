@@ -69,6 +69,8 @@ class Record:
 # refuses such values in requests, and maps a provider's (servicer.py, convert.py); a store
 # refuses a record that still holds one, alone (history.store), without failing the others.
 MAX_KEY_BYTES = 1024
+# A request's call id: its nested calls' ids (`<call_id>:code:<n>`) are keys too.
+MAX_CALL_ID_BYTES = 512
 _KEY_FIELDS = (
     "kind",
     "agent",
