@@ -6,11 +6,12 @@ every binding call into a nested call through the per-run scheduler, and, when t
 reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
 the outer result exists.
 
-A code runtime that cannot be reached, or is lost mid-run, is the service's failure, not the
-program's: the outer result (recorded like any other) carries an UNAVAILABLE
-CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see `ToolResult.rpc_error`), with
-`phase: connect` and a retry delay when nothing ran, `phase: running` and none when the
-program may have run in part.
+A nested call's record the history store fails ends the run with the store's error (as the
+outer result's code, and as the call's status). A code runtime that cannot be reached, or is
+lost mid-run, is the service's failure, not the program's: the outer result (recorded like
+any other) carries an UNAVAILABLE CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see
+`ToolResult.rpc_error`), with `phase: connect` and a retry delay when nothing ran,
+`phase: running` and none when the program may have run in part.
 """
 
 from __future__ import annotations
@@ -223,12 +224,20 @@ class _Run(RunHooks):
         finally:
             remove()
             self.controller.abort(SETTLED)
-            await self.scheduler.quiesce()
-            for slot in self.nested_slots.values():
-                slot.release()
-            if stream is not None:
-                self.transport.close_later(stream)
-            self.telemetry.run_ended()
+            try:
+                await self.scheduler.quiesce()
+            except CodemodeError as exc:  # a nested call's record could not be written
+                history_error: CodemodeError | None = exc
+            else:
+                history_error = None
+            finally:
+                for slot in self.nested_slots.values():
+                    slot.release()
+                if stream is not None:
+                    self.transport.close_later(stream)
+                self.telemetry.run_ended()
+        if history_error is not None:
+            return self._history_failed(history_error)
         return self._outer_result(terminal)
 
     async def _pump(self, stream: RunStream) -> RunTerminal:
@@ -495,6 +504,14 @@ class _Run(RunHooks):
         error = unavailable(CODE_RUNTIME_UNAVAILABLE, message, retry_delay=delay, phase=lost.phase)
         failed = error_result(message, CODE_RUNTIME_UNAVAILABLE, "CodeRuntimeUnavailableError")
         return replace(failed, rpc_error=error)
+
+    def _history_failed(self, error: CodemodeError) -> ToolResult:
+        """The outer result when the history store failed a nested call's record: the store's
+        error, in the result (recorded, if the store takes it) and as the call's status, as a
+        direct call whose record fails ends with it."""
+        message = f"code run failed: {error.message}"
+        failed = error_result(message, error.reason, "HistoryError")
+        return replace(failed, rpc_error=error).with_contexts(tuple(self.deferred))
 
     def _caller_gone(self) -> bool:
         deadline = self.outer.deadline
