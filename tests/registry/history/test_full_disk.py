@@ -206,6 +206,7 @@ async def test_a_run_whose_nested_record_finds_no_space_ends_with_the_stores_cod
         disk = require(maybe_disk)
         path = disk.root / "history.sqlite3"
         async with make_stack(history_path=str(path)) as h:
+
             async def fill(invocation: Any) -> Any:
                 disk.fill()
                 return {}
