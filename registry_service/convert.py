@@ -209,7 +209,7 @@ def result_from_proto(
     if message.is_error:
         text = message.error.message or results.text_of(content) or "tool failed"
         code = message.error.code
-        if problem := records.key_problem(code):
+        if problem := records.text_problem(code):
             # Stored as is, it would fail the call's records (and, batched, others'): the call
             # settles as the tool error it is, under a code that says the provider's was bad.
             text = f"{text} (the tool provider's error code was refused: it holds {problem})"

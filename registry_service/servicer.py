@@ -252,7 +252,12 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         _check_key("call_id", request.call_id, records.MAX_CALL_ID_BYTES)
         if not request.tool_name:
             raise invalid_argument("MISSING_TOOL_NAME", "tool_name is required", field="tool_name")
-        _check_key("tool_name", request.tool_name)
+        if problem := records.text_problem(request.tool_name):
+            # An unknown or over-long name is the model's mistake, a tool result; this one no
+            # store could record.
+            raise invalid_argument(
+                "INVALID_TOOL_NAME", f"tool_name holds {problem}", field="tool_name"
+            )
         if request.progress_events not in _PROGRESS:
             raise invalid_argument(
                 "INVALID_PROGRESS_EVENTS",
