@@ -80,18 +80,18 @@ async def test_values_no_store_can_hold_fail_only_their_own_calls(
                 try:
                     await with_nul
                     raise AssertionError("a history filter holding a NUL was not refused")
-                except grpc.aio.AioRpcError as error:
-                    assert_refused(error, "INVALID_CALL_ID")
+                except grpc.aio.AioRpcError as refused:
+                    assert_refused(refused, "INVALID_CALL_ID")
             finally:
                 watching.cancel()
 
         results = done[:BYSTANDER_CALLS]
         assert all(not r.is_error for r in results), [r for r in results if r.is_error][:3]
         rest = done[BYSTANDER_CALLS:]
-        for error in rest[:25]:
-            assert_refused(error, "INVALID_CALL_ID")
-        for error in rest[25:30]:
-            assert_refused(error, "INVALID_TOOL_NAME")
+        for failed in rest[:25]:
+            assert_refused(failed, "INVALID_CALL_ID")
+        for failed in rest[25:30]:
+            assert_refused(failed, "INVALID_TOOL_NAME")
         for result in rest[30:]:  # the provider's tool error, under a code that can be stored
             assert result.is_error and result.error.code == PROVIDER_ERROR_CODE_INVALID, result
         # Everything of the bystander is recorded, and the attacker's provider errors too.

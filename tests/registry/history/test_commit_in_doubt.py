@@ -83,7 +83,7 @@ async def test_a_start_record_committed_as_its_connection_was_lost_is_closed(
     pg_database: str,
 ) -> None:
     params = conninfo_to_dict(pg_database)
-    cutter = CommitCutter(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+    cutter = CommitCutter(str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432))))
     dsn = make_conninfo(pg_database, host="127.0.0.1", port=str(cutter.port))
     store = PostgresHistory(dsn, lease_s=600)  # no lease renewal commits meanwhile
     try:
