@@ -10,6 +10,7 @@ same protocol and must pass the same conformance suite (tests/registry/history).
   is refused at `submit` with INVALID_ARGUMENT `HISTORY_RECORD_INVALID`, and a batch the
   backend refuses for what a record holds (not for its own failure) is written again record
   by record, so that only the refused one fails, with the same error. Neither moves `state`.
+  A read asking for a key no record can hold finds nothing.
 - A future resolves only once its record is durable (committed, and flushed as the backend
   commits); an end record that could not be written, or whose batch may or may not have
   committed, is owed as an interrupted end (written once writes work again, only while its
@@ -59,8 +60,7 @@ class StoreHealth:
     """What every store keeps alike (the contract above). Health: OK and UNAVAILABLE follow
     the backend, CORRUPT is final; `state_changed` wakes its waiters on every change. A store
     subclasses it and calls `_set_state` where it learns something. The interrupted ends owed
-    for writes that failed (`_owe`), and the refusal of a record no store can hold
-    (`_refused`)."""
+    for writes that failed (`_owe`), and the refusal of one record (`_unstorable`, `_refuse`)."""
 
     def __init__(self, where: str) -> None:
         self._where = where  # for the log: a path, or a DSN without its password

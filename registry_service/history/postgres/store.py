@@ -231,7 +231,7 @@ class PostgresHistory(StoreHealth):
             try:
                 self._refuse_if_corrupt()
                 written = await self._transaction(
-                    jobs, [j.record for j in jobs if j.record], self._owed
+                    jobs, [j.record for j in jobs if j.record is not None], self._owed
                 )
             except Exception as exc:
                 if _refusal(exc):
