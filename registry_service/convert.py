@@ -18,7 +18,11 @@ from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
 from registry_service.domain.providers import ToolSpec
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tools import ToolDefinition
+from registry_service.history import records
 from registry_service.history.records import Record
+
+# The code of a provider's tool error whose own code no history store can hold.
+PROVIDER_ERROR_CODE_INVALID = "PROVIDER_ERROR_CODE_INVALID"
 
 _MODES = {
     Mode.NATIVE: scope_pb2.PRESENTATION_MODE_NATIVE,
@@ -204,7 +208,13 @@ def result_from_proto(
     )
     if message.is_error:
         text = message.error.message or results.text_of(content) or "tool failed"
-        failed = results.error_result(text, message.error.code, message.error.name)
+        code = message.error.code
+        if problem := records.text_problem(code):
+            # Stored as is, it would fail the call's records (and, batched, others'): the call
+            # settles as the tool error it is, under a code that says the provider's was bad.
+            text = f"{text} (the tool provider's error code was refused: it holds {problem})"
+            code = PROVIDER_ERROR_CODE_INVALID
+        failed = results.error_result(text, code, message.error.name)
         return results.ToolResult(
             content=content or failed.content,
             is_error=True,

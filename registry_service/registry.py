@@ -87,12 +87,20 @@ class Registry:
     async def restore_catalog(self) -> None:
         """At start, before any call: the stored presets and agents join the settings' ones.
         A store that cannot be read leaves the settings' scopes only (logged): it reports
-        itself unavailable or damaged through the health service meanwhile. From then on,
+        itself unavailable or damaged through the health service meanwhile, and a preset or
+        agent not declared in the settings is answered with the store's error, not as not
+        found. From then on,
         what other registries sharing the store change is reloaded here (first everything,
         for what changed since this load, or what it could not read)."""
         for _ in range(_RESTORE_ATTEMPTS):
             try:
-                await self.catalog.restore(await self.catalog_store.load())
+                snapshot = await self.catalog_store.load()
+            except CodemodeError as exc:
+                log.error("catalog: cannot read the stored presets and agents: %s", exc.message)
+                self.catalog.unreadable(exc)
+                break
+            try:
+                await self.catalog.restore(snapshot)
             except CatalogConflict as conflict:  # a registry starting beside this one was first
                 log.info("catalog: %s; restoring again", conflict)
                 continue

@@ -252,8 +252,15 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         agent_id = self._catalog.get_agent(agent).agent_id if agent is not None else ""
         if not request.call_id:
             raise invalid_argument("MISSING_CALL_ID", "call_id is required", field="call_id")
+        _check_key("call_id", request.call_id, records.MAX_CALL_ID_BYTES)
         if not request.tool_name:
             raise invalid_argument("MISSING_TOOL_NAME", "tool_name is required", field="tool_name")
+        if problem := records.text_problem(request.tool_name):
+            # An unknown or over-long name is the model's mistake, a tool result; this one no
+            # store could record.
+            raise invalid_argument(
+                "INVALID_TOOL_NAME", f"tool_name holds {problem}", field="tool_name"
+            )
         if request.progress_events not in _PROGRESS:
             raise invalid_argument(
                 "INVALID_PROGRESS_EVENTS",
@@ -350,6 +357,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     def _history_key(self, agent: str, agent_id: str) -> str:
         """The key of the history a request reads: the empty agent without an id is the global
         scope's history, which holds the audit log; else the agent's id (catalog rules)."""
+        _check_key("agent_id", agent_id)
         if agent == records.AUDIT_LOG and not agent_id:
             return records.AUDIT_LOG
         return self._catalog.history_key(agent, agent_id)
@@ -363,6 +371,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
         size = min(request.page_size or 100, 1000)
         after = _history_cursor(request.page_token)
+        _check_key("call_id", request.call_id)
         page = await self._registry.history.list(
             agent_id, after_seq=after, limit=size + 1, call_id=request.call_id
         )
@@ -389,6 +398,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
     async def GetRecordContent(
         self, request: rpb.GetRecordContentRequest, context: Context
     ) -> rpb.GetRecordContentResponse:
+        _check_key("agent_id", request.agent_id)
         agent_id = self._catalog.history_key(request.agent, request.agent_id)
         history = self._registry.history
         # No record has a seq <= 0; asking SQLite for one could overflow its integer range.
@@ -499,6 +509,13 @@ def _filtered(emit: Emit, wanted: tuple[type, ...] | None) -> Emit:
             emit(event)
 
     return only_wanted
+
+
+def _check_key(field: str, value: str, limit: int = records.MAX_KEY_BYTES) -> None:
+    """Refuses a request's text that no history store can hold (records.key_problem): it
+    would fail its own records, and it must never reach a batch of other calls' records."""
+    if problem := records.key_problem(value, limit):
+        raise invalid_argument(f"INVALID_{field.upper()}", f"{field} holds {problem}", field=field)
 
 
 # The largest seq SQLite can hold (its INTEGER is 64-bit, signed).

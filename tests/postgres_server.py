@@ -48,6 +48,11 @@ class PostgresServer:
         """Stops the server (a fast shutdown: connections are cut), keeping its data."""
         subprocess.run([str(SCRIPT), "halt", str(self.dir)], timeout=120, check=True)
 
+    def crash(self) -> None:
+        """Stops the server as a crash would (an immediate shutdown: no checkpoint, and what
+        its WAL buffers held is lost), keeping its data; `resume` recovers it."""
+        subprocess.run([str(SCRIPT), "crash", str(self.dir)], timeout=120, check=True)
+
     def resume(self) -> None:
         """Starts a halted server again, on the same port."""
         with _not_a_subreaper():

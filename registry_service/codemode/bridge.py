@@ -8,13 +8,15 @@ the run ends,
 reach quiescence (queued calls abandoned, in-flight ones settled, every record written) before
 the outer result exists.
 
-A code runtime that cannot be reached, or is lost mid-run, is the service's failure, not the
-program's: the outer result (recorded like any other) carries an UNAVAILABLE
-CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see `ToolResult.rpc_error`), with
-`phase: connect` and a retry delay when nothing ran, `phase: running` and none when the
-program may have run in part. A runtime with no sandbox free for the run (RESOURCE_EXHAUSTED)
-is capacity, not the program's failure either: the outer result carries a RESOURCE_EXHAUSTED
-CODE_RUNTIME_EXHAUSTED error with the runtime's retry delay; nothing ran.
+A nested call's record the history store fails ends the run with the store's error (as the
+outer result's code, and as the call's status). A code runtime that cannot be reached, or is
+lost mid-run, is the service's failure, not the program's: the outer result (recorded like
+any other) carries an UNAVAILABLE CODE_RUNTIME_UNAVAILABLE error that ends the call's RPC (see
+`ToolResult.rpc_error`), with `phase: connect` and a retry delay when nothing ran,
+`phase: running` and none when the program may have run in part. A runtime with no sandbox
+free for the run (RESOURCE_EXHAUSTED) is capacity, not the program's failure either: the outer
+result carries a RESOURCE_EXHAUSTED CODE_RUNTIME_EXHAUSTED error with the runtime's retry
+delay; nothing ran.
 """
 
 from __future__ import annotations
@@ -246,12 +248,20 @@ class _Run(RunHooks):
         finally:
             remove()
             self.controller.abort(SETTLED)
-            await self.scheduler.quiesce()
-            for slot in self.nested_slots.values():
-                slot.release()
-            if stream is not None:
-                self.transport.close_later(stream)
-            self.telemetry.run_ended()
+            try:
+                await self.scheduler.quiesce()
+            except CodemodeError as exc:  # a nested call's record could not be written
+                history_error: CodemodeError | None = exc
+            else:
+                history_error = None
+            finally:
+                for slot in self.nested_slots.values():
+                    slot.release()
+                if stream is not None:
+                    self.transport.close_later(stream)
+                self.telemetry.run_ended()
+        if history_error is not None:
+            return self._history_failed(history_error)
         return self._outer_result(terminal)
 
     async def _pump(self, stream: RunStream) -> RunTerminal:
@@ -553,6 +563,14 @@ class _Run(RunHooks):
         error = resource_exhausted(CODE_RUNTIME_EXHAUSTED, message, retry_delay=delay)
         failed = error_result(message, CODE_RUNTIME_EXHAUSTED, "CodeRuntimeExhaustedError")
         return replace(failed, rpc_error=error)
+
+    def _history_failed(self, error: CodemodeError) -> ToolResult:
+        """The outer result when the history store failed a nested call's record: the store's
+        error, in the result (recorded, if the store takes it) and as the call's status, as a
+        direct call whose record fails ends with it."""
+        message = f"code run failed: {error.message}"
+        failed = error_result(message, error.reason, "HistoryError")
+        return replace(failed, rpc_error=error).with_contexts(tuple(self.deferred))
 
     def _caller_gone(self) -> bool:
         deadline = self.outer.deadline

@@ -170,6 +170,9 @@ class Catalog:
         self._layers: dict[str, Layer] = {GLOBAL: Layer()}
         self._presets: dict[str, Preset] = {}
         self._agents: dict[str, Agent] = {}
+        # Why the stored presets and agents could not be read at start (None: they were): a
+        # name not known here may still be stored, so it is not answered as not found.
+        self._unread: CodemodeError | None = None
         self._listeners: list[Callable[[], None]] = []
         # Bumped on every change that can alter any scope's view: a cheap cache key.
         self.version = 0
@@ -393,6 +396,22 @@ class Catalog:
         and what is read is at least as new as this registry's own last change."""
         async with self._writing:
             await self._reload(names)
+            if names is None:
+                self._unread = None  # everything stored is known now
+
+    def unreadable(self, error: CodemodeError) -> None:
+        """The store could not be read at start (`error`): until a reload of everything works,
+        a preset or agent this catalog does not know is answered with the store's error, not
+        as not found (it may exist; HISTORY_CORRUPT for a damaged database)."""
+        self._unread = error
+
+    def _missing(self, kind: str, reason: str, name: str) -> CodemodeError:
+        """The error for a preset or agent `name` this catalog does not know."""
+        unread = self._unread
+        if unread is not None:
+            message = f"{kind} {name!r} cannot be looked up: {unread.message}"
+            return CodemodeError(unread.status, unread.reason, message, {kind: name})
+        return not_found(reason, f"{kind} {name!r} does not exist", **{kind: name})
 
     async def hear_of(self, scope: str) -> None:
         """A preset or agent this registry does not know may have been made on another one a
@@ -475,14 +494,14 @@ class Catalog:
         parse_name(name, allow=("presets",))
         preset = self._presets.get(name)
         if preset is None:
-            raise not_found("PRESET_NOT_FOUND", f"preset {name!r} does not exist", preset=name)
+            raise self._missing("preset", "PRESET_NOT_FOUND", name)
         return preset
 
     def get_agent(self, name: str) -> Agent:
         parse_name(name, allow=("agents",))
         agent = self._agents.get(name)
         if agent is None:
-            raise not_found("AGENT_NOT_FOUND", f"agent {name!r} does not exist", agent=name)
+            raise self._missing("agent", "AGENT_NOT_FOUND", name)
         return agent
 
     def list_presets(self, page_size: int, page_token: str) -> tuple[list[Preset], str]:

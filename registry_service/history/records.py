@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codemode_wire.text import has_lone_surrogate, utf8_exceeds
+
 TOOL_CALL = "tool/call"
 TOOL_RESULT = "tool/result"
 DISPATCH_START = "tool/code-dispatch-start"
@@ -66,3 +68,50 @@ class Record:
     spilled: str = ""  # locator of the full content when spilled
     # The agent's stable identity: the key of its history (`list`, `watch`, calls left open).
     agent_id: str = ""
+
+
+# What every store can hold, whatever its backend: Unicode text without NUL (PostgreSQL's text
+# holds no NUL, and no backend encodes a lone surrogate as UTF-8), and indexed fields short
+# enough to index (a PostgreSQL btree entry holds about 2.7 kB, the agent id included). The API
+# edge refuses such values in requests, and maps a provider's (servicer.py, convert.py); a store
+# refuses a record that still holds one, alone (history.store), without failing the others.
+MAX_KEY_BYTES = 1024
+# A request's call id: its nested calls' ids (`<call_id>:code:<n>`) are keys too.
+MAX_CALL_ID_BYTES = 512
+_KEY_FIELDS = ("agent_id", "call_id", "root_call_id", "parent_call_id")  # indexed
+_TEXT_FIELDS = ("kind", "agent", "name", "error_code")
+# JSON text, written by `codemode_wire.jsonvalue` (which escapes control characters and lone
+# surrogates): only a NUL is looked for, at C speed (these may be megabytes).
+_JSON_FIELDS = ("arguments_json", "content_json")
+
+
+def text_problem(text: str) -> str:
+    """Why no store can hold `text` ("" when every store can)."""
+    if "\x00" in text:
+        return "a NUL character"
+    if has_lone_surrogate(text):
+        return "a lone surrogate (not Unicode text)"
+    return ""
+
+
+def key_problem(text: str, limit: int = MAX_KEY_BYTES) -> str:
+    """Why no store can hold `text` in an indexed field ("" when every store can)."""
+    if problem := text_problem(text):
+        return problem
+    if utf8_exceeds(text, limit):
+        return f"more than {limit} bytes of UTF-8"
+    return ""
+
+
+def unstorable(record: Record) -> str:
+    """Why no store can hold `record` ("" when every store can), naming the field."""
+    for field in _KEY_FIELDS:
+        if problem := key_problem(getattr(record, field)):
+            return f"{field} holds {problem}"
+    for field in _TEXT_FIELDS:
+        if problem := text_problem(getattr(record, field)):
+            return f"{field} holds {problem}"
+    for field in _JSON_FIELDS:
+        if "\x00" in getattr(record, field):
+            return f"{field} holds a NUL character"
+    return ""

@@ -24,13 +24,14 @@ from pathlib import Path
 from codemode_wire.errors import CodemodeError
 from registry_service.history import build
 from registry_service.history.build import content_preview
-from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.records import END_OF, Record, key_problem
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
     StoreHealth,
     StoreOpenError,
     StoreState,
+    record_invalid,
     store_corrupt,
     store_unavailable,
 )
@@ -46,6 +47,15 @@ _START_OF = {end: start for start, end in END_OF.items()}
 _COLUMNS = "seq, agent, kind, call_id, root_call_id, parent_call_id, time, body, agent_id"
 _BODY_FIELDS = ("name", "arguments_json", "content_json", "is_error", "error_code", "spilled")
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+# Failures of one statement over what it was given (a constraint, a value SQLite cannot bind or
+# hold), not of the database: they fail only the record at fault (history.store).
+_REFUSALS = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+    UnicodeError,
+    OverflowError,
+)
 
 
 class SqliteHistory(StoreHealth):
@@ -54,8 +64,6 @@ class SqliteHistory(StoreHealth):
         super().__init__(self._path)
         self._max_inline = max_inline_bytes
         self._batch: list[tuple[Record, asyncio.Future[Record]]] = []
-        # End records whose write failed, owed as interrupted ones to the next write that works.
-        self._owed: list[Record] = []
         # Live watches by agent id; None in a queue ends that watch (shutdown).
         self._watchers: dict[str, set[asyncio.Queue[Record | None]]] = {}
         try:
@@ -95,6 +103,8 @@ class SqliteHistory(StoreHealth):
             log.error("history database %s is damaged: %s", self._path, exc)
             self._set_state(StoreState.CORRUPT)
             return store_corrupt(f"{exc}; restore {self._path} from a backup")
+        if isinstance(exc, _REFUSALS):
+            return record_invalid(f"SQLite refused it: {exc}")
         if not isinstance(exc, sqlite3.Error):
             log.error("history store %s: unexpected failure", self._path, exc_info=exc)
         self._set_state(StoreState.UNAVAILABLE)
@@ -109,14 +119,19 @@ class SqliteHistory(StoreHealth):
         self._refuse_if_corrupt()
         try:
             yield
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, *_REFUSALS) as exc:
             raise self._failed(exc) from exc
 
     async def check(self) -> StoreState:
         if self._state is StoreState.CORRUPT:
             return self._state
         try:
-            self._write([], probe=True)
+            try:
+                self._write([], self._owed, probe=True)
+                self._owed = []
+            except _REFUSALS:  # an owed end SQLite refuses: dropped, then the probe alone
+                self._one_by_one([])
+                self._write([], [], probe=True)
         except Exception as exc:
             self._failed(exc)
         return self._state
@@ -127,6 +142,8 @@ class SqliteHistory(StoreHealth):
         return await self.submit(record)
 
     def submit(self, record: Record) -> asyncio.Future[Record]:
+        if (refused := self._unstorable(record)) is not None:
+            return refused
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Record] = loop.create_future()
         if not self._batch:
@@ -139,23 +156,57 @@ class SqliteHistory(StoreHealth):
         records = [record for record, _ in batch]
         try:
             self._refuse_if_corrupt()
-            stored = self._write(records)
+            stored = self._write(records, self._owed)
         except Exception as exc:
-            error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
-            for _, future in batch:  # first: nothing below may leave a caller waiting
-                if not future.done():
-                    future.set_exception(error)
-            self._owe(records)
+            if isinstance(exc, _REFUSALS):
+                self._one_by_one(batch)
+                return
+            self._fail(batch, exc)
             return
+        self._owed = []
         for (_, future), record in zip(batch, stored[len(stored) - len(batch) :], strict=True):
             if not future.done():
                 future.set_result(record)
 
-    def _write(self, records: Sequence[Record], *, probe: bool = False) -> list[Record]:
-        """Writes what is owed, then `records`, in one transaction (all or nothing); returns
-        the stored records, the owed ones first, and tells the watchers."""
+    def _fail(self, batch: Sequence[tuple[Record, asyncio.Future[Record]]], exc: Exception) -> None:
+        error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
+        for _, future in batch:  # first: nothing below may leave a caller waiting
+            if not future.done():
+                future.set_exception(error)
+        self._owe([record for record, _ in batch])
+
+    def _one_by_one(self, batch: Sequence[tuple[Record, asyncio.Future[Record]]]) -> None:
+        """A batch SQLite refused for what one of its records holds: what is owed, then each
+        record, in its own transaction, so that only the record at fault fails (an owed end
+        that is refused is dropped: its call is closed at the next start)."""
+        owed, self._owed = self._owed, []
+        for n, record in enumerate(owed):
+            try:
+                self._write([], [record])
+            except _REFUSALS as exc:
+                log.error("history: an interrupted end dropped, SQLite refused it: %s", exc)
+            except Exception:
+                self._owed = [*owed[n:], *self._owed]
+                break
+        for n, (record, future) in enumerate(batch):
+            try:
+                [stored] = self._write([record], [])
+            except _REFUSALS as exc:
+                error = self._failed(exc)
+                future.set_exception(error)
+                self._refuse(record, error)
+            except Exception as exc:
+                self._fail(batch[n:], exc)
+                return
+            else:
+                future.set_result(stored)
+
+    def _write(
+        self, records: Sequence[Record], owed: Sequence[Record], *, probe: bool = False
+    ) -> list[Record]:
+        """Writes `owed`, then `records`, in one transaction (all or nothing); returns the
+        stored records, the owed ones first, and tells the watchers."""
         db = self._db
-        owed = self._owed
         try:
             if db.in_transaction:  # left open by a ROLLBACK that failed
                 db.execute("ROLLBACK")
@@ -171,26 +222,11 @@ class SqliteHistory(StoreHealth):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise
-        self._owed = []
         self._set_state(StoreState.OK)
         for record in stored:
             for queue in self._watchers.get(record.agent_id, ()):
                 queue.put_nowait(record)
         return stored
-
-    def _owe(self, failed: Sequence[Record]) -> None:
-        """Remembers the calls a failed batch leaves open: an end record whose start was
-        written earlier is owed as an interrupted end (its caller saw the failure, not the
-        result), so the call is closed once writes work again."""
-        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
-        for record in failed:
-            start = _START_OF.get(record.kind)
-            if start is None or (record.agent_id, record.call_id, start) in starts:
-                continue
-            if record.is_error and record.error_code == INTERRUPTED:
-                self._owed.append(record)  # already an interrupted end: keep its reason
-            else:
-                self._owed.append(build.interrupted(record, build.NOT_RECORDED))
 
     def _insert_owed(self, record: Record) -> Record | None:
         # Only while its call is open: the failed end may have been written after all.
@@ -266,6 +302,8 @@ class SqliteHistory(StoreHealth):
     async def list(
         self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
     ) -> Sequence[Record]:
+        if key_problem(agent_id) or key_problem(call_id):
+            return []  # no record holds such a key (records.unstorable)
         query = f"SELECT {_COLUMNS} FROM records WHERE agent_id = ? AND seq > ?"
         params: list[object] = [agent_id, after_seq]
         if call_id:

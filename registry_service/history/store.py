@@ -4,8 +4,17 @@ SQLite (`history.sqlite`) is the embedded default; a server database (PostgreSQL
 same protocol and must pass the same conformance suite (tests/registry/history). The contract:
 
 - Appends are batched and atomic: records submitted in one event-loop turn are written in one
-  transaction, all or nothing. Every future of a failed batch fails at once with a
+  transaction, all or nothing. Every future of a batch the backend fails fails at once with a
   `CodemodeError` (`HISTORY_UNAVAILABLE` or `HISTORY_CORRUPT`); none is left pending.
+- One bad record fails only its own write: a record no store can hold (`records.unstorable`)
+  is refused at `submit` with INVALID_ARGUMENT `HISTORY_RECORD_INVALID`, and a batch the
+  backend refuses for what a record holds (not for its own failure) is written again record
+  by record, so that only the refused one fails, with the same error. Neither moves `state`.
+  A read asking for a key no record can hold finds nothing.
+- A future resolves only once its record is durable (committed, and flushed as the backend
+  commits); an end record that could not be written, or whose batch may or may not have
+  committed, is owed as an interrupted end (written once writes work again, only while its
+  call is still open), so a call is never left open by a failed write.
 - Records are keyed by `Record.agent_id` (the agent's stable identity, never reused): `list`,
   `watch` and the calls left open are per agent id; `Record.agent` (the name) is only carried.
 - `seq` is strictly increasing per agent, in submission order; a page token is the last `seq`
@@ -24,13 +33,16 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from codemode_wire.errors import CodemodeError, Status, unavailable
-from registry_service.history.records import Record
+from codemode_wire.errors import CodemodeError, Status, invalid_argument, unavailable
+from registry_service.history import build
+from registry_service.history.records import END_OF, INTERRUPTED, Record, unstorable
 
 _log = logging.getLogger(__name__)
 
 HISTORY_UNAVAILABLE = "HISTORY_UNAVAILABLE"
 HISTORY_CORRUPT = "HISTORY_CORRUPT"
+HISTORY_RECORD_INVALID = "HISTORY_RECORD_INVALID"
+START_OF = {end: start for start, end in END_OF.items()}
 
 
 class StoreOpenError(Exception):
@@ -45,14 +57,17 @@ class StoreState(enum.Enum):
 
 
 class StoreHealth:
-    """The health every store keeps alike (the contract above): OK and UNAVAILABLE follow the
-    backend, CORRUPT is final; `state_changed` wakes its waiters on every change. A store
-    subclasses it and calls `_set_state` where it learns something."""
+    """What every store keeps alike (the contract above). Health: OK and UNAVAILABLE follow
+    the backend, CORRUPT is final; `state_changed` wakes its waiters on every change. A store
+    subclasses it and calls `_set_state` where it learns something. The interrupted ends owed
+    for writes that failed (`_owe`), and the refusal of one record (`_unstorable`, `_refuse`)."""
 
     def __init__(self, where: str) -> None:
         self._where = where  # for the log: a path, or a DSN without its password
         self._state = StoreState.OK
         self._state_waiters: list[asyncio.Future[None]] = []
+        # End records whose write failed, owed as interrupted ones to the next write that works.
+        self._owed: list[Record] = []
 
     @property
     def state(self) -> StoreState:
@@ -79,6 +94,56 @@ class StoreHealth:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _owe(self, failed: Sequence[Record], *, in_doubt: bool = False) -> None:
+        """Remembers the calls a failed write leaves open: an end record whose start was
+        written earlier is owed as an interrupted end (its caller saw the failure, not the
+        result), so the call is closed once writes work again. `in_doubt`: the batch may have
+        committed after all (the connection was lost around its commit), so its start records
+        without their end in the batch are owed an end too (written only if the start was)."""
+        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
+        ended = {(r.agent_id, r.call_id, START_OF[r.kind]) for r in failed if r.kind in START_OF}
+        for record in failed:
+            key = (record.agent_id, record.call_id, START_OF.get(record.kind, record.kind))
+            if record.kind in START_OF:  # an end record
+                if key in starts:
+                    continue  # its start failed with it: nothing is open
+                if record.is_error and record.error_code == INTERRUPTED:
+                    owed = record  # already an interrupted end: keep its reason
+                else:
+                    owed = build.interrupted(record, build.NOT_RECORDED)
+            elif in_doubt and record.kind in END_OF and key not in ended:
+                owed = build.interrupted(record, build.NOT_RECORDED)
+            else:
+                continue
+            if problem := unstorable(owed):  # its start could not have been written either
+                _log.error("history store %s: no interrupted end for %s", self._where, problem)
+                continue
+            self._owed.append(owed)
+
+    def _refuse(self, record: Record, error: CodemodeError) -> None:
+        """A record refused on its own (`error`, the store stays as it is): its call is owed
+        an interrupted end, if it can hold one."""
+        _log.warning("history store %s: a record refused: %s", self._where, error.message)
+        self._owe([record])
+
+    def _unstorable(self, record: Record) -> asyncio.Future[Record] | None:
+        """The failed future of a record no store can hold (`records.unstorable`), else None."""
+        problem = unstorable(record)
+        if not problem:
+            return None
+        error = record_invalid(problem)
+        self._refuse(record, error)
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        future.set_exception(error)
+        return future
+
+
+def record_invalid(detail: str) -> CodemodeError:
+    """A record refused for what it holds: only its own write fails, the store stays OK."""
+    return invalid_argument(
+        HISTORY_RECORD_INVALID, f"the history store cannot hold this record: {detail}"
+    )
 
 
 def store_unavailable(detail: str) -> CodemodeError:

@@ -44,21 +44,45 @@ def check_dsn(dsn: str) -> str:
     return ""
 
 
+# A commit that returns before its WAL is flushed (`synchronous_commit = off`, a server's or a
+# role's setting) is lost when the server crashes a moment later, while the caller was already
+# told its call succeeded. The store's sessions wait for the local flush at least; a stronger
+# setting (`on` with standbys, `remote_apply`) is kept.
+_COMMIT_SETTING = "SELECT current_setting('synchronous_commit')"
+_DURABLE_COMMITS = "SET synchronous_commit = local"
+
+
 def connect_sync(
     dsn: str, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
 ) -> psycopg.Connection[tuple[Any, ...]]:
     """A blocking autocommit connection, for what runs once at start (migrations, leases,
     loading the Cordis state) before the event loop serves."""
-    return psycopg.connect(_with_defaults(dsn, statement_timeout_s), autocommit=True)
+    conn = psycopg.connect(_with_defaults(dsn, statement_timeout_s), autocommit=True)
+    try:
+        row = conn.execute(_COMMIT_SETTING).fetchone()
+        if row is not None and row[0] == "off":
+            conn.execute(_DURABLE_COMMITS)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 async def connect_async(
     dsn: str, statement_timeout_s: float = DEFAULT_STATEMENT_TIMEOUT_S
 ) -> psycopg.AsyncConnection[tuple[Any, ...]]:
     """An autocommit connection for the event loop."""
-    return await psycopg.AsyncConnection.connect(
+    conn = await psycopg.AsyncConnection.connect(
         _with_defaults(dsn, statement_timeout_s), autocommit=True
     )
+    try:
+        row = await (await conn.execute(_COMMIT_SETTING)).fetchone()
+        if row is not None and row[0] == "off":
+            await conn.execute(_DURABLE_COMMITS)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 def _with_defaults(dsn: str, statement_timeout_s: float) -> str:

@@ -37,7 +37,6 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
-from registry_service.history import build
 from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
@@ -49,11 +48,12 @@ from registry_service.history.postgres.connect import (
     redact,
 )
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
-from registry_service.history.records import END_OF, INTERRUPTED, Record
+from registry_service.history.records import Record, key_problem
 from registry_service.history.store import (
     StoreHealth,
     StoreOpenError,
     StoreState,
+    record_invalid,
     store_corrupt,
     store_unavailable,
 )
@@ -111,8 +111,6 @@ class PostgresHistory(StoreHealth):
         self._listener: asyncio.Task[None] | None = None
         self._catalog_listener: asyncio.Task[None] | None = None
         self._closing = False
-        # End records whose write failed, owed as interrupted ones to the next write that works.
-        self._owed: list[Record] = []
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
         self._catalog_followers: list[CatalogFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
@@ -150,6 +148,8 @@ class PostgresHistory(StoreHealth):
             log.error("history database %s is damaged: %s", self._where, exc)
             self._set_state(StoreState.CORRUPT)
             return store_corrupt(f"{exc}; restore the database from a backup")
+        if _refusal(exc):
+            return record_invalid(f"PostgreSQL refused it: {str(exc).strip()}")
         if isinstance(exc, pg_errors.QueryCanceled):
             self._set_state(StoreState.UNAVAILABLE)
             limit = f"history_statement_timeout_s ({self._statement_timeout_s:g} s)"
@@ -198,7 +198,7 @@ class PostgresHistory(StoreHealth):
                     self._reader = None
                     self._reader = reader = await self._connect()
                 yield reader
-            except psycopg.Error as exc:
+            except (psycopg.Error, UnicodeError) as exc:
                 raise self._failed(exc) from exc
 
     # -- the writer ------------------------------------------------------------------------------
@@ -207,6 +207,8 @@ class PostgresHistory(StoreHealth):
         return await self.submit(record)
 
     def submit(self, record: Record) -> asyncio.Future[Record]:
+        if (refused := self._unstorable(record)) is not None:
+            return refused
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         self._enqueue(_Job(record=record, future=future))
         return future
@@ -226,30 +228,79 @@ class PostgresHistory(StoreHealth):
     async def _write_loop(self) -> None:
         while self._jobs:
             jobs, self._jobs = self._jobs, []
-            records = [job.record for job in jobs if job.record is not None]
             try:
                 self._refuse_if_corrupt()
-                written = await self._transaction(jobs, records)
+                written = await self._transaction(
+                    jobs, [j.record for j in jobs if j.record is not None], self._owed
+                )
             except Exception as exc:
-                error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
-                for job in jobs:  # first: nothing below may leave a caller waiting
-                    if job.future is not None and not job.future.done():
-                        job.future.set_exception(error)
-                self._owe(records)
+                if _refusal(exc):
+                    await self._one_by_one(jobs)
+                else:
+                    self._fail(jobs, exc)
                 continue
             self._owed = []
-            self._set_state(StoreState.OK)
-            for row in written.all:
-                self._tell_watchers(row.agent_id, row)
-            stored = iter(written.records)
-            for job in jobs:
-                result: Any = next(stored) if job.record is not None else written.swept
-                if job.future is not None and not job.future.done():
-                    job.future.set_result(result)
+            self._done(jobs, written)
 
-    async def _transaction(self, jobs: Sequence[_Job], records: list[Record]) -> batch.Written:
-        """The batch in one transaction; again when PostgreSQL rolled it back to break a
-        deadlock with another registry (nothing of it was written)."""
+    def _done(self, jobs: Sequence[_Job], written: batch.Written) -> None:
+        self._set_state(StoreState.OK)
+        for row in written.all:
+            self._tell_watchers(row.agent_id, row)
+        stored = iter(written.records)
+        for job in jobs:
+            result: Any = next(stored) if job.record is not None else written.swept
+            if job.future is not None and not job.future.done():
+                job.future.set_result(result)
+
+    def _fail(self, jobs: Sequence[_Job], exc: Exception) -> None:
+        error = exc if isinstance(exc, CodemodeError) else self._failed(exc)
+        for job in jobs:  # first: nothing below may leave a caller waiting
+            if job.future is not None and not job.future.done():
+                job.future.set_exception(error)
+        # In doubt: a connection lost around the COMMIT may have committed it after all.
+        self._owe([job.record for job in jobs if job.record is not None], in_doubt=True)
+
+    async def _one_by_one(self, jobs: Sequence[_Job]) -> None:
+        """A batch PostgreSQL refused for what one of its records holds: the batch's other
+        work, then what is owed, then each record, each in its own transaction, so that only
+        the record at fault fails (an owed end that is refused is dropped: its call is closed
+        when this writer is gone)."""
+        try:
+            self._done([j for j in jobs if j.record is None], await self._transaction(jobs, [], []))
+        except Exception as exc:
+            self._fail(jobs, exc)
+            return
+        owed, self._owed = self._owed, []
+        for n, end in enumerate(owed):
+            try:
+                self._done([], await self._transaction([], [], [end]))
+            except Exception as exc:
+                if not _refusal(exc):
+                    self._owed = [*owed[n:], *self._owed]
+                    break
+                log.error("history: an interrupted end dropped, PostgreSQL refused it: %s", exc)
+        writes = [job for job in jobs if job.record is not None]
+        for n, job in enumerate(writes):
+            assert job.record is not None and job.future is not None
+            try:
+                written = await self._transaction([], [job.record], [])
+            except Exception as exc:
+                if not _refusal(exc):
+                    self._fail(writes[n:], exc)
+                    return
+                error = self._failed(exc)
+                if not job.future.done():
+                    job.future.set_exception(error)
+                self._refuse(job.record, error)
+            else:
+                self._done([job], written)
+
+    async def _transaction(
+        self, jobs: Sequence[_Job], records: list[Record], owed: Sequence[Record]
+    ) -> batch.Written:
+        """The batch in one transaction (`jobs` say what else it does: a sweep, a lease
+        renewal); again when PostgreSQL rolled it back to break a deadlock with another
+        registry (nothing of it was written)."""
         for attempt in itertools.count(1):
             conn = await self._writer_conn()
             try:
@@ -257,7 +308,7 @@ class PostgresHistory(StoreHealth):
                     conn,
                     self.writer_id,
                     records=records,
-                    owed=self._owed,
+                    owed=owed,
                     sweep=any(job.sweep for job in jobs),
                     own=any(job.own for job in jobs),
                     renew_s=self._lease_s if any(job.renew for job in jobs) else None,
@@ -267,20 +318,6 @@ class PostgresHistory(StoreHealth):
                 if attempt == _ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
-
-    def _owe(self, failed: Sequence[Record]) -> None:
-        """Remembers the calls a failed batch leaves open: an end record whose start was
-        written earlier is owed as an interrupted end (its caller saw the failure, not the
-        result), so the call is closed once writes work again."""
-        starts = {(r.agent_id, r.call_id, r.kind) for r in failed if r.kind in END_OF}
-        for record in failed:
-            start = batch.START_OF.get(record.kind)
-            if start is None or (record.agent_id, record.call_id, start) in starts:
-                continue
-            if record.is_error and record.error_code == INTERRUPTED:
-                self._owed.append(record)  # already an interrupted end: keep its reason
-            else:
-                self._owed.append(build.interrupted(record, build.NOT_RECORDED))
 
     # -- leases ----------------------------------------------------------------------------------
 
@@ -312,6 +349,8 @@ class PostgresHistory(StoreHealth):
     async def list(
         self, agent_id: str, *, after_seq: int, limit: int, call_id: str = ""
     ) -> Sequence[Record]:
+        if key_problem(agent_id) or key_problem(call_id):
+            return []  # no record holds such a key (records.unstorable)
         params: list[object] = [agent_id, after_seq]
         where = ""
         if call_id:
@@ -482,6 +521,20 @@ SELECT count(*) FROM old
                 await conn.execute("DELETE FROM history_writers WHERE id = %s", (self.writer_id,))
         await _close_quietly(self._writer)
         await _close_quietly(self._reader)
+
+
+def _refusal(exc: BaseException) -> bool:
+    """Whether PostgreSQL (or psycopg, before sending) refused a statement for what it was
+    given (SQLSTATE classes 22 data exception, 23 integrity constraint, 54 program limit: a
+    value too large to index), not for a failure of the server or the connection: it fails
+    only the record at fault (history.store)."""
+    if isinstance(exc, UnicodeError):
+        return True  # a text psycopg cannot encode
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate:
+        return exc.sqlstate[:2] in ("22", "23", "54")
+    return isinstance(exc, psycopg.DataError)  # refused by psycopg (a NUL in a text)
 
 
 def _usable(conn: psycopg.AsyncConnection[tuple[Any, ...]] | None) -> bool:

@@ -4,13 +4,16 @@ real: fill its disk, free it again, damage its data, stop its server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from registry_service.history.postgres.store import PostgresHistory
@@ -32,6 +35,10 @@ class StoreKit:
     """The history and catalog stores on the kit's backing, as the registry opens them."""
     corrupt: Callable[[], None]
     """Damages the stored data past its header (call it with the store closed)."""
+    refuse_marked: Callable[[], None]
+    """Makes the database itself refuse (a constraint of its own) every record whose
+    `error_code` is `REFUSE` or whose `arguments_json` holds `refuse`: a record the store's own
+    checks let through, refused by the backend for what it holds."""
     where: Path
     _disk: SmallDisk | str
     server: PostgresServer | None = None
@@ -86,7 +93,17 @@ def _sqlite_kit(tmp_path: Path) -> Iterator[StoreKit]:
             return open_store("sqlite", StoreOptions(path=str(path)))
 
         corrupt = lambda: corrupt_sqlite_file(path)  # noqa: E731
-        yield StoreKit("sqlite", open_sqlite, open_stores, corrupt, where, disk)
+
+        def refuse_marked() -> None:
+            with contextlib.closing(sqlite3.connect(path)) as db:
+                db.execute(
+                    "CREATE TRIGGER refuse_marked BEFORE INSERT ON records"
+                    " WHEN json_extract(NEW.body, '$.error_code') = 'REFUSE'"
+                    " OR json_extract(NEW.body, '$.arguments_json') LIKE '%refuse%'"
+                    " BEGIN SELECT RAISE(ABORT, 'refused by refuse_marked'); END"
+                )
+
+        yield StoreKit("sqlite", open_sqlite, open_stores, corrupt, refuse_marked, where, disk)
 
 
 def _postgres_kit(server: PostgresServer) -> Iterator[StoreKit]:
@@ -114,9 +131,24 @@ def _postgres_kit(server: PostgresServer) -> Iterator[StoreKit]:
         def corrupt() -> None:
             corrupt_postgres(server, dsn)
 
+        def refuse_marked() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    "ALTER TABLE history_records ADD CONSTRAINT refuse_marked CHECK"
+                    " (error_code <> 'REFUSE' AND arguments_json NOT LIKE '%refuse%')"
+                )
+
         try:
             kit = StoreKit(
-                "postgres", open_postgres, open_stores, corrupt, where, disk, server, dsn
+                "postgres",
+                open_postgres,
+                open_stores,
+                corrupt,
+                refuse_marked,
+                where,
+                disk,
+                server,
+                dsn,
             )
             yield kit
         finally:
@@ -130,8 +162,6 @@ def _postgres_kit(server: PostgresServer) -> Iterator[StoreKit]:
 def corrupt_postgres(server: PostgresServer, dsn: str) -> None:
     """Overwrites every page after the first of the history's tables and indexes, with the
     server stopped (so no buffer of a good page is written back over the damage)."""
-    import psycopg
-
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_relation_filepath(c.oid) FROM pg_class c"

@@ -56,15 +56,18 @@ async def assert_history_rpcs_fail_clearly(h: Harness, agent: str) -> None:
     assert_corrupt(watched.value)
 
 
-async def assert_the_rest_still_serves(h: Harness) -> None:
+async def assert_the_rest_still_serves(h: Harness, *, catalog_read: bool = True) -> None:
     # Calls without an agent write no history, and the catalog is read from memory...
     assert not (await outcome(h, call_request("", "free", "echo"))).is_error
     assert (await h.stub.ListAgents(rpb.ListAgentsRequest())).agents
     # ...but it is stored in the damaged database: a change fails clearly and is not made.
     assert_corrupt(await rpc_error(h.stub.CreateAgent(rpb.CreateAgentRequest(agent_id="newcomer"))))
-    with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await h.stub.GetAgent(rpb.GetAgentRequest(name="agents/newcomer"))
-    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    missing = await rpc_error(h.stub.GetAgent(rpb.GetAgentRequest(name="agents/newcomer")))
+    if catalog_read:
+        assert isinstance(missing, grpc.aio.AioRpcError)
+        assert missing.code() == grpc.StatusCode.NOT_FOUND
+    else:  # the stored catalog was never read: whether it exists cannot be told
+        assert_corrupt(missing)
 
 
 async def test_damaged_while_stopped_is_reported_at_start(
@@ -84,8 +87,30 @@ async def test_damaged_while_stopped_is_reported_at_start(
         assert await health_of(h) == NOT_SERVING
         assert await health_of(h, SERVICE_NAME) == NOT_SERVING
         await assert_history_rpcs_fail_clearly(h, agent)
-        await assert_the_rest_still_serves(h)
+        await assert_the_rest_still_serves(h, catalog_read=False)
         assert await health_of(h) == NOT_SERVING  # for good: damage does not heal
+
+
+async def test_agents_made_over_the_api_are_answered_corrupt_not_missing(
+    make_registry: Any, tmp_path: Path
+) -> None:
+    """An agent created over the API lives in the damaged database's catalog: after a restart
+    the registry cannot read it, and answers HISTORY_CORRUPT for it, not AGENT_NOT_FOUND."""
+    path = tmp_path / "history.sqlite3"
+    async with make_registry(history_path=str(path)) as h:
+        echo_tool(h.registry)
+        agent = await h.agent("made")
+        await fill(h, agent, 30)
+    corrupt_sqlite_file(path)
+
+    async with make_registry(history_path=str(path)) as h:
+        echo_tool(h.registry)
+        assert await health_of(h) == NOT_SERVING
+        await assert_history_rpcs_fail_clearly(h, agent)
+        assert_corrupt(await rpc_error(h.stub.GetAgent(rpb.GetAgentRequest(name=agent))))
+        assert_corrupt(
+            await rpc_error(h.stub.ListVisibleTools(rpb.ListVisibleToolsRequest(scope=agent)))
+        )
 
 
 async def test_damaged_while_running_is_reported_at_the_first_damaged_read(

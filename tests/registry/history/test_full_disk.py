@@ -7,6 +7,8 @@ whose disk fills between two nested calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -184,3 +186,62 @@ async def test_a_disk_filling_during_a_run_fails_the_run_at_once(
                 ("run-1:code:1", DISPATCH, INTERRUPTED),
                 ("run-1", TOOL_RESULT, INTERRUPTED),
             ]
+
+
+BIG_START = """
+await tools.fill({})
+await tools.step({"pad": "x" * 1_000_000})
+return "never"
+"""
+
+
+async def test_a_run_whose_nested_record_finds_no_space_ends_with_the_stores_code(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """The run's outer result is written (it fits in the WAL's pages the last checkpoint left
+    free) though a nested call's start record, a large one, found no space: the call ends with
+    UNAVAILABLE HISTORY_UNAVAILABLE, and its result record carries that code, not an empty
+    one."""
+    with small_disk(tmp_path / "disk") as maybe_disk:
+        disk = require(maybe_disk)
+        path = disk.root / "history.sqlite3"
+        async with make_stack(history_path=str(path)) as h:
+
+            async def fill(invocation: Any) -> Any:
+                disk.fill()
+                return {}
+
+            async def step(invocation: Any) -> Any:
+                return {}
+
+            h.registry.register_tool("fill", fill)
+            h.registry.register_tool("step", step)
+            agent = await h.code_agent()
+            # A WAL of about a hundred kB, all of it checkpointed: the next writes reuse its
+            # pages from the start, needing no new space until they outgrow it.
+            for n in range(2):
+                warm = rpb.ExecuteToolCallRequest(
+                    agent=agent,
+                    call_id=f"warm-{n}",
+                    tool_name="run_code",
+                    arguments_json=jsonvalue.dumps(
+                        {"code": f"return {'x' * 20_000!r}", "description": "warm"}
+                    ),
+                )
+                assert not (await outcome(h, warm)).is_error
+            with contextlib.closing(sqlite3.connect(path)) as other:
+                [(busy, _, _)] = other.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+            assert busy == 0
+            request = rpb.ExecuteToolCallRequest(
+                agent=agent,
+                call_id="run-1",
+                tool_name="run_code",
+                arguments_json=jsonvalue.dumps({"code": BIG_START, "description": "big"}),
+            )
+            error = await asyncio.wait_for(outcome(h, request), 60)
+            assert_unavailable(error)
+            [end] = [
+                r for r in await history(h, agent) if r.call_id == "run-1" and r.kind == TOOL_RESULT
+            ]
+            assert end.is_error and end.error_code == "HISTORY_UNAVAILABLE", end
+            disk.free()

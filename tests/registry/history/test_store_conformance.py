@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
 import json
 import time
@@ -18,12 +19,14 @@ from registry_service.history.records import (
     DISPATCH,
     DISPATCH_START,
     INTERRUPTED,
+    MAX_KEY_BYTES,
     TOOL_CALL,
     TOOL_RESULT,
     Record,
 )
 from registry_service.history.store import (
     HISTORY_CORRUPT,
+    HISTORY_RECORD_INVALID,
     HISTORY_UNAVAILABLE,
     HistoryStore,
     StoreState,
@@ -409,4 +412,100 @@ async def test_damaged_data_is_reported_corrupt_and_nothing_is_read_or_written(
             await asyncio.wait_for(operation, 30)
         assert (failed.value.status, failed.value.reason) == (Status.DATA_LOSS, HISTORY_CORRUPT)
     assert await store.check() is StoreState.CORRUPT
+    await store.close()
+
+
+# -- one bad record --------------------------------------------------------------------------
+
+
+def _refused(outcome: object) -> bool:
+    return (
+        isinstance(outcome, CodemodeError)
+        and outcome.status is Status.INVALID_ARGUMENT
+        and outcome.reason == HISTORY_RECORD_INVALID
+    )
+
+
+async def _one_turn_with_others(
+    store: HistoryStore, bad: Sequence[Record]
+) -> tuple[list[object], list[object]]:
+    """Submits `bad` in one turn (one batch) among 20 good records of another agent; returns
+    the outcomes of the bad ones and of the good ones."""
+    good = [rec(TOOL_CALL, f"b{n}", agent="agents/b") for n in range(20)]
+    futures: list[asyncio.Future[Record]] = []
+    for n, record in enumerate(good):
+        futures.append(store.submit(record))
+        if n % 4 == 0 and n // 4 < len(bad):
+            futures.append(store.submit(bad[n // 4]))
+    outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 30)
+    by_call = {r.call_id: o for r, o in zip(_interleaved(good, bad), outcomes, strict=True)}
+    return [by_call[r.call_id] for r in bad], [by_call[r.call_id] for r in good]
+
+
+def _interleaved(good: Sequence[Record], bad: Sequence[Record]) -> list[Record]:
+    out: list[Record] = []
+    for n, record in enumerate(good):
+        out.append(record)
+        if n % 4 == 0 and n // 4 < len(bad):
+            out.append(bad[n // 4])
+    return out
+
+
+async def test_a_record_no_store_can_hold_fails_alone(kit: StoreKit) -> None:
+    store = kit.open()
+    await store.append(rec(TOOL_CALL, "open"))
+    bad = [
+        rec(TOOL_CALL, "nul\x00id"),
+        dataclasses.replace(rec(TOOL_RESULT, "open"), is_error=True, error_code="CODE\x00"),
+        dataclasses.replace(rec(TOOL_CALL, "surrogate"), name="t\ud800"),
+        rec(TOOL_CALL, "x" * (MAX_KEY_BYTES + 1)),
+        rec(TOOL_CALL, "nul-arguments", arguments='{"a":"\x00"}'),
+    ]
+    refused, written = await _one_turn_with_others(store, bad)
+    assert all(_refused(o) for o in refused), refused
+    assert all(isinstance(o, Record) for o in written), written
+    assert [r.call_id for r in await everything(store, "agents/b")] == [f"b{n}" for n in range(20)]
+    assert store.state is StoreState.OK
+    # The call whose end was refused is not left open: the next write closes it, interrupted.
+    await store.append(rec(TOOL_CALL, "next"))
+    assert [(r.call_id, r.kind, r.error_code) for r in await everything(store)] == [
+        ("open", TOOL_CALL, ""),
+        ("open", TOOL_RESULT, INTERRUPTED),
+        ("next", TOOL_CALL, ""),
+    ]
+    # A read asking for such a value finds nothing (no record holds it), and the store is OK.
+    for call_id in ("a\x00b", "a\udc80", "x" * (MAX_KEY_BYTES + 1)):
+        assert await store.list("agents/a", after_seq=0, limit=10, call_id=call_id) == []
+        assert await store.list(call_id, after_seq=0, limit=10) == []
+    assert store.state is StoreState.OK
+    assert await store.check() is StoreState.OK
+    await store.close()
+
+
+async def test_a_record_the_backend_refuses_fails_alone_and_the_rest_are_written(
+    kit: StoreKit,
+) -> None:
+    store = kit.open()
+    await store.append(rec(TOOL_CALL, "ending"))
+    kit.refuse_marked()
+    bad = [
+        rec(TOOL_CALL, "starting", arguments='{"refuse":1}'),
+        dataclasses.replace(rec(TOOL_RESULT, "ending"), is_error=True, error_code="REFUSE"),
+    ]
+    refused, written = await _one_turn_with_others(store, bad)
+    assert all(_refused(o) for o in refused), refused
+    assert all(isinstance(o, Record) for o in written), written
+    listed = await everything(store, "agents/b")
+    assert [r.call_id for r in listed] == [f"b{n}" for n in range(20)]
+    assert [r.seq for r in listed] == sorted({r.seq for r in listed})
+    assert store.state is StoreState.OK
+    # The refused end's call is closed by the next batch, interrupted; nothing of the other.
+    await asyncio.gather(store.submit(rec(TOOL_CALL, "next")), store.submit(rec(TOOL_CALL, "n2")))
+    assert [(r.call_id, r.kind, r.error_code) for r in await everything(store)] == [
+        ("ending", TOOL_CALL, ""),
+        ("ending", TOOL_RESULT, INTERRUPTED),
+        ("next", TOOL_CALL, ""),
+        ("n2", TOOL_CALL, ""),
+    ]
+    assert store.state is StoreState.OK
     await store.close()
