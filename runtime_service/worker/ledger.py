@@ -1,10 +1,15 @@
 """Exact byte accounting of a run's outer output (reference §3.4).
 
-The ledger charges only the variable payload of the serialized outer result: the JSON
-encoding of the ``logs`` array (``[]`` is 2 bytes, each entry its JSON-string size, plus one
-comma between entries) plus either the JSON size of the completion value or the JSON-string
-size of the failure message. Sizes are computed without serializing, and value measurement
-stops as soon as the cap is crossed.
+The ledger charges the variable payload of the serialized outer result: the JSON encoding of
+the ``logs`` array (``[]`` is 2 bytes, each entry its JSON-string size, plus one comma between
+entries) plus either the JSON size of the completion value or the JSON-string size of the
+failure message. Sizes are computed without serializing, and value measurement stops as soon as
+the cap is crossed.
+
+Each log entry also costs ``LOG_LINE_OVERHEAD``: what holding one more line costs the runtime
+and the registry whatever its text (a string object, a queued stream message, a terminal
+entry, each a few dozen bytes). Without it a flood of one-byte lines cost them some 100 times
+the budget; with it what a run's logs hold is O(its budget).
 
 Log lines and failure messages are plain text, carried in protobuf string fields that must be
 valid UTF-8: the runtime passes each through ``valid_text`` where it enters the host, before it
@@ -23,16 +28,20 @@ from typing import Any
 from runtime_service.worker.flatwire_fast import plain_text
 
 __all__ = [
+    "LOG_LINE_OVERHEAD",
     "MIN_OUTPUT_BYTES",
     "OutputLedger",
     "fit_prefix",
     "json_string_size",
     "json_value_size",
+    "log_entry_cost",
     "overflow_message",
     "valid_text",
 ]
 
 MIN_OUTPUT_BYTES = 4  # "[]" for the logs plus '""' for the shortest message
+LOG_LINE_OVERHEAD = 64
+"""Ledger bytes each log entry costs besides its JSON text (the TypeScript ledger's too)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -150,6 +159,12 @@ def _walk_size(value: object, limit: int) -> int:
     return total
 
 
+def log_entry_cost(text: str, *, first: bool) -> int:
+    """What one more log entry costs the ledger: its JSON text, the comma before it (unless it
+    is the first) and ``LOG_LINE_OVERHEAD``."""
+    return json_string_size(text) + (0 if first else 1) + LOG_LINE_OVERHEAD
+
+
 def overflow_message(max_bytes: int) -> str:
     return f"outer output exceeded {max_bytes} bytes"
 
@@ -172,11 +187,11 @@ class OutputLedger:
         return self._logs_size
 
     def entry_cost(self, text: str) -> int:
-        return json_string_size(text) + (1 if self.logs else 0)
+        return log_entry_cost(text, first=not self.logs)
 
     def remaining_for_entry(self) -> int:
         """Largest JSON-string size the next log entry may have without overflowing."""
-        return self.max_bytes - self._logs_size - (1 if self.logs else 0)
+        return self.max_bytes - self._logs_size - log_entry_cost("", first=not self.logs) + 2
 
     def admit_log(self, text: str) -> bool:
         """Append ``text`` if the logs still fit under the cap; False means overflow.
@@ -214,13 +229,13 @@ class OutputLedger:
         kept: list[str] = []
         used = 2
         for text in self.logs:
-            comma = 1 if kept else 0
-            cost = json_string_size(text) + comma
+            extra = log_entry_cost("", first=not kept) - 2  # its comma and overhead
+            cost = json_string_size(text) + extra
             if used + cost <= budget:
                 kept.append(text)
                 used += cost
                 continue
-            prefix = fit_prefix(text, budget - used - comma)
+            prefix = fit_prefix(text, budget - used - extra)
             if prefix:
                 kept.append(prefix)
             break
