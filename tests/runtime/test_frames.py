@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.conftest import drive, serving, start_message, streamed_logs
 from tests.runtime.test_hostile_worker import (
     REAL_WORKER,
@@ -78,7 +79,11 @@ def peak_rss() -> int:
 @contextlib.asynccontextmanager
 async def hosting(tmp_path: Path, **overrides: Any) -> AsyncIterator[Host]:
     """``test_hostile_worker.hosting`` with a client that takes terminals as large as the
-    runtime sends (its 96 MiB default message limit)."""
+    runtime sends (its 96 MiB default message limit).
+
+    Workers have the service's own boot timeout: these tests run real workers too, and a real
+    worker's boot on a loaded host can take longer than the fake-worker server's 1 s (its run
+    then failed ``worker did not become ready``, not the outcome under test)."""
     path = tmp_path / "worker.py"
     path.write_text(REAL_WORKER)
     values: dict[str, Any] = {
@@ -86,6 +91,7 @@ async def hosting(tmp_path: Path, **overrides: Any) -> AsyncIterator[Host]:
         "pool_size": 0,
         "shutdown_grace_s": 0.2,
         "worker_script": str(path),
+        "boot_timeout_s": SERVICE_BOOT_TIMEOUT_S,
     }
     settings = FakeWorkerSettings(**{**values, **overrides})
     options = [("grpc.max_receive_message_length", settings.max_message_bytes)]
@@ -132,7 +138,7 @@ async def test_an_output_frame_over_the_budget_ends_the_run_unread(
         (prefix,) = logs
         assert set(prefix) == {"x"}
         assert len(json.dumps(logs)) + len(terminal.failure.message) + 2 <= output_budget
-        assert len(prefix) > output_budget - 100
+        assert len(prefix) > output_budget - 100 - LOG_LINE_OVERHEAD
     else:
         assert logs == []
     assert streamed_logs(seen) == []
@@ -184,11 +190,13 @@ def at_cap_programs() -> list[tuple[str, str, object, list[str]]]:
     """(program, id, expected success value or None for output-limit, expected logs)."""
     n = CAP - 2 - 2  # the value '"v...v"' beside the empty logs array '[]'
     k = (CAP - 2 - 4) // 4  # 'é' costs 2 bytes, 4 for each pair, plus 4 for '[]' and quotes
+    line = CAP - 4 - LOG_LINE_OVERHEAD
     return [
         (f"return 'v' * {n}", "string-at-cap", "v" * n, []),
         (f"return 'v' * {n + 1}", "string-over-cap", None, []),
         (f"return 'éé' * {k}", "non-ascii-at-cap", "éé" * k, []),
-        (f"print('p' * {CAP - 4})", "log-at-cap", None, ["p" * (CAP - 4)]),
+        # A log line costs its overhead besides its text.
+        (f"print('p' * {line})", "log-at-cap", None, ["p" * line]),
     ]
 
 
@@ -201,6 +209,8 @@ async def test_output_at_the_budget_keeps_its_outcome(
 ) -> None:
     async with hosting(tmp_path, max_output_bytes=CAP, default_max_output_bytes=CAP) as host:
         _, terminal = await drive(host.stub, start_message(program, wall_ms=60_000))
+    if expected is not None or logs:  # the failure's text, not the whole terminal, if not
+        assert terminal.WhichOneof("outcome") == "success", terminal.failure
     if expected is not None:
         assert success(terminal) == expected
     elif logs:
@@ -214,10 +224,11 @@ async def test_output_at_the_budget_keeps_its_outcome(
 async def test_a_log_one_byte_over_the_budget_keeps_its_fitting_prefix(tmp_path: Path) -> None:
     async with hosting(tmp_path, max_output_bytes=CAP, default_max_output_bytes=CAP) as host:
         host.workers_run(REAL_WORKER)
-        _, terminal = await drive(host.stub, start_message(f"print('p' * {CAP - 3})"))
+        line = CAP - 3 - LOG_LINE_OVERHEAD
+        _, terminal = await drive(host.stub, start_message(f"print('p' * {line})"))
     message = f"outer output exceeded {CAP} bytes"
     assert failure(terminal) == (OUTPUT_LIMIT, message)
-    assert list(terminal.logs) == ["p" * (CAP - 2 - 2 - len(message) - 2)]
+    assert list(terminal.logs) == ["p" * (CAP - 2 - 2 - len(message) - 2 - LOG_LINE_OVERHEAD)]
 
 
 async def test_container_heavy_value_at_the_budget_is_not_refused(tmp_path: Path) -> None:
