@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 MIN_OUTPUT_BYTES = 4  # "[]" for the logs plus '""' for the shortest message
-LOG_LINE_OVERHEAD = 64
+LOG_LINE_OVERHEAD = 32
 """Ledger bytes each log entry costs besides its JSON text (the TypeScript ledger's too)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -18,7 +18,7 @@ import { spellNumber } from './flatwire.js';
 export const MIN_OUTPUT_BYTES = 4;
 
 /** Ledger bytes each log entry costs besides its JSON text: ledger.LOG_LINE_OVERHEAD. */
-export const LOG_LINE_OVERHEAD = 64;
+export const LOG_LINE_OVERHEAD = 32;
 
 /**
  * `text` with each lone surrogate replaced by U+FFFD, as the runtime does (ledger.valid_text)

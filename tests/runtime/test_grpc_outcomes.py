@@ -107,31 +107,31 @@ async def test_lossy_completion_is_invalid_output(stub: Stub, value: str) -> Non
     # Integers beyond the channel's digit limit: tests/runtime/test_huge_values.py.
 
 
-# With a 128-byte cap the logs array ["x...x"] (4 + n bytes and the line's overhead of 64)
+# With a 96-byte cap the logs array ["x...x"] (4 + n bytes and the line's overhead of 32)
 # fits exactly at n = 60, the value "x...x" (2 + n bytes) with the empty logs array (2 bytes) at
-# n = 124. Over the cap, the failure message takes 33 bytes and what is kept of the logs fits
-# the other 95.
+# n = 92. Over the cap, the failure message takes 32 bytes and what is kept of the logs fits
+# the other 64.
 @pytest.mark.parametrize(
     ("case", "logs", "value_json", "logs_over"),
     [
-        (("print('x' * {n})", 60), ["x" * 60], None, ["x" * 27]),
-        (("return 'x' * {n}", 124), [], f'"{"x" * 124}"', []),
+        (("print('x' * {n})", 60), ["x" * 60], None, ["x" * 28]),
+        (("return 'x' * {n}", 92), [], f'"{"x" * 92}"', []),
     ],
     ids=["log", "value"],
 )
 async def test_output_cap_is_exact(
     stub: Stub, case: tuple[str, int], logs: list[str], value_json: str | None, logs_over: list[str]
 ) -> None:
-    assert LOG_LINE_OVERHEAD == 64
+    assert LOG_LINE_OVERHEAD == 32
     program, n = case
-    seen, terminal = await drive(stub, start_message(program.format(n=n), max_output_bytes=128))
+    seen, terminal = await drive(stub, start_message(program.format(n=n), max_output_bytes=96))
     assert terminal.WhichOneof("outcome") == "success", terminal.failure
     assert list(terminal.logs) == streamed_logs(seen) == logs
     value = terminal.success.value_json if terminal.success.HasField("value_json") else None
     assert value == value_json
-    over = start_message(program.format(n=n + 1), max_output_bytes=128)
+    over = start_message(program.format(n=n + 1), max_output_bytes=96)
     _, terminal = await drive(stub, over)
-    assert failure(terminal) == (OUTPUT_LIMIT, "outer output exceeded 128 bytes")
+    assert failure(terminal) == (OUTPUT_LIMIT, "outer output exceeded 96 bytes")
     assert list(terminal.logs) == logs_over
 
 

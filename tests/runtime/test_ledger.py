@@ -139,7 +139,7 @@ def test_log_overflow_keeps_fitting_prefix() -> None:
     assert ledger.admit_log("a" * 10)
     assert not ledger.admit_log("b" * 100)
     logs, message = ledger.overflow_logs()
-    assert message == overflow_message(cap)  # "outer output exceeded 192 bytes" = 31 chars
+    assert message == overflow_message(cap)  # "outer output exceeded 128 bytes" = 31 chars
     budget = cap - (len(message) + 2)
     assert logs[0] == "a" * 10
     assert logs[1] == "b" * (budget - 2 - 12 - 1 - 2 - 2 * LOG_LINE_OVERHEAD)

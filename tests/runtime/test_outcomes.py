@@ -136,12 +136,12 @@ async def test_combined_logs_and_value_at_the_cap(run_program: ProgramRunner) ->
 
 
 async def test_utf8_log_boundary(run_program: ProgramRunner) -> None:
-    # The message "outer output exceeded 128 bytes" takes 33: logs get 95 bytes, the line's
-    # overhead 64 of them.
-    assert LOG_LINE_OVERHEAD == 64
-    result = await run_program("print('€' * 40)", max_output_bytes=128)
-    assert result.error == RunFailure("output-limit", "outer output exceeded 128 bytes")
-    assert result.logs == ["€" * 9]  # 2 + 2 + 27 = 31 <= 31, one more would be 34
+    # A 96-byte cap, the message "outer output exceeded 96 bytes" takes 32: logs get 64 bytes,
+    # the line's overhead 32 of them.
+    assert LOG_LINE_OVERHEAD == 32
+    result = await run_program("print('€' * 40)", max_output_bytes=96)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 96 bytes")
+    assert result.logs == ["€" * 9]  # 2 + 2 + 27 = 31 <= 32, one more would be 34
 
 
 async def test_runaway_logs_are_cut(run_program: ProgramRunner) -> None:
@@ -153,8 +153,8 @@ async def test_runaway_logs_are_cut(run_program: ProgramRunner) -> None:
 
 async def test_raw_fd_writes_are_charged(run_program: ProgramRunner) -> None:
     program = "import os\nos.write(1, b'y' * 500)\nreturn 1"
-    result = await run_program(program, max_output_bytes=128)
-    assert result.error == RunFailure("output-limit", "outer output exceeded 128 bytes")
+    result = await run_program(program, max_output_bytes=96)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 96 bytes")
     assert result.logs and set(result.logs[0]) == {"y"}
 
 
