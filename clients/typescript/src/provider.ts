@@ -485,6 +485,7 @@ const EMPTY_SUCCESS: ToolResult = {
   additionalContexts: [],
   concludesTurn: false,
   sharedLogs: [],
+  sharedResult: false,
 };
 
 function valueJson(value: unknown): string {
@@ -573,5 +574,6 @@ function failure(message: string, code: string, name: string, contexts: Addition
     additionalContexts: contexts,
     concludesTurn: false,
     sharedLogs: [],
+    sharedResult: false,
   };
 }
