@@ -56,31 +56,32 @@ def valid_text(text: str) -> str:
     return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
-def _char_size(code: int) -> int:
-    if code < 0x20:
-        return 2 if code in (0x08, 0x09, 0x0A, 0x0C, 0x0D) else 6
-    if code in (0x22, 0x5C):
-        return 2
-    if code < 0x80:
-        return 1
-    if code < 0x800:
-        return 2
-    if 0xD800 <= code <= 0xDFFF:
-        return 6  # a lone surrogate is written as a \\uXXXX escape
-    if code < 0x10000:
-        return 3
-    return 4
+_NOT_CONTROL = bytes(range(0x20, 0x100))
+_SHORT_ESCAPES = b"\b\t\n\f\r"  # written as two bytes; the other controls as \\u00XX (six)
+_SURROGATE_UTF8 = re.compile(rb"\xed[\xa0-\xbf]")  # a lone surrogate's first two bytes
 
 
 def json_string_size(text: str) -> int:
-    """Bytes of ``text`` as a JSON string literal: quotes, escapes, UTF-8 for the rest."""
+    """Bytes of ``text`` as a JSON string literal: quotes, escapes, UTF-8 for the rest.
+
+    At C speed whatever the text (a string method per kind of character, no Python loop over
+    characters): a 16 MiB log line is measured in milliseconds, not seconds.
+    """
     if text.isascii():
         # Fast path: one byte per char except the escaped ones.
         size = len(text) + 2 + text.count('"') + text.count("\\")
         if not text.isprintable():
-            size += sum(_char_size(ord(ch)) - 1 for ch in text if ord(ch) < 0x20)
+            controls = text.encode("ascii").translate(None, _NOT_CONTROL)
+            size += 5 * len(controls) - 4 * sum(map(controls.count, _SHORT_ESCAPES))
         return size
-    return 2 + sum(_char_size(ord(ch)) for ch in text)
+    raw = text.encode("utf-8", "surrogatepass")
+    size = len(raw) + 2 + raw.count(b'"') + raw.count(b"\\")
+    controls = raw.translate(None, _NOT_CONTROL)
+    if controls:
+        size += 5 * len(controls) - 4 * sum(map(controls.count, _SHORT_ESCAPES))
+    if _SURROGATE.search(text) is not None:
+        size += 3 * len(_SURROGATE_UTF8.findall(raw))  # 3 bytes of UTF-8, 6 as an escape
+    return size
 
 
 def fit_prefix(text: str, budget: int) -> str:
@@ -96,15 +97,14 @@ def fit_prefix(text: str, budget: int) -> str:
             size = cut + 2 + text.count('"', 0, cut) + text.count("\\", 0, cut)
             low, high = (cut, high) if size <= budget else (low, cut - 1)
         return text[:low]
-    used = 2
-    cut = 0
-    for ch in text:
-        step = _char_size(ord(ch))
-        if used + step > budget:
-            break
-        used += step
-        cut += 1
-    return text[:cut]
+    # A character costs 1 to 6 bytes: the cut is between these bounds, found by measuring
+    # prefixes (each at C speed).
+    low = min(max(budget - 2, 0) // 6, len(text))
+    high = min(max(budget - 2, 0), len(text))
+    while low < high:
+        cut = (low + high + 1) // 2
+        low, high = (cut, high) if json_string_size(text[:cut]) <= budget else (low, cut - 1)
+    return text[:low]
 
 
 def _scalar_size(value: object) -> int:

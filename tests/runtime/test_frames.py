@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,59 @@ class LoopLag:
     def __exit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
+
+
+class CallbackCpu:
+    """The most CPU time (of the event loop's thread: ``time.thread_time``, which another
+    process's load does not inflate) any one event-loop callback used while active."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.what = ""
+        self._saved: Any = None
+
+    def __enter__(self) -> CallbackCpu:
+        self._saved = original = asyncio.events.Handle._run
+
+        def timed(handle: asyncio.events.Handle) -> None:
+            began = time.thread_time()
+            try:
+                original(handle)
+            finally:
+                spent = time.thread_time() - began
+                if spent > self.worst:
+                    self.worst, self.what = spent, repr(handle)[:200]
+
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.events.Handle._run = self._saved  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("char", ["x", "é"], ids=["ascii", "non-ascii"])
+async def test_a_huge_log_line_is_measured_and_cut_off_the_event_loop(
+    tmp_path: Path, char: str
+) -> None:
+    # A legitimate program prints one line far over its 16 MiB output budget: the worker sends
+    # the part that fits (a 16 MiB frame), and the runtime measures, charges and -- at the end
+    # -- cuts it to the budget. Each of those steps ran on the event loop, 0.3 s (ASCII) to
+    # 1.9 s (other text) of CPU in one callback, while no other run's frame could be read. Now
+    # no callback of the loop uses more than a small bounded share of that (decoding threads
+    # do the work), measured as CPU time of the loop's thread, not wall time.
+    budget = 16 << 20
+    async with hosting(tmp_path) as host:
+        host.workers_run(REAL_WORKER)
+        program = f"print({char!r} * {70 << 20})"
+        with CallbackCpu() as cpu:
+            _, terminal = await drive(
+                host.stub, start_message(program, max_output_bytes=budget, wall_ms=120_000)
+            )
+    assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {budget} bytes")
+    (kept,) = terminal.logs
+    assert set(kept) == {char} and len(kept.encode()) > budget - 1024 - LOG_LINE_OVERHEAD
+    print(f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what})")
+    assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
 
 
 async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ a fixed overhead per log line."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -177,3 +178,37 @@ def test_both_workers_charge_a_line_the_same_overhead() -> None:
     match = re.search(r"export const LOG_LINE_OVERHEAD = (\d+);", source)
     assert match is not None
     assert int(match.group(1)) == LOG_LINE_OVERHEAD
+
+
+def _walked_size(text: str) -> int:
+    """JSON-string size by a walk over the characters (what the ledger's C-speed one is)."""
+    size = 2
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20:
+            size += 2 if code in (0x08, 0x09, 0x0A, 0x0C, 0x0D) else 6
+        elif code in (0x22, 0x5C):
+            size += 2
+        elif code < 0x80:
+            size += 1
+        elif code < 0x800:
+            size += 2
+        elif 0xD800 <= code <= 0xDFFF:
+            size += 6
+        else:
+            size += 3 if code < 0x10000 else 4
+    return size
+
+
+def test_sizes_and_prefixes_agree_with_a_walk_over_the_characters() -> None:
+    rng = random.Random(7)
+    alphabet = 'a"\\\n\x01\x7f é€😀\ud800\udc00\t\x1f'
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        assert json_string_size(text) == _walked_size(text), repr(text)
+        budget = rng.randint(0, 70)
+        prefix = fit_prefix(text, budget)
+        assert text.startswith(prefix)
+        assert _walked_size(prefix) <= budget or prefix == ""
+        if prefix != text:
+            assert _walked_size(text[: len(prefix) + 1]) > budget, (repr(text), budget)
