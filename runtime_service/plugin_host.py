@@ -180,6 +180,7 @@ class PluginHost:
         # a run's) draw on the output budget, refilled whenever a call begins: a print flood
         # ends the host instead of growing what the runtime and the registry hold.
         self._output_left = request.budgets.max_output_bytes
+        self._stderr_tail = b""
         self._heap_exhausted = False
         self._final: HostEvent | None = None
         self._done = asyncio.get_running_loop().create_future()
@@ -471,12 +472,12 @@ class PluginHost:
     def _dispatch(self, message: dict[str, object]) -> None:
         kind = message.get("t")
         if kind == "log" and type(message.get("text")) is str:
-            text = str(message["text"])
-            self._output_left -= ledger.log_entry_cost(text, first=True)
+            line = str(message["text"])
+            self._output_left -= ledger.log_entry_cost(line, first=True)
             if self._output_left < 0:
                 self._end(HostFailed(self._phase(), self._output_exceeded()))
                 return
-            self._emit(HostLog(text))
+            self._emit(HostLog(line))
         elif kind in ("started", "regs"):
             regs = _registrations(flatwire.decode(message.get("regs")), changed=kind == "regs")
             if kind == "started" and not self._started:

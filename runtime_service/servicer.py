@@ -145,7 +145,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             # cost a partial run, one lost before it cost nothing (codemode_common.run_acceptance).
             await context.send_initial_metadata((ACCEPTED,))
             while (message := await outgoing.get()) is not None:
-                if type(message) is str:
+                if isinstance(message, str):
                     yield runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=message))
                 else:
                     yield message

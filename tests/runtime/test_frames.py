@@ -302,7 +302,7 @@ class CallbackCpu:
                 if spent > self.worst:
                     self.worst, self.what = spent, repr(handle)[:200]
 
-        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -63,7 +63,7 @@ def share(message: tool_pb2.ToolResult, logs: Sequence[str], result: str | None 
 
 
 def _share_logs(
-    message: tool_pb2.ToolResult, first: tool_pb2.TextBlock, logs: Sequence[str]
+    message: tool_pb2.ToolResult, first: tool_pb2.TextContent, logs: Sequence[str]
 ) -> bool:
     head = _value_head(logs)
     value_json = message.value_json
