@@ -320,7 +320,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 raise outcome
             message = convert.result_to_proto(outcome)
             if request.share_logs:
-                shared_logs.share(message, _logs_of(outcome))
+                if outcome.is_error:
+                    shared_logs.share_failure(message)
+                else:
+                    shared_logs.share(message, _logs_of(outcome), _string_result_of(outcome))
             final = rpb.ExecuteToolCallResponse(result=message)
             size = final.ByteSize()
             if size > self._max_message_bytes:
@@ -488,6 +491,12 @@ def _logs_of(result: ToolResult) -> list[str]:
     if isinstance(logs, list) and all(isinstance(line, str) for line in logs):
         return logs  # type: ignore[return-value]
     return []
+
+
+def _string_result_of(result: ToolResult) -> str | None:
+    """The string `result` of a value shaped like `run_code`'s, else None."""
+    value = result.value.get("result") if isinstance(result.value, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _too_large(tool: str, size: int, limit: int) -> ToolResult:

@@ -24,7 +24,7 @@ from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
 from runtime_service.run import next_cpu_poll_s
-from runtime_service.worker import flatwire
+from runtime_service.worker import flatwire, ledger
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerCapacityError, WorkerLaunchError, WorkerProcess
@@ -177,6 +177,10 @@ class PluginHost:
         self._metered_cpu = 0.0  # CPU seconds and loop time the meter last accounted up to
         self._metered_at = 0.0
         self._start_timer: asyncio.TimerHandle | None = None
+        # The output meter: log lines (each its JSON text plus ``ledger.LOG_LINE_OVERHEAD``, as
+        # a run's) draw on the output budget, refilled whenever a call begins: a print flood
+        # ends the host instead of growing what the runtime and the registry hold.
+        self._output_left = request.budgets.max_output_bytes
         self._stderr_tail = b""
         self._heap_exhausted = False
         self._final: HostEvent | None = None
@@ -291,6 +295,7 @@ class PluginHost:
             return
         now = self._cpu_now()
         self._pending[invocation_id] = now
+        self._output_left = self.request.budgets.max_output_bytes
         if len(self._pending) == 1 and not self._charge_background(now):
             return  # over its background budget: the host ended, failing this invocation too
         frame: dict[str, object] = {"t": "invoke", "id": invocation_id}
@@ -476,7 +481,12 @@ class PluginHost:
     def _dispatch(self, message: dict[str, object]) -> None:
         kind = message.get("t")
         if kind == "log" and type(message.get("text")) is str:
-            self._emit(HostLog(str(message["text"])))
+            line = str(message["text"])
+            self._output_left -= ledger.log_entry_cost(line, first=True)
+            if self._output_left < 0:
+                self._end(HostFailed(self._phase(), self._output_exceeded()))
+                return
+            self._emit(HostLog(line))
         elif kind in ("started", "regs"):
             regs = _registrations(flatwire.decode(message.get("regs")), changed=kind == "regs")
             if kind == "started" and not self._started:
@@ -587,6 +597,14 @@ class PluginHost:
         else:
             text = f"the plugin host exited (status {status})"
         self._end(HostFailed(self._phase(), text))
+
+    def _output_exceeded(self) -> str:
+        budget = self.request.budgets.max_output_bytes
+        return (
+            f"the plugin host's output exceeded its budget ({budget} bytes of logs since its "
+            "last call began, each line also costing "
+            f"{ledger.LOG_LINE_OVERHEAD}); the plugin host was stopped"
+        )
 
     def _phase(self) -> str:
         return "host-lost" if self._started else "host-apply"

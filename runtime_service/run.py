@@ -282,6 +282,11 @@ class Run:
             worker.close_when_exited()
             if worker.outputs_open:  # usually already ended: the worker closes them first
                 await asyncio.shield(worker.drain_outputs(DRAIN_TIMEOUT_S))
+        if self._ledger.used > LARGE_FRAME_BYTES:
+            # Cutting megabytes of logs to the budget is seconds of work for some texts: off
+            # the loop, like a large frame's decoding. Nothing touches the ledger any more.
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(decoding_pool(), self._materialize)
         return self._materialize()
 
     def _settle(self, terminal: _Terminal) -> None:

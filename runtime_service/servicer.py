@@ -108,7 +108,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             language=start.language or "python",
             bindings=len(start.binding_names),
         )
-        outgoing: asyncio.Queue[runtime_pb2.RunResponse | None] = asyncio.Queue()
+        # Log lines wait as their text, and become stream messages only as they are sent: a
+        # message object costs several times a short line's text (ledger.LOG_LINE_OVERHEAD).
+        outgoing: asyncio.Queue[runtime_pb2.RunResponse | str | None] = asyncio.Queue()
         relay = _CallRelay(
             outgoing,
             start.token,
@@ -123,9 +125,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 handler=relay.call,
                 budgets=_budgets_request(start.budgets),
                 deadline_ms=_deadline_ms(start),
-                on_log=lambda text: outgoing.put_nowait(
-                    runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=text))
-                ),
+                on_log=outgoing.put_nowait,
             )
         except RunRequestError as exc:
             traced.refused("invalid-run", str(exc))
@@ -145,7 +145,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             # cost a partial run, one lost before it cost nothing (codemode_common.run_acceptance).
             await context.send_initial_metadata((ACCEPTED,))
             while (message := await outgoing.get()) is not None:
-                yield message
+                if isinstance(message, str):
+                    yield runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=message))
+                else:
+                    yield message
             refusal = _refusal(reader)
             if refusal is not None:  # the run was aborted for it: the status says why instead
                 await _abort(context, refusal)
@@ -364,7 +367,7 @@ class _CallRelay:
 
     def __init__(
         self,
-        outgoing: asyncio.Queue[runtime_pb2.RunResponse | None],
+        outgoing: asyncio.Queue[runtime_pb2.RunResponse | str | None],
         token: bytes,
         trace: trace_pb2.TraceContext,
         max_message_bytes: int | None = None,

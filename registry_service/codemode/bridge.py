@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codemode_wire import jsonvalue
+from codemode_wire import jsonvalue, shared_logs
 from codemode_wire.errors import CodemodeError, resource_exhausted, unavailable
 from codemode_wire.jsonvalue import JsonTooDeep, JsonValue, JsonValueError
 from codemode_wire.text import utf8_exceeds
@@ -520,7 +520,7 @@ class _Run(RunHooks):
         if not terminal.ok:
             message = f"code run failed ({terminal.kind}): {terminal.message}"
             if terminal.logs:
-                message += "\nCaptured output:\n" + "\n".join(terminal.logs)
+                message += shared_logs.CAPTURED + "\n".join(terminal.logs)
             failed = error_result(message, CODE_RUN_FAILED, "CodeRunFailedError")
             return failed.with_contexts(contexts)
         value: dict[str, JsonValue] = {"logs": list(terminal.logs)}

@@ -156,8 +156,11 @@ class _Host:
     # -- output ------------------------------------------------------------------------------
     def log(self, text: str) -> None:
         text = ledger.valid_text(f"[cordis:{self.plugin_id}] {text}")
-        if ledger.json_string_size(text) > self.max_output:
-            text = ledger.fit_prefix(text, self.max_output)
+        # Cut so that the line, with its overhead, fits the output budget the runtime
+        # charges it to (plugin_host.py: a call's lines past it stop the host).
+        room = self.max_output - ledger.LOG_LINE_OVERHEAD
+        if ledger.json_string_size(text) > room:
+            text = ledger.fit_prefix(text, room)
         self.channel.send({"t": "log", "text": text})
 
     def registrations(self) -> list[object]:

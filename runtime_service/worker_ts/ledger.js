@@ -1,8 +1,10 @@
 // Exact byte accounting of a run's outer output (reference §3.4), as
 // runtime_service/worker/ledger.py counts it: the JSON encoding of the logs array ("[]" is 2,
 // each entry its JSON-string size, one comma between entries) plus the JSON size of the
-// completion value or the JSON-string size of the failure message. The worker pre-checks with
-// it so nothing over the cap crosses the channel; the runtime re-checks everything.
+// completion value or the JSON-string size of the failure message; each log entry also costs
+// LOG_LINE_OVERHEAD (what holding one more line costs the runtime and the registry whatever its
+// text). The worker pre-checks with it so nothing over the cap crosses the channel; the runtime
+// re-checks everything.
 
 import {
   BigIntPrototypeToString,
@@ -14,6 +16,9 @@ import { spellNumber } from './flatwire.js';
 
 /** "[]" for the logs plus '""' for the shortest message. */
 export const MIN_OUTPUT_BYTES = 4;
+
+/** Ledger bytes each log entry costs besides its JSON text: ledger.LOG_LINE_OVERHEAD. */
+export const LOG_LINE_OVERHEAD = 32;
 
 /**
  * `text` with each lone surrogate replaced by U+FFFD, as the runtime does (ledger.valid_text)
@@ -139,12 +144,12 @@ export class OutputLedger {
 
   /** Largest JSON-string size the next log entry may have without overflowing. */
   remainingForEntry() {
-    return this.maxBytes - this.logsSize - (this.count ? 1 : 0);
+    return this.maxBytes - this.logsSize - (this.count ? 1 : 0) - LOG_LINE_OVERHEAD;
   }
 
   /** @param {string} text */
   admitLog(text) {
-    this.logsSize += jsonStringSize(text) + (this.count ? 1 : 0);
+    this.logsSize += jsonStringSize(text) + (this.count ? 1 : 0) + LOG_LINE_OVERHEAD;
     this.count += 1;
     return this.logsSize <= this.maxBytes;
   }

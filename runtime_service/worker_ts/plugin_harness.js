@@ -60,7 +60,13 @@ import {
   StringCtor,
   descriptor,
 } from './intrinsics.js';
-import { OutputLedger, fitPrefix, jsonStringSize, validText } from './ledger.js';
+import {
+  LOG_LINE_OVERHEAD,
+  OutputLedger,
+  fitPrefix,
+  jsonStringSize,
+  validText,
+} from './ledger.js';
 import {
   PROGRAM_FILENAME,
   ProgramError,
@@ -290,7 +296,10 @@ class Host {
   log(text) {
     if (this.ended) return;
     text = validText(`[cordis:${this.pluginId}] ${text}`);
-    if (jsonStringSize(text) > this.maxOutput) text = fitPrefix(text, this.maxOutput);
+    // Cut so that the line, with its overhead, fits the output budget the runtime charges it
+    // to (plugin_host.py: a call's lines past it stop the host).
+    const room = this.maxOutput - LOG_LINE_OVERHEAD;
+    if (jsonStringSize(text) > room) text = fitPrefix(text, room);
     send(`{"t":"log","text":${wire.spellString(text)}}`);
   }
 

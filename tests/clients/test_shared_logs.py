@@ -20,9 +20,11 @@ from registry_service import convert
 from registry_service.codemode.bridge import render_output
 from registry_service.domain.results import TextBlock
 from registry_service.runtime_client import payload_limit
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.codemode.conftest import Stack
 
 MESSAGE_BYTES = 64 * 1024
+LIMIT = payload_limit(MESSAGE_BYTES)
 # ~60% of the limit: fits once, not twice.
 LINES: list[JsonValue] = [
     f"line {i:04d} " + "é" * 40 for i in range(int(MESSAGE_BYTES * 0.6) // 90)
@@ -87,28 +89,62 @@ async def test_restored_results_equal_the_whole_ones_byte_for_byte(make_stack: A
         "logs and None": "print('x')\nreturn None",
         "trailing newline in the result": "print('x')\nreturn 'y\\n'",
         "nothing": "pass",
+        "a string result alone": "return 'only the result'",
+        "a failure with output": "print('a')\nprint('b')\nraise ValueError('boom')",
+        "a failure without output": "raise ValueError('boom')",
     }
     async with make_stack(max_message_bytes=MESSAGE_BYTES) as stack:
         agent = await stack.code_agent()
         for i, (name, code) in enumerate(programs.items()):
             whole = await _raw(stack, agent, code, f"w{i}", share=False)
             wire = await _raw(stack, agent, code, f"s{i}", share=True)
-            assert not whole.is_error, (name, whole.error.message)
+            assert whole.is_error == ("failure" in name), (name, whole.error.message)
             restored = tool_pb2.ToolResult()
             restored.CopyFrom(wire)
             shared_logs.restore(restored)
             assert restored == whole, name
 
 
-async def test_a_result_over_the_limit_is_still_refused(make_stack: Any) -> None:
-    """The result's own text is shown twice still (value and content): that is the limit."""
+async def test_a_string_result_over_half_the_limit_travels_once_and_arrives(
+    make_stack: Any,
+) -> None:
+    # It was in the value and, as it is, in the text: twice over the limit, RESULT_TOO_LARGE.
+    size = int(MESSAGE_BYTES * 0.6)
+    code = f"print('a')\nreturn 'r' * {size}"
     async with make_stack(max_message_bytes=MESSAGE_BYTES) as stack:
         agent = await stack.code_agent()
-        code = f"print('a')\nreturn 'r' * {int(MESSAGE_BYTES * 0.6)}"
+        wire = await _raw(stack, agent, code, "wire", share=True)
+        assert not wire.is_error, wire.error.message
+        assert wire.shared_result and wire.content[0].text.text == ""
         async with RegistryClient(stack.running.address) as client:
-            result = await client.run_code(code, "too big", agent=agent)
-        assert result.is_error and result.error_code == "RESULT_TOO_LARGE"
-        assert f"max_message_bytes ({MESSAGE_BYTES})" in result.error_message
+            result = await client.run_code(code, "a big string", agent=agent)
+        assert not result.is_error, result.error_message
+        assert result.value == {"logs": ["a"], "result": "r" * size}
+        assert result.text == "a\n" + "r" * size
+        assert result.raw is not None and not result.raw.shared_result
+        # Any other value is still shown twice (value and pretty text): that is its limit.
+        other = f"return ['r' * {size}]"
+        async with RegistryClient(stack.running.address) as client:
+            refused = await client.run_code(other, "a big list", agent=agent, call_id="c2")
+        assert refused.is_error and refused.error_code == "RESULT_TOO_LARGE"
+
+
+async def test_output_over_the_budget_ends_output_limit_with_the_logs_kept(
+    make_stack: Any,
+) -> None:
+    # The run's logs fill its budget; the failure carried them twice (error message and
+    # content text), over the limit: RESULT_TOO_LARGE, and the output was lost.
+    code = "print('a' * 100)\nprint('x' * 1_000_000)"
+    async with make_stack(max_message_bytes=MESSAGE_BYTES) as stack:
+        agent = await stack.code_agent()
+        async with RegistryClient(stack.running.address) as client:
+            result = await client.run_code(code, "too much output", agent=agent)
+    assert result.is_error and result.error_code == "CODE_RUN_FAILED", result.error_message
+    head = f"code run failed (output-limit): outer output exceeded {LIMIT} bytes"
+    assert result.error_message.startswith(head + shared_logs.CAPTURED + "a" * 100 + "\nxxx")
+    kept = result.error_message[len(head + shared_logs.CAPTURED) :]
+    assert len(kept) > LIMIT - 200 - 2 * LOG_LINE_OVERHEAD, len(kept)
+    assert result.text == "Error: " + result.error_message
 
 
 @pytest.mark.parametrize(

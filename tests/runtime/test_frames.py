@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.conftest import drive, serving, start_message, streamed_logs
 from tests.runtime.test_hostile_worker import (
     REAL_WORKER,
@@ -78,7 +80,11 @@ def peak_rss() -> int:
 @contextlib.asynccontextmanager
 async def hosting(tmp_path: Path, **overrides: Any) -> AsyncIterator[Host]:
     """``test_hostile_worker.hosting`` with a client that takes terminals as large as the
-    runtime sends (its 96 MiB default message limit)."""
+    runtime sends (its 96 MiB default message limit).
+
+    Workers have the service's own boot timeout: these tests run real workers too, and a real
+    worker's boot on a loaded host can take longer than the fake-worker server's 1 s (its run
+    then failed ``worker did not become ready``, not the outcome under test)."""
     path = tmp_path / "worker.py"
     path.write_text(REAL_WORKER)
     values: dict[str, Any] = {
@@ -86,6 +92,7 @@ async def hosting(tmp_path: Path, **overrides: Any) -> AsyncIterator[Host]:
         "pool_size": 0,
         "shutdown_grace_s": 0.2,
         "worker_script": str(path),
+        "boot_timeout_s": SERVICE_BOOT_TIMEOUT_S,
     }
     settings = FakeWorkerSettings(**{**values, **overrides})
     options = [("grpc.max_receive_message_length", settings.max_message_bytes)]
@@ -132,7 +139,7 @@ async def test_an_output_frame_over_the_budget_ends_the_run_unread(
         (prefix,) = logs
         assert set(prefix) == {"x"}
         assert len(json.dumps(logs)) + len(terminal.failure.message) + 2 <= output_budget
-        assert len(prefix) > output_budget - 100
+        assert len(prefix) > output_budget - 100 - LOG_LINE_OVERHEAD
     else:
         assert logs == []
     assert streamed_logs(seen) == []
@@ -184,11 +191,13 @@ def at_cap_programs() -> list[tuple[str, str, object, list[str]]]:
     """(program, id, expected success value or None for output-limit, expected logs)."""
     n = CAP - 2 - 2  # the value '"v...v"' beside the empty logs array '[]'
     k = (CAP - 2 - 4) // 4  # 'é' costs 2 bytes, 4 for each pair, plus 4 for '[]' and quotes
+    line = CAP - 4 - LOG_LINE_OVERHEAD
     return [
         (f"return 'v' * {n}", "string-at-cap", "v" * n, []),
         (f"return 'v' * {n + 1}", "string-over-cap", None, []),
         (f"return 'éé' * {k}", "non-ascii-at-cap", "éé" * k, []),
-        (f"print('p' * {CAP - 4})", "log-at-cap", None, ["p" * (CAP - 4)]),
+        # A log line costs its overhead besides its text.
+        (f"print('p' * {line})", "log-at-cap", None, ["p" * line]),
     ]
 
 
@@ -201,6 +210,8 @@ async def test_output_at_the_budget_keeps_its_outcome(
 ) -> None:
     async with hosting(tmp_path, max_output_bytes=CAP, default_max_output_bytes=CAP) as host:
         _, terminal = await drive(host.stub, start_message(program, wall_ms=60_000))
+    if expected is not None or logs:  # the failure's text, not the whole terminal, if not
+        assert terminal.WhichOneof("outcome") == "success", terminal.failure
     if expected is not None:
         assert success(terminal) == expected
     elif logs:
@@ -214,10 +225,11 @@ async def test_output_at_the_budget_keeps_its_outcome(
 async def test_a_log_one_byte_over_the_budget_keeps_its_fitting_prefix(tmp_path: Path) -> None:
     async with hosting(tmp_path, max_output_bytes=CAP, default_max_output_bytes=CAP) as host:
         host.workers_run(REAL_WORKER)
-        _, terminal = await drive(host.stub, start_message(f"print('p' * {CAP - 3})"))
+        line = CAP - 3 - LOG_LINE_OVERHEAD
+        _, terminal = await drive(host.stub, start_message(f"print('p' * {line})"))
     message = f"outer output exceeded {CAP} bytes"
     assert failure(terminal) == (OUTPUT_LIMIT, message)
-    assert list(terminal.logs) == ["p" * (CAP - 2 - 2 - len(message) - 2)]
+    assert list(terminal.logs) == ["p" * (CAP - 2 - 2 - len(message) - 2 - LOG_LINE_OVERHEAD)]
 
 
 async def test_container_heavy_value_at_the_budget_is_not_refused(tmp_path: Path) -> None:
@@ -267,6 +279,59 @@ class LoopLag:
     def __exit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
+
+
+class CallbackCpu:
+    """The most CPU time (of the event loop's thread: ``time.thread_time``, which another
+    process's load does not inflate) any one event-loop callback used while active."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.what = ""
+        self._saved: Any = None
+
+    def __enter__(self) -> CallbackCpu:
+        self._saved = original = asyncio.events.Handle._run
+
+        def timed(handle: asyncio.events.Handle) -> None:
+            began = time.thread_time()
+            try:
+                original(handle)
+            finally:
+                spent = time.thread_time() - began
+                if spent > self.worst:
+                    self.worst, self.what = spent, repr(handle)[:200]
+
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.events.Handle._run = self._saved  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("char", ["x", "é"], ids=["ascii", "non-ascii"])
+async def test_a_huge_log_line_is_measured_and_cut_off_the_event_loop(
+    tmp_path: Path, char: str
+) -> None:
+    # A legitimate program prints one line far over its 16 MiB output budget: the worker sends
+    # the part that fits (a 16 MiB frame), and the runtime measures, charges and -- at the end
+    # -- cuts it to the budget. Each of those steps ran on the event loop, 0.3 s (ASCII) to
+    # 1.9 s (other text) of CPU in one callback, while no other run's frame could be read. Now
+    # no callback of the loop uses more than a small bounded share of that (decoding threads
+    # do the work), measured as CPU time of the loop's thread, not wall time.
+    budget = 16 << 20
+    async with hosting(tmp_path) as host:
+        host.workers_run(REAL_WORKER)
+        program = f"print({char!r} * {70 << 20})"
+        with CallbackCpu() as cpu:
+            _, terminal = await drive(
+                host.stub, start_message(program, max_output_bytes=budget, wall_ms=120_000)
+            )
+    assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {budget} bytes")
+    (kept,) = terminal.logs
+    assert set(kept) == {char} and len(kept.encode()) > budget - 1024 - LOG_LINE_OVERHEAD
+    print(f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what})")
+    assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
 
 
 async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path) -> None:

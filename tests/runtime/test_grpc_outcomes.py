@@ -16,6 +16,7 @@ from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.config import ConfigError, RuntimeSettings, load_settings, terminal_headroom
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker import framing
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.conftest import (
     connected,
     drive,
@@ -106,27 +107,31 @@ async def test_lossy_completion_is_invalid_output(stub: Stub, value: str) -> Non
     # Integers beyond the channel's digit limit: tests/runtime/test_huge_values.py.
 
 
-# With a 64-byte cap the logs array ["x...x"] (4 + n bytes), or the value "x...x" (2 + n bytes)
-# with the empty logs array (2 bytes), fits exactly at n = 60. Over the cap, the failure message
-# takes 32 bytes and what is kept of the logs fits the other 32.
+# With a 96-byte cap the logs array ["x...x"] (4 + n bytes and the line's overhead of 32)
+# fits exactly at n = 60, the value "x...x" (2 + n bytes) with the empty logs array (2 bytes) at
+# n = 92. Over the cap, the failure message takes 32 bytes and what is kept of the logs fits
+# the other 64.
 @pytest.mark.parametrize(
-    ("program", "logs", "value_json", "logs_over"),
+    ("case", "logs", "value_json", "logs_over"),
     [
-        ("print('x' * {n})", ["x" * 60], None, ["x" * 28]),
-        ("return 'x' * {n}", [], f'"{"x" * 60}"', []),
+        (("print('x' * {n})", 60), ["x" * 60], None, ["x" * 28]),
+        (("return 'x' * {n}", 92), [], f'"{"x" * 92}"', []),
     ],
     ids=["log", "value"],
 )
 async def test_output_cap_is_exact(
-    stub: Stub, program: str, logs: list[str], value_json: str | None, logs_over: list[str]
+    stub: Stub, case: tuple[str, int], logs: list[str], value_json: str | None, logs_over: list[str]
 ) -> None:
-    seen, terminal = await drive(stub, start_message(program.format(n=60), max_output_bytes=64))
-    assert terminal.WhichOneof("outcome") == "success"
+    assert LOG_LINE_OVERHEAD == 32
+    program, n = case
+    seen, terminal = await drive(stub, start_message(program.format(n=n), max_output_bytes=96))
+    assert terminal.WhichOneof("outcome") == "success", terminal.failure
     assert list(terminal.logs) == streamed_logs(seen) == logs
     value = terminal.success.value_json if terminal.success.HasField("value_json") else None
     assert value == value_json
-    _, terminal = await drive(stub, start_message(program.format(n=61), max_output_bytes=64))
-    assert failure(terminal) == (OUTPUT_LIMIT, "outer output exceeded 64 bytes")
+    over = start_message(program.format(n=n + 1), max_output_bytes=96)
+    _, terminal = await drive(stub, over)
+    assert failure(terminal) == (OUTPUT_LIMIT, "outer output exceeded 96 bytes")
     assert list(terminal.logs) == logs_over
 
 
@@ -262,14 +267,15 @@ def test_message_limit_must_hold_a_terminal_at_the_output_cap() -> None:
 
 async def test_a_terminal_at_the_output_cap_fits_the_tightest_message_limit() -> None:
     # Log entries of 16 KiB are where protobuf framing outgrows the ledger's JSON accounting
-    # (a 3-byte length prefix): 15 of them and a value make exactly the output cap.
+    # (a 3-byte length prefix): 15 of them (each with its line's overhead) and a value make
+    # exactly the output cap.
     cap = 256 << 10
     settings = grpc_settings(
         max_output_bytes=cap,
         default_max_output_bytes=cap,
         max_message_bytes=cap + terminal_headroom(cap),
     )
-    logs_bytes = 2 + 15 * (16384 + 2) + 14
+    logs_bytes = 2 + 15 * (16384 + 2 + LOG_LINE_OVERHEAD) + 14
     value_chars = cap - logs_bytes - 2
     program = "for _ in range(15):\n    print('x' * 16384)\nreturn 'v' * {n}"
     async with serving(settings) as running, connected(running) as stub:

@@ -14,6 +14,7 @@ import time
 
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from runtime_service.worker_process import WorkerProcess, WorkerSpec
 from tests.runtime.conftest import ProgramRunner, echo_handler
 from tests.runtime.deep import list_depth
@@ -167,12 +168,14 @@ async def test_forged_log_flood_is_capped(run_program: ProgramRunner) -> None:
 
 async def test_oversized_forged_log_keeps_an_escaped_prefix(run_program: ProgramRunner) -> None:
     program = PRELUDE + "send({'t': 'log', 'text': '\"' * 1000000})\nimport time\ntime.sleep(5)"
-    result = await run_program(program, max_output_bytes=100)
-    assert result.error == RunFailure("output-limit", "outer output exceeded 100 bytes")
+    cap = 100 + LOG_LINE_OVERHEAD
+    result = await run_program(program, max_output_bytes=cap)
+    assert result.error == RunFailure("output-limit", f"outer output exceeded {cap} bytes")
     (prefix,) = result.logs
     assert set(prefix) == {'"'}
-    # Each quote costs 2 bytes: [""..""] + the 33-byte message fits in 100.
-    assert 2 + 2 + 2 * len(prefix) + 33 <= 100 < 2 + 2 + 2 * (len(prefix) + 1) + 33
+    # Each quote costs 2 bytes: [""..""], the line's overhead and the 33-byte message fit.
+    kept = 2 + 2 + 2 * len(prefix) + LOG_LINE_OVERHEAD + 33
+    assert kept <= cap < kept + 2
 
 
 async def test_forged_done_with_value_and_error_resolves_as_the_error(

@@ -10,6 +10,7 @@ from runtime_service.budgets import BudgetError, Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunFailure
 from runtime_service.runtime import Runtime
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.conftest import ProgramRunner, echo_handler
 
 
@@ -125,18 +126,21 @@ async def test_exact_success_at_the_cap_and_one_byte_over(run_program: ProgramRu
 
 
 async def test_combined_logs_and_value_at_the_cap(run_program: ProgramRunner) -> None:
-    # ["ab"] is 6 bytes, the value "é"*27 is 2 + 54 = 56 bytes: 62 in all.
-    ok = await run_program("print('ab')\nreturn 'é' * 28", max_output_bytes=64)
+    # ["ab"] is 6 bytes and its line's overhead, the value "é"*28 is 2 + 56 = 58 bytes.
+    cap = 64 + LOG_LINE_OVERHEAD
+    ok = await run_program("print('ab')\nreturn 'é' * 28", max_output_bytes=cap)
     assert ok.error is None
-    over = await run_program("print('abc')\nreturn 'é' * 28", max_output_bytes=64)
+    over = await run_program("print('abc')\nreturn 'é' * 28", max_output_bytes=cap)
     assert over.error is not None and over.error.kind == "output-limit"
     assert over.logs == ["abc"]
 
 
 async def test_utf8_log_boundary(run_program: ProgramRunner) -> None:
-    # 64-byte cap, message "outer output exceeded 64 bytes" takes 32: logs get 32 bytes.
-    result = await run_program("print('€' * 40)", max_output_bytes=64)
-    assert result.error == RunFailure("output-limit", "outer output exceeded 64 bytes")
+    # A 96-byte cap, the message "outer output exceeded 96 bytes" takes 32: logs get 64 bytes,
+    # the line's overhead 32 of them.
+    assert LOG_LINE_OVERHEAD == 32
+    result = await run_program("print('€' * 40)", max_output_bytes=96)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 96 bytes")
     assert result.logs == ["€" * 9]  # 2 + 2 + 27 = 31 <= 32, one more would be 34
 
 
@@ -148,8 +152,9 @@ async def test_runaway_logs_are_cut(run_program: ProgramRunner) -> None:
 
 
 async def test_raw_fd_writes_are_charged(run_program: ProgramRunner) -> None:
-    result = await run_program("import os\nos.write(1, b'y' * 500)\nreturn 1", max_output_bytes=64)
-    assert result.error == RunFailure("output-limit", "outer output exceeded 64 bytes")
+    program = "import os\nos.write(1, b'y' * 500)\nreturn 1"
+    result = await run_program(program, max_output_bytes=96)
+    assert result.error == RunFailure("output-limit", "outer output exceeded 96 bytes")
     assert result.logs and set(result.logs[0]) == {"y"}
 
 

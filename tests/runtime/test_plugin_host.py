@@ -21,6 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.errors import RunRequestError
 from runtime_service.runtime import Runtime, RuntimeOptions
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from runtime_service.worker_process import WorkerSpec, typescript_installed
 from tests.runtime.conftest import can_isolate, child_pids, connected, grpc_settings, serving
 
@@ -687,19 +688,96 @@ LOUD: Sources = {
 }
 
 
-async def test_output_past_the_budget_is_cut_and_the_host_goes_on(host: HostStream) -> None:
+async def test_output_past_the_budget_is_cut_and_ends_the_call_and_the_host(
+    host: HostStream, stub: runtime_pb2_grpc.RuntimeServiceStub
+) -> None:
+    # Each line is cut to the budget by the harness; two such lines in one call are more than
+    # the call's output budget: the host is stopped, as for a call past its compute budget.
     budgets = runtime_pb2.RunBudgets(max_output_bytes=1000)
     assert (await host.start(LOUD, budgets=budgets)).WhichOneof("kind") == "started"
-    await host.invoke(1, "shout", {})
-    shout = await host.next_not_log()
-    assert shout.result.error_message == "the result exceeds the output budget of 1000 bytes"
-    logs = host.logs()
-    assert [len(json.dumps(text)) <= 1000 for text in logs] == [True, True]
-    assert logs[0].startswith("[cordis:clock-1] xxx") and logs[1].startswith("[cordis:clock-1] yyy")
-    await host.invoke(2, "ok", {})
+    await host.invoke(1, "ok", {})
     assert json.loads((await host.next_not_log()).result.value_json) == "ok"
-    await host.retract()
-    assert (await host.next_not_log()).WhichOneof("kind") == "retracted"
+    await host.invoke(2, "shout", {})
+    shout = await host.next_not_log()
+    assert shout.result.error_message == "the plugin host ended before the call did"
+    lost = await host.next_not_log()
+    assert lost.WhichOneof("kind") == "lost"
+    assert lost.lost.message.startswith("the plugin host's output exceeded its budget (1000 ")
+    (log,) = host.logs()
+    assert log.startswith("[cordis:clock-1] xxx") and len(json.dumps(log)) <= 1000
+    assert await host.call.read() is grpc.aio.EOF
+    assert child_pids() == []
+    # A result over the budget still fails only its call.
+    again = HostStream(stub, host.language)
+    assert (await again.start(LOUD_RESULT, budgets=budgets)).WhichOneof("kind") == "started"
+    await again.invoke(1, "big", {})
+    big = await again.next_not_log()
+    assert big.result.error_message == "the result exceeds the output budget of 1000 bytes"
+    await again.invoke(2, "ok", {})
+    assert json.loads((await again.next_not_log()).result.value_json) == "ok"
+
+
+LOUD_RESULT: Sources = {
+    "python": (
+        "def p(ctx):\n"
+        "    harness.register_tool(harness.define_tool(name='big', execute=lambda a: 'z' * 5000))\n"
+        "    harness.register_tool(harness.define_tool(name='ok', execute=lambda a: 'ok'))\n"
+        "return p"
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const big = () => 'z'.repeat(5000);\n"
+        "  harness.registerTool(harness.defineTool({ name: 'big', execute: big }));\n"
+        "  harness.registerTool(harness.defineTool({ name: 'ok', execute: () => 'ok' }));\n"
+        "};"
+    ),
+}
+
+
+FLOODS: Sources = {
+    "python": (
+        "def p(ctx):\n"
+        "    def flood(args):\n"
+        "        while True:\n"
+        "            print('x')\n"
+        "    harness.register_tool(harness.define_tool(name='flood', execute=flood))\n"
+        "    harness.register_tool(harness.define_tool(name='ok', execute=lambda a: 'ok'))\n"
+        "return p"
+    ),
+    "typescript": (
+        "return (ctx: unknown) => {\n"
+        "  const flood = () => { while (true) console.log('x'); };\n"
+        "  harness.registerTool(harness.defineTool({ name: 'flood', execute: flood }));\n"
+        "  harness.registerTool(harness.defineTool({ name: 'ok', execute: () => 'ok' }));\n"
+        "};"
+    ),
+}
+
+
+async def test_a_print_flood_is_stopped_by_the_output_budget(host: HostStream) -> None:
+    # The attack: a call that prints forever. Each line draws on the host's output budget (its
+    # text plus the per-line overhead, refilled when a call begins): the host is stopped after
+    # a bounded number of lines instead of streaming (and the runtime holding) them forever.
+    budget = 64 << 10
+    budgets = runtime_pb2.RunBudgets(max_output_bytes=budget)
+    assert (await host.start(FLOODS, budgets=budgets)).WhichOneof("kind") == "started"
+    for invocation in (1, 2):  # the budget refills per call: two calls of small output pass
+        await host.invoke(invocation, "ok", {})
+        assert json.loads((await host.next_not_log()).result.value_json) == "ok"
+    await host.invoke(3, "flood", {})
+    ended = await host.next_not_log()
+    assert ended.result.error_message == "the plugin host ended before the call did"
+    lost = await host.next_not_log()
+    assert lost.WhichOneof("kind") == "lost", lost
+    assert lost.lost.message == (
+        f"the plugin host's output exceeded its budget ({budget} bytes of logs since its last "
+        f"call began, each line also costing {LOG_LINE_OVERHEAD}); the plugin host was stopped"
+    )
+    logs = host.logs()
+    (line,) = set(logs)
+    assert line.rstrip("\n") == "[cordis:clock-1] x"
+    assert len(logs) * (len(json.dumps(line)) + LOG_LINE_OVERHEAD) <= budget
+    assert await host.call.read() is grpc.aio.EOF
     assert child_pids() == []
 
 

@@ -18,6 +18,7 @@ from runtime_service.protocol import DoneMessage
 from runtime_service.worker import flatwire, framing
 from runtime_service.worker.bootstrap import NO_ARGUMENTS
 from runtime_service.worker.framing import LOSSY_ARGUMENTS, LOSSY_COMPLETION
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.ts_worker import TsWorker, echo_reply, run_ts
 
 
@@ -326,9 +327,9 @@ def test_a_100000_deep_completion_round_trips() -> None:
         ("console.log('x'.repeat(60));", ["x" * 60], {"t": "done"}),
         ("console.log('x'.repeat(61));", ["x" * 60], {"t": "output-limit"}),
         ("process.stdout.write('x'.repeat(61));", ["x" * 60], {"t": "output-limit"}),
-        ("return 'x'.repeat(60);", [], "value"),
+        ("return 'x'.repeat(92);", [], "value"),
         (
-            "return 'x'.repeat(61);",
+            "return 'x'.repeat(93);",
             [],
             {"t": "done", "error": {"kind": "output-limit", "message": ""}},
         ),
@@ -336,7 +337,7 @@ def test_a_100000_deep_completion_round_trips() -> None:
         ("console.log('é'.repeat(31));", ["é" * 30], {"t": "output-limit"}),
         (
             "console.log('ab');\nconsole.log('x'.repeat(60));",
-            ["ab", "x" * 55],
+            ["ab", "x" * 23],
             {"t": "output-limit"},
         ),
         (
@@ -358,10 +359,13 @@ def test_a_100000_deep_completion_round_trips() -> None:
     ],
 )
 def test_output_ledger_is_exact(program: str, logs: list[str], last: object) -> None:
-    outcome = run_ts(program, max_output_bytes=64)
+    # A 96-byte cap: '["x...x"]' with 60 characters and the line's overhead (32) fill it, as
+    # does the value '"x...x"' with 92 beside the empty logs array.
+    assert LOG_LINE_OVERHEAD == 32
+    outcome = run_ts(program, max_output_bytes=96)
     assert outcome.logs == logs
     if last == "value":
-        assert outcome.value == "x" * 60
+        assert outcome.value == "x" * 92
     else:
         assert outcome.last == last
 

@@ -8,6 +8,14 @@ whole, output over about half the message limit cannot be sent at all. To a requ
 before anything reads it. Both directions work on the JSON *text*, so the restored `value_json`
 is byte for byte the one the registry would have sent whole.
 
+A failed `run_code` result shows its captured output twice too: at the end of its error
+message and of its content text (`Error: <message>`), after `CAPTURED`. `share_failure` sends
+that text once, as the one entry of `shared_logs`, and leaves it out of both.
+
+A string result shows twice as well: in the value and, as it is, at the end of the text.
+`share` leaves it out of the text then (`shared_result`), so a string value of more than half
+the limit arrives.
+
 `share` only strips what `restore` puts back exactly: a result whose value or text does not
 start with its logs (a post-execute hook rewrote it, say) goes whole.
 """
@@ -19,21 +27,44 @@ from collections.abc import Sequence
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import tool_pb2
 
-__all__ = ["restore", "share"]
+__all__ = ["CAPTURED", "restore", "share", "share_failure"]
+
+CAPTURED = "\nCaptured output:\n"
+"""What precedes a failed run's captured output in its error message (and content text)."""
 
 
 def _value_head(logs: Sequence[str]) -> str:
     return '{"logs":' + jsonvalue.dumps(list(logs))
 
 
-def share(message: tool_pb2.ToolResult, logs: Sequence[str]) -> bool:
+def share(message: tool_pb2.ToolResult, logs: Sequence[str], result: str | None = None) -> bool:
     """Moves `logs` (the value's `logs` key) out of `message`'s value and text into
-    `shared_logs`, if both start with them exactly; True if it did."""
-    if not logs or message.is_error or not message.HasField("value_json") or not message.content:
+    `shared_logs`, if both start with them exactly; and a string `result` (the value's
+    `result`) out of the text, if it ends with it (`shared_result`). True if it did either."""
+    if message.is_error or not message.HasField("value_json") or not message.content:
         return False
     first = message.content[0]
     if first.WhichOneof("block") != "text":
         return False
+    shared = _share_logs(message, first.text, logs) if logs else False
+    if result and not message.shared_result:
+        # What is left of the text is the result alone (shared logs), or the logs, a line
+        # break and the result (logs kept whole, or none).
+        text = first.text.text
+        if text == result:
+            first.text.text = ""
+        elif message.shared_logs or not text.endswith("\n" + result):
+            return shared
+        else:
+            first.text.text = text[: len(text) - len(result) - 1]
+        message.shared_result = True
+        return True
+    return shared
+
+
+def _share_logs(
+    message: tool_pb2.ToolResult, first: tool_pb2.TextContent, logs: Sequence[str]
+) -> bool:
     head = _value_head(logs)
     value_json = message.value_json
     if value_json == head + "}":
@@ -43,7 +74,7 @@ def share(message: tool_pb2.ToolResult, logs: Sequence[str]) -> bool:
     else:
         return False
     joined = "\n".join(logs)
-    text = first.text.text
+    text = first.text
     if not joined:
         rest_text = text
     elif text == joined:
@@ -54,8 +85,29 @@ def share(message: tool_pb2.ToolResult, logs: Sequence[str]) -> bool:
         # (`joined + "\n"` alone would come back without its newline.)
         return False
     message.value_json = rest_json
-    first.text.text = rest_text
+    first.text = rest_text
     message.shared_logs.extend(logs)
+    return True
+
+
+def share_failure(message: tool_pb2.ToolResult) -> bool:
+    """Moves the captured output that ends both `message`'s error message and its first text
+    block (after `CAPTURED`) into `shared_logs`, as one entry; True if it did."""
+    if not message.is_error or not message.content or message.shared_logs:
+        return False
+    first = message.content[0]
+    if first.WhichOneof("block") != "text":
+        return False
+    text = message.error.message
+    at = text.find(CAPTURED)
+    if at < 0 or len(text) == at + len(CAPTURED):
+        return False
+    tail = text[at:]
+    if not first.text.text.endswith(tail):
+        return False
+    message.error.message = text[:at]
+    first.text.text = first.text.text[: len(first.text.text) - len(tail)]
+    message.shared_logs.append(tail[len(CAPTURED) :])
     return True
 
 
@@ -65,8 +117,17 @@ def restore(message: tool_pb2.ToolResult) -> None:
 
     Raises ValueError for shared logs with nothing to restore them into (a broken sender)."""
     if not message.shared_logs:
+        _restore_result(message)
         return
     logs = list(message.shared_logs)
+    if message.is_error:
+        if not message.content or message.content[0].WhichOneof("block") != "text":
+            raise ValueError("a failure with shared_logs has no text block to restore")
+        tail = CAPTURED + "\n".join(logs)
+        message.error.message += tail
+        message.content[0].text.text += tail
+        message.ClearField("shared_logs")
+        return
     rest_json = message.value_json
     if not message.HasField("value_json") or not rest_json.startswith("{"):
         raise ValueError("a result with shared_logs has no object value_json to restore")
@@ -77,3 +138,18 @@ def restore(message: tool_pb2.ToolResult) -> None:
     first = message.content[0].text
     first.text = "\n".join(part for part in ("\n".join(logs), first.text) if part)
     message.ClearField("shared_logs")
+    _restore_result(message)
+
+
+def _restore_result(message: tool_pb2.ToolResult) -> None:
+    if not message.shared_result:
+        return
+    value = jsonvalue.loads(message.value_json) if message.HasField("value_json") else None
+    result = value.get("result") if type(value) is dict else None
+    if type(result) is not str or not message.content:
+        raise ValueError("a result with shared_result has no string result to restore")
+    if message.content[0].WhichOneof("block") != "text":
+        raise ValueError("a result with shared_result has no text block to restore")
+    first = message.content[0].text
+    first.text = first.text + "\n" + result if first.text else result
+    message.shared_result = False

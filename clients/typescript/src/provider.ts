@@ -486,6 +486,7 @@ const EMPTY_SUCCESS: ToolResult = {
   additionalContexts: [],
   concludesTurn: false,
   sharedLogs: [],
+  sharedResult: false,
 };
 
 function valueJson(value: unknown): string {
@@ -574,5 +575,6 @@ function failure(message: string, code: string, name: string, contexts: Addition
     additionalContexts: contexts,
     concludesTurn: false,
     sharedLogs: [],
+    sharedResult: false,
   };
 }

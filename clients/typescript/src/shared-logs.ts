@@ -4,27 +4,60 @@
  * A `run_code` result shows its program's logs twice: in its value (`{"logs": [...], ...}`) and
  * at the start of its content text. This client asks for them once (`shareLogs`), so that output
  * over half the registry's message limit still arrives, and restores the result as shown before
- * anything reads it: splicing JSON text, so `valueJson` is byte for byte the whole form.
+ * anything reads it: splicing JSON text, so `valueJson` is byte for byte the whole form. A
+ * failure's captured output (after `\nCaptured output:\n` in its message and text) and a string
+ * `result` (at the end of the text: `sharedResult`) travel once the same way.
  */
 import type { ToolResult } from "./gen/codemode/registry/v1/tool";
-import { stringifyJson } from "./json";
+import { parseJson, stringifyJson } from "./json";
+
+/** What precedes a failed run's captured output in its error message and content text. */
+export const CAPTURED = "\nCaptured output:\n";
 
 /** `result` as the registry would have sent it whole (`result` itself when it is whole). */
 export function wholeResult(result: ToolResult): ToolResult {
   const logs = result.sharedLogs;
-  if (logs.length === 0) return result;
-  const rest = result.valueJson;
+  if (logs.length === 0) return withResult(result);
   const first = result.content[0]?.block;
+  if (result.isError) {
+    if (first?.$case !== "text") throw new Error("a failure with sharedLogs has no text block to restore");
+    const tail = CAPTURED + logs.join("\n");
+    const error = result.error ?? { message: "", code: "", name: "" };
+    return {
+      ...result,
+      error: { ...error, message: error.message + tail },
+      content: [{ block: { $case: "text", value: { text: first.value.text + tail } } }, ...result.content.slice(1)],
+      sharedLogs: [],
+    };
+  }
+  const rest = result.valueJson;
   if (rest === undefined || !rest.startsWith("{")) {
     throw new Error("a result with sharedLogs has no object valueJson to restore");
   }
   if (first?.$case !== "text") throw new Error("a result with sharedLogs has no text block to restore");
   const head = `{"logs":${stringifyJson(logs)}`;
   const text = [logs.join("\n"), first.value.text].filter((part) => part !== "").join("\n");
-  return {
+  return withResult({
     ...result,
     valueJson: rest === "{}" ? `${head}}` : `${head},${rest.slice(1)}`,
     content: [{ block: { $case: "text", value: { text } } }, ...result.content.slice(1)],
     sharedLogs: [],
+  });
+}
+
+/** The text block given back the string `result` it left out (`sharedResult`). */
+function withResult(result: ToolResult): ToolResult {
+  if (!result.sharedResult) return result;
+  const value = result.valueJson === undefined ? undefined : parseJson(result.valueJson);
+  const string =
+    value !== null && typeof value === "object" && !Array.isArray(value) ? value.result : undefined;
+  const first = result.content[0]?.block;
+  if (typeof string !== "string") throw new Error("a result with sharedResult has no string result to restore");
+  if (first?.$case !== "text") throw new Error("a result with sharedResult has no text block to restore");
+  const text = first.value.text === "" ? string : `${first.value.text}\n${string}`;
+  return {
+    ...result,
+    content: [{ block: { $case: "text", value: { text } } }, ...result.content.slice(1)],
+    sharedResult: false,
   };
 }

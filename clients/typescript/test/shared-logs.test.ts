@@ -46,10 +46,24 @@ describe("shared logs", () => {
     assert.equal(result.content.length, 1);
   });
 
-  it("a result over the limit is still RESULT_TOO_LARGE", async () => {
-    const code = `print('a')\nreturn 'r' * ${Math.floor(MESSAGE_BYTES * 0.6)}`;
-    const result = await client.runCode("agents/coder", code, "too big").result;
-    assert.equal(result.error?.code, "RESULT_TOO_LARGE");
+  it("a string result over half the limit travels once and arrives; another value does not", async () => {
+    const size = Math.floor(MESSAGE_BYTES * 0.6);
+    const code = `print('a')\nreturn 'r' * ${size}`;
+    const result = await client.runCode("agents/coder", code, "a big string").result;
+    assert.equal(result.isError, false, result.error?.message);
+    assert.deepEqual(result.value, { logs: ["a"], result: "r".repeat(size) });
+    assert.equal(result.text, `a\n${"r".repeat(size)}`);
+    const other = await client.runCode("agents/coder", `return ['r' * ${size}]`, "a big list").result;
+    assert.equal(other.error?.code, "RESULT_TOO_LARGE");
+  });
+
+  it("a failure's captured output travels once and is restored", async () => {
+    const code = "print('a')\nprint('b')\nraise ValueError('boom')";
+    const result = await client.runCode("agents/coder", code, "fails").result;
+    assert.equal(result.error?.code, "CODE_RUN_FAILED");
+    assert.ok(result.error?.message.startsWith("code run failed (exception): "), result.error?.message);
+    assert.ok(result.error?.message.endsWith("\nCaptured output:\na\nb"), result.error?.message);
+    assert.equal(result.text, `Error: ${result.error?.message}`);
   });
 
   it("restores logs only, and refuses shared logs with nothing to restore them into", () => {
@@ -61,6 +75,7 @@ describe("shared logs", () => {
       additionalContexts: [],
       concludesTurn: false,
       sharedLogs: ["a", 'b"'],
+      sharedResult: false,
     };
     const whole = wholeResult(shared);
     assert.equal(whole.valueJson, '{"logs":["a","b\\""]}');

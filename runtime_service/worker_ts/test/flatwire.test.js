@@ -7,7 +7,13 @@ import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
 import * as wire from '../flatwire.js';
-import { OutputLedger, fitPrefix, jsonStringSize, tokensSize } from '../ledger.js';
+import {
+  LOG_LINE_OVERHEAD,
+  OutputLedger,
+  fitPrefix,
+  jsonStringSize,
+  tokensSize,
+} from '../ledger.js';
 
 const VECTORS = new URL('../../../tests/runtime/wire_vectors.jsonl', import.meta.url);
 const CASES = readFileSync(VECTORS, 'utf8')
@@ -156,8 +162,13 @@ test('ledger sizes match the Python ledger rules', () => {
   assert.equal(tokensSize(tokens, 100), '[1.5,"x",{"k":null}]'.length);
   assert.equal(tokensSize(tokens, 10), 11);
   assert.equal(tokensSize(wire.encode(2 ** 60), 100), '1.152921504606847e+18'.length);
-  const ledger = new OutputLedger(64);
+  const ledger = new OutputLedger(64 + LOG_LINE_OVERHEAD);
   assert.ok(ledger.admitLog('x'.repeat(60)));
   assert.ok(!ledger.fitsMessage('x'));
+  // Each line pays the overhead of holding it (ledger.py's LOG_LINE_OVERHEAD, the same value).
+  const tiny = new OutputLedger(1 << 16);
+  let lines = 0;
+  while (tiny.admitLog('x')) lines += 1;
+  assert.equal(lines, Math.floor(((1 << 16) - 2 + 1) / (4 + LOG_LINE_OVERHEAD)));
   assert.throws(() => new OutputLedger(3));
 });

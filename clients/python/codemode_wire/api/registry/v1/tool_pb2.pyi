@@ -280,6 +280,7 @@ class ToolResult(_message.Message):
     CONCLUDES_TURN_FIELD_NUMBER: _builtins.int
     SHARED_LOGS_FIELD_NUMBER: _builtins.int
     PRESENTATION_META_JSON_FIELD_NUMBER: _builtins.int
+    SHARED_RESULT_FIELD_NUMBER: _builtins.int
     value_json: _builtins.str
     """The canonical JSON value of a successful call (JSON text). Absent on errors and when a
     provider returned content only.
@@ -292,6 +293,12 @@ class ToolResult(_message.Message):
     """Presentation metadata for a UI card of the call (a JSON object as text), never shown to
     the model: e.g. `{"pluginId", "packageId"}` of `cordis_define`, or what a dynamic tool's
     `presentation_meta` function returned. Absent when the tool gave none.
+    """
+    shared_result: _builtins.bool
+    """Set only to a request that set `share_logs`, on a success whose value is an object with a
+    non-empty string `result`: the text of the first content block (after restoring
+    `shared_logs`) is followed by that string, after `\\n` when the text is not empty, which the
+    block leaves out. A string result then travels once, in `value_json`.
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentBlock]:
@@ -311,7 +318,9 @@ class ToolResult(_message.Message):
         `share_logs`; empty means the result is whole. When set, the result as shown is restored by:
         the value is the object `value_json` with a first key `logs` holding these lines
         (`value_json` leaves that key out), and the text of the first content block is these lines
-        joined by `\\n`, followed by `\\n` and the block's text when that is not empty.
+        joined by `\\n`, followed by `\\n` and the block's text when that is not empty. On a failure
+        (`is_error`) it is one entry, the captured output: the error message and the first content
+        block's text each end with `\\nCaptured output:\\n` and that entry, which both leave out.
         """
 
     def __init__(
@@ -325,10 +334,11 @@ class ToolResult(_message.Message):
         concludes_turn: _builtins.bool = ...,
         shared_logs: _abc.Iterable[_builtins.str] | None = ...,
         presentation_meta_json: _builtins.str | None = ...,
+        shared_result: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json", "_value_json", b"_value_json", "error", b"error", "presentation_meta_json", b"presentation_meta_json", "value_json", b"value_json"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json", "_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "presentation_meta_json", b"presentation_meta_json", "shared_logs", b"shared_logs", "value_json", b"value_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json", "_value_json", b"_value_json", "additional_contexts", b"additional_contexts", "concludes_turn", b"concludes_turn", "content", b"content", "error", b"error", "is_error", b"is_error", "presentation_meta_json", b"presentation_meta_json", "shared_logs", b"shared_logs", "shared_result", b"shared_result", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__presentation_meta_json: _TypeAlias = _typing.Literal["presentation_meta_json"]  # noqa: Y015
     _WhichOneofArgType__presentation_meta_json: _TypeAlias = _typing.Literal["_presentation_meta_json", b"_presentation_meta_json"]  # noqa: Y015

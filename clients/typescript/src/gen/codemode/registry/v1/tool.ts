@@ -132,7 +132,9 @@ export interface ToolResult {
    * `share_logs`; empty means the result is whole. When set, the result as shown is restored by:
    * the value is the object `value_json` with a first key `logs` holding these lines
    * (`value_json` leaves that key out), and the text of the first content block is these lines
-   * joined by `\n`, followed by `\n` and the block's text when that is not empty.
+   * joined by `\n`, followed by `\n` and the block's text when that is not empty. On a failure
+   * (`is_error`) it is one entry, the captured output: the error message and the first content
+   * block's text each end with `\nCaptured output:\n` and that entry, which both leave out.
    */
   sharedLogs: string[];
   /**
@@ -140,7 +142,16 @@ export interface ToolResult {
    * the model: e.g. `{"pluginId", "packageId"}` of `cordis_define`, or what a dynamic tool's
    * `presentation_meta` function returned. Absent when the tool gave none.
    */
-  presentationMetaJson?: string | undefined;
+  presentationMetaJson?:
+    | string
+    | undefined;
+  /**
+   * Set only to a request that set `share_logs`, on a success whose value is an object with a
+   * non-empty string `result`: the text of the first content block (after restoring
+   * `shared_logs`) is followed by that string, after `\n` when the text is not empty, which the
+   * block leaves out. A string result then travels once, in `value_json`.
+   */
+  sharedResult: boolean;
 }
 
 function createBaseTool(): Tool {
@@ -722,6 +733,7 @@ function createBaseToolResult(): ToolResult {
     concludesTurn: false,
     sharedLogs: [],
     presentationMetaJson: undefined,
+    sharedResult: false,
   };
 }
 
@@ -750,6 +762,9 @@ export const ToolResult: MessageFns<ToolResult> = {
     }
     if (message.presentationMetaJson !== undefined) {
       writer.uint32(66).string(message.presentationMetaJson);
+    }
+    if (message.sharedResult !== false) {
+      writer.uint32(72).bool(message.sharedResult);
     }
     return writer;
   },
@@ -831,6 +846,14 @@ export const ToolResult: MessageFns<ToolResult> = {
             message.presentationMetaJson = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.sharedResult = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -858,6 +881,7 @@ export const ToolResult: MessageFns<ToolResult> = {
     message.concludesTurn = object.concludesTurn ?? false;
     message.sharedLogs = object.sharedLogs?.map((e) => e) || [];
     message.presentationMetaJson = object.presentationMetaJson ?? undefined;
+    message.sharedResult = object.sharedResult ?? false;
     return message;
   },
 };
