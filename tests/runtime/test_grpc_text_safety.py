@@ -23,6 +23,7 @@ from codemode_wire import jsonvalue
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import RunningRuntime, start
+from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
 from tests.runtime.conftest import child_pids
 from tests.runtime.test_hostile import PRELUDE
 
@@ -148,9 +149,10 @@ async def test_forged_log_and_error_with_lone_surrogates(
 async def test_replacement_is_what_the_output_budget_charges(
     stub: runtime_pb2_grpc.RuntimeServiceStub,
 ) -> None:
-    # '["\ufffd"]' is 7 bytes (U+FFFD is 3 in UTF-8); the escaped surrogate would be 10.
+    # '["\ufffd"]' is 7 bytes (U+FFFD is 3 in UTF-8); the escaped surrogate would be 10 (each
+    # plus the line's overhead).
     program = PRELUDE + "send({'t': 'log', 'text': '\\ud800'})"
-    logs, terminal = await run(stub, program, max_output_bytes=8)
+    logs, terminal = await run(stub, program, max_output_bytes=8 + LOG_LINE_OVERHEAD)
     assert logs == ["\ufffd"]
     assert terminal.WhichOneof("outcome") == "success"
     assert list(terminal.logs) == ["\ufffd"]
@@ -199,8 +201,11 @@ async def test_an_expired_deadline_times_out_without_a_worker(
 async def test_the_worker_charges_a_lone_surrogate_as_the_runtime_does(
     stub: runtime_pb2_grpc.RuntimeServiceStub,
 ) -> None:
-    # 15 lone surrogates become 15 U+FFFD, 3 bytes each: 2 ("[]") + 47 fits in 64 bytes; charged
-    # as 6-byte escapes (what the worker did before it applied the same rule) it would not.
-    logs, terminal = await run(stub, "print('\\ud800' * 15)", max_output_bytes=64)
+    # 15 lone surrogates become 15 U+FFFD, 3 bytes each: 2 ("[]") + 47 fits in 64 bytes (plus the
+    # line's overhead); charged as 6-byte escapes (what the worker did before it applied the same
+    # rule) it would not.
+    logs, terminal = await run(
+        stub, "print('\\ud800' * 15)", max_output_bytes=64 + LOG_LINE_OVERHEAD
+    )
     assert logs == ["\ufffd" * 15]
     assert terminal.WhichOneof("outcome") == "success", terminal
