@@ -227,3 +227,36 @@ def test_a_provider_result_with_shared_logs_means_the_same_to_the_registry() -> 
     with pytest.raises(CodemodeError, match="no text block") as caught:
         convert.result_from_proto(broken)
     assert caught.value.reason == "INVALID_SHARED_LOGS"
+
+
+@pytest.mark.parametrize(
+    ("value_json", "why"),
+    [
+        ('{"x":1}', "no result to restore"),
+        ("[1]", "no result to restore"),
+        ('{"result":""}', "empty result"),
+    ],
+)
+def test_a_shared_result_with_nothing_to_restore_is_refused(value_json: str, why: str) -> None:
+    broken = tool_pb2.ToolResult(
+        value_json=value_json,
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text="t"))],
+        shared_result=True,
+    )
+    with pytest.raises(CodemodeError, match=why) as caught:
+        convert.result_from_proto(broken)
+    assert caught.value.reason == "INVALID_SHARED_LOGS"
+
+
+def test_a_provider_result_with_a_shared_object_result_means_the_same() -> None:
+    result: JsonValue = {"a": [1.0, 2**70], "b": {}}
+    value: dict[str, JsonValue] = {"result": result}
+    text = render_output(value)
+    message = tool_pb2.ToolResult(
+        value_json=jsonvalue.dumps(value),
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=text))],
+    )
+    whole = convert.result_from_proto(message)
+    assert shared_logs.share(message, [], result)
+    assert message.shared_result and message.content[0].text.text == ""
+    assert convert.result_from_proto(message) == whole
