@@ -25,6 +25,7 @@ from codemode_wire.errors import (
     not_found,
     unavailable,
 )
+from codemode_wire.jsonvalue import JsonValue
 from registry_service import convert
 from registry_service._errors import streaming, unary
 from registry_service.domain.access import AccessPolicy, Permission, resource_of
@@ -36,7 +37,7 @@ from registry_service.domain.execution import (
     ExecutionInput,
     no_events,
 )
-from registry_service.domain.json_admission import decode_arguments
+from registry_service.domain.json_admission import decode_arguments, off_loop
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.domain.tools import RUN_CODE
@@ -323,7 +324,16 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
                 if outcome.is_error:
                     shared_logs.share_failure(message)
                 else:
-                    shared_logs.share(message, _logs_of(outcome), _string_result_of(outcome))
+                    # Rendering the result again (to prove the text ends with it) walks the
+                    # whole value: a large one off the loop.
+                    await off_loop(
+                        self._json_limits,
+                        len(message.value_json),
+                        shared_logs.share,
+                        message,
+                        _logs_of(outcome),
+                        _result_of(outcome),
+                    )
             final = rpb.ExecuteToolCallResponse(result=message)
             size = final.ByteSize()
             if size > self._max_message_bytes:
@@ -493,10 +503,11 @@ def _logs_of(result: ToolResult) -> list[str]:
     return []
 
 
-def _string_result_of(result: ToolResult) -> str | None:
-    """The string `result` of a value shaped like `run_code`'s, else None."""
-    value = result.value.get("result") if isinstance(result.value, dict) else None
-    return value if isinstance(value, str) else None
+def _result_of(result: ToolResult) -> JsonValue | shared_logs.NoResult:
+    """The `result` of a value shaped like `run_code`'s, else `NO_RESULT`."""
+    if isinstance(result.value, dict) and "result" in result.value:
+        return result.value["result"]
+    return shared_logs.NO_RESULT
 
 
 def _too_large(tool: str, size: int, limit: int) -> ToolResult:

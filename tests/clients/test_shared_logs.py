@@ -65,7 +65,8 @@ async def test_output_over_half_the_limit_arrives_once_and_whole(make_stack: Any
         assert not wire.is_error, wire.error.message
         assert list(wire.shared_logs) == LINES
         assert jsonvalue.loads(wire.value_json) == {"result": {"n": 1, "big": 2**70}}
-        assert wire.content[0].text.text == render_output({"result": expected_value["result"]})
+        # ... and the result once, in the value (the text is restored from it).
+        assert wire.shared_result and wire.content[0].text.text == ""
         assert wire.ByteSize() < MESSAGE_BYTES
         print(f"run_code result with shared logs: {wire.ByteSize()} bytes ({whole.error.message})")
 
@@ -90,6 +91,10 @@ async def test_restored_results_equal_the_whole_ones_byte_for_byte(make_stack: A
         "trailing newline in the result": "print('x')\nreturn 'y\\n'",
         "nothing": "pass",
         "a string result alone": "return 'only the result'",
+        "logs and an object": "print('a')\nreturn {'f': 1.0, 'e': 1e16, 'big': -2**70, 'u': 'é😀'}",
+        "an object alone": "return {'k': [[[[[[1, {'d': 0.5}]]]]]], 'empty': [], 'o': {}}",
+        "an empty container": "return []",
+        "a number": "print('a')\nreturn 0.1",
         "a failure with output": "print('a')\nprint('b')\nraise ValueError('boom')",
         "a failure without output": "raise ValueError('boom')",
     }
@@ -122,11 +127,54 @@ async def test_a_string_result_over_half_the_limit_travels_once_and_arrives(
         assert result.value == {"logs": ["a"], "result": "r" * size}
         assert result.text == "a\n" + "r" * size
         assert result.raw is not None and not result.raw.shared_result
-        # Any other value is still shown twice (value and pretty text): that is its limit.
-        other = f"return ['r' * {size}]"
+
+
+# ~60% of the limit as `value_json` (393 entries of 100 bytes); its pretty text is ~1.8 times
+# that: whole (value and text) over the limit, once well under it.
+BIG_DICT = (
+    "return {'k%05d' % i: {'f': i + 0.5, 'big': 2**70 + i, 's': 'é' * 8, "
+    f"'deep': [[[[[[i, 1.0]]]]]]}} for i in range({int(MESSAGE_BYTES * 0.6) // 100})}}"
+)
+
+
+async def test_an_object_result_over_half_the_limit_travels_once_and_arrives(
+    make_stack: Any,
+) -> None:
+    # It was in the value and, as pretty JSON, in the text: RESULT_TOO_LARGE.
+    result_value: dict[str, JsonValue] = {
+        f"k{i:05d}": {"f": i + 0.5, "big": 2**70 + i, "s": "é" * 8, "deep": [[[[[[i, 1.0]]]]]]}
+        for i in range(int(MESSAGE_BYTES * 0.6) // 100)
+    }
+    expected: dict[str, JsonValue] = {"logs": ["a"], "result": result_value}
+    code = "print('a')\n" + BIG_DICT
+    assert len(jsonvalue.dumps(result_value).encode()) > 0.59 * MESSAGE_BYTES
+    # The whole form, as the registry would send it (were it not over the limit).
+    whole = tool_pb2.ToolResult(
+        value_json=jsonvalue.dumps(expected),
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=render_output(expected)))],
+    )
+    assert whole.ByteSize() > MESSAGE_BYTES
+    async with make_stack(max_message_bytes=MESSAGE_BYTES) as stack:
+        agent = await stack.code_agent()
+        refused = await _raw(stack, agent, code, "whole", share=False)
+        assert refused.is_error and refused.error.code == "RESULT_TOO_LARGE"
+        wire = await _raw(stack, agent, code, "wire", share=True)
+        assert not wire.is_error, wire.error.message
+        assert wire.shared_result and list(wire.shared_logs) == ["a"]
+        assert wire.content[0].text.text == ""
+        assert wire.value_json == jsonvalue.dumps({"result": result_value})
+        print(f"object result shared: {wire.ByteSize()} bytes, whole {whole.ByteSize()}")
+        restored = tool_pb2.ToolResult()
+        restored.CopyFrom(wire)
+        shared_logs.restore(restored)
+        assert restored.SerializeToString() == whole.SerializeToString()
         async with RegistryClient(stack.running.address) as client:
-            refused = await client.run_code(other, "a big list", agent=agent, call_id="c2")
-        assert refused.is_error and refused.error_code == "RESULT_TOO_LARGE"
+            result = await client.run_code(code, "a big object", agent=agent)
+        assert not result.is_error, result.error_message
+        assert result.value == expected
+        assert result.text == render_output(expected)
+        assert result.raw is not None and not result.raw.shared_result
+        assert result.raw.value_json == whole.value_json
 
 
 async def test_output_over_the_budget_ends_output_limit_with_the_logs_kept(
@@ -179,3 +227,36 @@ def test_a_provider_result_with_shared_logs_means_the_same_to_the_registry() -> 
     with pytest.raises(CodemodeError, match="no text block") as caught:
         convert.result_from_proto(broken)
     assert caught.value.reason == "INVALID_SHARED_LOGS"
+
+
+@pytest.mark.parametrize(
+    ("value_json", "why"),
+    [
+        ('{"x":1}', "no result to restore"),
+        ("[1]", "no result to restore"),
+        ('{"result":""}', "empty result"),
+    ],
+)
+def test_a_shared_result_with_nothing_to_restore_is_refused(value_json: str, why: str) -> None:
+    broken = tool_pb2.ToolResult(
+        value_json=value_json,
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text="t"))],
+        shared_result=True,
+    )
+    with pytest.raises(CodemodeError, match=why) as caught:
+        convert.result_from_proto(broken)
+    assert caught.value.reason == "INVALID_SHARED_LOGS"
+
+
+def test_a_provider_result_with_a_shared_object_result_means_the_same() -> None:
+    result: JsonValue = {"a": [1.0, 2**70], "b": {}}
+    value: dict[str, JsonValue] = {"result": result}
+    text = render_output(value)
+    message = tool_pb2.ToolResult(
+        value_json=jsonvalue.dumps(value),
+        content=[tool_pb2.ContentBlock(text=tool_pb2.TextContent(text=text))],
+    )
+    whole = convert.result_from_proto(message)
+    assert shared_logs.share(message, [], result)
+    assert message.shared_result and message.content[0].text.text == ""
+    assert convert.result_from_proto(message) == whole

@@ -12,9 +12,12 @@ A failed `run_code` result shows its captured output twice too: at the end of it
 message and of its content text (`Error: <message>`), after `CAPTURED`. `share_failure` sends
 that text once, as the one entry of `shared_logs`, and leaves it out of both.
 
-A string result shows twice as well: in the value and, as it is, at the end of the text.
-`share` leaves it out of the text then (`shared_result`), so a string value of more than half
-the limit arrives.
+The result shows twice as well: in the value and, as shown (`render_pretty`: a string as it
+is, any other value pretty JSON), at the end of the text. `share` leaves it out of the text then
+(`shared_result`) and `restore` renders it again from `value_json`, so a result of more than
+half the limit arrives. `value_json` is `dumps` of the value (the registry writes it so), whose
+scalars `render_pretty` spells the same way, so the rendering is a pure function of that text
+(the TypeScript client's `renderPrettyJson` re-indents it).
 
 `share` only strips what `restore` puts back exactly: a result whose value or text does not
 start with its logs (a post-execute hook rewrote it, say) goes whole.
@@ -23,11 +26,24 @@ start with its logs (a post-execute hook rewrote it, say) goes whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import tool_pb2
+from codemode_wire.jsonvalue import JsonValue
 
-__all__ = ["CAPTURED", "restore", "share", "share_failure"]
+__all__ = ["CAPTURED", "NO_RESULT", "NoResult", "restore", "share", "share_failure"]
+
+
+class NoResult:
+    """The type of `NO_RESULT`."""
+
+    def __repr__(self) -> str:
+        return "NO_RESULT"
+
+
+NO_RESULT: Final = NoResult()
+"""What `share` is given for a value without a `result` member (`None` is JSON null)."""
 
 CAPTURED = "\nCaptured output:\n"
 """What precedes a failed run's captured output in its error message (and content text)."""
@@ -37,29 +53,38 @@ def _value_head(logs: Sequence[str]) -> str:
     return '{"logs":' + jsonvalue.dumps(list(logs))
 
 
-def share(message: tool_pb2.ToolResult, logs: Sequence[str], result: str | None = None) -> bool:
+def share(
+    message: tool_pb2.ToolResult,
+    logs: Sequence[str],
+    result: JsonValue | NoResult = NO_RESULT,
+) -> bool:
     """Moves `logs` (the value's `logs` key) out of `message`'s value and text into
-    `shared_logs`, if both start with them exactly; and a string `result` (the value's
-    `result`) out of the text, if it ends with it (`shared_result`). True if it did either."""
+    `shared_logs`, if both start with them exactly; and `result` (the value's `result`) as
+    shown out of the text, if it ends with it (`shared_result`). True if it did either.
+
+    `result` must be the value `message.value_json` holds (its text is `dumps` of it)."""
     if message.is_error or not message.HasField("value_json") or not message.content:
         return False
     first = message.content[0]
     if first.WhichOneof("block") != "text":
         return False
     shared = _share_logs(message, first.text, logs) if logs else False
-    if result and not message.shared_result:
-        # What is left of the text is the result alone (shared logs), or the logs, a line
-        # break and the result (logs kept whole, or none).
-        text = first.text.text
-        if text == result:
-            first.text.text = ""
-        elif message.shared_logs or not text.endswith("\n" + result):
-            return shared
-        else:
-            first.text.text = text[: len(text) - len(result) - 1]
-        message.shared_result = True
-        return True
-    return shared
+    if isinstance(result, NoResult) or message.shared_result:
+        return shared
+    shown = jsonvalue.render_pretty(result)
+    if not shown:
+        return shared  # an empty string adds nothing to the text
+    # What is left of the text is the result alone (shared logs), or the logs, a line break
+    # and the result (logs kept whole, or none).
+    text = first.text.text
+    if text == shown:
+        first.text.text = ""
+    elif message.shared_logs or not text.endswith("\n" + shown):
+        return shared
+    else:
+        first.text.text = text[: len(text) - len(shown) - 1]
+    message.shared_result = True
+    return True
 
 
 def _share_logs(
@@ -145,11 +170,13 @@ def _restore_result(message: tool_pb2.ToolResult) -> None:
     if not message.shared_result:
         return
     value = jsonvalue.loads(message.value_json) if message.HasField("value_json") else None
-    result = value.get("result") if type(value) is dict else None
-    if type(result) is not str or not message.content:
-        raise ValueError("a result with shared_result has no string result to restore")
-    if message.content[0].WhichOneof("block") != "text":
+    if type(value) is not dict or "result" not in value:
+        raise ValueError("a result with shared_result has no result to restore")
+    shown = jsonvalue.render_pretty(value["result"])
+    if not shown:
+        raise ValueError("a result with shared_result has an empty result to restore")
+    if not message.content or message.content[0].WhichOneof("block") != "text":
         raise ValueError("a result with shared_result has no text block to restore")
     first = message.content[0].text
-    first.text = first.text + "\n" + result if first.text else result
+    first.text = first.text + "\n" + shown if first.text else shown
     message.shared_result = False

@@ -8,7 +8,7 @@ export {
   type ApproverOptions,
 } from "./approver";
 export { CodemodeError, errorInfoOf, retryDelayOf } from "./errors";
-export { JsonError, parseJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
+export { JsonError, parseJson, renderPrettyJson, stringifyJson, type JsonObject, type JsonValue } from "./json";
 export {
   PageRunner,
   type ClientCode,

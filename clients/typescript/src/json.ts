@@ -362,3 +362,161 @@ export function stringifyJson(value: unknown): string {
     current = next;
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// renderPrettyJson: the text `render_pretty` (clients/python/codemode_wire/jsonvalue.py) writes
+// ---------------------------------------------------------------------------------------------
+
+/** Containers at depths 0-4 are pretty: their children sit at most 10 spaces in. */
+const PRETTY_LEVELS = 5;
+
+/** End (exclusive) of the string token whose opening quote is at `i`. */
+function stringEnd(text: string, i: number): number {
+  let j = i + 1;
+  for (;;) {
+    const c = text.charCodeAt(j);
+    if (c === 0x22) return j + 1;
+    j += c === 0x5c ? 2 : 1;
+  }
+}
+
+/** End (exclusive) of the JSON value (container or scalar) that starts at `i`. */
+function valueEnd(text: string, i: number): number {
+  const c = text.charCodeAt(i);
+  if (c === 0x22) return stringEnd(text, i);
+  if (c !== 0x7b && c !== 0x5b) {
+    let j = i;
+    while (j < text.length && !",:]} \n\r\t".includes(text[j]!)) j++;
+    return j;
+  }
+  let depth = 0;
+  let j = i;
+  for (;;) {
+    const d = text.charCodeAt(j);
+    if (d === 0x22) {
+      j = stringEnd(text, j);
+      continue;
+    }
+    if (d === 0x7b || d === 0x5b) depth++;
+    else if (d === 0x7d || d === 0x5d) {
+      depth--;
+      if (depth === 0) return j + 1;
+    }
+    j++;
+  }
+}
+
+/** `text[start:end]` without the whitespace between its tokens. */
+function compact(text: string, start: number, end: number): string {
+  const out: string[] = [];
+  let from = start;
+  let i = start;
+  while (i < end) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) {
+      i = stringEnd(text, i);
+    } else if (isWs(c)) {
+      out.push(text.slice(from, i));
+      while (i < end && isWs(text.charCodeAt(i))) i++;
+      from = i;
+    } else {
+      i++;
+    }
+  }
+  out.push(text.slice(from, end));
+  return out.join("");
+}
+
+/**
+ * What `render_pretty` writes for the value of the JSON text `text`: a string root as it is (no
+ * quotes, no escaping); any other root indented by two spaces per level, the indentation capped
+ * at 10 spaces (a container at depth 5 or deeper is written compact, as in `text`, on the line
+ * where it starts); empty containers `[]`/`{}`; members `"key": value`.
+ *
+ * It works on the text, not on parsed values: a JavaScript number cannot tell `1.0` from `1` or
+ * keep `1e+16`, which Python spells so. Every token is copied as `text` spells it, so `text`
+ * must be the registry's `dumps` of the value (what every `*_json` field it writes holds): that
+ * spelling is `render_pretty`'s. Throws `JsonError` for a text `parseJson` refuses.
+ */
+export function renderPrettyJson(text: string): string {
+  const root = parseJson(text); // validates: the walk below trusts the syntax
+  if (typeof root === "string") return root;
+  const out: string[] = [];
+  let depth = 0; // open pretty containers
+  let i = 0;
+  const n = text.length;
+  while (i < n) {
+    const c = text[i]!;
+    switch (c) {
+      case " ": case "\n": case "\r": case "\t":
+        i++;
+        break;
+      case "{": case "[": {
+        let j = i + 1;
+        while (j < n && isWs(text.charCodeAt(j))) j++;
+        const close = c === "{" ? "}" : "]";
+        if (text[j] === close) {
+          out.push(c + close);
+          i = j + 1;
+        } else if (depth >= PRETTY_LEVELS) {
+          const end = valueEnd(text, i);
+          out.push(compact(text, i, end));
+          i = end;
+        } else {
+          depth++;
+          out.push(c, "\n", "  ".repeat(depth));
+          i = j;
+        }
+        break;
+      }
+      case "}": case "]":
+        depth--;
+        out.push("\n", "  ".repeat(depth), c);
+        i++;
+        break;
+      case ",":
+        out.push(",\n", "  ".repeat(depth));
+        i++;
+        break;
+      case ":":
+        out.push(": ");
+        i++;
+        break;
+      default: {
+        const end = valueEnd(text, i);
+        out.push(text.slice(i, end));
+        i = end;
+      }
+    }
+  }
+  return out.join("");
+}
+
+/**
+ * The text of member `key` of the JSON object text `text`, as `text` spells it; undefined when
+ * the object has no such member. `text` must be valid JSON (as `parseJson` accepts it).
+ */
+export function memberJson(text: string, key: string): string | undefined {
+  let i = 0;
+  const skip = (): void => {
+    while (i < text.length && isWs(text.charCodeAt(i))) i++;
+  };
+  skip();
+  if (text[i] !== "{") return undefined;
+  i++;
+  for (;;) {
+    skip();
+    if (text[i] !== '"') return undefined; // `}`: the end of the object
+    const keyEnd = stringEnd(text, i);
+    const name = JSON.parse(text.slice(i, keyEnd)) as string;
+    i = keyEnd;
+    skip();
+    i++; // ':'
+    skip();
+    const end = valueEnd(text, i);
+    if (name === key) return text.slice(i, end);
+    i = end;
+    skip();
+    i++; // ',' or '}'
+  }
+}

@@ -5,11 +5,11 @@
  * at the start of its content text. This client asks for them once (`shareLogs`), so that output
  * over half the registry's message limit still arrives, and restores the result as shown before
  * anything reads it: splicing JSON text, so `valueJson` is byte for byte the whole form. A
- * failure's captured output (after `\nCaptured output:\n` in its message and text) and a string
- * `result` (at the end of the text: `sharedResult`) travel once the same way.
+ * failure's captured output (after `\nCaptured output:\n` in its message and text) and the
+ * `result` (shown at the end of the text: `sharedResult`) travel once the same way.
  */
 import type { ToolResult } from "./gen/codemode/registry/v1/tool";
-import { parseJson, stringifyJson } from "./json";
+import { memberJson, renderPrettyJson, stringifyJson } from "./json";
 
 /** What precedes a failed run's captured output in its error message and content text. */
 export const CAPTURED = "\nCaptured output:\n";
@@ -45,16 +45,17 @@ export function wholeResult(result: ToolResult): ToolResult {
   });
 }
 
-/** The text block given back the string `result` it left out (`sharedResult`). */
+/** The text block given back the result it left out (`sharedResult`): as shown, a string is
+ * itself and any other value its pretty JSON (`renderPrettyJson` of its text in `valueJson`). */
 function withResult(result: ToolResult): ToolResult {
   if (!result.sharedResult) return result;
-  const value = result.valueJson === undefined ? undefined : parseJson(result.valueJson);
-  const string =
-    value !== null && typeof value === "object" && !Array.isArray(value) ? value.result : undefined;
+  const member = result.valueJson === undefined ? undefined : memberJson(result.valueJson, "result");
+  if (member === undefined) throw new Error("a result with sharedResult has no result to restore");
+  const shown = renderPrettyJson(member);
+  if (shown === "") throw new Error("a result with sharedResult has an empty result to restore");
   const first = result.content[0]?.block;
-  if (typeof string !== "string") throw new Error("a result with sharedResult has no string result to restore");
   if (first?.$case !== "text") throw new Error("a result with sharedResult has no text block to restore");
-  const text = first.value.text === "" ? string : `${first.value.text}\n${string}`;
+  const text = first.value.text === "" ? shown : `${first.value.text}\n${shown}`;
   return {
     ...result,
     content: [{ block: { $case: "text", value: { text } } }, ...result.content.slice(1)],

@@ -710,10 +710,11 @@ class ExecuteToolCallRequest(_message.Message):
     otherwise wait. Off: every event is its own message (older clients know no `batch`).
     """
     share_logs: _builtins.bool
-    """Accept results whose logs travel once (`ToolResult.shared_logs`). A `run_code` result shows
-    its program's logs twice, in its value (`logs`) and in its content text: without this, a
-    program whose output is over about half of the registry's message limit gets
-    `RESULT_TOO_LARGE`. Off: results come whole (older clients know no `shared_logs`).
+    """Accept results whose logs and result travel once (`ToolResult.shared_logs`,
+    `ToolResult.shared_result`). A `run_code` result shows its program's logs and its result
+    twice, in its value and in its content text: without this, a program whose output or result
+    is over about half of the registry's message limit gets `RESULT_TOO_LARGE`. Off: results
+    come whole (older clients know no `shared_logs`).
     """
     def __init__(
         self,

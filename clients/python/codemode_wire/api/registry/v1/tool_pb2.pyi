@@ -296,9 +296,14 @@ class ToolResult(_message.Message):
     """
     shared_result: _builtins.bool
     """Set only to a request that set `share_logs`, on a success whose value is an object with a
-    non-empty string `result`: the text of the first content block (after restoring
-    `shared_logs`) is followed by that string, after `\\n` when the text is not empty, which the
-    block leaves out. A string result then travels once, in `value_json`.
+    `result` member (other than the empty string): the text of the first content block (after
+    restoring `shared_logs`) is followed by that result as shown, after `\\n` when the text is
+    not empty, which the block leaves out. As shown, a string is itself; any other value is
+    `value_json`'s text of it re-indented, which is how `render_pretty` of
+    clients/python/codemode_wire/jsonvalue.py writes it: one child per line, two more spaces
+    per level and `"key": value`, for containers at depths 0-4 (the result is depth 0); empty
+    containers, deeper ones and scalars exactly as `value_json` spells them. The result then
+    travels once, in `value_json`.
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentBlock]:
