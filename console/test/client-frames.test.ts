@@ -14,16 +14,15 @@
  * (both halves) as text before *Approve once*.
  */
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { chromium, type BrowserContext, type Frame, type Locator, type Page } from "playwright-core";
 import { RegistryClient, ToolProvider, type JsonObject, type JsonValue, type ToolCallResult } from "@codemode/client";
-import { PYTHON, REPO_ROOT, startService, stopService, type Service } from "@codemode/client/dist/test/services";
+import { stopService, type Service } from "@codemode/client/dist/test/services";
+import { CHROMIUM, startConsole, startDeployStack, type RunningConsole } from "./stack";
 
-const CHROMIUM = process.env.CODEMODE_CHROMIUM ?? "/usr/bin/chromium";
 const OUTPUT = resolve(__dirname, "..", "..", "test-output");
 const WAIT_MS = 30_000; // generous: the machine is shared and loaded
 const agent = "agents/frames-e2e";
@@ -68,8 +67,7 @@ function report() {
 
 let runtime: Service | undefined;
 let registry: Service | undefined;
-let consoleProcess: ChildProcess | undefined;
-let consoleLog = "";
+let consoleRun: RunningConsole | undefined;
 let consoleUrl = "";
 let client: RegistryClient;
 let provider: ToolProvider | undefined;
@@ -87,35 +85,6 @@ async function tool(toolName: string, args: JsonValue): Promise<JsonObject> {
   const result = await client.executeToolCall({ agent, toolName, arguments: args }).result;
   assert.ok(!result.isError, result.error?.message);
   return result.value as JsonObject;
-}
-
-/** Starts `codemode console`; resolves with the URL it prints for the person to open. */
-function startConsole(registryPort: number): Promise<string> {
-  const proc = spawn(PYTHON, ["-m", "codemode_cli", "console", "--registry", `127.0.0.1:${registryPort}`, "--agent", agent], {
-    cwd: REPO_ROOT,
-    env: { ...process.env, PYTHONUNBUFFERED: "1" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  consoleProcess = proc;
-  const keep = (chunk: Buffer): void => {
-    consoleLog = (consoleLog + chunk.toString()).slice(-20_000);
-  };
-  proc.stderr!.on("data", keep);
-  return new Promise((resolvePromise, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the console was not ready:\n${consoleLog}`)), 60_000);
-    proc.stdout!.on("data", (chunk: Buffer) => {
-      keep(chunk);
-      const match = /console: open (\S+)/.exec(consoleLog);
-      if (match) {
-        clearTimeout(timer);
-        resolvePromise(match[1]!);
-      }
-    });
-    proc.on("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`the console exited (${code}) before it was ready:\n${consoleLog}`));
-    });
-  });
 }
 
 /** The document of a slot's Client half: its frame's, or (a half in the page itself) the slot. */
@@ -195,20 +164,13 @@ function assertConfined(report: { origin: string; framed: boolean; tried: Record
 
 before(async () => {
   assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: scripts/bootstrap installs Debian's chromium`);
-  const dir = mkdtempSync(join(tmpdir(), "codemode-frames-"));
-  const rules = join(dir, "rules.yaml");
-  writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
-  runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
-  registry = await startService("registry_service", "registry listening on port ", {
-    CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
-    CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
-    CODEMODE_REGISTRY_POLICY_RULES: rules,
-  });
+  ({ runtime, registry } = await startDeployStack());
   client = new RegistryClient(`127.0.0.1:${registry.port}`, { timeoutMs: 10_000, executeTimeoutMs: 60_000 });
   await client.createAgent("frames-e2e", { mode: "both", selfModification: true });
   provider = new ToolProvider(client, "ops").tool({ name: "deploy", description: "Deploys a service." }, (args) => `deployed ${(args as JsonObject).service as string}`);
   await provider.start();
-  consoleUrl = await startConsole(registry.port);
+  consoleRun = await startConsole(`127.0.0.1:${registry.port}`, agent);
+  consoleUrl = consoleRun.url;
   profile = mkdtempSync(join(tmpdir(), "codemode-chromium-"));
   browser = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
@@ -236,11 +198,7 @@ before(async () => {
 after(async () => {
   await browser?.close();
   if (profile) rmSync(profile, { recursive: true, force: true });
-  if (consoleProcess && consoleProcess.exitCode === null) {
-    const exited = new Promise((r) => consoleProcess!.once("exit", r));
-    consoleProcess.kill("SIGTERM");
-    await exited;
-  }
+  await consoleRun?.stop();
   await provider?.close();
   client?.close();
   await stopService(registry);
@@ -256,7 +214,7 @@ async function step(name: string, body: () => Promise<void>): Promise<void> {
     const file = join(OUTPUT, `frames-${name}`);
     await page.screenshot({ path: `${file}.png`, fullPage: true }).catch(() => undefined);
     writeFileSync(`${file}.html`, await page.content().catch(() => ""));
-    writeFileSync(`${file}.console.log`, consoleLog);
+    writeFileSync(`${file}.console.log`, consoleRun?.log() ?? "");
     throw e;
   }
 }

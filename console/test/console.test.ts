@@ -8,14 +8,13 @@
  * under console/test-output/.
  */
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
 import type { Browser, BrowserContext, FrameLocator, Locator, Page } from "playwright-core";
 import { RegistryClient, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
-import { startService, stopService, type Service } from "@codemode/client/dist/test/services";
-import { launchChromium, startConsole, type RunningConsole } from "./stack";
+import { stopService, type Service } from "@codemode/client/dist/test/services";
+import { launchChromium, startConsole, startDeployStack, type RunningConsole } from "./stack";
 
 const OUTPUT = resolve(__dirname, "..", "..", "test-output");
 const WAIT_MS = 30_000; // generous: the machine is shared and loaded
@@ -94,15 +93,7 @@ async function defineAndRun(
 }
 
 before(async () => {
-  const dir = mkdtempSync(join(tmpdir(), "codemode-console-"));
-  const rules = join(dir, "rules.yaml");
-  writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
-  runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
-  registry = await startService("registry_service", "registry listening on port ", {
-    CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
-    CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
-    CODEMODE_REGISTRY_POLICY_RULES: rules,
-  });
+  ({ runtime, registry } = await startDeployStack());
   client = new RegistryClient(`127.0.0.1:${registry.port}`, { timeoutMs: 10_000, executeTimeoutMs: 60_000 });
   await client.createAgent("console-e2e", { mode: "both", selfModification: true });
   provider = new ToolProvider(client, "ops")

@@ -1,8 +1,10 @@
 /** What the console's browser tests share: `codemode console` as a real process, and Chromium. */
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { chromium, type Browser } from "playwright-core";
-import { PYTHON, REPO_ROOT } from "@codemode/client/dist/test/services";
+import { PYTHON, REPO_ROOT, startService, type Service } from "@codemode/client/dist/test/services";
 
 export const CHROMIUM = process.env.CODEMODE_CHROMIUM ?? "/usr/bin/chromium";
 
@@ -61,4 +63,17 @@ export async function launchChromium(args: string[] = []): Promise<Browser> {
     headless: true,
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", ...args],
   });
+}
+
+/** A runtime and a registry wired to it whose policy asks a person before any `deploy` call. */
+export async function startDeployStack(): Promise<{ runtime: Service; registry: Service }> {
+  const rules = join(mkdtempSync(join(tmpdir(), "codemode-console-")), "rules.yaml");
+  writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
+  const runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
+  const registry = await startService("registry_service", "registry listening on port ", {
+    CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
+    CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
+    CODEMODE_REGISTRY_POLICY_RULES: rules,
+  });
+  return { runtime, registry };
 }
