@@ -378,8 +378,7 @@ class Run:
     def _handle(self, worker: WorkerProcess, event: FrameEvent) -> None:
         if self._terminal is not None:
             return  # nothing the worker says after the outcome counts
-        large = type(event) is bytes and len(event) > LARGE_FRAME_BYTES
-        if self._draining is not None or large:
+        if self._draining is not None or _is_large(event):
             # Off the loop, in order: everything behind a large frame waits for it.
             self._backlog.append(event)
             if self._draining is None:
@@ -396,7 +395,16 @@ class Run:
         try:
             while self._backlog and self._terminal is None:
                 event = self._backlog.popleft()
-                if type(event) is bytes and len(event) > LARGE_FRAME_BYTES:
+                if isinstance(event, Oversized) and _is_large(event):
+                    # A hostile worker's frame can make the fitting prefix of its log cost as
+                    # much to find as a large frame to decode.
+                    text = await loop.run_in_executor(
+                        decoding_pool(), partial_log_text, event.head, self._log_room_spelled()
+                    )
+                    if self._terminal is None:
+                        self._overflowing_log(text)
+                elif _is_large(event):
+                    assert type(event) is bytes
                     decoded = await loop.run_in_executor(
                         decoding_pool(), decode_frame, event, max_output
                     )
@@ -441,14 +449,7 @@ class Run:
     def _oversized(self, worker: WorkerProcess, frame: Oversized) -> None:
         """A frame over its bound, given up on unread (``frame_reader``)."""
         if frame.kind == "output":
-            # A log keeps its fitting prefix, as any overflowing log does: enough of its
-            # text to cross the room left (a ledger byte is at most 3 spelled bytes).
-            room = self._ledger.remaining_for_entry()
-            text = partial_log_text(frame.head, 3 * max(room + 1, 0) + 12)
-            if text is not None:
-                self._admit_log(text)
-            self._overflowed = True
-            self._settle(_Terminal(RunFailure("output-limit", "")))
+            self._overflowing_log(partial_log_text(frame.head, self._log_room_spelled()))
             return
         if self._new_call_id(frame.call_id):
             limit = self.request.max_call_bytes
@@ -457,6 +458,19 @@ class Run:
                 f"over the runtime's limit (max_message_bytes {limit})"
             )
             self._reply(worker, frame.call_id, BindingResult.failure(message))
+
+    def _log_room_spelled(self) -> int:
+        """How much of an overflowing log's spelled text is enough to cross the room left (a
+        ledger byte is at most 3 spelled bytes)."""
+        return 3 * max(self._ledger.remaining_for_entry() + 1, 0) + 12
+
+    def _overflowing_log(self, text: str | None) -> None:
+        """A log over the room left keeps its fitting prefix, as any overflowing log does, and
+        ends the run ``output-limit``."""
+        if text is not None:
+            self._admit_log(text)
+        self._overflowed = True
+        self._settle(_Terminal(RunFailure("output-limit", "")))
 
     def _completion(self, done: DoneMessage, decoded: Decoded) -> _Terminal:
         if done.error is not None:
@@ -607,3 +621,10 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return str(number)
+
+
+def _is_large(event: FrameEvent) -> bool:
+    """Whether handling ``event`` is big work, done on the decoding threads and in order."""
+    if isinstance(event, Oversized):
+        return len(event.head) > LARGE_FRAME_BYTES
+    return type(event) is bytes and len(event) > LARGE_FRAME_BYTES

@@ -334,6 +334,35 @@ async def test_a_huge_log_line_is_measured_and_cut_off_the_event_loop(
     assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
 
 
+# A fake worker announcing a FRAME_BYTES log frame whose text is all 6-byte escapes (each a
+# 2-byte character in the ledger): the fitting prefix the runtime keeps is tens of MiB of JSON to
+# parse, and a cut inside an escape makes it parse again.
+ESCAPED_LOG = HUGE_FRAME.replace(
+    "chunk = b'x' * (1 << 20)", "chunk = b'\\\\u00e9' * ((1 << 20) // 6)"
+)
+
+
+async def test_a_hostile_log_frame_over_the_budget_is_cut_off_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    budget = 16 << 20
+    worker = (
+        ESCAPED_LOG.replace("HEAD", repr(b'{"t":"log","text":"'))
+        .replace("FRAME_BYTES", str(FRAME_BYTES))
+        .replace("AFTER", "finish('read it all')")
+    )
+    async with hosting(tmp_path, max_output_bytes=budget, default_max_output_bytes=budget) as host:
+        host.fake_workers(worker)
+        with CallbackCpu() as cpu:
+            _, terminal = await drive(host.stub, start_message("return 1", wall_ms=120_000))
+        await assert_no_worker_left(host)
+    assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {budget} bytes")
+    (kept,) = terminal.logs
+    assert set(kept) == {"é"} and len(kept.encode()) > budget - 1024 - LOG_LINE_OVERHEAD
+    print(f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what})")
+    assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
+
+
 async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path) -> None:
     # Probe runs (``return 1``), one after the other, from when the large frame is on its way
     # until the large run's terminal arrives: before the fix the loop was frozen while the
