@@ -13,7 +13,7 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, results
-from registry_service.domain.approvals import ApprovalOutcome
+from registry_service.domain.approvals import ApprovalOutcome, ApprovalRequest, ApproverMessage
 from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
 from registry_service.domain.providers import ToolSpec
 from registry_service.domain.scopes import Mode
@@ -66,6 +66,32 @@ def mode_to_proto(mode: Mode | None) -> scope_pb2.PresentationMode.ValueType:
 
 def outcome_to_proto(outcome: ApprovalOutcome) -> rpb.ApprovalOutcome.ValueType:
     return _OUTCOMES[outcome]
+
+
+def approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
+    """The message an approver stream sends; its size is what the broker compares with each
+    approver's receive limit (`approval_request_bytes`)."""
+    if isinstance(message, ApprovalRequest):
+        return rpb.ApproveResponse(
+            request=rpb.ApprovalRequest(
+                approval_id=message.approval_id,
+                call_id=message.call_id,
+                agent=message.agent,
+                tool_name=message.tool_name,
+                arguments_json=message.arguments_json,
+                reason=message.reason,
+            )
+        )
+    return rpb.ApproveResponse(
+        withdrawn=rpb.ApprovalWithdrawn(
+            approval_id=message.approval_id, outcome=outcome_to_proto(message.outcome)
+        )
+    )
+
+
+def approval_request_bytes(request: ApprovalRequest) -> int:
+    """The encoded size of the message that carries `request` to an approver."""
+    return approver_message(request).ByteSize()
 
 
 def outcome_from_proto(value: int) -> ApprovalOutcome | None:

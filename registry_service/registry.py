@@ -30,6 +30,7 @@ from registry_service.domain.execution import Emit, ExecutionInput, Executor, no
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
+from registry_service.domain.receive_limits import ReceiveLimits
 from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.telemetry import RegistryTelemetry
@@ -353,7 +354,11 @@ def build_registry(
         prompt_sections=tuple(s.to_section() for s in settings.prompt_sections),
         tool_order=tuple(settings.tool_order),
     )
-    approvals = ApprovalBroker()
+    from registry_service.convert import approval_request_bytes  # the wire encoding (protobuf)
+
+    # Nothing sent to a provider or an approver exceeds what it declared it receives.
+    receive_limits = ReceiveLimits(settings.max_message_bytes)
+    approvals = ApprovalBroker(receive_limits, approval_request_bytes)
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
     executor = Executor(catalog, approvals, telemetry, settings.json_limits())
     admission = _admission(settings, catalog)
@@ -375,7 +380,7 @@ def build_registry(
         settings=settings,
         catalog=catalog,
         approvals=approvals,
-        providers=ProviderHub(catalog, settings.max_message_bytes),
+        providers=ProviderHub(catalog, receive_limits),
         executor=executor,
         assembler=Assembler(catalog, presentation),
         history=history,

@@ -21,7 +21,6 @@ from codemode_wire.errors import CodemodeError, invalid_argument
 from codemode_wire.grpc_status import ok_status_proto, to_status_proto
 from registry_service import convert
 from registry_service._errors import DOMAIN, abort
-from registry_service.domain.approvals import ApprovalRequest, ApproverMessage
 from registry_service.domain.json_admission import off_loop
 from registry_service.domain.providers import CancellationMessage, ProviderMessage
 from registry_service.domain.results import error_result
@@ -224,25 +223,6 @@ def _register(
 # -- approvers ------------------------------------------------------------------------------
 
 
-def _approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
-    if isinstance(message, ApprovalRequest):
-        return rpb.ApproveResponse(
-            request=rpb.ApprovalRequest(
-                approval_id=message.approval_id,
-                call_id=message.call_id,
-                agent=message.agent,
-                tool_name=message.tool_name,
-                arguments_json=message.arguments_json,
-                reason=message.reason,
-            )
-        )
-    return rpb.ApproveResponse(
-        withdrawn=rpb.ApprovalWithdrawn(
-            approval_id=message.approval_id, outcome=convert.outcome_to_proto(message.outcome)
-        )
-    )
-
-
 async def approver_stream(
     registry: Registry,
     requests: AsyncIterator[rpb.ApproveRequest],
@@ -257,7 +237,9 @@ async def approver_stream(
     except CodemodeError as error:
         await abort(context, error)
         return
-    session = registry.approvals.connect(opened.approver_name or "approver", may_approve)
+    session = registry.approvals.connect(
+        opened.approver_name or "approver", may_approve, opened.max_receive_message_bytes
+    )
 
     async def reader(out: asyncio.Queue[Any]) -> None:
         async for message in requests:
@@ -283,7 +265,7 @@ async def approver_stream(
 
     async def pump(out: asyncio.Queue[Any]) -> None:
         while True:
-            out.put_nowait(_approver_message(await session.outbox.get()))
+            out.put_nowait(convert.approver_message(await session.outbox.get()))
 
     try:
         yield rpb.ApproveResponse(opened=rpb.ApproverOpened(approver_id=session.approver_id))

@@ -360,7 +360,8 @@ class Executor:
         )
         emit(ApprovalPending(request.approval_id, request.reason))
         started, clock = time.time_ns(), time.perf_counter()
-        outcome = await self.approvals.request(request, execution.signal)
+        resolution = await self.approvals.request(request, execution.signal)
+        outcome = resolution.outcome
         self.telemetry.approval_waited(outcome.value, time.perf_counter() - clock)
         execution.trace.stage(
             APPROVAL_WAIT, started, approval_id=request.approval_id, outcome=outcome.value
@@ -374,7 +375,7 @@ class Executor:
             if execution.signal.aborted:
                 return None
             return Deny(f'approval for tool "{name}" was cancelled')
-        return Deny(f'tool "{name}" requires approval, but no approval channel is available')
+        return Deny(f'tool "{name}" requires approval, but {resolution.unavailable_because}')
 
     # -- around wrappers and the body ----------------------------------------------------------
 

@@ -18,13 +18,12 @@ from codemode_wire.errors import failed_precondition
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.execution import ToolCallFailure
+from registry_service.domain.receive_limits import ReceiveLimits, too_large
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.tools import Classifier, Invocation, ToolDefinition
 
 PROVIDER_UNAVAILABLE = "PROVIDER_UNAVAILABLE"
 INVOCATION_TOO_LARGE = "INVOCATION_TOO_LARGE"
-# What a provider that declares no receive limit receives: gRPC's default receive limit.
-DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +123,9 @@ class ProviderSession:
             return True
         future = self._inflight.get(invocation_id)
         if future is not None and not future.done():
-            future.set_exception(
-                ToolCallFailure(
-                    f"the invocation is {encoded_bytes} bytes, larger than the "
-                    f'{self.max_receive_bytes} bytes tool provider "{self.name}" receives',
-                    INVOCATION_TOO_LARGE,
-                )
-            )
+            receiver = f'tool provider "{self.name}"'
+            message = too_large("invocation", encoded_bytes, self.max_receive_bytes, receiver)
+            future.set_exception(ToolCallFailure(message, INVOCATION_TOO_LARGE))
         return False
 
     def resolve(self, invocation_id: str, result: ToolResult) -> bool:
@@ -163,21 +158,17 @@ class ProviderSession:
 class ProviderHub:
     """Creates provider sessions with unique ids."""
 
-    def __init__(self, catalog: Catalog, max_send_bytes: int) -> None:
+    def __init__(self, catalog: Catalog, limits: ReceiveLimits) -> None:
         self._catalog = catalog
-        self._max_send_bytes = max_send_bytes
+        self._limits = limits
         self._ids = itertools.count(1)
         self.sessions: dict[str, ProviderSession] = {}
 
     def open(self, name: str, max_receive_bytes: int = 0) -> ProviderSession:
-        """A session for a provider that receives messages up to `max_receive_bytes` (0: gRPC's
-        default), and never more than the registry sends (`max_send_bytes`)."""
-        receives = max_receive_bytes if max_receive_bytes > 0 else DEFAULT_RECEIVE_BYTES
+        """A session for a provider that declared it receives `max_receive_bytes` (see
+        `ReceiveLimits.of`)."""
         session = ProviderSession(
-            f"provider-{next(self._ids)}",
-            name,
-            self._catalog,
-            min(receives, self._max_send_bytes),
+            f"provider-{next(self._ids)}", name, self._catalog, self._limits.of(max_receive_bytes)
         )
         self.sessions[session.provider_id] = session
         return session

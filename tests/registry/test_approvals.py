@@ -1,4 +1,5 @@
-"""Approver streams: allowed, rejected, none connected, cancelled, two approvers racing."""
+"""Approver streams: allowed, rejected, none connected, cancelled, two approvers racing, a
+request larger than an approver receives."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
+from codemode_client import Approver, open_channel
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain.policy import Ask, PreDecision
 from tests.registry.conftest import Harness, echo_tool, watch_outcomes
@@ -149,3 +151,83 @@ async def test_approvals_only_progress_keeps_the_approval_events(harness: Harnes
     events, result = await call
     assert [e.WhichOneof("event") for e in events] == ["approval_pending", "approval_resolved"]
     assert not result.is_error
+
+
+async def _until_request(call: Any) -> rpb.ApprovalRequest:
+    """The next request on a raw approver stream, past any withdrawals."""
+    while (message := await call.read()).WhichOneof("message") != "request":
+        assert message.WhichOneof("message") == "withdrawn", message
+    request: rpb.ApprovalRequest = message.request
+    return request
+
+
+async def test_a_request_larger_than_the_approver_receives_is_not_sent(harness: Harness) -> None:
+    """An approver on a plain gRPC channel receives at most 4 MiB (gRPC's default). A larger
+    request used to end its stream there, cutting every agent's approvals; now it is not sent:
+    with no approver that can receive it the call is DENIED saying so (outcome UNAVAILABLE),
+    and the same stream goes on answering another agent's requests."""
+    await _ask_for(harness, "write")
+    first, second = await harness.agent("first"), await harness.agent("second")
+    approver = await _approver(harness)  # the harness's channel is a plain one
+    caller = open_channel(harness.running.address)  # the caller's channel sends enough
+    agents = Harness(harness.running, caller)
+    try:
+        # The approver reads throughout, as a real one does: a request it cannot receive would
+        # end its stream here (RESOURCE_EXHAUSTED on its side).
+        reading = asyncio.create_task(_until_request(approver))
+        big = asyncio.create_task(
+            agents.execute("write", {"text": "x" * (5 << 20)}, agent=first, call_id="big")
+        )
+        await asyncio.wait({reading, big}, return_when=asyncio.FIRST_COMPLETED)
+        assert not reading.done(), reading  # nothing reached the approver, nor broke its stream
+        events, refused = await big
+        assert refused.is_error and refused.error.code == "DENIED", refused.error
+        assert "larger than the 4194304 bytes any connected approver" in refused.error.message
+        assert events[-1].approval_resolved.outcome == rpb.APPROVAL_OUTCOME_UNAVAILABLE
+        record = await agents.settled(first, "big")
+        assert (record.is_error, record.error_code) == (True, "DENIED")
+
+        call = asyncio.create_task(agents.execute("write", {"p": 2}, agent=second, call_id="b"))
+        request = await reading  # the first request the approver received
+        assert (request.agent, request.call_id) == (second, "b")
+        await _decide(approver, request.approval_id, rpb.APPROVAL_OUTCOME_ALLOWED_ONCE)
+        _, allowed = await call
+        assert not allowed.is_error, allowed.error
+    finally:
+        approver.cancel()
+        await caller.close()
+
+
+async def test_a_large_request_goes_to_the_approvers_that_receive_it(harness: Harness) -> None:
+    """The client's approvers declare their channel's limit: on `open_channel` (64 MiB) one is
+    sent a 5 MiB request and answers it; one on a plain channel is not, and is still served."""
+    agent = await _ask_for(harness, "write")
+    roomy_channel = open_channel(harness.running.address)
+    seen: dict[str, list[str]] = {"roomy": [], "plain": []}
+
+    def recorder(name: str, allow: bool) -> Any:
+        def decide(request: rpb.ApprovalRequest) -> bool:
+            seen[name].append(request.call_id)
+            return allow
+
+        return decide
+
+    roomy = Approver(roomy_channel, "roomy", recorder("roomy", True))
+    plain = Approver(harness.channel, "plain", recorder("plain", False))
+    agents = Harness(harness.running, roomy_channel)
+    try:
+        async with plain, roomy:
+            _, big = await agents.execute("write", {"text": "y" * (5 << 20)}, agent=agent)
+            assert not big.is_error, big.error  # the roomy approver allowed it
+            assert seen == {"roomy": ["call-1"], "plain": []}
+        # With only the plain approver left, the same request is too large for all of them.
+        async with plain:
+            _, refused = await agents.execute(
+                "write", {"text": "y" * (5 << 20)}, agent=agent, call_id="again"
+            )
+            assert "larger than the 4194304 bytes" in refused.error.message
+            _, small = await agents.execute("write", {"p": 1}, agent=agent, call_id="small")
+            assert small.error.message == 'the user rejected tool "write"'
+            assert seen["plain"] == ["small"]
+    finally:
+        await roomy_channel.close()

@@ -9,7 +9,8 @@
     await approver.serve()  # or: answer until close(), reconnecting whenever the stream is
                             # lost (a registry restart or shutdown)
 
-Every connected approver receives every request; the first answer wins.
+Every connected approver receives every request it may answer and its channel can receive
+(`open_channel` receives 64 MiB, a plain channel 4 MiB); the first answer wins.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 
 from codemode_client._reconnect import serve_until_closed
+from codemode_client.channel import receive_limit
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -32,6 +34,9 @@ Decide = Callable[[rpb.ApprovalRequest], "bool | Awaitable[bool]"]
 class Approver:
     def __init__(self, channel: grpc.aio.Channel, name: str, decide: Decide) -> None:
         self._stub = rpb_grpc.RegistryServiceStub(channel)
+        # Declared when the stream opens: the registry sends no request larger than this, which
+        # the channel would refuse by ending the stream (and every agent's approvals on it).
+        self._receives = receive_limit(channel)
         self._name = name
         self._decide = decide
         self._call: Any = None
@@ -51,7 +56,10 @@ class Approver:
         failing at once with UNAVAILABLE."""
         self._closing = False
         self._call = self._stub.Approve(wait_for_ready=wait_for_ready)
-        await self._call.write(rpb.ApproveRequest(open=rpb.OpenApprover(approver_name=self._name)))
+        opening = rpb.OpenApprover(
+            approver_name=self._name, max_receive_message_bytes=self._receives
+        )
+        await self._call.write(rpb.ApproveRequest(open=opening))
         opened = await self._call.read()
         if opened is grpc.aio.EOF or opened.WhichOneof("message") != "opened":
             raise RuntimeError("the registry did not open the approver stream")

@@ -48,9 +48,9 @@ _RECEIVE_LIMITS: weakref.WeakKeyDictionary[grpc.aio.Channel, int] = weakref.Weak
 
 def receive_limit(channel: grpc.aio.Channel) -> int:
     """The largest message `channel` receives: as `open_channel` set it up, else gRPC's
-    default (a channel made any other way is taken to have it). A tool provider declares it
-    when it opens its stream, so that the registry never sends it an invocation it would
-    refuse, which would end the stream and revoke its tools for every caller."""
+    default (a channel made any other way is taken to have it). A tool provider or an approver
+    declares it when it opens its stream, so that the registry never sends it an invocation or
+    an approval request it would refuse, which would end the stream for every caller."""
     return _RECEIVE_LIMITS.get(channel, GRPC_DEFAULT_RECEIVE_BYTES)
 
 

@@ -147,7 +147,10 @@ export class Approver {
     stream.call.on("error", (e: ServiceError) => this.finish(stream, CodemodeError.from(e)));
     stream.call.on("end", () => this.finish(stream, undefined));
     const opened = new Promise<string>((resolve, reject) => (stream.opened = { resolve, reject }));
-    stream.write({ message: { $case: "open", value: { approverName: this.name } } });
+    // The registry sends no request larger than this, which the channel would refuse by ending
+    // the stream (and every agent's approvals on it).
+    const maxReceiveMessageBytes = BigInt(this.client.maxReceiveMessageBytes);
+    stream.write({ message: { $case: "open", value: { approverName: this.name, maxReceiveMessageBytes } } });
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(

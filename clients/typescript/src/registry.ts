@@ -428,8 +428,9 @@ export class RegistryClient {
   readonly stub: RegistryServiceClient;
   readonly timeoutMs: number;
   readonly executeTimeoutMs: number;
-  /** The largest message this client's channel receives; a provider declares it when it opens
-   * its stream, so the registry never sends it an invocation the channel would refuse. */
+  /** The largest message this client's channel receives; a provider or an approver declares it
+   * when it opens its stream, so the registry never sends it an invocation or an approval
+   * request the channel would refuse. */
   readonly maxReceiveMessageBytes: number;
   private readonly retry: Required<RetryOptions>;
   private readonly baseMetadata: Record<string, string>;

@@ -1250,16 +1250,25 @@ class OpenApprover(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     APPROVER_NAME_FIELD_NUMBER: _builtins.int
+    MAX_RECEIVE_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     approver_name: _builtins.str
     """The approver's name, for diagnostics."""
+    max_receive_message_bytes: _builtins.int
+    """The largest message, in bytes, this approver's channel receives (its
+    `grpc.max_receive_message_length`). An approval request whose encoded message is larger is
+    not sent to this approver (the stream goes on); when no connected approver can receive it,
+    its outcome is UNAVAILABLE and the call is DENIED saying so. Unset or 0: 4194304 (4 MiB,
+    gRPC's default receive limit).
+    """
     def __init__(
         self,
         *,
         approver_name: _builtins.str = ...,
+        max_receive_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approver_name", b"approver_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approver_name", b"approver_name", "max_receive_message_bytes", b"max_receive_message_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

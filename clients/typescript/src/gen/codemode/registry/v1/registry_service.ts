@@ -472,6 +472,14 @@ export interface ApproveRequest {
 export interface OpenApprover {
   /** The approver's name, for diagnostics. */
   approverName: string;
+  /**
+   * The largest message, in bytes, this approver's channel receives (its
+   * `grpc.max_receive_message_length`). An approval request whose encoded message is larger is
+   * not sent to this approver (the stream goes on); when no connected approver can receive it,
+   * its outcome is UNAVAILABLE and the call is DENIED saying so. Unset or 0: 4194304 (4 MiB,
+   * gRPC's default receive limit).
+   */
+  maxReceiveMessageBytes: bigint;
 }
 
 /** An answer to an approval request. */
@@ -3487,13 +3495,19 @@ export const ApproveRequest: MessageFns<ApproveRequest> = {
 };
 
 function createBaseOpenApprover(): OpenApprover {
-  return { approverName: "" };
+  return { approverName: "", maxReceiveMessageBytes: 0n };
 }
 
 export const OpenApprover: MessageFns<OpenApprover> = {
   encode(message: OpenApprover, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.approverName !== "") {
       writer.uint32(10).string(message.approverName);
+    }
+    if (message.maxReceiveMessageBytes !== 0n) {
+      if (BigInt.asIntN(64, message.maxReceiveMessageBytes) !== message.maxReceiveMessageBytes) {
+        throw new globalThis.Error("value provided for field message.maxReceiveMessageBytes of type int64 too large");
+      }
+      writer.uint32(16).int64(message.maxReceiveMessageBytes);
     }
     return writer;
   },
@@ -3519,6 +3533,14 @@ export const OpenApprover: MessageFns<OpenApprover> = {
             message.approverName = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxReceiveMessageBytes = reader.int64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3537,6 +3559,10 @@ export const OpenApprover: MessageFns<OpenApprover> = {
   fromPartial(object: DeepPartial<OpenApprover>): OpenApprover {
     const message = createBaseOpenApprover();
     message.approverName = object.approverName ?? "";
+    message.maxReceiveMessageBytes =
+      (object.maxReceiveMessageBytes !== undefined && object.maxReceiveMessageBytes !== null)
+        ? BigInt(object.maxReceiveMessageBytes)
+        : 0n;
     return message;
   },
 };
