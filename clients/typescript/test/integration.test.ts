@@ -464,6 +464,41 @@ describe("RegistryClient against the real services", () => {
     }
   });
 
+  it("approvers declare their channel's receive limit: a request goes only to those that receive it", async () => {
+    const MiB = 1024 * 1024;
+    const channel = (receives: number) =>
+      new RegistryClient(`127.0.0.1:${registry!.port}`, {
+        timeoutMs: 10_000,
+        channelOptions: { "grpc.max_receive_message_length": receives },
+      });
+    // Over gRPC's 4 MiB default: only a declared limit lets the registry send it a 5 MiB request.
+    const roomy = channel(8 * MiB);
+    const small = channel(4 * MiB);
+    assert.equal(roomy.maxReceiveMessageBytes, 8 * MiB);
+    const seen: Record<string, string[]> = { roomy: [], small: [] };
+    // They leave the answer to the suite's approver (first answer wins).
+    const watching = (name: string, on: RegistryClient) =>
+      new Approver(on, `ts-${name}`, (request) => void seen[name]!.push(request.callId));
+    const approvers = [watching("roomy", roomy), watching("small", small)];
+    for (const a of approvers) await a.start();
+    try {
+      const call = (path: string, callId: string) =>
+        client.executeToolCall({ agent: "agents/ts-native", callId, toolName: "guarded_write", arguments: { path } }).result;
+      const big = await call(`ok/${"x".repeat(5 * MiB)}`, "ts-approve-big");
+      assert.equal(big.isError, false, big.error?.message);
+      await eventually(async () => (seen.roomy!.includes("ts-approve-big") ? true : undefined));
+      const fits = await call("ok/small.txt", "ts-approve-small");
+      assert.equal(fits.value, "wrote ok/small.txt");
+      await eventually(async () => (seen.small!.length > 0 ? true : undefined));
+      // In order on its stream: the big request, had it been sent, would have come (or broken it) first.
+      assert.deepEqual(seen.small, ["ts-approve-small"]);
+    } finally {
+      for (const a of approvers) await a.close();
+      roomy.close();
+      small.close();
+    }
+  });
+
   it("refuses a conflicting registration and revokes tools when a provider disconnects", async () => {
     const clash = new ToolProvider(client, "clash").tool({ name: "add" }, () => 0);
     await assert.rejects(clash.start(), (e: unknown) => e instanceof CodemodeError && e.reason === "TOOL_ALREADY_REGISTERED");
