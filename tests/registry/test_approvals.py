@@ -11,6 +11,7 @@ import pytest
 
 from codemode_client import Approver, open_channel
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.domain.policy import Ask, PreDecision
 from tests.registry.conftest import Harness, echo_tool, watch_outcomes
 
@@ -229,5 +230,37 @@ async def test_a_large_request_goes_to_the_approvers_that_receive_it(harness: Ha
             _, small = await agents.execute("write", {"p": 1}, agent=agent, call_id="small")
             assert small.error.message == 'the user rejected tool "write"'
             assert seen["plain"] == ["small"]
+    finally:
+        await roomy_channel.close()
+
+
+async def test_the_last_approver_that_receives_a_request_leaving_makes_it_unavailable(
+    harness: Harness,
+) -> None:
+    """A request only a roomy approver was sent: when it leaves, the plain one still connected
+    cannot receive it, so the outcome is UNAVAILABLE saying why (and the plain one hears
+    nothing of it, not even a withdrawal)."""
+    agent = await _ask_for(harness, "write")
+    roomy_channel = open_channel(harness.running.address)
+    try:
+        roomy = rpb_grpc.RegistryServiceStub(roomy_channel).Approve()
+        opening = rpb.OpenApprover(approver_name="roomy", max_receive_message_bytes=64 << 20)
+        await roomy.write(rpb.ApproveRequest(open=opening))
+        assert (await roomy.read()).WhichOneof("message") == "opened"
+        plain = await _approver(harness, "plain")
+        agents = Harness(harness.running, roomy_channel)
+        call = asyncio.create_task(agents.execute("write", {"text": "z" * (5 << 20)}, agent=agent))
+        assert (await roomy.read()).request.call_id == "call-1"
+        roomy.cancel()
+        events, result = await call
+        assert events[-1].approval_resolved.outcome == rpb.APPROVAL_OUTCOME_UNAVAILABLE
+        assert "larger than the 4194304 bytes any connected approver" in result.error.message
+        small = asyncio.create_task(agents.execute("write", agent=agent, call_id="small"))
+        request = (await plain.read()).request  # its first message: nothing of call-1 came
+        assert request.call_id == "small"
+        await _decide(plain, request.approval_id, rpb.APPROVAL_OUTCOME_ALLOWED_ONCE)
+        _, allowed = await small
+        assert not allowed.is_error, allowed.error
+        plain.cancel()
     finally:
         await roomy_channel.close()
