@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -90,8 +91,21 @@ def approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
 
 
 def approval_request_bytes(request: ApprovalRequest) -> int:
-    """The encoded size of the message that carries `request` to an approver."""
-    return approver_message(request).ByteSize()
+    """The encoded size of the message that carries `request` to an approver, computed without
+    encoding its arguments (up to `max_message_bytes` of them: not work for the event loop):
+    the rest of the message is measured, and the arguments field (`arguments_json`, field 5)
+    and the enclosing `request` field (field 2) are added as protobuf spells them, a one-byte
+    tag and a varint length before each."""
+    rest = dataclasses.replace(request, arguments_json="")
+    inner = approver_message(rest).request.ByteSize()
+    size = len(request.arguments_json.encode())
+    if size:
+        inner += 1 + _varint_bytes(size) + size
+    return 1 + _varint_bytes(inner) + inner
+
+
+def _varint_bytes(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
 
 
 def outcome_from_proto(value: int) -> ApprovalOutcome | None:
