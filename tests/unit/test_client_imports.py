@@ -1,4 +1,4 @@
-"""The Python client's distribution (`codemode_client` and `codemode_wire`, under clients/python)
+"""The Python client's distribution (`codemode_client`, under clients/python, and `codemode_wire`, top level, shipped by it)
 imports only itself, the standard library and what its pyproject declares: never the servers'
 packages, which a user who installs only the client does not have. Every import counts, also
 one inside a function. (tests/clients/test_client_package.py proves it by installing it.)"""

@@ -364,7 +364,7 @@ export function stringifyJson(value: unknown): string {
 }
 
 // ---------------------------------------------------------------------------------------------
-// renderPrettyJson: the text `render_pretty` (clients/python/codemode_wire/jsonvalue.py) writes
+// renderPrettyJson: the text `render_pretty` (codemode_wire/jsonvalue.py) writes
 // ---------------------------------------------------------------------------------------------
 
 /** Containers at depths 0-4 are pretty: their children sit at most 10 spaces in. */

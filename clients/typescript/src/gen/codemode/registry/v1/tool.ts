@@ -151,7 +151,7 @@ export interface ToolResult {
    * restoring `shared_logs`) is followed by that result as shown, after `\n` when the text is
    * not empty, which the block leaves out. As shown, a string is itself; any other value is
    * `value_json`'s text of it re-indented, which is how `render_pretty` of
-   * clients/python/codemode_wire/jsonvalue.py writes it: one child per line, two more spaces
+   * codemode_wire/jsonvalue.py writes it: one child per line, two more spaces
    * per level and `"key": value`, for containers at depths 0-4 (the result is depth 0); empty
    * containers, deeper ones and scalars exactly as `value_json` spells them. The result then
    * travels once, in `value_json`.
