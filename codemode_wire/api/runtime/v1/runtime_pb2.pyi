@@ -62,6 +62,38 @@ FAILURE_KIND_OUTPUT_LIMIT: FailureKind.ValueType  # 6
 """Logs plus value or message exceeded the output ledger."""
 Global___FailureKind: _TypeAlias = FailureKind  # noqa: Y015
 
+class _SourceKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SourceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SOURCE_KIND_UNSPECIFIED: _SourceKind.ValueType  # 0
+    """Not set: refused with INVALID_ARGUMENT."""
+    SOURCE_KIND_PROGRAM: _SourceKind.ValueType  # 1
+    """A `run_code` program: the body of an async function (top-level `await` and `return`)."""
+    SOURCE_KIND_HOST_HALF: _SourceKind.ValueType  # 2
+    """A Cordis host half: the body of an async function that returns the plugin."""
+    SOURCE_KIND_CLIENT_HALF: _SourceKind.ValueType  # 3
+    """A Cordis client half: plain JavaScript for the browser, the body of an async function
+    (no types); checked by a runtime language that runs JavaScript (CheckSourceRequest).
+    """
+
+class SourceKind(_SourceKind, metaclass=_SourceKindEnumTypeWrapper):
+    """SourceKind is what a source is: it decides how it is wrapped and parsed."""
+
+SOURCE_KIND_UNSPECIFIED: SourceKind.ValueType  # 0
+"""Not set: refused with INVALID_ARGUMENT."""
+SOURCE_KIND_PROGRAM: SourceKind.ValueType  # 1
+"""A `run_code` program: the body of an async function (top-level `await` and `return`)."""
+SOURCE_KIND_HOST_HALF: SourceKind.ValueType  # 2
+"""A Cordis host half: the body of an async function that returns the plugin."""
+SOURCE_KIND_CLIENT_HALF: SourceKind.ValueType  # 3
+"""A Cordis client half: plain JavaScript for the browser, the body of an async function
+(no types); checked by a runtime language that runs JavaScript (CheckSourceRequest).
+"""
+Global___SourceKind: _TypeAlias = SourceKind  # noqa: Y015
+
 class _IsolationScope:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1110,6 +1142,7 @@ class GetCapabilitiesResponse(_message.Message):
     MAX_BUDGETS_FIELD_NUMBER: _builtins.int
     POOL_SIZE_FIELD_NUMBER: _builtins.int
     LANGUAGE_ISOLATION_FIELD_NUMBER: _builtins.int
+    LANGUAGE_CAPABILITIES_FIELD_NUMBER: _builtins.int
     pool_size: _builtins.int
     """Idle pre-spawned workers kept ready (0 = spawn on demand)."""
     @_builtins.property
@@ -1134,6 +1167,12 @@ class GetCapabilitiesResponse(_message.Message):
         language (keys: the entries of `languages`). `isolation` is the Python worker's.
         """
 
+    @_builtins.property
+    def language_capabilities(self) -> _containers.RepeatedCompositeFieldContainer[Global___LanguageCapability]:
+        """One entry per language this runtime knows, served or not (`languages` lists the served
+        ones): its wire and façade versions, its limits and what CheckSource checks for it.
+        """
+
     def __init__(
         self,
         *,
@@ -1143,14 +1182,173 @@ class GetCapabilitiesResponse(_message.Message):
         max_budgets: Global___RunBudgets | None = ...,
         pool_size: _builtins.int = ...,
         language_isolation: _abc.Mapping[_builtins.str, Global___Isolation] | None = ...,
+        language_capabilities: _abc.Iterable[Global___LanguageCapability] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "max_budgets", b"max_budgets"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "language_isolation", b"language_isolation", "languages", b"languages", "max_budgets", b"max_budgets", "pool_size", b"pool_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "isolation", b"isolation", "language_capabilities", b"language_capabilities", "language_isolation", b"language_isolation", "languages", b"languages", "max_budgets", b"max_budgets", "pool_size", b"pool_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCapabilitiesResponse: _TypeAlias = GetCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class LanguageCapability(_message.Message):
+    """LanguageCapability is what a runtime offers for one program language."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SERVED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PROGRAM_WIRE_VERSION_FIELD_NUMBER: _builtins.int
+    HOST_FACADE_VERSION_FIELD_NUMBER: _builtins.int
+    DEFAULT_BUDGETS_FIELD_NUMBER: _builtins.int
+    MAX_BUDGETS_FIELD_NUMBER: _builtins.int
+    MAX_SOURCE_BYTES_FIELD_NUMBER: _builtins.int
+    CHECKED_KINDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The language's name, as `RunStart.language` spells it (e.g. "python", "typescript")."""
+    served: _builtins.bool
+    """Whether runs, plugin hosts and checks of this language are accepted here."""
+    reason: _builtins.str
+    """Why it is not served (e.g. "no Node 20+ on this host"); empty when served."""
+    program_wire_version: _builtins.int
+    """Version of the runtime-to-worker protocol this language's workers speak."""
+    host_facade_version: _builtins.str
+    """Version of the plugin host façade (harness, ctx, inject) its host halves see."""
+    max_source_bytes: _builtins.int
+    """The largest program or host half accepted (UTF-8 bytes); also CheckSource's limit."""
+    @_builtins.property
+    def default_budgets(self) -> Global___RunBudgets:
+        """Budgets of a run of this language that sets none."""
+
+    @_builtins.property
+    def max_budgets(self) -> Global___RunBudgets:
+        """The largest budgets a run of this language may request."""
+
+    @_builtins.property
+    def checked_kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___SourceKind.ValueType]:
+        """What CheckSource checks for this language (empty when it is not served)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        served: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        program_wire_version: _builtins.int = ...,
+        host_facade_version: _builtins.str = ...,
+        default_budgets: Global___RunBudgets | None = ...,
+        max_budgets: Global___RunBudgets | None = ...,
+        max_source_bytes: _builtins.int = ...,
+        checked_kinds: _abc.Iterable[Global___SourceKind.ValueType] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["default_budgets", b"default_budgets", "max_budgets", b"max_budgets"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked_kinds", b"checked_kinds", "default_budgets", b"default_budgets", "host_facade_version", b"host_facade_version", "max_budgets", b"max_budgets", "max_source_bytes", b"max_source_bytes", "name", b"name", "program_wire_version", b"program_wire_version", "reason", b"reason", "served", b"served"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LanguageCapability: _TypeAlias = LanguageCapability  # noqa: Y015
+
+@_typing.final
+class CheckSourceRequest(_message.Message):
+    """CheckSourceRequest names a source to parse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    language: _builtins.str
+    """The source's language ("python", "typescript"). For a client half: empty or
+    "javascript", checked by whichever served language runs JavaScript.
+    """
+    kind: Global___SourceKind.ValueType
+    """What the source is."""
+    source: _builtins.str
+    """The source text (at most the language's `max_source_bytes`)."""
+    def __init__(
+        self,
+        *,
+        language: _builtins.str = ...,
+        kind: Global___SourceKind.ValueType = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "language", b"language", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckSourceRequest: _TypeAlias = CheckSourceRequest  # noqa: Y015
+
+@_typing.final
+class CheckSourceResponse(_message.Message):
+    """CheckSourceResponse is the outcome of one check."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    CHECKED_BY_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    """True when the source parses."""
+    checked_by: _builtins.str
+    """The language that checked it (for a client half: the one whose workers parsed it)."""
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___SourceProblem]:
+        """Why it does not parse (empty when `ok`): the first problem the parser stopped at."""
+
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        problems: _abc.Iterable[Global___SourceProblem] | None = ...,
+        checked_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked_by", b"checked_by", "ok", b"ok", "problems", b"problems"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckSourceResponse: _TypeAlias = CheckSourceResponse  # noqa: Y015
+
+@_typing.final
+class SourceProblem(_message.Message):
+    """SourceProblem is one place where a source does not parse."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LINE_FIELD_NUMBER: _builtins.int
+    COLUMN_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    HINT_FIELD_NUMBER: _builtins.int
+    line: _builtins.int
+    """Line in the source's own coordinates (1-based; no wrapper line is counted)."""
+    column: _builtins.int
+    """Column in that line (0-based, in characters)."""
+    message: _builtins.str
+    """The parser's message, e.g. "'(' was never closed"."""
+    hint: _builtins.str
+    """A hint for the author, e.g. that the source looks like another language."""
+    def __init__(
+        self,
+        *,
+        line: _builtins.int = ...,
+        column: _builtins.int = ...,
+        message: _builtins.str = ...,
+        hint: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "hint", b"hint", "line", b"line", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SourceProblem: _TypeAlias = SourceProblem  # noqa: Y015
 
 @_typing.final
 class Isolation(_message.Message):

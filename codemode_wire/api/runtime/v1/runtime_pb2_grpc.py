@@ -47,6 +47,11 @@ class RuntimeServiceStub:
                 request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.SerializeToString,
                 response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.CheckSource = channel.unary_unary(
+                '/codemode.runtime.v1.RuntimeService/CheckSource',
+                request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceRequest.SerializeToString,
+                response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceResponse.FromString,
+                _registered_method=True)
         self.Host = channel.stream_stream(
                 '/codemode.runtime.v1.RuntimeService/Host',
                 request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.SerializeToString,
@@ -76,6 +81,18 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckSource(self, request, context):
+        """CheckSource parses a program, a Cordis host half or a client half without running it, in
+        a sandboxed worker of its language under a small budget (like a run, it needs a free
+        sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+        answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+        oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+        FAILED_PRECONDITION naming the ones it serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Host(self, request_iterator, context):
         """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
         lives until the plugin is retracted. The first client message must carry `start`; the
@@ -100,6 +117,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.GetCapabilities,
                     request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.FromString,
                     response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.SerializeToString,
+            ),
+            'CheckSource': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckSource,
+                    request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceRequest.FromString,
+                    response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceResponse.SerializeToString,
             ),
             'Host': grpc.stream_stream_rpc_method_handler(
                     servicer.Host,
@@ -163,6 +185,33 @@ class RuntimeService:
             '/codemode.runtime.v1.RuntimeService/GetCapabilities',
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesRequest.SerializeToString,
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.GetCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckSource(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.runtime.v1.RuntimeService/CheckSource',
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceRequest.SerializeToString,
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.CheckSourceResponse.FromString,
             options,
             channel_credentials,
             insecure,

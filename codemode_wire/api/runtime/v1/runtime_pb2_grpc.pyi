@@ -44,6 +44,14 @@ class RuntimeServiceStub:
     """
     GetCapabilities: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetCapabilitiesRequest, _runtime_pb2.GetCapabilitiesResponse]
     """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+    CheckSource: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.CheckSourceRequest, _runtime_pb2.CheckSourceResponse]
+    """CheckSource parses a program, a Cordis host half or a client half without running it, in
+    a sandboxed worker of its language under a small budget (like a run, it needs a free
+    sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+    answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+    oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+    FAILED_PRECONDITION naming the ones it serves.
+    """
     Host: _grpc.StreamStreamMultiCallable[_runtime_pb2.HostRequest, _runtime_pb2.HostResponse]
     """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
     lives until the plugin is retracted. The first client message must carry `start`; the
@@ -68,6 +76,14 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     GetCapabilities: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetCapabilitiesRequest, _runtime_pb2.GetCapabilitiesResponse]  # type: ignore[assignment]
     """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+    CheckSource: _aio.UnaryUnaryMultiCallable[_runtime_pb2.CheckSourceRequest, _runtime_pb2.CheckSourceResponse]  # type: ignore[assignment]
+    """CheckSource parses a program, a Cordis host half or a client half without running it, in
+    a sandboxed worker of its language under a small budget (like a run, it needs a free
+    sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+    answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+    oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+    FAILED_PRECONDITION naming the ones it serves.
+    """
     Host: _aio.StreamStreamMultiCallable[_runtime_pb2.HostRequest, _runtime_pb2.HostResponse]  # type: ignore[assignment]
     """Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
     lives until the plugin is retracted. The first client message must carry `start`; the
@@ -101,6 +117,20 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_pb2.GetCapabilitiesResponse, _abc.Awaitable[_runtime_pb2.GetCapabilitiesResponse]]:
         """GetCapabilities describes the languages, the isolation actually in force, and the limits."""
+
+    @_abc_1.abstractmethod
+    def CheckSource(
+        self,
+        request: _runtime_pb2.CheckSourceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_pb2.CheckSourceResponse, _abc.Awaitable[_runtime_pb2.CheckSourceResponse]]:
+        """CheckSource parses a program, a Cordis host half or a client half without running it, in
+        a sandboxed worker of its language under a small budget (like a run, it needs a free
+        sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+        answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+        oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+        FAILED_PRECONDITION naming the ones it serves.
+        """
 
     @_abc_1.abstractmethod
     def Host(

@@ -47,6 +47,22 @@ export enum FailureKind {
   UNRECOGNIZED = -1,
 }
 
+/** SourceKind is what a source is: it decides how it is wrapped and parsed. */
+export enum SourceKind {
+  /** SOURCE_KIND_UNSPECIFIED - Not set: refused with INVALID_ARGUMENT. */
+  SOURCE_KIND_UNSPECIFIED = 0,
+  /** SOURCE_KIND_PROGRAM - A `run_code` program: the body of an async function (top-level `await` and `return`). */
+  SOURCE_KIND_PROGRAM = 1,
+  /** SOURCE_KIND_HOST_HALF - A Cordis host half: the body of an async function that returns the plugin. */
+  SOURCE_KIND_HOST_HALF = 2,
+  /**
+   * SOURCE_KIND_CLIENT_HALF - A Cordis client half: plain JavaScript for the browser, the body of an async function
+   * (no types); checked by a runtime language that runs JavaScript (CheckSourceRequest).
+   */
+  SOURCE_KIND_CLIENT_HALF = 3,
+  UNRECOGNIZED = -1,
+}
+
 /** IsolationScope is what one mechanism bounds. */
 export enum IsolationScope {
   /** ISOLATION_SCOPE_UNSPECIFIED - Not enforced, or not applicable. */
@@ -487,11 +503,77 @@ export interface GetCapabilitiesResponse {
    * language (keys: the entries of `languages`). `isolation` is the Python worker's.
    */
   languageIsolation: { [key: string]: Isolation };
+  /**
+   * One entry per language this runtime knows, served or not (`languages` lists the served
+   * ones): its wire and façade versions, its limits and what CheckSource checks for it.
+   */
+  languageCapabilities: LanguageCapability[];
 }
 
 export interface GetCapabilitiesResponse_LanguageIsolationEntry {
   key: string;
   value: Isolation | undefined;
+}
+
+/** LanguageCapability is what a runtime offers for one program language. */
+export interface LanguageCapability {
+  /** The language's name, as `RunStart.language` spells it (e.g. "python", "typescript"). */
+  name: string;
+  /** Whether runs, plugin hosts and checks of this language are accepted here. */
+  served: boolean;
+  /** Why it is not served (e.g. "no Node 20+ on this host"); empty when served. */
+  reason: string;
+  /** Version of the runtime-to-worker protocol this language's workers speak. */
+  programWireVersion: number;
+  /** Version of the plugin host façade (harness, ctx, inject) its host halves see. */
+  hostFacadeVersion: string;
+  /** Budgets of a run of this language that sets none. */
+  defaultBudgets:
+    | RunBudgets
+    | undefined;
+  /** The largest budgets a run of this language may request. */
+  maxBudgets:
+    | RunBudgets
+    | undefined;
+  /** The largest program or host half accepted (UTF-8 bytes); also CheckSource's limit. */
+  maxSourceBytes: bigint;
+  /** What CheckSource checks for this language (empty when it is not served). */
+  checkedKinds: SourceKind[];
+}
+
+/** CheckSourceRequest names a source to parse. */
+export interface CheckSourceRequest {
+  /**
+   * The source's language ("python", "typescript"). For a client half: empty or
+   * "javascript", checked by whichever served language runs JavaScript.
+   */
+  language: string;
+  /** What the source is. */
+  kind: SourceKind;
+  /** The source text (at most the language's `max_source_bytes`). */
+  source: string;
+}
+
+/** CheckSourceResponse is the outcome of one check. */
+export interface CheckSourceResponse {
+  /** True when the source parses. */
+  ok: boolean;
+  /** Why it does not parse (empty when `ok`): the first problem the parser stopped at. */
+  problems: SourceProblem[];
+  /** The language that checked it (for a client half: the one whose workers parsed it). */
+  checkedBy: string;
+}
+
+/** SourceProblem is one place where a source does not parse. */
+export interface SourceProblem {
+  /** Line in the source's own coordinates (1-based; no wrapper line is counted). */
+  line: number;
+  /** Column in that line (0-based, in characters). */
+  column: number;
+  /** The parser's message, e.g. "'(' was never closed". */
+  message: string;
+  /** A hint for the author, e.g. that the source looks like another language. */
+  hint: string;
 }
 
 /** Isolation is an honest description of the worker sandbox. */
@@ -3069,6 +3151,7 @@ function createBaseGetCapabilitiesResponse(): GetCapabilitiesResponse {
     maxBudgets: undefined,
     poolSize: 0,
     languageIsolation: {},
+    languageCapabilities: [],
   };
 }
 
@@ -3093,6 +3176,9 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
       GetCapabilitiesResponse_LanguageIsolationEntry.encode({ key: key as any, value }, writer.uint32(50).fork())
         .join();
     });
+    for (const v of message.languageCapabilities) {
+      LanguageCapability.encode(v!, writer.uint32(58).fork()).join();
+    }
     return writer;
   },
 
@@ -3160,6 +3246,14 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
             }
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.languageCapabilities.push(LanguageCapability.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3195,6 +3289,7 @@ export const GetCapabilitiesResponse: MessageFns<GetCapabilitiesResponse> = {
         }
         return acc;
       }, {});
+    message.languageCapabilities = object.languageCapabilities?.map((e) => LanguageCapability.fromPartial(e)) || [];
     return message;
   },
 };
@@ -3273,6 +3368,439 @@ export const GetCapabilitiesResponse_LanguageIsolationEntry: MessageFns<
     message.value = (object.value !== undefined && object.value !== null)
       ? Isolation.fromPartial(object.value)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseLanguageCapability(): LanguageCapability {
+  return {
+    name: "",
+    served: false,
+    reason: "",
+    programWireVersion: 0,
+    hostFacadeVersion: "",
+    defaultBudgets: undefined,
+    maxBudgets: undefined,
+    maxSourceBytes: 0n,
+    checkedKinds: [],
+  };
+}
+
+export const LanguageCapability: MessageFns<LanguageCapability> = {
+  encode(message: LanguageCapability, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    if (message.served !== false) {
+      writer.uint32(16).bool(message.served);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    if (message.programWireVersion !== 0) {
+      writer.uint32(32).uint32(message.programWireVersion);
+    }
+    if (message.hostFacadeVersion !== "") {
+      writer.uint32(42).string(message.hostFacadeVersion);
+    }
+    if (message.defaultBudgets !== undefined) {
+      RunBudgets.encode(message.defaultBudgets, writer.uint32(50).fork()).join();
+    }
+    if (message.maxBudgets !== undefined) {
+      RunBudgets.encode(message.maxBudgets, writer.uint32(58).fork()).join();
+    }
+    if (message.maxSourceBytes !== 0n) {
+      if (BigInt.asUintN(64, message.maxSourceBytes) !== message.maxSourceBytes) {
+        throw new globalThis.Error("value provided for field message.maxSourceBytes of type uint64 too large");
+      }
+      writer.uint32(64).uint64(message.maxSourceBytes);
+    }
+    if (message.checkedKinds.length !== 0) {
+      writer.uint32(74).fork();
+      for (const v of message.checkedKinds) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LanguageCapability {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLanguageCapability();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.served = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.programWireVersion = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.hostFacadeVersion = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.defaultBudgets = RunBudgets.decode(reader, reader.uint32());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.maxBudgets = RunBudgets.decode(reader, reader.uint32());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.maxSourceBytes = reader.uint64() as bigint;
+            continue;
+          }
+          case 9: {
+            if (tag === 72) {
+              message.checkedKinds.push(reader.int32() as any);
+
+              continue;
+            }
+
+            if (tag === 74) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.checkedKinds.push(reader.int32() as any);
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<LanguageCapability>): LanguageCapability {
+    return LanguageCapability.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<LanguageCapability>): LanguageCapability {
+    const message = createBaseLanguageCapability();
+    message.name = object.name ?? "";
+    message.served = object.served ?? false;
+    message.reason = object.reason ?? "";
+    message.programWireVersion = object.programWireVersion ?? 0;
+    message.hostFacadeVersion = object.hostFacadeVersion ?? "";
+    message.defaultBudgets = (object.defaultBudgets !== undefined && object.defaultBudgets !== null)
+      ? RunBudgets.fromPartial(object.defaultBudgets)
+      : undefined;
+    message.maxBudgets = (object.maxBudgets !== undefined && object.maxBudgets !== null)
+      ? RunBudgets.fromPartial(object.maxBudgets)
+      : undefined;
+    message.maxSourceBytes = (object.maxSourceBytes !== undefined && object.maxSourceBytes !== null)
+      ? BigInt(object.maxSourceBytes)
+      : 0n;
+    message.checkedKinds = object.checkedKinds?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseCheckSourceRequest(): CheckSourceRequest {
+  return { language: "", kind: 0, source: "" };
+}
+
+export const CheckSourceRequest: MessageFns<CheckSourceRequest> = {
+  encode(message: CheckSourceRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.language !== "") {
+      writer.uint32(10).string(message.language);
+    }
+    if (message.kind !== 0) {
+      writer.uint32(16).int32(message.kind);
+    }
+    if (message.source !== "") {
+      writer.uint32(26).string(message.source);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CheckSourceRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCheckSourceRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.language = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.kind = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.source = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<CheckSourceRequest>): CheckSourceRequest {
+    return CheckSourceRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<CheckSourceRequest>): CheckSourceRequest {
+    const message = createBaseCheckSourceRequest();
+    message.language = object.language ?? "";
+    message.kind = object.kind ?? 0;
+    message.source = object.source ?? "";
+    return message;
+  },
+};
+
+function createBaseCheckSourceResponse(): CheckSourceResponse {
+  return { ok: false, problems: [], checkedBy: "" };
+}
+
+export const CheckSourceResponse: MessageFns<CheckSourceResponse> = {
+  encode(message: CheckSourceResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.ok !== false) {
+      writer.uint32(8).bool(message.ok);
+    }
+    for (const v of message.problems) {
+      SourceProblem.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.checkedBy !== "") {
+      writer.uint32(26).string(message.checkedBy);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CheckSourceResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCheckSourceResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.ok = reader.bool();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.problems.push(SourceProblem.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.checkedBy = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<CheckSourceResponse>): CheckSourceResponse {
+    return CheckSourceResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<CheckSourceResponse>): CheckSourceResponse {
+    const message = createBaseCheckSourceResponse();
+    message.ok = object.ok ?? false;
+    message.problems = object.problems?.map((e) => SourceProblem.fromPartial(e)) || [];
+    message.checkedBy = object.checkedBy ?? "";
+    return message;
+  },
+};
+
+function createBaseSourceProblem(): SourceProblem {
+  return { line: 0, column: 0, message: "", hint: "" };
+}
+
+export const SourceProblem: MessageFns<SourceProblem> = {
+  encode(message: SourceProblem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.line !== 0) {
+      writer.uint32(8).uint32(message.line);
+    }
+    if (message.column !== 0) {
+      writer.uint32(16).uint32(message.column);
+    }
+    if (message.message !== "") {
+      writer.uint32(26).string(message.message);
+    }
+    if (message.hint !== "") {
+      writer.uint32(34).string(message.hint);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SourceProblem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSourceProblem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.line = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.column = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.hint = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<SourceProblem>): SourceProblem {
+    return SourceProblem.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<SourceProblem>): SourceProblem {
+    const message = createBaseSourceProblem();
+    message.line = object.line ?? 0;
+    message.column = object.column ?? 0;
+    message.message = object.message ?? "";
+    message.hint = object.hint ?? "";
     return message;
   },
 };
@@ -3493,6 +4021,23 @@ export const RuntimeServiceService = {
     responseDeserialize: (value: Buffer): GetCapabilitiesResponse => GetCapabilitiesResponse.decode(value),
   },
   /**
+   * CheckSource parses a program, a Cordis host half or a client half without running it, in
+   * a sandboxed worker of its language under a small budget (like a run, it needs a free
+   * sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+   * answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+   * oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+   * FAILED_PRECONDITION naming the ones it serves.
+   */
+  checkSource: {
+    path: "/codemode.runtime.v1.RuntimeService/CheckSource" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CheckSourceRequest): Buffer => Buffer.from(CheckSourceRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CheckSourceRequest => CheckSourceRequest.decode(value),
+    responseSerialize: (value: CheckSourceResponse): Buffer => Buffer.from(CheckSourceResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CheckSourceResponse => CheckSourceResponse.decode(value),
+  },
+  /**
    * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
    * lives until the plugin is retracted. The first client message must carry `start`; the
    * server answers `started` (with what the plugin registered) or `failed`, then serves
@@ -3521,6 +4066,15 @@ export interface RuntimeServiceServer extends UntypedServiceImplementation {
   run: handleBidiStreamingCall<RunRequest, RunResponse>;
   /** GetCapabilities describes the languages, the isolation actually in force, and the limits. */
   getCapabilities: handleUnaryCall<GetCapabilitiesRequest, GetCapabilitiesResponse>;
+  /**
+   * CheckSource parses a program, a Cordis host half or a client half without running it, in
+   * a sandboxed worker of its language under a small budget (like a run, it needs a free
+   * sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+   * answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+   * oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+   * FAILED_PRECONDITION naming the ones it serves.
+   */
+  checkSource: handleUnaryCall<CheckSourceRequest, CheckSourceResponse>;
   /**
    * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
    * lives until the plugin is retracted. The first client message must carry `start`; the
@@ -3557,6 +4111,29 @@ export interface RuntimeServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetCapabilitiesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * CheckSource parses a program, a Cordis host half or a client half without running it, in
+   * a sandboxed worker of its language under a small budget (like a run, it needs a free
+   * sandbox: RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY when none is). Syntax errors are the
+   * answer (`ok` false, with `problems`), not an RPC error. An unknown language or kind, or an
+   * oversized source, is INVALID_ARGUMENT; a language this runtime does not serve is
+   * FAILED_PRECONDITION naming the ones it serves.
+   */
+  checkSource(
+    request: CheckSourceRequest,
+    callback: (error: ServiceError | null, response: CheckSourceResponse) => void,
+  ): ClientUnaryCall;
+  checkSource(
+    request: CheckSourceRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CheckSourceResponse) => void,
+  ): ClientUnaryCall;
+  checkSource(
+    request: CheckSourceRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CheckSourceResponse) => void,
   ): ClientUnaryCall;
   /**
    * Host runs one Cordis host half in a plugin host: a sandboxed worker like a program's that
