@@ -10,11 +10,20 @@ from typing import Literal
 
 from runtime_service.budgets import Budgets
 from runtime_service.pool import WorkerPool
-from runtime_service.runtime import Runtime
+from runtime_service.runtime import LANGUAGES, Runtime
+from runtime_service.source_check import SourceChecker
+from runtime_service.versions import HOST_FACADE_VERSION, PROGRAM_WIRE_VERSION
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
 from runtime_service.worker_process import WorkerLaunchError, WorkerSpec
 
-__all__ = ["Capabilities", "Isolation", "Mechanism", "describe_isolation", "probe_capabilities"]
+__all__ = [
+    "Capabilities",
+    "Isolation",
+    "LanguageCapability",
+    "Mechanism",
+    "describe_isolation",
+    "probe_capabilities",
+]
 
 Scope = Literal["per-run", "per-process", ""]
 
@@ -40,6 +49,23 @@ class Isolation:
 
 
 @dataclass(frozen=True, slots=True)
+class LanguageCapability:
+    """What the runtime offers for one language it knows, served or not."""
+
+    name: str
+    served: bool
+    reason: str
+    """Why it is not served ("" when it is)."""
+    program_wire_version: int
+    host_facade_version: str
+    defaults: Budgets
+    maxima: Budgets
+    max_source_bytes: int
+    checked_kinds: tuple[str, ...]
+    """What a source check takes for it (``source_check.KINDS``; empty: not served)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     languages: tuple[str, ...]
     isolation: Isolation
@@ -49,23 +75,42 @@ class Capabilities:
     pool_size: int
     by_language: dict[str, Isolation] = field(default_factory=dict)
     """Each served language's, measured from a worker of that language."""
+    per_language: tuple[LanguageCapability, ...] = ()
+    """Every language the runtime knows, in ``runtime.LANGUAGES`` order."""
 
 
-async def probe_capabilities(runtime: Runtime) -> Capabilities:
+async def probe_capabilities(
+    runtime: Runtime, checker: SourceChecker | None = None
+) -> Capabilities:
     """Boot one worker per language and report the isolation each ended up with (a Node
     worker is isolated by the same steps, then execs: what survives the exec is measured, not
     assumed)."""
     # Booted side by side: a Node worker's boot is the longer, and start-up waits for it.
+    checker = checker or SourceChecker(runtime)
     measured = await asyncio.gather(*(_probe(runtime.pools[lang]) for lang in runtime.languages))
     by_language = dict(zip(runtime.languages, measured, strict=True))
     options = runtime.options
     return Capabilities(
         languages=runtime.languages,
-        isolation=by_language["python"],
+        isolation=by_language.get("python") or next(iter(by_language.values()), Isolation("none")),
         defaults=options.defaults,
         maxima=options.maxima,
         pool_size=options.pool_size,
         by_language=by_language,
+        per_language=tuple(
+            LanguageCapability(
+                name=language,
+                served=language in runtime.languages,
+                reason=runtime.unserved.get(language, ""),
+                program_wire_version=PROGRAM_WIRE_VERSION,
+                host_facade_version=HOST_FACADE_VERSION,
+                defaults=options.defaults,
+                maxima=options.maxima,
+                max_source_bytes=options.max_program_bytes,
+                checked_kinds=checker.kinds(language),
+            )
+            for language in LANGUAGES
+        ),
     )
 
 

@@ -75,6 +75,13 @@ class RuntimeSettings(ServiceSettings):
     """Largest outstanding-call cap a run may ask for."""
     max_program_bytes: int = Field(default=1 << 20, ge=1)
     """Largest accepted program text (UTF-8 bytes)."""
+    languages: list[Literal["python", "typescript"]] = Field(default_factory=list)
+    """The program languages to serve (runs, plugin hosts, source checks): a subset of
+    ``python`` and ``typescript``; empty: every one installed here (TypeScript needs Node).
+    GetCapabilities lists the others as not served, with the reason."""
+    max_concurrent_checks: int = Field(default=4, ge=1, le=256)
+    """CheckSource calls parsed at once (each in a sandboxed worker); more are refused with
+    RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY."""
     worker_launch: Literal["fork-server", "spawn"] = "fork-server"
     """How workers start: ``fork-server`` forks each from a pre-initialized, never-used fork
     server, as pid 1 of a pid namespace of its own (every process of a run dies with it, also
@@ -203,6 +210,8 @@ class RuntimeSettings(ServiceSettings):
             max_program_bytes=self.max_program_bytes,
             max_call_bytes=self.max_message_bytes,
             capacity_retry_delay_s=self.capacity_retry_delay_s,
+            languages=tuple(dict.fromkeys(self.languages)),
+            max_concurrent_checks=self.max_concurrent_checks,
         )
 
 

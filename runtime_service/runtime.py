@@ -43,23 +43,44 @@ class RuntimeOptions:
     message limit): a worker's call frame beyond it fails that call without being read."""
     capacity_retry_delay_s: float = 1.0
     """The RetryInfo delay of a run or plugin host refused because no sandbox was free."""
+    languages: tuple[str, ...] = ()
+    """The languages to serve, a subset of ``LANGUAGES`` (empty: every one installed here)."""
+    max_concurrent_checks: int = 4
+    """Source checks (``source_check``) in flight at once; more are refused as at capacity."""
 
 
 class Runtime:
     def __init__(self, options: RuntimeOptions | None = None) -> None:
         self.options = options or RuntimeOptions()
         spec = self.options.worker
-        self.pool = WorkerPool(spec, self.options.pool_size)
+        wanted = self.options.languages or LANGUAGES
+        unknown = sorted(set(wanted) - set(LANGUAGES))
+        if unknown:
+            raise ValueError(f"unknown languages {unknown} (known: {', '.join(LANGUAGES)})")
+        # The Python pool always exists (it owns the fork server the others borrow); it keeps
+        # no idle workers where Python is not served.
+        python_size = self.options.pool_size if "python" in wanted else 0
+        self.pool = WorkerPool(spec, python_size)
         """The Python workers' pool."""
         self.pools: dict[str, WorkerPool] = {"python": self.pool}
         """One pool (and fork server) per language served."""
-        if typescript_installed(spec):
+        self.unserved: dict[str, str] = {}
+        """Why each language of ``LANGUAGES`` that is not served is not."""
+        if "typescript" in wanted and not typescript_installed(spec):
+            self.unserved["typescript"] = (
+                "no Node 20+ with the TypeScript worker on this host (worker_node, else node "
+                "on the PATH)"
+            )
+        elif "typescript" in wanted:
             typescript = dataclasses.replace(
                 spec, language="typescript", node_heap_bytes=self.options.defaults.memory_bytes
             )
             self.pools["typescript"] = WorkerPool(
                 typescript, self.options.typescript_pool_size, self.pool.fork_server
             )
+        for language in LANGUAGES:
+            if language not in wanted:
+                self.unserved[language] = "not in this runtime's `languages` setting"
         self._live: set[Run] = set()
         self._hosts: set[PluginHost] = set()
         self._executions: set[asyncio.Task[RunResult]] = set()
@@ -80,7 +101,28 @@ class Runtime:
     @property
     def languages(self) -> tuple[str, ...]:
         """The languages this runtime serves (TypeScript needs Node on the host)."""
-        return tuple(language for language in LANGUAGES if language in self.pools)
+        return tuple(
+            language
+            for language in LANGUAGES
+            if language in self.pools and language not in self.unserved
+        )
+
+    def served_pool(self, language: str) -> WorkerPool:
+        """The pool of a served language; RunRequestError naming the served ones otherwise."""
+        pool = self.pools.get(language)
+        if pool is None or language in self.unserved:
+            supported = ", ".join(self.languages)
+            raise RunRequestError(f"unsupported language {language!r} (supported: {supported})")
+        return pool
+
+    @property
+    def disposed(self) -> bool:
+        """Whether new work is refused (shutting down, or disposed)."""
+        return self._disposed or not self._accepting
+
+    def exhausted(self, why: str) -> RuntimeExhaustedError:
+        """The refusal of work that found no sandbox free (nothing ran)."""
+        return self._exhausted(WorkerCapacityError(why))
 
     @property
     def live_runs(self) -> int:
@@ -109,10 +151,7 @@ class Runtime:
         """
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        pool = self.pools.get(language)
-        if pool is None:
-            supported = ", ".join(self.languages)
-            raise RunRequestError(f"unsupported language {language!r} (supported: {supported})")
+        pool = self.served_pool(language)
         if type(program) is not str:
             raise RunRequestError("program must be a string")
         if utf8_exceeds(program, self.options.max_program_bytes):
@@ -176,10 +215,7 @@ class Runtime:
         """Validate a plugin host request; ``run_host`` drives it."""
         if self._disposed or not self._accepting:
             raise RuntimeDisposedError("runtime disposed")
-        pool = self.pools.get(language)  # host halves run in the language's own workers
-        if pool is None:
-            supported = ", ".join(self.languages)
-            raise RunRequestError(f"unsupported language {language!r} (supported: {supported})")
+        pool = self.served_pool(language)  # host halves run in the language's own workers
         if utf8_exceeds(source, self.options.max_program_bytes):
             raise RunRequestError(f"source exceeds {self.options.max_program_bytes} bytes")
         if not 0 < start_timeout_s <= 600:

@@ -35,6 +35,7 @@ from runtime_service.config import RuntimeSettings
 from runtime_service.registry_only import RegistryOnly
 from runtime_service.runtime import Runtime
 from runtime_service.servicer import RuntimeServicer
+from runtime_service.source_check import SourceChecker
 from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["MIN_PING_INTERVAL_MS", "RunningRuntime", "serve", "server_options", "start"]
@@ -108,7 +109,8 @@ async def start(
     telemetry = RuntimeTelemetry(tracer_provider, meter_provider)
     runtime = Runtime(settings.runtime_options())
     await runtime.start()
-    capabilities = await probe_capabilities(runtime)
+    checker = SourceChecker(runtime)
+    capabilities = await probe_capabilities(runtime, checker)
     telemetry.instrument_pool(runtime.pool)  # after the probe: only runs' hand-offs count
     telemetry.observe_pool(runtime.pool)
     server = grpc.aio.server(
@@ -119,7 +121,11 @@ async def start(
     add_service(
         server,
         RuntimeServicer(
-            runtime, capabilities, telemetry, max_message_bytes=settings.max_message_bytes
+            runtime,
+            capabilities,
+            telemetry,
+            max_message_bytes=settings.max_message_bytes,
+            checker=checker,
         ),
         runtime_pb2.DESCRIPTOR.services_by_name["RuntimeService"],
         guard if guard.enforced else None,  # open: no wrapper on the runs' hot path

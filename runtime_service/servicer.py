@@ -14,7 +14,13 @@ from codemode_common.run_acceptance import ACCEPTED
 from codemode_wire import jsonvalue
 from codemode_wire.api.common.v1 import trace_pb2
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from codemode_wire.errors import CodemodeError, invalid_argument, resource_exhausted, unavailable
+from codemode_wire.errors import (
+    CodemodeError,
+    failed_precondition,
+    invalid_argument,
+    resource_exhausted,
+    unavailable,
+)
 from codemode_wire.grpc_status import abort_rpc
 from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
@@ -34,6 +40,7 @@ from runtime_service.plugin_host import (
 )
 from runtime_service.run import Run
 from runtime_service.runtime import Runtime
+from runtime_service.source_check import SourceChecker, SourceCheckRefused
 from runtime_service.telemetry import RuntimeTelemetry
 
 __all__ = ["DOMAIN", "RuntimeServicer"]
@@ -54,6 +61,13 @@ _NO_OUTCOME = "the call result carried neither value_json nor error_message"
 _FRAMING_BYTES = 4096  # a BindingCall's field tags and lengths, generously
 _HALF_CLOSED = "no result can arrive: the caller half-closed the Run stream"
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+_SOURCE_KINDS = {
+    "program": runtime_pb2.SOURCE_KIND_PROGRAM,
+    "host": runtime_pb2.SOURCE_KIND_HOST_HALF,
+    "client": runtime_pb2.SOURCE_KIND_CLIENT_HALF,
+}
+# An unspecified or unknown kind maps to "" (refused by the checker, naming the known ones).
+_KIND_NAMES = {value: name for name, value in _SOURCE_KINDS.items()}
 _SCOPES = {
     "per-run": runtime_pb2.ISOLATION_SCOPE_PER_RUN,
     "per-process": runtime_pb2.ISOLATION_SCOPE_PER_PROCESS,
@@ -69,8 +83,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         telemetry: RuntimeTelemetry | None = None,
         *,
         max_message_bytes: int | None = None,
+        checker: SourceChecker | None = None,
     ) -> None:
         self._runtime = runtime
+        self._checker = checker or SourceChecker(runtime)
         self._capabilities = capabilities
         self._telemetry = telemetry or RuntimeTelemetry()
         self._max_message_bytes = max_message_bytes
@@ -91,6 +107,55 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 language: _isolation_proto(isolation)
                 for language, isolation in caps.by_language.items()
             },
+            language_capabilities=[
+                runtime_pb2.LanguageCapability(
+                    name=entry.name,
+                    served=entry.served,
+                    reason=entry.reason,
+                    program_wire_version=entry.program_wire_version,
+                    host_facade_version=entry.host_facade_version,
+                    default_budgets=_budgets_proto(entry.defaults),
+                    max_budgets=_budgets_proto(entry.maxima),
+                    max_source_bytes=entry.max_source_bytes,
+                    checked_kinds=[_SOURCE_KINDS[kind] for kind in entry.checked_kinds],
+                )
+                for entry in caps.per_language
+            ],
+        )
+
+    async def CheckSource(
+        self, request: runtime_pb2.CheckSourceRequest | Malformed, context: Context
+    ) -> runtime_pb2.CheckSourceResponse:
+        if isinstance(request, Malformed):
+            await _abort(context, malformed_error(request))
+            return runtime_pb2.CheckSourceResponse()  # not reached: the abort raises
+        kind = _KIND_NAMES.get(request.kind, "")
+        try:
+            outcome = await self._checker.check(request.language, kind, request.source)
+        except SourceCheckRefused as exc:
+            make = invalid_argument if exc.served else failed_precondition
+            await _abort(context, make(exc.reason, str(exc)))
+        except RuntimeDisposedError as exc:
+            await _abort(context, unavailable("RUNTIME_SHUTTING_DOWN", str(exc)))
+        except RuntimeExhaustedError as exc:
+            await _abort(
+                context,
+                resource_exhausted(
+                    "RUNTIME_AT_CAPACITY",
+                    str(exc),
+                    retry_delay=exc.retry_delay_s,
+                    resource="sandbox-uids",
+                ),
+            )
+        return runtime_pb2.CheckSourceResponse(
+            ok=outcome.ok,
+            checked_by=outcome.checked_by,
+            problems=[
+                runtime_pb2.SourceProblem(
+                    line=p.line, column=p.column, message=p.message, hint=p.hint
+                )
+                for p in outcome.problems
+            ],
         )
 
     async def Run(

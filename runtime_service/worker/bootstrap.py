@@ -513,7 +513,7 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
     started = time.perf_counter()
     # Imported while the runtime's tree is still reachable (the fork server has it already):
     # a worker that becomes a Cordis plugin host needs it after the private root is in place.
-    from runtime_service.worker import plugin_harness
+    from runtime_service.worker import plugin_harness, source_check
 
     try:
         report = sandbox_child.isolate(config)
@@ -539,6 +539,8 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
         except (OSError, ValueError, KeyError) as exc:
             finish(channel, {"t": "failed", "phase": "host-load", "message": str(exc)})
         plugin_harness.serve_host(channel, loop, start)
+    if start is not None and start.get("t") == "check":
+        source_check.serve_check(channel, start)  # a parse, never a run
     if start is None or start.get("t") != "start":
         os._exit(0)
     try:

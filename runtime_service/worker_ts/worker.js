@@ -554,6 +554,15 @@ class Worker {
         );
         return;
       }
+      if (kind === 'check') {
+        // A parse of a source instead of a program (source_check.js): nothing of it runs.
+        this.started = true;
+        import('./source_check.js').then(
+          (check) => check.serveCheck(message, finish),
+          () => reallyExit(70),
+        );
+        return;
+      }
       if (kind !== 'start') reallyExit(0);
       this.started = true;
       this.begin(message);

@@ -1,0 +1,371 @@
+"""Source checks: parse a program, a Cordis host half or a client half without running it
+(no grpc).
+
+The parse happens inside the sandbox, never in the runtime's process: each check takes a
+never-used worker of its language (the same pools, uids and cgroups as a run), hands it one
+``check`` frame instead of a program (``worker/source_check.py``, ``worker_ts/source_check.js``),
+reads the one answer under a small budget (``CHECK_BUDGET``) and kills the worker. Checks are
+bounded (``RuntimeOptions.max_concurrent_checks`` at once) and, like runs, need a free sandbox:
+either refusal is ``RuntimeExhaustedError`` (RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY).
+
+What each language checks, and the hint it gives, is its own function in ``CHECKERS`` (one
+entry per language, keyed by name). A client half is JavaScript for the browser: it is checked
+by a served language whose checker takes client halves (TypeScript's, whose workers run Node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from codemode_wire.text import utf8_exceeds
+from runtime_service.errors import RuntimeDisposedError
+from runtime_service.frame_reader import FrameEvent, FrameLimits
+from runtime_service.pool import WorkerPool
+from runtime_service.runtime import Runtime
+from runtime_service.worker_process import WorkerCapacityError, WorkerProcess
+
+__all__ = [
+    "CHECKERS",
+    "CHECK_BUDGET",
+    "KINDS",
+    "CheckBudget",
+    "CheckOutcome",
+    "LanguageChecker",
+    "Problem",
+    "SourceCheckRefused",
+    "SourceChecker",
+]
+
+Kind = Literal["program", "host", "client"]
+KINDS: tuple[Kind, ...] = ("program", "host", "client")
+CLIENT_LANGUAGE = "javascript"
+"""What a client half is written in (a request may name it, or leave the language empty)."""
+_MAX_PROBLEMS = 16
+_MAX_MESSAGE_CHARS = 4096
+_ANSWER_BYTES = 256 * 1024  # the most an answer frame may take (problems are short)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckBudget:
+    """What one check's worker may use: CPU, wall-clock time and memory."""
+
+    compute_s: float = 2.0
+    wall_s: float = 10.0
+    memory_bytes: int = 256 << 20
+
+
+CHECK_BUDGET = CheckBudget()
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Where a source does not parse, in its own coordinates (line 1-based, column 0-based;
+    line 0: it could not be parsed at all, and ``message`` says why)."""
+
+    line: int
+    column: int
+    message: str
+    hint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOutcome:
+    checked_by: str
+    """The language whose worker parsed it."""
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class SourceCheckRefused(ValueError):
+    """A check that is not one (unknown language or kind, oversized source): nothing ran.
+    ``reason`` is the ErrorInfo reason; ``served`` is True when the language is known but not
+    served here (FAILED_PRECONDITION rather than INVALID_ARGUMENT)."""
+
+    def __init__(self, reason: str, message: str, *, served: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.served = served
+
+
+Parse = Callable[[Kind, str], Awaitable[list[Problem]]]
+"""Parses a source in a sandboxed worker of the checker's language: the problems without
+hints."""
+
+
+@dataclass(frozen=True, slots=True)
+class LanguageChecker:
+    """One language's source check: what it takes, and how it runs (``check``: the problems
+    of a source, with hints, given a parse in one of the language's sandboxed workers)."""
+
+    kinds: tuple[Kind, ...]
+    check: Callable[[Parse, Kind, str], Awaitable[list[Problem]]]
+
+
+# -- Python --------------------------------------------------------------------------------
+
+
+async def check_python(parse: Parse, kind: Kind, source: str) -> list[Problem]:
+    """A program or a host half, compiled as the body of an async function."""
+    problems = await parse(kind, source)
+    return [_with_hint(p, source, _python_hint(kind, _line(source, p.line))) for p in problems]
+
+
+def _python_hint(kind: Kind, text: str) -> str:
+    what = "program" if kind == "program" else "Host half"
+    returns = "" if kind == "program" else " that returns the plugin"
+    if re.search(r"=>|\b(const|let|var|function)\s|;\s*$|\binterface\s", text):
+        return (
+            f"Hint: the {what} is Python (an async function body{returns}), not JavaScript or "
+            "TypeScript."
+        )
+    return (
+        "Hint: check that brackets, quotes and indentation balance; line numbers count from "
+        "the first line of the body (the async function wrapper adds none)."
+    )
+
+
+# -- TypeScript (and JavaScript client halves, which its Node workers parse) ----------------
+
+
+async def check_typescript(parse: Parse, kind: Kind, source: str) -> list[Problem]:
+    """A program or a host half: types stripped as the worker strips them, then compiled; a
+    client half: compiled as plain JavaScript."""
+    problems = await parse(kind, source)
+    hint = _javascript_hint if kind == "client" else _typescript_hint
+    return [_with_hint(p, source, hint(kind, _line(source, p.line))) for p in problems]
+
+
+def _typescript_hint(kind: Kind, text: str) -> str:
+    what = "program" if kind == "program" else "Host half"
+    returns = "" if kind == "program" else " that returns the plugin"
+    if re.search(r"^\s*(def|class|async def|import|from)\s.*|:\s*$", text):
+        return f"Hint: the {what} is TypeScript (an async function body{returns}), not Python."
+    return (
+        "Hint: check that brackets and quotes balance; line numbers count from the first line "
+        "of the body (the async function wrapper adds none). Types are stripped, not checked: "
+        "enums, namespaces and parameter properties are not supported."
+    )
+
+
+def _javascript_hint(_kind: Kind, text: str) -> str:
+    if " as " in text:
+        return (
+            "Hint: the Client half is plain JavaScript; remove TypeScript syntax such as `as` "
+            "casts, type annotations and interfaces."
+        )
+    return (
+        "Hint: check that brackets and quotes balance; line numbers count from the first line "
+        "of the body (the one-line `(async () => {` wrapper is not counted)."
+    )
+
+
+CHECKERS: dict[str, LanguageChecker] = {
+    "python": LanguageChecker(("program", "host"), check_python),
+    "typescript": LanguageChecker(("program", "host", "client"), check_typescript),
+}
+"""Each language's source check, keyed by its name (``Runtime.languages``)."""
+
+
+def _line(source: str, line: int) -> str:
+    lines = source.splitlines()
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def _with_hint(problem: Problem, source: str, hint: str) -> Problem:
+    return Problem(problem.line, problem.column, problem.message, hint if problem.line else "")
+
+
+# -- the sandboxed parse -------------------------------------------------------------------
+
+
+class SourceChecker:
+    """Runs checks for a runtime: validates the request, bounds concurrency, parses in a
+    sandboxed worker of the checking language."""
+
+    def __init__(self, runtime: Runtime, budget: CheckBudget = CHECK_BUDGET) -> None:
+        self._runtime = runtime
+        maxima = runtime.options.maxima
+        self._budget = CheckBudget(
+            budget.compute_s, budget.wall_s, min(budget.memory_bytes, maxima.memory_bytes)
+        )
+        self._in_flight = 0
+        self.checks_started = 0
+        """Checks that got past validation and admission (for tests and metrics)."""
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def kinds(self, language: str) -> tuple[Kind, ...]:
+        """What CheckSource checks for ``language`` here (empty: not served)."""
+        checker = CHECKERS.get(language)
+        if checker is None or language not in self._runtime.languages:
+            return ()
+        return checker.kinds
+
+    def resolve(self, language: str, kind: str, source: str) -> tuple[str, Kind]:
+        """The checking language and the kind, or ``SourceCheckRefused``."""
+        if kind not in KINDS:
+            raise SourceCheckRefused(
+                "UNKNOWN_SOURCE_KIND", f"unknown source kind {kind!r} (known: {', '.join(KINDS)})"
+            )
+        checked: Kind = kind
+        served = self._runtime.languages
+        if checked == "client":
+            if language not in ("", CLIENT_LANGUAGE):
+                raise SourceCheckRefused(
+                    "INVALID_SOURCE_LANGUAGE",
+                    f"a client half is {CLIENT_LANGUAGE}, not {language!r} (leave it empty)",
+                )
+            by = next((name for name in served if "client" in self.kinds(name)), None)
+            if by is None:
+                raise SourceCheckRefused(
+                    "LANGUAGE_NOT_SERVED",
+                    "no language served here checks client halves (JavaScript needs the "
+                    f"typescript language's Node workers; served: {', '.join(served) or 'none'})",
+                    served=False,
+                )
+            language = by
+        elif language not in CHECKERS:
+            known = ", ".join(CHECKERS)
+            raise SourceCheckRefused(
+                "UNKNOWN_LANGUAGE", f"unknown language {language!r} (known: {known})"
+            )
+        elif language not in served:
+            raise SourceCheckRefused(
+                "LANGUAGE_NOT_SERVED",
+                f"language {language!r} is not served by this runtime "
+                f"(served: {', '.join(served) or 'none'})",
+                served=False,
+            )
+        elif checked not in CHECKERS[language].kinds:
+            raise SourceCheckRefused(
+                "UNKNOWN_SOURCE_KIND", f"{language} checks {', '.join(CHECKERS[language].kinds)}"
+            )
+        limit = self._runtime.options.max_program_bytes
+        if type(source) is not str or utf8_exceeds(source, limit):
+            raise SourceCheckRefused("SOURCE_TOO_LARGE", f"source exceeds {limit} bytes")
+        return language, checked
+
+    async def check(self, language: str, kind: str, source: str) -> CheckOutcome:
+        """Check ``source``. Raises ``SourceCheckRefused`` (bad request),
+        ``RuntimeDisposedError`` (shutting down) or ``RuntimeExhaustedError`` (no room)."""
+        by, checked = self.resolve(language, kind, source)
+        if self._runtime.disposed:
+            raise RuntimeDisposedError("runtime disposed")
+        limit = self._runtime.options.max_concurrent_checks
+        if self._in_flight >= limit:
+            raise self._runtime.exhausted(f"{limit} source checks already in flight")
+        self._in_flight += 1
+        self.checks_started += 1
+        try:
+            pool = self._runtime.pools[by]
+            parse: Parse = lambda k, s: self._parse(pool, k, s)  # noqa: E731
+            problems = await CHECKERS[by].check(parse, checked, source)
+        finally:
+            self._in_flight -= 1
+        return CheckOutcome(by, tuple(problems))
+
+    async def _parse(self, pool: WorkerPool, kind: Kind, source: str) -> list[Problem]:
+        budget = self._budget
+        acquire, _ = pool.launcher(budget.memory_bytes)
+        try:
+            worker = await acquire()
+        except WorkerCapacityError as exc:
+            raise self._runtime.exhausted(str(exc)) from exc
+        try:
+            return await _parse_in(worker, kind, source, budget)
+        finally:
+            await worker.kill()
+
+
+async def _parse_in(
+    worker: WorkerProcess, kind: Kind, source: str, budget: CheckBudget
+) -> list[Problem]:
+    """Hand ``worker`` the check and read its answer; a worker that fails to answer within
+    the budget (or dies: out of memory) is a source that could not be parsed."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[bytes | None] = loop.create_future()
+    if worker.cgroup is not None:
+        with contextlib.suppress(OSError):
+            worker.cgroup.set_memory_limit(budget.memory_bytes)
+
+    def on_frame(event: FrameEvent) -> None:
+        if not answer.done():
+            answer.set_result(event if isinstance(event, bytes) else None)
+
+    def on_eof() -> None:
+        if not answer.done():
+            answer.set_result(None)
+
+    worker.listen(
+        on_frame,
+        on_eof,
+        lambda _fd, _data: None,  # a parser writes nothing worth keeping
+        FrameLimits(_ANSWER_BYTES, _ANSWER_BYTES, budget.memory_bytes),
+    )
+    worker.activate()
+    worker.send(
+        {
+            "t": "check",
+            "kind": kind,
+            "source": source,
+            "memory_bytes": budget.memory_bytes,
+            "cpu_seconds": budget.compute_s,
+        }
+    )
+    exited: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(worker.exited))
+    waited: list[asyncio.Future[Any]] = [answer, exited]
+    try:
+        done, _ = await asyncio.wait(
+            waited, timeout=budget.wall_s, return_when="FIRST_COMPLETED"
+        )
+    finally:
+        exited.cancel()
+    if answer in done and answer.result() is not None:
+        return _problems(answer.result() or b"", budget)
+    return [Problem(0, 0, _unparsed(worker, budget, timed_out=not done))]
+
+
+def _unparsed(worker: WorkerProcess, budget: CheckBudget, *, timed_out: bool) -> str:
+    if timed_out:
+        return f"the parser did not finish within the check's budget ({budget.wall_s:g} s)"
+    if worker.cgroup is not None and worker.cgroup.oom_killed():
+        return f"the parser ran out of memory ({budget.memory_bytes >> 20} MiB)"
+    return "the parser's worker ended without an answer"
+
+
+def _problems(payload: bytes, budget: CheckBudget) -> list[Problem]:
+    """The worker's answer, shape-checked (the worker is a hostile peer)."""
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        message = None
+    if type(message) is not dict or message.get("t") != "checked":
+        return [Problem(0, 0, "the parser's worker answered out of protocol")]
+    if "error" in message:
+        text = message["error"]
+        return [Problem(0, 0, f"the check failed: {text if type(text) is str else 'unknown'}")]
+    raw = message.get("problems")
+    if type(raw) is not list:
+        return [Problem(0, 0, "the parser's worker answered out of protocol")]
+    problems: list[Problem] = []
+    for item in raw[:_MAX_PROBLEMS]:
+        if type(item) is not dict:
+            continue
+        line, column, text = item.get("line"), item.get("column"), item.get("message")
+        if type(line) is not int or type(column) is not int or type(text) is not str:
+            continue
+        problems.append(Problem(max(0, line), max(0, column), text[:_MAX_MESSAGE_CHARS]))
+    if raw and not problems:
+        return [Problem(0, 0, "the parser's worker answered out of protocol")]
+    return problems

@@ -1,0 +1,12 @@
+"""The versions a runtime reports per language in GetCapabilities (no grpc)."""
+
+from __future__ import annotations
+
+__all__ = ["HOST_FACADE_VERSION", "PROGRAM_WIRE_VERSION"]
+
+PROGRAM_WIRE_VERSION = 1
+"""The runtime-to-worker protocol (ready, start, log, call, reply, done; host and check
+frames): raised when a worker could no longer talk to an older runtime, or the reverse."""
+
+HOST_FACADE_VERSION = "1"
+"""The plugin host façade (harness, ctx, inject) every host harness implements."""
