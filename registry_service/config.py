@@ -274,8 +274,10 @@ class RegistrySettings(ServiceSettings):
     token_key: str = ""
     """Hex key for parent-token HMACs; empty: a random key per process (set it when several
     registry replicas must accept each other's tokens)."""
-    runtime_languages: list[str] = Field(default_factory=lambda: ["python"])
-    """Languages the code runtime serves, first = default (empty: no runtime, native only)."""
+    runtime_languages: list[str] | None = None
+    """Restricts the languages served to these, first = default. Unset: what the connected
+    runtimes report (GetCapabilities); with no `runtime_targets`, `["python"]`. Empty: no
+    runtime, native only."""
     code_language: str = ""
     """Deployment default program language of `run_code` (`python` or `typescript`), for
     scopes that declare none; empty: the first of `runtime_languages` (TypeScript, the
@@ -368,12 +370,14 @@ class RegistrySettings(ServiceSettings):
         TypeScript when none is configured)."""
         if self.code_language:
             return self.code_language
+        if self.runtime_languages is None:
+            return "python"
         return self.runtime_languages[0] if self.runtime_languages else FALLBACK_LANGUAGE
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:
         check_config(
-            self.runtime_languages,
+            self.runtime_languages or (),
             [section.to_section() for section in self.prompt_sections],
             self.tool_order,
         )

@@ -28,6 +28,7 @@ class PresentationRpcs:
     async def GetWireSchemas(
         self, request: ppb.GetWireSchemasRequest, context: Context
     ) -> ppb.GetWireSchemasResponse:
+        await self._registry.languages.ensure_known()
         wire = self._registry.assembler.wire_schemas(
             request.scope, request.language, self._access(request.scope)
         )
@@ -46,6 +47,7 @@ class PresentationRpcs:
     async def GetSystemPrompt(
         self, request: ppb.GetSystemPromptRequest, context: Context
     ) -> ppb.GetSystemPromptResponse:
+        await self._registry.languages.ensure_known()
         prompt = self._registry.assembler.system_prompt(
             request.scope, request.language, self._access(request.scope)
         )
@@ -60,6 +62,7 @@ class PresentationRpcs:
 
     @unary
     async def GetSdk(self, request: ppb.GetSdkRequest, context: Context) -> ppb.GetSdkResponse:
+        await self._registry.languages.ensure_known()
         sdk = self._registry.assembler.sdk(
             request.scope, request.language, self._access(request.scope)
         )

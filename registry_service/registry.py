@@ -49,7 +49,11 @@ from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
-from registry_service.presentation.languages import catalog_language
+from registry_service.presentation.languages import (
+    LanguageSource,
+    RuntimeLanguages,
+    catalog_language,
+)
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ class Registry:
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     admission: Admission = field(default_factory=Admission)
     follower: CatalogFollower | None = None  # other registries' catalog changes, once restored
+    # Which languages are served: the runtimes' report under `runtime_languages`.
+    languages: RuntimeLanguages = field(default_factory=lambda: RuntimeLanguages(None))
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def restore_catalog(self) -> None:
@@ -325,7 +331,13 @@ def build_registry(
     with a tool error saying so)."""
     # The catalog's run_code (listing, argument validation) speaks the default language; the
     # wire schema is rendered per requested language by the assembler.
-    flavour = run_code_tool_schema(catalog_language(settings.runtime_languages))
+    flavour = run_code_tool_schema(
+        catalog_language(
+            settings.runtime_languages
+            if settings.runtime_languages is not None
+            else [settings.default_code_language()]
+        )
+    )
     holder: list[RunCodeTransport] = []
 
     async def run_code_body(invocation: Invocation) -> ToolResult:
@@ -350,7 +362,7 @@ def build_registry(
         delete_history_with_agent=settings.delete_history_with_agent,
     )
     presentation = PresentationConfig(
-        runtime_languages=tuple(settings.runtime_languages),
+        runtime_languages=tuple(settings.runtime_languages or ()),
         prompt_sections=tuple(s.to_section() for s in settings.prompt_sections),
         tool_order=tuple(settings.tool_order),
     )
@@ -363,6 +375,9 @@ def build_registry(
     executor = Executor(catalog, approvals, telemetry, settings.json_limits())
     admission = _admission(settings, catalog)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
+    languages = RuntimeLanguages(
+        settings.runtime_languages, runtime if isinstance(runtime, LanguageSource) else None
+    )
     transport = RunCodeTransport(
         executor,
         runtime,
@@ -382,7 +397,8 @@ def build_registry(
         approvals=approvals,
         providers=ProviderHub(catalog, receive_limits),
         executor=executor,
-        assembler=Assembler(catalog, presentation),
+        assembler=Assembler(catalog, presentation, served=languages.snapshot),
+        languages=languages,
         history=history,
         transport=transport,
         runtime=runtime,

@@ -313,6 +313,20 @@ class GrpcRuntime:
             max_payload_bytes=self._payload_limit,
         )
 
+    def served_languages(self) -> tuple[str, ...] | None:
+        """What the runtime last reported serving; None before it has answered."""
+        caps = self._capabilities
+        if caps is None:
+            return None
+        if caps.language_capabilities:
+            return tuple(e.name for e in caps.language_capabilities if e.served)
+        return tuple(caps.languages)  # a runtime from before per-language entries
+
+    async def learn_languages(self) -> None:
+        """Ask the runtime now when it has not answered yet (bounded by the start timeout)."""
+        with contextlib.suppress(Exception):
+            await self.limits()
+
     async def _read_capabilities(self) -> pb.GetCapabilitiesResponse:
         stale = time.monotonic() - self._capabilities_at > _CAPABILITIES_REFRESH_S
         if self._capabilities is not None and not stale:

@@ -271,6 +271,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         if request.tool_name == RUN_CODE:
             # A program in a language no runtime serves cannot run: the same refusal as the
             # scope's prompt assembly, before anything of the call exists.
+            await self._registry.languages.ensure_known()
             self._registry.assembler.code_language(request.agent)
         wanted = _PROGRESS[request.progress_events]
         # Bounded in depth and size; a large text is decoded off the loop (json_admission).

@@ -36,7 +36,11 @@ from registry_service.domain.sections import Section
 from registry_service.domain.tool_access import ToolAccess
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
 from registry_service.presentation._sdk_common import utf16_sort_key
-from registry_service.presentation.languages import SDK_RENDERERS, resolve_language
+from registry_service.presentation.languages import (
+    SDK_RENDERERS,
+    ServedLanguages,
+    resolve_language,
+)
 from registry_service.presentation.lru import Lru
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 from registry_service.presentation.sdk_model import SdkTool
@@ -167,9 +171,14 @@ class Assembler:
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
         sdk_cache_size: int = DEFAULT_SDK_CACHE_SIZE,
+        served: Callable[[], ServedLanguages] | None = None,
     ) -> None:
+        """`served`: the languages served right now (default: `config.runtime_languages`)."""
         self._catalog = catalog
         self.config = config
+        configured = ServedLanguages.configured(config.runtime_languages)
+        self._served = served or (lambda: configured)
+        self._last_served: ServedLanguages | None = None
         self._wire: Lru[_Key, WireSchemas] = Lru(cache_size)
         self._prompts: Lru[_Key, SystemPrompt] = Lru(cache_size)
         self._sdks: Lru[_Key, Sdk] = Lru(cache_size)
@@ -214,6 +223,11 @@ class Assembler:
         build: Callable[[View, str], T],
     ) -> T:
         self._catalog.require_scope(scope)
+        served = self._served()
+        if served != self._last_served:  # what the runtimes serve changed: nothing cached holds
+            self._last_served = served
+            for stale in (self._wire, self._prompts, self._sdks):
+                stale.clear()
         key = (self._catalog.version, scope, language, None if access is None else access.key)
         hit = cache.get(key)
         if hit is None:
@@ -225,9 +239,7 @@ class Assembler:
         """The language to render for: the one asked for, else the scope's own."""
         if view.mode is Mode.NATIVE:
             return ""
-        return resolve_language(
-            view.mode, self.config.runtime_languages, requested or view.language
-        )
+        return resolve_language(view.mode, self._served(), requested or view.language)
 
     def _build_wire(self, view: View, requested: str) -> WireSchemas:
         language = self._language(view, requested)

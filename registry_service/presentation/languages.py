@@ -1,15 +1,18 @@
 """Which runtime language a non-native presentation renders for, and the SDK renderer per language.
 
-Until the runtime service reports its capabilities, the languages are configured
-(`runtime_languages`); an empty list means no runtime. Native presentation needs no runtime and
-never consults the language (reference §1.9).
+The languages served are what the connected runtimes report (`GetCapabilities`), asked by the
+runtime client; `runtime_languages`, when set, restricts them (and orders them: the first is
+the default). A registry with no runtime to ask (no `runtime_targets`, or a runtime port that
+reports nothing) takes `runtime_languages` as given, `["python"]` when unset; an empty list
+means no runtime. Native presentation needs no runtime and never consults the language.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from codemode_wire.errors import CodemodeError, failed_precondition
 from registry_service.domain.scopes import Mode
@@ -27,6 +30,62 @@ KNOWN_LANGUAGES: Final = tuple(sorted(SDK_RENDERERS))
 FALLBACK_LANGUAGE: Final = "typescript"
 
 
+# What a registry with no runtime to ask serves when `runtime_languages` is unset.
+UNASKED_DEFAULT: Final = ("python",)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedLanguages:
+    """The languages a presentation may render for and a run may use, default first."""
+
+    languages: tuple[str, ...]
+    restriction: tuple[str, ...] | None = None
+    """`runtime_languages` when set."""
+    asked: bool = False
+    """Whether the languages came from the runtimes (False: configured only)."""
+
+    @classmethod
+    def configured(cls, languages: Sequence[str]) -> ServedLanguages:
+        return cls(tuple(languages), tuple(languages))
+
+
+@runtime_checkable
+class LanguageSource(Protocol):
+    """A runtime port that says which languages its runtimes serve (the gRPC one asks them)."""
+
+    def served_languages(self) -> tuple[str, ...] | None:
+        """What the runtimes last reported, union over them; None: none has answered yet."""
+        ...
+
+    async def learn_languages(self) -> None:
+        """Ask the runtimes now (bounded by the start timeout); never raises."""
+        ...
+
+
+class RuntimeLanguages:
+    """The served languages of a deployment: the runtimes' report under the restriction."""
+
+    def __init__(
+        self, restriction: Sequence[str] | None, source: LanguageSource | None = None
+    ) -> None:
+        self._restriction = None if restriction is None else tuple(restriction)
+        self._source = source
+
+    def snapshot(self) -> ServedLanguages:
+        if self._source is None:
+            configured = UNASKED_DEFAULT if self._restriction is None else self._restriction
+            return ServedLanguages.configured(configured)
+        reported = self._source.served_languages() or ()
+        if self._restriction is not None:
+            reported = tuple(name for name in self._restriction if name in reported)
+        return ServedLanguages(reported, self._restriction, asked=True)
+
+    async def ensure_known(self) -> None:
+        """Before a presentation or a run: ask the runtimes when none has answered yet."""
+        if self._source is not None and self._source.served_languages() is None:
+            await self._source.learn_languages()
+
+
 def _quoted(names: Sequence[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
@@ -40,20 +99,33 @@ def no_runtime(mode: Mode) -> CodemodeError:
     )
 
 
-def resolve_language(mode: Mode, configured: Sequence[str], requested: str) -> str:
+def resolve_language(mode: Mode, served: ServedLanguages | Sequence[str], requested: str) -> str:
     """The language to render a non-native presentation for: `requested`, else the first one.
 
     Raises FAILED_PRECONDITION naming the mode and the language when there is no runtime, when
-    the runtime does not serve the requested language, or when no renderer exists for it.
+    `runtime_languages` excludes the language, when no connected runtime serves it (naming the
+    ones served), or when no renderer exists for it.
     """
-    if not configured:
+    if not isinstance(served, ServedLanguages):
+        served = ServedLanguages.configured(served)
+    languages = served.languages
+    if not languages and not served.asked:
         raise no_runtime(mode)
-    language = requested or configured[0]
-    if language not in configured:
+    language = requested or (languages[0] if languages else "")
+    restriction = served.restriction
+    if restriction is not None and language not in restriction:
         raise failed_precondition(
             "RUNTIME_LANGUAGE_NOT_CONFIGURED",
             f'mode "{mode.value}": runtime language "{language}" is not configured '
-            f"(configured: {_quoted(configured)})",
+            f"(configured: {_quoted(restriction)})",
+            mode=mode.value,
+            language=language,
+        )
+    if language not in languages:
+        raise failed_precondition(
+            "RUNTIME_LANGUAGE_NOT_SERVED",
+            f'mode "{mode.value}": runtime language "{language}" is not served by any '
+            f"connected code runtime (served: {_quoted(languages) or 'none'})",
             mode=mode.value,
             language=language,
         )

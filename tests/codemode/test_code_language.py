@@ -121,7 +121,7 @@ async def test_settings_declare_languages_and_bad_ones_stop_the_start(
 async def test_a_language_no_runtime_serves_fails_assembly_and_execution(
     make_stack: Any,
 ) -> None:
-    async with make_stack() as stack:  # runtime_languages: ["python"]
+    async with make_stack(runtime_languages=["python"]) as stack:  # a restriction
         ts = (await _create_agent(stack, "ts-only", language="typescript")).name
         with pytest.raises(grpc.aio.AioRpcError) as assembly:
             await stack.stub.GetSystemPrompt(presentation_pb2.GetSystemPromptRequest(scope=ts))
