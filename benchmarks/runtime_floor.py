@@ -4,7 +4,7 @@
 where its CPU goes and what no change to the runtime can remove. In a process prepared exactly
 as the fork server prepares itself (``python -I -S``, the worker's modules imported, codecs
 warm, ``gc.freeze``), it forks children that stop after successive steps of a real worker's
-boot, each step using the worker's own code (``sandbox_child``, ``bootstrap``):
+boot, each step using the worker's own code (``sandbox_child``, ``program``):
 
 * ``raw_clone``: ``clone`` + ``exit_group`` from C, no Python in the child -- the kernel's own
   floor for one process (page tables copied at fork, torn down at exit) and the baseline;
@@ -70,6 +70,7 @@ def _measure(count: int) -> dict[str, Any]:
     from runtime_service.worker import (  # noqa: F401 - imported as the fork server does
         bootstrap,
         plugin_harness,
+        program,
         sandbox_child,
         seccomp,
         typescript,
@@ -171,7 +172,7 @@ def _measure(count: int) -> dict[str, Any]:
 
     def ready() -> None:
         isolated()
-        bootstrap._prewarm(asyncio.new_event_loop())
+        program.prewarm(asyncio.new_event_loop())
 
     steps: list[tuple[str, Callable[[], None]]] = [
         ("pid_namespace", nothing),

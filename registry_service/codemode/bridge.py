@@ -87,7 +87,7 @@ CODE_RUN_FAILED = "CODE_RUN_FAILED"
 CODE_RUNTIME_UNAVAILABLE = "CODE_RUNTIME_UNAVAILABLE"
 CODE_RUNTIME_EXHAUSTED = "CODE_RUNTIME_EXHAUSTED"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
-# first, with the same texts: runtime_service/worker/bootstrap.py).
+# first, with the same texts: runtime_service/worker/program.py).
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
 NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from runtime_service.worker import flatwire, framing, ledger
-from runtime_service.worker.bootstrap import (
+from runtime_service.worker.core import (
     PROGRAM_FILENAME,
     Channel,
     compile_program,

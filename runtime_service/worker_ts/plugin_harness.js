@@ -76,7 +76,7 @@ import {
   installOutput,
   renderException,
   send,
-} from './worker.js';
+} from './core.js';
 
 // The texts of reference §9.6 (the Python harness says the same in Python's terms).
 export const LOSSY =

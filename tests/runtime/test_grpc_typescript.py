@@ -14,7 +14,7 @@ import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.server import RunningRuntime
-from runtime_service.worker.bootstrap import NO_ARGUMENTS
+from runtime_service.worker.program import NO_ARGUMENTS
 from tests.runtime.conftest import (
     can_isolate,
     connected,
