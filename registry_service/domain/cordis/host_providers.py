@@ -27,13 +27,15 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "harness.register_tool",
-        "harness.register_tool(tool: ToolDefinition) -> None",
+        "harness.register_tool(tool: ToolDefinition) -> Callable[[], None]",
         "Registers a tool made by harness.define_tool into the owning agent's scope until the "
-        "plugin stops; its calls go through the registry's policy pipeline.",
+        "plugin stops (or the returned function is called); its calls go through the "
+        "registry's policy pipeline.",
     ),
     (
         "harness.handle",
-        "harness.handle(method: str, fn: Callable[[JsonValue], Awaitable[JsonValue]]) -> None",
+        "harness.handle(method: str, fn: Callable[[JsonValue], Awaitable[JsonValue]]) -> "
+        "Callable[[], None]",
         "Answers calls from the plugin's client half (host.call) for the current run.",
     ),
     (
@@ -45,6 +47,11 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
         "ctx.tools.get",
         "ctx.tools.get(name: str) -> dict | None",
         "One visible tool's schema view, or None; never an executable definition.",
+    ),
+    (
+        "ctx.tools.register",
+        "ctx.tools.register(tool: ToolDefinition) -> Callable[[], None]",
+        "The same as harness.register_tool.",
     ),
     (
         "ctx.get",
@@ -87,7 +94,12 @@ BUILTINS: tuple[tuple[str, str, str], ...] = (
         "timer",
         "ctx.timer.timeout(fn, ms) / interval(fn, ms) / throttle(fn, ms) / debounce(fn, ms)",
         "The built-in timer service, only when inject lists 'timer'; every timer is disposed "
-        "on stop.",
+        "on stop. throttle and debounce return the function to call.",
+    ),
+    (
+        "print",
+        "print(*args, sep: str = ' ', end: str = '\\n') -> None",
+        "One log line each, tagged [cordis:<pluginId>].",
     ),
 )
 
@@ -128,6 +140,11 @@ TYPESCRIPT_BUILTINS: tuple[tuple[str, str, str], ...] = (
         "One visible tool's schema view, or undefined; never an executable definition.",
     ),
     (
+        "ctx.tools.register",
+        "ctx.tools.register(tool: ToolDefinition): () => void",
+        "The same as harness.registerTool.",
+    ),
+    (
         "ctx.get",
         "ctx.get(name: string): unknown",
         "Optional lookup of a service by name, without declaring it in inject (undefined "
@@ -165,7 +182,8 @@ TYPESCRIPT_BUILTINS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "timer",
-        "ctx.timer.timeout(fn, ms) / ctx.timer.interval(fn, ms): () => void",
+        "ctx.timer.timeout(fn, ms) / ctx.timer.interval(fn, ms): () => void; "
+        "ctx.timer.throttle(fn, ms) / ctx.timer.debounce(fn, ms): (...args) => void",
         "The built-in timer service, only when inject lists 'timer'; every timer is disposed "
         "on stop (the global setTimeout family is a trap in a host half).",
     ),

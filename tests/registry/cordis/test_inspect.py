@@ -60,6 +60,7 @@ async def test_builtins_name_the_python_facade(cordis: CordisHarness) -> None:
         "harness.handle",
         "ctx.tools.schemas",
         "ctx.tools.get",
+        "ctx.tools.register",
         "ctx.get",
         "ctx.effect",
         "ctx.on",
@@ -67,6 +68,7 @@ async def test_builtins_name_the_python_facade(cordis: CordisHarness) -> None:
         "ctx.provide",
         "inject",
         "timer",
+        "print",
     ]
     assert all(b["signature"] for b in data["data"]["builtins"])
 
