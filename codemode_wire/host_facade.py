@@ -70,7 +70,12 @@ class FacadeError:
     same_as: str = ""  # the member whose error of this id this is
 
     def text_for(self, language: str, **fill: str) -> str:
-        return self.text[language].format(**fill)
+        """The text in ``language`` with each ``{key}`` of ``fill`` replaced (other braces, as
+        in ``{ name, description }``, are the text's own)."""
+        text = self.text[language]
+        for key, value in fill.items():
+            text = text.replace("{" + key + "}", value)
+        return text
 
 
 @dataclass(frozen=True, slots=True)
