@@ -169,19 +169,20 @@ class WorkerSupervisor:
         )
 
     def _end(self, verdict: WorkerExit) -> None:
+        self._finish()
+        self._on_exit(verdict)
+
+    def _finish(self) -> None:
+        """No more CPU readings or verdicts."""
         self._over = True
         if self._cpu_timer is not None:
             self._cpu_timer.cancel()
             self._cpu_timer = None
-        self._on_exit(verdict)
 
     def stop(self) -> None:
         """The owner is done: no more CPU readings or verdicts, the channel is no longer read
         (the pipes drain on, their text still charged)."""
-        self._over = True
-        if self._cpu_timer is not None:
-            self._cpu_timer.cancel()
-            self._cpu_timer = None
+        self._finish()
         self.worker.exited.remove_done_callback(self._exited)
         self.worker.stop_listening()
 
