@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
+from runtime_service.exit_classification import ExitSigns
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
+from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerCapacityError, WorkerSpec, typescript_installed
 
 __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
@@ -24,6 +27,12 @@ __all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
 LANGUAGES = ("python", "typescript")
 """Every language a runtime can serve (one served needs its interpreter: ``languages``)."""
 DISPOSED_REASON = "runtime disposed"
+EXIT_SIGNS = {
+    "python": ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY),
+    "typescript": ExitSigns(heap_limit_line=HEAP_EXHAUSTED),
+}
+"""What each language's worker says as it dies (``exit_classification.ExitSigns``): the one
+language-specific input of the worker supervisor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +142,8 @@ class Runtime:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
         acquire, take_idle = pool.launcher(resolved.memory_bytes)
-        return Run(request, acquire, handler, on_log, take_idle=take_idle)
+        signs = EXIT_SIGNS[language]
+        return Run(request, acquire, handler, on_log, take_idle=take_idle, exit_signs=signs)
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""
@@ -191,7 +201,7 @@ class Runtime:
         )  # fmt: skip
         # A TypeScript host's V8 heap limit is its memory budget, as a program's.
         acquire, _ = pool.launcher(resolved.memory_bytes)
-        return PluginHost(request, acquire, emit)
+        return PluginHost(request, acquire, emit, exit_signs=EXIT_SIGNS[language])
 
     async def run_host(self, host: PluginHost) -> None:
         """Drive ``host`` until it ends; disposal ends it too."""
