@@ -21,11 +21,11 @@ from registry_service.domain.admission import (
     Limits,
 )
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
-from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
+from registry_service.domain.scopes import Mode
 from registry_service.history.store import StoreOpenError
 from registry_service.history.stores import check_options
 from registry_service.presentation.assembly import Section, check_config
-from registry_service.presentation.languages import FALLBACK_LANGUAGE
+from registry_service.presentation.language_profiles import LANGUAGES, NO_RUNTIME_LANGUAGE
 
 __all__ = [
     "AgentSetting",
@@ -358,8 +358,8 @@ class RegistrySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check_code_language(self) -> RegistrySettings:
-        if self.code_language and self.code_language not in PROGRAM_LANGUAGES:
-            known = ", ".join(PROGRAM_LANGUAGES)
+        if self.code_language and self.code_language not in LANGUAGES:
+            known = ", ".join(LANGUAGES)
             raise ValueError(f"code_language {self.code_language!r} is not one of {known}")
         return self
 
@@ -368,7 +368,7 @@ class RegistrySettings(ServiceSettings):
         TypeScript when none is configured)."""
         if self.code_language:
             return self.code_language
-        return self.runtime_languages[0] if self.runtime_languages else FALLBACK_LANGUAGE
+        return self.runtime_languages[0] if self.runtime_languages else NO_RUNTIME_LANGUAGE
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:

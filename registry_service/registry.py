@@ -49,6 +49,7 @@ from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
+from registry_service.presentation.language_profiles import HOST_LANGUAGES, LANGUAGES
 from registry_service.presentation.languages import catalog_language
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 
@@ -267,6 +268,7 @@ def _cordis(
             history.submit,
             state_store,
             history.watch,
+            host_languages=HOST_LANGUAGES,
             start_timeout_s=settings.cordis_start_timeout_s,
             compute_ms_per_call=settings.cordis_compute_ms_per_call,
             authority=authority,
@@ -345,6 +347,7 @@ def build_registry(
         settings.default_mode,
         run_code,
         settings.default_code_language(),
+        languages=LANGUAGES,
         default_self_modification=settings.self_modification,
         store=stores.catalog,
         delete_history_with_agent=settings.delete_history_with_agent,

@@ -84,7 +84,7 @@ class ActivationSpec:
     plugin_id: str  # e.g. "clock-1"
     package_id: str  # e.g. "pkg-3"
     run_id: str  # e.g. "run-4"
-    language: str  # the owner's program language: "python" or "typescript"
+    language: str  # the owner's program language (a language profile's name)
     source: str  # the host half: an async function body that returns the plugin
     name: str = ""  # the package's name, for logs and diagnostics
     start_timeout_s: float = 5.0  # bounds the host half's synchronous start (vmTimeoutMs)

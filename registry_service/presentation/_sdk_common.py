@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from codemode_wire.jsonvalue import dumps
 from registry_service.domain.jsonschema import ref_name
-from registry_service.presentation.run_code_schema import RUN_CODE
+from registry_service.domain.tools import RUN_CODE
 from registry_service.presentation.sdk_model import SdkTool
 
 SCALAR_TYPES: Final = frozenset({"string", "number", "integer", "boolean", "null"})

@@ -36,7 +36,8 @@ from registry_service.domain.sections import Section
 from registry_service.domain.tool_access import ToolAccess
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
 from registry_service.presentation._sdk_common import utf16_sort_key
-from registry_service.presentation.languages import SDK_RENDERERS, resolve_language
+from registry_service.presentation.language_profiles import PROFILES, host_profile
+from registry_service.presentation.languages import resolve_language
 from registry_service.presentation.lru import Lru
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 from registry_service.presentation.sdk_model import SdkTool
@@ -265,7 +266,9 @@ class Assembler:
                 cordis_prompt.SECTION_ID,
                 cordis_prompt.SECTION_ORDER,
                 # Its host halves are in the agent's program language (also in native mode).
-                cordis_prompt.prompt(self._catalog.language_for(view.scope))
+                cordis_prompt.prompt(
+                    host_profile(self._catalog.language_for(view.scope)).cordis_host_half
+                )
                 if view.self_modification
                 else "",
             ),
@@ -285,7 +288,7 @@ class Assembler:
         if hit is not None:
             return hit[1]
         rows = [SdkTool(d.name, d.description, d.input_schema, d.output_schema) for d in tools]
-        text = SDK_RENDERERS[language](rows)
+        text = PROFILES[language].render_sdk(rows)
         self.renders += 1
         self._texts.put(key, (tools, text))
         return text
