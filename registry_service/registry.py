@@ -20,6 +20,7 @@ from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
+from registry_service.domain import records
 from registry_service.domain.admission import Admission, Limits
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
@@ -31,6 +32,7 @@ from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
 from registry_service.domain.receive_limits import ReceiveLimits
+from registry_service.domain.records import Record
 from registry_service.domain.results import ToolResult
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.telemetry import RegistryTelemetry
@@ -41,10 +43,8 @@ from registry_service.domain.tools import (
     Invocation,
     ToolDefinition,
 )
-from registry_service.history import build, records
 from registry_service.history.catalog_store import CatalogConflict, CatalogStore
 from registry_service.history.health import Report, keep_reporting
-from registry_service.history.records import Record
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
@@ -297,7 +297,7 @@ def _outer(
         # Lossy arguments: the execution reports them as its result.
         with contextlib.suppress(JsonValueError):
             arguments_json = jsonvalue.dumps(arguments)
-    return build.record(
+    return records.record(
         kind,
         agent=inp.agent or "",
         agent_id=inp.agent_id,

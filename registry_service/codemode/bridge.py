@@ -48,6 +48,7 @@ from registry_service.codemode.runtime_port import (
 )
 from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
 from registry_service.codemode.token import TokenError, TokenMinter
+from registry_service.domain import records
 from registry_service.domain.access import AccessPolicy
 from registry_service.domain.admission import Admission, Slot
 from registry_service.domain.execution import (
@@ -59,6 +60,7 @@ from registry_service.domain.execution import (
     ToolCallFailure,
 )
 from registry_service.domain.json_admission import decode_text, off_loop
+from registry_service.domain.records import Record
 from registry_service.domain.results import (
     ABORTED_BEFORE_DISPATCH,
     AdditionalContext,
@@ -79,8 +81,6 @@ from registry_service.domain.telemetry import (
 )
 from registry_service.domain.tool_access import ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation
-from registry_service.history import build, records
-from registry_service.history.records import Record
 from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
@@ -489,7 +489,7 @@ class _Run(RunHooks):
         self.answer(call, result)
 
     def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
-        return build.record(
+        return records.record(
             kind,
             agent=self.outer.agent or "",
             agent_id=self.outer.agent_id,

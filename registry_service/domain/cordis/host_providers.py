@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain import records
 from registry_service.domain.cordis.inspect import Method, Provider
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.plugin_hosts import ServiceSpec
 from registry_service.domain.tools import ToolDefinition
-from registry_service.history import records
 
 # (name, signature, description): what a Python host half can reach, and nothing else.
 BUILTINS: tuple[tuple[str, str, str], ...] = (
