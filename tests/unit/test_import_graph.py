@@ -62,12 +62,7 @@ RULES = (
     Rule(
         "the run_code transport talks to a runtime through its port, never through grpc",
         "registry_service.codemode",
-        may_import=(
-            "registry_service.codemode",
-            "registry_service.domain",
-            "registry_service.history",
-            "codemode_wire",
-        ),
+        may_import=("registry_service.codemode", "registry_service.domain", "codemode_wire"),
         never=("grpc", "codemode_wire.api"),
     ),
     Rule(
