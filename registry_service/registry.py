@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_wire import jsonvalue
 from codemode_wire.errors import CodemodeError
-from codemode_wire.jsonvalue import JsonValue, JsonValueError
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
@@ -41,10 +40,9 @@ from registry_service.domain.tools import (
     Invocation,
     ToolDefinition,
 )
-from registry_service.history import build, records
 from registry_service.history.catalog_store import CatalogConflict, CatalogStore
 from registry_service.history.health import Report, keep_reporting
-from registry_service.history.records import Record
+from registry_service.history.recorder import HistoryRecorder
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
@@ -158,11 +156,7 @@ class Registry:
             return await self._execute(inp, emit)
 
     async def _execute(self, inp: ExecutionInput, emit: Emit) -> ToolResult:
-        if inp.agent:
-            await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
-        result = await self.executor.execute(inp, emit)
-        if inp.agent:
-            await self.history.append(_outer(records.TOOL_RESULT, inp, None, result))
+        result = await self.executor.execute(inp, emit)  # recorded by the history recorder
         if result.rpc_error is not None:
             raise result.rpc_error
         return result
@@ -289,29 +283,6 @@ def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
     return GrpcPluginHosts(runtime)
 
 
-def _outer(
-    kind: str, inp: ExecutionInput, arguments: object, result: ToolResult | None = None
-) -> Record:
-    arguments_json = ""
-    if result is None and inp.arguments_json is not None:
-        arguments_json = inp.arguments_json  # decoded from the wire: no second encoding
-    elif result is None:
-        # Lossy arguments: the execution reports them as its result.
-        with contextlib.suppress(JsonValueError):
-            arguments_json = jsonvalue.dumps(arguments)
-    return build.record(
-        kind,
-        agent=inp.agent or "",
-        agent_id=inp.agent_id,
-        call_id=inp.call_id,
-        root_call_id=inp.root_call_id or inp.call_id,
-        parent_call_id="",
-        name=inp.name,
-        arguments_json=arguments_json,
-        result=result,
-    )
-
-
 def build_registry(
     settings: RegistrySettings,
     runtime: RuntimePort | None = None,
@@ -363,13 +334,20 @@ def build_registry(
     receive_limits = ReceiveLimits(settings.max_message_bytes)
     approvals = ApprovalBroker(receive_limits, approval_request_bytes)
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
-    executor = Executor(catalog, approvals, telemetry, settings.json_limits())
+    # The history recorder is the outermost observer: a call's `tool/call` is durable before
+    # its span opens, and its span ends before its `tool/result` is written.
+    executor = Executor(
+        catalog,
+        approvals,
+        telemetry,
+        settings.json_limits(),
+        observers=(HistoryRecorder(history),),
+    )
     admission = _admission(settings, catalog)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     transport = RunCodeTransport(
         executor,
         runtime,
-        history,
         CodeModeConfig(
             max_parallel_sub_calls=settings.max_parallel_sub_calls,
             retry_delay_s=settings.runtime_retry_delay_s,

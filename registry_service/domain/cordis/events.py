@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.history import records
-from registry_service.history.records import Record
+from registry_service.domain import records
+from registry_service.domain.records import Record
 
 __all__ = ["OBSERVABLE", "OwnerEvents", "Watch", "payload"]
 

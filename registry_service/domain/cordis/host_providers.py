@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain import records
 from registry_service.domain.cordis.host_languages import Facade
 from registry_service.domain.cordis.inspect import Method, Provider
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.plugin_hosts import ServiceSpec
 from registry_service.domain.tools import ToolDefinition
-from registry_service.history import records
 
 # What `ctx.on` may observe: the owner's history records as they are written, and the plugin's
 # own lifecycle. `cordis/*` events stay hidden as in the original.

@@ -72,11 +72,11 @@ from registry_service.domain.plugin_hosts import (
     PluginHosts,
     ServiceSpec,
 )
+from registry_service.domain.records import Record
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.tool_access import CallKind, ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
-from registry_service.history.records import Record
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.history import build
-from registry_service.history.records import AGENT_INJECT, AGENT_STEER, Record
+from registry_service.domain import records
+from registry_service.domain.records import AGENT_INJECT, AGENT_STEER, Record
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class Steering:
         except CodemodeError:  # the agent was deleted meanwhile: it has no history to wake
             log.info("cordis %s for %s (deleted): %s", kind, owner, text)
             return
-        record = build.agent_message(
+        record = records.agent_message(
             kind, agent=owner, agent_id=agent_id, source=source, text=text, metadata=metadata
         )
         future = self._submit(record)

@@ -22,7 +22,7 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.page_runners import REVIEW_SOURCE_CHARS
 from registry_service.domain.cordis.steering import INSPECT_DIRECTION
-from registry_service.history.records import AGENT_INJECT, AGENT_STEER
+from registry_service.domain.records import AGENT_INJECT, AGENT_STEER
 from tests.registry.cordis.conftest import CordisHarness, until
 from tests.registry.cordis.hosts import InProcessHosts
 
