@@ -319,13 +319,13 @@ async def test_a_checkout_under_tmp_still_runs_typescript(
     # must still have its worker directory in the sandbox. Before the fix: MODULE_NOT_FOUND.
     import shutil
 
-    from runtime_service import worker_process
+    from runtime_service.languages import typescript
 
     if not str(tmp_path).startswith("/tmp/"):
         pytest.skip(f"the test's temporary directory is not below /tmp: {tmp_path}")
     copy = tmp_path / "checkout" / "worker_ts"
-    shutil.copytree(worker_process._TS_WORKER_DIR, copy, symlinks=True)
-    monkeypatch.setattr(worker_process, "_TS_WORKER_DIR", str(copy))
+    shutil.copytree(typescript.WORKER_DIR, copy, symlinks=True)
+    monkeypatch.setattr(typescript, "WORKER_DIR", str(copy))
     async with (
         serving(grpc_settings(typescript_pool_size=0)) as running,
         connected(running) as stub,
