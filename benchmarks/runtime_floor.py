@@ -69,11 +69,11 @@ def _child_cost(start: Callable[[], int], count: int) -> dict[str, float]:
 def _measure(count: int) -> dict[str, Any]:
     from runtime_service.worker import (  # noqa: F401 - imported as the fork server does
         bootstrap,
+        exec_launch,
         plugin_harness,
         program,
         sandbox_child,
         seccomp,
-        typescript,
         zygote,
     )
 

@@ -43,7 +43,7 @@ def _options(language: str, pool_size: int, spec: WorkerSpec | None = None) -> R
     """A runtime whose pool of `language` holds `pool_size` workers (the other pool none)."""
     return RuntimeOptions(
         pool_size=pool_size if language == "python" else 0,
-        typescript_pool_size=pool_size if language == "typescript" else 0,
+        pool_sizes={"typescript": pool_size if language == "typescript" else 0},
         worker=spec or WorkerSpec(),
     )
 

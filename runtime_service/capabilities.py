@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.budgets import Budgets
+from runtime_service.languages import DEFAULT_LANGUAGE
 from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
@@ -43,7 +44,7 @@ class Isolation:
 class Capabilities:
     languages: tuple[str, ...]
     isolation: Isolation
-    """The Python worker's."""
+    """The default language's worker's."""
     defaults: Budgets
     maxima: Budgets
     pool_size: int
@@ -61,7 +62,7 @@ async def probe_capabilities(runtime: Runtime) -> Capabilities:
     options = runtime.options
     return Capabilities(
         languages=runtime.languages,
-        isolation=by_language["python"],
+        isolation=by_language[DEFAULT_LANGUAGE],
         defaults=options.defaults,
         maxima=options.maxima,
         pool_size=options.pool_size,
@@ -78,24 +79,6 @@ async def _probe(pool: WorkerPool) -> Isolation:
         report = dict(worker.sandbox)
         await worker.kill()
     return describe_isolation(report, pool.spec)
-
-
-# What each language's interpreter is started as (the rest of the sandbox is the same).
-_INTERPRETER = {
-    "python": "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* "
-    "variables",
-    "typescript": "interpreter: Node 20 with the runtime's options only (no NODE_* variables: "
-    "the environment is empty); the program sees no require or import, eval and new Function "
-    "refuse (--disallow-code-generation-from-strings); V8's heap limit is the run's memory "
-    "budget",
-}
-# What each language's worker exposes in its private root besides the system trees.
-_INSTALLATION = {
-    "python": "the Python installation (its site-packages and the runtime's own paths masked)",
-    "typescript": "the Python installation (its site-packages and the runtime's own paths "
-    "masked), Node's installation and the TypeScript worker's own code with its pinned type "
-    "stripper, read-only",
-}
 
 
 def _nproc() -> int:
@@ -123,7 +106,8 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         ),
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
-        _INTERPRETER[spec.language],
+        # What the language's interpreter is started as (the rest of the sandbox is the same).
+        spec.backend.capability.interpreter,
         "output: exact byte ledger checked in the worker and again in the runtime",
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
@@ -153,7 +137,7 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
             "/proc/<pid>/mem or attach)"
         )
     elif dumpable.startswith("yes"):
-        # Node's exec made it dumpable again (worker/typescript.py): what stands in for the
+        # An exec made it dumpable again (worker/exec_launch.py): what stands in for the
         # flag holds only with its own uid, its own pid namespace and the seccomp filter.
         kept_out = held("user") and own_pid_ns and held("seccomp")
         (enforced if kept_out else not_enforced).append(
@@ -173,8 +157,8 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("filesystem"):
         enforced.append(
             "filesystem: private read-only root holding only the system trees (/usr, /lib*, "
-            f"/bin, /sbin), {_INSTALLATION[spec.language]} and five device nodes; the runtime's "
-            "files (but the worker's own code), /root, /home, /work, "
+            f"/bin, /sbin), {spec.backend.capability.installation} and five device nodes; the "
+            "runtime's files (but the worker's own code), /root, /home, /work, "
             "/etc, /var, /run and the host's /tmp are absent; writable: a private "
             f"{mib} MiB memory-backed /tmp, the working directory, gone with the worker"
         )

@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from runtime_service.budgets import BudgetError, Budgets
+from runtime_service.languages import typescript
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
 
@@ -192,11 +193,13 @@ class RuntimeSettings(ServiceSettings):
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)
+        # The settings of the built-in languages other than the default (Python's are the
+        # generic ones: its workers run in the launcher's interpreter, ``worker_python``).
         if self.worker_node:
-            spec = dataclasses.replace(spec, node=self.worker_node)
+            spec = dataclasses.replace(spec, executables={typescript.NAME: self.worker_node})
         return RuntimeOptions(
             pool_size=self.pool_size,
-            typescript_pool_size=self.typescript_pool_size,
+            pool_sizes={typescript.NAME: self.typescript_pool_size},
             defaults=defaults,
             maxima=maxima,
             worker=spec,

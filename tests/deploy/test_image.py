@@ -88,7 +88,7 @@ def test_the_runtime_image_ships_node_and_the_typescript_worker() -> None:
     final = steps[stages[-1] :]
     final_text = " ".join(value for keyword, value in final if keyword in ("COPY", "RUN"))
     assert "--from=worker-ts /usr/local/bin/node /usr/local/bin/node" in final_text
-    assert "typescript_installed(WorkerSpec())" in final_text
+    assert "sys.exit(typescript.BACKEND.unavailable(WorkerSpec()))" in final_text
     assert "libstdc++6" in final_text  # the one library Node needs beyond libc
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "**/node_modules" in ignored  # installed from the lock, never from a checkout

@@ -29,7 +29,8 @@ import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from codemode_wire.host_facade import FacadeError, HostFacade, load
-from runtime_service.worker_process import WorkerSpec, typescript_installed
+from runtime_service.languages import typescript
+from runtime_service.worker_process import WorkerSpec
 from tests.runtime.conftest import child_pids, connected, grpc_settings, serving
 
 FACADE: HostFacade = load()
@@ -38,7 +39,7 @@ CASES: list[dict[str, Any]] = [
     json.loads(line) for line in CORPUS_FILE.read_text(encoding="utf-8").splitlines() if line
 ]
 NEEDS_NODE = pytest.mark.skipif(
-    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+    typescript.BACKEND.unavailable(WorkerSpec()) is not None, reason="no Node 20+ on this host"
 )
 PLUGIN_ID = "facade-1"
 TAG = f"[cordis:{PLUGIN_ID}] "
