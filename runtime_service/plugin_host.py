@@ -250,7 +250,7 @@ class PluginHost:
             if not self._ended:
                 self._end(HostFailed("host-lost", "the plugin host was stopped"))
             # The last word, only now: whoever hears "retracted" (or "lost") may rely on the
-            # host's processes being gone (quiescence, reference §9.4).
+            # host's processes being gone (quiescence).
             if self._final is not None:  # None: refused for want of a sandbox (`exhausted`)
                 self._emit(self._final)
             if not self.closed.done():

@@ -1,6 +1,6 @@
 """The `run_code` transport: runs a program on a runtime and dispatches its binding calls.
 
-The body of `run_code` (reference §6): validate the description, mint the parent token,
+The body of `run_code` (docs/pipeline.md): validate the description, mint the parent token,
 enumerate once as bindings the agent's visible tools that the caller's principal may call
 (`run_code` excluded), open a run, turn every binding call into a nested call (acting as that
 principal, admitted by the rule of the direct call) through the per-run scheduler, and, when

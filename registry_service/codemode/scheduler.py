@@ -1,4 +1,4 @@
-"""The per-run scheduler for nested calls (reference §7): *when* each call's stages may enter.
+"""The per-run scheduler for nested calls: *when* each call's stages may enter.
 
 Every nested call runs the one pipeline driver (`Executor.run`) in a task of its own, through a
 `Gate` from this scheduler. The scheduler keeps one ordered lane: a call's start section

@@ -1,4 +1,4 @@
-"""The one pipeline every tool call passes through (reference §1.8–§1.11).
+"""The one pipeline every tool call passes through (docs/pipeline.md).
 
 create (argument snapshot, collapse; the call's plan) → pre-execute → approval → guards →
 around wrappers → body (input and output validation) → post-execute → result observers.
@@ -145,7 +145,7 @@ DIRECT = Gate()  # a model-direct call's gate: no stage waits
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one call will run, resolved once at create (reference §1.7, §1.10): the tool as
+    """What one call will run, resolved once at create: the tool as
     `resolve_execution` sees it, and the hooks of the agent's chain (global first, then
     farthest → nearest). Later registry changes do not reach a call already created."""
 
@@ -166,7 +166,7 @@ class _Dispatch:
 
 
 # How a result leaves the start section or dispatch: run the body, go through post-execute,
-# or skip post-execute (a throwing pre-execute hook, guard or around wrapper: reference §1.10).
+# or skip post-execute (a throwing pre-execute hook, guard or around wrapper).
 _Next = Literal["dispatch", "post", "final"]
 
 
@@ -478,7 +478,7 @@ class Executor:
         result: ToolResult,
     ) -> ToolResult:
         """A result an around wrapper wrote goes through the tool's output contract like a
-        body's (reference §1.10): it must be lossless JSON and match the output schema."""
+        body's: it must be lossless JSON and match the output schema."""
         if result is body_result:
             return result
         if (

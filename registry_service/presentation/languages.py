@@ -2,7 +2,7 @@
 
 Until the runtime service reports its capabilities, the languages are configured
 (`runtime_languages`); an empty list means no runtime. Native presentation needs no runtime and
-never consults the language (reference §1.9).
+never consults the language.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SDK_RENDERERS: Final[Mapping[str, SdkRenderer]] = MappingProxyType(
     {"python": render_python_sdk, "typescript": render_typescript_sdk}
 )
 KNOWN_LANGUAGES: Final = tuple(sorted(SDK_RENDERERS))
-# With no runtime, the catalog's own run_code definition falls back to this flavour (§1.9).
+# With no runtime, the catalog's own run_code definition falls back to this flavour.
 FALLBACK_LANGUAGE: Final = "typescript"
 
 

@@ -12,7 +12,7 @@ _DESCRIPTION_PARAM: Final = (
     '"Read failing test and its fixture"; "Rename config key in every cordis.yml".'
 )
 
-# Model-facing text is observable behaviour: kept as the reference quotes it.
+# Model-facing text is observable behaviour: change it only on purpose.
 _FLAVORS: Final[dict[str, tuple[str, str]]] = {
     "typescript": (
         "Execute a TypeScript program against the available tools. Takes two required "
@@ -39,7 +39,7 @@ def run_code_tool_schema(language: str) -> dict[str, Any]:
     """`{name, description, parameters}` of `run_code` for a runtime language.
 
     Returns a fresh object on every call, so callers may mutate it. The parameter root is left
-    open (no `additionalProperties`), as in the reference: extra keys are not rejected.
+    open (no `additionalProperties`): extra keys are not rejected.
 
     Raises:
         ValueError: no flavour exists for `language`.

@@ -60,7 +60,7 @@ class Channel:
 
     Every message leaves at once, binding calls included (no coalescing until the program
     next awaits): a call made just before a long computation must reach the runtime, and so
-    the client, while the program computes -- as the reference's synchronous postMessage.
+    the client, while the program computes.
     """
 
     def __init__(self, sock: socket.socket) -> None:

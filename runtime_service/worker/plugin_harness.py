@@ -2,7 +2,7 @@
 
 Entered from ``bootstrap.serve`` when the first message is ``{"t": "host", ...}`` instead of a
 program's ``start``: the same fresh, sandboxed, never-used worker, which then lives until the
-runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
+runtime retracts the plugin (or kills it). The host façade in Python's style:
 
 - the host half is an async function body (top-level ``await``/``return``, like a program) that
   returns the plugin: a function ``plugin(ctx)`` or an object with ``apply(ctx)``; either may be
@@ -649,7 +649,7 @@ class _Host:
         task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
 
     def invoke_handler(self, invocation: int, method: str, tokens: object) -> None:
-        """A page's `invoke` of a `harness.handle` handler (reference §9.6)."""
+        """A page's `invoke` of a `harness.handle` handler."""
         handler = self.handlers.get(method)
         if handler is None or self.retracting:
             self.channel.send(
@@ -899,7 +899,7 @@ class _Timer(_ReadOnly):
 
 
 class _Context(_ReadOnly):
-    """The plugin's ``ctx``: read-only, exposing only the façade (reference §9.6)."""
+    """The plugin's ``ctx``: read-only, exposing only the façade."""
 
     __slots__ = ("_injected", "_tools")
     _what = "sandbox ctx"
@@ -951,7 +951,7 @@ class _Context(_ReadOnly):
 
 
 def _syntax_text(exc: SyntaxError, source: str) -> str:
-    """The parse error with the offending line and a caret (reference §9.6)."""
+    """The parse error with the offending line and a caret."""
     line_no = exc.lineno or 1
     lines = source.splitlines()
     line = lines[line_no - 1] if 0 < line_no <= len(lines) else ""

@@ -15,7 +15,7 @@
 //                      call {id, service, method, args}, call_cancel {id} (the invocation
 //                      awaiting that call was cancelled), retracted
 //
-// Reference §9.6 in TypeScript's style (the Python harness's names in camelCase):
+// The host façade in TypeScript's style (the Python harness's names in camelCase):
 //
 // - the host half is a strict async function body, types stripped with amaro as a program's
 //   are (positions kept), that returns the plugin: a function `plugin(ctx)` or an object with
@@ -78,7 +78,7 @@ import {
   send,
 } from './worker.js';
 
-// The texts of reference §9.6 (the Python harness says the same in Python's terms).
+// The façade's texts (the Python harness says the same in Python's terms).
 export const LOSSY =
   'must be lossless JSON data (objects, arrays, strings, numbers, booleans, null) — not a ' +
   'class instance, function, Map/Set, Date, or undefined';
@@ -961,7 +961,7 @@ class Host {
   }
 
   /**
-   * A page's `invoke` of a `harness.handle` handler (reference §9.6).
+   * A page's `invoke` of a `harness.handle` handler.
    * @param {number} id
    * @param {string} method
    * @param {unknown} tokens

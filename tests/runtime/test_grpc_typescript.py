@@ -206,7 +206,7 @@ SAME_OUTCOME: list[tuple[str, str, str, dict[str, int], tuple[str, str]]] = [
         {},
         ("success", "{}"),
     ),
-    # Reference §10 (runtime.spec.ts): awaiting a 1 500 ms binding does not consume a
+    # Awaiting a 1 500 ms binding does not consume a
     # 1 000 ms compute budget.
     (
         "binding-wait-is-free",

@@ -1,4 +1,4 @@
-"""The host Inspect Providers of this product (reference §9.7): the façade's builtins with their
+"""The host Inspect Providers of this product: the façade's builtins with their
 signatures in the owner's program language (Python or TypeScript), the events a plugin may
 observe, the owner's visible tools, and the services the owner's plugins provide (plus the
 built-in `timer`)."""
@@ -178,7 +178,7 @@ TYPESCRIPT_BUILTINS: tuple[tuple[str, str, str], ...] = (
 BUILTINS_BY_LANGUAGE = {"python": BUILTINS, "typescript": TYPESCRIPT_BUILTINS}
 
 # What `ctx.on` may observe: the owner's history records as they are written, and the plugin's
-# own lifecycle. `cordis/*` events stay hidden as in the original.
+# own lifecycle. `cordis/*` events stay hidden.
 EVENTS: tuple[tuple[str, str], ...] = (
     (records.TOOL_CALL, "The owning agent's model-direct tool call started (name, arguments)."),
     (records.TOOL_RESULT, "The owning agent's model-direct tool call ended (content, error)."),
