@@ -1,4 +1,4 @@
-"""What one forked run costs before its program runs, step by step, on this machine (issue 14).
+"""What one forked run costs before its program runs, step by step, on this machine.
 
 ``runtime_throughput`` measures whole runs; this benchmark takes a forked worker apart to show
 where its CPU goes and what no change to the runtime can remove. In a process prepared exactly

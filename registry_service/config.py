@@ -257,7 +257,7 @@ class RegistrySettings(ServiceSettings):
     history database (`history_path`, which must then be a file, or `history_dsn`) across
     restarts. Runs are not
     restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
-    reactivates it. Off: process memory only, as in the original (after a restart `@pluginId`
+    reactivates it. Off: process memory only (after a restart `@pluginId`
     references answer unavailable)."""
     cordis_start_timeout_s: float = Field(default=5.0, gt=0, le=600, allow_inf_nan=False)
     """Bounds a Cordis host half's start in its plugin host: evaluating the source and the
@@ -364,8 +364,8 @@ class RegistrySettings(ServiceSettings):
         return self
 
     def default_code_language(self) -> str:
-        """`code_language`, else the first configured runtime language (the reference's
-        TypeScript when none is configured)."""
+        """`code_language`, else the first configured runtime language
+        (TypeScript when none is configured)."""
         if self.code_language:
             return self.code_language
         return self.runtime_languages[0] if self.runtime_languages else NO_RUNTIME_LANGUAGE

@@ -1,7 +1,7 @@
 """The tool catalog: layered registrations, restrictions, guards, hooks and presentation modes.
 
 One traversal (`view`) feeds listing, presentation and execution, so what the model is shown and
-what the executor accepts cannot drift apart (reference §1.3). Every registration lives in the
+what the executor accepts cannot drift apart. Every registration lives in the
 layer of the scope it was made in; deleting the scope drops the layer, which revokes exactly what
 it held.
 
@@ -168,7 +168,7 @@ class Catalog:
         self._cordis_tools: dict[str, ToolDefinition] = {}
         self._delete_listeners: list[Callable[[str], None]] = []
         # Not checked here: the deployment's first runtime language is the default even when
-        # no flavour exists for it, and then every non-native assembly says so (§1.9).
+        # no flavour exists for it, and then every non-native assembly says so.
         self.default_language = default_language
         self._languages = tuple(languages)
         self._run_code = run_code
@@ -811,7 +811,7 @@ class Catalog:
         return self.view(scope).visible.get(name)
 
     def collapses(self, name: str, scope: str, nested: bool) -> bool:
-        """Under `code`, a model-direct call may only name run_code (reference §1.7)."""
+        """Under `code`, a model-direct call may only name run_code."""
         return not nested and name != RUN_CODE and self.mode_for(scope) is Mode.CODE
 
     def resolve_execution(self, name: str, scope: str, nested: bool) -> ToolDefinition | None:

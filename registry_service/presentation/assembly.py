@@ -1,6 +1,6 @@
 """What the model is shown for one scope: wire schemas, system-prompt sections and the SDK text.
 
-Everything is derived from the catalog's single `view` of the scope (reference §1.3, §1.6), so
+Everything is derived from the catalog's single `view` of the scope, so
 the advertisement and the executor cannot drift apart. Rules:
 
 - Wire schemas: `native` → every visible tool; `code` → only `run_code`; `both` → every visible
@@ -9,9 +9,9 @@ the advertisement and the executor cannot drift apart. Rules:
 - Prompt sections `(id, order, text)`: `tools:code-only` (99, only under `code`), one
   `tool:<name>` per visible tool with guidance (120), `tools:sdk` (150, empty when native), plus
   the configured deployment sections. The assemble step then removes every `tool:*` section under
-  `code` (seed 000: the model must not be told to call tools it cannot reach directly), drops
+  `code` (the model must not be told to call tools it cannot reach directly), drops
   empty sections and sorts by (order, `tool_order` position of a `tool:*` section, id).
-- A `tool_order` entry outside the scope's known names fails assembly (reference §1.6).
+- A `tool_order` entry outside the scope's known names fails assembly.
 - A caller is shown only the tools it may call (`domain.tool_access`): given its `ToolAccess`,
   every rule above runs over the scope's view without the others.
 - Results are cached per (catalog version, scope, language, the caller's permissions there):

@@ -2,7 +2,7 @@
 
 Until the runtime service reports its capabilities, the languages are configured
 (`runtime_languages`); an empty list means no runtime. Native presentation needs no runtime and
-never consults the language (reference §1.9).
+never consults the language.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run_code bridge over real runs (T-BRIDGE-2..16)."""
+"""The run_code bridge over real runs."""
 
 from __future__ import annotations
 

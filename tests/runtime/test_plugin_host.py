@@ -1,5 +1,5 @@
 """Cordis plugin hosts through ``RuntimeService.Host``: a host half in a real sandboxed worker,
-from start to retract (reference §9.3, §9.4, §9.6; design/cordis.md).
+from start to retract (docs/cordis.md, docs/runtime-and-sandbox.md).
 
 Every behaviour runs for both host languages (``language`` is parametrized): the host half is
 written once per language, next to each other, and both must end exactly alike -- only the
@@ -246,7 +246,7 @@ NO_PLUGIN: list[tuple[str, str, str, str]] = [
         "host-apply",
         'service "timer" is not injected',
     ),
-    # The JavaScript traps of reference §9.6 teach what to use instead.
+    # The façade's JavaScript traps teach what to use instead.
     (
         "typescript",
         "return (ctx) => { require('node:fs'); };",

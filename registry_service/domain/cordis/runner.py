@@ -1,5 +1,5 @@
 """The Cordis runner: define, run/update/rollback, stop, undefine and the read-only views, per
-owning agent (reference §9.1-§9.4, design/cordis.md).
+owning agent (docs/cordis.md).
 
 Invariants kept here (and tested through the API):
 - define never runs code, never asks approval and never moves a pointer; packages are immutable
@@ -257,7 +257,7 @@ class CordisRunner:
     # -- run / update / rollback --------------------------------------------------------------
 
     def _plan(self, plugin: Plugin, package_id: str, mode: str) -> Package:
-        """Plan validation shared by every entry point (§9.3)."""
+        """Plan validation shared by every entry point."""
         p = plugin.plugin_id
         package = plugin.packages.get(package_id)
         if package is None:

@@ -93,7 +93,7 @@ class Cordis:
         self.runner.hosts = hosts
 
     def references(self, agent: str, text: str) -> list[ReferenceContext]:
-        """The context blocks for one user message's `@pluginId` mentions (§9.5)."""
+        """The context blocks for one user message's `@pluginId` mentions."""
         out: list[ReferenceContext] = []
         for plugin_id in referenced_ids(text):
             reference = self.runner.reference(agent, plugin_id)

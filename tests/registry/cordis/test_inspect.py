@@ -1,4 +1,4 @@
-"""The inspect registry (reference §9.7) through `cordis_inspect_list` / `cordis_inspect_query`:
+"""The inspect registry through `cordis_inspect_list` / `cordis_inspect_query`:
 this product's host providers, input and output validation, validated manifests."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Page runners over real gRPC (`PageRunnerService.Attach`, the Python client's `PageRunner`):
 activation requests and their settle rules, grants, direct panel gestures, `invoke` codes,
-render failures, client inspect manifests and queries (reference §9.2, §9.3, §9.6, §9.7).
+render failures, client inspect manifests and queries (docs/cordis.md).
 Host halves run in the in-process plugin hosts of the seam; the TypeScript client's half of
 these rules is clients/typescript/test/page-runner.test.ts (real runtime)."""
 
