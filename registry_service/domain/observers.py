@@ -42,6 +42,11 @@ class Observers:
         self._observers = tuple(observers)
         self._reversed = self._observers[::-1]
 
+    @property
+    def members(self) -> tuple[Observer, ...]:
+        """The observers, outermost first."""
+        return self._observers
+
     def notify(self, event: Observed) -> list[Write]:
         """Tells every observer; returns the writes they answered with, for the caller."""
         writes: list[Write] = []
