@@ -64,8 +64,9 @@ COPY --from=build /opt/codemode /opt/codemode
 # serves TypeScript only where node and the worker's node_modules are both present: checked here.
 COPY --from=worker-ts /usr/local/bin/node /usr/local/bin/node
 RUN node --version \
-    && /opt/codemode/bin/python -c "from runtime_service.worker_process import WorkerSpec, \
-typescript_installed; assert typescript_installed(WorkerSpec()), 'no TypeScript worker'"
+    && /opt/codemode/bin/python -c "import sys; from runtime_service.languages import typescript; \
+from runtime_service.worker_process import WorkerSpec; \
+sys.exit(typescript.BACKEND.unavailable(WorkerSpec()))"
 # The root filesystem is read-only in every deployment: bytecode was compiled at install time,
 # /tmp and /var/lib/codemode are volumes. Containers must listen beyond loopback.
 ENV PATH=/opt/codemode/bin:$PATH \

@@ -2,7 +2,7 @@
 
 Topology: the registry and the runtime each in their own process (the registry loads the
 in-process tools `noop` and `sleep100` from `benchmarks._run_code_tools`), a bare gRPC server
-for the same-run baselines in a third, and the benchmark client here. Figures (issue 5):
+for the same-run baselines in a third, and the benchmark client here. Figures and targets:
 
 - P1: `run_code` with 0 nested calls: p50 <= 3 ms and <= 5 x a bare unary round trip.
 - P2: overhead per nested call to an in-process tool, (t_100 - t_0) / 100 at the p50:
@@ -14,7 +14,7 @@ for the same-run baselines in a third, and the benchmark client here. Figures (i
   the result only.
 - P5: 200 concurrent programs x 10 nested calls: every result successful, 2,000 settle records.
 
-Per language (issue 16), in the same run and interleaved with Python's P1/P2 samples: the same
+Per language, in the same run and interleaved with Python's P1/P2 samples: the same
 programs in TypeScript through a second registry whose deployment language is `typescript` (the
 same runtime, no agent, so the path differs only by the language). Targets: TypeScript's P1 p50
 <= 2 x Python's, its per-nested-call overhead <= 1.2 x Python's; under `languages`.
@@ -585,7 +585,7 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
 def _languages(samples: dict[str, tuple[list[float], ...]]) -> dict[str, Any]:
     """P1 and the per-nested-call overhead of each language (samples interleaved in one run:
     run_code 0 calls, 100 calls, then the same Runs straight on the runtime), and TypeScript's
-    ratios to Python's against the issue 16 targets."""
+    ratios to Python's against the per-language targets."""
     out: dict[str, Any] = {}
     for language, (zero, seq, direct_zero, direct_seq) in samples.items():
         per_call = (statistics.median(seq) - statistics.median(zero)) / SEQUENTIAL_N

@@ -1,4 +1,4 @@
-"""Flat-wire codec vs the stdlib ``json`` module (issue 4 benchmark c, issue 14).
+"""Flat-wire codec vs the stdlib ``json`` module.
 
 Measures one echo of the worker <-> runtime wire (value -> tokens -> frame text -> tokens ->
 value: ``flatwire.decode_text(flatwire.encode_text(value))``) against ``json.loads(json.dumps())``

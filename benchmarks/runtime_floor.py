@@ -1,10 +1,10 @@
-"""What one forked run costs before its program runs, step by step, on this machine (issue 14).
+"""What one forked run costs before its program runs, step by step, on this machine.
 
 ``runtime_throughput`` measures whole runs; this benchmark takes a forked worker apart to show
 where its CPU goes and what no change to the runtime can remove. In a process prepared exactly
 as the fork server prepares itself (``python -I -S``, the worker's modules imported, codecs
 warm, ``gc.freeze``), it forks children that stop after successive steps of a real worker's
-boot, each step using the worker's own code (``sandbox_child``, ``bootstrap``):
+boot, each step using the worker's own code (``sandbox_child``, ``program``):
 
 * ``raw_clone``: ``clone`` + ``exit_group`` from C, no Python in the child -- the kernel's own
   floor for one process (page tables copied at fork, torn down at exit) and the baseline;
@@ -69,10 +69,11 @@ def _child_cost(start: Callable[[], int], count: int) -> dict[str, float]:
 def _measure(count: int) -> dict[str, Any]:
     from runtime_service.worker import (  # noqa: F401 - imported as the fork server does
         bootstrap,
+        exec_launch,
         plugin_harness,
+        program,
         sandbox_child,
         seccomp,
-        typescript,
         zygote,
     )
 
@@ -171,7 +172,7 @@ def _measure(count: int) -> dict[str, Any]:
 
     def ready() -> None:
         isolated()
-        bootstrap._prewarm(asyncio.new_event_loop())
+        program.prewarm(asyncio.new_event_loop())
 
     steps: list[tuple[str, Callable[[], None]]] = [
         ("pid_namespace", nothing),

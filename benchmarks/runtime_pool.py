@@ -1,9 +1,9 @@
-"""Worker hand-off from the pool vs a fresh spawn (issue 4 benchmark a), per language.
+"""Worker hand-off from the pool vs a fresh spawn, per language.
 
 Prints one JSON object: hand-off latency (pool acquire of a booted, never-used worker) against
 a fresh spawn up to "ready", measured in the same run, plus end-to-end ``return 1`` runs with
 and without a pool. Target: pool p50 <= 1 ms and >= 10x faster than a fresh spawn. The top-level
-figures are Python's; ``languages`` holds each served language's (issue 16: TypeScript's pool
+figures are Python's; ``languages`` holds each served language's (TypeScript's pool
 hand-off p50 <= 1 ms too), measured in the same run.
 
     .venv/bin/python -m benchmarks.runtime_pool [--quick]
@@ -43,7 +43,7 @@ def _options(language: str, pool_size: int, spec: WorkerSpec | None = None) -> R
     """A runtime whose pool of `language` holds `pool_size` workers (the other pool none)."""
     return RuntimeOptions(
         pool_size=pool_size if language == "python" else 0,
-        typescript_pool_size=pool_size if language == "typescript" else 0,
+        pool_sizes={"typescript": pool_size if language == "typescript" else 0},
         worker=spec or WorkerSpec(),
     )
 

@@ -1,4 +1,4 @@
-"""A `Run` over gRPC with 0 and with 100 binding calls (issue 4 benchmark b).
+"""A `Run` over gRPC with 0 and with 100 binding calls.
 
 The runtime server runs in its own process; this process is the client and answers every
 binding call on the stream. Per-call overhead = (p50 with 100 calls - p50 with 0 calls) / 100.
@@ -11,7 +11,7 @@ that answers ``Run`` with the same messages (binding calls, then a terminal) and
 all -- what this exact message pattern costs on grpc.aio. Per-call overhead minus that figure
 is what the runtime and its worker add.
 
-Per language (issue 16): the same two programs in TypeScript, interleaved with Python's on the
+Per language: the same two programs in TypeScript, interleaved with Python's on the
 same runtime; ``languages`` holds each one's figures and TypeScript's per-call ratio to Python's
 (target <= 1.2). The top-level figures stay Python's.
 
@@ -82,6 +82,12 @@ class _StandInRuntime(runtime_pb2_grpc.RuntimeServiceServicer):
     ) -> AsyncIterator[pb.HostResponse]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
         yield pb.HostResponse()  # unreachable: makes this an async generator
+
+    async def CheckSource(
+        self, request: pb.CheckSourceRequest, context: Any
+    ) -> pb.CheckSourceResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no source checks here")
+        raise AssertionError("unreachable")
 
     async def Run(
         self, request_iterator: AsyncIterator[pb.RunRequest], context: object

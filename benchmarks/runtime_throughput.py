@@ -1,4 +1,4 @@
-"""Programs per second on one runtime: 10-call programs, 50 at once (issue 14).
+"""Programs per second on one runtime: 10-call programs, 50 at once.
 
 The runtime server runs in its own process (real gRPC ``RuntimeService.Run`` on loopback);
 this process is the client and answers every binding call directly on the stream (no

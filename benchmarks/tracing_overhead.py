@@ -1,11 +1,11 @@
-"""Tracing on vs off: the per-nested-call overhead of run_code (P2 of issue 5), same run.
+"""Tracing on vs off: the per-nested-call overhead of run_code (P2 of run_code.py), same run.
 
 Two stacks run side by side, each a runtime and a registry in their own processes: one with
 tracing off (`trace_file=off`: no SDK, no interceptors), one with the embedded default (the
 SDK, a BatchSpanProcessor appending every span to a JSON-lines file, the gRPC
 instrumentation's transport spans). Programs making 0 and 100 sequential nested calls to an
 in-process tool run on both, interleaved round by round; per stack the per-call cost is
-(p50(t_100) - p50(t_0)) / 100. Target (issue 6): tracing adds <= 15 % per nested call.
+(p50(t_100) - p50(t_0)) / 100. Target: tracing adds <= 15 % per nested call.
 The CPU time the registry and runtime processes spend per nested call (mean, from /proc) is
 reported beside it: it is far less sensitive than wall time to other load on the machine.
 

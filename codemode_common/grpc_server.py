@@ -156,7 +156,7 @@ def warn_if_exposed(what: str, listen: str, *, authenticated: bool, tls: bool) -
         log.warning(
             "%s: SECURITY WARNING: listening on %s (not loopback) with NO AUTHENTICATION: any "
             "client that reaches this port may do everything. Configure tls_client_ca_file "
-            "and/or auth tokens and grants (see README, Security).",
+            "and/or auth tokens and grants (see docs/security.md).",
             what,
             listen,
         )

@@ -21,11 +21,11 @@ from registry_service.domain.admission import (
     Limits,
 )
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
-from registry_service.domain.scopes import PROGRAM_LANGUAGES, Mode
+from registry_service.domain.scopes import Mode
 from registry_service.history.store import StoreOpenError
 from registry_service.history.stores import check_options
 from registry_service.presentation.assembly import Section, check_config
-from registry_service.presentation.languages import FALLBACK_LANGUAGE
+from registry_service.presentation.language_profiles import LANGUAGES, NO_RUNTIME_LANGUAGE
 
 __all__ = [
     "AgentSetting",
@@ -257,7 +257,7 @@ class RegistrySettings(ServiceSettings):
     history database (`history_path`, which must then be a file, or `history_dsn`) across
     restarts. Runs are not
     restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
-    reactivates it. Off: process memory only, as in the original (after a restart `@pluginId`
+    reactivates it. Off: process memory only (after a restart `@pluginId`
     references answer unavailable)."""
     cordis_start_timeout_s: float = Field(default=5.0, gt=0, le=600, allow_inf_nan=False)
     """Bounds a Cordis host half's start in its plugin host: evaluating the source and the
@@ -360,19 +360,19 @@ class RegistrySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check_code_language(self) -> RegistrySettings:
-        if self.code_language and self.code_language not in PROGRAM_LANGUAGES:
-            known = ", ".join(PROGRAM_LANGUAGES)
+        if self.code_language and self.code_language not in LANGUAGES:
+            known = ", ".join(LANGUAGES)
             raise ValueError(f"code_language {self.code_language!r} is not one of {known}")
         return self
 
     def default_code_language(self) -> str:
-        """`code_language`, else the first configured runtime language (the reference's
-        TypeScript when none is configured)."""
+        """`code_language`, else the first configured runtime language
+        (TypeScript when none is configured)."""
         if self.code_language:
             return self.code_language
         if self.runtime_languages is None:
-            return "python"
-        return self.runtime_languages[0] if self.runtime_languages else FALLBACK_LANGUAGE
+            return LANGUAGES[0]
+        return self.runtime_languages[0] if self.runtime_languages else NO_RUNTIME_LANGUAGE
 
     @model_validator(mode="after")
     def _check_presentation(self) -> RegistrySettings:

@@ -13,14 +13,13 @@ from codemode_wire.api.registry.v1 import history_pb2, scope_pb2, tool_pb2
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.domain import catalog, execution, results
+from registry_service.domain import catalog, execution, records, results
 from registry_service.domain.approvals import ApprovalOutcome, ApprovalRequest, ApproverMessage
 from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
 from registry_service.domain.providers import ToolSpec
+from registry_service.domain.records import Record
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tools import ToolDefinition
-from registry_service.history import records
-from registry_service.history.records import Record
 
 # The code of a provider's tool error whose own code no history store can hold.
 PROVIDER_ERROR_CODE_INVALID = "PROVIDER_ERROR_CODE_INVALID"
@@ -335,7 +334,7 @@ def _block_from_json(block: JsonValue) -> tool_pb2.ContentBlock:
 
 
 def content_from_json(content: str) -> list[tool_pb2.ContentBlock]:
-    """A history record's content JSON (see `history.build.content_json`) as content blocks."""
+    """A history record's content JSON (`records.content_json`) as content blocks."""
     blocks = jsonvalue.loads(content) if content else []
     return [_block_from_json(b) for b in blocks] if isinstance(blocks, list) else []
 

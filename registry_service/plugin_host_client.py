@@ -1,6 +1,6 @@
 """`PluginHosts` over the runtime's `Host` stream: one stream per activation.
 
-The registry side of a plugin host (design/cordis.md): `activate` opens the stream, sends the
+The registry side of a plugin host (docs/cordis.md): `activate` opens the stream, sends the
 package's host half and waits for `started` or `failed`; while the activation lives, a reader
 task resolves invocation results and passes registration changes, logs and the host's loss to
 the activation's `HostEvents`; `retract` asks for the retract and returns once the runtime has

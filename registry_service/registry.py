@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from codemode_wire import jsonvalue
 from codemode_wire.errors import CodemodeError
-from codemode_wire.jsonvalue import JsonValue, JsonValueError
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.codemode.bridge import CodeModeConfig, RunCodeTransport
 from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
@@ -41,14 +40,14 @@ from registry_service.domain.tools import (
     Invocation,
     ToolDefinition,
 )
-from registry_service.history import build, records
 from registry_service.history.catalog_store import CatalogConflict, CatalogStore
 from registry_service.history.health import Report, keep_reporting
-from registry_service.history.records import Record
+from registry_service.history.recorder import HistoryRecorder
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
+from registry_service.presentation.language_profiles import HOST_LANGUAGES, LANGUAGES
 from registry_service.presentation.languages import (
     LanguageSource,
     RuntimeLanguages,
@@ -163,11 +162,7 @@ class Registry:
             return await self._execute(inp, emit)
 
     async def _execute(self, inp: ExecutionInput, emit: Emit) -> ToolResult:
-        if inp.agent:
-            await self.history.append(_outer(records.TOOL_CALL, inp, inp.arguments))
-        result = await self.executor.execute(inp, emit)
-        if inp.agent:
-            await self.history.append(_outer(records.TOOL_RESULT, inp, None, result))
+        result = await self.executor.execute(inp, emit)  # recorded by the history recorder
         if result.rpc_error is not None:
             raise result.rpc_error
         return result
@@ -273,6 +268,7 @@ def _cordis(
             history.submit,
             state_store,
             history.watch,
+            host_languages=HOST_LANGUAGES,
             start_timeout_s=settings.cordis_start_timeout_s,
             compute_ms_per_call=settings.cordis_compute_ms_per_call,
             authority=authority,
@@ -291,29 +287,6 @@ def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
     from registry_service.plugin_host_client import GrpcPluginHosts
 
     return GrpcPluginHosts(runtime)
-
-
-def _outer(
-    kind: str, inp: ExecutionInput, arguments: object, result: ToolResult | None = None
-) -> Record:
-    arguments_json = ""
-    if result is None and inp.arguments_json is not None:
-        arguments_json = inp.arguments_json  # decoded from the wire: no second encoding
-    elif result is None:
-        # Lossy arguments: the execution reports them as its result.
-        with contextlib.suppress(JsonValueError):
-            arguments_json = jsonvalue.dumps(arguments)
-    return build.record(
-        kind,
-        agent=inp.agent or "",
-        agent_id=inp.agent_id,
-        call_id=inp.call_id,
-        root_call_id=inp.root_call_id or inp.call_id,
-        parent_call_id="",
-        name=inp.name,
-        arguments_json=arguments_json,
-        result=result,
-    )
 
 
 def build_registry(
@@ -357,6 +330,7 @@ def build_registry(
         settings.default_mode,
         run_code,
         settings.default_code_language(),
+        languages=LANGUAGES,
         default_self_modification=settings.self_modification,
         store=stores.catalog,
         delete_history_with_agent=settings.delete_history_with_agent,
@@ -372,7 +346,15 @@ def build_registry(
     receive_limits = ReceiveLimits(settings.max_message_bytes)
     approvals = ApprovalBroker(receive_limits, approval_request_bytes)
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
-    executor = Executor(catalog, approvals, telemetry, settings.json_limits())
+    # The history recorder is the outermost observer: a call's `tool/call` is durable before
+    # its span opens, and its span ends before its `tool/result` is written.
+    executor = Executor(
+        catalog,
+        approvals,
+        telemetry,
+        settings.json_limits(),
+        observers=(HistoryRecorder(history),),
+    )
     admission = _admission(settings, catalog)
     runtime = runtime or _connect_runtime(settings, telemetry.tracer_provider)
     languages = RuntimeLanguages(
@@ -381,7 +363,6 @@ def build_registry(
     transport = RunCodeTransport(
         executor,
         runtime,
-        history,
         CodeModeConfig(
             max_parallel_sub_calls=settings.max_parallel_sub_calls,
             retry_delay_s=settings.runtime_retry_delay_s,

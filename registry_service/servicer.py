@@ -28,6 +28,7 @@ from codemode_wire.errors import (
 from codemode_wire.jsonvalue import JsonValue
 from registry_service import convert
 from registry_service._errors import streaming, unary
+from registry_service.domain import records
 from registry_service.domain.access import AccessPolicy, Permission, resource_of
 from registry_service.domain.execution import (
     ApprovalPending,
@@ -41,7 +42,6 @@ from registry_service.domain.json_admission import decode_arguments, off_loop
 from registry_service.domain.results import ToolResult, error_result
 from registry_service.domain.signals import AbortController
 from registry_service.domain.tools import RUN_CODE
-from registry_service.history import build, records
 from registry_service.presentation_servicer import PresentationRpcs
 from registry_service.registry import Registry
 from registry_service.streams import OpenStreams, approver_stream, provider_stream
@@ -91,7 +91,7 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             "resource": resource_of(resource),
             "request": json.loads(json_format.MessageToJson(request)),
         }
-        record = build.record(
+        record = records.record(
             records.ADMIN_AUDIT,
             agent=records.AUDIT_LOG,
             agent_id=records.AUDIT_LOG,  # the global scope's history, whatever agent changed

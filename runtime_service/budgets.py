@@ -9,7 +9,7 @@ from runtime_service.worker.ledger import MIN_OUTPUT_BYTES
 
 __all__ = ["MAX_WALL_MS", "MIN_MEMORY_BYTES", "BudgetError", "Budgets", "resolve_budgets"]
 
-MAX_WALL_MS = 2_147_483_647  # the reference's timer ceiling; longer waits are rejected
+MAX_WALL_MS = 2_147_483_647  # JavaScript's timer ceiling (2^31 - 1 ms); longer is rejected
 MIN_MEMORY_BYTES = 64 << 20  # below this an idle interpreter with asyncio cannot run
 _MIN_VALUES = {
     "compute_ms": 1,
@@ -27,7 +27,7 @@ class BudgetError(RunRequestError):
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """Limits of one run. The defaults are the reference's."""
+    """Limits of one run."""
 
     compute_ms: int = 60_000
     """Busy CPU time of every process of the run together (its cgroup; where the host has no

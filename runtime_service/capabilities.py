@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime_service.budgets import Budgets
+from runtime_service.languages import DEFAULT_LANGUAGE, backends
 from runtime_service.pool import WorkerPool
-from runtime_service.runtime import LANGUAGES, Runtime
+from runtime_service.runtime import Runtime
 from runtime_service.source_check import SourceChecker
 from runtime_service.versions import HOST_FACADE_VERSION, PROGRAM_WIRE_VERSION
 from runtime_service.worker.sandbox_child import BASE_LIMITS, PID_NAMESPACE_OWN, REPORT_KEYS
@@ -69,14 +70,14 @@ class LanguageCapability:
 class Capabilities:
     languages: tuple[str, ...]
     isolation: Isolation
-    """The Python worker's."""
+    """The default language's worker's."""
     defaults: Budgets
     maxima: Budgets
     pool_size: int
     by_language: dict[str, Isolation] = field(default_factory=dict)
     """Each served language's, measured from a worker of that language."""
     per_language: tuple[LanguageCapability, ...] = ()
-    """Every language the runtime knows, in ``runtime.LANGUAGES`` order."""
+    """Every language the runtime knows, in the language table's order."""
 
 
 async def probe_capabilities(
@@ -92,7 +93,8 @@ async def probe_capabilities(
     options = runtime.options
     return Capabilities(
         languages=runtime.languages,
-        isolation=by_language.get("python") or next(iter(by_language.values()), Isolation("none")),
+        isolation=by_language.get(DEFAULT_LANGUAGE)
+        or next(iter(by_language.values()), Isolation("none")),
         defaults=options.defaults,
         maxima=options.maxima,
         pool_size=options.pool_size,
@@ -109,7 +111,7 @@ async def probe_capabilities(
                 max_source_bytes=options.max_program_bytes,
                 checked_kinds=checker.kinds(language),
             )
-            for language in LANGUAGES
+            for language in (backend.name for backend in backends())
         ),
     )
 
@@ -123,24 +125,6 @@ async def _probe(pool: WorkerPool) -> Isolation:
         report = dict(worker.sandbox)
         await worker.kill()
     return describe_isolation(report, pool.spec)
-
-
-# What each language's interpreter is started as (the rest of the sandbox is the same).
-_INTERPRETER = {
-    "python": "interpreter: isolated (-I -S): no site-packages, no user paths, no PYTHON* "
-    "variables",
-    "typescript": "interpreter: Node 20 with the runtime's options only (no NODE_* variables: "
-    "the environment is empty); the program sees no require or import, eval and new Function "
-    "refuse (--disallow-code-generation-from-strings); V8's heap limit is the run's memory "
-    "budget",
-}
-# What each language's worker exposes in its private root besides the system trees.
-_INSTALLATION = {
-    "python": "the Python installation (its site-packages and the runtime's own paths masked)",
-    "typescript": "the Python installation (its site-packages and the runtime's own paths "
-    "masked), Node's installation and the TypeScript worker's own code with its pinned type "
-    "stripper, read-only",
-}
 
 
 def _nproc() -> int:
@@ -168,7 +152,8 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
         ),
         "environment: empty",
         "inherited descriptors: stdin /dev/null, stdout/stderr pipes, the protocol socket",
-        _INTERPRETER[spec.language],
+        # What the language's interpreter is started as (the rest of the sandbox is the same).
+        spec.backend.capability.interpreter,
         "output: exact byte ledger checked in the worker and again in the runtime",
         "protocol: every worker message shape-checked and rebuilt; first terminal outcome wins",
     ]
@@ -198,7 +183,7 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
             "/proc/<pid>/mem or attach)"
         )
     elif dumpable.startswith("yes"):
-        # Node's exec made it dumpable again (worker/typescript.py): what stands in for the
+        # An exec made it dumpable again (worker/exec_launch.py): what stands in for the
         # flag holds only with its own uid, its own pid namespace and the seccomp filter.
         kept_out = held("user") and own_pid_ns and held("seccomp")
         (enforced if kept_out else not_enforced).append(
@@ -218,8 +203,8 @@ def describe_isolation(report: dict[str, str], spec: WorkerSpec) -> Isolation:
     if held("filesystem"):
         enforced.append(
             "filesystem: private read-only root holding only the system trees (/usr, /lib*, "
-            f"/bin, /sbin), {_INSTALLATION[spec.language]} and five device nodes; the runtime's "
-            "files (but the worker's own code), /root, /home, /work, "
+            f"/bin, /sbin), {spec.backend.capability.installation} and five device nodes; the "
+            "runtime's files (but the worker's own code), /root, /home, /work, "
             "/etc, /var, /run and the host's /tmp are absent; writable: a private "
             f"{mib} MiB memory-backed /tmp, the working directory, gone with the worker"
         )

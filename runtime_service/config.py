@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from runtime_service.budgets import BudgetError, Budgets
+from runtime_service.languages import backends, typescript
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
 
@@ -75,9 +76,10 @@ class RuntimeSettings(ServiceSettings):
     """Largest outstanding-call cap a run may ask for."""
     max_program_bytes: int = Field(default=1 << 20, ge=1)
     """Largest accepted program text (UTF-8 bytes)."""
-    languages: list[Literal["python", "typescript"]] = Field(default_factory=list)
-    """The program languages to serve (runs, plugin hosts, source checks): a subset of
-    ``python`` and ``typescript``; empty: every one installed here (TypeScript needs Node).
+    languages: list[str] = Field(default_factory=list)
+    """The program languages to serve (runs, plugin hosts, source checks): names from the
+    runtime's language table (``python``, ``typescript``); empty: every one installed here
+    (TypeScript needs Node); an unknown name is refused at start.
     GetCapabilities lists the others as not served, with the reason."""
     max_concurrent_checks: int = Field(default=4, ge=1, le=256)
     """CheckSource calls parsed at once (each in a sandboxed worker); more are refused with
@@ -154,6 +156,14 @@ class RuntimeSettings(ServiceSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_languages(self) -> RuntimeSettings:
+        known = [language.name for language in backends()]
+        unknown = sorted(set(self.languages) - set(known))
+        if unknown:
+            raise ValueError(f"languages: unknown {unknown} (known: {', '.join(known)})")
+        return self
+
     def runtime_options(self) -> RuntimeOptions:
         try:
             defaults = Budgets(
@@ -199,11 +209,13 @@ class RuntimeSettings(ServiceSettings):
         )
         if self.worker_python:
             spec = dataclasses.replace(spec, python=self.worker_python)
+        # The settings of the built-in languages other than the default (Python's are the
+        # generic ones: its workers run in the launcher's interpreter, ``worker_python``).
         if self.worker_node:
-            spec = dataclasses.replace(spec, node=self.worker_node)
+            spec = dataclasses.replace(spec, executables={typescript.NAME: self.worker_node})
         return RuntimeOptions(
             pool_size=self.pool_size,
-            typescript_pool_size=self.typescript_pool_size,
+            pool_sizes={typescript.NAME: self.typescript_pool_size},
             defaults=defaults,
             maxima=maxima,
             worker=spec,

@@ -11,7 +11,7 @@ proof that it is over its bound --
   rest of the frame is skipped unread and the channel stays in step);
 * any frame against the worker's memory budget (the worker could not have held it).
 
-The lower bound is the output ledger's (reference §3.4) view of the flat-wire spelling: every
+The lower bound is the output ledger's view of the flat-wire spelling: every
 payload byte costs the ledger one byte, except whitespace (which may be between tokens), an
 escape ``\\uXXXX`` (6 bytes, may cost only 2) and a container marker ``{"kind":...}`` (28 bytes
 at least, may cost only 2). These are counted at C speed as bytes arrive (a string token cannot

@@ -16,17 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
+from runtime_service.exit_classification import ExitSigns, WorkerExit
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
-from runtime_service.run import next_cpu_poll_s
+from runtime_service.log_budget import LineBudget
+from runtime_service.supervisor import WorkerSupervisor
 from runtime_service.worker import flatwire, ledger
-from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
-from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerCapacityError, WorkerLaunchError, WorkerProcess
 
 __all__ = [
@@ -158,11 +157,16 @@ class PluginHost:
         request: PluginHostRequest,
         acquire: Callable[[], Awaitable[WorkerProcess]],
         emit: Callable[[HostEvent], None],
+        *,
+        exit_signs: ExitSigns,
     ) -> None:
+        """``exit_signs``: what the worker's language says as it dies (``ExitSigns``)."""
         self.request = request
         self._acquire = acquire
         self._emit = emit
+        self._exit_signs = exit_signs
         self._worker: WorkerProcess | None = None
+        self._supervisor: WorkerSupervisor | None = None
         self._started = False
         self._ended = False  # a failed/lost/retracted event was emitted: nothing more is
         self._retracting = False
@@ -170,19 +174,15 @@ class PluginHost:
         # with the plugin host's CPU seconds when it began: its compute budget counts from there.
         self._pending: dict[int, float] = {}
         self._service_calls: set[int] = set()
-        self._cpu_timer: asyncio.TimerHandle | None = None
         # The background meter: busy CPU while no invocation is in flight draws on a credit of
         # at most the compute budget that refills at BACKGROUND_CPU_SHARE of wall time.
         self._credit_ms = float(request.budgets.compute_ms)
         self._metered_cpu = 0.0  # CPU seconds and loop time the meter last accounted up to
         self._metered_at = 0.0
         self._start_timer: asyncio.TimerHandle | None = None
-        # The output meter: log lines (each its JSON text plus ``ledger.LOG_LINE_OVERHEAD``, as
-        # a run's) draw on the output budget, refilled whenever a call begins: a print flood
+        # Log lines draw on the output budget, renewed whenever a call begins: a print flood
         # ends the host instead of growing what the runtime and the registry hold.
-        self._output_left = request.budgets.max_output_bytes
-        self._stderr_tail = b""
-        self._heap_exhausted = False
+        self._lines = LineBudget(request.budgets.max_output_bytes)
         self._final: HostEvent | None = None
         self.exhausted: str | None = None
         """Set when no sandbox was free for the host: it never started, and sent nothing."""
@@ -207,21 +207,23 @@ class PluginHost:
                 return
             self._worker = worker
             budgets = self.request.budgets
-            if worker.cgroup is not None:
-                try:
-                    worker.cgroup.set_memory_limit(budgets.memory_bytes)
-                except OSError as exc:
-                    why = exc.strerror or exc
-                    self._end(HostFailed("host-load", f"cannot apply the memory budget: {why}"))
-                    return
-                worker.cgroup.mark_start()
-            worker.listen(
+            supervisor = self._supervisor = WorkerSupervisor(
+                worker,
+                budgets,
+                self._exit_signs,
+                logs=self._lines,
+                on_exit=self._on_exit,
+                on_output_exceeded=self._output_exceeded,
+            )
+            problem = supervisor.hand_off()
+            if problem is not None:
+                self._end(HostFailed("host-load", f"cannot apply the memory budget: {problem}"))
+                return
+            supervisor.listen(
                 self._on_frame,
                 self._on_eof,
-                self._on_output,
                 FrameLimits(budgets.max_output_bytes * 2 + 4096, 1 << 30, budgets.memory_bytes),
             )
-            worker.exited.add_done_callback(self._on_exit)
             worker.send(
                 {
                     "t": "host",
@@ -241,16 +243,17 @@ class PluginHost:
             )
             await self._done
         finally:
-            for timer in (self._cpu_timer, self._start_timer):
-                if timer is not None:
-                    timer.cancel()
+            if self._start_timer is not None:
+                self._start_timer.cancel()
+            if self._supervisor is not None:
+                self._supervisor.stop()
             if self._worker is not None:
                 await self._worker.kill()
                 await self._worker.closed
             if not self._ended:
                 self._end(HostFailed("host-lost", "the plugin host was stopped"))
             # The last word, only now: whoever hears "retracted" (or "lost") may rely on the
-            # host's processes being gone (quiescence, reference §9.4).
+            # host's processes being gone (quiescence).
             if self._final is not None:  # None: refused for want of a sandbox (`exhausted`)
                 self._emit(self._final)
             if not self.closed.done():
@@ -295,7 +298,7 @@ class PluginHost:
             return
         now = self._cpu_now()
         self._pending[invocation_id] = now
-        self._output_left = self.request.budgets.max_output_bytes
+        self._lines.renew()
         if len(self._pending) == 1 and not self._charge_background(now):
             return  # over its background budget: the host ended, failing this invocation too
         frame: dict[str, object] = {"t": "invoke", "id": invocation_id}
@@ -309,8 +312,6 @@ class PluginHost:
             frame["event"] = event
         frame["args"] = tokens
         worker.send(frame)
-        if self._cpu_timer is None:
-            self._poll_cpu()
 
     def update_services(self, services: list[object]) -> None:
         """The services the owner's other plugins provide changed (the full set)."""
@@ -342,20 +343,15 @@ class PluginHost:
 
     # -- the compute budget of each invocation ----------------------------------------------
     def _cpu_now(self) -> float:
-        worker = self._worker
-        if worker is None:
-            return 0.0
-        used = worker.cgroup.cpu_seconds() if worker.cgroup is not None else None
-        if used is None:
-            used = worker.cpu_seconds()
-        return used or 0.0
+        """Busy CPU seconds of the host (every process of its run) since its hand-off."""
+        return self._supervisor.cpu.spent_s() if self._supervisor is not None else 0.0
 
     def _start_metering(self) -> None:
         """From the start on, the host's CPU is always metered: by invocation while one is in
         flight, as background work otherwise."""
+        assert self._supervisor is not None
         self._meter_from_now()
-        if self._cpu_timer is None:
-            self._poll_cpu()
+        self._supervisor.meter_cpu(self._check_cpu, self._credit_ms / 1000)
 
     def _meter_from_now(self) -> None:
         """The background meter accounts from here: what ran before is not background work."""
@@ -384,23 +380,19 @@ class PluginHost:
         )
         return False
 
-    def _poll_cpu(self) -> None:
-        """Reads the host's busy CPU time. While invocations are in flight it is theirs: one
-        that ran past its budget ends with the budget's text, and so does the host -- as a
-        program's worker, a plugin host busy in a loop cannot be interrupted from inside, so
-        it is killed (the registry then steers the owner). Another invocation's busy time
-        counts for every one in flight at that moment: they share one process. Otherwise it
-        is background work (``_charge_background``)."""
-        self._cpu_timer = None
+    def _check_cpu(self, now: float) -> float | None:
+        """The host's busy CPU time, read (``WorkerSupervisor.meter_cpu``). While invocations
+        are in flight it is theirs: one that ran past its budget ends with the budget's text,
+        and so does the host -- as a program's worker, a plugin host busy in a loop cannot
+        be interrupted from inside, so it is killed (the registry then steers the owner).
+        Another invocation's busy time counts for every one in flight at that moment: they
+        share one process. Otherwise it is background work (``_charge_background``). Returns
+        the seconds of budget left."""
         if self._ended:
-            return
+            return None
         budget_ms = self.request.budgets.compute_ms
-        now = self._cpu_now()
         if not self._pending:
-            if self._charge_background(now):
-                delay = next_cpu_poll_s(self._credit_ms / 1000)
-                self._cpu_timer = asyncio.get_running_loop().call_later(delay, self._poll_cpu)
-            return
+            return self._credit_ms / 1000 if self._charge_background(now) else None
         over = [i for i, began in self._pending.items() if (now - began) * 1000 > budget_ms]
         if over:
             text = f"compute budget exhausted ({budget_ms}ms busy)"
@@ -414,10 +406,9 @@ class PluginHost:
                     "host was stopped",
                 )
             )
-            return
+            return None
         spent = max(now - began for began in self._pending.values())
-        delay = next_cpu_poll_s(budget_ms / 1000 - spent)
-        self._cpu_timer = asyncio.get_running_loop().call_later(delay, self._poll_cpu)
+        return budget_ms / 1000 - spent
 
     def cancel(self, invocation_id: int) -> None:
         if self._worker is not None and invocation_id in self._pending and not self._ended:
@@ -449,17 +440,6 @@ class PluginHost:
             late = f"the Plugin did not start within {self.request.start_timeout_s:g} s"
             self._end(HostFailed("host-apply", late))
 
-    def _on_output(self, fd: int, data: bytes) -> None:
-        """Raw writes to fds 1/2 are dropped (print, console and the streams are logs), but
-        stderr is watched for V8's last words: a Node host at its heap limit (its budget)
-        says so there just before it aborts."""
-        worker = self._worker
-        if self._heap_exhausted or worker is None or fd != worker.output_fds[1]:
-            return
-        seen = self._stderr_tail + data
-        self._heap_exhausted = HEAP_EXHAUSTED.encode() in seen
-        self._stderr_tail = seen[-len(HEAP_EXHAUSTED) :]
-
     # -- worker messages ---------------------------------------------------------------------
     def _on_frame(self, event: FrameEvent) -> None:
         if self._ended:
@@ -482,11 +462,8 @@ class PluginHost:
         kind = message.get("t")
         if kind == "log" and type(message.get("text")) is str:
             line = str(message["text"])
-            self._output_left -= ledger.log_entry_cost(line, first=True)
-            if self._output_left < 0:
-                self._end(HostFailed(self._phase(), self._output_exceeded()))
-                return
-            self._emit(HostLog(line))
+            if self._supervisor is not None and self._supervisor.admit_log(line):
+                self._emit(HostLog(line))
         elif kind in ("started", "regs"):
             regs = _registrations(flatwire.decode(message.get("regs")), changed=kind == "regs")
             if kind == "started" and not self._started:
@@ -571,39 +548,28 @@ class PluginHost:
 
         asyncio.get_running_loop().call_later(_EXIT_AFTER_EOF_S, closed_only)
 
-    def _on_exit(self, exited: asyncio.Future[int]) -> None:
+    def _on_exit(self, verdict: WorkerExit) -> None:
         if self._ended:
             return
-        status = exited.result() if not exited.cancelled() else None
-        worker = self._worker
-        if status == -signal.SIGABRT and worker is not None and worker.outputs_open:
-            # V8 aborts right after it wrote why to stderr, which may not be read yet.
-            drained = asyncio.ensure_future(worker.drain_outputs(_EXIT_AFTER_EOF_S))
-            drained.add_done_callback(lambda _: self._exited(status))
-            return
-        self._exited(status)
-
-    def _exited(self, status: int | None) -> None:
-        if self._ended:
-            return
-        worker = self._worker
-        if worker is not None and worker.cgroup is not None and worker.cgroup.oom_killed():
-            status = EXIT_OUT_OF_MEMORY
-        if status == EXIT_OUT_OF_MEMORY or (status == -signal.SIGABRT and self._heap_exhausted):
+        if verdict.out_of_memory:
             text = (
                 f"the plugin host exceeded its memory budget "
                 f"({self.request.budgets.memory_bytes >> 20} MiB)"
             )
         else:
-            text = f"the plugin host exited (status {status})"
+            text = f"the plugin host exited (status {verdict.status})"
         self._end(HostFailed(self._phase(), text))
 
-    def _output_exceeded(self) -> str:
+    def _output_exceeded(self) -> None:
+        """A line over the output budget (``WorkerSupervisor.admit_log``) ends the host."""
         budget = self.request.budgets.max_output_bytes
-        return (
-            f"the plugin host's output exceeded its budget ({budget} bytes of logs since its "
-            "last call began, each line also costing "
-            f"{ledger.LOG_LINE_OVERHEAD}); the plugin host was stopped"
+        self._end(
+            HostFailed(
+                self._phase(),
+                f"the plugin host's output exceeded its budget ({budget} bytes of logs since "
+                f"its last call began, each line also costing {ledger.LOG_LINE_OVERHEAD}); the "
+                "plugin host was stopped",
+            )
         )
 
     def _phase(self) -> str:

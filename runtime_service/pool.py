@@ -109,14 +109,15 @@ class WorkerPool:
         self, memory_bytes: int
     ) -> tuple[Callable[[], Awaitable[WorkerProcess]], Callable[[], WorkerProcess | None] | None]:
         """How a run with this memory budget gets its worker (``acquire``, ``take_idle``): the
-        pool's workers, unless their heap limit is not the run's. V8 reads its heap limit
-        (``--max-old-space-size``) only when Node starts, so a TypeScript worker booted for
-        the default budget cannot serve another: the run gets a worker started for its own
-        budget (booted on demand, never pooled). A Python worker's limits are set at the
-        hand-off: any pooled one fits."""
-        if self.spec.language != "typescript" or memory_bytes == self.spec.node_heap_bytes:
+        pool's workers, unless their heap limit is not the run's. An interpreter that reads
+        the budget only when it starts (``LanguageBackend.memory_at_boot``: V8's heap limit)
+        cannot serve another budget than the one it was booted for: the run gets a worker
+        started for its own (booted on demand, never pooled). Where the limits are set at
+        the hand-off (Python's), any pooled worker fits."""
+        spec = self.spec
+        if not spec.backend.memory_at_boot or memory_bytes == spec.boot_memory_bytes:
             return self.acquire, self.take_idle
-        spec = dataclasses.replace(self.spec, node_heap_bytes=memory_bytes)
+        spec = dataclasses.replace(spec, boot_memory_bytes=memory_bytes)
         return functools.partial(self._spawn_for_run, spec), None
 
     async def _spawn_for_run(self, spec: WorkerSpec) -> WorkerProcess:

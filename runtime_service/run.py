@@ -9,18 +9,16 @@ ledger.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import collections
 import contextlib
 import logging
-import os
-import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from runtime_service.budgets import Budgets
+from runtime_service.exit_classification import ExitSigns, WorkerExit
 from runtime_service.frame_decoding import (
     LARGE_FRAME_BYTES,
     Decoded,
@@ -47,15 +45,13 @@ from runtime_service.protocol import (
     parse_worker_message,
     partial_log_text,
 )
+from runtime_service.supervisor import WorkerSupervisor
 from runtime_service.worker import flatwire
-from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY, LOSSY_ARGUMENTS, LOSSY_COMPLETION
+from runtime_service.worker.framing import LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from runtime_service.worker.ledger import OutputLedger
-from runtime_service.worker.typescript import HEAP_EXHAUSTED
 from runtime_service.worker_process import WorkerCapacityError, WorkerLaunchError, WorkerProcess
 
 __all__ = [
-    "CPU_POLL_INTERVAL_S",
-    "CPU_POLL_MAX_S",
     "DEFAULT_MAX_CALL_BYTES",
     "DRAIN_TIMEOUT_S",
     "EXPIRED_MESSAGE",
@@ -64,25 +60,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-CPU_POLL_INTERVAL_S = 0.025  # the shortest poll: a compute timeout overshoots by at most one
-# The longest: how late a run's CPU and an out-of-memory kill of one of its other processes are
-# seen while the budget is far away (a worker that dies is seen at once, by its exit).
-CPU_POLL_MAX_S = 0.25
-_CPUS = os.cpu_count() or 1
 DRAIN_TIMEOUT_S = 1.0  # a safety net: pipes still open this long after the kill are cut
 EXPIRED_MESSAGE = "deadline passed before the run started"
 DEFAULT_MAX_CALL_BYTES = 96 << 20  # the gRPC message limit's default (max_message_bytes)
-
-
-def next_cpu_poll_s(remaining_s: float) -> float:
-    """When to read a run's CPU time next, given what is left of its compute budget.
-
-    All processes of a run together use at most one CPU-second per CPU per wall second, so the
-    budget cannot run out sooner than ``remaining / CPUs`` from now: polling then is as exact
-    as polling every 25 ms, and a long budget costs a few reads a second instead of forty
-    (reading a cgroup file is ~30 us; at a thousand concurrent runs that was a core).
-    """
-    return min(CPU_POLL_MAX_S, max(CPU_POLL_INTERVAL_S, remaining_s / _CPUS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,30 +102,29 @@ class Run:
         handler: BindingHandler,
         on_log: LogListener | None = None,
         take_idle: Callable[[], WorkerProcess | None] | None = None,
+        *,
+        exit_signs: ExitSigns,
     ) -> None:
+        """``exit_signs``: what the worker's language says as it dies (``ExitSigns``)."""
         self.request = request
+        self._exit_signs = exit_signs
         self._acquire = acquire
         self._take_idle = take_idle  # a ready worker at once, if the pool has one
         self._wall_deadline = 0.0  # loop time: the wall budget counts from execute()
         self._handler = handler
         self._on_log = on_log
         self._ledger = OutputLedger(request.budgets.max_output_bytes)
-        self._overflowed = False
         self._terminal: _Terminal | None = None
         self._settled: asyncio.Future[None] | None = None
-        self._cpu_timer: asyncio.TimerHandle | None = None
-        self._baseline = 0.0
-        self._decoders: dict[int, codecs.BufferedIncrementalDecoder] = {}
-        self._stderr_tail = ""  # the end of stderr's text, where V8's heap-limit line may split
-        self._heap_exhausted = False
         self._worker: WorkerProcess | None = None
+        self._supervisor: WorkerSupervisor | None = None
         self._last_call_id = 0
         self._next_seq = 1
         self._calls: dict[int, asyncio.Future[Any] | PendingCall] = {}
         # Frames waiting behind a large one that is being decoded off the loop, in order.
         self._backlog: collections.deque[FrameEvent] = collections.deque()
         self._draining: asyncio.Task[None] | None = None
-        self._exit_status: int | None = None  # an exit seen while the backlog drained
+        self._exit: WorkerExit | None = None  # an exit seen while the backlog drained
         self._started = False
         self.spawned = False
 
@@ -222,36 +201,24 @@ class Run:
         budgets = self.request.budgets
         loop = asyncio.get_running_loop()
         assert self._settled is not None
-        cgroup = worker.cgroup
-        if cgroup is not None:
-            # The run's memory budget is known only now; it covers every process of the run
-            # (and its shmem/tmpfs pages) before the program exists. CPU counts from here:
-            # the worker's boot is not the program's.
-            try:
-                cgroup.set_memory_limit(budgets.memory_bytes)
-            except OSError as exc:
-                message = f"cannot apply the run's memory budget: {exc.strerror or exc}"
-                self._settle(_Terminal(RunFailure("worker-exit", message)))
-            cgroup.mark_start()
-            self._baseline = cgroup.cpu_seconds() or 0.0
-        else:
-            boot = worker.boot_cpu_s
-            self._baseline = boot if boot is not None else (worker.cpu_seconds() or 0.0)
-        self._decoders = {
-            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in worker.output_fds
-        }
-        worker.listen(
-            partial(self._handle, worker),
-            self._on_channel_eof,
-            self._on_output,
-            self.request.frame_limits(),
+        supervisor = self._supervisor = WorkerSupervisor(
+            worker,
+            budgets,
+            self._exit_signs,
+            logs=self._ledger,
+            on_exit=self._on_worker_exit,
+            on_output_exceeded=self._output_exceeded,
+            on_text=self._on_output_text,
         )
-        on_exit = partial(self._on_worker_exit, worker)
-        worker.exited.add_done_callback(on_exit)
+        problem = supervisor.hand_off()
+        if problem is not None:
+            message = f"cannot apply the run's memory budget: {problem}"
+            self._settle(_Terminal(RunFailure("worker-exit", message)))
+        supervisor.listen(
+            partial(self._handle, worker), self._on_channel_eof, self.request.frame_limits()
+        )
         wall = loop.call_at(self._wall_deadline, self._settle, self._wall_terminal())
-        self._cpu_timer = loop.call_later(
-            next_cpu_poll_s(budgets.compute_ms / 1000), self._poll_cpu, worker
-        )
+        supervisor.meter_cpu(self._check_cpu, budgets.compute_ms / 1000)
         # The program starts last: the worker runs on at once (often on this CPU), so nothing
         # of ours should be left to do between this send and waiting for its messages.
         if self._terminal is None:
@@ -269,23 +236,19 @@ class Run:
             await self._settled
         finally:
             wall.cancel()
-            self._cpu_timer.cancel()
-            worker.exited.remove_done_callback(on_exit)
-            worker.stop_listening()
+            supervisor.stop()
             for call in self._calls.values():
                 call.cancel()
             # Terminate: SIGKILL the whole group (the worker can run no more code), then drain
             # the pipes to their end -- every byte written before the kill is charged -- and
             # only then materialize. Reaping and cleanup follow in the background; the pool
             # tracks the worker until it is gone.
-            worker.signal_group()
-            worker.close_when_exited()
+            supervisor.terminate()
             if worker.outputs_open:  # usually already ended: the worker closes them first
                 await asyncio.shield(worker.drain_outputs(DRAIN_TIMEOUT_S))
         if self._ledger.used > LARGE_FRAME_BYTES:
             # Cutting megabytes of logs to the budget is seconds of work for some texts: off
             # the loop, like a large frame's decoding. Nothing touches the ledger any more.
-            loop = asyncio.get_running_loop()
             return await loop.run_in_executor(decoding_pool(), self._materialize)
         return self._materialize()
 
@@ -299,70 +262,41 @@ class Run:
     def _on_channel_eof(self) -> None:
         return None  # the exit (or a budget) settles the run
 
-    def _on_worker_exit(self, worker: WorkerProcess, exited: asyncio.Future[int]) -> None:
-        # Whatever the worker sent before it exited is already queued on the channel.
-        worker.read_pending()
-        if self._draining is not None:
-            self._exit_status = exited.result()  # settled once the frames before it count
+    def _on_worker_exit(self, verdict: WorkerExit) -> None:
+        if self._draining is not None and verdict.status is not None:
+            self._exit = verdict  # settled once the frames before the exit count
             return
-        self._settle_exit(exited.result(), worker)
+        self._settle(_Terminal(RunFailure("worker-exit", self._exit_message(verdict))))
 
-    def _settle_exit(self, status: int, worker: WorkerProcess) -> None:
-        message = self._exit_message(status, worker)
-        self._settle(_Terminal(RunFailure("worker-exit", message)))
-
-    def _exit_message(self, status: int, worker: WorkerProcess) -> str:
-        if worker.cgroup is not None and worker.cgroup.oom_killed():
-            return self._oom_message()
-        if status == EXIT_OUT_OF_MEMORY or (status == -signal.SIGABRT and self._heap_exhausted):
-            mib = self.request.budgets.memory_bytes / (1 << 20)
-            return f"worker exceeded its memory budget ({mib:g} MiB)"
-        if status < 0:
-            return f"worker killed by signal {_signal_name(-status)} before completing"
-        return f"worker exited with code {status} before completing"
-
-    def _oom_message(self) -> str:
+    def _exit_message(self, verdict: WorkerExit) -> str:
         mib = self.request.budgets.memory_bytes / (1 << 20)
-        return (
-            f"run exceeded its memory budget ({mib:g} MiB, all its processes and their "
-            "shared-memory and /tmp pages together): the kernel's out-of-memory killer ended it"
-        )
+        if verdict.oom_killer:
+            return (
+                f"run exceeded its memory budget ({mib:g} MiB, all its processes and their "
+                "shared-memory and /tmp pages together): the kernel's out-of-memory killer "
+                "ended it"
+            )
+        if verdict.out_of_memory:
+            return f"worker exceeded its memory budget ({mib:g} MiB)"
+        if verdict.signal_name is not None:
+            return f"worker killed by signal {verdict.signal_name} before completing"
+        return f"worker exited with code {verdict.status} before completing"
 
-    def _poll_cpu(self, worker: WorkerProcess) -> None:
+    def _check_cpu(self, spent_s: float) -> float | None:
+        """The run's one compute budget (``WorkerSupervisor.meter_cpu``)."""
         if self._terminal is not None:
-            return
+            return None
         budget_ms = self.request.budgets.compute_ms
-        cgroup = worker.cgroup
-        if cgroup is not None:
-            # Every process of the run, also one the out-of-memory killer ended (the run
-            # ends then: a program must not go on with some of its processes missing).
-            if cgroup.oom_killed():
-                self._settle(_Terminal(RunFailure("worker-exit", self._oom_message())))
-                return
-            used = cgroup.cpu_seconds()
-        else:
-            used = worker.cpu_seconds()
-        spent_s = (used - self._baseline) if used is not None else 0.0
         if spent_s * 1000 > budget_ms:
             message = f"compute budget exhausted ({budget_ms}ms busy)"
             self._settle(_Terminal(RunFailure("timeout", message)))
-            return
-        loop = asyncio.get_running_loop()
-        delay = next_cpu_poll_s(budget_ms / 1000 - spent_s)
-        self._cpu_timer = loop.call_later(delay, self._poll_cpu, worker)
+            return None
+        return budget_ms / 1000 - spent_s
 
-    def _on_output(self, fd: int, data: bytes) -> None:
+    def _on_output_text(self, text: str) -> None:
         """Raw writes to fds 1/2 become log entries, charged like any other log."""
         try:
-            # "replace" decoding yields valid UTF-8 text, like ``ledger.valid_text``.
-            text = self._decoders[fd].decode(data, final=not data)
-            worker = self._worker
-            if not self._heap_exhausted and worker is not None and fd == worker.output_fds[1]:
-                seen = self._stderr_tail + text
-                self._heap_exhausted = HEAP_EXHAUSTED in seen
-                self._stderr_tail = seen[-len(HEAP_EXHAUSTED) :]
-            if text:
-                self._admit_log(text)
+            self._admit_log(text)
         except Exception as exc:
             self._handling_failed(exc)
 
@@ -417,8 +351,8 @@ class Run:
         finally:
             self._draining = None
             self._backlog.clear()
-            if self._exit_status is not None:
-                self._settle_exit(self._exit_status, worker)
+            if self._exit is not None:
+                self._on_worker_exit(self._exit)
 
     def _dispatch(self, worker: WorkerProcess, event: FrameEvent) -> None:
         if isinstance(event, Oversized):
@@ -428,11 +362,8 @@ class Run:
         if isinstance(message, CallMessage | DoneMessage):
             max_output = self.request.budgets.max_output_bytes
             self._dispatch_decoded(worker, decode(message, max_output, spell=False))
-        elif isinstance(message, LogMessage):
-            self._admit_log(message.text)
-        elif isinstance(message, OutputLimitMessage):
-            self._overflowed = True
-            self._settle(_Terminal(RunFailure("output-limit", "")))
+        else:
+            self._dispatch_decoded(worker, Decoded(message))
 
     def _dispatch_decoded(self, worker: WorkerProcess, decoded: Decoded) -> None:
         message = decoded.message
@@ -443,8 +374,7 @@ class Run:
         elif isinstance(message, LogMessage):
             self._admit_log(message.text)
         elif isinstance(message, OutputLimitMessage):
-            self._overflowed = True
-            self._settle(_Terminal(RunFailure("output-limit", "")))
+            self._exceed_output()  # the worker's own count
 
     def _oversized(self, worker: WorkerProcess, frame: Oversized) -> None:
         """A frame over its bound, given up on unread (``frame_reader``)."""
@@ -469,14 +399,13 @@ class Run:
         ends the run ``output-limit``."""
         if text is not None:
             self._admit_log(text)
-        self._overflowed = True
-        self._settle(_Terminal(RunFailure("output-limit", "")))
+        self._exceed_output()
 
     def _completion(self, done: DoneMessage, decoded: Decoded) -> _Terminal:
         if done.error is not None:
             kind, text = done.error
             if kind == "output-limit":
-                self._overflowed = True
+                self._exceed_output()
             return _Terminal(RunFailure(_failure_kind(kind), text))
         if not done.has_value:
             return _Terminal(None)
@@ -487,14 +416,22 @@ class Run:
         return _Terminal(None, True, decoded.value, size, decoded.value_json)
 
     def _admit_log(self, text: str) -> None:
-        if self._overflowed:
-            return
-        if self._ledger.admit_log(text):
-            if self._on_log is not None and self._terminal is None:
-                self._on_log(text)
-            return
-        self._overflowed = True
+        assert self._supervisor is not None
+        admitted = self._supervisor.admit_log(text)
+        if admitted and self._on_log is not None and self._terminal is None:
+            self._on_log(text)
+
+    def _exceed_output(self) -> None:
+        assert self._supervisor is not None
+        self._supervisor.exceed_output()
+
+    def _output_exceeded(self) -> None:
+        """The output budget is spent (``WorkerSupervisor.exceed_output``): ``output-limit``."""
         self._settle(_Terminal(RunFailure("output-limit", "")))
+
+    @property
+    def _overflowed(self) -> bool:
+        return self._supervisor is not None and self._supervisor.output_exceeded
 
     def _new_call_id(self, call_id: int) -> bool:
         # The worker numbers its calls 1, 2, 3, ...: an id not above the last one is a
@@ -612,15 +549,6 @@ def _failure_kind(kind: str) -> FailureKind:
     if kind == "output-limit":
         return "output-limit"
     return "exception"
-
-
-def _signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 def _is_large(event: FrameEvent) -> bool:

@@ -6,33 +6,43 @@ import asyncio
 import collections
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
+from runtime_service.exit_classification import ExitSigns
+from runtime_service.languages import DEFAULT_LANGUAGE, LanguageBackend, backends
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
 from runtime_service.run import DEFAULT_MAX_CALL_BYTES, Run, RunRequest
 from runtime_service.sandbox_uids import UidLeases
-from runtime_service.worker_process import WorkerCapacityError, WorkerSpec, typescript_installed
+from runtime_service.worker_process import WorkerCapacityError, WorkerSpec
 
-__all__ = ["LANGUAGES", "Runtime", "RuntimeOptions"]
+__all__ = ["Runtime", "RuntimeOptions"]
 
-LANGUAGES = ("python", "typescript")
-"""Every language a runtime can serve (one served needs its interpreter: ``languages``)."""
 DISPOSED_REASON = "runtime disposed"
+
+
+def exit_signs(language: LanguageBackend) -> ExitSigns:
+    """What a ``language`` worker says as it dies, in the worker supervisor's terms: the one
+    language-specific input of ``exit_classification``, taken from the language's backend."""
+    meanings = language.exits
+    return ExitSigns(
+        out_of_memory_status=min(meanings.out_of_memory, default=None),
+        heap_limit_line=meanings.marker or "",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
     pool_size: int = 2
-    """Pre-spawned idle Python workers (0 = spawn each worker on demand)."""
-    typescript_pool_size: int = 0
-    """Pre-spawned idle TypeScript workers (0 = spawn each worker on demand; the service's
-    setting keeps one)."""
+    """Pre-spawned idle workers of the default language (0 = spawn each worker on demand)."""
+    pool_sizes: Mapping[str, int] = field(default_factory=dict)
+    """Pre-spawned idle workers of the other languages, by name (0 when not named: each
+    worker on demand; the service's setting keeps one TypeScript worker)."""
     defaults: Budgets = field(default_factory=Budgets)
     maxima: Budgets = field(default_factory=Budgets)
     worker: WorkerSpec = field(default_factory=WorkerSpec)
@@ -44,7 +54,7 @@ class RuntimeOptions:
     capacity_retry_delay_s: float = 1.0
     """The RetryInfo delay of a run or plugin host refused because no sandbox was free."""
     languages: tuple[str, ...] = ()
-    """The languages to serve, a subset of ``LANGUAGES`` (empty: every one installed here)."""
+    """The languages to serve, registered names (empty: every one installed here)."""
     max_concurrent_checks: int = 4
     """Source checks (``source_check``) in flight at once; more are refused as at capacity."""
 
@@ -52,35 +62,36 @@ class RuntimeOptions:
 class Runtime:
     def __init__(self, options: RuntimeOptions | None = None) -> None:
         self.options = options or RuntimeOptions()
-        spec = self.options.worker
-        wanted = self.options.languages or LANGUAGES
-        unknown = sorted(set(wanted) - set(LANGUAGES))
+        options = self.options
+        known = tuple(language.name for language in backends())
+        wanted = options.languages or known
+        unknown = sorted(set(wanted) - set(known))
         if unknown:
-            raise ValueError(f"unknown languages {unknown} (known: {', '.join(LANGUAGES)})")
-        # The Python pool always exists (it owns the fork server the others borrow); it keeps
-        # no idle workers where Python is not served.
-        python_size = self.options.pool_size if "python" in wanted else 0
-        self.pool = WorkerPool(spec, python_size)
-        """The Python workers' pool."""
-        self.pools: dict[str, WorkerPool] = {"python": self.pool}
-        """One pool (and fork server) per language served."""
+            raise ValueError(f"unknown languages {unknown} (known: {', '.join(known)})")
+        self.pools: dict[str, WorkerPool] = {}
+        """One pool per registered language this host can run, the default language's first:
+        it owns the fork server the others borrow, so it exists even where its language is not
+        served (then it keeps no idle workers)."""
         self.unserved: dict[str, str] = {}
-        """Why each language of ``LANGUAGES`` that is not served is not."""
-        if "typescript" in wanted and not typescript_installed(spec):
-            self.unserved["typescript"] = (
-                "no Node 20+ with the TypeScript worker on this host (worker_node, else node "
-                "on the PATH)"
+        """Registered languages not served, and why."""
+        for backend in backends():
+            spec = dataclasses.replace(
+                options.worker, backend=backend, boot_memory_bytes=options.defaults.memory_bytes
             )
-        elif "typescript" in wanted:
-            typescript = dataclasses.replace(
-                spec, language="typescript", node_heap_bytes=self.options.defaults.memory_bytes
-            )
-            self.pools["typescript"] = WorkerPool(
-                typescript, self.options.typescript_pool_size, self.pool.fork_server
-            )
-        for language in LANGUAGES:
-            if language not in wanted:
-                self.unserved[language] = "not in this runtime's `languages` setting"
+            if backend.name not in wanted:
+                self.unserved[backend.name] = "not in this runtime's `languages` setting"
+            if backend.name == DEFAULT_LANGUAGE:
+                size = options.pool_size if backend.name in wanted else 0
+                self.pools[backend.name] = WorkerPool(spec, size)
+                continue
+            if backend.name not in wanted:
+                continue
+            why = backend.unavailable(spec)
+            if why is not None:
+                self.unserved[backend.name] = why
+                continue
+            size = options.pool_sizes.get(backend.name, 0)
+            self.pools[backend.name] = WorkerPool(spec, size, self.pool.fork_server)
         self._live: set[Run] = set()
         self._hosts: set[PluginHost] = set()
         self._executions: set[asyncio.Task[RunResult]] = set()
@@ -99,13 +110,15 @@ class Runtime:
             pool.start()
 
     @property
+    def pool(self) -> WorkerPool:
+        """The default language's pool (it owns the fork server)."""
+        return self.pools[DEFAULT_LANGUAGE]
+
+    @property
     def languages(self) -> tuple[str, ...]:
-        """The languages this runtime serves (TypeScript needs Node on the host)."""
-        return tuple(
-            language
-            for language in LANGUAGES
-            if language in self.pools and language not in self.unserved
-        )
+        """The languages this runtime serves, the default first (TypeScript needs Node on
+        the host)."""
+        return tuple(language for language in self.pools if language not in self.unserved)
 
     def served_pool(self, language: str) -> WorkerPool:
         """The pool of a served language; RunRequestError naming the served ones otherwise."""
@@ -139,7 +152,7 @@ class Runtime:
         program: str,
         bindings: list[str] | tuple[str, ...],
         handler: BindingHandler,
-        language: str = "python",
+        language: str = DEFAULT_LANGUAGE,
         budgets: dict[str, int | None] | None = None,
         deadline_ms: int | None = None,
         on_log: LogListener | None = None,
@@ -172,7 +185,8 @@ class Runtime:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
         acquire, take_idle = pool.launcher(resolved.memory_bytes)
-        return Run(request, acquire, handler, on_log, take_idle=take_idle)
+        signs = exit_signs(pool.spec.backend)
+        return Run(request, acquire, handler, on_log, take_idle=take_idle, exit_signs=signs)
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""
@@ -206,7 +220,7 @@ class Runtime:
         package_id: str,
         run_id: str,
         emit: Callable[[HostEvent], None],
-        language: str = "python",
+        language: str = DEFAULT_LANGUAGE,
         budgets: dict[str, int | None] | None = None,
         start_timeout_s: float = 5.0,
         visible_tools: Sequence[object] | None = None,
@@ -225,9 +239,9 @@ class Runtime:
             source, plugin_id, package_id, run_id, resolved, start_timeout_s,
             list(visible_tools or ()), list(services or ()),
         )  # fmt: skip
-        # A TypeScript host's V8 heap limit is its memory budget, as a program's.
+        # A host's heap limit is its memory budget, as a program's (``memory_at_boot``).
         acquire, _ = pool.launcher(resolved.memory_bytes)
-        return PluginHost(request, acquire, emit)
+        return PluginHost(request, acquire, emit, exit_signs=exit_signs(pool.spec.backend))
 
     async def run_host(self, host: PluginHost) -> None:
         """Drive ``host`` until it ends; disposal ends it too."""
@@ -270,7 +284,7 @@ class Runtime:
             host.kill()
         await asyncio.gather(*(host.closed for host in hosts), return_exceptions=True)
         await asyncio.gather(*list(self._executions), return_exceptions=True)
-        # The Python pool last: it owns the fork server the others borrow.
+        # The default language's pool last: it owns the fork server the others borrow.
         await asyncio.gather(
             *(pool.close() for pool in self.pools.values() if pool is not self.pool)
         )

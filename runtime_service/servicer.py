@@ -26,6 +26,7 @@ from codemode_wire.text import utf8_exceeds, utf8_len
 from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities, Isolation
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
+from runtime_service.languages import DEFAULT_LANGUAGE
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.plugin_host import (
     HostEvent,
@@ -170,7 +171,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         traced = self._telemetry.start_run(
             start.trace_context.traceparent,
             start.trace_context.tracestate,
-            language=start.language or "python",
+            language=start.language or DEFAULT_LANGUAGE,
             bindings=len(start.binding_names),
         )
         # Log lines wait as their text, and become stream messages only as they are sent: a
@@ -185,7 +186,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         try:
             run = self._runtime.create_run(
                 program=start.program,
-                language=start.language or "python",
+                language=start.language or DEFAULT_LANGUAGE,
                 bindings=list(start.binding_names),
                 handler=relay.call,
                 budgets=_budgets_request(start.budgets),
@@ -252,7 +253,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 plugin_id=start.plugin_id,
                 package_id=start.package_id,
                 run_id=start.run_id,
-                language=start.language or "python",
+                language=start.language or DEFAULT_LANGUAGE,
                 budgets=_budgets_request(start.budgets),
                 start_timeout_s=timeout_s,
                 visible_tools=visible,

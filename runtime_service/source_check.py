@@ -26,6 +26,7 @@ from typing import Any, Literal
 from codemode_wire.text import utf8_exceeds
 from runtime_service.errors import RuntimeDisposedError
 from runtime_service.frame_reader import FrameEvent, FrameLimits
+from runtime_service.languages import python, typescript
 from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
 from runtime_service.worker_process import WorkerCapacityError, WorkerProcess
@@ -169,8 +170,8 @@ def _javascript_hint(_kind: Kind, text: str) -> str:
 
 
 CHECKERS: dict[str, LanguageChecker] = {
-    "python": LanguageChecker(("program", "host"), check_python),
-    "typescript": LanguageChecker(("program", "host", "client"), check_typescript),
+    python.NAME: LanguageChecker(("program", "host"), check_python),
+    typescript.NAME: LanguageChecker(("program", "host", "client"), check_typescript),
 }
 """Each language's source check, keyed by its name (``Runtime.languages``)."""
 
@@ -326,9 +327,7 @@ async def _parse_in(
     exited: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(worker.exited))
     waited: list[asyncio.Future[Any]] = [answer, exited]
     try:
-        done, _ = await asyncio.wait(
-            waited, timeout=budget.wall_s, return_when="FIRST_COMPLETED"
-        )
+        done, _ = await asyncio.wait(waited, timeout=budget.wall_s, return_when="FIRST_COMPLETED")
     finally:
         exited.cancel()
     if answer in done and answer.result() is not None:

@@ -42,13 +42,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from runtime_service import run_cgroup
 from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
+from runtime_service.languages import LanguageBackend, default_backend
 from runtime_service.run_cgroup import RunCgroup
 from runtime_service.sandbox_uids import UidLeaseError, UidLeases, live_processes_of
 from runtime_service.worker import flatwire, framing
@@ -58,29 +59,21 @@ from runtime_service.zygote import ForkedChild, ForkServer, ForkServerError
 __all__ = [
     "UidLeases",
     "WorkerCapacityError",
-    "WorkerLanguage",
     "WorkerLaunch",
     "WorkerLaunchError",
     "WorkerProcess",
     "WorkerSpec",
-    "typescript_installed",
 ]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_LOADER = (
-    "import sys;sys.path.insert(0,sys.argv[1]);"
-    "from runtime_service.worker.bootstrap import main;main()"
-)
-# A spawned TypeScript worker starts as Python too: it isolates, then execs node.
-_TS_LOADER = (
-    "import sys;sys.path.insert(0,sys.argv[1]);"
-    "from runtime_service.worker.typescript import main;main()"
-)
-_TS_WORKER_DIR = str(Path(__file__).resolve().parent / "worker_ts")
-# Node reads the run's memory budget only at start (its heap limit): a pooled worker is started
-# with the runtime's default budget, and the run's cgroup enforces the run's own.
-_NODE_FLAGS = ("--disallow-code-generation-from-strings",)
-_MIB = 1 << 20
+# How a worker continues once launched (the fork server's ``ENTRIES``; a spawned worker runs
+# the entry's module): in this interpreter, or isolated and then exec'd into another one.
+_BOOTSTRAP = "bootstrap"
+_EXEC = "exec"
+_ENTRY_MODULES = {
+    _BOOTSTRAP: "runtime_service.worker.bootstrap",
+    _EXEC: "runtime_service.worker.exec_launch",
+}
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
 _RECV_BYTES = 1 << 16
@@ -91,23 +84,12 @@ _UNBOUNDED = FrameLimits(framing.MAX_FRAME_BYTES, framing.MAX_FRAME_BYTES, frami
 _UID_ATTEMPTS = 8  # uids tried per launch when workers find theirs held by another process
 
 WorkerLaunch = Literal["fork-server", "spawn"]
-WorkerLanguage = Literal["python", "typescript"]
 
 
-def _find_node() -> str | None:
-    found = shutil.which("node")
-    return os.path.realpath(found) if found else None
-
-
-def typescript_installed(spec: WorkerSpec) -> bool:
-    """Whether TypeScript workers can start here: Node, and the worker with its pinned type
-    stripper (``npm ci`` in ``runtime_service/worker_ts``, done by scripts/bootstrap). Not
-    where a test substituted the Python worker (a custom ``loader``)."""
+def _loader(entry: str) -> str:
+    """The ``-c`` code of a spawned worker continuing as ``entry``."""
     return (
-        spec.node is not None
-        and spec.loader == _LOADER
-        and os.path.isfile(os.path.join(_TS_WORKER_DIR, "worker.js"))
-        and os.path.isdir(os.path.join(_TS_WORKER_DIR, "node_modules", "amaro"))
+        f"import sys;sys.path.insert(0,sys.argv[1]);from {_ENTRY_MODULES[entry]} import main;main()"
     )
 
 
@@ -143,8 +125,9 @@ class WorkerSpec:
     temp_root: str | None = None
     """Where a worker that cannot build its private root makes its working directory (the
     system default when None); it reports the path and the runtime removes it afterwards."""
-    loader: str = _LOADER
-    """Code passed to ``-c``; tests substitute a fake worker that speaks raw protocol."""
+    loader: str | None = None
+    """Code passed to ``-c`` instead of the language's own worker (None): tests substitute a
+    fake worker that speaks raw protocol."""
     uid_base: int = 60_000
     uid_count: int = 1_000
     """Workers run as ``uid_base + slot`` (gid the same), each live worker with its own. The
@@ -167,15 +150,21 @@ class WorkerSpec:
     """``fork-server``: forked by the pool's fork server, each run in its own pid namespace;
     ``spawn``: a fresh interpreter per worker (no pid namespace). A custom ``loader`` always
     spawns: the fork server runs only the real worker."""
-    language: WorkerLanguage = "python"
-    """Which worker: ``python`` (``worker/bootstrap.py``) or ``typescript`` (``node
-    worker_ts/worker.js``, exec'd after the same isolation: ``worker/typescript.py``). One
-    protocol: nothing else in the runtime depends on it."""
-    node: str | None = field(default_factory=_find_node)
-    """The Node 20+ executable of TypeScript workers (None: TypeScript is not served)."""
-    node_heap_bytes: int = 512 << 20
-    """V8's heap limit (``--max-old-space-size``) of a TypeScript worker: the runtime sets it
-    to its default memory budget."""
+    backend: LanguageBackend = field(default_factory=default_backend)
+    """The language of the workers (``runtime_service/languages``): how they start, exec and
+    end. One protocol: nothing else in the runtime depends on it."""
+    executables: Mapping[str, str | None] = field(default_factory=dict)
+    """Interpreters of exec'd workers by language name, for backends that look them up
+    (TypeScript's Node); None: absent (the language is not served). A backend finds its own
+    where a language is not named."""
+    boot_memory_bytes: int = 512 << 20
+    """The memory budget a worker is booted for, by backends whose interpreter reads it only
+    at start (V8's heap limit): the runtime sets it to its default memory budget."""
+
+    @property
+    def language(self) -> str:
+        """The name of the workers' language."""
+        return self.backend.name
 
     def cgroup_host(self) -> run_cgroup.CgroupHost:
         """Where this spec's workers get their run cgroups (detected once per process)."""
@@ -184,7 +173,7 @@ class WorkerSpec:
     @property
     def forks(self) -> bool:
         """Whether workers come from the fork server."""
-        return self.launch == "fork-server" and self.loader == _LOADER
+        return self.launch == "fork-server" and self.loader is None
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
@@ -194,8 +183,9 @@ class WorkerSpec:
         self, uid: int, cgroups: list[str] | None = None, *, boot_nice: int = 0
     ) -> dict[str, Any]:
         """What the worker's ``sandbox_child.SandboxConfig`` is built from (and, for a
-        TypeScript worker, how ``worker/typescript.py`` execs node: ``boot_nice`` is the
-        niceness Node starts with, so that every thread it makes inherits it)."""
+        worker that execs another interpreter, how ``worker/exec_launch.py`` execs it:
+        ``boot_nice`` is the niceness it starts with, so that every thread it makes
+        inherits it)."""
         config: dict[str, Any] = {
             "uid": uid,
             "hide": list(self.hidden_paths),
@@ -203,25 +193,20 @@ class WorkerSpec:
             "tmp_root": self.fallback_root(),
             "cgroups": list(cgroups or ()),
         }
-        if self.language == "typescript":
-            node = self.node or "node"
-            heap_mib = max(self.node_heap_bytes // _MIB, 16)
-            config["node"] = {
-                "path": node,
-                "worker": os.path.join(_TS_WORKER_DIR, "worker.js"),
-                "flags": [f"--max-old-space-size={heap_mib}", *_NODE_FLAGS],
-                "nice": boot_nice,
-            }
-            # Read-only in the worker's root: its code (amaro included) and Node's install
-            # (already there when it lives under /usr).
-            config["expose"] = [_TS_WORKER_DIR, os.path.dirname(os.path.dirname(node))]
+        launch = self.backend.launch(self)
+        if launch is not None:
+            config["exec"] = {"argv": list(launch.argv), "nice": boot_nice}
+            config["expose"] = list(launch.expose)  # read-only in the worker's root
         return config
+
+    @property
+    def entry(self) -> str:
+        """How a launched worker continues (the fork server's ``ENTRIES``)."""
+        return _BOOTSTRAP if self.backend.launch(self) is None else _EXEC
 
     def argv(self, channel_fd: int, uid: int, cgroups: list[str] | None = None) -> list[str]:
         config = self.sandbox_config(uid, cgroups)
-        loader = (
-            _TS_LOADER if self.language == "typescript" and self.loader == _LOADER else self.loader
-        )
+        loader = self.loader if self.loader is not None else _loader(self.entry)
         return [
             self.python, "-I", "-S", "-c", loader, _PACKAGE_ROOT, str(channel_fd),
             json.dumps(config, separators=(",", ":")),
@@ -264,6 +249,8 @@ class WorkerProcess:
         """The run's cgroup (memory, pids and CPU of every process of the run), joined at
         boot; None where the host offers none (per-process limits only)."""
         self.sandbox: dict[str, str] = {}
+        self.backend: LanguageBackend = default_backend()
+        """The worker's language (what its exit means: ``backend.exits``)."""
         self.threaded = False
         """Whether the worker runs threads of its own (Node's): ``activate`` renices each."""
         self.frames = framing.FrameBuffer()
@@ -350,14 +337,10 @@ class WorkerProcess:
             pipes = [out_r, out_w, err_r, err_w]
             process: subprocess.Popen[bytes] | ForkedChild
             if server is not None:
-                # A forked Python worker boots in a few ms of CPU: not reniced. Node's boot
-                # takes a hundred ms and more of CPU on its threads, and a refill's must not
-                # slow the programs running meanwhile: it starts at the lowest priority.
-                nice = (
-                    _BOOT_NICE
-                    if background and spec.language == "typescript" and _can_renice()
-                    else 0
-                )
+                # A refill of a language whose boot costs far more CPU than the fork
+                # (``nice_boot``) must not slow the programs running meanwhile: it starts
+                # at the lowest priority.
+                nice = _BOOT_NICE if background and spec.backend.nice_boot and _can_renice() else 0
                 fds = (child.fileno(), out_w, err_w)
                 process = await cls._fork(server, spec, uid, cgroup, fds, boot_nice=nice)
             else:
@@ -423,7 +406,8 @@ class WorkerProcess:
             UidLeases.release(uid)
             raise WorkerLaunchError(f"cannot watch worker: {exc}") from exc
         try:
-            worker.threaded = spec.language == "typescript"
+            worker.backend = spec.backend
+            worker.threaded = spec.backend.threaded
             worker.sandbox = await asyncio.wait_for(worker._read_ready(), spec.ready_timeout_s)
             worker.boot_cpu_s = _float_or_none(worker.sandbox.pop("cpu-s", None))
             worker.setup_us = _float_or_none(worker.sandbox.pop("setup-us", None))
@@ -463,7 +447,7 @@ class WorkerProcess:
         cgroups = cgroup.paths if cgroup is not None else None
         config = spec.sandbox_config(uid, cgroups, boot_nice=boot_nice)
         try:
-            forking = server.fork(config=config, fds=fds, language=spec.language)
+            forking = server.fork(config=config, fds=fds, entry=spec.entry)
         except ForkServerError as exc:
             raise WorkerLaunchError(f"cannot start worker: {exc}") from exc
         try:

@@ -163,11 +163,12 @@ class ForkServer:
 
     # -- forking ----------------------------------------------------------------------------
     def fork(
-        self, *, config: dict[str, Any], fds: tuple[int, int, int], language: str = "python"
+        self, *, config: dict[str, Any], fds: tuple[int, int, int], entry: str
     ) -> asyncio.Future[ForkedChild]:
-        """Ask for a new worker with ``fds`` (channel, stdout, stderr) as its fds 3, 1 and 2;
-        the future resolves once it exists. The caller keeps its copies of ``fds`` until
-        then, and owns the worker even if it stopped waiting (it must kill it)."""
+        """Ask for a new worker with ``fds`` (channel, stdout, stderr) as its fds 3, 1 and 2,
+        continuing as ``entry`` (``worker/zygote.py``'s ``ENTRIES``); the future resolves
+        once it exists. The caller keeps its copies of ``fds`` until then, and owns the
+        worker even if it stopped waiting (it must kill it)."""
         if self._closed:
             raise ForkServerError("the fork server is closed")
         if self._process is None:
@@ -179,7 +180,7 @@ class ForkServer:
         self._next_id += 1
         future: asyncio.Future[ForkedChild] = loop.create_future()
         self._pending[request_id] = future
-        message = {"t": "fork", "id": request_id, "language": language, "config": config}
+        message = {"t": "fork", "id": request_id, "entry": entry, "config": config}
         self._outbox.append((json.dumps(message, separators=(",", ":")).encode(), list(fds)))
         self._flush()
         return future

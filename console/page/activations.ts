@@ -1,5 +1,5 @@
 /**
- * The page-runner side of activations (reference §9.3): pending requests shown to the person
+ * The page-runner side of activations: pending requests shown to the person
  * with name, purpose and the package's source — both halves, as text — (approve once, approve
  * future versions, reject); a package too long to be shown whole cannot be approved here. A
  * request that needs no approval (a grant applies) runs at once. An approved request runs the Host half, fetches

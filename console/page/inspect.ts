@@ -1,5 +1,5 @@
 /**
- * The console's client inspect providers (reference §9.7: `Slots.listSubTree`,
+ * The console's client inspect providers (`Slots.listSubTree`,
  * `Theme.listTokens`): the manifest the page syncs when it connects, and its answers to the
  * model's `cordis_inspect_query` calls with `platform: "client"`. The registry validates the
  * input before asking and the answer against the output schema; the first valid answer of any

@@ -1,6 +1,6 @@
 /**
  * Client halves in the page: each plugin has its own slot, and its loads and unloads run one
- * after another on a queue of its own (seed 002 §18): a new run first tears the old entry
+ * after another on a queue of its own: a new run first tears the old entry
  * down, an exact-run unload leaves a newer activation alone, and a failed step is absorbed by
  * the queue so that the next load (a fixed package) still runs.
  *

@@ -50,7 +50,7 @@ export interface HistoryView {
   timeMs: number;
 }
 
-/** A client inspect query for the page's providers (reference §9.2 item 2, §9.7). */
+/** A client inspect query for the page's providers. */
 export interface InspectQueryView {
   queryId: string;
   provider: string;

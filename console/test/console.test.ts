@@ -27,7 +27,7 @@ async def apply(ctx):
 
 return apply
 `;
-// A Client half as the reference has them: an async body given host, console, mount, styles.
+// A Client half as docs/cordis.md describes it: an async body given host, console, mount, styles.
 const CLIENT = `const { greeting } = await host.call("greet", { name: "console" });
 return {
   apply(ctx) {

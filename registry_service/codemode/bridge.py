@@ -1,6 +1,6 @@
 """The `run_code` transport: runs a program on a runtime and dispatches its binding calls.
 
-The body of `run_code` (reference §6): validate the description, mint the parent token,
+The body of `run_code`: validate the description, mint the parent token,
 enumerate once as bindings the agent's visible tools that the caller's principal may call
 (`run_code` excluded), open a run, turn every binding call into a nested call (acting as that
 principal, admitted by the rule of the direct call) through the per-run scheduler, and, when
@@ -50,15 +50,21 @@ from registry_service.codemode.scheduler import NestedCall, RunHooks, RunSchedul
 from registry_service.codemode.token import TokenError, TokenMinter
 from registry_service.domain.access import AccessPolicy
 from registry_service.domain.admission import Admission, Slot
-from registry_service.domain.execution import (
-    ExecutionInput,
-    Executor,
+from registry_service.domain.events import (
+    NestedCallAbandoned,
+    NestedCallReceived,
+    NestedCallRefused,
     NestedCallSettled,
     NestedCallStarted,
+    Observed,
+    ObservedCall,
     ProgramLog,
-    ToolCallFailure,
+    RunEnded,
+    RunStarted,
 )
+from registry_service.domain.execution import ExecutionInput, Executor, ToolCallFailure
 from registry_service.domain.json_admission import decode_text, off_loop
+from registry_service.domain.observers import Write
 from registry_service.domain.results import (
     ABORTED_BEFORE_DISPATCH,
     AdditionalContext,
@@ -71,23 +77,14 @@ from registry_service.domain.results import (
 )
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortController
-from registry_service.domain.telemetry import (
-    ABANDONED,
-    QUEUE_WAIT,
-    RegistryTelemetry,
-    outcome_of,
-)
 from registry_service.domain.tool_access import ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation
-from registry_service.history import build, records
-from registry_service.history.records import Record
-from registry_service.history.store import HistoryStore
 
 CODE_RUN_FAILED = "CODE_RUN_FAILED"
 CODE_RUNTIME_UNAVAILABLE = "CODE_RUNTIME_UNAVAILABLE"
 CODE_RUNTIME_EXHAUSTED = "CODE_RUNTIME_EXHAUSTED"
 # Binding-call arguments that cannot be dispatched, as the program sees them (the worker checks
-# first, with the same texts: runtime_service/worker/bootstrap.py).
+# first, with the same texts: runtime_service/worker/program.py).
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
 NO_ARGUMENTS = f"{LOSSY_ARGUMENTS} (call the tool with an arguments object, e.g. `{{}}`)"
 SETTLED = "run_code settled"
@@ -132,7 +129,6 @@ class RunCodeTransport:
         self,
         executor: Executor,
         runtime: RuntimePort | None,
-        history: HistoryStore,
         config: CodeModeConfig,
         minter: TokenMinter,
         *,
@@ -147,7 +143,6 @@ class RunCodeTransport:
             raise ValueError("maxParallelSubCalls must be a positive integer")
         self.executor = executor
         self.runtime = runtime
-        self.history = history
         self.config = config
         self.minter = minter
         self.admission = admission or Admission()
@@ -194,9 +189,11 @@ class _Run(RunHooks):
     nested_slots: dict[int, Slot] = field(default_factory=dict)
     access: ToolAccess = field(init=False)  # what the run's principal may call (set in `run`)
 
-    @property
-    def telemetry(self) -> RegistryTelemetry:
-        return self.transport.executor.telemetry
+    def _tell(self, event: Observed) -> None:
+        self.transport.executor.observers.tell(event)
+
+    def _refused(self, reason: str, name: str) -> None:
+        self._tell(NestedCallRefused(reason, name))
 
     async def run(self) -> ToolResult:
         t = self.transport
@@ -216,7 +213,7 @@ class _Run(RunHooks):
         assert runtime is not None
         terminal: RunTerminal | RuntimeUnavailable | RuntimeExhausted | None = None
         stream: RunStream | None = None
-        self.telemetry.run_started()
+        self._tell(RunStarted(outer.call_id))
         try:
             if isinstance(runtime, LimitedRuntime):
                 self.limits = limits = await runtime.limits()
@@ -259,7 +256,7 @@ class _Run(RunHooks):
                     slot.release()
                 if stream is not None:
                     self.transport.close_later(stream)
-                self.telemetry.run_ended()
+                self._tell(RunEnded(outer.call_id))
         if history_error is not None:
             return self._history_failed(history_error)
         return self._outer_result(terminal)
@@ -279,7 +276,9 @@ class _Run(RunHooks):
                 if isinstance(event, RunTerminal):
                     return event
                 if isinstance(event, RunLog):
-                    self.outer.emit(ProgramLog(event.text))
+                    line = ProgramLog(event.text)
+                    self._tell(line)
+                    self.outer.emit(line)
                 else:
                     await self._binding_call(stream, event)
         finally:
@@ -290,7 +289,6 @@ class _Run(RunHooks):
 
     async def _binding_call(self, stream: RunStream, call: BindingCall) -> None:
         name = call.name
-        telemetry = self.telemetry
         if self.controller.signal.aborted:
             return self._refuse_over(stream, call)
         try:
@@ -298,7 +296,7 @@ class _Run(RunHooks):
             if verified.execution_id != self.outer.call_id:
                 raise TokenError("parent token belongs to another run")
         except TokenError as exc:
-            telemetry.nested_refused("invalid_token", name)
+            self._refused("invalid_token", name)
             return stream.reply(call.call_id, False, f"nested call refused: {exc}")
         try:
             # Before the binding check: refused as the same direct call is, and audited.
@@ -311,10 +309,10 @@ class _Run(RunHooks):
                 parent_call_id=self.outer.call_id,
             )
         except CodemodeError as exc:
-            telemetry.nested_refused("permission_denied", name)
+            self._refused("permission_denied", name)
             return stream.reply(call.call_id, False, f"{NESTED_DENIED}: {exc.message}")
         if name not in self.bindings:
-            telemetry.nested_refused("unknown_binding", name)
+            self._refused("unknown_binding", name)
             return stream.reply(call.call_id, False, f'unknown binding "tools.{name}"')
         json_limits = self.transport.executor.json_limits
         limit = self.limits.max_payload_bytes
@@ -323,12 +321,12 @@ class _Run(RunHooks):
         if utf8_exceeds(call.arguments_json, limit):
             # It arrived, but could not go on to a tool provider (nor come back): refused
             # like lossy arguments, so the program can catch it and carry on.
-            telemetry.nested_refused("arguments_too_large", name)
+            self._refused("arguments_too_large", name)
             return stream.reply(
                 call.call_id, False, f"tool arguments too large: over {limit} bytes of JSON"
             )
         if not call.arguments_json.strip():
-            telemetry.nested_refused("invalid_arguments", name)
+            self._refused("invalid_arguments", name)
             return stream.reply(call.call_id, False, NO_ARGUMENTS)
         try:
             # A large text is decoded off the loop; this run's later messages wait (in order).
@@ -340,14 +338,14 @@ class _Run(RunHooks):
                 json_limits,
             )
         except JsonTooDeep as exc:
-            telemetry.nested_refused("arguments_too_deep", name)
+            self._refused("arguments_too_deep", name)
             return stream.reply(
                 call.call_id,
                 False,
                 f"tool arguments too deep: nested deeper than {exc.max_depth} levels",
             )
         except JsonValueError as exc:
-            telemetry.nested_refused("invalid_arguments", name)
+            self._refused("invalid_arguments", name)
             return stream.reply(call.call_id, False, f"{LOSSY_ARGUMENTS}: {exc}")
         if self.controller.signal.aborted:  # while the arguments were decoded
             return self._refuse_over(stream, call)
@@ -357,7 +355,7 @@ class _Run(RunHooks):
             )
         except CodemodeError as exc:
             # Not dispatched, nothing recorded: the program sees a failed call it may retry.
-            telemetry.nested_refused("admission_limit", name)
+            self._refused("admission_limit", name)
             return stream.reply(call.call_id, False, f"nested call refused: {exc.message}")
         self.counter += 1
         sub_call_id = f"{self.outer.call_id}:code:{self.counter}"
@@ -366,21 +364,24 @@ class _Run(RunHooks):
         traceparent, tracestate = call.traceparent, call.tracestate
         if not traceparent:
             traceparent, tracestate = self.outer.traceparent, self.outer.tracestate
-        trace = telemetry.start_call(
+        observed = ObservedCall(
             call_id=sub_call_id,
-            name=name,
             root_call_id=self.outer.root_call_id,
-            agent=self.outer.agent,
+            name=name,
+            agent=self.outer.agent or "",
+            agent_id=self.outer.agent_id,
             parent_call_id=self.outer.call_id,
+            arguments_json=arguments_json,  # the dispatched arguments, for both records
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        telemetry.nested_received()
+        self._tell(NestedCallReceived(observed))  # its span opens here
         nested = NestedCall(
             n=self.counter,
             sub_call_id=sub_call_id,
             name=name,
-            arguments_json=arguments_json,
+            observed=observed,
+            submitted_at=observed.received_at,
             inp=ExecutionInput(
                 call_id=sub_call_id,
                 root_call_id=self.outer.root_call_id,
@@ -394,7 +395,7 @@ class _Run(RunHooks):
                 deadline=self.outer.deadline,
                 traceparent=traceparent,
                 tracestate=tracestate,
-                trace=trace,
+                trace=observed.trace,
                 principal=self.outer.principal,  # the run's: what it calls acts as it
             ),
             binding_call_id=call.call_id,
@@ -404,7 +405,7 @@ class _Run(RunHooks):
 
     def _refuse_over(self, stream: RunStream, call: BindingCall) -> None:
         reason = self.controller.signal.reason
-        self.telemetry.nested_refused("run_over", call.name)
+        self._refused("run_over", call.name)
         stream.reply(
             call.call_id, False, f"run_code run is over ({reason}); {call.name} not dispatched"
         )
@@ -433,49 +434,55 @@ class _Run(RunHooks):
     # -- scheduler hooks -----------------------------------------------------------------------
 
     async def started(self, call: NestedCall) -> None:
-        trace = call.inp.trace
-        trace.stage(QUEUE_WAIT, int(call.submitted_at * 1e9), int(call.started_at * 1e9))
         waited = call.started_at - call.submitted_at
-        self.telemetry.queue_waited(call.name, waited)
-        if self.outer.agent:
-            # Not awaited here: the write is queued ahead of the call's body, which the gate
-            # starts once it is durable (scheduler `dispatch`), and `committed` checks it.
-            call.start_record = self.transport.history.submit(
-                self._record(records.DISPATCH_START, call)
-            )
+        event = NestedCallStarted(
+            call.sub_call_id,
+            call.name,
+            round(waited * 1000, 3),
+            call=call.observed,
+            started_at=call.started_at,
+        )
+        # The start record is not awaited here: it is queued ahead of the call's body, which
+        # the gate starts once it is durable (scheduler `dispatch`), and `committed` checks it.
+        writes = self.transport.executor.observers.notify(event)
+        if writes:
+            call.start_record = _joined(writes)
             call.start_record.add_done_callback(_retrieve)
-        self.outer.emit(NestedCallStarted(call.sub_call_id, call.name, round(waited * 1000, 3)))
+        self.outer.emit(event)
 
     async def committed(self, call: NestedCall, result: ToolResult) -> asyncio.Future[Any] | None:
-        outcome = outcome_of(result)
-        call.inp.trace.end(result, outcome, "exclusive" if call.exclusive else "parallel")
-        self.telemetry.nested_settled(call.name, outcome, time.time() - call.submitted_at)
+        start_failed: BaseException | None = None
+        if call.start_record is not None:
+            try:
+                await call.start_record
+            except Exception as exc:
+                start_failed = exc
         if not result.is_error:
             if any(isinstance(b, ImageBlock) for b in result.content):
                 self.deferred.append(AdditionalContext(result.content, "tools-code-mode"))
             self.concluded = self.concluded or result.concludes_turn
         self.deferred.extend(result.additional_contexts)
-        self.outer.emit(
-            NestedCallSettled(
-                call.sub_call_id,
-                call.name,
-                result.is_error,
-                result.error.code if result.error else "",
-                round((time.time() - call.started_at) * 1000, 3),
-            )
+        event = NestedCallSettled(
+            call.sub_call_id,
+            call.name,
+            result.is_error,
+            result.error.code if result.error else "",
+            round((time.time() - call.started_at) * 1000, 3),
+            call=call.observed,
+            result=result,
+            exclusive=call.exclusive,
         )
-        if not self.outer.agent:
-            return None
-        if call.start_record is not None:
-            try:
-                await call.start_record  # a failed start record fails the run, as it always did
-            except Exception:
-                # ...and ends it now: else the program waits for this call's answer until its
-                # deadline, and the run_code call hangs with it.
-                self.controller.abort(HISTORY_FAILED)
-                raise
-        record = self._record(records.DISPATCH, call, result)
-        return asyncio.ensure_future(self.transport.history.append(record))
+        writes = self.transport.executor.observers.notify(event)  # the settle record
+        self.outer.emit(event)
+        if start_failed is not None:
+            # A failed start record fails the run, as it always did, and ends it now: else the
+            # program waits for this call's answer until its deadline, and the run_code call
+            # hangs with it. (Its call gets no settle record: the recorder writes none.)
+            for write in writes:
+                asyncio.ensure_future(write).add_done_callback(_retrieve)
+            self.controller.abort(HISTORY_FAILED)
+            raise start_failed
+        return _joined(writes) if writes else None
 
     def abandoned(self, call: NestedCall) -> None:
         reason = self.controller.signal.reason or SETTLED
@@ -484,22 +491,8 @@ class _Run(RunHooks):
             ABORTED_BEFORE_DISPATCH,
             "AbortError",
         )
-        call.inp.trace.end(result, ABANDONED)
-        self.telemetry.nested_abandoned()
+        self._tell(NestedCallAbandoned(call.observed, result))
         self.answer(call, result)
-
-    def _record(self, kind: str, call: NestedCall, result: ToolResult | None = None) -> Record:
-        return build.record(
-            kind,
-            agent=self.outer.agent or "",
-            agent_id=self.outer.agent_id,
-            call_id=call.sub_call_id,
-            root_call_id=self.outer.root_call_id,
-            parent_call_id=self.outer.call_id,
-            name=call.name,
-            arguments_json=call.arguments_json,
-            result=result,
-        )
 
     # -- the outer result ----------------------------------------------------------------------
 
@@ -597,6 +590,13 @@ async def _close_quietly(stream: RunStream) -> None:
 def _cut(text: str, limit: int) -> str:
     """The longest prefix of `text` that is at most `limit` bytes of UTF-8."""
     return text.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+
+
+def _joined(writes: list[Write]) -> asyncio.Future[Any]:
+    """One future for an event's writes (there is one, the history record's, or none)."""
+    if len(writes) == 1:
+        return asyncio.ensure_future(writes[0])
+    return asyncio.gather(*writes)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,4 +1,4 @@
-"""The per-run scheduler for nested calls (reference §7): *when* each call's stages may enter.
+"""The per-run scheduler for nested calls: *when* each call's stages may enter.
 
 Every nested call runs the one pipeline driver (`Executor.run`) in a task of its own, through a
 `Gate` from this scheduler. The scheduler keeps one ordered lane: a call's start section
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.events import ObservedCall
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, Gate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
@@ -34,7 +35,7 @@ class NestedCall:
     name: str
     inp: ExecutionInput
     binding_call_id: int  # the runtime's id of the binding call: what the answer names
-    arguments_json: str = ""  # the dispatched arguments, encoded once for both records
+    observed: ObservedCall  # the call as its observers see it (records, span)
     submitted_at: float = field(default_factory=time.time)
     started_at: float = 0.0
     exclusive: bool = True

@@ -1,6 +1,7 @@
-"""The registry's domain: scopes, the tool catalog, policy and the execution pipeline.
+"""The registry's domain: scopes, the tool catalog, policy, the execution pipeline, the history
+record and Cordis.
 
-Nothing in this package imports grpc or `registry_service.presentation`, and its modules import
-each other without a circle (`tests/unit/test_domain_imports.py`); the servicers in
-`registry_service` translate.
+Nothing in this package imports grpc, the generated messages, `registry_service.presentation`,
+the history stores or the servicers, and no module of the project is in an import circle
+(`tests/unit/test_import_graph.py`); the servicers in `registry_service` translate.
 """

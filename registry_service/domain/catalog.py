@@ -1,7 +1,7 @@
 """The tool catalog: layered registrations, restrictions, guards, hooks and presentation modes.
 
 One traversal (`view`) feeds listing, presentation and execution, so what the model is shown and
-what the executor accepts cannot drift apart (reference §1.3). Every registration lives in the
+what the executor accepts cannot drift apart. Every registration lives in the
 layer of the scope it was made in; deleting the scope drops the layer, which revokes exactly what
 it held.
 
@@ -140,14 +140,18 @@ class Catalog:
         self,
         default_mode: Mode,
         run_code: ToolDefinition,
-        default_language: str = "python",
+        default_language: str = "",
         *,
+        languages: Collection[str] = (),
         default_self_modification: bool = False,
         store: CatalogPort | None = None,
         delete_history_with_agent: bool = False,
     ) -> None:
-        """`store` writes every change before the catalog makes it (none: memory only);
-        `delete_history_with_agent` deletes an agent's history with it (else it stays
+        """`default_language`: the program language of scopes that declare none ("": none, so
+        presentation takes the deployment's first runtime language); `languages`: the program
+        languages a scope may declare (the registry's language profiles; none: no scope may
+        declare one); `store` writes every change before the catalog makes it (none: memory
+        only); `delete_history_with_agent` deletes an agent's history with it (else it stays
         readable by the agent's id)."""
         self.default_mode = default_mode
         self._store: CatalogPort = store or InMemory()
@@ -164,8 +168,9 @@ class Catalog:
         self._cordis_tools: dict[str, ToolDefinition] = {}
         self._delete_listeners: list[Callable[[str], None]] = []
         # Not checked here: the deployment's first runtime language is the default even when
-        # no flavour exists for it, and then every non-native assembly says so (§1.9).
+        # no flavour exists for it, and then every non-native assembly says so.
         self.default_language = default_language
+        self._languages = tuple(languages)
         self._run_code = run_code
         self._layers: dict[str, Layer] = {GLOBAL: Layer()}
         self._presets: dict[str, Preset] = {}
@@ -228,7 +233,7 @@ class Catalog:
         """The row of a preset that may be created now (raises when it may not)."""
         check_id("preset", preset_id)
         if language is not None:
-            check_language(language)
+            check_language(language, self._languages)
         name = f"presets/{preset_id}"
         if name in self._presets:
             raise already_exists("PRESET_EXISTS", f"preset {name!r} already exists", preset=name)
@@ -245,7 +250,7 @@ class Catalog:
         """The row of an agent that may be created now, with a new id (raises when it may not)."""
         check_id("agent", agent_id)
         if language is not None:
-            check_language(language)
+            check_language(language, self._languages)
         name = f"agents/{agent_id}"
         if preset:
             parse_name(preset, allow=("presets",))
@@ -806,7 +811,7 @@ class Catalog:
         return self.view(scope).visible.get(name)
 
     def collapses(self, name: str, scope: str, nested: bool) -> bool:
-        """Under `code`, a model-direct call may only name run_code (reference §1.7)."""
+        """Under `code`, a model-direct call may only name run_code."""
         return not nested and name != RUN_CODE and self.mode_for(scope) is Mode.CODE
 
     def resolve_execution(self, name: str, scope: str, nested: bool) -> ToolDefinition | None:

@@ -1,27 +1,52 @@
-"""The one pipeline every tool call passes through (reference §1.8–§1.11).
+"""The one pipeline every tool call passes through.
 
 create (argument snapshot, collapse; the call's plan) → pre-execute → approval → guards →
 around wrappers → body (input and output validation) → post-execute → result observers.
 `Executor.run` is the only driver of that sequence. A caller that must order stages across
 calls (the per-run scheduler of nested calls) passes a `Gate` that the driver awaits at each
 stage boundary; it decides when a stage may enter, never what the stage does.
+
+The pipeline writes no history and records no telemetry itself: it emits events
+(registry_service/domain/events.py) to the executor's observers, the history recorder and the
+telemetry observer among them (registry_service/domain/observers.py). What it keeps of
+tracing is the call's context: the span that a tool body, and what it calls, continues.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast
+
+from opentelemetry.util.types import AttributeValue
 
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
 from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.events import (
+    ApprovalPending,
+    ApprovalResolved,
+    CallFailed,
+    CallFinished,
+    CallReceived,
+    CallStarted,
+    Emit,
+    Event,
+    NestedCallSettled,
+    NestedCallStarted,
+    ObservedCall,
+    ProgramLog,
+    StageTimed,
+    ToolResolved,
+    no_events,
+)
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits, off_loop
 from registry_service.domain.jsonschema import format_invalid_args, validate
+from registry_service.domain.observers import Observer, Observers
 from registry_service.domain.policy import (
     Accept,
     Allow,
@@ -54,66 +79,34 @@ from registry_service.domain.telemetry import (
     GUARDS,
     POST_EXECUTE,
     PRE_EXECUTE,
+    CallTrace,
     RegistryTelemetry,
 )
+from registry_service.domain.telemetry_observer import TelemetryObserver
 from registry_service.domain.tools import Invocation, ToolDefinition, is_parallel
 
-# A call's types are re-exported: callers name them where they call the pipeline.
-__all__ = ["DIRECT", "Execution", "ExecutionInput", "Executor", "Gate", "Plan", "ToolCallFailure"]
+# A call's types and its progress events are re-exported: callers name them where they call
+# the pipeline.
+__all__ = [
+    "DIRECT",
+    "ApprovalPending",
+    "ApprovalResolved",
+    "CallStarted",
+    "Emit",
+    "Event",
+    "Execution",
+    "ExecutionInput",
+    "Executor",
+    "Gate",
+    "NestedCallSettled",
+    "NestedCallStarted",
+    "Plan",
+    "ProgramLog",
+    "ToolCallFailure",
+    "no_events",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CallStarted:
-    call_id: str
-    tool_name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalPending:
-    approval_id: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalResolved:
-    approval_id: str
-    outcome: ApprovalOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class NestedCallStarted:
-    """A run_code program's binding call started (scheduler start, before pre-execute)."""
-
-    sub_call_id: str
-    tool_name: str
-    queue_wait_ms: float  # submission to start, in the run's scheduler queue
-
-
-@dataclass(frozen=True, slots=True)
-class NestedCallSettled:
-    sub_call_id: str
-    tool_name: str
-    is_error: bool
-    error_code: str
-    duration_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramLog:
-    text: str
-
-
-Event = (
-    CallStarted
-    | ApprovalPending
-    | ApprovalResolved
-    | NestedCallStarted
-    | NestedCallSettled
-    | ProgramLog
-)
-Emit = Callable[[Event], None]
 
 
 class Gate:
@@ -145,7 +138,7 @@ DIRECT = Gate()  # a model-direct call's gate: no stage waits
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one call will run, resolved once at create (reference §1.7, §1.10): the tool as
+    """What one call will run, resolved once at create: the tool as
     `resolve_execution` sees it, and the hooks of the agent's chain (global first, then
     farthest → nearest). Later registry changes do not reach a call already created."""
 
@@ -166,12 +159,8 @@ class _Dispatch:
 
 
 # How a result leaves the start section or dispatch: run the body, go through post-execute,
-# or skip post-execute (a throwing pre-execute hook, guard or around wrapper: reference §1.10).
+# or skip post-execute (a throwing pre-execute hook, guard or around wrapper).
 _Next = Literal["dispatch", "post", "final"]
-
-
-def no_events(_event: Event) -> None:
-    return None
 
 
 class Executor:
@@ -181,34 +170,44 @@ class Executor:
         approvals: ApprovalBroker,
         telemetry: RegistryTelemetry | None = None,
         json_limits: JsonLimits = DEFAULT_LIMITS,
+        observers: Sequence[Observer] = (),
     ) -> None:
+        """`observers` see every call's events, outermost first (the history recorder), and
+        the telemetry observer of `telemetry` innermost."""
         self.catalog = catalog
         self.approvals = approvals
         self.telemetry = telemetry or RegistryTelemetry()
         self.json_limits = json_limits
+        self.observers = Observers((*observers, TelemetryObserver(self.telemetry)))
 
     async def execute(self, inp: ExecutionInput, emit: Emit = no_events) -> ToolResult:
-        """A model-direct call, inside its `execute_tool` span."""
-        trace = inp.trace
-        if not trace.recording:
-            trace = self.telemetry.start_call(
-                call_id=inp.call_id,
-                name=inp.name,
-                root_call_id=inp.root_call_id or inp.call_id,
-                agent=inp.agent,
-                traceparent=inp.traceparent,
-                tracestate=inp.tracestate,
-            )
-            if trace.recording:
-                inp = replace(inp, trace=trace)
+        """A model-direct call, its observers around it: received (its `tool/call` record
+        durable, its span open) → `run` → finished (span ended, `tool/result` durable). A
+        record that cannot be written fails the call with the store's error: before the call
+        ran, or with the result lost."""
+        call = ObservedCall.direct(inp)
+        await self.observers.begin(CallReceived(call))
+        trace = call.trace
+        if trace is not inp.trace:
+            inp = replace(inp, trace=trace)
         try:
             with trace.activated():
                 result = await self.run(inp, emit)
         except BaseException as exc:
-            trace.fail(exc)
+            self.observers.tell(CallFailed(call, exc))
             raise
-        trace.end(result)
+        await self.observers.end(CallFinished(call, result))
         return result
+
+    def _announce(self, emit: Emit, event: Event) -> None:
+        """A progress event: to the observers, then to the caller's stream."""
+        self.observers.tell(event)
+        emit(event)
+
+    def _timed(
+        self, trace: CallTrace, stage: str, started_ns: int, **attributes: AttributeValue
+    ) -> None:
+        self.observers.tell(StageTimed(trace, stage, started_ns, time.time_ns(), attributes))
 
     async def run(
         self, inp: ExecutionInput, emit: Emit = no_events, gate: Gate = DIRECT
@@ -222,9 +221,9 @@ class Executor:
             return await gate.done(created)
         plan = self.plan(created)
         if plan.definition is not None:
-            created.trace.describe(plan.definition.description)
+            self.observers.tell(ToolResolved(created.trace, plan.definition.description))
         if not created.nested:  # a nested call's start is announced by its run
-            emit(CallStarted(created.call_id, created.name))
+            self._announce(emit, CallStarted(created.call_id, created.name))
         step, result = await self._prepare(created, plan, emit)
         if step == "dispatch":
             await gate.dispatch()
@@ -317,9 +316,10 @@ class Executor:
                 for hook in plan.pre_execute:
                     decision = await hook(execution, decision)
                 if isinstance(decision, Allow):
-                    trace.stage(PRE_EXECUTE, started)
+                    self._timed(trace, PRE_EXECUTE, started)
                 else:
-                    trace.stage(PRE_EXECUTE, started, decision=type(decision).__name__.lower())
+                    kind = type(decision).__name__.lower()
+                    self._timed(trace, PRE_EXECUTE, started, decision=kind)
             if isinstance(decision, Ask):
                 approved = await self._approve(execution, decision, emit)
                 if approved is None:  # approval cancelled because the caller went away
@@ -333,9 +333,9 @@ class Executor:
                         decision = Deny(reason)
                         break
                 if isinstance(decision, Deny):
-                    trace.stage(GUARDS, started, decision="deny")
+                    self._timed(trace, GUARDS, started, decision="deny")
                 else:
-                    trace.stage(GUARDS, started)
+                    self._timed(trace, GUARDS, started)
         except Exception as exc:
             return "final", _failure(exc)
         if isinstance(decision, Deny):
@@ -358,15 +358,18 @@ class Executor:
             arguments_json=execution.arguments_json,
             reason=ask.reason or f'tool "{name}" requires approval',
         )
-        emit(ApprovalPending(request.approval_id, request.reason))
-        started, clock = time.time_ns(), time.perf_counter()
+        self._announce(emit, ApprovalPending(request.approval_id, request.reason))
+        started = time.time_ns()
         resolution = await self.approvals.request(request, execution.signal)
         outcome = resolution.outcome
-        self.telemetry.approval_waited(outcome.value, time.perf_counter() - clock)
-        execution.trace.stage(
-            APPROVAL_WAIT, started, approval_id=request.approval_id, outcome=outcome.value
+        self._timed(
+            execution.trace,
+            APPROVAL_WAIT,
+            started,
+            approval_id=request.approval_id,
+            outcome=outcome.value,
         )
-        emit(ApprovalResolved(request.approval_id, outcome))
+        self._announce(emit, ApprovalResolved(request.approval_id, outcome))
         if outcome is ApprovalOutcome.ALLOWED_ONCE:
             return Allow()
         if outcome is ApprovalOutcome.REJECTED:
@@ -398,9 +401,9 @@ class Executor:
             result = await call(0)()
         finally:
             if state.body_invoked:
-                execution.trace.stage(BODY, started)
+                self._timed(execution.trace, BODY, started)
             else:  # refused before the tool ran (unknown tool, invalid arguments, aborted)
-                execution.trace.stage(BODY, started, invoked=False)
+                self._timed(execution.trace, BODY, started, invoked=False)
         if wrappers:
             result = self._wrapper_result(execution, plan, state.body_result, result)
         if state.deferred:
@@ -478,7 +481,7 @@ class Executor:
         result: ToolResult,
     ) -> ToolResult:
         """A result an around wrapper wrote goes through the tool's output contract like a
-        body's (reference §1.10): it must be lossless JSON and match the output schema."""
+        body's: it must be lossless JSON and match the output schema."""
         if result is body_result:
             return result
         if (
@@ -553,7 +556,7 @@ class Executor:
                 result = self._apply_post(execution, plan, result, decision)
             except Exception as exc:
                 result = _failure(exc)
-            execution.trace.stage(POST_EXECUTE, started)
+            self._timed(execution.trace, POST_EXECUTE, started)
         if execution.signal.aborted and not result.is_error:
             result = aborted(before_dispatch=False).with_contexts(result.additional_contexts)
         return result

@@ -2,7 +2,7 @@
 
 Cordis (identities, packages, pointers, the seven tools) decides *when* a package's host half
 runs; a plugin host runs it: a sandboxed, long-lived worker on a runtime, reached over one
-``RuntimeService`` stream per activation (``design/cordis.md``). This module says what Cordis
+``RuntimeService`` stream per activation (``docs/cordis.md``). This module says what Cordis
 may ask of a plugin host and what it gets back, and nothing about transport: the gRPC adapter
 lives beside the registry's runtime client, and tests may drive Cordis through any
 implementation of ``PluginHosts``.
@@ -18,14 +18,14 @@ Lifecycle of one activation (one ``run-<n>`` attempt that got as far as the host
    reached the body stage of the pipeline, and learns of later changes (a tool registered from
    an effect, a parked plugin starting) through ``on_change``, and of a crash through
    ``on_lost``.
-3. Services between the owner's plugins (design/cordis.md): a plugin *provides* a named
+3. Services between the owner's plugins (docs/cordis.md): a plugin *provides* a named
    service (a contract: lossless JSON data, or methods); Cordis tells every other running
    plugin of the owner what it may inject (``ActivationSpec.services``, then
    ``update_services``) and routes a consumer's method calls (``on_service_call``) to the
    provider's host (``call_service``). Events the plugin observes (``registrations.events``)
    are delivered with ``deliver_event``.
 4. ``ActiveHost.retract()`` disposes the plugin (effects in reverse order), settles in-flight
-   calls and returns only when the host's processes are gone (quiescence, reference §9.4).
+   calls and returns only when the host's processes are gone (quiescence).
    It is idempotent, and safe after ``on_lost``.
 """
 
@@ -84,7 +84,7 @@ class ActivationSpec:
     plugin_id: str  # e.g. "clock-1"
     package_id: str  # e.g. "pkg-3"
     run_id: str  # e.g. "run-4"
-    language: str  # the owner's program language: "python" or "typescript"
+    language: str  # the owner's program language (a language profile's name)
     source: str  # the host half: an async function body that returns the plugin
     name: str = ""  # the package's name, for logs and diagnostics
     start_timeout_s: float = 5.0  # bounds the host half's synchronous start (vmTimeoutMs)
@@ -125,7 +125,7 @@ class HostRegistrations:
 
 class ActivationFailed(Exception):
     """The host half could not be loaded (syntax, wrong return) or applied (its start threw,
-    timed out, or the host died while starting). ``message`` is the reference's text.
+    timed out, or the host died while starting). ``message`` is the text the model reads.
     ``code``: the Cordis reason when it is not the host half's own failure
     (``RESOURCE_EXHAUSTED``: no capacity, nothing started; retry after ``retry_delay_s``)."""
 

@@ -1,8 +1,8 @@
 """Policy hooks: the in-process extension points of the pipeline, and the declarative rules.
 
 Hooks are registered into a scope's layer (global, a preset or an agent) and observe the calls of
-agents under that scope; deleting the scope drops them with it. Stages, in order (reference
-§1.10): pre-execute (allow / deny / ask) → approval → guards → around → body → post-execute
+agents under that scope; deleting the scope drops them with it. Stages, in order:
+pre-execute (allow / deny / ask) → approval → guards → around → body → post-execute
 (accept with replacement / block) → result observers.
 """
 

@@ -79,7 +79,7 @@ class ToolResult:
     value_json: str = ""
     presentation_meta: JsonValue = None
     """Presentation metadata for a UI card of the call (a JSON object), never shown to the
-    model; None: the tool gave none (reference §9.2: `cordis_define`/`cordis_run` name their
+    model; None: the tool gave none (`cordis_define`/`cordis_run` name their
     ids; a dynamic tool's `presentation_meta` function)."""
     rpc_error: CodemodeError | None = None
     """Set (only by the registry itself) when the failure is the service's, not the tool's: the

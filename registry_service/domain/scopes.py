@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Collection
 
 from codemode_wire.errors import invalid_argument
 
@@ -22,15 +23,14 @@ class Mode(enum.Enum):
     BOTH = "both"
 
 
-# The languages a `run_code` program may be written in (an agent declares one like its mode).
-# Whether a runtime serves it is the deployment's concern (`runtime_languages`).
-PROGRAM_LANGUAGES = ("python", "typescript")
-
-
-def check_language(language: str, *, field: str = "code_language") -> str:
-    """`language` if it is a program language, else INVALID_ARGUMENT naming the known ones."""
-    if language not in PROGRAM_LANGUAGES:
-        known = ", ".join(f'"{name}"' for name in PROGRAM_LANGUAGES)
+def check_language(
+    language: str, known_languages: Collection[str], *, field: str = "code_language"
+) -> str:
+    """`language` if it is one of the program languages a scope may declare (the registry's
+    language profiles), else INVALID_ARGUMENT naming the known ones. Whether a runtime serves
+    it is the deployment's concern (`runtime_languages`)."""
+    if language not in known_languages:
+        known = ", ".join(f'"{name}"' for name in known_languages)
         raise invalid_argument(
             "UNKNOWN_CODE_LANGUAGE",
             f"code language {language[:64]!r} is not a program language (known: {known})",

@@ -33,12 +33,12 @@ from codemode_common.principals import Principal
 from codemode_wire import jsonvalue
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain import records
 from registry_service.domain.access import AccessPolicy, Permission, denied, resource_of
 from registry_service.domain.catalog import View
 from registry_service.domain.cordis.names import NAMES as CORDIS_TOOLS
+from registry_service.domain.records import Record
 from registry_service.domain.results import error_result
-from registry_service.history import build, records
-from registry_service.history.records import Record
 
 __all__ = ["CallKind", "Denial", "ToolAccess", "ToolAuthority", "Via", "kind_of"]
 
@@ -148,7 +148,7 @@ class Denial:
             "parent_call_id": self.parent_call_id,
             "via": self.via,
         }
-        return build.record(
+        return records.record(
             records.ACCESS_DENIED,
             agent=records.AUDIT_LOG,
             agent_id=records.AUDIT_LOG,  # the global scope's history, as every audit record

@@ -64,7 +64,7 @@ class ToolDefinition:
     output_schema: JsonValue
     body: ToolBody
     # Exactly `True` from the classifier means parallel; anything else, raising included, is
-    # exclusive, and so are arguments that fail the input schema (reference §1.11).
+    # exclusive, and so are arguments that fail the input schema.
     is_concurrency_safe: Classifier | None = None
     guidance: str = ""
     owner: str = "in-process"

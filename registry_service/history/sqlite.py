@@ -22,9 +22,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 from codemode_wire.errors import CodemodeError
-from registry_service.history import build
-from registry_service.history.build import content_preview
-from registry_service.history.records import END_OF, Record, key_problem
+from registry_service.domain.records import (
+    CRASHED,
+    END_OF,
+    Record,
+    content_preview,
+    interrupted,
+    key_problem,
+)
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
@@ -292,7 +297,7 @@ class SqliteHistory(StoreHealth):
             ).fetchall()
         if not rows:
             return []
-        closing = [build.interrupted(_row(row), build.CRASHED) for row in rows]
+        closing = [interrupted(_row(row), CRASHED) for row in rows]
         stored = await asyncio.gather(*map(self.submit, closing))
         log.warning("history: closed %d calls left open by a crash", len(stored))
         return stored

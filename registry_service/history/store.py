@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from codemode_wire.errors import CodemodeError, Status, invalid_argument, unavailable
-from registry_service.history import build
-from registry_service.history.records import END_OF, INTERRUPTED, Record, unstorable
+from registry_service.domain import records
+from registry_service.domain.records import END_OF, INTERRUPTED, Record, unstorable
 
 _log = logging.getLogger(__name__)
 
@@ -111,9 +111,9 @@ class StoreHealth:
                 if record.is_error and record.error_code == INTERRUPTED:
                     owed = record  # already an interrupted end: keep its reason
                 else:
-                    owed = build.interrupted(record, build.NOT_RECORDED)
+                    owed = records.interrupted(record, records.NOT_RECORDED)
             elif in_doubt and record.kind in END_OF and key not in ended:
-                owed = build.interrupted(record, build.NOT_RECORDED)
+                owed = records.interrupted(record, records.NOT_RECORDED)
             else:
                 continue
             if problem := unstorable(owed):  # its start could not have been written either

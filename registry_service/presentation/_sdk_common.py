@@ -1,9 +1,9 @@
 """Helpers shared by the TypeScript and Python SDK renderers.
 
 Schema nodes are read one level at a time through `classify`, so both renderers agree on what is
-malformed and neither has to re-validate. Text helpers reproduce the JavaScript behaviour the
-reference describes (`JSON.stringify` quoting, `Number#toString`, `\\s`, UTF-16 ordering) so the
-SDK text matches what the original would print for the same data.
+malformed and neither has to re-validate. Text helpers reproduce JavaScript's behaviour
+(`JSON.stringify` quoting, `Number#toString`, `\\s`, UTF-16 ordering), so the SDK text spells
+values as JavaScript would.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from codemode_wire.jsonvalue import dumps
 from registry_service.domain.jsonschema import ref_name
-from registry_service.presentation.run_code_schema import RUN_CODE
+from registry_service.domain.tools import RUN_CODE
 from registry_service.presentation.sdk_model import SdkTool
 
 SCALAR_TYPES: Final = frozenset({"string", "number", "integer", "boolean", "null"})
@@ -59,7 +59,7 @@ def utf16_sort_key(text: str) -> bytes:
 def cap_utf16(text: str, limit: int) -> str:
     """Keep at most `limit` UTF-16 units; a character that would be split in half is dropped.
 
-    JavaScript's `slice` would leave a lone high surrogate there; the reference drops it.
+    JavaScript's `slice` would leave a lone high surrogate there; it is dropped instead.
     """
     if text.isascii():
         return text[:limit]
@@ -150,7 +150,7 @@ def python_number(value: int | float) -> str:
         return str(value)
     if value.is_integer():
         return str(int(value))
-    return js_number(value)  # same spelling as the original; always a valid Python literal
+    return js_number(value)  # JavaScript's spelling; always a valid Python literal
 
 
 def description_of(node: object) -> str | None:
@@ -233,7 +233,7 @@ _BROAD_SCALAR_SHAPES: Final = {name: Shape(Kind.SCALAR, scalar_type=name) for na
 def classify(node: object) -> Shape:
     """Read one schema node. Never raises; anything it cannot make sense of is UNKNOWN.
 
-    Supported subset (as the reference): one scalar `type`, `const`/`enum` of matching scalars,
+    Supported subset: one scalar `type`, `const`/`enum` of matching scalars,
     `array` + `items`, `object` + `properties`/`required`/`additionalProperties`, `oneOf`, and
     annotation-only nodes (any JSON). Keywords outside the subset (`format`, `minimum`, …) only
     narrow a value, so they are ignored and the rendered type stays a faithful superset.

@@ -1,6 +1,6 @@
 """What the model is shown for one scope: wire schemas, system-prompt sections and the SDK text.
 
-Everything is derived from the catalog's single `view` of the scope (reference §1.3, §1.6), so
+Everything is derived from the catalog's single `view` of the scope, so
 the advertisement and the executor cannot drift apart. Rules:
 
 - Wire schemas: `native` → every visible tool; `code` → only `run_code`; `both` → every visible
@@ -9,9 +9,9 @@ the advertisement and the executor cannot drift apart. Rules:
 - Prompt sections `(id, order, text)`: `tools:code-only` (99, only under `code`), one
   `tool:<name>` per visible tool with guidance (120), `tools:sdk` (150, empty when native), plus
   the configured deployment sections. The assemble step then removes every `tool:*` section under
-  `code` (seed 000: the model must not be told to call tools it cannot reach directly), drops
+  `code` (the model must not be told to call tools it cannot reach directly), drops
   empty sections and sorts by (order, `tool_order` position of a `tool:*` section, id).
-- A `tool_order` entry outside the scope's known names fails assembly (reference §1.6).
+- A `tool_order` entry outside the scope's known names fails assembly.
 - A caller is shown only the tools it may call (`domain.tool_access`): given its `ToolAccess`,
   every rule above runs over the scope's view without the others.
 - Results are cached per (catalog version, scope, language, the caller's permissions there):
@@ -36,11 +36,8 @@ from registry_service.domain.sections import Section
 from registry_service.domain.tool_access import ToolAccess
 from registry_service.domain.tools import RUN_CODE, ToolDefinition
 from registry_service.presentation._sdk_common import utf16_sort_key
-from registry_service.presentation.languages import (
-    SDK_RENDERERS,
-    ServedLanguages,
-    resolve_language,
-)
+from registry_service.presentation.language_profiles import PROFILES, host_profile
+from registry_service.presentation.languages import ServedLanguages, resolve_language
 from registry_service.presentation.lru import Lru
 from registry_service.presentation.run_code_schema import run_code_tool_schema
 from registry_service.presentation.sdk_model import SdkTool
@@ -277,7 +274,9 @@ class Assembler:
                 cordis_prompt.SECTION_ID,
                 cordis_prompt.SECTION_ORDER,
                 # Its host halves are in the agent's program language (also in native mode).
-                cordis_prompt.prompt(self._catalog.language_for(view.scope))
+                cordis_prompt.prompt(
+                    host_profile(self._catalog.language_for(view.scope)).cordis_host_half
+                )
                 if view.self_modification
                 else "",
             ),
@@ -297,7 +296,7 @@ class Assembler:
         if hit is not None:
             return hit[1]
         rows = [SdkTool(d.name, d.description, d.input_schema, d.output_schema) for d in tools]
-        text = SDK_RENDERERS[language](rows)
+        text = PROFILES[language].render_sdk(rows)
         self.renders += 1
         self._texts.put(key, (tools, text))
         return text

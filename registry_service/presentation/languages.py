@@ -1,4 +1,4 @@
-"""Which runtime language a non-native presentation renders for, and the SDK renderer per language.
+"""Which runtime language a non-native presentation renders for.
 
 The languages served are what the connected runtimes report (`GetCapabilities`), asked by the
 runtime client; `runtime_languages`, when set, restricts them (and orders them: the first is
@@ -9,29 +9,19 @@ means no runtime. Native presentation needs no runtime and never consults the la
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Final, Protocol, runtime_checkable
 
 from codemode_wire.errors import CodemodeError, failed_precondition
 from registry_service.domain.scopes import Mode
-from registry_service.presentation.sdk_model import SdkTool
-from registry_service.presentation.sdk_python import render_python_sdk
-from registry_service.presentation.sdk_typescript import render_typescript_sdk
+from registry_service.presentation.language_profiles import LANGUAGES, NO_RUNTIME_LANGUAGE, PROFILES
 
-SdkRenderer = Callable[[Sequence[SdkTool]], str]
-
-SDK_RENDERERS: Final[Mapping[str, SdkRenderer]] = MappingProxyType(
-    {"python": render_python_sdk, "typescript": render_typescript_sdk}
-)
-KNOWN_LANGUAGES: Final = tuple(sorted(SDK_RENDERERS))
-# With no runtime, the catalog's own run_code definition falls back to this flavour (§1.9).
-FALLBACK_LANGUAGE: Final = "typescript"
+KNOWN_LANGUAGES: Final = tuple(sorted(PROFILES))
 
 
 # What a registry with no runtime to ask serves when `runtime_languages` is unset.
-UNASKED_DEFAULT: Final = ("python",)
+UNASKED_DEFAULT: Final = LANGUAGES[:1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +119,7 @@ def resolve_language(mode: Mode, served: ServedLanguages | Sequence[str], reques
             mode=mode.value,
             language=language,
         )
-    if language not in SDK_RENDERERS:
+    if language not in PROFILES:
         raise failed_precondition(
             "UNKNOWN_RUNTIME_LANGUAGE",
             f'mode "{mode.value}": no SDK renderer registered for runtime language "{language}" '
@@ -146,6 +136,6 @@ def catalog_language(configured: Sequence[str]) -> str:
     Never fails, so a misconfigured runtime cannot stop the registry from starting; every
     non-native assembly still fails loud through `resolve_language`.
     """
-    if configured and configured[0] in SDK_RENDERERS:
+    if configured and configured[0] in PROFILES:
         return configured[0]
-    return FALLBACK_LANGUAGE
+    return NO_RUNTIME_LANGUAGE

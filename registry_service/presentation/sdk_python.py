@@ -14,7 +14,7 @@ published when its last field is done, which puts nested classes before their pa
 recursion.
 
 Identifier rules use `str.isidentifier()` (Unicode XID_Start/XID_Continue as known to this
-Python's Unicode database) where the original used JavaScript's `\\p{XID_…}`; the two Unicode
+Python's Unicode database) where JavaScript would use `\\p{XID_…}`; the two Unicode
 versions may differ for recently assigned characters, which only moves such a name between
 attribute access and subscript access.
 """

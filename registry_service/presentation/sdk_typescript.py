@@ -210,8 +210,8 @@ def _interface(name: str, members: list[str]) -> str:
 def _doc_line(description: str | None, indent: int) -> str | None:
     """A one-line JSDoc; `*/` is broken up so a description cannot close the comment early.
 
-    Unlike the original, a lone surrogate becomes the text `\\uXXXX` (the section must be valid
-    UTF-8) and a description that collapses to nothing gets no JSDoc at all.
+    A lone surrogate becomes the text `\\uXXXX` (the section must be valid UTF-8) and a
+    description that collapses to nothing gets no JSDoc at all.
     """
     if description is None:
         return None

@@ -1,4 +1,4 @@
-"""Exact byte accounting of a run's outer output (reference §3.4).
+"""Exact byte accounting of a run's outer output.
 
 The ledger charges the variable payload of the serialized outer result: the JSON encoding of
 the ``logs`` array (``[]`` is 2 bytes, each entry its JSON-string size, plus one comma between

@@ -2,7 +2,9 @@
 
 Entered from ``bootstrap.serve`` when the first message is ``{"t": "host", ...}`` instead of a
 program's ``start``: the same fresh, sandboxed, never-used worker, which then lives until the
-runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
+runtime retracts the plugin (or kills it). The façade it gives the host half is specified in
+``codemode_wire/host_facade.json`` (tests/runtime/test_host_facade.py holds both harnesses to
+it); in Python's style:
 
 - the host half is an async function body (top-level ``await``/``return``, like a program) that
   returns the plugin: a function ``plugin(ctx)`` or an object with ``apply(ctx)``; either may be
@@ -14,8 +16,9 @@ runtime retracts the plugin (or kills it). Reference §9.6 in Python's style:
 - ``ctx`` is read-only: ``ctx.tools`` (``schemas()``, ``get(name)`` -- schema views only --
   and ``register``), ``ctx.get(name)``, ``ctx.effect(fn)`` (``fn()`` runs now; a callable it
   returns is the disposer), ``ctx.provide(name, value)``, and ``ctx.timer`` when injected
-  (``timeout``/``interval``, each disposed on retract), ``ctx.on``/``ctx.once`` (events the
-  runtime delivers: the owner's history records as they are written, and ``plugin/dispose``);
+  (``timeout``/``interval``, ``throttle``/``debounce``, each disposed on retract),
+  ``ctx.on``/``ctx.once`` (events the runtime delivers: the owner's history records as they
+  are written, and ``plugin/dispose``);
 - services between the owner's plugins (``plugin_services``): a plugin whose ``inject`` names a
   service no other running plugin of the owner provides parks ``waiting`` (a successful start)
   and is applied when the runtime says the service appeared; when one of its services goes, it
@@ -51,7 +54,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from runtime_service.worker import flatwire, framing, ledger
-from runtime_service.worker.bootstrap import (
+from runtime_service.worker.core import (
     PROGRAM_FILENAME,
     Channel,
     compile_program,
@@ -421,11 +424,15 @@ class _Host:
                 self.changed()
 
     def timeout(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
+        if not callable(fn):
+            raise TypeError("ctx.timer.timeout needs a callable")
         handle = self.loop.call_later(max(0.0, float(ms)) / 1000, self._guarded, fn)
         self.disposers.append(handle.cancel)
         return handle.cancel
 
     def interval(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
+        if not callable(fn):
+            raise TypeError("ctx.timer.interval needs a callable")
         period = max(0.001, float(ms) / 1000)
         state: dict[str, asyncio.TimerHandle] = {}
 
@@ -440,6 +447,63 @@ class _Host:
 
         self.disposers.append(cancel)
         return cancel
+
+    def throttle(self, fn: Callable[..., Any], ms: float) -> Callable[..., None]:
+        """A function that calls ``fn`` at once, then at most once per ``ms``: calls inside a
+        window are folded into one at its end, with the last call's arguments."""
+        if not callable(fn):
+            raise TypeError("ctx.timer.throttle needs a callable")
+        period = max(0.0, float(ms)) / 1000
+        window: list[asyncio.TimerHandle] = []  # the open window's end, if any
+        pending: list[tuple[Any, ...]] = []  # the arguments of the call folded into its end
+        stopped: list[bool] = []
+
+        def window_ends() -> None:
+            window.clear()
+            if pending:
+                throttled(*pending.pop())
+
+        def throttled(*args: Any) -> None:
+            if stopped:
+                return
+            if window:
+                pending[:] = [args]
+                return
+            window.append(self.loop.call_later(period, window_ends))
+            self._guarded(lambda: fn(*args))
+
+        def cancel() -> None:
+            stopped.append(True)
+            pending.clear()
+            for handle in window:
+                handle.cancel()
+
+        self.disposers.append(cancel)
+        return throttled
+
+    def debounce(self, fn: Callable[..., Any], ms: float) -> Callable[..., None]:
+        """A function that calls ``fn`` once ``ms`` after the last of a burst of calls, with
+        that call's arguments."""
+        if not callable(fn):
+            raise TypeError("ctx.timer.debounce needs a callable")
+        delay = max(0.0, float(ms)) / 1000
+        waiting: list[asyncio.TimerHandle] = []
+        stopped: list[bool] = []
+
+        def debounced(*args: Any) -> None:
+            if stopped:
+                return
+            for handle in waiting:
+                handle.cancel()
+            waiting[:] = [self.loop.call_later(delay, self._guarded, lambda: fn(*args))]
+
+        def cancel() -> None:
+            stopped.append(True)
+            for handle in waiting:
+                handle.cancel()
+
+        self.disposers.append(cancel)
+        return debounced
 
     def _guarded(self, fn: Callable[[], Any]) -> None:
         try:
@@ -649,7 +713,7 @@ class _Host:
         task.add_done_callback(lambda _: self.invocations.pop(invocation, None))
 
     def invoke_handler(self, invocation: int, method: str, tokens: object) -> None:
-        """A page's `invoke` of a `harness.handle` handler (reference §9.6)."""
+        """A page's `invoke` of a `harness.handle` handler."""
         handler = self.handlers.get(method)
         if handler is None or self.retracting:
             self.channel.send(
@@ -888,6 +952,9 @@ class _Tools(_ReadOnly):
 
 
 class _Timer(_ReadOnly):
+    """``ctx.timer``, the built-in injectable service: everything it schedules is disposed with
+    the plugin. ``setTimeout``/``setInterval`` are the same as ``timeout``/``interval``."""
+
     __slots__ = ()
     _what = "the timer service"
 
@@ -897,9 +964,21 @@ class _Timer(_ReadOnly):
     def interval(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
         return self._host.interval(fn, ms)
 
+    def setTimeout(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
+        return self._host.timeout(fn, ms)
+
+    def setInterval(self, fn: Callable[[], Any], ms: float) -> Callable[[], None]:
+        return self._host.interval(fn, ms)
+
+    def throttle(self, fn: Callable[..., Any], ms: float) -> Callable[..., None]:
+        return self._host.throttle(fn, ms)
+
+    def debounce(self, fn: Callable[..., Any], ms: float) -> Callable[..., None]:
+        return self._host.debounce(fn, ms)
+
 
 class _Context(_ReadOnly):
-    """The plugin's ``ctx``: read-only, exposing only the façade (reference §9.6)."""
+    """The plugin's ``ctx``: read-only, exposing only the façade (``host_facade.json``)."""
 
     __slots__ = ("_injected", "_tools")
     _what = "sandbox ctx"
@@ -951,7 +1030,7 @@ class _Context(_ReadOnly):
 
 
 def _syntax_text(exc: SyntaxError, source: str) -> str:
-    """The parse error with the offending line and a caret (reference §9.6)."""
+    """The parse error with the offending line and a caret."""
     line_no = exc.lineno or 1
     lines = source.splitlines()
     line = lines[line_no - 1] if 0 < line_no <= len(lines) else ""

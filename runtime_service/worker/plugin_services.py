@@ -1,4 +1,4 @@
-"""Services between one owner's plugins, as a plugin host sees them (design/cordis.md).
+"""Services between one owner's plugins, as a plugin host sees them (``host_facade.json``).
 
 Plugin hosts are separate processes, so a provided service cannot be shared as a Python object.
 ``ctx.provide(name, value)`` publishes a *contract* instead, which the registry hands to the
@@ -11,7 +11,7 @@ owner's other plugin hosts:
   JSON (the same rule as a dynamic tool's).
 
 Whatever a method returns crosses as data, so no provider object (least of all its Cordis
-``ctx``) ever reaches another plugin: returning the ``ctx`` gets the reference's refusal.
+``ctx``) ever reaches another plugin: returning the ``ctx`` is refused.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ no thread and opens no event loop, so a child inherits nothing but the imported 
 
 One request, one child:
 
-- request ``{"t": "fork", "id", "language", "config"}`` with ``SCM_RIGHTS`` descriptors
+- request ``{"t": "fork", "id", "entry", "config"}`` with ``SCM_RIGHTS`` descriptors
   ``[channel, stdout, stderr]`` (the runtime made them; the zygote closes its copies once
   the child has them);
 - reply ``{"t": "forked", "id", "pid"}`` with a pidfd of the child (the runtime watches and
@@ -62,15 +62,23 @@ from typing import Any, NoReturn
 # plugin_harness: imported before any fork, children cannot import it after pivot_root.
 from runtime_service.worker import (  # noqa: F401
     bootstrap,
+    exec_launch,
     plugin_harness,
     sandbox_child,
-    typescript,
 )
 
-__all__ = ["CHANNEL_FD", "LANGUAGES", "TEMPLATE_FD", "build_root_template", "main"]
+__all__ = ["CHANNEL_FD", "ENTRIES", "TEMPLATE_FD", "build_root_template", "main"]
 
 CHANNEL_FD = 3  # where a child finds its channel socket (0-2: /dev/null, stdout, stderr)
-LANGUAGES = ("python", "typescript")
+ENTRIES = {
+    # The worker runs in this interpreter: isolate, ready, run one program.
+    "bootstrap": bootstrap.serve,
+    # The same isolation, then os.execve of the config's interpreter with the channel on
+    # fd 3 (what the exec keeps and resets: exec_launch.py).
+    "exec": exec_launch.serve,
+}
+"""How a forked child continues, by the request's ``entry`` (the runtime's language backend
+chooses it): nothing else is ever run in a child."""
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -289,7 +297,7 @@ class Zygote:
         template: tuple[int, str] | None,
     ) -> NoReturn:
         """In the child: die with the zygote, keep only the run's descriptors, isolate (as
-        the worker does), then continue as the requested language's worker.
+        the worker does), then continue as the requested entry's worker.
 
         In a pid namespace the child first forks once more and stays behind as the
         namespace's init (``_run_init``). The worker must not be pid 1: the kernel ignores
@@ -348,14 +356,11 @@ class Zygote:
             # The shape of a spawned worker's argv (the package root left out: it is not
             # mounted), not the fork server's: the channel is fd 3.
             sys.argv = [sys.argv[0], "", str(CHANNEL_FD)]
-            language = request.get("language", "python")
-            if language == "python":
-                bootstrap.serve(CHANNEL_FD, config)
-            if language == "typescript":
-                # The same sandbox_child steps, then os.execve of node with the channel on
-                # fd 3 (what the exec keeps and resets: typescript.py).
-                typescript.serve(CHANNEL_FD, config)
-            os.write(2, f"fork server: unsupported language {language!r}\n".encode())
+            entry = request.get("entry")
+            serve = ENTRIES.get(entry) if type(entry) is str else None
+            if serve is not None:
+                serve(CHANNEL_FD, config)
+            os.write(2, f"fork server: unknown worker entry {entry!r}\n".encode())
             os._exit(2)
         except BaseException:
             try:  # on the child's own stderr pipe: the runtime shows it as the boot failure

@@ -1,4 +1,4 @@
-// Exact byte accounting of a run's outer output (reference §3.4), as
+// Exact byte accounting of a run's outer output, as
 // runtime_service/worker/ledger.py counts it: the JSON encoding of the logs array ("[]" is 2,
 // each entry its JSON-string size, one comma between entries) plus the JSON size of the
 // completion value or the JSON-string size of the failure message; each log entry also costs

@@ -15,7 +15,8 @@
 //                      call {id, service, method, args}, call_cancel {id} (the invocation
 //                      awaiting that call was cancelled), retracted
 //
-// Reference §9.6 in TypeScript's style (the Python harness's names in camelCase):
+// The façade is specified in codemode_wire/host_facade.json (tests/runtime/test_host_facade.py
+// holds both harnesses to it); in TypeScript's style (the Python harness's names in camelCase):
 //
 // - the host half is a strict async function body, types stripped with amaro as a program's
 //   are (positions kept), that returns the plugin: a function `plugin(ctx)` or an object with
@@ -25,7 +26,8 @@
 //   teaching error, `process` and `Buffer` are undefined. Nothing executes another tool;
 // - `ctx` is a read-only proxy: `ctx.tools` (schemas(), get(name), register(tool)),
 //   `ctx.get(name)`, `ctx.effect(fn)`, `ctx.provide(name, value)`, `ctx.on`/`ctx.once`,
-//   `ctx.timer` (timeout/interval) only when injected, and the injected services;
+//   `ctx.timer` (timeout/interval, throttle/debounce) only when injected, and the injected
+//   services;
 // - the start is bounded by the start timeout: its synchronous parts by V8 itself (a vm
 //   timeout interrupts a busy loop), its asynchronous waits by a timer. Busy work after an
 //   `await` cannot be interrupted from inside: the runtime's own start deadline ends it;
@@ -39,7 +41,7 @@
 // `{signal}` (aborted when the call is cancelled: a promise cannot be cancelled from outside);
 // a service method that returns nothing gives null, as Python's None. Everything else is
 // spelled alike: ctx.tools.schemas/get/register, ctx.get/effect/provide/on/once, ctx.timer.
-// timeout/interval, `inject`, events and their payloads.
+// timeout/interval/throttle/debounce, `inject`, events and their payloads.
 //
 // Not a security boundary by itself: the worker's sandbox is (worker/sandbox_child.py).
 
@@ -76,9 +78,10 @@ import {
   installOutput,
   renderException,
   send,
-} from './worker.js';
+} from './core.js';
 
-// The texts of reference §9.6 (the Python harness says the same in Python's terms).
+// The façade's error texts (codemode_wire/host_facade.json; the Python harness says the same in
+// Python's terms).
 export const LOSSY =
   'must be lossless JSON data (objects, arrays, strings, numbers, booleans, null) — not a ' +
   'class instance, function, Map/Set, Date, or undefined';
@@ -644,6 +647,72 @@ class Host {
     return cancel;
   }
 
+  /**
+   * `ctx.timer.throttle(fn, ms)`: a function that calls `fn` at once, then at most once per
+   * `ms`: calls inside a window are folded into one at its end, with the last call's arguments.
+   * @param {unknown} fn
+   * @param {unknown} ms
+   */
+  throttle(fn, ms) {
+    if (typeof fn !== 'function') throw new TypeError('ctx.timer.throttle needs a function');
+    const period = Math.max(0, Number(ms) || 0);
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let window;
+    /** @type {unknown[] | undefined} */
+    let pending;
+    let stopped = false;
+    const windowEnds = () => {
+      window = undefined;
+      if (pending !== undefined) {
+        const args = pending;
+        pending = undefined;
+        throttled(...args);
+      }
+    };
+    const throttled = (/** @type {unknown[]} */ ...args) => {
+      if (stopped) return;
+      if (window !== undefined) {
+        pending = args;
+        return;
+      }
+      window = realSetTimeout(windowEnds, period);
+      this.guarded(() => fn(...args));
+    };
+    this.disposers.push(() => {
+      stopped = true;
+      pending = undefined;
+      if (window !== undefined) realClearTimeout(window);
+    });
+    return throttled;
+  }
+
+  /**
+   * `ctx.timer.debounce(fn, ms)`: a function that calls `fn` once `ms` after the last of a burst
+   * of calls, with that call's arguments.
+   * @param {unknown} fn
+   * @param {unknown} ms
+   */
+  debounce(fn, ms) {
+    if (typeof fn !== 'function') throw new TypeError('ctx.timer.debounce needs a function');
+    const delay = Math.max(0, Number(ms) || 0);
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let waiting;
+    let stopped = false;
+    const debounced = (/** @type {unknown[]} */ ...args) => {
+      if (stopped) return;
+      if (waiting !== undefined) realClearTimeout(waiting);
+      waiting = realSetTimeout(() => {
+        waiting = undefined;
+        this.guarded(() => fn(...args));
+      }, delay);
+    };
+    this.disposers.push(() => {
+      stopped = true;
+      if (waiting !== undefined) realClearTimeout(waiting);
+    });
+    return debounced;
+  }
+
   /** @param {Function} fn */
   guarded(fn) {
     const failed = (/** @type {unknown} */ error) => this.log(`timer callback failed: ${renderException(error)}\n`);
@@ -797,10 +866,15 @@ class Host {
       },
       'ctx.tools',
     );
+    // The built-in injectable service; setTimeout / setInterval are timeout / interval.
     const timer = readOnly(
       {
         timeout: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.timeout(fn, ms),
         interval: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.interval(fn, ms),
+        setTimeout: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.timeout(fn, ms),
+        setInterval: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.interval(fn, ms),
+        throttle: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.throttle(fn, ms),
+        debounce: (/** @type {unknown} */ fn, /** @type {unknown} */ ms) => host.debounce(fn, ms),
       },
       'the timer service',
     );
@@ -837,6 +911,13 @@ class Host {
       },
       has(_target, name) {
         return typeof name === 'string' && (Object.hasOwn(facade, name) || injected.has(name));
+      },
+      // Its own keys are the façade's (as a Python ctx's dir()), so Object.keys(ctx) says what
+      // it exposes; the injected services are reached by name.
+      ownKeys: () => Object.keys(facade),
+      getOwnPropertyDescriptor(_target, name) {
+        if (typeof name !== 'string' || !Object.hasOwn(facade, name)) return undefined;
+        return { value: facade[name], writable: false, enumerable: true, configurable: true };
       },
       set: (_t, name) => refuse(name),
       defineProperty: (_t, name) => refuse(name),
@@ -961,7 +1042,7 @@ class Host {
   }
 
   /**
-   * A page's `invoke` of a `harness.handle` handler (reference §9.6).
+   * A page's `invoke` of a `harness.handle` handler.
    * @param {number} id
    * @param {string} method
    * @param {unknown} tokens

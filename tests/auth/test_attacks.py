@@ -1,4 +1,4 @@
-"""The attacks of issue 19, replayed with credentials that do not cover the victim: each must
+"""The threat model's attacks, replayed with credentials that do not cover the victim: each must
 fail to do harm. (Calls, history reads, restrictions and deletes are in test_access_matrix.)"""
 
 from __future__ import annotations

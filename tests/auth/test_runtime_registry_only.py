@@ -1,5 +1,5 @@
-"""The runtime accepts `Run` and `Host` only from registries (issue 19: "run programs on the
-RuntimeService directly, bypassing the registry"): real mutual TLS with generated certificates;
+"""The runtime accepts `Run` and `Host` only from registries (no client may run programs on
+the RuntimeService directly, bypassing the registry): real mutual TLS with generated certificates;
 a certificate the same CA signed for someone else is refused at its first message, before
 anything runs."""
 

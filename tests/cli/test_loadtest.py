@@ -256,7 +256,7 @@ def test_plans_hit_the_shares_exactly_and_are_reproducible() -> None:
     assert sum(p.approvals for p in plans) == int(37 * 7 * 0.15)
     assert w.plan(spec, 11) == plans[11]
     assert all(1.0 <= ms <= 2.0 for p in plans for ms in p.sleep_ms)
-    from runtime_service.worker.bootstrap import compile_program
+    from runtime_service.worker.core import compile_program
 
     compile_program(w.program(spec, plans[0]))  # the program is valid as the worker runs it
 

@@ -31,6 +31,7 @@ import asyncio, importlib, json, pkgutil, sys
 from typing_extensions import TypedDict  # pydantic wants it on 3.11
 
 import codemode_client, codemode_wire
+from codemode_wire import host_facade  # its JSON is package data
 from codemode_client import RegistryClient, ToolProvider, open_channel
 
 modules = []
@@ -68,6 +69,7 @@ async def main(address: str) -> dict:
         "value": result.value, "text": result.text,
         "schema": json.loads(tools["repeat"].input_schema_json),
         "modules": modules, "servers": servers, "executable": sys.executable,
+        "facade": host_facade.load().version,
     }
 
 print(json.dumps(asyncio.run(main(sys.argv[1]))))
@@ -166,6 +168,7 @@ async def test_the_client_wheel_works_alone_against_live_services(
     assert {"codemode_client.client", "codemode_wire.api.registry.v1.tool_pb2"} <= set(
         report["modules"]
     )
+    assert report["facade"] >= 1  # host_facade.json ships in the wheel
     assert report["value"] == {"logs": ["calling"], "result": "ababab"}
     assert report["text"] == "calling\nababab"
     assert report["schema"]["required"] == ["word", "times"]  # derived by pydantic there

@@ -1,5 +1,5 @@
-"""One provider and one approver serving every registry replica behind a name (issue 20:
-"providers, approvers and page runners connect to every replica ... following changes").
+"""One provider and one approver serving every registry replica behind a name: providers,
+approvers and page runners connect to every replica, following changes.
 
 Two real registries on loopback; the name's resolution is a function the test changes (what a
 headless Service's DNS does when pods come and go)."""

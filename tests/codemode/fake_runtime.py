@@ -62,6 +62,12 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
         yield pb.HostResponse()  # unreachable: makes this an async generator
 
+    async def CheckSource(
+        self, request: pb.CheckSourceRequest, context: Any
+    ) -> pb.CheckSourceResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no source checks here")
+        raise AssertionError("unreachable")
+
     async def Run(
         self, request_iterator: AsyncIterator[pb.RunRequest], context: object
     ) -> AsyncIterator[pb.RunResponse]:

@@ -1,4 +1,4 @@
-"""The run_code bridge over real runs (T-BRIDGE-2..16)."""
+"""The run_code bridge over real runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValueError
 from registry_service.codemode.token import ParentToken
 from registry_service.domain.policy import Block, Deny, PostDecision, PreDecision
+from registry_service.domain.records import MODEL_KINDS
 from registry_service.domain.results import (
     AdditionalContext,
     ImageBlock,
@@ -17,7 +18,6 @@ from registry_service.domain.results import (
     ToolResult,
     success,
 )
-from registry_service.history.records import MODEL_KINDS
 from tests.codemode.conftest import Stack, value_of
 from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
 from tests.registry.conftest import echo_tool, result_text

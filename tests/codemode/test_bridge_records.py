@@ -1,4 +1,4 @@
-"""What run_code leaves in history, read back through ListHistory (T-BRIDGE-13, T-BRIDGE-16)."""
+"""What run_code leaves in history, read back through ListHistory."""
 
 from __future__ import annotations
 

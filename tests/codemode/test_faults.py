@@ -23,7 +23,6 @@ from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
 from registry_service.domain.signals import never
 from registry_service.domain.tools import Invocation
-from registry_service.history.sqlite import SqliteHistory
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from tests.codemode.conftest import Stack, value_of
@@ -187,9 +186,7 @@ async def test_forged_and_foreign_tokens_are_refused(make_registry: Any) -> None
         expired = minter.mint("call-1", "", -1)
         forged = TokenMinter().mint("call-1", "", 60)
         runtime = _ForgingRuntime([None, other_run, expired, forged, b"junk"])
-        transport = RunCodeTransport(
-            h.registry.executor, runtime, SqliteHistory(), CodeModeConfig(), minter
-        )
+        transport = RunCodeTransport(h.registry.executor, runtime, CodeModeConfig(), minter)
         invocation = Invocation(
             call_id="call-1",
             root_call_id="call-1",

@@ -1,4 +1,4 @@
-"""The per-run scheduler through real runs (T-SCHED-1..9, T-CFG-1)."""
+"""The per-run scheduler through real runs (docs/pipeline.md, "run_code end to end")."""
 
 from __future__ import annotations
 
@@ -277,7 +277,7 @@ async def test_an_abandoned_call_says_why_on_its_span(make_stack: Any) -> None:
 
 
 async def test_the_result_waits_for_a_commit_in_progress(stack: Stack) -> None:
-    # T-SCHED-7: the program returns while a call's post-execute (its commit) is running.
+    # The program returns while a call's post-execute (its commit) is running.
     commit: list[str] = []
 
     async def slow(inv: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Scheduler and binding rules through real runs, read back through ListHistory (reference §6-§8).
+"""Scheduler and binding rules through real runs, read back through ListHistory.
 
 Complements test_scheduler.py: live reclassification of queued calls, what never becomes a
 binding, and the settle-record bookkeeping of parallel calls.

@@ -1,6 +1,6 @@
 """An agent in `code` with language `typescript`, end to end over real gRPC: registry → runtime →
 a Node worker → a provider's tool through the generated binding → back; the same nested records
-and outcome texts as a Python program's (issue 16, "Where users meet it")."""
+and outcome texts as a Python program's."""
 
 from __future__ import annotations
 
@@ -102,21 +102,21 @@ async def test_outcome_texts_match_pythons(ts_stack: Stack) -> None:
         "both": ("console.log('log');\nreturn 'value';", "print('log')\nreturn 'value'"),
         "result": ("return [1, { a: 'b' }];", "return [1, {'a': 'b'}]"),
         "neither": ("const x = 1;", "x = 1"),
-        # Reference §10 T-BRIDGE-1: sequential awaits, a log between them.
+        # Sequential awaits, a log between them.
         "sequential-awaits": (
             "const a = await tools.greet({ name: 'one' });\nconsole.log('saw', a.text);\n"
             "return (await tools.greet({ name: 'two' })).text;",
             "a = await tools.greet({'name': 'one'})\nprint('saw', a['text'])\n"
             "return (await tools.greet({'name': 'two'}))['text']",
         ),
-        # T-BRIDGE-5: a tool's error rejects the program's call with the tool's message.
+        # A tool's error rejects the program's call with the tool's message.
         "tool-error": (
             "try { await tools['fail-hard']({}); } catch (e) {\n"
             "  if (e instanceof ToolCallError) return [e.toolName, e.message];\n  throw e;\n}",
             "try:\n    await tools['fail-hard']({})\nexcept ToolCallError as e:\n"
             "    return [e.toolName, e.message]",
         ),
-        # T-BRIDGE-7: a call without an arguments object is refused with the `{}` hint.
+        # A call without an arguments object is refused with the `{}` hint.
         "no-arguments-hint": (
             "try { await tools.greet(); } catch (e) { return (e as ToolCallError).message; }",
             "try:\n    tools.greet()\nexcept ToolCallError as e:\n    return e.message",

@@ -83,6 +83,36 @@ def test_the_program_runs_with_codemode_run(stack: Stack, program_file: str) -> 
         assert report["value"]["logs"][0].endswith("files in the workspace")
 
 
+def test_the_quick_start_serves_your_tools_to_programs_through_scripts_codemode(
+    stack: Stack,
+) -> None:
+    """The README's quick start: `examples/my_tools.py` serves `add` and `greet`, and the
+    `hello` programs call them through the `scripts/codemode` wrapper (no venv activated)."""
+    tools, ready = spawn(
+        [sys.executable, str(EXAMPLES / "my_tools.py"), stack.address],
+        stack.env, stack.tmp, stack.tmp / "my_tools.err",
+    )  # fmt: skip
+    try:
+        ready.expect(lambda line: line == "ready")
+        for program_file in ("hello.py", "hello.ts"):
+            agent = f"quick-start-{Path(program_file).suffix[1:]}"
+            for _ in range(2):
+                done = subprocess.run(
+                    [str(ROOT / "scripts" / "codemode"), "run",
+                     str(EXAMPLES / "programs" / program_file), "--agent", agent,
+                     "--create-agent", "--json", "--registry", stack.address],
+                    capture_output=True, text=True, timeout=120, env=stack.env,
+                    cwd=stack.tmp, check=False,
+                )  # fmt: skip
+                assert done.returncode == 0, done.stderr
+                report = json.loads(done.stdout)
+                assert report["is_error"] is False
+                assert report["value"] == {"logs": ["Hello, world!"], "result": 5}
+                assert [call["tool_name"] for call in report["nested"]] == ["add", "greet"]
+    finally:
+        _stop(tools)
+
+
 def test_the_python_client_example_runs_twice(stack: Stack) -> None:
     for run in (1, 2):
         done = subprocess.run(

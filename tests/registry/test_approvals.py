@@ -111,7 +111,7 @@ async def test_caller_cancellation_cancels_the_wait(harness: Harness) -> None:
         request.approval_id,
         rpb.APPROVAL_OUTCOME_CANCELLED,
     )
-    # Reference §1.10: cancelled approval + aborted caller → ABORTED_BEFORE_DISPATCH, and the
+    # Cancelled approval + aborted caller → ABORTED_BEFORE_DISPATCH, and the
     # result still receives post-execute.
     record = await harness.settled(agent, "c")
     assert (record.is_error, record.error_code) == (True, "ABORTED_BEFORE_DISPATCH")

@@ -1,4 +1,4 @@
-"""Invariant 1 / T-COLLAPSE-1: under `code` the executor collapses, before any policy observes."""
+"""Invariant 1: under `code` the executor collapses, before any policy observes."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import RegistrySettings
-from registry_service.history.records import Record
+from registry_service.domain.records import Record
 from registry_service.history.sqlite import SqliteHistory
 from tests.registry.conftest import Harness
 

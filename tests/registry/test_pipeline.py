@@ -1,5 +1,5 @@
 """The policy pipeline over gRPC: pre-execute, approval routing, guards, around, validation,
-post-execute, observers (reference §1.8–§1.11)."""
+post-execute, observers (docs/pipeline.md)."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ async def test_non_lossless_tool_output_is_invalid(harness: Harness) -> None:
 
 async def test_around_wrapper_results_meet_the_output_contract(harness: Harness) -> None:
     """A wrapper that answers instead of the body is held to the tool's output schema and to
-    lossless JSON, like a body (reference §1.10)."""
+    lossless JSON, like a body."""
     answers: dict[str, ToolResult] = {
         "schema": ToolResult((), value={"n": "seven"}, has_value=True),
         "nan": ToolResult((), value={"n": float("nan")}, has_value=True),

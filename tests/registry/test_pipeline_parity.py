@@ -9,8 +9,8 @@ calls the tool `t` twice on one registry with a real runtime:
 
 Both must give the same history record (error flag, error code, content), the same view for the
 program/model (the value, or the error message) and the same stages, in the same order. The
-model-direct behaviour (README "The pipeline", reference §1.8-§1.10) is the specification;
-where it and the nested path disagree the nested one is wrong (architecture invariant 2).
+model-direct behaviour (docs/pipeline.md, "The stages") is the specification;
+where it and the nested path disagree the nested one is wrong (docs/architecture.md, invariant 2).
 
 Cancellation scenarios cancel the RPC (the direct call's, or the outer `run_code`'s) while one
 stage's hook is waiting for the call's abort signal; the hook then carries on as usual, so the
@@ -378,7 +378,7 @@ async def test_direct_and_nested_calls_run_the_same_pipeline(
     assert bool(direct.error_code) == direct.is_error  # no failure without its code
 
 
-# The model-direct behaviour each scenario must show (README "The pipeline"): the error code
+# The model-direct behaviour each scenario must show (docs/pipeline.md): the error code
 # and the stages run. A table of its own, so a change that alters both paths alike still fails.
 _ALL = ["pre", "guard", "around", "body", "around-out", "post", "observe"]
 EXPECTED: dict[str, tuple[str, list[str]]] = {

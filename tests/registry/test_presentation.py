@@ -1,6 +1,6 @@
-"""Presentation over gRPC: wire schemas, system-prompt assembly, SDK text (T-WIRE-1..10).
+"""Presentation over gRPC: wire schemas, system-prompt assembly, SDK text.
 
-T-WIRE-6's assemble-listener rewrite has no counterpart (the registry exposes no prompt listener
+An assemble-listener rewrite has no counterpart (the registry exposes no prompt listener
 API); its adaptation is the code-mode filtering step plus configured deployment sections, and a
 scope's own mode changing the sections.
 """
@@ -280,7 +280,7 @@ async def test_bad_scopes(harness: Harness) -> None:
 
 
 async def test_assemble_hooks_are_authoritative_and_scoped(harness: Harness) -> None:
-    """T-WIRE-6: an assemble hook's rewrite stands; an agent's hook can shadow the SDK section."""
+    """An assemble hook's rewrite stands; an agent's hook can shadow the SDK section."""
     from registry_service.presentation.assembly import Section
 
     echo_tool(harness.registry, "read", guidance="Use read for files.")

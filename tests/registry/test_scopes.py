@@ -1,4 +1,4 @@
-"""Scopes and presentation modes (T-AGENT-1..8) and the scoped registry rules."""
+"""Scopes and presentation modes and the scoped registry rules."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ async def test_agent_code_mode_while_deployment_native(harness: Harness) -> None
     agent = await harness.agent("coder", mode=CODE)
     sibling = await harness.agent("plain")
     assert await harness.visible(agent) == ["read", "run_code"]
-    assert await harness.visible(sibling) == ["read"]  # T-AGENT-3: no run_code for native agents
+    assert await harness.visible(sibling) == ["read"]  # no run_code for native agents
     assert await harness.visible() == ["read"]
     got = await harness.stub.GetAgent(rpb.GetAgentRequest(name=agent))
     assert got.agent.effective_mode == CODE
@@ -85,7 +85,7 @@ async def test_opting_out_of_code_deployment(make_registry: Any) -> None:
         _, result = await h.execute("read", agent=agent)
         assert not result.is_error
         assert await h.visible() == ["read", "run_code"]
-        # T-AGENT-4: the opted-out agent gets an empty SDK and no code-mode prompt sections.
+        # The opted-out agent gets an empty SDK and no code-mode prompt sections.
         sdk = await h.stub.GetSdk(ppb.GetSdkRequest(scope=agent, language="python"))
         assert (sdk.text, sdk.effective_mode) == ("", NATIVE)
         prompt = await h.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=agent))

@@ -717,7 +717,7 @@ def _cases(lang: Lang) -> list[Case]:
             failed(ABORT, LONG),
         )
     )
-    # Reference §3.3: a reason that does not fit the output ledger becomes `output-limit`.
+    # A reason that does not fit the output ledger becomes `output-limit`.
     add(
         Case(
             "cancel:reason-over-the-output-cap",

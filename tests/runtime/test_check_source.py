@@ -13,12 +13,13 @@ import grpc
 import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
-from runtime_service.worker_process import WorkerSpec, typescript_installed
+from runtime_service.languages import typescript
+from runtime_service.worker_process import WorkerSpec
 from tests.registry.conftest import error_info_of
 from tests.runtime.conftest import connected, grpc_settings, serving
 
 NEEDS_NODE = pytest.mark.skipif(
-    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+    typescript.BACKEND.unavailable(WorkerSpec()) is not None, reason="no Node 20+ on this host"
 )
 PROGRAM, HOST, CLIENT = pb.SOURCE_KIND_PROGRAM, pb.SOURCE_KIND_HOST_HALF, pb.SOURCE_KIND_CLIENT_HALF
 

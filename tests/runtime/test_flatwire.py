@@ -1,4 +1,4 @@
-"""The flat lossless-JSON token wire: encoding, decoding and the rejection table (§4)."""
+"""The flat lossless-JSON token wire: encoding, decoding and the rejection table."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """TypeScript programs through ``RuntimeService.Run`` (real gRPC on loopback, real Node workers
-forked by the fork server into the same sandbox as Python's), held to the Python backend's
-expectations: each row of ``SAME_OUTCOME`` is one behaviour written once per language, and
-both must end exactly alike."""
+forked by the fork server into the same sandbox as Python's): what is TypeScript's own. What
+every language must do alike is the language corpus's (``language_corpus/``, run by
+``test_language_corpus.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +13,6 @@ import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.server import RunningRuntime
-from runtime_service.worker.bootstrap import NO_ARGUMENTS
 from tests.runtime.conftest import (
     can_isolate,
     connected,
@@ -125,175 +123,6 @@ async def test_the_worker_is_sandboxed_like_pythons(
         assert seen["status"] == ["NoNewPrivs:\t1", "Seccomp:\t2"]
 
 
-# One behaviour per row, written in each language; both must end exactly alike.
-SAME_OUTCOME: list[tuple[str, str, str, dict[str, int], tuple[str, str]]] = [
-    (
-        "value",
-        "return {'a': [1, 2.5, None, True], 'b': 'é'}",
-        "return { a: [1, 2.5, null, true], b: 'é' };",
-        {},
-        ("success", '{"a":[1,2.5,null,true],"b":"é"}'),
-    ),
-    ("no-value", "x = 1", "const x = 1;", {}, ("success", "")),
-    (
-        "tool-error-caught",
-        "try:\n    await tools.fail({})\n"
-        "except ToolCallError as e:\n    return [e.toolName, e.message]",
-        "try { await tools.fail({}); } catch (e) { return [e.toolName, e.message]; }",
-        {},
-        ("success", '["fail","fail failed"]'),
-    ),
-    (
-        "no-arguments-hint",
-        "try:\n    tools.echo()\nexcept ToolCallError as e:\n    return e.message",
-        "try { await tools.echo(); } catch (e) { return e.message; }",
-        {},
-        ("success", json.dumps(NO_ARGUMENTS)),
-    ),
-    (
-        "lossy-completion",
-        "return float('nan')",
-        "return NaN;",
-        {},
-        ("FAILURE_KIND_INVALID_OUTPUT", "program completion must be lossless JSON"),
-    ),
-    (
-        "exit-code",
-        "import os\nos._exit(7)",
-        "process.exit(7);",
-        {},
-        ("FAILURE_KIND_WORKER_EXIT", "worker exited with code 7 before completing"),
-    ),
-    (
-        "log-fits-the-cap",
-        "print('x' * 60)",
-        "console.log('x'.repeat(60));",
-        {"max_output_bytes": 96},
-        ("success", ""),
-    ),
-    (
-        "log-over-the-cap",
-        "print('x' * 61)",
-        "console.log('x'.repeat(61));",
-        {"max_output_bytes": 96},
-        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 96 bytes"),
-    ),
-    (
-        "value-over-the-cap",
-        "return 'x' * 61",
-        "return 'x'.repeat(61);",
-        {"max_output_bytes": 64},
-        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 64 bytes"),
-    ),
-    (
-        "wall-ceiling",
-        "await tools.wait({})",
-        "await tools.wait({});",
-        {"wall_ms": 3000},
-        ("FAILURE_KIND_TIMEOUT", "wall-clock ceiling reached (3000ms)"),
-    ),
-    (
-        "compute-budget",
-        "while True:\n    pass",
-        "while (true) {}",
-        {"compute_ms": 500},
-        ("FAILURE_KIND_TIMEOUT", "compute budget exhausted (500ms busy)"),
-    ),
-    (
-        "empty-environment",
-        "import os\nreturn dict(os.environ)",
-        "return process.env;",
-        {},
-        ("success", "{}"),
-    ),
-    # Reference §10 (runtime.spec.ts): awaiting a 1 500 ms binding does not consume a
-    # 1 000 ms compute budget.
-    (
-        "binding-wait-is-free",
-        "return await tools.slow({'n': 1})",
-        "return await tools.slow({ n: 1 });",
-        {"compute_ms": 1000},
-        ("success", '{"echo":{"n":1}}'),
-    ),
-    # A 3 000-deep value goes out and comes back whole (iterative wire, both ways).
-    (
-        "deep-round-trip",
-        "v = []\nfor _ in range(3000):\n    v = [v]\nreturn await tools.raw(v)",
-        "let v: unknown[] = [];\nfor (let i = 0; i < 3000; i++) v = [v];\n"
-        "return await tools.raw(v);",
-        {},
-        ("success", "[" * 3001 + "]" * 3001),
-    ),
-    # The ledger counts UTF-8 bytes: 30 two-byte characters are charged as 60 ASCII ones. (A
-    # 96-byte cap for a line: its overhead, ledger.LOG_LINE_OVERHEAD, is 32.)
-    (
-        "utf8-log-fits-the-cap",
-        "print('é' * 30)",
-        "console.log('é'.repeat(30));",
-        {"max_output_bytes": 96},
-        ("success", ""),
-    ),
-    (
-        "utf8-log-over-the-cap",
-        "print('é' * 30 + 'x')",
-        "console.log('é'.repeat(30) + 'x');",
-        {"max_output_bytes": 96},
-        ("FAILURE_KIND_OUTPUT_LIMIT", "outer output exceeded 96 bytes"),
-    ),
-    # Prototype-colliding binding names are ordinary bindings.
-    (
-        "prototype-named-bindings",
-        "return [await tools['__proto__']({'n': 1}), await tools['constructor']({'n': 2})]",
-        "return [await tools['__proto__']({ n: 1 }), await tools['constructor']({ n: 2 })];",
-        {},
-        ("success", '[{"echo":{"n":1}},{"echo":{"n":2}}]'),
-    ),
-    (
-        "function-completion",
-        "return lambda: 1",
-        "return () => 1;",
-        {},
-        ("FAILURE_KIND_INVALID_OUTPUT", "program completion must be lossless JSON"),
-    ),
-    # Writes straight to the output stream count as logs, and a write callback completes.
-    (
-        "stream-write-then-value",
-        "import sys\nsys.stdout.write('raw-out\\n')\nreturn 3",
-        "await new Promise((done) => process.stdout.write('raw-out\\n', done));\nreturn 3;",
-        {},
-        ("success", "3"),
-    ),
-]
-
-
-async def fail_or_echo(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult | None:
-    if call.binding_name == "wait":
-        return None  # never answered
-    if call.binding_name == "raw":  # the arguments' JSON text back, unparsed (any depth)
-        return pb.CallResult(call_id=call.call_id, value_json=call.arguments_json)
-    if call.binding_name == "slow":
-        await asyncio.sleep(1.5)
-    if call.binding_name == "fail":
-        return pb.CallResult(call_id=call.call_id, error_message="fail failed")
-    args = json.loads(call.arguments_json)
-    return pb.CallResult(call_id=call.call_id, value_json=json.dumps({"echo": args}))
-
-
-@pytest.mark.parametrize(
-    ("python", "typescript", "limits", "expected"),
-    [row[1:] for row in SAME_OUTCOME],
-    ids=[row[0] for row in SAME_OUTCOME],
-)
-async def test_both_languages_end_alike(
-    ts_stub: Stub, python: str, typescript: str, limits: dict[str, int], expected: tuple[str, str]
-) -> None:
-    names = ("echo", "fail", "wait", "slow", "raw", "__proto__", "constructor")
-    for language, program in (("python", python), ("typescript", typescript)):
-        first = in_language(language, start_message(program, *names, **limits))
-        _, terminal = await drive(ts_stub, first, fail_or_echo)
-        assert outcome(terminal) == expected, language
-
-
 async def test_out_of_memory_is_worker_exit_and_the_host_stays_healthy(ts_stub: Stub) -> None:
     program = "const a: string[] = [];\nwhile (true) a.push('x'.repeat(100000) + a.length);\n"
     _, terminal = await drive(ts_stub, ts(program, memory_bytes=128 << 20, wall_ms=20_000))
@@ -319,13 +148,13 @@ async def test_a_checkout_under_tmp_still_runs_typescript(
     # must still have its worker directory in the sandbox. Before the fix: MODULE_NOT_FOUND.
     import shutil
 
-    from runtime_service import worker_process
+    from runtime_service.languages import typescript
 
     if not str(tmp_path).startswith("/tmp/"):
         pytest.skip(f"the test's temporary directory is not below /tmp: {tmp_path}")
     copy = tmp_path / "checkout" / "worker_ts"
-    shutil.copytree(worker_process._TS_WORKER_DIR, copy, symlinks=True)
-    monkeypatch.setattr(worker_process, "_TS_WORKER_DIR", str(copy))
+    shutil.copytree(typescript.WORKER_DIR, copy, symlinks=True)
+    monkeypatch.setattr(typescript, "WORKER_DIR", str(copy))
     async with (
         serving(grpc_settings(typescript_pool_size=0)) as running,
         connected(running) as stub,

@@ -1,4 +1,4 @@
-"""The runtime treats the worker as a hostile peer (§5).
+"""The runtime treats the worker as a hostile peer.
 
 Programs here write raw protocol bytes straight to the channel socket -- exactly what model code
 could do -- and one test replaces the worker with a fake that speaks only raw bytes.

@@ -10,7 +10,7 @@ process is left, and, for boot failures, that the next run gets a working worker
 
 Every test runs for both languages (``host`` is parametrized): the run asks for its language
 and gets its worker from that language's pool. A fake worker stands in for either (a
-TypeScript worker also starts as Python, ``worker/typescript.py``, and only then execs Node);
+TypeScript worker also starts as Python, ``worker/exec_launch.py``, and only then execs Node);
 the real one it hands back to is the language's own (``REAL_WORKERS``), and the programs of
 the real-worker tests are written per language.
 """
@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from runtime_service import runtime as runtime_module
 from runtime_service.config import RuntimeSettings
+from runtime_service.languages.typescript import TypeScriptBackend
 from runtime_service.pool import WorkerPool
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.server import RunningRuntime
@@ -73,7 +73,7 @@ main()
     "typescript": """\
 import sys
 sys.path.insert(0, sys.argv[1])
-from runtime_service.worker.typescript import main
+from runtime_service.worker.exec_launch import main
 main()
 """,
 }
@@ -191,7 +191,11 @@ async def hosting(
     with pytest.MonkeyPatch.context() as patch:
         # A runtime serves TypeScript only with the real loader; this one's loader runs the
         # script for both languages (each spawn names its language in the config it passes).
-        patch.setattr(runtime_module, "typescript_installed", lambda spec: spec.node is not None)
+        patch.setattr(
+            TypeScriptBackend,
+            "unavailable",
+            lambda self, spec: None if self.node(spec) is not None else "no Node",
+        )
         async with serving(settings) as running, connected(running) as stub:
             yield Host(running, stub, path, language)
 

@@ -1,4 +1,4 @@
-"""Output ledger byte accounting (§3.4): sizes are exactly the JSON the result would take, plus
+"""Output ledger byte accounting: sizes are exactly the JSON the result would take, plus
 a fixed overhead per log line."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Cordis plugin hosts through ``RuntimeService.Host``: a host half in a real sandboxed worker,
-from start to retract (reference §9.3, §9.4, §9.6; design/cordis.md).
+from start to retract (docs/cordis.md, docs/runtime-and-sandbox.md).
 
 Every behaviour runs for both host languages (``language`` is parametrized): the host half is
 written once per language, next to each other, and both must end exactly alike -- only the
@@ -20,13 +20,14 @@ from google.protobuf.duration_pb2 import Duration
 
 from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.errors import RunRequestError
+from runtime_service.languages import typescript
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
-from runtime_service.worker_process import WorkerSpec, typescript_installed
+from runtime_service.worker_process import WorkerSpec
 from tests.runtime.conftest import can_isolate, child_pids, connected, grpc_settings, serving
 
 NEEDS_NODE = pytest.mark.skipif(
-    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+    typescript.BACKEND.unavailable(WorkerSpec()) is not None, reason="no Node 20+ on this host"
 )
 LANGUAGES = ["python", pytest.param("typescript", marks=NEEDS_NODE)]
 THIS_FILE = os.path.realpath(__file__)  # the runtime's tree: not in any sandbox
@@ -245,7 +246,7 @@ NO_PLUGIN: list[tuple[str, str, str, str]] = [
         "host-apply",
         'service "timer" is not injected',
     ),
-    # The JavaScript traps of reference §9.6 teach what to use instead.
+    # The façade's JavaScript traps teach what to use instead.
     (
         "typescript",
         "return (ctx) => { require('node:fs'); };",
@@ -536,7 +537,9 @@ async def test_bad_host_input_is_refused_with_canonical_codes(
 
 
 async def test_typescript_host_halves_are_refused_where_typescript_is_not_served() -> None:
-    runtime = Runtime(RuntimeOptions(pool_size=0, worker=WorkerSpec(node=None)))
+    runtime = Runtime(
+        RuntimeOptions(pool_size=0, worker=WorkerSpec(executables={"typescript": None}))
+    )
     try:
         assert runtime.languages == ("python",)
         with pytest.raises(RunRequestError, match=r"'typescript' \(supported: python\)$"):

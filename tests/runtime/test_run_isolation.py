@@ -2,7 +2,7 @@
 
 Each test performs the attack from a real program (through the runtime's API; over gRPC
 against a runtime subprocess where the runtime itself is killed) and checks the host from
-outside: /proc in the host's view, as root. Findings 1 and 4 of issue 14: processes that
+outside: /proc in the host's view, as root. What a per-process sandbox let through: processes that
 outlived a SIGKILLed runtime and kept their uid, dumpable workers whose memory another run
 rewrote, uids leased while a process still held them, and CLONE_PARENT zombies.
 

@@ -28,7 +28,9 @@ def nice_of_threads(pid: int) -> list[int]:
 
 
 async def test_a_refilled_node_worker_boots_niced_and_runs_at_normal_priority() -> None:
-    runtime = Runtime(RuntimeOptions(pool_size=0, typescript_pool_size=1, defaults=small_budgets()))
+    runtime = Runtime(
+        RuntimeOptions(pool_size=0, pool_sizes={"typescript": 1}, defaults=small_budgets())
+    )
     if "typescript" not in runtime.languages:
         pytest.skip("no Node on this host")
     await runtime.start()

@@ -16,9 +16,9 @@ import pytest
 from runtime_service.frame_decoding import LARGE_FRAME_BYTES, decode_frame
 from runtime_service.protocol import DoneMessage
 from runtime_service.worker import flatwire, framing
-from runtime_service.worker.bootstrap import NO_ARGUMENTS
 from runtime_service.worker.framing import LOSSY_ARGUMENTS, LOSSY_COMPLETION
 from runtime_service.worker.ledger import LOG_LINE_OVERHEAD
+from runtime_service.worker.program import NO_ARGUMENTS
 from tests.runtime.ts_worker import TsWorker, echo_reply, run_ts
 
 

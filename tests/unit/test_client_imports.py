@@ -1,7 +1,8 @@
-"""The Python client's distribution (`codemode_client`, under clients/python, and `codemode_wire`, top level, shipped by it)
-imports only itself, the standard library and what its pyproject declares: never the servers'
-packages, which a user who installs only the client does not have. Every import counts, also
-one inside a function. (tests/clients/test_client_package.py proves it by installing it.)"""
+"""The Python client's distribution (`codemode_client`, under clients/python, and
+`codemode_wire`, top level, shipped by it) imports only itself, the standard library and what
+its pyproject declares: never the servers' packages, which a user who installs only the client
+does not have. Every import counts, also one inside a function.
+(tests/clients/test_client_package.py proves it by installing it.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from tests.unit.test_domain_imports import imported_modules
+from tests.unit.import_graph import imported_modules
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
 # The import names of the declared distributions (a distribution's name is not its modules').

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from runtime_service.run import CPU_POLL_INTERVAL_S, CPU_POLL_MAX_S, next_cpu_poll_s
+from runtime_service.cpu_meter import CPU_POLL_INTERVAL_S, CPU_POLL_MAX_S, next_cpu_poll_s
 
 
 @pytest.mark.parametrize("remaining_s", [0.0, -1.0, 1e-4, CPU_POLL_INTERVAL_S / 2])

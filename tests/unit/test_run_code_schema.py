@@ -1,4 +1,4 @@
-"""The `run_code` wire schema per runtime language (reference §2.1, T-WIRE-9 flavour rules)."""
+"""The `run_code` wire schema per runtime language: its flavour rules."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_flavors(language: str, word: str, code_description: str) -> None:
     parameters = schema["parameters"]
     assert parameters["type"] == "object"
     assert parameters["required"] == ["code", "description"]
-    assert "additionalProperties" not in parameters  # the root stays open, as in the reference
+    assert "additionalProperties" not in parameters  # the root stays open
     properties = parameters["properties"]
     assert list(properties) == ["code", "description"]
     assert properties["code"] == {"type": "string", "description": code_description}

@@ -66,7 +66,7 @@ def test_golden_and_parses(case: str) -> None:
 
 
 def test_section_layout_and_run_code_never_bound() -> None:
-    """T-WIRE-2/T-WIRE-7 for the Python flavour."""
+    """`run_code` is never a binding and the fixed blocks come in order, Python flavour."""
     tools = [
         SdkTool("run_code", "transport", {"type": "object"}, {"type": "object"}),
         SdkTool("read", "", {"type": "object", "properties": {"p": {"type": "string"}}}, {}),
@@ -106,7 +106,7 @@ def test_typing_imports_only_what_is_used_in_fixed_order() -> None:
 
 
 def test_byte_stable_and_order_independent() -> None:
-    """T-WIRE-8: identical text across renders and whatever order the tools arrive in."""
+    """Identical text across renders and whatever order the tools arrive in."""
     tools = load_case("collisions") + load_case("names") + load_case("types")
     first = render_python_sdk(tools)
     assert render_python_sdk(tools) == first
@@ -335,7 +335,7 @@ def _nest(depth: int, wrap: Any) -> dict[str, Any]:
 
 
 def test_deep_one_of_output_schema() -> None:
-    """T-WIRE-5: a 5 000-deep `oneOf` chain renders without recursion (unions are uncapped)."""
+    """A 5 000-deep `oneOf` chain renders without recursion (unions are uncapped)."""
     deep = _nest(5000, lambda inner: {"oneOf": [{"type": "integer"}, inner]})
     text = render_python_sdk([SdkTool("deep", "", {"type": "object"}, deep)])
     assert "-> " + "int | " * 5000 + "str: ..." in text

@@ -61,7 +61,7 @@ def test_golden(case: str) -> None:
 
 
 def test_section_layout_and_run_code_never_bound() -> None:
-    """T-WIRE-2/T-WIRE-7: `run_code` is dropped even when passed in; fixed blocks in order."""
+    """`run_code` is dropped even when passed in; fixed blocks in order."""
     tools = [
         SdkTool("run_code", "transport", {"type": "object"}, {"type": "object"}),
         SdkTool("read", "Read.", {"type": "object"}, {"type": "string"}),
@@ -83,7 +83,7 @@ def test_empty_tool_set_renders_empty_interfaces() -> None:
 
 
 def test_byte_stable_and_order_independent() -> None:
-    """T-WIRE-8: identical text across renders and whatever order the tools arrive in."""
+    """Identical text across renders and whatever order the tools arrive in."""
     tools = load_case("names") + load_case("types")
     first = render_typescript_sdk(tools)
     assert render_typescript_sdk(tools) == first
@@ -202,7 +202,7 @@ def _nest(depth: int, wrap: Any) -> dict[str, Any]:
 
 
 def test_deep_one_of_output_schema() -> None:
-    """T-WIRE-5: a 5 000-deep `oneOf` chain renders without recursion."""
+    """A 5 000-deep `oneOf` chain renders without recursion."""
     deep = _nest(5000, lambda inner: {"oneOf": [{"type": "integer"}, inner]})
     text = render_typescript_sdk([SdkTool("deep", "", {"type": "object"}, deep)])
     assert "  deep: " + "number | " * 5000 + "string;" in text

@@ -13,10 +13,10 @@ from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.access import AccessPolicy, Grant, Permission
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.names import NAMES as CORDIS_TOOLS
+from registry_service.domain.records import ACCESS_DENIED, AUDIT_LOG, Record
 from registry_service.domain.scopes import Mode
 from registry_service.domain.tool_access import CallKind, ToolAuthority, kind_of
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
-from registry_service.history.records import ACCESS_DENIED, AUDIT_LOG, Record
 
 EXECUTE_ONLY = Principal("jwt", "erin")
 WITH_CORDIS = Principal("jwt", "frank")

@@ -1,6 +1,6 @@
 /**
  * A Cordis page runner over the registry's `PageRunnerService.Attach` stream: the page side of
- * client-bearing plugins (reference §9.3, §9.6, §9.7).
+ * client-bearing plugins (docs/cordis.md).
  *
  *     const page = await PageRunner.attach(client, "agents/coder");
  *     for await (const event of page.events()) {

@@ -140,7 +140,7 @@ describe("page runners", () => {
     }
   });
 
-  it("invoke reaches harness.handle handlers with the reference's result and codes", async () => {
+  it("invoke reaches harness.handle handlers with their result and codes", async () => {
     const { agent, pluginId, packageId } = await defined();
     const page = await PageRunner.attach(client, agent);
     try {

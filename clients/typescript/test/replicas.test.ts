@@ -1,5 +1,5 @@
 /**
- * One provider and one approver serving every registry replica behind a name (issue 20), against
+ * One provider and one approver serving every registry replica behind a name, against
  * two REAL registries (Python processes); the name's resolution is a function the test changes,
  * as a headless Service's DNS does when pods come and go.
  */

@@ -1,4 +1,4 @@
-"""Client inspect queries (reference §9.2 item 2): `cordis_inspect_query` with platform
+"""Client inspect queries: `cordis_inspect_query` with platform
 `client` is answered by the owner's page runners.
 
 The query (`inspect-<n>`) is told to every page of the agent, and to pages that attach while it

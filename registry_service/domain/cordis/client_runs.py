@@ -1,4 +1,4 @@
-"""Client-bearing activations (reference §9.3): requests, grants, the page-side sequence and
+"""Client-bearing activations: requests, grants, the page-side sequence and
 its settlement, direct panel gestures, `invoke` and render failures.
 
 `cordis_run` of a package with a Client half never waits for a page: it arms a request
@@ -491,7 +491,7 @@ class ClientRuns:
     async def invoke(
         self, page: Page, plugin_id: str, run_id: str, method: str, args: JsonValue
     ) -> Answer:
-        """Client -> Host `invoke(pluginId, runId, method, args)` (reference §9.6)."""
+        """Client -> Host `invoke(pluginId, runId, method, args)`."""
         plugin = self._runner.find(page.agent, plugin_id)
         run = plugin.run if plugin is not None else None
         if plugin is None or run is None:

@@ -1,6 +1,6 @@
-"""Durable Cordis state (issue 17 "Durability", design/cordis.md).
+"""Durable Cordis state (docs/cordis.md, "Durability").
 
-By default Cordis state lives in process memory, as in the original. With the `cordis_durable`
+By default Cordis state lives in process memory. With the `cordis_durable`
 setting the registry keeps what defines a plugin in its store: plugins with their owners,
 packages (immutable source) in define order, grants, the `current`/`next` pointers and the id
 counters (so no id is handed out twice across a restart). Runs are not: a restart leaves every

@@ -1,5 +1,5 @@
 """Events a plugin observes (`ctx.on` / `ctx.once`): its owner's history records as they are
-written (design/cordis.md, the `Event.listEvents` provider).
+written (docs/cordis.md, the `Event.listEvents` provider).
 
 Once an owner has activated a plugin, one watch follows that owner's history; each record of an
 observable kind written after the watch began goes to every running plugin of the owner that
@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.history import records
-from registry_service.history.records import Record
+from registry_service.domain import records
+from registry_service.domain.records import Record
 
 __all__ = ["OBSERVABLE", "OwnerEvents", "Watch", "payload"]
 

@@ -1,181 +1,19 @@
-"""The host Inspect Providers of this product (reference §9.7): the façade's builtins with their
-signatures in the owner's program language (Python or TypeScript), the events a plugin may
-observe, the owner's visible tools, and the services the owner's plugins provide (plus the
-built-in `timer`)."""
+"""The host Inspect Providers of this product: the façade's builtins with their signatures in
+the owner's program language (its language profile's), the events a plugin may observe, the
+owner's visible tools, and the services the owner's plugins provide (plus the built-in
+`timer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain import records
+from registry_service.domain.cordis.host_languages import Facade
 from registry_service.domain.cordis.inspect import Method, Provider
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.plugin_hosts import ServiceSpec
 from registry_service.domain.tools import ToolDefinition
-from registry_service.history import records
-
-# (name, signature, description): what a Python host half can reach, and nothing else.
-BUILTINS: tuple[tuple[str, str, str], ...] = (
-    (
-        "harness.define_tool",
-        "harness.define_tool(*, name: str, description: str, parameters: dict, "
-        "execute: Callable[[dict], Awaitable[JsonValue]], output_schema: dict | None = None, "
-        "presentation_meta: Callable[[dict, JsonValue], dict] | None = None) -> ToolDefinition",
-        "Defines a dynamic tool; parameters and results must be lossless JSON. Only its "
-        "result may be registered. presentation_meta(args, result) gives each call's card "
-        "metadata (never shown to the model).",
-    ),
-    (
-        "harness.register_tool",
-        "harness.register_tool(tool: ToolDefinition) -> None",
-        "Registers a tool made by harness.define_tool into the owning agent's scope until the "
-        "plugin stops; its calls go through the registry's policy pipeline.",
-    ),
-    (
-        "harness.handle",
-        "harness.handle(method: str, fn: Callable[[JsonValue], Awaitable[JsonValue]]) -> None",
-        "Answers calls from the plugin's client half (host.call) for the current run.",
-    ),
-    (
-        "ctx.tools.schemas",
-        "ctx.tools.schemas() -> list[dict]",
-        "Schemas of the tools the owning agent can see (read-only; nothing executes).",
-    ),
-    (
-        "ctx.tools.get",
-        "ctx.tools.get(name: str) -> dict | None",
-        "One visible tool's schema view, or None; never an executable definition.",
-    ),
-    (
-        "ctx.get",
-        "ctx.get(name: str) -> object | None",
-        "Optional lookup of a service by name, without declaring it in inject.",
-    ),
-    (
-        "ctx.effect",
-        "ctx.effect(fn: Callable[[], Callable[[], None] | None]) -> None",
-        "Runs fn now; its returned disposer runs on stop, in reverse order of registration.",
-    ),
-    (
-        "ctx.on",
-        "ctx.on(event: str, listener: Callable[[dict], Awaitable[None] | None]) -> "
-        "Callable[[], None]",
-        "Observes an event (see Event.listEvents) until the plugin stops or the returned "
-        "function is called.",
-    ),
-    (
-        "ctx.once",
-        "ctx.once(event: str, listener: Callable[[dict], Awaitable[None] | None]) -> "
-        "Callable[[], None]",
-        "Like ctx.on, for the next occurrence only.",
-    ),
-    (
-        "ctx.provide",
-        "ctx.provide(name: str, service: JsonValue | object) -> None",
-        "Provides a named service to the owning agent's other plugins while this one runs: "
-        "lossless JSON data (consumers read a copy) or an object/dict whose public methods "
-        "consumers call as `await ctx.<name>.<method>(*args)` (JSON in and out; the calls "
-        "cross processes through the registry).",
-    ),
-    (
-        "inject",
-        "inject: list[str]  # attribute of the returned plugin object",
-        "Services the plugin needs; it parks as waiting until every one exists, and reaches "
-        "them as attributes of ctx (ctx.timer).",
-    ),
-    (
-        "timer",
-        "ctx.timer.timeout(fn, ms) / interval(fn, ms) / throttle(fn, ms) / debounce(fn, ms)",
-        "The built-in timer service, only when inject lists 'timer'; every timer is disposed "
-        "on stop.",
-    ),
-)
-
-# The same façade in a TypeScript host half: the Python names in camelCase, options objects for
-# keyword arguments, undefined for None (runtime_service/worker_ts/plugin_harness.js).
-TYPESCRIPT_BUILTINS: tuple[tuple[str, str, str], ...] = (
-    (
-        "harness.defineTool",
-        "harness.defineTool(options: { name: string; description?: string; parameters?: "
-        "JsonSchema; execute(args: any, call: { signal: AbortSignal }): Json | Promise<Json>; "
-        "outputSchema?: JsonSchema; presentationMeta?(args: any, result: Json): object }): "
-        "ToolDefinition",
-        "Defines a dynamic tool; parameters and results must be lossless JSON (a BigInt for an "
-        "integer beyond 2^53). Only its result may be registered. `signal` aborts when the call "
-        "is cancelled. presentationMeta(args, result) gives each call's card metadata (never "
-        "shown to the model).",
-    ),
-    (
-        "harness.registerTool",
-        "harness.registerTool(tool: ToolDefinition): () => void",
-        "Registers a tool made by harness.defineTool into the owning agent's scope until the "
-        "plugin stops (or the returned function is called); its calls go through the "
-        "registry's policy pipeline.",
-    ),
-    (
-        "harness.handle",
-        "harness.handle(method: string, fn: (args: any) => Json | Promise<Json>): () => void",
-        "Answers calls from the plugin's client half (host.call) for the current run.",
-    ),
-    (
-        "ctx.tools.schemas",
-        "ctx.tools.schemas(): object[]",
-        "Schemas of the tools the owning agent can see (read-only; nothing executes).",
-    ),
-    (
-        "ctx.tools.get",
-        "ctx.tools.get(name: string): object | undefined",
-        "One visible tool's schema view, or undefined; never an executable definition.",
-    ),
-    (
-        "ctx.get",
-        "ctx.get(name: string): unknown",
-        "Optional lookup of a service by name, without declaring it in inject (undefined "
-        "when none).",
-    ),
-    (
-        "ctx.effect",
-        "ctx.effect(fn: () => (() => void) | void): void",
-        "Runs fn now; its returned disposer runs on stop, in reverse order of registration.",
-    ),
-    (
-        "ctx.on",
-        "ctx.on(event: string, listener: (payload: any) => void | Promise<void>): () => void",
-        "Observes an event (see Event.listEvents) until the plugin stops or the returned "
-        "function is called.",
-    ),
-    (
-        "ctx.once",
-        "ctx.once(event: string, listener: (payload: any) => void | Promise<void>): () => void",
-        "Like ctx.on, for the next occurrence only.",
-    ),
-    (
-        "ctx.provide",
-        "ctx.provide(name: string, service: Json | object): void",
-        "Provides a named service to the owning agent's other plugins while this one runs: "
-        "lossless JSON data (consumers read a copy) or an object whose public methods "
-        "consumers call as `await ctx.<name>.<method>(...args)` (JSON in and out; the calls "
-        "cross processes through the registry).",
-    ),
-    (
-        "inject",
-        "inject: string[]  // a property of the returned plugin function or object",
-        "Services the plugin needs; it parks as waiting until every one exists, and reaches "
-        "them as properties of ctx (ctx.timer).",
-    ),
-    (
-        "timer",
-        "ctx.timer.timeout(fn, ms) / ctx.timer.interval(fn, ms): () => void",
-        "The built-in timer service, only when inject lists 'timer'; every timer is disposed "
-        "on stop (the global setTimeout family is a trap in a host half).",
-    ),
-    (
-        "console",
-        "console.log / info / warn / error / debug(...args): void",
-        "One log line each, tagged [cordis:<pluginId>].",
-    ),
-)
-BUILTINS_BY_LANGUAGE = {"python": BUILTINS, "typescript": TYPESCRIPT_BUILTINS}
 
 # What `ctx.on` may observe: the owner's history records as they are written, and the plugin's
 # own lifecycle. `cordis/*` events stay hidden as in the original.
@@ -210,14 +48,15 @@ _ANY: JsonValue = {}
 def host_providers(
     visible_tools: Callable[[str], list[ToolDefinition]],
     provided_services: Callable[[str], list[tuple[str, str, ServiceSpec | None]]],
-    language_for: Callable[[str], str] = lambda _owner: "python",
+    facade_for: Callable[[str], Facade],
 ) -> list[Provider]:
     """`visible_tools(owner)`: what the owner sees (run_code excluded);
     `provided_services(owner)`: (service, providing plugin id, contract) of the owner's running
-    plugins; `language_for(owner)`: the owner's program language, its host halves'."""
+    plugins; `facade_for(owner)`: the façade of the owner's program language, its host
+    halves'."""
 
     async def list_builtins(_input: JsonValue, owner: str) -> JsonValue:
-        builtins = BUILTINS_BY_LANGUAGE.get(language_for(owner), BUILTINS)
+        builtins = facade_for(owner)
         return {"builtins": [{"name": n, "signature": s, "description": d} for n, s, d in builtins]}
 
     async def list_tools(input_value: JsonValue, owner: str) -> JsonValue:

@@ -1,4 +1,4 @@
-"""Cordis identities (reference §9.1): `<prefix>-<n>` plugin ids with one counter shared by all
+"""Cordis identities: `<prefix>-<n>` plugin ids with one counter shared by all
 prefixes, `pkg-<n>`, `run-<n>`, `approval-<n>`, `inspect-<n>`. Counters live as long as the
 registry process (or its store, when Cordis state is durable) and never hand out an id twice."""
 

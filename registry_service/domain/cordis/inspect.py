@@ -1,4 +1,4 @@
-"""The inspect registry (reference §9.7): read-only providers a model queries before it writes a
+"""The inspect registry: read-only providers a model queries before it writes a
 package. Host providers are local; an agent's client manifest is whatever a page runner of that
 agent last synced (replaced wholesale), and client queries are answered by its pages. Manifests
 are validated when registered; queries validate their input against the method's input schema

@@ -1,4 +1,4 @@
-"""The state Cordis keeps per plugin (reference §9.1) and the JSON views the tools return.
+"""The state Cordis keeps per plugin and the JSON views the tools return.
 
 A plugin owns immutable packages in define order and two pointers: `current` (the last fully
 successful activation; never cleared by stop, an update's start or its failure) and `next` (the
@@ -163,7 +163,7 @@ class Plugin:
         return self.next or self.current or self.last_package.package_id
 
     def state(self) -> str:
-        """`defined|awaiting-approval|client-pending|stopped|running|waiting|failed` (§9.2)."""
+        """`defined|awaiting-approval|client-pending|stopped|running|waiting|failed`."""
         status = self.latest.status if self.latest is not None else None
         if status == "awaiting-approval":
             return "awaiting-approval"
@@ -205,7 +205,7 @@ class Plugin:
         return out
 
     def reference(self) -> dict[str, JsonValue]:
-        """The source-free reference an `@pluginId` mention resolves to (§9.5)."""
+        """The source-free reference an `@pluginId` mention resolves to."""
         base = self.packages[self.base_package_id]
         out: dict[str, JsonValue] = {
             "pluginId": self.plugin_id,

@@ -1,4 +1,4 @@
-"""Page runners (design/cordis.md): the pages attached for an agent, and what they are told.
+"""Page runners (docs/cordis.md): the pages attached for an agent, and what they are told.
 
 A page attaches for one agent and from then on hears of that agent's activation requests and
 client inspect queries. A request carries its package's source for the person to review

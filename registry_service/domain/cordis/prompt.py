@@ -4,6 +4,7 @@ bindings and their descriptions."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 SECTION_ID: Final = "tool:cordis"
@@ -42,7 +43,8 @@ number), a Package id `pkg-<n>`, an activation attempt `run-<n>`. Ids are never 
 """
 
 # The Host half, in the agent's program language (its host halves' language too): the façade's
-# names differ, what it does is one text.
+# names differ, what it does is one text. A language's profile says its own sentences
+# (`HostHalfGuidance`); the shared middle and the budget sentence are the same for every one.
 _SHARED: Final = """\
 ; they appear in your tool list from the next prompt, and in the next run_code program. \
 ctx.tools.schemas() and ctx.tools.get(name) only describe tools — a plugin cannot execute \
@@ -57,31 +59,15 @@ _BUDGET: Final = """\
 plugin.
 
 """
-_HOST_HALF: Final = {
-    "python": """\
-The Host half is the body of a Python async function (no imports of the registry, no \
-network, no files outside its temporary directory) that returns the plugin: an async \
-function `apply(ctx)` or an object with an `apply(ctx)` method and optionally `inject`, the \
-services it needs. Tools are made with harness.define_tool(...) and registered with \
-harness.register_tool(tool)"""
-    + _SHARED
-    + """\
-...) (disposers run in reverse order when the plugin stops); timers come from the `timer` \
-service and only when `inject` lists it."""
-    + _BUDGET,
-    "typescript": """\
-The Host half is the body of a TypeScript async function (types are stripped, not checked; \
-no imports or require, no network, no files outside its temporary directory) that returns \
-the plugin: a function `(ctx) => ...` or an object with an `apply(ctx)` method and \
-optionally `inject`, the services it needs. Tools are made with \
-harness.defineTool({ name, description, parameters, execute }) and registered with \
-harness.registerTool(tool)"""
-    + _SHARED
-    + """\
-() => dispose) (disposers run in reverse order when the plugin stops); timers come from the \
-`timer` service (ctx.timer.timeout / interval) and only when `inject` lists it."""
-    + _BUDGET,
-}
+
+
+@dataclass(frozen=True, slots=True)
+class HostHalfGuidance:
+    """One language's sentences of the Host-half paragraph."""
+
+    opening: str  # what a host half is, up to the name of the tool registration call
+    closing: str  # from ctx.effect's argument on: disposers and timers, in that language
+
 
 _TAIL: Final = """\
 Outcomes that arrive after a tool call has returned are reported to you as steering \
@@ -89,9 +75,6 @@ messages; a user message naming `@<pluginId>` comes with that Plugin's current f
 it and append a Package to the same Plugin instead of creating a new one."""
 
 
-def prompt(language: str) -> str:
-    """The section's text for an agent whose program language is ``language``."""
-    return _HEAD + _HOST_HALF.get(language, _HOST_HALF["python"]) + _TAIL
-
-
-PROMPT: Final = prompt("python")
+def prompt(host_half: HostHalfGuidance) -> str:
+    """The section's text for an agent whose program language's guidance is `host_half`."""
+    return _HEAD + host_half.opening + _SHARED + host_half.closing + _BUDGET + _TAIL

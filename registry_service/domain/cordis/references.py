@@ -1,4 +1,4 @@
-"""`@pluginId` references (reference §9.5): a user message naming `@clock-1` gets the plugin's
+"""`@pluginId` references: a user message naming `@clock-1` gets the plugin's
 source-free reference and directions, or an unavailable notice, as a context block."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class CordisError(ToolCallFailure):
 
 
 def plugin_missing(plugin_id: str) -> CordisError:
-    # Another agent's plugin reads exactly like one that does not exist (§9.1).
+    # Another agent's plugin reads exactly like one that does not exist.
     return CordisError(
         f'no dynamic plugin "{plugin_id}" in this process — it may have been removed or lost '
         "on registry restart",

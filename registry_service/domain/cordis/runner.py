@@ -1,5 +1,5 @@
 """The Cordis runner: define, run/update/rollback, stop, undefine and the read-only views, per
-owning agent (reference §9.1-§9.4, design/cordis.md).
+owning agent (docs/cordis.md).
 
 Invariants kept here (and tested through the API):
 - define never runs code, never asks approval and never moves a pointer; packages are immutable
@@ -38,6 +38,7 @@ from registry_service.domain.cordis.durable import (
     snapshot,
 )
 from registry_service.domain.cordis.events import OwnerEvents, Watch, payload
+from registry_service.domain.cordis.host_languages import HostLanguages
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -58,11 +59,7 @@ from registry_service.domain.cordis.steering import (
     completed_text,
     failed_text,
 )
-from registry_service.domain.cordis.syntax import (
-    check_javascript_client,
-    check_python_host,
-    check_typescript_host,
-)
+from registry_service.domain.cordis.syntax import check_javascript_client
 from registry_service.domain.plugin_host_admission import AdmittedPluginHosts
 from registry_service.domain.plugin_hosts import (
     HOST_GONE,
@@ -75,11 +72,11 @@ from registry_service.domain.plugin_hosts import (
     PluginHosts,
     ServiceSpec,
 )
+from registry_service.domain.records import Record
 from registry_service.domain.results import ToolResult, aborted
 from registry_service.domain.signals import AbortSignal
 from registry_service.domain.tool_access import CallKind, ToolAccess, ToolAuthority
 from registry_service.domain.tools import RUN_CODE, Invocation, ToolDefinition
-from registry_service.history.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +108,7 @@ class CordisRunner:
         catalog: Catalog,
         hosts: PluginHosts | None = None,
         *,
+        host_languages: HostLanguages,
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
@@ -120,13 +118,15 @@ class CordisRunner:
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
     ) -> None:
-        """`state_store`: keep plugins, packages, grants, pointers and id counters there
+        """`host_languages` checks a host half's syntax in its owner's program language.
+        `state_store`: keep plugins, packages, grants, pointers and id counters there
         across restarts (loaded now; runs are not restarted). None: process memory only.
         `history_watch` (the history store's `watch`) is where plugins' events come from.
         `authority`: what a plugin host may do and see, as the principal that started it
         (None: everything, the open default).
         `admission`: each live plugin host holds a slot of its owner there (None: no limits)."""
         self._catalog = catalog
+        self._host_languages = host_languages
         self._authority = authority or ToolAuthority(AccessPolicy((), enforced=False))
         self.hosts = hosts
         self.steering = steering or Steering()
@@ -231,10 +231,8 @@ class CordisRunner:
         else:
             self._owned(owner, cast(str, plugin.get("pluginId", "")))
         language = self._catalog.language_for(owner)  # a host half is in the agent's language
-        if host is not None and language == "python":
-            check_python_host(host)
-        elif host is not None and language == "typescript":
-            await check_typescript_host(host)
+        if host is not None:
+            await self._host_languages.check_host(language, host)
         if client is not None:
             await check_javascript_client(client)
         # Looked up again: the plugin may have been undefined while node parsed the client half.
@@ -259,7 +257,7 @@ class CordisRunner:
     # -- run / update / rollback --------------------------------------------------------------
 
     def _plan(self, plugin: Plugin, package_id: str, mode: str) -> Package:
-        """Plan validation shared by every entry point (§9.3)."""
+        """Plan validation shared by every entry point."""
         p = plugin.plugin_id
         package = plugin.packages.get(package_id)
         if package is None:

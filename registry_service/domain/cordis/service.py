@@ -10,6 +10,7 @@ from registry_service.domain.cordis.client_queries import ClientQueries
 from registry_service.domain.cordis.client_runs import ClientRuns
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.events import Watch
+from registry_service.domain.cordis.host_languages import HostLanguages
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry, client_providers
 from registry_service.domain.cordis.names import NAMES
@@ -36,6 +37,7 @@ class Cordis:
         state_store: CordisStateStore | None = None,
         history_watch: Watch | None = None,
         *,
+        host_languages: HostLanguages,
         start_timeout_s: float = 5.0,
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
@@ -43,12 +45,14 @@ class Cordis:
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `state_store` keeps the plugins across restarts (none: process memory only);
-        `history_watch` (the store's `watch`) feeds the events plugins observe."""
+        `history_watch` (the store's `watch`) feeds the events plugins observe;
+        `host_languages` describes and checks host halves per program language."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
             catalog,
             hosts,
+            host_languages=host_languages,
             reserved_names=NAMES,
             steering=self.steering,
             state_store=state_store,
@@ -59,7 +63,9 @@ class Cordis:
             admission=admission,
         )
         for provider in host_providers(
-            self.runner.visible_tools, self.runner.provided_services, catalog.language_for
+            self.runner.visible_tools,
+            self.runner.provided_services,
+            lambda owner: host_languages.facade(catalog.language_for(owner)),
         ):
             self.inspect.register_host(provider)
         # Page runners: the pages attached per agent, client-bearing activations, client queries.
@@ -87,7 +93,7 @@ class Cordis:
         self.runner.hosts = hosts
 
     def references(self, agent: str, text: str) -> list[ReferenceContext]:
-        """The context blocks for one user message's `@pluginId` mentions (§9.5)."""
+        """The context blocks for one user message's `@pluginId` mentions."""
         out: list[ReferenceContext] = []
         for plugin_id in referenced_ids(text):
             reference = self.runner.reference(agent, plugin_id)

@@ -1,4 +1,4 @@
-"""Services between one owner's plugins: who provides what, and who is told (design/cordis.md).
+"""Services between one owner's plugins: who provides what, and who is told (docs/cordis.md).
 
 A running plugin's registrations carry the contracts of the services it provides. Every other
 running plugin of the same owner may inject them: it is told the full set at its start and

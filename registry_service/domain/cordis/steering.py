@@ -1,7 +1,7 @@
-"""Telling the agent what it could not see in a tool result (reference §9.3, design/cordis.md).
+"""Telling the agent what it could not see in a tool result (docs/cordis.md).
 
-The original wakes the owning agent with `agent.steer` and adds context for its next step with
-`agent.inject`. Codemode has no agent loop of its own: both become durable history records of
+Cordis wakes the owning agent (`agent.steer`) and adds context for its next step
+(`agent.inject`). Codemode has no agent loop of its own: both become durable history records of
 the owner (`agent/steer`, `agent/inject`), which `WatchHistory` delivers to the backend that
 runs the loop. Steering is for outcomes that arrive after `cordis_run` returned and for
 failures after an activation succeeded; each distinct kind of failure steers once per run, so a
@@ -19,12 +19,12 @@ from collections.abc import Callable
 
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.history import build
-from registry_service.history.records import AGENT_INJECT, AGENT_STEER, Record
+from registry_service.domain import records
+from registry_service.domain.records import AGENT_INJECT, AGENT_STEER, Record
 
 log = logging.getLogger(__name__)
 
-SOURCE = "cordis-host-runner"  # the source plugin of the original's steering
+SOURCE = "cordis-host-runner"  # the source named in every steering record
 INSPECT_DIRECTION = (
     "Inspect the failed Package, correct it on the same Plugin when needed, and retry the "
     "activation autonomously."
@@ -152,7 +152,7 @@ class Steering:
         except CodemodeError:  # the agent was deleted meanwhile: it has no history to wake
             log.info("cordis %s for %s (deleted): %s", kind, owner, text)
             return
-        record = build.agent_message(
+        record = records.agent_message(
             kind, agent=owner, agent_id=agent_id, source=source, text=text, metadata=metadata
         )
         future = self._submit(record)

@@ -1,4 +1,4 @@
-"""Define-time syntax checks: a half is compiled, never run (reference §9.2, §9.6).
+"""Define-time syntax checks: a half is compiled, never run.
 
 A Python host half is an async function body: it is compiled wrapped as
 `async def __cordis_host__():` with the body indented one level, and errors are reported in the

@@ -1,4 +1,4 @@
-"""The seven Cordis model tools (reference §9.2) as registry tools: ordinary catalog entries,
+"""The seven Cordis model tools (docs/cordis.md) as registry tools: ordinary catalog entries,
 run through the same pipeline as every other tool (rules, approvals, guards, around hooks,
 post-execute), visible only where self-modification is in force."""
 

@@ -18,9 +18,7 @@ from typing import Any
 
 import psycopg
 
-from registry_service.history import build
-from registry_service.history.build import content_preview
-from registry_service.history.records import END_OF, Record
+from registry_service.domain.records import CRASHED, END_OF, Record, content_preview, interrupted
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -83,7 +81,7 @@ async def write(
             )
         swept = await _gone_calls(conn, writer_id, own=own) if sweep else []
         closes = [open_id for open_id, _ in swept]
-        plan = [build.interrupted(start, build.CRASHED) for _, start in swept]
+        plan = [interrupted(start, CRASHED) for _, start in swept]
         # Owed ends first (only while their call is still open: the failed end may have been
         # written after all), then the batch, matched with the open calls they close.
         ends = [r for r in (*owed, *records) if r.kind in START_OF]

@@ -37,6 +37,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
+from registry_service.domain.records import Record, key_problem
 from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
@@ -48,7 +49,6 @@ from registry_service.history.postgres.connect import (
     redact,
 )
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
-from registry_service.history.records import Record, key_problem
 from registry_service.history.store import (
     StoreHealth,
     StoreOpenError,

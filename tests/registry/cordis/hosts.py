@@ -1,7 +1,7 @@
 """A `PluginHosts` for tests at the seam: it runs a Python host half *in this process* with a
 small façade (harness.define_tool / register_tool / handle, ctx.effect / provide / tools,
 `inject`), and behaves like a plugin host towards Cordis: registrations after the start,
-`ActivationFailed` with the reference's phases and texts, calls that honour the abort signal,
+`ActivationFailed` with the real phases and texts, calls that honour the abort signal,
 and a retract that settles in-flight calls and disposes effects in reverse order before it
 returns. Not a sandbox: the real plugin hosts (runtime side) are tested by their own suite.
 

@@ -15,12 +15,13 @@ from registry_service.config import RegistrySettings
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
+from runtime_service.languages import typescript
 from runtime_service.server import start as start_runtime
-from runtime_service.worker_process import WorkerSpec, typescript_installed
+from runtime_service.worker_process import WorkerSpec
 from tests.registry.cordis.conftest import CordisHarness
 
 NEEDS_NODE = pytest.mark.skipif(
-    not typescript_installed(WorkerSpec()), reason="no Node 20+ on this host"
+    typescript.BACKEND.unavailable(WorkerSpec()) is not None, reason="no Node 20+ on this host"
 )
 LANGUAGES = ["python", pytest.param("typescript", marks=NEEDS_NODE)]
 """The host languages a real-host test runs for (parametrize ``language`` with it): each test

@@ -1,7 +1,7 @@
 """Durable Cordis state (`cordis_durable`): plugins, packages, grants, pointers and id counters
 survive a registry restart in its history database (SQLite, and PostgreSQL); runs are not
-restarted and `cordis_run` reactivates. Without the setting a restart forgets everything, as
-in the original."""
+restarted and `cordis_run` reactivates. Without the setting a restart forgets
+everything."""
 
 from __future__ import annotations
 

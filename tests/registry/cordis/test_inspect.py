@@ -1,4 +1,4 @@
-"""The inspect registry (reference §9.7) through `cordis_inspect_list` / `cordis_inspect_query`:
+"""The inspect registry through `cordis_inspect_list` / `cordis_inspect_query`:
 this product's host providers, input and output validation, validated manifests."""
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ async def test_builtins_name_the_python_facade(cordis: CordisHarness) -> None:
         "harness.handle",
         "ctx.tools.schemas",
         "ctx.tools.get",
+        "ctx.tools.register",
         "ctx.get",
         "ctx.effect",
         "ctx.on",
@@ -67,6 +68,7 @@ async def test_builtins_name_the_python_facade(cordis: CordisHarness) -> None:
         "ctx.provide",
         "inject",
         "timer",
+        "print",
     ]
     assert all(b["signature"] for b in data["data"]["builtins"])
 

@@ -1,6 +1,6 @@
 """Page runners over real gRPC (`PageRunnerService.Attach`, the Python client's `PageRunner`):
 activation requests and their settle rules, grants, direct panel gestures, `invoke` codes,
-render failures, client inspect manifests and queries (reference §9.2, §9.3, §9.6, §9.7).
+render failures, client inspect manifests and queries (docs/cordis.md).
 Host halves run in the in-process plugin hosts of the seam; the TypeScript client's half of
 these rules is clients/typescript/test/page-runner.test.ts (real runtime)."""
 
@@ -22,7 +22,7 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.page_runners import REVIEW_SOURCE_CHARS
 from registry_service.domain.cordis.steering import INSPECT_DIRECTION
-from registry_service.history.records import AGENT_INJECT, AGENT_STEER
+from registry_service.domain.records import AGENT_INJECT, AGENT_STEER
 from tests.registry.cordis.conftest import CordisHarness, until
 from tests.registry.cordis.hosts import InProcessHosts
 

@@ -1,4 +1,4 @@
-"""presentationMeta (reference §9.2, §9.6): `cordis_define` and `cordis_run` results carry their
+"""presentationMeta: `cordis_define` and `cordis_run` results carry their
 ids as presentation metadata, and a dynamic tool's `presentation_meta(args, result)` reaches its
 call's result; none of it is in what the model is shown. Real plugin hosts (both host languages),
 gRPC API."""

@@ -1,4 +1,4 @@
-"""`cordis_run` for host-only packages, through the PluginHosts seam (reference §9.3): plan
+"""`cordis_run` for host-only packages, through the PluginHosts seam: plan
 refusals, run/update/rollback, pointers (invariant 2), one physical run with retract-then-start
 and quiescence (invariant 3), dynamic tools as ordinary pipeline tools (invariant 6)."""
 
@@ -112,7 +112,7 @@ async def test_a_start_in_flight_refuses_a_second_one(cordis: CordisHarness) -> 
         'plugin "clock-1" is already starting',
     )
     state = await cordis.ok(agent, "cordis_inspect_self", {"pluginId": "clock-1"}, "c3")
-    assert state["state"] == "client-pending"  # starting-host reads as client-pending (§9.2)
+    assert state["state"] == "client-pending"  # starting-host reads as client-pending
     assert state["nextPackageId"] == "pkg-1"
     hosts.activation_gate.set()
     assert not (await first).is_error

@@ -77,7 +77,7 @@ async def test_deployment_default_and_the_agent_opt_out(make_cordis: Any) -> Non
     async with make_cordis(self_modification=True) as h:
         assert set(await h.visible(await h.agent("a", self_modification=None))) >= SEVEN
         assert SEVEN.isdisjoint(await h.visible(await h.agent("b", self_modification=False)))
-        # Without an agent the tools answer with the reference's text.
+        # Without an agent the tools answer with a clear text, not a crash.
         result = await h.call("", "cordis_inspect_list", {})
         assert result.is_error
         assert result.error.message == "Cordis dynamic tools require an Agent-backed session"

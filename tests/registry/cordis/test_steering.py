@@ -18,8 +18,8 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.config import RegistrySettings
 from registry_service.domain.cordis.steering import INSPECT_DIRECTION
+from registry_service.domain.records import AGENT_INJECT, AGENT_STEER
 from registry_service.domain.signals import AbortSignal
-from registry_service.history.records import AGENT_INJECT, AGENT_STEER
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings

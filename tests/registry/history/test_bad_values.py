@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from codemode_client import ToolFailed, ToolProvider
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.convert import PROVIDER_ERROR_CODE_INVALID
-from registry_service.history.records import TOOL_CALL, TOOL_RESULT
+from registry_service.domain.records import TOOL_CALL, TOOL_RESULT
 from tests.registry.conftest import Harness, error_info_of
 from tests.registry.history.test_full_disk import call_request, health_of, history, outcome
 

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from codemode_wire.errors import CodemodeError, Status
+from registry_service.domain.records import DISPATCH, TOOL_CALL, TOOL_RESULT, Record
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
@@ -27,7 +28,6 @@ from registry_service.history.catalog_store import (
     RestrictionRow,
     ScopeRow,
 )
-from registry_service.history.records import DISPATCH, TOOL_CALL, TOOL_RESULT, Record
 from registry_service.history.store import HISTORY_CORRUPT, HISTORY_UNAVAILABLE
 from registry_service.history.stores import Stores
 from tests.registry.history.conftest import StoreKit

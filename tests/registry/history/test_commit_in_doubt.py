@@ -15,8 +15,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from codemode_wire.errors import CodemodeError
+from registry_service.domain.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from registry_service.history.postgres.store import PostgresHistory
-from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from registry_service.history.store import HISTORY_UNAVAILABLE
 from tests.registry.history.test_store_conformance import everything, rec
 

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
-from registry_service.history.records import (
+from registry_service.domain.records import (
     DISPATCH,
     DISPATCH_START,
     INTERRUPTED,

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
-from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
+from registry_service.domain.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from registry_service.server import SERVICE_NAME
 from tests.postgres_server import PostgresServer
 from tests.registry.conftest import error_info_of

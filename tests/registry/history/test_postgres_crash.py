@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
-from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
+from registry_service.domain.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from tests.postgres_server import PostgresServer
 from tests.registry.history.test_full_disk import call_request, health_of, history, outcome, until
 

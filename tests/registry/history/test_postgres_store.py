@@ -14,9 +14,9 @@ import time
 import psycopg
 import pytest
 
+from registry_service.domain.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from registry_service.history.postgres.migrations import LATEST
 from registry_service.history.postgres.store import PostgresHistory
-from registry_service.history.records import INTERRUPTED, TOOL_CALL, TOOL_RESULT
 from registry_service.history.store import StoreOpenError, StoreState
 from tests.postgres_server import PostgresServer
 from tests.registry.history.test_store_conformance import everything, rec, shape
@@ -25,7 +25,7 @@ from tests.registry.history.test_store_conformance import everything, rec, shape
 _CRASHING_WRITER = """
 import asyncio, sys, time
 from registry_service.history.postgres.store import PostgresHistory
-from registry_service.history.records import Record
+from registry_service.domain.records import Record
 
 async def main() -> None:
     store = PostgresHistory(sys.argv[1], lease_s=float(sys.argv[2]))

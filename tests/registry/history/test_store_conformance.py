@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 
 from codemode_wire.errors import CodemodeError, Status
-from registry_service.history.records import (
+from registry_service.domain.records import (
     DISPATCH,
     DISPATCH_START,
     INTERRUPTED,

@@ -91,7 +91,7 @@ def test_a_registry_process_serves_history_from_postgres(tmp_path: Path, pg_data
         "from registry_service.config import load_settings\n"
         "from registry_service.registry import build_registry\n"
         "from registry_service.history.postgres.store import PostgresHistory\n"
-        "from registry_service.history.records import Record\n"
+        "from registry_service.domain.records import Record\n"
         "async def main():\n"
         "    registry = build_registry(load_settings())\n"
         "    assert isinstance(registry.history, PostgresHistory), registry.history\n"

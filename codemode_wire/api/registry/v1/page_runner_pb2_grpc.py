@@ -27,7 +27,7 @@ if _version_not_supported:
 
 
 class PageRunnerServiceStub:
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """
@@ -46,7 +46,7 @@ class PageRunnerServiceStub:
 
 
 class PageRunnerServiceServicer:
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """
@@ -81,7 +81,7 @@ def add_PageRunnerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PageRunnerService:
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """

@@ -28,7 +28,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class PageRunnerServiceStub:
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """
@@ -49,7 +49,7 @@ class PageRunnerServiceStub:
 
 @_typing.type_check_only
 class PageRunnerServiceAsyncStub(PageRunnerServiceStub):
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """
@@ -66,7 +66,7 @@ class PageRunnerServiceAsyncStub(PageRunnerServiceStub):
     """
 
 class PageRunnerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+    """PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
     (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
     plugins, answers their activation requests and reaches their Host halves' handlers.
     """

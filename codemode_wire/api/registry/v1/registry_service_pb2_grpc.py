@@ -315,7 +315,7 @@ class RegistryServiceServicer:
     def ResolvePluginReferences(self, request, context):
         """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
         text names, the plugin's source-free reference and directions, or an unavailable notice.
-        The backend appends them to the step as instructions (reference §9.5).
+        The backend appends them to the step as instructions.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -98,7 +98,7 @@ class RegistryServiceStub:
     ResolvePluginReferences: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ResolvePluginReferencesRequest, _registry_service_pb2.ResolvePluginReferencesResponse]
     """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
     text names, the plugin's source-free reference and directions, or an unavailable notice.
-    The backend appends them to the step as instructions (reference §9.5).
+    The backend appends them to the step as instructions.
     """
 
 @_typing.type_check_only
@@ -169,7 +169,7 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     ResolvePluginReferences: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ResolvePluginReferencesRequest, _registry_service_pb2.ResolvePluginReferencesResponse]  # type: ignore[assignment]
     """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
     text names, the plugin's source-free reference and directions, or an unavailable notice.
-    The backend appends them to the step as instructions (reference §9.5).
+    The backend appends them to the step as instructions.
     """
 
 class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -369,7 +369,7 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_registry_service_pb2.ResolvePluginReferencesResponse, _abc.Awaitable[_registry_service_pb2.ResolvePluginReferencesResponse]]:
         """The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
         text names, the plugin's source-free reference and directions, or an unavailable notice.
-        The backend appends them to the step as instructions (reference §9.5).
+        The backend appends them to the step as instructions.
         """
 
 def add_RegistryServiceServicer_to_server(servicer: RegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

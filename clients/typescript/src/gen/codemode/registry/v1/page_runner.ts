@@ -2357,7 +2357,7 @@ export const ClientCode: MessageFns<ClientCode> = {
 };
 
 /**
- * PageRunnerService is the registry's side of Cordis page runners (design/cordis.md): a page
+ * PageRunnerService is the registry's side of Cordis page runners (docs/cordis.md): a page
  * (a browser console, a scripted runner) that runs the Client halves of one agent's dynamic
  * plugins, answers their activation requests and reaches their Host halves' handlers.
  */

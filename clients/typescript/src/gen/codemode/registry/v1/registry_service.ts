@@ -4877,7 +4877,7 @@ export const RegistryServiceService = {
   /**
    * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
    * text names, the plugin's source-free reference and directions, or an unavailable notice.
-   * The backend appends them to the step as instructions (reference §9.5).
+   * The backend appends them to the step as instructions.
    */
   resolvePluginReferences: {
     path: "/codemode.registry.v1.RegistryService/ResolvePluginReferences" as const,
@@ -4961,7 +4961,7 @@ export interface RegistryServiceServer extends UntypedServiceImplementation {
   /**
    * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
    * text names, the plugin's source-free reference and directions, or an unavailable notice.
-   * The backend appends them to the step as instructions (reference §9.5).
+   * The backend appends them to the step as instructions.
    */
   resolvePluginReferences: handleUnaryCall<ResolvePluginReferencesRequest, ResolvePluginReferencesResponse>;
 }
@@ -5292,7 +5292,7 @@ export interface RegistryServiceClient extends Client {
   /**
    * The dynamic-plugin context blocks for a user message: for each distinct `@<pluginId>` the
    * text names, the plugin's source-free reference and directions, or an unavailable notice.
-   * The backend appends them to the step as instructions (reference §9.5).
+   * The backend appends them to the step as instructions.
    */
   resolvePluginReferences(
     request: ResolvePluginReferencesRequest,

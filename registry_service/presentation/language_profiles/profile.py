@@ -1,0 +1,45 @@
+"""`LanguageProfile`: everything the registry says or checks that depends on a program language."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from registry_service.domain.cordis.host_languages import Facade
+from registry_service.domain.cordis.prompt import HostHalfGuidance
+from registry_service.presentation.sdk_model import SdkTool
+
+SdkRenderer: TypeAlias = Callable[[Sequence[SdkTool]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunCodeFlavour:
+    """The language's texts in the `run_code` wire schema (model-facing, kept verbatim)."""
+
+    description: str  # the tool's description
+    code_parameter: str  # the description of its `code` argument
+
+
+@dataclass(frozen=True, slots=True)
+class LanguageProfile:
+    """One program language as the registry knows it.
+
+    The `name` is what a scope declares (`code_language`), what a `Run` carries to the runtime
+    and what a runtime says it serves. The rest is what the registry renders or checks for an
+    agent in that language: its `run_code` schema, its `tools:sdk` section, the Host-half
+    paragraph of the `tool:cordis` section, the host façade it describes to the model
+    (`Builtin.listBuiltins`), and the define-time syntax check of a host half.
+    """
+
+    name: str
+    render_sdk: SdkRenderer  # the `tools:sdk` section for the agent's visible tools
+    run_code: RunCodeFlavour
+    cordis_host_half: HostHalfGuidance
+    # The plugin host façade as the registry describes it: (name, signature, description) per
+    # symbol, in this language's spelling; what the runtime's host harness of the language
+    # implements.
+    facade: Facade
+    # Raises `CordisError` when a host half is not an async function body in this language
+    # (what it returns is not used).
+    check_host_half: Callable[[str], Awaitable[object]]

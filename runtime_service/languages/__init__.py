@@ -1,0 +1,37 @@
+"""Program languages of the runtime: one ``LanguageBackend`` per language, one table.
+
+``backend.py`` is the contract, ``python.py`` and ``typescript.py`` the built-in backends,
+``registry.py`` the table the runtime serves from.
+"""
+
+from runtime_service.languages.backend import (
+    Capability,
+    ExecLaunch,
+    ExitMeanings,
+    LanguageBackend,
+    SourceCheck,
+    SourceRole,
+    WorkerSettings,
+)
+from runtime_service.languages.registry import (
+    DEFAULT_LANGUAGE,
+    backend,
+    backends,
+    default_backend,
+    register,
+)
+
+__all__ = [
+    "DEFAULT_LANGUAGE",
+    "Capability",
+    "ExecLaunch",
+    "ExitMeanings",
+    "LanguageBackend",
+    "SourceCheck",
+    "SourceRole",
+    "WorkerSettings",
+    "backend",
+    "backends",
+    "default_backend",
+    "register",
+]

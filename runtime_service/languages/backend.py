@@ -1,0 +1,165 @@
+"""What the runtime needs to know of one program language: the ``LanguageBackend`` contract.
+
+The runtime itself is language-neutral: every worker isolates itself by the same steps
+(``worker/sandbox_child.py``), speaks the same channel protocol (``worker/framing.py``, the
+messages in ``protocol.py``) and is supervised alike. What differs between languages is here,
+one backend per language (``python.py``, ``typescript.py``), registered in one table
+(``registry.py``):
+
+- launch and boot: whether the worker runs in the launcher's own interpreter
+  (``worker/bootstrap.py``, in the fork server's child or a spawned ``python -I -S``), or the
+  launcher isolates and then execs another interpreter (``worker/exec_launch.py``): its command
+  line, the trees it needs read-only in the private root, whether it runs threads of its own
+  and whether a background boot is reniced;
+- heap and memory: whether the interpreter reads the memory budget only when it starts (V8's
+  heap limit), so that a pooled worker fits only the budget it was booted for, or the limits
+  are applied when the program is handed over (Python's rlimits), so that any pooled worker
+  fits;
+- readiness: every backend's worker reports ``{"t": "ready", "sandbox": {...}}`` on its
+  channel once it can take a program (an exec'd interpreter gets the sandbox report as its
+  last argument and sends it back); nothing else counts as ready;
+- what an exit means: which exit statuses, and which stderr line followed by which status,
+  say that the program exhausted its memory budget (``ExitMeanings``);
+- capability text: how ``GetCapabilities`` describes the interpreter and what its private
+  root holds;
+- source check: an optional syntax check of a program or host half without running it.
+
+Nothing here imports the rest of the runtime: a backend reads the worker settings it needs
+through ``WorkerSettings`` (``worker_process.WorkerSpec`` is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
+
+__all__ = [
+    "Capability",
+    "ExecLaunch",
+    "ExitMeanings",
+    "LanguageBackend",
+    "SourceCheck",
+    "SourceRole",
+    "WorkerSettings",
+]
+
+
+class WorkerSettings(Protocol):
+    """The worker settings a backend reads (``worker_process.WorkerSpec`` has them)."""
+
+    @property
+    def loader(self) -> str | None:
+        """A test's stand-in worker (``python -c`` code), or None for the real workers."""
+        ...
+
+    @property
+    def boot_memory_bytes(self) -> int:
+        """The memory budget the worker is booted for."""
+        ...
+
+    @property
+    def executables(self) -> Mapping[str, str | None]:
+        """Interpreters configured per language name (None: configured as absent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecLaunch:
+    """An interpreter the worker becomes once its sandbox is in place (``execve`` in
+    ``worker/exec_launch.py``, with an empty environment and the channel on fd 3)."""
+
+    argv: tuple[str, ...]
+    """Its command line, the executable (an absolute path) first; the launcher appends the
+    sandbox report (JSON), which the worker sends back in its ready message."""
+    expose: tuple[str, ...] = ()
+    """Directories it needs, mounted read-only at the same path in the private root."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExitMeanings:
+    """What a worker's exit says beyond its status: whether the program exhausted its memory
+    budget (the run then ends as ``worker-exit`` naming the budget, not a crash)."""
+
+    out_of_memory: frozenset[int] = frozenset({EXIT_OUT_OF_MEMORY})
+    """Exit statuses that mean it (the protocol's own: an uncaught out-of-memory error)."""
+    marker: str | None = None
+    """A line the interpreter writes to stderr when its heap is exhausted (None: none)."""
+    marked_status: int | None = None
+    """The status that, after ``marker`` was seen on stderr, means it too."""
+
+    def memory_exhausted(self, status: int, marker_seen: bool) -> bool:
+        """Whether an exit with ``status`` (negative: the signal) means the budget ran out."""
+        if status in self.out_of_memory:
+            return True
+        return marker_seen and self.marker is not None and status == self.marked_status
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """How ``GetCapabilities`` describes a language's workers (the rest of the sandbox is
+    the same for every language, and measured from a real worker)."""
+
+    interpreter: str
+    """The ``interpreter:`` line of the enforced list."""
+    installation: str
+    """What the private root holds besides the system trees, in the ``filesystem:`` line."""
+
+
+SourceRole = Literal["program", "host"]
+SourceCheck = Callable[[str, SourceRole], Awaitable[str | None]]
+"""A syntax check of ``source`` (a program, or a plugin's host half) without running it:
+None when it parses, else the error as the language reports it."""
+
+
+class LanguageBackend(Protocol):
+    """One program language, as the runtime sees it. Implementations are frozen dataclasses
+    (one module each); ``registry.register`` makes one served."""
+
+    @property
+    def name(self) -> str:
+        """What ``RunStart.language`` and ``HostStart.language`` say (also the key of its
+        pool, its capabilities and its configured interpreter)."""
+        ...
+
+    @property
+    def capability(self) -> Capability: ...
+
+    @property
+    def exits(self) -> ExitMeanings: ...
+
+    @property
+    def memory_at_boot(self) -> bool:
+        """True when the interpreter reads the memory budget only when it starts (a heap
+        limit flag): a pooled worker then fits only runs with the budget it was booted for,
+        and a run with another gets a worker booted for its own. False when the limits are
+        applied at the hand-off (any pooled worker fits)."""
+        ...
+
+    @property
+    def threaded(self) -> bool:
+        """Whether the worker runs threads of its own (each is reniced at the hand-off)."""
+        ...
+
+    @property
+    def nice_boot(self) -> bool:
+        """Whether a background boot (a pool refill) starts at the lowest CPU priority: for
+        an interpreter whose boot costs far more CPU than the fork (applied before the exec,
+        so every thread inherits it)."""
+        ...
+
+    @property
+    def source_check(self) -> SourceCheck | None:
+        """The language's syntax check (None: the runtime offers none for it)."""
+        ...
+
+    def unavailable(self, settings: WorkerSettings) -> str | None:
+        """None when this host can run the language's workers, else why not."""
+        ...
+
+    def launch(self, settings: WorkerSettings) -> ExecLaunch | None:
+        """How its worker starts: None to run in the launcher's own interpreter
+        (``worker/bootstrap.py``), else the interpreter it execs once isolated."""
+        ...

@@ -1,0 +1,113 @@
+"""The TypeScript backend: isolated like a Python worker, then ``node worker.js``.
+
+The launcher isolates itself by the same steps as the Python worker, then execs Node
+(``worker/exec_launch.py``) with ``runtime_service/worker_ts/worker.js``, whose pinned type
+stripper (amaro) turns the program into JavaScript. What the exec keeps and resets is
+described in ``worker/exec_launch.py``, how Node's heap exhaustion shows in
+``worker/typescript.py``.
+
+Node options: ``--max-old-space-size`` from the memory budget the worker is booted for (V8
+reads it only at start: pooled workers are booted for the default budget, and a run with
+another budget gets a worker started for its own, ``WorkerPool.launcher``; the run's cgroup
+bounds all its memory besides) and ``--disallow-code-generation-from-strings`` (``eval`` and
+``new Function`` refuse; the harness compiles the program with ``vm.Script``, which is not
+affected). No ``RLIMIT_AS``: V8 and WebAssembly reserve far more address space than they use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime_service.languages.backend import (
+    Capability,
+    ExecLaunch,
+    ExitMeanings,
+    SourceCheck,
+    WorkerSettings,
+)
+from runtime_service.worker.typescript import HEAP_EXHAUSTED
+
+__all__ = ["BACKEND", "NAME", "WORKER_DIR", "TypeScriptBackend", "find_node"]
+
+NAME = "typescript"
+WORKER_DIR = str(Path(__file__).resolve().parent.parent / "worker_ts")
+"""The TypeScript worker's code (``npm ci`` there installs its type stripper)."""
+_NODE_FLAGS = ("--disallow-code-generation-from-strings",)
+_MIB = 1 << 20
+_MIN_HEAP_MIB = 16
+
+_CAPABILITY = Capability(
+    interpreter=(
+        "interpreter: Node 20 with the runtime's options only (no NODE_* variables: the "
+        "environment is empty); the program sees no require or import, eval and new Function "
+        "refuse (--disallow-code-generation-from-strings); V8's heap limit is the run's memory "
+        "budget"
+    ),
+    installation=(
+        "the Python installation (its site-packages and the runtime's own paths masked), "
+        "Node's installation and the TypeScript worker's own code with its pinned type "
+        "stripper, read-only"
+    ),
+)
+
+
+@functools.cache
+def find_node() -> str | None:
+    """``node`` on the runtime's PATH, resolved to its real path (None: not installed)."""
+    found = shutil.which("node")
+    return os.path.realpath(found) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class TypeScriptBackend:
+    name: str = NAME
+    capability: Capability = _CAPABILITY
+    # Node aborts (SIGABRT) after V8 writes its heap-limit line: the budget, not a crash.
+    exits: ExitMeanings = field(
+        default_factory=lambda: ExitMeanings(marker=HEAP_EXHAUSTED, marked_status=-signal.SIGABRT)
+    )
+    memory_at_boot: bool = True
+    threaded: bool = True
+    # Node's boot takes a hundred ms and more of CPU on its threads: a refill's must not slow
+    # the programs running meanwhile.
+    nice_boot: bool = True
+    source_check: SourceCheck | None = None
+
+    def node(self, settings: WorkerSettings) -> str | None:
+        """The Node executable: the configured one, else ``node`` on the PATH."""
+        if self.name in settings.executables:
+            return settings.executables[self.name]
+        return find_node()
+
+    def unavailable(self, settings: WorkerSettings) -> str | None:
+        if settings.loader is not None:
+            return "a test's stand-in worker replaces the real ones"
+        if self.node(settings) is None:
+            return "no Node executable (worker_node, or node on the runtime's PATH)"
+        if not os.path.isfile(os.path.join(WORKER_DIR, "worker.js")) or not os.path.isdir(
+            os.path.join(WORKER_DIR, "node_modules", "amaro")
+        ):
+            return "the TypeScript worker is not installed (npm ci in runtime_service/worker_ts)"
+        return None
+
+    def launch(self, settings: WorkerSettings) -> ExecLaunch | None:
+        node = self.node(settings) or "node"
+        heap_mib = max(settings.boot_memory_bytes // _MIB, _MIN_HEAP_MIB)
+        return ExecLaunch(
+            argv=(
+                node,
+                f"--max-old-space-size={heap_mib}",
+                *_NODE_FLAGS,
+                os.path.join(WORKER_DIR, "worker.js"),
+            ),
+            # Its code (amaro included) and Node's install (already there when under /usr).
+            expose=(WORKER_DIR, os.path.dirname(os.path.dirname(node))),
+        )
+
+
+BACKEND = TypeScriptBackend()
