@@ -149,3 +149,36 @@ async def test_run_code_sends_the_scope_language_to_the_runtime(make_stack: Any)
         _events, refused = await stack.run_code(typed, agent=py, call_id="call-py")
         assert refused.is_error
         assert "SyntaxError" in refused.error.message, refused.error.message
+
+
+async def test_without_runtime_languages_the_registry_serves_what_the_runtime_does(
+    make_stack: Any,
+) -> None:
+    """A registry configured without `runtime_languages` (as `codemode up --config-registry`
+    with a file that does not set it) asks its runtime: a TypeScript agent gets its SDK and
+    runs, because the runtime serves TypeScript."""
+    async with make_stack() as stack:
+        ts = (await _create_agent(stack, "ts-asks", language="typescript")).name
+        sdk = await stack.stub.GetSdk(presentation_pb2.GetSdkRequest(scope=ts))
+        assert sdk.language == "typescript"
+        _events, result = await stack.run_code("const n: number = 2; return n + 1;", agent=ts)
+        assert not result.is_error, result.error.message
+        assert value_of(result)["result"] == 3
+
+
+async def test_a_language_the_runtime_does_not_serve_is_refused_naming_the_served(
+    make_stack: Any,
+) -> None:
+    """The runtime serves Python only (its `languages` setting); the registry, not restricted,
+    refuses a TypeScript agent with FAILED_PRECONDITION naming what is served."""
+    async with make_stack(runtime_settings={"languages": ["python"]}) as stack:
+        ts = (await _create_agent(stack, "ts-unserved", language="typescript")).name
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.stub.GetSdk(presentation_pb2.GetSdkRequest(scope=ts))
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        details = refused.value.details() or ""
+        assert 'runtime language "typescript" is not served' in details
+        assert '(served: "python")' in details
+        py = (await _create_agent(stack, "py-served", language="python")).name
+        _events, two = await stack.run_code("return 1 + 1", agent=py)
+        assert value_of(two)["result"] == 2
