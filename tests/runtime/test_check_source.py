@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from codemode_wire import host_facade
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from runtime_service.languages import typescript
 from runtime_service.worker_process import WorkerSpec
@@ -131,14 +132,15 @@ async def test_capabilities_say_per_language_what_is_served() -> None:
         assert list(caps.languages) == ["python"]
         entries = {entry.name: entry for entry in caps.language_capabilities}
         assert set(entries) == {"python", "typescript"}
-        python, typescript = entries["python"], entries["typescript"]
+        python, ts = entries["python"], entries["typescript"]
         assert python.served and python.reason == ""
         assert list(python.checked_kinds) == [PROGRAM, HOST]
-        assert python.program_wire_version >= 1 and python.host_facade_version
+        assert python.program_wire_version >= 1
+        assert python.host_facade_version == str(host_facade.load().version)
         assert python.max_budgets.memory_bytes == caps.max_budgets.memory_bytes
         assert python.max_source_bytes > 0
-        assert not typescript.served and "languages" in typescript.reason
-        assert list(typescript.checked_kinds) == []
+        assert not ts.served and "languages" in ts.reason
+        assert list(ts.checked_kinds) == []
         assert "typescript" not in running.runtime.pools
         # A run of the unserved language is refused, naming the served one.
         start = pb.RunStart(program="return 1", language="typescript")
