@@ -18,6 +18,8 @@ from registry_service.domain.scopes import Mode
 from registry_service.presentation.language_profiles import LANGUAGES, NO_RUNTIME_LANGUAGE, PROFILES
 
 KNOWN_LANGUAGES: Final = tuple(sorted(PROFILES))
+KNOWN_ORDER: Final = LANGUAGES
+"""Every language with a profile, the default first."""
 
 
 # What a registry with no runtime to ask serves when `runtime_languages` is unset.
@@ -65,7 +67,12 @@ class RuntimeLanguages:
         if self._source is None:
             configured = UNASKED_DEFAULT if self._restriction is None else self._restriction
             return ServedLanguages.configured(configured)
-        reported = self._source.served_languages() or ()
+        reported = self._source.served_languages()
+        if reported is None:
+            # No runtime has answered (none reachable yet): the language is not what is wrong,
+            # so nothing is refused for it here; a run then reports the outage (UNAVAILABLE).
+            unknown = KNOWN_ORDER if self._restriction is None else self._restriction
+            return ServedLanguages(unknown, self._restriction)
         if self._restriction is not None:
             reported = tuple(name for name in self._restriction if name in reported)
         return ServedLanguages(reported, self._restriction, asked=True)
