@@ -16,7 +16,6 @@ by a served language whose checker takes client halves (TypeScript's, whose work
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -24,11 +23,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from codemode_wire.text import utf8_exceeds
+from runtime_service.budgets import Budgets
 from runtime_service.errors import RuntimeDisposedError
+from runtime_service.exit_classification import ExitSigns, WorkerExit
 from runtime_service.frame_reader import FrameEvent, FrameLimits
 from runtime_service.languages import python, typescript
+from runtime_service.log_budget import LineBudget
 from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
+from runtime_service.supervisor import WorkerSupervisor
 from runtime_service.worker_process import WorkerCapacityError, WorkerProcess
 
 __all__ = [
@@ -284,36 +287,66 @@ class SourceChecker:
         except WorkerCapacityError as exc:
             raise self._runtime.exhausted(str(exc)) from exc
         try:
-            return await _parse_in(worker, kind, source, budget)
+            return await _parse_in(worker, pool.spec.backend.exits, kind, source, budget)
         finally:
             await worker.kill()
 
 
 async def _parse_in(
-    worker: WorkerProcess, kind: Kind, source: str, budget: CheckBudget
+    worker: WorkerProcess, signs: ExitSigns, kind: Kind, source: str, budget: CheckBudget
 ) -> list[Problem]:
     """Hand ``worker`` the check and read its answer; a worker that fails to answer within
-    the budget (or dies: out of memory) is a source that could not be parsed."""
+    the budget (or dies: out of memory) is a source that could not be parsed. The worker is
+    supervised as a run's is (``supervisor.WorkerSupervisor``: its memory budget on the run's
+    cgroup, its CPU metered over every process of it, its end classified once)."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[bytes | None] = loop.create_future()
-    if worker.cgroup is not None:
-        with contextlib.suppress(OSError):
-            worker.cgroup.set_memory_limit(budget.memory_bytes)
+    ended: asyncio.Future[str] = loop.create_future()
+
+    def end(why: str) -> None:
+        if not ended.done():
+            ended.set_result(why)
 
     def on_frame(event: FrameEvent) -> None:
         if not answer.done():
             answer.set_result(event if isinstance(event, bytes) else None)
 
     def on_eof() -> None:
-        if not answer.done():
-            answer.set_result(None)
+        # The channel closed without an answer: the worker's exit says why (out of memory,
+        # or not), once the supervisor has classified it.
+        pass
 
-    worker.listen(
-        on_frame,
-        on_eof,
-        lambda _fd, _data: None,  # a parser writes nothing worth keeping
-        FrameLimits(_ANSWER_BYTES, _ANSWER_BYTES, budget.memory_bytes),
+    def on_exit(verdict: WorkerExit) -> None:
+        if verdict.out_of_memory:
+            end(f"the parser ran out of memory ({budget.memory_bytes >> 20} MiB)")
+        else:
+            end(_NO_ANSWER)
+
+    def cpu_left(spent_s: float) -> float | None:
+        left = budget.compute_s - spent_s
+        if left > 0:
+            return left
+        end(f"the parser did not finish within the check's CPU budget ({budget.compute_s:g} s)")
+        return None
+
+    supervisor = WorkerSupervisor(
+        worker,
+        Budgets(
+            compute_ms=int(budget.compute_s * 1000),
+            wall_ms=int(budget.wall_s * 1000),
+            max_output_bytes=_ANSWER_BYTES,
+            memory_bytes=budget.memory_bytes,
+        ),
+        signs,
+        logs=LineBudget(0),  # a parser logs nothing: its raw output is dropped
+        on_exit=on_exit,
+        on_output_exceeded=lambda: None,
     )
+    supervisor.hand_off()  # a budget it could not apply still has the worker's own rlimits
+    supervisor.listen(
+        on_frame, on_eof, FrameLimits(_ANSWER_BYTES, _ANSWER_BYTES, budget.memory_bytes)
+    )
+    supervisor.meter_cpu(cpu_left, budget.compute_s)
     worker.activate()
     worker.send(
         {
@@ -324,23 +357,23 @@ async def _parse_in(
             "cpu_seconds": budget.compute_s,
         }
     )
-    exited: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(worker.exited))
-    waited: list[asyncio.Future[Any]] = [answer, exited]
     try:
+        waited: list[asyncio.Future[Any]] = [answer, ended]
         done, _ = await asyncio.wait(waited, timeout=budget.wall_s, return_when="FIRST_COMPLETED")
     finally:
-        exited.cancel()
+        supervisor.stop()
     if answer in done and answer.result() is not None:
         return _problems(answer.result() or b"", budget)
-    return [Problem(0, 0, _unparsed(worker, budget, timed_out=not done))]
+    if ended in done:
+        return [Problem(0, 0, ended.result())]
+    if answer in done:
+        return [Problem(0, 0, _NO_ANSWER)]
+    return [
+        Problem(0, 0, f"the parser did not finish within the check's budget ({budget.wall_s:g} s)")
+    ]
 
 
-def _unparsed(worker: WorkerProcess, budget: CheckBudget, *, timed_out: bool) -> str:
-    if timed_out:
-        return f"the parser did not finish within the check's budget ({budget.wall_s:g} s)"
-    if worker.cgroup is not None and worker.cgroup.oom_killed():
-        return f"the parser ran out of memory ({budget.memory_bytes >> 20} MiB)"
-    return "the parser's worker ended without an answer"
+_NO_ANSWER = "the parser's worker ended without an answer"
 
 
 def _problems(payload: bytes, budget: CheckBudget) -> list[Problem]:

@@ -8,17 +8,17 @@ it parses), then the worker waits to be killed like after a program.
 Both kinds are the body of an async function: the source is compiled wrapped as ``async def``
 with the body indented one level, so errors are reported in the body's own coordinates (line
 and column as the author wrote them). Only ``compile`` runs; nothing of the source is executed.
-Standard library only: it is imported before the worker's private root hides the runtime.
+The standard library and the worker's own tree only: it is imported before the worker's
+private root hides the runtime.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from types import CodeType
 from typing import Any, NoReturn
 
 from runtime_service.worker import sandbox_child
+from runtime_service.worker.core import finish
 
 __all__ = ["check", "serve_check"]
 
@@ -70,19 +70,5 @@ def serve_check(channel: Any, start: dict[str, Any]) -> NoReturn:
             raise ValueError("a check needs a source and a kind")
         problems = check(kind, source)
     except (OSError, ValueError, KeyError) as exc:
-        _finish(channel, {"t": "checked", "error": str(exc)})
-    _finish(channel, {"t": "checked", "problems": problems})
-
-
-def _finish(channel: Any, message: dict[str, object]) -> NoReturn:
-    """Send the answer and wait for the runtime to kill the worker (or close the channel)."""
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    try:
-        channel.send(message)
-        channel.sock.setblocking(True)
-        while channel.sock.recv(1 << 16):
-            pass
-    finally:
-        os._exit(0)
+        finish(channel, {"t": "checked", "error": str(exc)})
+    finish(channel, {"t": "checked", "problems": problems})

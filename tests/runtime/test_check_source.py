@@ -15,6 +15,7 @@ import pytest
 from codemode_wire import host_facade
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from runtime_service.languages import typescript
+from runtime_service.source_check import CheckBudget, SourceChecker
 from runtime_service.worker_process import WorkerSpec
 from tests.registry.conftest import error_info_of
 from tests.runtime.conftest import connected, grpc_settings, serving
@@ -181,3 +182,19 @@ async def test_typescript_and_client_halves_are_parsed_by_node_workers() -> None
         ok = await stub.CheckSource(_check("javascript", CLIENT, "return { apply() {} }"))
         assert ok.ok
         assert running.runtime.live_runs == 0
+
+
+async def test_a_check_over_its_cpu_budget_is_ended_by_the_supervisor() -> None:
+    """A source that takes longer to compile than the check's CPU budget: the worker is
+    metered like a run's (every process of its cgroup) and ended, with an answer saying so,
+    and nothing of it is left behind."""
+    source = "x = 1 + 2\n" * 90_000  # about 0.9 MB: compiling it costs far more than 10 ms
+    async with serving(grpc_settings()) as running:
+        checker = SourceChecker(running.runtime, CheckBudget(compute_s=0.01))
+        outcome = await checker.check("python", "program", source)
+        (problem,) = outcome.problems
+        assert problem.line == 0
+        assert problem.message == (
+            "the parser did not finish within the check's CPU budget (0.01 s)"
+        ), problem.message
+        assert checker.in_flight == 0 and running.runtime.live_runs == 0
