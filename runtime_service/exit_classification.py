@@ -20,24 +20,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from runtime_service.languages import ExitSigns
+
 __all__ = ["ExitSigns", "HeapLimitWatch", "WorkerExit", "classify_exit"]
-
-
-@dataclass(frozen=True, slots=True)
-class ExitSigns:
-    """How one language's worker says, as it ends, that it ran out of memory.
-
-    The only part of an exit's meaning that depends on the language: each language's backend
-    provides one (the runtime passes it with every run and plugin host it creates). Plain
-    data, so that a language without either sign simply leaves it out.
-    """
-
-    out_of_memory_status: int | None = None
-    """The exit status the worker uses for "out of memory" (the Python worker's uncaught
-    ``MemoryError``: ``framing.EXIT_OUT_OF_MEMORY``), or None."""
-    heap_limit_line: str = ""
-    """Text the worker's interpreter writes to stderr when it reaches its heap limit, right
-    before it aborts with SIGABRT (Node's ``worker/typescript.HEAP_EXHAUSTED``), or ""."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
-from runtime_service.exit_classification import ExitSigns
-from runtime_service.languages import DEFAULT_LANGUAGE, LanguageBackend, backends
+from runtime_service.languages import DEFAULT_LANGUAGE, backends
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
@@ -24,16 +23,6 @@ from runtime_service.worker_process import WorkerCapacityError, WorkerSpec
 __all__ = ["Runtime", "RuntimeOptions"]
 
 DISPOSED_REASON = "runtime disposed"
-
-
-def exit_signs(language: LanguageBackend) -> ExitSigns:
-    """What a ``language`` worker says as it dies, in the worker supervisor's terms: the one
-    language-specific input of ``exit_classification``, taken from the language's backend."""
-    meanings = language.exits
-    return ExitSigns(
-        out_of_memory_status=min(meanings.out_of_memory, default=None),
-        heap_limit_line=meanings.marker or "",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +174,7 @@ class Runtime:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
         acquire, take_idle = pool.launcher(resolved.memory_bytes)
-        signs = exit_signs(pool.spec.backend)
+        signs = pool.spec.backend.exits
         return Run(request, acquire, handler, on_log, take_idle=take_idle, exit_signs=signs)
 
     async def execute(self, run: Run) -> RunResult:
@@ -241,7 +230,7 @@ class Runtime:
         )  # fmt: skip
         # A host's heap limit is its memory budget, as a program's (``memory_at_boot``).
         acquire, _ = pool.launcher(resolved.memory_bytes)
-        return PluginHost(request, acquire, emit, exit_signs=exit_signs(pool.spec.backend))
+        return PluginHost(request, acquire, emit, exit_signs=pool.spec.backend.exits)
 
     async def run_host(self, host: PluginHost) -> None:
         """Drive ``host`` until it ends; disposal ends it too."""

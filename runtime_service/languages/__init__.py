@@ -7,7 +7,7 @@
 from runtime_service.languages.backend import (
     Capability,
     ExecLaunch,
-    ExitMeanings,
+    ExitSigns,
     LanguageBackend,
     SourceCheck,
     SourceRole,
@@ -25,7 +25,7 @@ __all__ = [
     "DEFAULT_LANGUAGE",
     "Capability",
     "ExecLaunch",
-    "ExitMeanings",
+    "ExitSigns",
     "LanguageBackend",
     "SourceCheck",
     "SourceRole",

@@ -19,7 +19,8 @@ one backend per language (``python.py``, ``typescript.py``), registered in one t
   channel once it can take a program (an exec'd interpreter gets the sandbox report as its
   last argument and sends it back); nothing else counts as ready;
 - what an exit means: which exit statuses, and which stderr line followed by which status,
-  say that the program exhausted its memory budget (``ExitMeanings``);
+  say that the program exhausted its memory budget (``ExitSigns``, the one
+  input of the worker supervisor's exit classification, ``exit_classification``);
 - capability text: how ``GetCapabilities`` describes the interpreter and what its private
   root holds;
 - source check: an optional syntax check of a program or host half without running it.
@@ -34,12 +35,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
-
 __all__ = [
     "Capability",
     "ExecLaunch",
-    "ExitMeanings",
+    "ExitSigns",
     "LanguageBackend",
     "SourceCheck",
     "SourceRole",
@@ -79,22 +78,20 @@ class ExecLaunch:
 
 
 @dataclass(frozen=True, slots=True)
-class ExitMeanings:
-    """What a worker's exit says beyond its status: whether the program exhausted its memory
-    budget (the run then ends as ``worker-exit`` naming the budget, not a crash)."""
+class ExitSigns:
+    """How one language's worker says, as it ends, that it ran out of memory.
 
-    out_of_memory: frozenset[int] = frozenset({EXIT_OUT_OF_MEMORY})
-    """Exit statuses that mean it (the protocol's own: an uncaught out-of-memory error)."""
-    marker: str | None = None
-    """A line the interpreter writes to stderr when its heap is exhausted (None: none)."""
-    marked_status: int | None = None
-    """The status that, after ``marker`` was seen on stderr, means it too."""
+    The only part of an exit's meaning that depends on the language: each language's backend
+    provides one (the runtime passes it with every run and plugin host it creates). Plain
+    data, so that a language without either sign simply leaves it out.
+    """
 
-    def memory_exhausted(self, status: int, marker_seen: bool) -> bool:
-        """Whether an exit with ``status`` (negative: the signal) means the budget ran out."""
-        if status in self.out_of_memory:
-            return True
-        return marker_seen and self.marker is not None and status == self.marked_status
+    out_of_memory_status: int | None = None
+    """The exit status the worker uses for "out of memory" (the Python worker's uncaught
+    ``MemoryError``: ``framing.EXIT_OUT_OF_MEMORY``), or None."""
+    heap_limit_line: str = ""
+    """Text the worker's interpreter writes to stderr when it reaches its heap limit, right
+    before it aborts with SIGABRT (Node's ``worker/typescript.HEAP_EXHAUSTED``), or ""."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +125,7 @@ class LanguageBackend(Protocol):
     def capability(self) -> Capability: ...
 
     @property
-    def exits(self) -> ExitMeanings: ...
+    def exits(self) -> ExitSigns: ...
 
     @property
     def memory_at_boot(self) -> bool:

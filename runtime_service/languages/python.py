@@ -8,15 +8,16 @@ applied when the program is handed over, so any pooled worker fits any budget; a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runtime_service.languages.backend import (
     Capability,
     ExecLaunch,
-    ExitMeanings,
+    ExitSigns,
     SourceCheck,
     WorkerSettings,
 )
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 
 __all__ = ["BACKEND", "NAME", "PythonBackend"]
 
@@ -29,12 +30,15 @@ _CAPABILITY = Capability(
     installation="the Python installation (its site-packages and the runtime's own paths masked)",
 )
 
+_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY)
+
 
 @dataclass(frozen=True, slots=True)
 class PythonBackend:
     name: str = NAME
     capability: Capability = _CAPABILITY
-    exits: ExitMeanings = field(default_factory=ExitMeanings)
+    # An uncaught MemoryError ends the worker with the protocol's out-of-memory status.
+    exits: ExitSigns = _EXITS
     memory_at_boot: bool = False
     threaded: bool = False
     # A forked Python worker boots in a few ms of CPU: not worth a renice.

@@ -19,17 +19,17 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_service.languages.backend import (
     Capability,
     ExecLaunch,
-    ExitMeanings,
+    ExitSigns,
     SourceCheck,
     WorkerSettings,
 )
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.typescript import HEAP_EXHAUSTED
 
 __all__ = ["BACKEND", "NAME", "WORKER_DIR", "TypeScriptBackend", "find_node"]
@@ -63,14 +63,15 @@ def find_node() -> str | None:
     return os.path.realpath(found) if found else None
 
 
+_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY, heap_limit_line=HEAP_EXHAUSTED)
+
+
 @dataclass(frozen=True, slots=True)
 class TypeScriptBackend:
     name: str = NAME
     capability: Capability = _CAPABILITY
     # Node aborts (SIGABRT) after V8 writes its heap-limit line: the budget, not a crash.
-    exits: ExitMeanings = field(
-        default_factory=lambda: ExitMeanings(marker=HEAP_EXHAUSTED, marked_status=-signal.SIGABRT)
-    )
+    exits: ExitSigns = _EXITS
     memory_at_boot: bool = True
     threaded: bool = True
     # Node's boot takes a hundred ms and more of CPU on its threads: a refill's must not slow

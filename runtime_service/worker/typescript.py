@@ -2,7 +2,7 @@
 worker is isolated (its command line: ``runtime_service/languages/typescript.py``).
 
 Node's exit when V8 reaches its heap limit needs telling apart from a crash: it writes
-``HEAP_EXHAUSTED`` to its stderr and aborts. The TypeScript backend's ``ExitMeanings`` name it.
+``HEAP_EXHAUSTED`` to its stderr and aborts. The TypeScript backend's ``ExitSigns`` name it.
 
 Stdlib only.
 """

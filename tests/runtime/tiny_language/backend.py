@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_service.languages import (
     Capability,
     ExecLaunch,
-    ExitMeanings,
+    ExitSigns,
     SourceCheck,
     WorkerSettings,
 )
+from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 
 __all__ = ["BACKEND", "NAME", "TinyBackend"]
 
@@ -34,12 +35,14 @@ _CAPABILITY = Capability(
     installation="the Python installation and the tiny interpreter, read-only",
 )
 
+_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY)
+
 
 @dataclass(frozen=True, slots=True)
 class TinyBackend:
     name: str = NAME
     capability: Capability = _CAPABILITY
-    exits: ExitMeanings = field(default_factory=ExitMeanings)
+    exits: ExitSigns = _EXITS
     memory_at_boot: bool = False  # it sets RLIMIT_AS from the start message
     threaded: bool = False
     nice_boot: bool = False
