@@ -63,28 +63,27 @@ class HistoryRecorder:
 
 
 def _outer(kind: str, call: ObservedCall, result: ToolResult | None = None) -> Record:
-    return records.record(
-        kind,
-        agent=call.agent,
-        agent_id=call.agent_id,
-        call_id=call.call_id,
-        root_call_id=call.root_call_id,
-        parent_call_id="",
-        name=call.name,
-        arguments_json=call.recorded_arguments() if result is None else "",
-        result=result,
-    )
+    """A model-direct call's record: its arguments on `tool/call` only."""
+    arguments = call.recorded_arguments() if result is None else ""
+    return _record(kind, call, "", arguments, result)
 
 
 def _nested(kind: str, call: ObservedCall, result: ToolResult | None = None) -> Record:
+    """A nested call's record: under its parent, its arguments on both."""
+    return _record(kind, call, call.parent_call_id, call.recorded_arguments(), result)
+
+
+def _record(
+    kind: str, call: ObservedCall, parent: str, arguments: str, result: ToolResult | None
+) -> Record:
     return records.record(
         kind,
         agent=call.agent,
         agent_id=call.agent_id,
         call_id=call.call_id,
         root_call_id=call.root_call_id,
-        parent_call_id=call.parent_call_id,
+        parent_call_id=parent,
         name=call.name,
-        arguments_json=call.recorded_arguments(),
+        arguments_json=arguments,
         result=result,
     )
