@@ -316,6 +316,31 @@ class CallbackCpu:
         gc.unfreeze()
 
 
+def assert_few_linear_passes_per_callback(cpu: CallbackCpu, kept: str) -> None:
+    """No event-loop callback used more CPU than a few C-speed passes over the kept text.
+
+    What is left on the loop is of that kind (the reader's counts and copies, the terminal's
+    message), and a loaded machine slows those passes and the loop's callbacks alike; the work
+    that decoding threads do instead costs 60 to 120 such passes.
+    """
+    passes = max(linear_passes_cpu(kept), linear_passes_cpu(kept))
+    bound = max(0.15, 4 * passes)
+    print(
+        f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what}); "
+        f"one set of linear passes: {passes * 1000:.0f} ms"
+    )
+    assert cpu.worst < bound, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
+
+
+def linear_passes_cpu(text: str) -> float:
+    """CPU time of this thread for one encode, decode, copy and count over ``text``."""
+    began = time.thread_time()
+    data = text.encode()
+    data.decode()
+    bytes(bytearray(data)).count(b"\\u")
+    return time.thread_time() - began
+
+
 @pytest.mark.parametrize("char", ["x", "é"], ids=["ascii", "non-ascii"])
 async def test_a_huge_log_line_is_measured_and_cut_off_the_event_loop(
     tmp_path: Path, char: str
@@ -337,8 +362,7 @@ async def test_a_huge_log_line_is_measured_and_cut_off_the_event_loop(
     assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {budget} bytes")
     (kept,) = terminal.logs
     assert set(kept) == {char} and len(kept.encode()) > budget - 1024 - LOG_LINE_OVERHEAD
-    print(f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what})")
-    assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
+    assert_few_linear_passes_per_callback(cpu, kept)
 
 
 # A fake worker announcing a FRAME_BYTES log frame whose text is all 6-byte escapes (each a
@@ -366,8 +390,7 @@ async def test_a_hostile_log_frame_over_the_budget_is_cut_off_the_event_loop(
     assert failure(terminal) == (OUTPUT_LIMIT, f"outer output exceeded {budget} bytes")
     (kept,) = terminal.logs
     assert set(kept) == {"é"} and len(kept.encode()) > budget - 1024 - LOG_LINE_OVERHEAD
-    print(f"worst event-loop callback: {cpu.worst * 1000:.0f} ms of CPU ({cpu.what})")
-    assert cpu.worst < 0.15, f"{cpu.worst * 1000:.0f} ms of CPU in one callback: {cpu.what}"
+    assert_few_linear_passes_per_callback(cpu, kept)
 
 
 async def test_probe_runs_complete_while_a_large_frame_is_decoded(tmp_path: Path) -> None:
