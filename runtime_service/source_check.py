@@ -8,26 +8,25 @@ reads the one answer under a small budget (``CHECK_BUDGET``) and kills the worke
 bounded (``RuntimeOptions.max_concurrent_checks`` at once) and, like runs, need a free sandbox:
 either refusal is ``RuntimeExhaustedError`` (RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY).
 
-What each language checks, and the hint it gives, is its own function in ``CHECKERS`` (one
-entry per language, keyed by name). A client half is JavaScript for the browser: it is checked
-by a served language whose checker takes client halves (TypeScript's, whose workers run Node).
+What each language checks, and the hints it gives, is its backend's ``source_check``
+(``languages/``); a language without one is not checked. A client half is JavaScript for the
+browser: it is checked by a served language whose check takes client halves (TypeScript's,
+whose workers run Node).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets
 from runtime_service.errors import RuntimeDisposedError
 from runtime_service.exit_classification import ExitSigns, WorkerExit
 from runtime_service.frame_reader import FrameEvent, FrameLimits
-from runtime_service.languages import python, typescript
+from runtime_service.languages import Parse, Problem, SourceCheck, SourceKind, backend, backends
 from runtime_service.log_budget import LineBudget
 from runtime_service.pool import WorkerPool
 from runtime_service.runtime import Runtime
@@ -35,18 +34,16 @@ from runtime_service.supervisor import WorkerSupervisor
 from runtime_service.worker_process import WorkerCapacityError, WorkerProcess
 
 __all__ = [
-    "CHECKERS",
     "CHECK_BUDGET",
     "KINDS",
     "CheckBudget",
     "CheckOutcome",
-    "LanguageChecker",
     "Problem",
     "SourceCheckRefused",
     "SourceChecker",
 ]
 
-Kind = Literal["program", "host", "client"]
+Kind = SourceKind
 KINDS: tuple[Kind, ...] = ("program", "host", "client")
 CLIENT_LANGUAGE = "javascript"
 """What a client half is written in (a request may name it, or leave the language empty)."""
@@ -65,17 +62,6 @@ class CheckBudget:
 
 
 CHECK_BUDGET = CheckBudget()
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Where a source does not parse, in its own coordinates (line 1-based, column 0-based;
-    line 0: it could not be parsed at all, and ``message`` says why)."""
-
-    line: int
-    column: int
-    message: str
-    hint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,94 +84,6 @@ class SourceCheckRefused(ValueError):
         super().__init__(message)
         self.reason = reason
         self.served = served
-
-
-Parse = Callable[[Kind, str], Awaitable[list[Problem]]]
-"""Parses a source in a sandboxed worker of the checker's language: the problems without
-hints."""
-
-
-@dataclass(frozen=True, slots=True)
-class LanguageChecker:
-    """One language's source check: what it takes, and how it runs (``check``: the problems
-    of a source, with hints, given a parse in one of the language's sandboxed workers)."""
-
-    kinds: tuple[Kind, ...]
-    check: Callable[[Parse, Kind, str], Awaitable[list[Problem]]]
-
-
-# -- Python --------------------------------------------------------------------------------
-
-
-async def check_python(parse: Parse, kind: Kind, source: str) -> list[Problem]:
-    """A program or a host half, compiled as the body of an async function."""
-    problems = await parse(kind, source)
-    return [_with_hint(p, source, _python_hint(kind, _line(source, p.line))) for p in problems]
-
-
-def _python_hint(kind: Kind, text: str) -> str:
-    what = "program" if kind == "program" else "Host half"
-    returns = "" if kind == "program" else " that returns the plugin"
-    if re.search(r"=>|\b(const|let|var|function)\s|;\s*$|\binterface\s", text):
-        return (
-            f"Hint: the {what} is Python (an async function body{returns}), not JavaScript or "
-            "TypeScript."
-        )
-    return (
-        "Hint: check that brackets, quotes and indentation balance; line numbers count from "
-        "the first line of the body (the async function wrapper adds none)."
-    )
-
-
-# -- TypeScript (and JavaScript client halves, which its Node workers parse) ----------------
-
-
-async def check_typescript(parse: Parse, kind: Kind, source: str) -> list[Problem]:
-    """A program or a host half: types stripped as the worker strips them, then compiled; a
-    client half: compiled as plain JavaScript."""
-    problems = await parse(kind, source)
-    hint = _javascript_hint if kind == "client" else _typescript_hint
-    return [_with_hint(p, source, hint(kind, _line(source, p.line))) for p in problems]
-
-
-def _typescript_hint(kind: Kind, text: str) -> str:
-    what = "program" if kind == "program" else "Host half"
-    returns = "" if kind == "program" else " that returns the plugin"
-    if re.search(r"^\s*(def|class|async def|import|from)\s.*|:\s*$", text):
-        return f"Hint: the {what} is TypeScript (an async function body{returns}), not Python."
-    return (
-        "Hint: check that brackets and quotes balance; line numbers count from the first line "
-        "of the body (the async function wrapper adds none). Types are stripped, not checked: "
-        "enums, namespaces and parameter properties are not supported."
-    )
-
-
-def _javascript_hint(_kind: Kind, text: str) -> str:
-    if " as " in text:
-        return (
-            "Hint: the Client half is plain JavaScript; remove TypeScript syntax such as `as` "
-            "casts, type annotations and interfaces."
-        )
-    return (
-        "Hint: check that brackets and quotes balance; line numbers count from the first line "
-        "of the body (the one-line `(async () => {` wrapper is not counted)."
-    )
-
-
-CHECKERS: dict[str, LanguageChecker] = {
-    python.NAME: LanguageChecker(("program", "host"), check_python),
-    typescript.NAME: LanguageChecker(("program", "host", "client"), check_typescript),
-}
-"""Each language's source check, keyed by its name (``Runtime.languages``)."""
-
-
-def _line(source: str, line: int) -> str:
-    lines = source.splitlines()
-    return lines[line - 1] if 0 < line <= len(lines) else ""
-
-
-def _with_hint(problem: Problem, source: str, hint: str) -> Problem:
-    return Problem(problem.line, problem.column, problem.message, hint if problem.line else "")
 
 
 # -- the sandboxed parse -------------------------------------------------------------------
@@ -211,10 +109,17 @@ class SourceChecker:
 
     def kinds(self, language: str) -> tuple[Kind, ...]:
         """What CheckSource checks for ``language`` here (empty: not served)."""
-        checker = CHECKERS.get(language)
-        if checker is None or language not in self._runtime.languages:
+        found = backend(language)
+        check = found.source_check if found is not None else None
+        if check is None or language not in self._runtime.languages:
             return ()
-        return checker.kinds
+        return check.kinds
+
+    @staticmethod
+    def _source_check(language: str) -> SourceCheck:
+        found = backend(language)
+        assert found is not None and found.source_check is not None  # resolve() saw to it
+        return found.source_check
 
     def resolve(self, language: str, kind: str, source: str) -> tuple[str, Kind]:
         """The checking language and the kind, or ``SourceCheckRefused``."""
@@ -239,8 +144,8 @@ class SourceChecker:
                     served=False,
                 )
             language = by
-        elif language not in CHECKERS:
-            known = ", ".join(CHECKERS)
+        elif backend(language) is None:
+            known = ", ".join(b.name for b in backends())
             raise SourceCheckRefused(
                 "UNKNOWN_LANGUAGE", f"unknown language {language!r} (known: {known})"
             )
@@ -251,9 +156,15 @@ class SourceChecker:
                 f"(served: {', '.join(served) or 'none'})",
                 served=False,
             )
-        elif checked not in CHECKERS[language].kinds:
+        elif not self.kinds(language):
             raise SourceCheckRefused(
-                "UNKNOWN_SOURCE_KIND", f"{language} checks {', '.join(CHECKERS[language].kinds)}"
+                "LANGUAGE_NOT_CHECKED",
+                f"language {language!r} offers no source check",
+                served=False,
+            )
+        elif checked not in self.kinds(language):
+            raise SourceCheckRefused(
+                "UNKNOWN_SOURCE_KIND", f"{language} checks {', '.join(self.kinds(language))}"
             )
         limit = self._runtime.options.max_program_bytes
         if type(source) is not str or utf8_exceeds(source, limit):
@@ -274,7 +185,8 @@ class SourceChecker:
         try:
             pool = self._runtime.pools[by]
             parse: Parse = lambda k, s: self._parse(pool, k, s)  # noqa: E731
-            problems = await CHECKERS[by].check(parse, checked, source)
+            check = self._source_check(by)
+            problems = await check.check(parse, checked, source)
         finally:
             self._in_flight -= 1
         return CheckOutcome(by, tuple(problems))

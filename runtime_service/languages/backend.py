@@ -23,7 +23,10 @@ one backend per language (``python.py``, ``typescript.py``), registered in one t
   input of the worker supervisor's exit classification, ``exit_classification``);
 - capability text: how ``GetCapabilities`` describes the interpreter and what its private
   root holds;
-- source check: an optional syntax check of a program or host half without running it.
+- source check: what ``CheckSource`` parses for it (programs, host halves, and for a language
+  whose workers can parse JavaScript, client halves) and the hints its problems carry; the
+  parse itself always happens in one of its sandboxed workers, which the runtime provides
+  (``SourceCheck.check`` gets it as ``parse``).
 
 Nothing here imports the rest of the runtime: a backend reads the worker settings it needs
 through ``WorkerSettings`` (``worker_process.WorkerSpec`` is one).
@@ -40,9 +43,12 @@ __all__ = [
     "ExecLaunch",
     "ExitSigns",
     "LanguageBackend",
+    "Parse",
+    "Problem",
     "SourceCheck",
-    "SourceRole",
+    "SourceKind",
     "WorkerSettings",
+    "hinted",
 ]
 
 
@@ -105,10 +111,50 @@ class Capability:
     """What the private root holds besides the system trees, in the ``filesystem:`` line."""
 
 
-SourceRole = Literal["program", "host"]
-SourceCheck = Callable[[str, SourceRole], Awaitable[str | None]]
-"""A syntax check of ``source`` (a program, or a plugin's host half) without running it:
-None when it parses, else the error as the language reports it."""
+SourceKind = Literal["program", "host", "client"]
+"""What a source is: a program, a plugin's host half, or a plugin's client half (JavaScript
+for the browser)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Where a source does not parse, in its own coordinates (line 1-based, column 0-based;
+    line 0: it could not be parsed at all, and ``message`` says why)."""
+
+    line: int
+    column: int
+    message: str
+    hint: str = ""
+
+
+Parse = Callable[[SourceKind, str], Awaitable[list[Problem]]]
+"""Parses a source in one of the language's sandboxed workers: its problems, without hints."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCheck:
+    """One language's syntax check: the kinds of source it takes, and ``check``, which gets
+    the runtime's sandboxed ``parse`` and returns the problems with the language's hints."""
+
+    kinds: tuple[SourceKind, ...]
+    check: Callable[[Parse, SourceKind, str], Awaitable[list[Problem]]]
+
+
+def hinted(
+    problems: list[Problem], source: str, hint: Callable[[SourceKind, str], str], kind: SourceKind
+) -> list[Problem]:
+    """``problems`` with the hint for the text of each one's line (none where the source could
+    not be parsed at all: line 0)."""
+    lines = source.splitlines()
+    return [
+        Problem(
+            p.line,
+            p.column,
+            p.message,
+            hint(kind, lines[p.line - 1] if p.line <= len(lines) else "") if p.line > 0 else "",
+        )
+        for p in problems
+    ]
 
 
 class LanguageBackend(Protocol):

@@ -8,14 +8,19 @@ applied when the program is handed over, so any pooled worker fits any budget; a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from runtime_service.languages.backend import (
     Capability,
     ExecLaunch,
     ExitSigns,
+    Parse,
+    Problem,
     SourceCheck,
+    SourceKind,
     WorkerSettings,
+    hinted,
 )
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 
@@ -33,6 +38,28 @@ _CAPABILITY = Capability(
 _EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY)
 
 
+async def _check(parse: Parse, kind: SourceKind, source: str) -> list[Problem]:
+    """A program or a host half, compiled as the body of an async function."""
+    return hinted(await parse(kind, source), source, _hint, kind)
+
+
+def _hint(kind: SourceKind, text: str) -> str:
+    what = "program" if kind == "program" else "Host half"
+    returns = "" if kind == "program" else " that returns the plugin"
+    if re.search(r"=>|\b(const|let|var|function)\s|;\s*$|\binterface\s", text):
+        return (
+            f"Hint: the {what} is Python (an async function body{returns}), not JavaScript or "
+            "TypeScript."
+        )
+    return (
+        "Hint: check that brackets, quotes and indentation balance; line numbers count from "
+        "the first line of the body (the async function wrapper adds none)."
+    )
+
+
+_SOURCE_CHECK = SourceCheck(("program", "host"), _check)
+
+
 @dataclass(frozen=True, slots=True)
 class PythonBackend:
     name: str = NAME
@@ -43,7 +70,7 @@ class PythonBackend:
     threaded: bool = False
     # A forked Python worker boots in a few ms of CPU: not worth a renice.
     nice_boot: bool = False
-    source_check: SourceCheck | None = None
+    source_check: SourceCheck | None = _SOURCE_CHECK
 
     def unavailable(self, settings: WorkerSettings) -> str | None:
         return None  # the runtime's own interpreter

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,12 @@ from runtime_service.languages.backend import (
     Capability,
     ExecLaunch,
     ExitSigns,
+    Parse,
+    Problem,
     SourceCheck,
+    SourceKind,
     WorkerSettings,
+    hinted,
 )
 from runtime_service.worker.framing import EXIT_OUT_OF_MEMORY
 from runtime_service.worker.typescript import HEAP_EXHAUSTED
@@ -66,6 +71,40 @@ def find_node() -> str | None:
 _EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY, heap_limit_line=HEAP_EXHAUSTED)
 
 
+async def _check(parse: Parse, kind: SourceKind, source: str) -> list[Problem]:
+    """A program or a host half: types stripped as the worker strips them, then compiled; a
+    client half (JavaScript for the browser, which Node parses too): compiled as it is."""
+    problems = await parse(kind, source)
+    return hinted(problems, source, _javascript_hint if kind == "client" else _hint, kind)
+
+
+def _hint(kind: SourceKind, text: str) -> str:
+    what = "program" if kind == "program" else "Host half"
+    returns = "" if kind == "program" else " that returns the plugin"
+    if re.search(r"^\s*(def|class|async def|import|from)\s.*|:\s*$", text):
+        return f"Hint: the {what} is TypeScript (an async function body{returns}), not Python."
+    return (
+        "Hint: check that brackets and quotes balance; line numbers count from the first line "
+        "of the body (the async function wrapper adds none). Types are stripped, not checked: "
+        "enums, namespaces and parameter properties are not supported."
+    )
+
+
+def _javascript_hint(_kind: SourceKind, text: str) -> str:
+    if " as " in text:
+        return (
+            "Hint: the Client half is plain JavaScript; remove TypeScript syntax such as `as` "
+            "casts, type annotations and interfaces."
+        )
+    return (
+        "Hint: check that brackets and quotes balance; line numbers count from the first line "
+        "of the body (the one-line `(async () => {` wrapper is not counted)."
+    )
+
+
+_SOURCE_CHECK = SourceCheck(("program", "host", "client"), _check)
+
+
 @dataclass(frozen=True, slots=True)
 class TypeScriptBackend:
     name: str = NAME
@@ -77,7 +116,7 @@ class TypeScriptBackend:
     # Node's boot takes a hundred ms and more of CPU on its threads: a refill's must not slow
     # the programs running meanwhile.
     nice_boot: bool = True
-    source_check: SourceCheck | None = None
+    source_check: SourceCheck | None = _SOURCE_CHECK
 
     def node(self, settings: WorkerSettings) -> str | None:
         """The Node executable: the configured one, else ``node`` on the PATH."""
