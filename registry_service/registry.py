@@ -25,6 +25,7 @@ from registry_service.domain.catalog import Catalog
 from registry_service.domain.catalog_follow import CatalogFollower
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
+from registry_service.domain.cordis.source_checks import SourceChecks
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
@@ -252,6 +253,7 @@ def _cordis(
     history: HistoryStore,
     settings: RegistrySettings,
     *,
+    source_checks: SourceChecks | None,
     authority: ToolAuthority,
     admission: Admission,
 ) -> Cordis:
@@ -269,6 +271,7 @@ def _cordis(
             state_store,
             history.watch,
             host_languages=HOST_LANGUAGES,
+            source_checks=source_checks,
             start_timeout_s=settings.cordis_start_timeout_s,
             compute_ms_per_call=settings.cordis_compute_ms_per_call,
             authority=authority,
@@ -388,6 +391,8 @@ def build_registry(
             plugin_hosts or _plugin_hosts(runtime),
             history,
             settings,
+            # A define's halves are parsed by the runtimes that would run them.
+            source_checks=runtime if isinstance(runtime, SourceChecks) else None,
             authority=authority,
             admission=admission,
         ),

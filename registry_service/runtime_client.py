@@ -46,6 +46,7 @@ from registry_service.codemode.runtime_port import (
     RuntimeLost,
     RuntimeUnreachable,
 )
+from registry_service.domain.cordis.source_checks import CheckUnavailable, HalfKind, SourceProblem
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ _KEEPALIVE_TIMEOUT_MS = 10_000
 # most this often, so a redeployed runtime's new limits are picked up without a per-run cost.
 _CAPABILITIES_REFRESH_S = 60.0
 _CAPABILITIES_TIMEOUT_S = 10.0
+# A source check takes at most 10 s of the runtime's own wall budget, plus a worker's start.
+_CHECK_TIMEOUT_S = 30.0
+_HALF_KINDS = {"host": pb.SOURCE_KIND_HOST_HALF, "client": pb.SOURCE_KIND_CLIENT_HALF}
 # Reconnecting to a runtime that went away: the first attempt this soon, then growing (gRPC's
 # 1.6x with 20 % jitter) up to the configured maximum; gRPC's own defaults (1 s up to 120 s)
 # left a restarted runtime unused for 10-25 s.
@@ -432,6 +436,20 @@ class GrpcRuntime:
         await call.write(pb.HostRequest(start=start))
         return call
 
+    async def check_source(
+        self, language: str, kind: HalfKind, source: str
+    ) -> tuple[SourceProblem, ...]:
+        """`SourceChecks`: a Cordis half parsed in a runtime's sandboxed worker (waiting for a
+        connected runtime as a run does)."""
+        loop = asyncio.get_running_loop()
+        await self._wait_connected(loop.time() + self._start_timeout)
+        request = pb.CheckSourceRequest(language=language, kind=_HALF_KINDS[kind], source=source)
+        try:
+            response = await self._stub.CheckSource(request, timeout=_CHECK_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise _check_unavailable(exc, language or "JavaScript") from exc
+        return tuple(SourceProblem(p.line, p.column, p.message, p.hint) for p in response.problems)
+
     def _unreachable(self, why: str) -> str:
         wait = f"{self._start_timeout:g} s"
         return f"no code runtime took the run within {wait} ({self._targets}: {why})"
@@ -440,6 +458,25 @@ class GrpcRuntime:
         if self._fetching is not None:
             self._fetching.cancel()
         await self._channel.close()
+
+
+def _check_unavailable(exc: grpc.aio.AioRpcError, language: str) -> CheckUnavailable:
+    code, detail = exc.code(), exc.details() or ""
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
+        return CheckUnavailable(
+            "language-not-served", f"no code runtime here checks {language} ({detail})"
+        )
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return CheckUnavailable(
+            "resource-exhausted", f"the code runtime is at capacity ({detail}); try again"
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return CheckUnavailable(
+            "runtime-unavailable", f"no code runtime answered ({code.name}: {detail}); try again"
+        )
+    return CheckUnavailable(
+        "check-failed", f"the code runtime refused the check ({code.name}: {detail})"
+    )
 
 
 def _start_message(spec: RunSpec, timeout: float | None) -> pb.RunStart:

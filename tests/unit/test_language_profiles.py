@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import registry_service
-from registry_service.domain.cordis.refusals import CordisError
 from registry_service.presentation import language_profiles
 from registry_service.presentation.language_profiles import (
     HOST_LANGUAGES,
@@ -119,8 +118,9 @@ def test_every_profile_is_complete(language: str) -> None:
     assert HOST_LANGUAGES.facade(language) == profile.facade
 
 
-async def test_host_languages_check_each_language_and_accept_an_unknown_one() -> None:
-    with pytest.raises(CordisError):
-        await HOST_LANGUAGES.check_host("python", "def broken(:\n")
-    await HOST_LANGUAGES.check_host("python", "return {'apply': None}")
-    await HOST_LANGUAGES.check_host("cobol", "def broken(:\n")  # the plugin host will report
+def test_host_languages_title_each_language_and_an_unknown_one_by_its_name() -> None:
+    assert [HOST_LANGUAGES.title(language) for language in LANGUAGES] == [
+        PROFILES[language].title for language in LANGUAGES
+    ]
+    assert all(PROFILES[language].title for language in LANGUAGES)
+    assert HOST_LANGUAGES.title("cobol") == "cobol"

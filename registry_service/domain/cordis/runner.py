@@ -53,13 +53,13 @@ from registry_service.domain.cordis.model import (
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing
 from registry_service.domain.cordis.services import ServiceRouter
+from registry_service.domain.cordis.source_checks import SourceChecks, check_half
 from registry_service.domain.cordis.steering import (
     HOST_LOST,
     Steering,
     completed_text,
     failed_text,
 )
-from registry_service.domain.cordis.syntax import check_javascript_client
 from registry_service.domain.plugin_host_admission import AdmittedPluginHosts
 from registry_service.domain.plugin_hosts import (
     HOST_GONE,
@@ -109,6 +109,7 @@ class CordisRunner:
         hosts: PluginHosts | None = None,
         *,
         host_languages: HostLanguages,
+        source_checks: SourceChecks | None = None,
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
@@ -118,7 +119,9 @@ class CordisRunner:
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
     ) -> None:
-        """`host_languages` checks a host half's syntax in its owner's program language.
+        """`host_languages` names a host half's language (its owner's program language) and
+        `source_checks` parses a define's halves before anything is stored (a runtime's
+        `CheckSource`; None: a registry without runtimes, where halves are recorded unchecked).
         `state_store`: keep plugins, packages, grants, pointers and id counters there
         across restarts (loaded now; runs are not restarted). None: process memory only.
         `history_watch` (the history store's `watch`) is where plugins' events come from.
@@ -127,6 +130,7 @@ class CordisRunner:
         `admission`: each live plugin host holds a slot of its owner there (None: no limits)."""
         self._catalog = catalog
         self._host_languages = host_languages
+        self._source_checks = source_checks
         self._authority = authority or ToolAuthority(AccessPolicy((), enforced=False))
         self.hosts = hosts
         self.steering = steering or Steering()
@@ -231,11 +235,13 @@ class CordisRunner:
         else:
             self._owned(owner, cast(str, plugin.get("pluginId", "")))
         language = self._catalog.language_for(owner)  # a host half is in the agent's language
-        if host is not None:
-            await self._host_languages.check_host(language, host)
-        if client is not None:
-            await check_javascript_client(client)
-        # Looked up again: the plugin may have been undefined while node parsed the client half.
+        checks = self._source_checks
+        title = self._host_languages.title(language)
+        if checks is not None and host is not None:
+            await check_half(checks, "host", language, title, host)
+        if checks is not None and client is not None:
+            await check_half(checks, "client", language, title, client)
+        # Looked up again: the plugin may have been undefined while a runtime parsed the halves.
         if prefix:
             owner_id = self._catalog.get_agent(owner).agent_id
             target = Plugin(self._ids.plugin(prefix, self._plugins), owner, owner_id=owner_id)

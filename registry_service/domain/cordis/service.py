@@ -22,6 +22,7 @@ from registry_service.domain.cordis.references import (
     render_unavailable,
 )
 from registry_service.domain.cordis.runner import CordisRunner
+from registry_service.domain.cordis.source_checks import SourceChecks
 from registry_service.domain.cordis.steering import SOURCE, Steering, Submit
 from registry_service.domain.cordis.tools import cordis_tools
 from registry_service.domain.plugin_hosts import PluginHosts
@@ -38,6 +39,7 @@ class Cordis:
         history_watch: Watch | None = None,
         *,
         host_languages: HostLanguages,
+        source_checks: SourceChecks | None = None,
         start_timeout_s: float = 5.0,
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
@@ -46,13 +48,15 @@ class Cordis:
         """`history_submit` writes the steering records (the history store's `submit`);
         `state_store` keeps the plugins across restarts (none: process memory only);
         `history_watch` (the store's `watch`) feeds the events plugins observe;
-        `host_languages` describes and checks host halves per program language."""
+        `host_languages` describes host halves per program language; `source_checks` parses
+        a define's halves (a runtime's `CheckSource`; None: recorded unchecked)."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
             catalog,
             hosts,
             host_languages=host_languages,
+            source_checks=source_checks,
             reserved_names=NAMES,
             steering=self.steering,
             state_store=state_store,

@@ -1,16 +1,16 @@
 """The registry's program languages: one `LanguageProfile` per language, in one table.
 
-A profile (`profile.py`) holds everything the registry renders or checks differently per
-language: the `tools:sdk` renderer, the `run_code` schema flavour, the Host-half paragraph of
-the `tool:cordis` prompt, the plugin host façade as described to the model, and the host half's
-define-time syntax check. Every other registry module takes what it needs from here and names
-no language itself.
+A profile (`profile.py`) holds everything the registry renders differently per language: the
+`tools:sdk` renderer, the `run_code` schema flavour, the Host-half paragraph of the `tool:cordis`
+prompt, the plugin host façade as described to the model, and the title a define-time syntax
+refusal names the language by (the check itself is a runtime's `CheckSource`). Every other
+registry module takes what it needs from here and names no language itself.
 
 Why the table lives in `presentation` and the domain only receives plain data: a profile holds
 the SDK renderers, which are presentation (`sdk_python`, `sdk_typescript`), and refers to the
-domain's syntax checks and prompt text; dependencies go one way, presentation → domain. So the
+domain's prompt text; dependencies go one way, presentation → domain. So the
 domain never imports a profile: the catalog is given the language names (`LANGUAGES`) and the
-default, and Cordis is given `HOST_LANGUAGES` (the façade and host check per language,
+default, and Cordis is given `HOST_LANGUAGES` (the façade and title per language,
 through the `HostLanguages` protocol it declares in `domain/cordis/host_languages.py`), both
 when `registry_service/registry.py` composes the registry.
 
@@ -70,10 +70,9 @@ class _HostLanguages:
     def facade(self, language: str) -> Facade:
         return host_profile(language).facade
 
-    async def check_host(self, language: str, source: str) -> None:
+    def title(self, language: str) -> str:
         profile = PROFILES.get(language)
-        if profile is not None:  # unknown: accepted unchecked, as the plugin host will report
-            await profile.check_host_half(source)
+        return profile.title if profile is not None else language
 
 
 HOST_LANGUAGES: Final = _HostLanguages()

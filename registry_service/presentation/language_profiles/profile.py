@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -29,10 +29,11 @@ class LanguageProfile:
     and what a runtime says it serves. The rest is what the registry renders or checks for an
     agent in that language: its `run_code` schema, its `tools:sdk` section, the Host-half
     paragraph of the `tool:cordis` section, the host façade it describes to the model
-    (`Builtin.listBuiltins`), and the define-time syntax check of a host half.
+    (`Builtin.listBuiltins`), and the title the model reads it by.
     """
 
     name: str
+    title: str  # the language's name in text the model reads ("Python")
     render_sdk: SdkRenderer  # the `tools:sdk` section for the agent's visible tools
     run_code: RunCodeFlavour
     cordis_host_half: HostHalfGuidance
@@ -40,6 +41,3 @@ class LanguageProfile:
     # symbol, in this language's spelling; what the runtime's host harness of the language
     # implements.
     facade: Facade
-    # Raises `CordisError` when a host half is not an async function body in this language
-    # (what it returns is not used).
-    check_host_half: Callable[[str], Awaitable[object]]

@@ -11,7 +11,6 @@ from typing import Final
 
 from registry_service.domain.cordis.host_languages import Facade
 from registry_service.domain.cordis.prompt import HostHalfGuidance
-from registry_service.domain.cordis.syntax import check_python_host
 from registry_service.presentation.language_profiles.profile import LanguageProfile, RunCodeFlavour
 from registry_service.presentation.sdk_python import render_python_sdk
 
@@ -130,15 +129,11 @@ _FACADE: Facade = (
 )
 
 
-async def _check_host_half(source: str) -> None:
-    check_python_host(source)  # compiled in this process: no subprocess to wait for
-
-
 PROFILE: Final = LanguageProfile(
     name="python",
+    title="Python",
     render_sdk=render_python_sdk,
     run_code=_RUN_CODE,
     cordis_host_half=_HOST_HALF,
     facade=_FACADE,
-    check_host_half=_check_host_half,
 )

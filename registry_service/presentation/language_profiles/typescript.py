@@ -12,7 +12,6 @@ from typing import Final
 
 from registry_service.domain.cordis.host_languages import Facade
 from registry_service.domain.cordis.prompt import HostHalfGuidance
-from registry_service.domain.cordis.syntax import check_typescript_host
 from registry_service.presentation.language_profiles.profile import LanguageProfile, RunCodeFlavour
 from registry_service.presentation.sdk_typescript import render_typescript_sdk
 
@@ -135,9 +134,9 @@ _FACADE: Facade = (
 
 PROFILE: Final = LanguageProfile(
     name="typescript",
+    title="TypeScript",
     render_sdk=render_typescript_sdk,
     run_code=_RUN_CODE,
     cordis_host_half=_HOST_HALF,
     facade=_FACADE,
-    check_host_half=check_typescript_host,
 )

@@ -1,14 +1,27 @@
 """`cordis_define`: parameters, ownership, syntax checks, identities (invariant 1: it never runs
-code, never asks approval, never moves a pointer; ids are never reused)."""
+code, never asks approval, never moves a pointer; ids are never reused).
+
+Syntax checks are a runtime's (`CheckSource`, a sandboxed worker of the half's language): those
+tests run against a registry wired to a real runtime on loopback."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from tests.registry.conftest import result_text
 from tests.registry.cordis.conftest import CLOCK, CordisHarness
+from tests.registry.cordis.real_stack import NEEDS_NODE, real_stack
+
+
+@pytest.fixture
+async def checked() -> AsyncIterator[CordisHarness]:
+    """A registry whose defines are checked by a real runtime."""
+    async with real_stack() as harness:
+        yield harness
 
 
 async def _define_call(cordis: CordisHarness, agent: str, host: str) -> Any:
@@ -160,7 +173,8 @@ async def test_schema_closes_the_plugin_union(cordis: CordisHarness) -> None:
     assert result.is_error and result.error.code == "INVALID_ARGS"
 
 
-async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarness) -> None:
+async def test_python_parse_errors_carry_line_caret_and_hint(checked: CordisHarness) -> None:
+    cordis = checked
     agent = await cordis.agent("maker")
     result = await _define_call(cordis, agent, "async def apply(ctx):\n    x = (1,\n\nreturn apply")
     assert result.is_error and result.error.code == "syntax-error"
@@ -181,7 +195,9 @@ async def test_python_parse_errors_carry_line_caret_and_hint(cordis: CordisHarne
     assert (await cordis.ok(agent, "cordis_inspect_self", {}))["plugins"] == []
 
 
-async def test_a_typescript_host_half_is_checked_as_typescript(cordis: CordisHarness) -> None:
+@NEEDS_NODE
+async def test_a_typescript_host_half_is_checked_as_typescript(checked: CordisHarness) -> None:
+    cordis = checked
     # The agent's program language is its host halves' language: types are fine, and a parse
     # error is named in the body's own lines, with the line, a caret and a hint.
     agent = await cordis.agent("maker", language="typescript")
@@ -226,7 +242,9 @@ async def test_a_typescript_host_half_is_checked_as_typescript(cordis: CordisHar
     assert [p["pluginId"] for p in listed] == [good["pluginId"]]
 
 
-async def test_client_half_is_checked_as_javascript(cordis: CordisHarness) -> None:
+@NEEDS_NODE
+async def test_client_half_is_checked_as_javascript(checked: CordisHarness) -> None:
+    cordis = checked
     agent = await cordis.agent("maker")
     bad = await cordis.call(
         agent,
@@ -245,6 +263,50 @@ async def test_client_half_is_checked_as_javascript(cordis: CordisHarness) -> No
         agent, None, prefix="panel", client="return { apply(ctx) { console.log('hi') } }"
     )
     assert good["hasClientHalf"] is True and good["hasHostHalf"] is False
+
+
+async def test_a_define_no_runtime_can_check_is_refused_and_stores_nothing(
+    make_cordis: Any,
+) -> None:
+    # The registry is wired to a runtime that is not there: the halves cannot be parsed, so
+    # nothing is recorded (an unchecked half would only fail later, at an activation).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"  # closed once the block ends
+    async with make_cordis(runtime_targets=[dead], runtime_start_timeout_s=0.2) as cordis:
+        agent = await cordis.agent("maker")
+        refused = await _define_call(cordis, agent, "return {'apply': None}")
+        assert refused.is_error and refused.error.code == "runtime-unavailable"
+        assert refused.error.message.startswith(
+            "cordis_define could not check code.host: no code runtime answered (UNAVAILABLE"
+        ), refused.error.message
+        assert refused.error.message.endswith("; try again; nothing was stored")
+        assert (await cordis.ok(agent, "cordis_inspect_self", {}))["plugins"] == []
+
+
+async def test_a_half_in_a_language_no_runtime_serves_is_refused() -> None:
+    # The runtime serves Python only: a TypeScript agent's host half, and any client half
+    # (JavaScript: checked by Node workers), cannot be checked there.
+    async with real_stack({"languages": ["python"]}, runtime_languages=None) as cordis:
+        agent = await cordis.agent("maker", language="typescript")
+        refused = await _define_call(cordis, agent, "return () => {};")
+        assert refused.is_error and refused.error.code == "language-not-served"
+        assert "no code runtime here checks typescript" in refused.error.message
+        python = await cordis.agent("other")
+        client = await cordis.call(
+            python,
+            "cordis_define",
+            {
+                "plugin": {"kind": "new", "idPrefix": "panel"},
+                "name": "n",
+                "purpose": "p",
+                "code": {"client": "return {apply() {}}"},
+            },
+        )
+        assert client.is_error and client.error.code == "language-not-served"
+        assert "no code runtime here checks JavaScript" in client.error.message
+        for owner in (agent, python):
+            assert (await cordis.ok(owner, "cordis_inspect_self", {}))["plugins"] == []
 
 
 async def test_another_agents_plugin_reads_as_absent(cordis: CordisHarness) -> None:
