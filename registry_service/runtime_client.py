@@ -1,7 +1,9 @@
 """The registry's side of `RuntimeService.Run`: implements `RuntimePort` over gRPC.
 
-Runs are spread over the configured runtime targets by gRPC client-side load balancing
-(round_robin over an address list, or over DNS records with `dns:///name:port`).
+Runs, plugin hosts and define-time source checks are spread over the configured runtime
+targets in rotation, each going only to a target that serves its language
+(`runtime_targets.py`: one channel per target; a DNS target, `dns:///name:port`, balances over
+its records with round_robin).
 
 Outages: a run waits up to the start timeout for a runtime to be connected and to accept it,
 trying again (on the next runtime in the rotation) whenever a runtime is unreachable or refuses
@@ -15,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
+import itertools
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,7 +33,6 @@ from codemode_common.telemetry.interceptors import client_interceptors
 from codemode_common.tls import ClientTls
 from codemode_wire.api.common.v1 import trace_pb2
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
-from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from codemode_wire.grpc_status import retry_delay
 from registry_service.codemode.runtime_port import (
     BindingCall,
@@ -47,6 +47,7 @@ from registry_service.codemode.runtime_port import (
     RuntimeUnreachable,
 )
 from registry_service.domain.cordis.source_checks import CheckUnavailable, HalfKind, SourceProblem
+from registry_service.runtime_targets import Choose, RuntimeTarget, first_connected
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,6 @@ _DEADLINE_GRACE_S = 5.0
 _CLOSE_DRAIN_S = 1.0
 # How long a keepalive ping may go unanswered before its connection counts as dead.
 _KEEPALIVE_TIMEOUT_MS = 10_000
-# The runtime's capabilities (its limits) are read once, then refreshed in the background at
-# most this often, so a redeployed runtime's new limits are picked up without a per-run cost.
-_CAPABILITIES_REFRESH_S = 60.0
-_CAPABILITIES_TIMEOUT_S = 10.0
 # A source check takes at most 10 s of the runtime's own wall budget, plus a worker's start.
 _CHECK_TIMEOUT_S = 30.0
 _HALF_KINDS = {"host": pb.SOURCE_KIND_HOST_HALF, "client": pb.SOURCE_KIND_CLIENT_HALF}
@@ -86,13 +83,6 @@ DEFAULT_START_TIMEOUT_S = 1.0
 # draining runtime is not hammered: the pause starts here and doubles up to the cap.
 _RETRY_PAUSE_S = 0.02
 _RETRY_PAUSE_MAX_S = 0.2
-
-
-def channel_target(targets: list[str]) -> str:
-    """One gRPC target for a list of runtime addresses (`host:port` or a full target URI)."""
-    if len(targets) == 1:
-        return targets[0]
-    return "ipv4:" + ",".join(targets)
 
 
 def payload_limit(max_message_bytes: int) -> int:
@@ -269,105 +259,111 @@ class GrpcRuntime:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
     ) -> None:
-        """`tracer_provider`: adds gRPC client spans (None: no interceptor at all).
-        `keepalive_s`: ping interval of every runtime connection (None: no pings).
-        `tls`: TLS (mutual when it holds a client certificate) instead of plaintext.
-        `start_timeout_s`: how long a run waits for a runtime to take it.
+        """`targets`: one channel each (`runtime_targets.py`: work goes to a target that
+        serves its language). `tracer_provider`: adds gRPC client spans (None: no
+        interceptor at all). `keepalive_s`: ping interval of every runtime connection (None:
+        no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
+        plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
         `reconnect_backoff_max_s`: the longest pause between reconnection attempts."""
+        if not targets:
+            raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
-        target = channel_target(targets)
-        self._targets = ", ".join(targets)
         self._start_timeout = start_timeout_s
         options = channel_options(max_message_bytes, keepalive_s, reconnect_backoff_max_s)
-        if tls is None:
-            self._channel = grpc.aio.insecure_channel(
-                target, options=options, interceptors=interceptors
-            )
-        else:
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
-            credentials = grpc.ssl_channel_credentials(
-                tls.root_ca, tls.private_key, tls.certificate_chain
-            )
-            self._channel = grpc.aio.secure_channel(
-                target, credentials, options=options, interceptors=interceptors
-            )
-        self._stub = pb_grpc.RuntimeServiceStub(self._channel)
+        if tls is not None and tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        self._targets = tuple(
+            RuntimeTarget(address, _channel(address, options, interceptors, tls))
+            for address in targets
+        )
+        self._turn = itertools.count()
         self._payload_limit = payload_limit(max_message_bytes)
-        self._capabilities: pb.GetCapabilitiesResponse | None = None
-        self._capabilities_at = 0.0
-        self._fetching: asyncio.Task[pb.GetCapabilitiesResponse] | None = None
 
     async def limits(self) -> RuntimeLimits:
-        """The runtime's limits, from its `GetCapabilities` (0 there means "not reported")."""
-        if self._capabilities is None:  # nothing known yet: a runtime must answer first
-            await self._wait_connected(asyncio.get_running_loop().time() + self._start_timeout)
-        caps = await self._read_capabilities()
-        wall_ms = caps.max_budgets.wall_ms
+        """The runtime's limits, from its `GetCapabilities` (0 there means "not reported");
+        with several targets, what every one of them that has answered allows."""
+        known = [t.capabilities for t in self._targets if t.capabilities is not None]
+        if not known:  # nothing known yet: a runtime must answer first
+            loop = asyncio.get_running_loop()
+            target = await first_connected(self._targets, loop.time() + self._start_timeout, 0)
+            if target is None:
+                raise RuntimeUnreachable(self._unreachable("none is connected"))
+            try:
+                known = [await target.read_capabilities()]
+            except grpc.aio.AioRpcError as exc:
+                why = f"reading its capabilities failed: {exc.code().name}: {exc.details()}"
+                raise RuntimeUnreachable(self._unreachable(why)) from exc
+        for target in self._targets:
+            if target.connected():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await target.read_capabilities()  # refreshes in the background once stale
+        walls = [c.max_budgets.wall_ms for c in known if c.max_budgets.wall_ms]
         # Left to the runtime's default (64 MiB), a run's output could be more than our
         # max_message_bytes can carry on; so a run asks for what fits, unless the runtime
         # gives it less anyway (its default), and never above its maximum (that is refused).
         output = self._payload_limit
-        for known in (caps.default_budgets.max_output_bytes, caps.max_budgets.max_output_bytes):
-            if known:  # 0: not reported
-                output = min(output, known)
+        for caps in known:
+            for reported in (
+                caps.default_budgets.max_output_bytes,
+                caps.max_budgets.max_output_bytes,
+            ):
+                if reported:  # 0: not reported
+                    output = min(output, reported)
         return RuntimeLimits(
-            max_wall_s=wall_ms / 1000 if wall_ms else None,
+            max_wall_s=min(walls) / 1000 if walls else None,
             max_output_bytes=output,
             max_payload_bytes=self._payload_limit,
         )
 
     def served_languages(self) -> tuple[str, ...] | None:
-        """What the runtime last reported serving; None before it has answered."""
-        caps = self._capabilities
-        if caps is None:
+        """What the targets last reported serving, together; None before any has answered."""
+        answers = [served for t in self._targets if (served := t.served()) is not None]
+        if not answers:
             return None
-        if caps.language_capabilities:
-            return tuple(e.name for e in caps.language_capabilities if e.served)
-        return tuple(caps.languages)  # a runtime from before per-language entries
+        return tuple(dict.fromkeys(language for served in answers for language in served))
 
     async def learn_languages(self) -> None:
-        """Ask the runtime now when it has not answered yet (bounded by the start timeout)."""
-        with contextlib.suppress(Exception):
-            await self.limits()
+        """Ask every target now that has not answered yet (bounded by the start timeout)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout
 
-    async def _read_capabilities(self) -> pb.GetCapabilitiesResponse:
-        stale = time.monotonic() - self._capabilities_at > _CAPABILITIES_REFRESH_S
-        if self._capabilities is not None and not stale:
-            return self._capabilities
-        if self._fetching is None:
-            self._capabilities_at = time.monotonic()  # one attempt per period, even a failed one
-            # In an empty context: the read belongs to no run's trace (it serves them all), and
-            # a cancelled run does not cancel it for the others waiting on it.
-            self._fetching = asyncio.get_running_loop().create_task(
-                self._get_capabilities(), context=contextvars.Context()
-            )
-            self._fetching.add_done_callback(self._fetched)
-        if self._capabilities is not None:
-            return self._capabilities  # refreshing in the background
-        try:
-            return await asyncio.shield(self._fetching)
-        except grpc.aio.AioRpcError as exc:
-            why = f"reading its capabilities failed: {exc.code().name}: {exc.details()}"
-            raise RuntimeUnreachable(self._unreachable(why)) from exc
+        async def learn(target: RuntimeTarget) -> None:
+            if await first_connected((target,), deadline, 0) is not None:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await target.read_capabilities()
 
-    async def _get_capabilities(self) -> pb.GetCapabilitiesResponse:
-        request = pb.GetCapabilitiesRequest()
-        response: pb.GetCapabilitiesResponse = await self._stub.GetCapabilities(
-            request, timeout=_CAPABILITIES_TIMEOUT_S
-        )
-        return response
+        await asyncio.gather(*(learn(t) for t in self._targets if t.capabilities is None))
 
-    def _fetched(self, task: asyncio.Task[pb.GetCapabilitiesResponse]) -> None:
-        self._fetching = None
-        if task.cancelled():
-            return
-        if (exc := task.exception()) is not None:
-            if self._capabilities is None:
-                self._capabilities_at = 0.0  # nothing known yet: the next run asks again
-            log.warning("reading the runtime's capabilities failed: %s", exc)
-            return
-        self._capabilities = task.result()
+    async def _target(
+        self, fits: Choose, deadline: float, what: str, work: str = "the run"
+    ) -> RuntimeTarget:
+        """The next connected target that can take the work (`fits`), in rotation; one not
+        heard from yet is asked first. `RuntimeUnreachable` when none is connected by
+        `deadline`; `RunRefused` when every target has answered and none takes it."""
+        start = next(self._turn)
+        while True:
+            candidates = [t for t in self._targets if fits(t) is not False]
+            if not candidates:
+                served = self.served_languages() or ()
+                raise RunRefused(
+                    f"FAILED_PRECONDITION: no runtime target serves {what} "
+                    f"(served: {', '.join(served) or 'none'})"
+                )
+            target = await first_connected(candidates, deadline, start)
+            if target is None:
+                raise RuntimeUnreachable(
+                    self._unreachable("none that serves it is connected", work)
+                )
+            if fits(target) is None:
+                try:
+                    await target.read_capabilities()
+                except grpc.aio.AioRpcError as exc:
+                    why = f"reading its capabilities failed: {exc.code().name}: {exc.details()}"
+                    if asyncio.get_running_loop().time() >= deadline:
+                        raise RuntimeUnreachable(self._unreachable(why, work)) from exc
+                    await asyncio.sleep(_RETRY_PAUSE_S)
+                continue  # now known: serves it or not
+            return target
 
     async def open_run(self, spec: RunSpec) -> GrpcRunStream:
         loop = asyncio.get_running_loop()
@@ -377,17 +373,17 @@ class GrpcRuntime:
         deadline = loop.time() + wait
         ends = None if spec.timeout is None else loop.time() + spec.timeout
         pause = _RETRY_PAUSE_S
+        fits = _serving(spec.language)
+        refused = 0  # targets in a row that did not take the run
         while True:
-            await self._wait_connected(deadline)
+            target = await self._target(fits, deadline, f"the {spec.language} language")
             # The time spent waiting for a runtime comes off the run's own.
             left = None if ends is None else max(0.0, ends - loop.time())
             timeout = None if left is None else left + _DEADLINE_GRACE_S
             # Queued before the call opens: the start goes out as soon as the call has started.
             outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
             outbox.put_nowait(pb.RunRequest(start=_start_message(spec, left)))
-            # Still not connected at the deadline, the call fails at once (nothing is sent),
-            # with gRPC's account of the last connection failure.
-            call = self._stub.Run(_requests(outbox), timeout=timeout)
+            call = target.stub.Run(_requests(outbox), timeout=timeout)
             try:
                 metadata = await call.initial_metadata()
             except BaseException:
@@ -402,62 +398,81 @@ class GrpcRuntime:
             if code is not grpc.StatusCode.UNAVAILABLE:
                 raise RunRefused(detail)
             # Not taken: the connection failed first, or the runtime is shutting down. Nothing
-            # ran; the next try goes to the next runtime in the rotation that is connected.
+            # ran; the next try goes to the next target in the rotation that is connected,
+            # after a pause once every target has been tried.
             if loop.time() + pause >= deadline:
                 raise RuntimeUnreachable(self._unreachable(detail))
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, _RETRY_PAUSE_MAX_S)
-
-    async def _wait_connected(self, deadline: float) -> None:
-        """Returns once the channel has a connected runtime, or at `deadline`. Waiting, not
-        failing at once, is what lets a run use a runtime that is restarting (the channel
-        reconnects within its reconnect backoff)."""
-        loop = asyncio.get_running_loop()
-        state = self._channel.get_state(try_to_connect=True)
-        while state is not grpc.ChannelConnectivity.READY:
-            if state is grpc.ChannelConnectivity.SHUTDOWN:
-                raise RuntimeUnreachable("the registry is closing its runtime channel")
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._channel.wait_for_state_change(state)
-            state = self._channel.get_state(try_to_connect=True)
+            refused += 1
+            if refused >= len(self._targets):
+                refused = 0
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETRY_PAUSE_MAX_S)
 
     async def open_host(self, start: pb.HostStart) -> Any:
-        """Open a plugin host's `Host` stream (waiting for a connected runtime like a run
-        does) and send its start; returns the call. `RuntimeUnreachable` when none is."""
+        """Open a plugin host's `Host` stream on a target that serves its language (waiting
+        for a connected one like a run does) and send its start; returns the call.
+        `RuntimeUnreachable` when none is connected."""
         loop = asyncio.get_running_loop()
-        await self._wait_connected(loop.time() + self._start_timeout)
-        if self._channel.get_state() is not grpc.ChannelConnectivity.READY:
-            raise RuntimeUnreachable(self._unreachable("not connected"))
-        call = self._stub.Host()
+        target = await self._target(
+            _serving(start.language),
+            loop.time() + self._start_timeout,
+            f"the {start.language} language",
+            "the plugin host",
+        )
+        call = target.stub.Host()
         await call.write(pb.HostRequest(start=start))
         return call
 
     async def check_source(
         self, language: str, kind: HalfKind, source: str
     ) -> tuple[SourceProblem, ...]:
-        """`SourceChecks`: a Cordis half parsed in a runtime's sandboxed worker (waiting for a
-        connected runtime as a run does)."""
+        """`SourceChecks`: a Cordis half parsed in a sandboxed worker of a target that
+        serves its language (a client half: one whose languages check JavaScript)."""
         loop = asyncio.get_running_loop()
-        await self._wait_connected(loop.time() + self._start_timeout)
+        fits = RuntimeTarget.checks_client_halves if kind == "client" else _serving(language)
+        what = "client half checks" if kind == "client" else f"the {language} language"
+        try:
+            target = await self._target(fits, loop.time() + self._start_timeout, what, "the check")
+        except RunRefused as exc:
+            raise CheckUnavailable(
+                "language-not-served",
+                f"no code runtime here checks {language or 'JavaScript'} ({exc})",
+            ) from None
+        except RuntimeUnreachable as exc:
+            raise CheckUnavailable("runtime-unavailable", f"{exc}; try again") from None
         request = pb.CheckSourceRequest(language=language, kind=_HALF_KINDS[kind], source=source)
         try:
-            response = await self._stub.CheckSource(request, timeout=_CHECK_TIMEOUT_S)
+            response = await target.stub.CheckSource(request, timeout=_CHECK_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             raise _check_unavailable(exc, language or "JavaScript") from exc
         return tuple(SourceProblem(p.line, p.column, p.message, p.hint) for p in response.problems)
 
-    def _unreachable(self, why: str) -> str:
+    def _unreachable(self, why: str, work: str = "the run") -> str:
         wait = f"{self._start_timeout:g} s"
-        return f"no code runtime took the run within {wait} ({self._targets}: {why})"
+        addresses = ", ".join(t.address for t in self._targets)
+        return f"no code runtime took {work} within {wait} ({addresses}: {why})"
 
     async def close(self) -> None:
-        if self._fetching is not None:
-            self._fetching.cancel()
-        await self._channel.close()
+        await asyncio.gather(*(t.close() for t in self._targets))
+
+
+def _serving(language: str) -> Choose:
+    """Targets that serve `language` ("": the runtime's default, which every one serves)."""
+    if not language:
+        return lambda _target: True
+    return lambda target: target.serves(language)
+
+
+def _channel(
+    address: str,
+    options: list[tuple[str, str | int]],
+    interceptors: Any,
+    tls: ClientTls | None,
+) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    credentials = grpc.ssl_channel_credentials(tls.root_ca, tls.private_key, tls.certificate_chain)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 def _check_unavailable(exc: grpc.aio.AioRpcError, language: str) -> CheckUnavailable:

@@ -11,9 +11,15 @@ import pytest
 
 from codemode_wire.api.registry.v1 import presentation_pb2, scope_pb2
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.config import RegistrySettings
 from registry_service.domain.scopes import Mode
-from tests.codemode.conftest import value_of
-from tests.registry.conftest import CODE, Harness
+from registry_service.registry import build_registry
+from registry_service.server import start as start_registry
+from runtime_service.config import RuntimeSettings
+from runtime_service.server import start as start_runtime
+from tests.codemode.conftest import Stack, value_of
+from tests.registry.conftest import BOTH, CODE, Harness
+from tests.registry.cordis.real_stack import NEEDS_NODE
 
 BOTH_LANGUAGES = ["python", "typescript"]
 
@@ -182,3 +188,71 @@ async def test_a_language_the_runtime_does_not_serve_is_refused_naming_the_serve
         py = (await _create_agent(stack, "py-served", language="python")).name
         _events, two = await stack.run_code("return 1 + 1", agent=py)
         assert value_of(two)["result"] == 2
+
+
+@NEEDS_NODE
+async def test_runtimes_serving_different_languages_each_get_their_own_work() -> None:
+    """One registry, two runtime targets: one serves Python only, the other TypeScript only.
+    Every run, plugin host and define-time check goes to the one that serves its language
+    (spread by language, not by turn: a run sent to the other would be refused)."""
+    only_python = await start_runtime(
+        RuntimeSettings(listen="127.0.0.1:0", pool_size=1, languages=["python"])
+    )
+    only_typescript = await start_runtime(
+        RuntimeSettings(listen="127.0.0.1:0", pool_size=1, languages=["typescript"])
+    )
+    config = RegistrySettings(
+        listen="127.0.0.1:0",
+        history_path=":memory:",
+        default_mode=Mode.CODE,
+        runtime_targets=[only_python.address, only_typescript.address],
+    )
+    registry = await start_registry(config, build_registry(config))
+    channel = grpc.aio.insecure_channel(registry.address)
+    stack = Stack(registry, channel)
+    try:
+        names = []
+        for language in ("python", "typescript"):
+            agent = scope_pb2.Agent(mode=BOTH, code_language=language, self_modification=True)
+            request = rpb.CreateAgentRequest(agent_id=language[:2], agent=agent)
+            names.append((await stack.stub.CreateAgent(request)).agent.name)
+        py, ts = names
+        for scope, language in ((py, "python"), (ts, "typescript")):
+            sdk = await stack.stub.GetSdk(presentation_pb2.GetSdkRequest(scope=scope))
+            assert sdk.language == language  # both served, by different runtimes
+        for n in range(4):  # in turn, half of each would reach the wrong runtime
+            _e, python_run = await stack.run_code(f"return {n}", agent=py, call_id=f"p{n}")
+            assert value_of(python_run)["result"] == n, python_run.error.message
+            _e, ts_run = await stack.run_code(
+                f"const n: number = {n}; return n;", agent=ts, call_id=f"t{n}"
+            )
+            assert value_of(ts_run)["result"] == n, ts_run.error.message
+        # A define's halves are parsed where they would run: a TypeScript host half and a
+        # client half (JavaScript) by the TypeScript runtime's Node workers, a Python host
+        # half by the Python runtime.
+        good = {"python": "return {}", "typescript": "return {};"}
+        for scope, language, host in (
+            (ts, "typescript", "let x: number = 1;\ndelete x;"),
+            (py, "python", "x = (1,\n"),
+        ):
+            for code, half in (
+                ({"host": host}, "code.host"),
+                ({"host": good[language], "client": "const a = (1 as number)"}, "code.client"),
+            ):
+                _e, bad = await stack.execute(
+                    "cordis_define",
+                    {
+                        "plugin": {"kind": "new", "idPrefix": "plug"},
+                        "name": "n",
+                        "purpose": "p",
+                        "code": code,
+                    },
+                    agent=scope,
+                )
+                assert bad.is_error and bad.error.code == "syntax-error", bad.error.message
+                assert bad.error.message.startswith(f"cordis_define {half} does not parse")
+    finally:
+        await channel.close()
+        await registry.stop(0)
+        await only_python.stop(0)
+        await only_typescript.stop(0)

@@ -278,7 +278,7 @@ async def test_a_define_no_runtime_can_check_is_refused_and_stores_nothing(
         refused = await _define_call(cordis, agent, "return {'apply': None}")
         assert refused.is_error and refused.error.code == "runtime-unavailable"
         assert refused.error.message.startswith(
-            "cordis_define could not check code.host: no code runtime answered (UNAVAILABLE"
+            "cordis_define could not check code.host: no code runtime took the check within 0.2 s"
         ), refused.error.message
         assert refused.error.message.endswith("; try again; nothing was stored")
         assert (await cordis.ok(agent, "cordis_inspect_self", {}))["plugins"] == []
