@@ -14,21 +14,12 @@ from registry_service.domain.events import (
     NestedCallReceived,
     NestedCallSettled,
     NestedCallStarted,
-    Observed,
     RunEnded,
     RunStarted,
 )
-from registry_service.domain.observers import Observers, Write
+from registry_service.domain.observers import Observers
 from tests.codemode.conftest import Stack, value_of
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.seen: list[Observed] = []
-
-    def observe(self, event: Observed) -> Write | None:
-        self.seen.append(event)
-        return None
+from tests.registry.test_observers import Recording
 
 
 async def test_nested_calls_are_observed_once_each_in_order_inside_their_run(

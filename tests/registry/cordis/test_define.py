@@ -24,16 +24,20 @@ async def checked() -> AsyncIterator[CordisHarness]:
         yield harness
 
 
-async def _define_call(cordis: CordisHarness, agent: str, host: str) -> Any:
-    """The raw result of a `cordis_define` of `host` (for refusals: `cordis.define` wants ok)."""
+async def _define_call(
+    cordis: CordisHarness, agent: str, host: str | None, client: str | None = None
+) -> Any:
+    """The raw result of a `cordis_define` of these halves (for refusals: `cordis.define`
+    wants ok)."""
+    code = {k: v for k, v in (("host", host), ("client", client)) if v is not None}
     return await cordis.call(
         agent,
         "cordis_define",
         {
-            "plugin": {"kind": "new", "idPrefix": "clock"},
+            "plugin": {"kind": "new", "idPrefix": "clock" if host is not None else "panel"},
             "name": "n",
             "purpose": "p",
-            "code": {"host": host},
+            "code": code,
         },
     )
 
@@ -246,15 +250,8 @@ async def test_a_typescript_host_half_is_checked_as_typescript(checked: CordisHa
 async def test_client_half_is_checked_as_javascript(checked: CordisHarness) -> None:
     cordis = checked
     agent = await cordis.agent("maker")
-    bad = await cordis.call(
-        agent,
-        "cordis_define",
-        {
-            "plugin": {"kind": "new", "idPrefix": "panel"},
-            "name": "n",
-            "purpose": "p",
-            "code": {"client": "const size = (props.size as number)\nreturn {apply() {}}"},
-        },
+    bad = await _define_call(
+        cordis, agent, None, "const size = (props.size as number)\nreturn {apply() {}}"
     )
     assert bad.is_error and bad.error.code == "syntax-error"
     assert "(line 1)\nconst size = (props.size as number)\n" in bad.error.message
@@ -293,16 +290,7 @@ async def test_a_half_in_a_language_no_runtime_serves_is_refused() -> None:
         assert refused.is_error and refused.error.code == "language-not-served"
         assert "no code runtime here checks typescript" in refused.error.message
         python = await cordis.agent("other")
-        client = await cordis.call(
-            python,
-            "cordis_define",
-            {
-                "plugin": {"kind": "new", "idPrefix": "panel"},
-                "name": "n",
-                "purpose": "p",
-                "code": {"client": "return {apply() {}}"},
-            },
-        )
+        client = await _define_call(cordis, python, None, "return {apply() {}}")
         assert client.is_error and client.error.code == "language-not-served"
         assert "no code runtime here checks JavaScript" in client.error.message
         for owner in (agent, python):
