@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -200,6 +201,15 @@ def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list
     if not fork_servers:
         found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
     return sorted(found)
+
+
+async def no_child_left(slack_s: float = 10.0) -> None:
+    """Waits until this process has no live worker descendants (a killed worker may take a
+    moment to be reaped on a loaded host); fails naming what is left after ``slack_s``."""
+    deadline = time.monotonic() + slack_s
+    while left := child_pids():
+        assert time.monotonic() < deadline, f"processes left behind: {describe(left)}"
+        await asyncio.sleep(0.01)
 
 
 def describe(pids: list[int]) -> list[str]:

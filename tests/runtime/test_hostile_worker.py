@@ -249,7 +249,13 @@ async def assert_no_worker_left(host: Host) -> None:
 
 async def assert_next_run_works(host: Host) -> None:
     host.workers_run(REAL_WORKERS[host.language])
-    _, terminal = await drive(host.stub, host.start("return 6 * 7"))
+    for _attempt in range(3):
+        _, terminal = await drive(host.stub, host.start("return 6 * 7"))
+        # A real Node worker boots in a few hundred ms of CPU: on a loaded host that can pass
+        # the fake workers' 1 s boot timeout, which says nothing of what this checks.
+        booted = f"no ready report within {BOOT_TIMEOUT_S:g} s" not in terminal.failure.message
+        if booted:
+            break
     assert success(terminal) == 42
     await assert_no_worker_left(host)
 
