@@ -10,13 +10,14 @@ its id can be found at the message's start or end, and dropped with a log line o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+import os
 import re
-import sys
 import threading
-from collections.abc import AsyncIterator
-from typing import IO, TYPE_CHECKING, Any, cast
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp_types as types
@@ -41,9 +42,9 @@ _ID_AT_END = re.compile(rb',\s*"id"\s*:\s*' + _ID.encode() + rb"\s*\}\s*$")
 class BoundedStdin:
     """stdin's lines, each at most `limit` bytes, as the async iterator the SDK reads."""
 
-    def __init__(self, limit: int, stream: IO[bytes] | None = None) -> None:
+    def __init__(self, limit: int, fd: int = 0) -> None:
         self.limit = limit
-        self._stream = stream if stream is not None else sys.stdin.buffer
+        self._fd = fd
         self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=4)
 
     def __aiter__(self) -> AsyncIterator[str]:
@@ -51,40 +52,74 @@ class BoundedStdin:
 
     async def _lines(self) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, args=(loop,), name="mcp-stdin", daemon=True).start()
+        threading.Thread(target=self._pump, args=(loop,), name="mcp-stdin", daemon=True).start()
         while (line := await self._queue.get()) is not None:
             yield line
 
-    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
         def put(item: str | None) -> None:
             asyncio.run_coroutine_threadsafe(self._queue.put(item), loop).result()
 
         try:
-            while line := self._stream.readline(self.limit + 1):
-                if len(line) > self.limit and not line.endswith(b"\n"):
-                    refusal = self._refusal(line)
-                    if refusal is not None:
-                        put(refusal)
-                    continue
-                put(line.decode("utf-8", errors="replace"))
+            for line in self._read():
+                put(line)
             put(None)
-        except RuntimeError:  # the loop closed: the process is ending
-            return
+        except (RuntimeError, concurrent.futures.CancelledError):
+            return  # the loop closed or stopped waiting: the process is ending
 
-    def _refusal(self, head: bytes) -> str | None:
-        """Drains the rest of an over-long line; the refusal request for its id, or None."""
-        size, tail = len(head), head[-_EDGE:]
-        while chunk := self._stream.readline(1 << 16):
-            size += len(chunk)
-            tail = (tail + chunk)[-_EDGE:]
-            if chunk.endswith(b"\n"):
-                break
-        found = _ID_AT_START.match(head[:_EDGE]) or _ID_AT_END.search(tail)
+    def _read(self) -> Iterator[str]:
+        """Lines (with refusals in place of over-long ones) until EOF. Raw `os.read` on the
+        descriptor: a buffered reader's lock, held by this thread while it waits, would abort
+        the interpreter at exit."""
+        pending = bytearray()
+        over: _OverLong | None = None
+        while True:
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except OSError as exc:  # stdin broke: the session ends as at EOF
+                log.warning("cannot read stdin: %s", exc)
+                return
+            if not chunk:
+                return
+            while chunk:
+                cut = chunk.find(b"\n")
+                piece, chunk = (chunk, b"") if cut < 0 else (chunk[: cut + 1], chunk[cut + 1 :])
+                if over is None and len(pending) + len(piece) > self.limit:
+                    over = _OverLong(bytes((pending + piece)[:_EDGE]), bytes(pending))
+                    pending.clear()
+                if over is not None:
+                    over.add(piece)
+                    if cut >= 0:
+                        refusal = over.refusal(self.limit)
+                        over = None
+                        if refusal is not None:
+                            yield refusal
+                    continue
+                pending += piece
+                if cut >= 0:
+                    yield pending.decode("utf-8", errors="replace")
+                    pending.clear()
+
+
+class _OverLong:
+    """An over-long line being drained: its size, start and end (to find its id)."""
+
+    def __init__(self, head: bytes, before: bytes) -> None:
+        """`head`: the line's first bytes; `before`: what was read of it before this piece."""
+        self.head, self.tail, self.size = head, before[-_EDGE:], len(before)
+
+    def add(self, piece: bytes) -> None:
+        self.size += len(piece)
+        self.tail = (self.tail + piece)[-_EDGE:]
+
+    def refusal(self, limit: int) -> str | None:
+        """The refusal request for the line's id, or None (no id found: dropped)."""
+        found = _ID_AT_START.match(self.head) or _ID_AT_END.search(self.tail)
         if found is None:
-            log.warning("dropped a message of %d bytes (over %d) with no id", size, self.limit)
+            log.warning("dropped a message of %d bytes (over %d) with no id", self.size, limit)
             return None
         request_id = json.loads(found.group(1))
-        params = {"bytes": size, "limit": self.limit}
+        params = {"bytes": self.size, "limit": limit}
         return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": REFUSED, "params": params})
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from mcp import StdioServerParameters
 
+from codemode_wire.jsonvalue import JsonValue
 from tests.cli._processes import spawn
 from tests.codemode.conftest import Stack, make_stack
 
@@ -27,7 +28,7 @@ __all__ = ["make_stack"]  # re-exported fixture
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "codemode_cli"]
-DOUBLE_SCHEMA = {
+DOUBLE_SCHEMA: JsonValue = {
     "type": "object",
     "properties": {"n": {"type": "integer"}},
     "required": ["n"],

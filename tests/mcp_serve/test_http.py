@@ -53,10 +53,10 @@ async def test_the_python_client_runs_a_program_over_streamable_http(
     agent = await stack.code_agent()
     server = await start_http(stack.running.address, agent, log=tmp_path / "serve.log")
     http_servers.append(server)
-    progress: list[str] = []
+    seen: list[str] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append(message or "")
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
 
     headers = {"Authorization": f"Bearer {server.secret}"}
     async with (
@@ -71,7 +71,7 @@ async def test_the_python_client_runs_a_program_over_streamable_http(
     assert not result.is_error, result.content
     assert result.structured_content == {"logs": [], "result": [2, 4]}
     assert tools.doubled == [1, 2]
-    assert [m.split(" ")[0] for m in progress] == ["started", "settled", "started", "settled"]
+    assert [m.split(" ")[0] for m in seen] == ["started", "settled", "started", "settled"]
     assert stop(server.proc) == 0  # SIGTERM: a clean exit
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
 

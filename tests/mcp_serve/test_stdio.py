@@ -40,10 +40,10 @@ async def test_a_code_agent_is_run_code_with_its_sdk_and_a_program_fans_out(
     agent = await stack.code_agent()
     sdk = (await stack.stub.GetSdk(ppb.GetSdkRequest(scope=agent))).text
     prompt = (await stack.stub.GetSystemPrompt(ppb.GetSystemPromptRequest(scope=agent))).text
-    progress: list[tuple[float, str | None]] = []
+    seen: list[tuple[float, str | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
 
     async with Client(stdio_server(stack.running.address, agent), mode=mode) as client:
         assert client.instructions == prompt  # the agent's prompt sections
@@ -62,10 +62,10 @@ async def test_a_code_agent_is_run_code_with_its_sdk_and_a_program_fans_out(
     assert result.structured_content == {"logs": ["fanned out"], "result": 20}
     assert sorted(tools.doubled) == [0, 1, 2, 3, 4]
     # Every nested call was a progress notification: five starts and five settles, in order.
-    messages = [m or "" for _, m in progress]
+    messages = [m or "" for _, m in seen]
     assert sum(m.startswith("started tools.double") for m in messages) == 5
     assert sum(m.startswith("settled tools.double") and m.endswith(": ok") for m in messages) == 5
-    assert [v for v, _ in progress] == sorted(v for v, _ in progress)
+    assert [v for v, _ in seen] == sorted(v for v, _ in seen)
     call_id = result.meta["codemode"]["call_id"] if result.meta else ""
     records = await history(stack, agent, call_id)
     kinds = [r.kind for r in records]
