@@ -78,15 +78,25 @@ async def fetch_presentation(client: RegistryClient, agent: str) -> Presentation
         description = str(schema["description"])
         if schema["name"] == RUN_CODE and sdk:
             description = f"{description}\n\n{sdk}"
-        parameters = schema["parameters"]
         tools.append(
             types.Tool(
                 name=str(schema["name"]),
                 description=description,
-                input_schema=parameters if isinstance(parameters, dict) else {"type": "object"},
+                input_schema=_object_root(schema["parameters"]),
             )
         )
     return Presentation(tuple(tools), prompt)
+
+
+def _object_root(parameters: object) -> dict[str, Any]:
+    """The wire schema with `type: object` at its root, which MCP requires. The registry
+    already requires a root that accepts objects and arguments are always objects, so this
+    narrows nothing a call could pass (`{}`, a provider's schema for untyped arguments)."""
+    if not isinstance(parameters, dict):
+        return {"type": "object"}
+    if parameters.get("type") == "object":
+        return parameters
+    return {**parameters, "type": "object"}
 
 
 def _progress_message(event: rpb.ExecuteToolCallResponse) -> str | None:

@@ -17,7 +17,7 @@ from runtime_service.sandbox_uids import live_processes_of
 from tests.codemode.conftest import Stack
 from tests.codemode.test_cancellation import outer_result_record
 from tests.mcp_serve.conftest import register_tools, stdio_server
-from tests.registry.conftest import NATIVE
+from tests.registry.conftest import NATIVE, echo_tool
 
 FAN_OUT = (
     "import asyncio\n"
@@ -76,11 +76,15 @@ async def test_a_code_agent_is_run_code_with_its_sdk_and_a_program_fans_out(
 
 async def test_a_native_agent_lists_its_tools_with_their_schemas(stack: Stack) -> None:
     register_tools(stack)
+    echo_tool(stack.registry, "untyped", input_schema={})  # any arguments at all
     agent = await stack.agent("plain", mode=NATIVE)
     async with Client(stdio_server(stack.running.address, agent), mode="legacy") as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
-        assert set(listed) == {"double", "hang", "broken"}
+        assert set(listed) == {"double", "hang", "broken", "untyped"}
         assert listed["double"].input_schema["properties"] == {"n": {"type": "integer"}}
+        assert listed["untyped"].input_schema == {"type": "object"}  # MCP requires an object
+        echoed = await client.call_tool("untyped", {"any": ["thing", 1]})
+        assert echoed.structured_content == {"echo": {"any": ["thing", 1]}}
         result = await client.call_tool("double", {"n": 21})
         assert not result.is_error
         assert result.structured_content == {"doubled": 42}
