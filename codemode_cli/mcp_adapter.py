@@ -175,6 +175,9 @@ class AgentServer:
     ) -> types.CallToolResult:
         call_id = f"mcp-{uuid.uuid4().hex[:16]}"
         arguments = params.arguments or {}
+        # Without a progress token nobody is told of progress: the registry then sends the
+        # result alone (one message instead of one per event).
+        wants_progress = bool(params.meta and "progress_token" in params.meta)
         progress = 0
         try:
             events = self.client.execute(
@@ -183,6 +186,7 @@ class AgentServer:
                 agent=self.agent,
                 call_id=call_id,
                 deadline=self.call_timeout_s,
+                progress="all" if wants_progress else "none",
             )
             async for event in events:
                 if event.WhichOneof("event") == "result":
