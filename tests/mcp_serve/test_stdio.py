@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from codemode_client import Approver
 from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.domain.policy import Ask, PreDecision
 from runtime_service.sandbox_uids import live_processes_of
 from tests.codemode.conftest import Stack
 from tests.codemode.test_cancellation import outer_result_record
@@ -143,3 +145,34 @@ async def test_cancelling_the_mcp_call_ends_the_run_and_aborts_its_nested_call(
         ("tool/code-dispatch-start", "hang", ""),
         ("tool/code-dispatch", "hang", "ABORTED"),
     ]
+
+
+async def test_an_approval_reaches_the_agents_approver_and_is_reported_as_progress(
+    stack: Stack,
+) -> None:
+    tools = register_tools(stack)
+    agent = await stack.agent("asking", mode=NATIVE)
+    asked: list[str] = []
+
+    async def ask(e: Any, d: PreDecision) -> PreDecision:
+        return Ask("doubling needs a person") if e.name == "double" else d
+
+    def decide(request: Any) -> bool:
+        asked.append(request.tool_name)
+        return True
+
+    stack.registry.catalog.hooks("").pre_execute.append(ask)
+    seen: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    async with (
+        Approver(stack.channel, "oncall", decide),
+        Client(stdio_server(stack.running.address, agent), mode="legacy") as client,
+    ):
+        result = await client.call_tool("double", {"n": 4}, progress_callback=on_progress)
+    assert not result.is_error, result.content
+    assert result.structured_content == {"doubled": 8}
+    assert asked == ["double"] and tools.doubled == [4]
+    assert seen == ["waiting for approval: doubling needs a person", "approval allowed_once"]
