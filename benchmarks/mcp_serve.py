@@ -19,26 +19,22 @@ import asyncio
 import secrets
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support import emit, service_env, subprocess_service, summary_ms
+from benchmarks._support import (
+    emit,
+    sequential_samples,
+    service_env,
+    subprocess_service,
+    summary_ms,
+)
+from codemode_wire.jsonvalue import JsonValue
 
 TARGET = 1.3
-ARGS = {"path": "/tmp/example.txt", "limit": 10}
+ARGS: dict[str, JsonValue] = {"path": "/tmp/example.txt", "limit": 10}
 AGENT = "bench-mcp"
-
-
-async def _samples(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
-    out = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await op()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 async def _run(quick: bool) -> dict[str, Any]:
@@ -112,11 +108,11 @@ async def _run(quick: bool) -> dict[str, Any]:
 
         ops = (direct, mcp_stdio, mcp_http)
         for op in ops:  # warm connections and code paths
-            await _samples(op, 30)
+            await sequential_samples(op, 30)
         samples: dict[Any, list[float]] = {op: [] for op in ops}
         for _ in range(5):
             for op in ops:
-                samples[op] += await _samples(op, count // 5)
+                samples[op] += await sequential_samples(op, count // 5)
     base, over_stdio, over_http_ms = (summary_ms(samples[op]) for op in ops)
     ratio = over_stdio["p50_ms"] / base["p50_ms"]
     return {

@@ -36,6 +36,31 @@ DOUBLE_SCHEMA: JsonValue = {
 }
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "0"},
+    },
+}
+"""A handshake-era `initialize` request, for tests that speak MCP by hand."""
+
+
+async def serve_process(registry: str, agent: str, *extra: str) -> asyncio.subprocess.Process:
+    """`mcp serve` as a child with all three standard streams piped."""
+    return await asyncio.create_subprocess_exec(
+        *serve_argv(registry, agent, *extra),
+        env=child_env(),
+        cwd=REPO,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 def serve_argv(registry: str, agent: str, *extra: str) -> list[str]:
     return [*CLI, "mcp", "serve", "--registry", registry, "--agent", agent, *extra]
 

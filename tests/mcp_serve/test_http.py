@@ -19,6 +19,7 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.cli._processes import CLI
 from tests.codemode.conftest import Stack
 from tests.mcp_serve.conftest import (
+    INITIALIZE,
     REPO,
     HttpServer,
     child_env,
@@ -27,16 +28,6 @@ from tests.mcp_serve.conftest import (
     stop,
 )
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "probe", "version": "0"},
-    },
-}
 MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
 

@@ -14,19 +14,8 @@ import pytest
 from mcp import Client
 
 from tests.codemode.conftest import Stack
-from tests.mcp_serve.conftest import REPO, child_env, register_tools, serve_argv, stdio_server
+from tests.mcp_serve.conftest import INITIALIZE, register_tools, serve_process, stdio_server
 from tests.registry.conftest import NATIVE, echo_tool
-
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "probe", "version": "0"},
-    },
-}
 
 
 class Raw:
@@ -37,15 +26,7 @@ class Raw:
 
     @classmethod
     async def start(cls, stack: Stack, agent: str, *extra: str) -> Raw:
-        proc = await asyncio.create_subprocess_exec(
-            *serve_argv(stack.running.address, agent, *extra),
-            env=child_env(),
-            cwd=REPO,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        raw = cls(proc)
+        raw = cls(await serve_process(stack.running.address, agent, *extra))
         await raw.send(INITIALIZE)
         assert (await raw.read())["id"] == 1
         await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})

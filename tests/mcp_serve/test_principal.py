@@ -11,7 +11,7 @@ from typing import Any
 
 from mcp import Client
 
-from tests.mcp_serve.conftest import REPO, child_env, register_tools, serve_argv, stdio_server
+from tests.mcp_serve.conftest import register_tools, serve_process, stdio_server
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
@@ -42,14 +42,7 @@ def auth(**extra: Any) -> dict[str, Any]:
 
 
 async def serve_exit(registry: str, agent: str, *extra: str) -> tuple[int | None, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *serve_argv(registry, agent, *extra),
-        env=child_env(),
-        cwd=REPO,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await serve_process(registry, agent, *extra)
     _, err = await asyncio.wait_for(proc.communicate(b""), 60)
     return proc.returncode, err.decode()
 
