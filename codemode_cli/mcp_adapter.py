@@ -40,6 +40,7 @@ from codemode_cli import mcp_results
 from codemode_client.client import ToolCallResult
 from codemode_client.errors import CodemodeError
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.jsonvalue import JsonValueError
 
 if TYPE_CHECKING:
     from mcp.server.connection import Connection
@@ -198,7 +199,7 @@ class AgentServer:
                     await ctx.session.report_progress(progress, None, message)
         except CodemodeError as exc:
             return mcp_results.refused(exc, call_id)
-        except ValueError as exc:  # arguments that are not lossless JSON (e.g. -0.0)
+        except JsonValueError as exc:  # arguments that are not lossless JSON (e.g. -0.0)
             return mcp_results.bad_arguments(str(exc), call_id)
         raise MCPError(types.INTERNAL_ERROR, f"the registry ended call {call_id} without a result")
 

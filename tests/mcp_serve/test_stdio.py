@@ -115,6 +115,25 @@ async def test_errors_keep_the_codemode_code(stack: Stack) -> None:
         assert raised.is_error and raised.meta is not None
         assert raised.meta["codemode"]["error_code"]
         assert "ValueError" in str(raised.content)
+        # A value that is not lossless JSON fails its own call, before any call exists.
+        negative_zero = await client.call_tool("run_code", {"code": "return 1", "x": -0.0})
+        assert negative_zero.is_error and negative_zero.meta is not None
+        assert negative_zero.meta["codemode"]["error_code"] == "INVALID_ARGS"
+        assert "negative zero" in str(negative_zero.content)
+    assert not [r for r in await history(stack, agent) if r.arguments_json.find("-0") >= 0]
+
+
+async def test_a_call_over_its_deadline_is_a_tool_error_with_the_status(stack: Stack) -> None:
+    tools = register_tools(stack)
+    agent = await stack.agent("slow", mode=NATIVE)
+    server = stdio_server(stack.running.address, agent, "--call-timeout", "1")
+    async with Client(server, mode="legacy") as client:
+        late = await client.call_tool("hang", {})
+        assert late.is_error and late.meta is not None
+        assert late.meta["codemode"]["error_code"] == "DEADLINE_EXCEEDED"
+        assert str(late.content[0]).count("[DEADLINE_EXCEEDED]") == 1
+        await asyncio.wait_for(tools.hang_aborted.wait(), 30)  # the registry aborted it
+        assert not (await client.call_tool("double", {"n": 1})).is_error  # and serves on
 
 
 async def test_cancelling_the_mcp_call_ends_the_run_and_aborts_its_nested_call(
