@@ -10,7 +10,8 @@ the registry decides:
 - `tools/call` is one `ExecuteToolCall` for the agent. Its nested calls and approval waits are
   MCP progress notifications (when the client sent a progress token); MCP cancellation cancels
   the task, which cancels the gRPC call, so the registry aborts the run; the result or refusal
-  becomes a `CallToolResult` (`mcp_results.py`).
+  becomes a `CallToolResult` (`mcp_results.py`); with `approvals`, its approvals are asked of
+  the client's user (`mcp_approvals.py`).
 - The registry has no catalog-change stream, so `watch_catalog` re-reads the presentation every
   few seconds and announces a change as `notifications/tools/list_changed` (to handshake-era
   connections directly, to 2026-07-28 clients through `subscriptions/listen`).
@@ -22,6 +23,7 @@ nothing an MCP client sends can name another agent or another principal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
     from mcp.server.models import InitializationOptions
 
+    from codemode_cli.mcp_approvals import ElicitedApprovals
     from codemode_client import RegistryClient
 
 log = logging.getLogger("codemode.mcp")
@@ -129,8 +132,10 @@ class AgentServer:
         presentation: Presentation,
         *,
         call_timeout_s: float,
+        approvals: ElicitedApprovals | None = None,
     ) -> None:
         self.client = client
+        self.approvals = approvals
         self.agent = agent
         self.current = presentation
         self.call_timeout_s = call_timeout_s
@@ -180,23 +185,25 @@ class AgentServer:
         # result alone (one message instead of one per event).
         wants_progress = bool(params.meta and "progress_token" in params.meta)
         progress = 0
+        asking = self.approvals.asking(call_id, ctx) if self.approvals else contextlib.nullcontext()
         try:
-            events = self.client.execute(
-                params.name,
-                arguments,
-                agent=self.agent,
-                call_id=call_id,
-                deadline=self.call_timeout_s,
-                progress="all" if wants_progress else "none",
-            )
-            async for event in events:
-                if event.WhichOneof("event") == "result":
-                    result = ToolCallResult.from_proto(event.result, [])
-                    return mcp_results.tool_result(result, call_id)
-                message = _progress_message(event)
-                if message is not None:
-                    progress += 1
-                    await ctx.session.report_progress(progress, None, message)
+            with asking:
+                events = self.client.execute(
+                    params.name,
+                    arguments,
+                    agent=self.agent,
+                    call_id=call_id,
+                    deadline=self.call_timeout_s,
+                    progress="all" if wants_progress else "none",
+                )
+                async for event in events:
+                    if event.WhichOneof("event") == "result":
+                        result = ToolCallResult.from_proto(event.result, [])
+                        return mcp_results.tool_result(result, call_id)
+                    message = _progress_message(event)
+                    if message is not None:
+                        progress += 1
+                        await ctx.session.report_progress(progress, None, message)
         except CodemodeError as exc:
             return mcp_results.refused(exc, call_id)
         except JsonValueError as exc:  # arguments that are not lossless JSON (e.g. -0.0)

@@ -82,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeatable. Requests with another Origin are refused (403)",
     )
     parser.add_argument(
+        "--elicit-approvals",
+        action="store_true",
+        help="ask the MCP client's user (MCP elicitation) to approve this server's calls that "
+        "need approval; needs the approve permission. While it runs, the agent always has an "
+        "approver connected, so approvals of others' calls wait for another approver",
+    )
+    parser.add_argument(
         "--max-request-bytes",
         type=positive_int,
         default=DEFAULT_MAX_REQUEST_BYTES,
@@ -145,6 +152,7 @@ async def _serve(
     secret: str | None,
 ) -> int:
     from codemode_cli.mcp_adapter import AgentServer, fetch_presentation
+    from codemode_cli.mcp_approvals import ElicitedApprovals
     from codemode_client import RegistryClient
     from codemode_client.errors import CodemodeError
 
@@ -160,8 +168,13 @@ async def _serve(
         except CodemodeError as exc:
             print(f"{PROG}: {agent}: {describe_failure(exc, args.registry)}", file=sys.stderr)
             return 2
-        server = AgentServer(client, agent, presentation, call_timeout_s=args.call_timeout)
+        approvals = ElicitedApprovals(client.channel, agent) if args.elicit_approvals else None
+        server = AgentServer(
+            client, agent, presentation, call_timeout_s=args.call_timeout, approvals=approvals
+        )
         watcher = asyncio.create_task(server.watch_catalog(args.watch_interval))
+        if approvals is not None:
+            await approvals.start()
         try:
             if args.transport == "stdio":
                 return await _serve_stdio(server, args.max_request_bytes)
@@ -170,6 +183,8 @@ async def _serve(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            if approvals is not None:
+                await approvals.close()
 
 
 async def _serve_stdio(server: AgentServer, max_request_bytes: int) -> int:
