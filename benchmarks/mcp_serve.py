@@ -7,6 +7,11 @@ serve → registry → provider → back); the baseline is the same call made di
 Python client (`RegistryClient.call`, one ExecuteToolCall), interleaved with it in blocks so
 drift on the shared machine hits both alike. Target: stdio p50 <= 1.3 x the direct p50.
 
+Reference, not part of the target: the same `tools/call` against a bare MCP server over stdio
+(`benchmarks/_mcp_echo_server.py`: the SDK's lowlevel server answering at once, no registry):
+what the MCP SDKs' own round trip costs here. What `mcp serve` adds beyond that and the direct
+call is the adapter's own cost.
+
     python -m benchmarks.mcp_serve [--quick]
 
 `measure(quick)` returns the figures; `benchmarks.mcp` reports them beside its own.
@@ -87,6 +92,14 @@ async def _run(quick: bool) -> dict[str, Any]:
                 mode="legacy",
             )
         )
+        bare = await stack.enter_async_context(
+            Client(
+                StdioServerParameters(
+                    command=cli[0], args=["-m", "benchmarks._mcp_echo_server"], env=service_env()
+                ),
+                mode="legacy",
+            )
+        )
         http = await stack.enter_async_context(
             httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}, timeout=60)
         )
@@ -106,14 +119,18 @@ async def _run(quick: bool) -> dict[str, Any]:
             result = await over_http.call_tool("echo", ARGS)
             assert not result.is_error, result.content
 
-        ops = (direct, mcp_stdio, mcp_http)
+        async def mcp_bare() -> None:
+            result = await bare.call_tool("echo", ARGS)
+            assert not result.is_error, result.content
+
+        ops = (direct, mcp_stdio, mcp_http, mcp_bare)
         for op in ops:  # warm connections and code paths
             await sequential_samples(op, 30)
         samples: dict[Any, list[float]] = {op: [] for op in ops}
         for _ in range(5):
             for op in ops:
                 samples[op] += await sequential_samples(op, count // 5)
-    base, over_stdio, over_http_ms = (summary_ms(samples[op]) for op in ops)
+    base, over_stdio, over_http_ms, floor = (summary_ms(samples[op]) for op in ops)
     ratio = over_stdio["p50_ms"] / base["p50_ms"]
     return {
         "benchmark": "mcp_serve",
@@ -124,6 +141,10 @@ async def _run(quick: bool) -> dict[str, Any]:
         "ratio_p50_stdio_vs_direct": round(ratio, 3),
         "ratio_p50_http_vs_direct": round(over_http_ms["p50_ms"] / base["p50_ms"], 3),
         "mcp_serve_adds_p50_ms": round(over_stdio["p50_ms"] - base["p50_ms"], 4),
+        "reference_bare_mcp_stdio_round_trip": floor,
+        "mcp_serve_over_bare_sdk_plus_direct_p50_ms": round(
+            over_stdio["p50_ms"] - base["p50_ms"] - floor["p50_ms"], 4
+        ),
         "target": f"mcp serve (stdio) round trip p50 <= {TARGET} x direct ExecuteToolCall p50",
         "meets_target": ratio <= TARGET,
     }
