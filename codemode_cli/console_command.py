@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING
 from codemode_cli.registry_access import (
     RPC_TIMEOUT_S,
     add_registry_argument,
+    add_token_argument,
     agent_name,
     describe_failure,
+    read_token,
     registry_credentials,
 )
 
@@ -46,13 +48,7 @@ SOURCES = (CONSOLE / "src", CONSOLE / "page", REPO / "clients" / "typescript" / 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_registry_argument(parser)
-    parser.add_argument(
-        "--token-file",
-        type=Path,
-        metavar="FILE",
-        help="send the bearer token this file holds with every registry call "
-        "(the console acts as that principal)",
-    )
+    add_token_argument(parser, "the console acts as that principal")
     parser.add_argument("--agent", required=True, help="the agent, `ID` or `agents/ID`")
     parser.add_argument(
         "--port",
@@ -96,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         credentials = registry_credentials(args)
-        token = _read_token(args.token_file)
+        token = read_token(args.token_file, "--token-file")
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -120,20 +116,6 @@ def run(args: argparse.Namespace) -> int:
             argv += [option, str(path.resolve())]
     os.execv(node, argv)
     return 0  # not reached
-
-
-def _read_token(path: Path | None) -> str | None:
-    """The bearer token of `--token-file` (surrounding whitespace dropped); ValueError names a
-    file that cannot be read or holds no single token."""
-    if path is None:
-        return None
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--token-file: cannot read {path}: {exc}") from exc
-    if not token or any(c.isspace() for c in token):
-        raise ValueError(f"--token-file: {path} must hold one token (no spaces)")
-    return token
 
 
 def ensure_built() -> str:

@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "codemode_cli.history_command",
         "list (or follow) an agent's or a call's history records",
     ),
+    "mcp": ("codemode_cli.mcp_command", "Model Context Protocol: `mcp serve` serves an agent"),
 }
 
 

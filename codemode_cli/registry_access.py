@@ -1,5 +1,5 @@
-"""What `codemode run` and `codemode history` share: the registry address and TLS options,
-agent names, and one-line wording of RPC failures that names the address."""
+"""What the commands that call the registry share: the registry address, TLS and bearer-token
+options, agent names, and one-line wording of RPC failures that names the address."""
 
 from __future__ import annotations
 
@@ -45,6 +45,30 @@ def registry_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | 
     if tls is None:
         return None
     return grpc.ssl_channel_credentials(tls.root_ca, tls.private_key, tls.certificate_chain)
+
+
+def add_token_argument(parser: argparse.ArgumentParser, acting: str) -> None:
+    """`--token-file`; `acting` ends its help (what the command does as that principal)."""
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"send the bearer token this file holds with every registry call ({acting})",
+    )
+
+
+def read_token(path: Path | None, option: str) -> str | None:
+    """The token a file holds (surrounding whitespace dropped), None without a file; ValueError
+    names a file that cannot be read or holds no single token."""
+    if path is None:
+        return None
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{option}: cannot read {path}: {exc}") from exc
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"{option}: {path} must hold one token (no spaces)")
+    return token
 
 
 def agent_name(agent: str) -> str:

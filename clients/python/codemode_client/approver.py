@@ -11,6 +11,11 @@
 
 Every connected approver receives every request it may answer and its channel can receive
 (`open_channel` receives 64 MiB, a plain channel 4 MiB); the first answer wins.
+
+`decide` may return None to abstain: no answer is sent, so another approver's decides (or, with
+none, the request stays pending until the call ends). With `concurrent=True` each request is
+decided in a task of its own, so a slow decision (a person asked elsewhere) holds up no other
+request, and a request withdrawn while it is being decided cancels its task.
 """
 
 from __future__ import annotations
@@ -28,17 +33,21 @@ from codemode_client.channel import receive_limit
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
-Decide = Callable[[rpb.ApprovalRequest], "bool | Awaitable[bool]"]
+Decide = Callable[[rpb.ApprovalRequest], "bool | Awaitable[bool | None] | None"]
 
 
 class Approver:
-    def __init__(self, channel: grpc.aio.Channel, name: str, decide: Decide) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, name: str, decide: Decide, *, concurrent: bool = False
+    ) -> None:
         self._stub = rpb_grpc.RegistryServiceStub(channel)
         # Declared when the stream opens: the registry sends no request larger than this, which
         # the channel would refuse by ending the stream (and every agent's approvals on it).
         self._receives = receive_limit(channel)
         self._name = name
         self._decide = decide
+        self._concurrent = concurrent
+        self._deciding: dict[str, asyncio.Task[None]] = {}  # approval id -> its decision
         self._call: Any = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -66,23 +75,41 @@ class Approver:
         self._task = asyncio.create_task(self._serve())
 
     async def _serve(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            while (message := await self._call.read()) is not grpc.aio.EOF:
-                kind = message.WhichOneof("message")
-                if kind == "withdrawn":
-                    self.withdrawn.append(message.withdrawn)
-                elif kind == "request":
-                    verdict = self._decide(message.request)
-                    allowed = await verdict if inspect.isawaitable(verdict) else verdict
-                    outcome = (
-                        rpb.APPROVAL_OUTCOME_ALLOWED_ONCE
-                        if allowed
-                        else rpb.APPROVAL_OUTCOME_REJECTED
-                    )
-                    decision = rpb.ApprovalDecision(
-                        approval_id=message.request.approval_id, outcome=outcome
-                    )
-                    await self._call.write(rpb.ApproveRequest(decision=decision))
+        try:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                while (message := await self._call.read()) is not grpc.aio.EOF:
+                    await self._on_message(message)
+        finally:
+            for task in list(self._deciding.values()):
+                task.cancel()
+
+    async def _on_message(self, message: rpb.ApproveResponse) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "withdrawn":
+            self.withdrawn.append(message.withdrawn)
+            task = self._deciding.pop(message.withdrawn.approval_id, None)
+            if task is not None:
+                task.cancel()
+        elif kind == "request" and self._concurrent:
+            approval_id = message.request.approval_id
+            task = asyncio.create_task(self._answer(message.request))
+            self._deciding[approval_id] = task
+            task.add_done_callback(lambda _: self._deciding.pop(approval_id, None))
+        elif kind == "request":
+            await self._answer(message.request)
+
+    async def _answer(self, request: rpb.ApprovalRequest) -> None:
+        verdict = self._decide(request)
+        allowed = await verdict if inspect.isawaitable(verdict) else verdict
+        # Decided: a withdrawal from now on must not cancel the write (a cancelled write
+        # cancels the whole stream, and every other request on it).
+        self._deciding.pop(request.approval_id, None)
+        if allowed is None:
+            return  # abstained
+        outcome = rpb.APPROVAL_OUTCOME_ALLOWED_ONCE if allowed else rpb.APPROVAL_OUTCOME_REJECTED
+        decision = rpb.ApprovalDecision(approval_id=request.approval_id, outcome=outcome)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._call.write(rpb.ApproveRequest(decision=decision))
 
     async def closed(self) -> None:
         """Waits until the stream ends (however it ends, `close()` included)."""

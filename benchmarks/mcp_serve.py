@@ -1,0 +1,164 @@
+"""`codemode mcp serve`'s round trip vs a direct ExecuteToolCall of the same tool, same run.
+
+Topology: a registry, a provider process serving `echo` (concurrency-safe), and `codemode mcp
+serve` for a native agent (stdio, and streamable HTTP on loopback), each its own process. The
+MCP round trip is the official Python MCP client's `tools/call` of `echo` (MCP client → mcp
+serve → registry → provider → back); the baseline is the same call made directly with the
+Python client (`RegistryClient.call`, one ExecuteToolCall), interleaved with it in blocks so
+drift on the shared machine hits both alike. Target: stdio p50 <= 1.3 x the direct p50.
+
+Reference, not part of the target: the same `tools/call` against a bare MCP server over stdio
+(`benchmarks/_mcp_echo_server.py`: the SDK's lowlevel server answering at once, no registry):
+what the MCP SDKs' own round trip costs here. What `mcp serve` adds beyond that and the direct
+call is the adapter's own cost.
+
+    python -m benchmarks.mcp_serve [--quick]
+
+`measure(quick)` returns the figures; `benchmarks.mcp` reports them beside its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import tempfile
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from benchmarks._support import (
+    emit,
+    sequential_samples,
+    service_env,
+    subprocess_service,
+    summary_ms,
+)
+from codemode_wire.jsonvalue import JsonValue
+
+TARGET = 1.3
+ARGS: dict[str, JsonValue] = {"path": "/tmp/example.txt", "limit": 10}
+AGENT = "bench-mcp"
+
+
+async def _run(quick: bool) -> dict[str, Any]:
+    import httpx2
+    from mcp import Client, StdioServerParameters
+    from mcp.client.streamable_http import streamable_http_client
+
+    from codemode_client import RegistryClient
+
+    count = 200 if quick else 1500
+    cli = [sys.executable, "-m", "codemode_cli", "mcp", "serve"]
+    async with AsyncExitStack() as stack:
+        port = await stack.enter_async_context(
+            subprocess_service(
+                "-m",
+                "registry_service",
+                "--listen",
+                "127.0.0.1:0",
+                ready_prefix="registry listening on port ",
+                env=service_env(CODEMODE_REGISTRY_HISTORY_PATH=":memory:"),
+            )
+        )
+        registry = f"127.0.0.1:{port}"
+        await stack.enter_async_context(
+            subprocess_service("-m", "benchmarks._bench_provider", registry, ready_prefix="ready")
+        )
+        client = await stack.enter_async_context(RegistryClient(registry))
+        agent = (await client.create_agent(AGENT, mode="native")).name
+        serve = ["--registry", registry, "--agent", agent]
+        # A secret of our own: `subprocess_service` yields only the line with the URL.
+        folder = stack.enter_context(tempfile.TemporaryDirectory())
+        secret = secrets.token_urlsafe(24)
+        secret_file = Path(folder) / "secret"
+        secret_file.write_text(secret)
+        http_url = await stack.enter_async_context(
+            subprocess_service(
+                *cli[1:],
+                *serve,
+                "--transport",
+                "http",
+                "--http-secret-file",
+                str(secret_file),
+                ready_prefix="mcp serve: ",
+            )
+        )
+        http_url = http_url.rsplit(" ", 1)[1]
+        stdio = await stack.enter_async_context(
+            Client(
+                StdioServerParameters(command=cli[0], args=[*cli[1:], *serve], env=service_env()),
+                mode="legacy",
+            )
+        )
+        bare = await stack.enter_async_context(
+            Client(
+                StdioServerParameters(
+                    command=cli[0], args=["-m", "benchmarks._mcp_echo_server"], env=service_env()
+                ),
+                mode="legacy",
+            )
+        )
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+        )
+        over_http = await stack.enter_async_context(
+            Client(streamable_http_client(http_url, http_client=http), mode="legacy")
+        )
+
+        async def direct() -> None:
+            result = await client.call("echo", ARGS, agent=agent)
+            assert not result.is_error, result.error_message
+
+        async def mcp_stdio() -> None:
+            result = await stdio.call_tool("echo", ARGS)
+            assert not result.is_error, result.content
+
+        async def mcp_http() -> None:
+            result = await over_http.call_tool("echo", ARGS)
+            assert not result.is_error, result.content
+
+        async def mcp_bare() -> None:
+            result = await bare.call_tool("echo", ARGS)
+            assert not result.is_error, result.content
+
+        ops = (direct, mcp_stdio, mcp_http, mcp_bare)
+        for op in ops:  # warm connections and code paths
+            await sequential_samples(op, 30)
+        samples: dict[Any, list[float]] = {op: [] for op in ops}
+        for _ in range(5):
+            for op in ops:
+                samples[op] += await sequential_samples(op, count // 5)
+    base, over_stdio, over_http_ms, floor = (summary_ms(samples[op]) for op in ops)
+    ratio = over_stdio["p50_ms"] / base["p50_ms"]
+    return {
+        "benchmark": "mcp_serve",
+        "quick": quick,
+        "mcp_stdio_round_trip": over_stdio,
+        "mcp_http_round_trip": over_http_ms,
+        "baseline": {"direct_execute_tool_call": base},
+        "ratio_p50_stdio_vs_direct": round(ratio, 3),
+        "ratio_p50_http_vs_direct": round(over_http_ms["p50_ms"] / base["p50_ms"], 3),
+        "mcp_serve_adds_p50_ms": round(over_stdio["p50_ms"] - base["p50_ms"], 4),
+        "reference_bare_mcp_stdio_round_trip": floor,
+        "mcp_serve_over_bare_sdk_plus_direct_p50_ms": round(
+            over_stdio["p50_ms"] - base["p50_ms"] - floor["p50_ms"], 4
+        ),
+        "target": f"mcp serve (stdio) round trip p50 <= {TARGET} x direct ExecuteToolCall p50",
+        "meets_target": ratio <= TARGET,
+    }
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    return asyncio.run(_run(quick))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (< 1 minute)")
+    emit(measure(parser.parse_args().quick))
+
+
+if __name__ == "__main__":
+    main()
