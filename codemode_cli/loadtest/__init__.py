@@ -39,6 +39,19 @@ otherwise (the summary says why), 2 for bad flags.
 """
 
 
+# Repeats on a shared 2-core machine move by about this much (docs/benchmarks.md).
+COMPARE_THRESHOLD = 0.25
+COMPARE_EPILOG = """\
+A and B are report folders (a load test's --out) or their loadtest.json files. Comparable runs
+have the same workload settings, services and machine (cores, CPU model); the commit and the
+load average may differ. B is worse with more errors, or a figure worse beyond the noise band
+(--threshold for throughput, p50 and CPU per call; twice it for p95 and p99); better with
+nothing worse and a figure better beyond its band; otherwise the same within noise.
+Exit status: 0 same or better, 1 worse, 2 bad flags, 3 not comparable (settings differ),
+4 an input is missing or not a load test report.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
@@ -172,22 +185,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument(
         "--threshold",
         type=w.share,
-        default=0.25,
+        default=COMPARE_THRESHOLD,
         metavar="F",
         help="the noise band for throughput, p50 and CPU per call, as a fraction (tails get "
-        "twice it; 0..1; default 0.25)",
+        f"twice it; 0..1; default {COMPARE_THRESHOLD:g})",
     )
-
-
-COMPARE_EPILOG = """\
-A and B are report folders (a load test's --out) or their loadtest.json files. Comparable runs
-have the same workload settings, services and machine (cores, CPU model); the commit and the
-load average may differ. B is worse with more errors, or a figure worse beyond the noise band
-(--threshold for throughput, p50 and CPU per call; twice it for p95 and p99); better with
-nothing worse and a figure better beyond its band; otherwise the same within noise.
-Exit status: 0 same or better, 1 worse, 2 bad flags, 3 not comparable (settings differ),
-4 an input is missing or not a load test report.
-"""
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -9,12 +9,12 @@ average is noted). When anything that matters differs, the verdict is **not comp
 the differences are listed.
 
 For comparable runs each figure's relative change (B − A) / A is judged against a noise band:
-`threshold` (default 25 %: repeats on a shared 2-core machine move that much, see
-docs/benchmarks.md) for throughput, p50 and CPU per call, twice that for the tails (p95, p99).
-B is **worse** when it has more errors (failed, cancelled or refused programs, failed nested
-calls, calls lost or extra in the loss check) than A, or any figure is worse beyond its band;
-**better** when none is worse and at least one is better beyond its band; otherwise **same
-within noise**. CPU per call takes part only when each run measured at least
+`threshold` (`--threshold`, 25 % unless given: repeats on a shared 2-core machine move that
+much, see docs/benchmarks.md) for throughput, p50 and CPU per call, twice that for the tails
+(p95, p99). B is **worse** when it has more errors (failed, cancelled or refused programs,
+failed nested calls, calls lost or extra in the loss check) than A, or any figure is worse
+beyond its band; **better** when none is worse and at least one is better beyond its band;
+otherwise **same within noise**. CPU per call takes part only when each run measured at least
 `MIN_CPU_S` of it (the kernel counts CPU in 10 ms ticks).
 """
 
@@ -33,7 +33,6 @@ from codemode_cli.loadtest.report import REPORT, settings_rows
 # Exit statuses of `compare` (2 is argparse's usage error, as for every command).
 SAME_OR_BETTER, WORSE, USAGE, NOT_COMPARABLE, NOT_A_REPORT = 0, 1, 2, 3, 4
 
-DEFAULT_THRESHOLD = 0.25
 RULE = (
     "Comparable: the same workload settings, services and machine (cores, CPU model). Worse: "
     "more errors, or a figure worse beyond its band (the threshold for throughput, p50 and CPU "
@@ -177,41 +176,37 @@ def _errors(document: dict[str, Any]) -> int:
 
 
 def _rows(a: dict[str, Any], b: dict[str, Any], threshold: float) -> list[Row]:
+    def figure(name: str, path: tuple[str, ...], band: float | None, higher: bool = False) -> Row:
+        return Row(name, _get(a, *path), _get(b, *path), higher, band)
+
     tail = 2 * threshold
     rows = [
-        Row("programs/s", _get(a, "throughput", "programs_per_s"),
-            _get(b, "throughput", "programs_per_s"), True, threshold),
-        Row("nested calls/s", _get(a, "throughput", "nested_per_s"),
-            _get(b, "throughput", "nested_per_s"), True, threshold),
-    ]  # fmt: skip
+        figure("programs/s", ("throughput", "programs_per_s"), threshold, higher=True),
+        figure("nested calls/s", ("throughput", "nested_per_s"), threshold, higher=True),
+    ]
     for kind, label in (
         ("outer", "outer run_code"),
         ("nested", "nested start→commit"),
         ("queue_wait", "queue wait"),
     ):
         for q, band in (("p50", threshold), ("p95", tail), ("p99", tail)):
-            rows.append(
-                Row(f"{label} {q} (ms)", _get(a, "latency_ms", kind, q),
-                    _get(b, "latency_ms", kind, q), False, band)
-            )  # fmt: skip
+            rows.append(figure(f"{label} {q} (ms)", ("latency_ms", kind, q), band))
     enough = all((_get(d, "cpu", "measured_s") or 0) >= MIN_CPU_S for d in (a, b))
-    rows.append(
-        Row("CPU per nested call, driver + services (µs)",
-            _get(a, "cpu", "measured_per_nested_call_us"),
-            _get(b, "cpu", "measured_per_nested_call_us"), False, threshold if enough else None)
-    )  # fmt: skip
-    rows.append(
-        Row("CPU per nested call, whole machine (µs)",
-            _get(a, "cpu", "machine_per_nested_call_us"),
-            _get(b, "cpu", "machine_per_nested_call_us"), False, None)
-    )  # fmt: skip
-    rows.append(Row("errors (programs, nested, lost)", _errors(a), _errors(b), False, None))
+    rows += [
+        figure(
+            "CPU per nested call, driver + services (µs)",
+            ("cpu", "measured_per_nested_call_us"),
+            threshold if enough else None,
+        ),
+        figure(
+            "CPU per nested call, whole machine (µs)", ("cpu", "machine_per_nested_call_us"), None
+        ),
+        Row("errors (programs, nested, lost)", _errors(a), _errors(b), False, None),
+    ]
     return rows
 
 
-def compare(
-    a: dict[str, Any], b: dict[str, Any], threshold: float = DEFAULT_THRESHOLD
-) -> Comparison:
+def compare(a: dict[str, Any], b: dict[str, Any], threshold: float) -> Comparison:
     result = Comparison(a, b, threshold)
     result.differences = list(_settings_differences(a, b))
     commits = (_get(a, "environment", "commit"), _get(b, "environment", "commit"))

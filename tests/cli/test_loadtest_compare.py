@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from codemode_cli.loadtest import COMPARE_THRESHOLD
 from codemode_cli.loadtest import compare as c
 from codemode_cli.main import main
 
+BAND = COMPARE_THRESHOLD
 SMALL = ("--programs", "8", "--calls", "3", "--latency", "fixed:2ms", "--quiet")
 
 
@@ -175,7 +177,7 @@ def test_the_verdict_follows_the_noise_band(
     runs: dict[str, Path], path: tuple[str, ...], factor: float, verdict: str
 ) -> None:
     a = _report(runs["a"])
-    result = c.compare(a, _scaled(a, path, factor))
+    result = c.compare(a, _scaled(a, path, factor), BAND)
     assert result.verdict == verdict, result.reasons
     assert result.status == {c.WORSE_VERDICT: 1}.get(verdict, 0)
 
@@ -184,7 +186,7 @@ def test_more_errors_is_worse_even_when_faster(runs: dict[str, Path]) -> None:
     a = _report(runs["a"])
     b = _scaled(a, ("throughput", "programs_per_s"), 2.0)
     b["totals"]["programs_failed"] = 1
-    result = c.compare(a, b)
+    result = c.compare(a, b, BAND)
     assert result.verdict == c.WORSE_VERDICT
     assert "B had more errors: 1 vs 0" in result.reasons
 
@@ -193,9 +195,9 @@ def test_cpu_per_call_is_judged_only_when_enough_was_measured(runs: dict[str, Pa
     a = _edited(_report(runs["a"]), ("cpu", "measured_s"), 2.0)
     a["cpu"]["measured_per_nested_call_us"] = 1000.0
     b = _edited(a, ("cpu", "measured_per_nested_call_us"), 1500.0)
-    assert c.compare(a, b).verdict == c.WORSE_VERDICT
+    assert c.compare(a, b, BAND).verdict == c.WORSE_VERDICT
     little = _edited(b, ("cpu", "measured_s"), 0.1)
-    assert c.compare(a, little).verdict == c.SAME
+    assert c.compare(a, little, BAND).verdict == c.SAME
 
 
 @pytest.mark.parametrize(
@@ -211,7 +213,7 @@ def test_what_matters_makes_runs_not_comparable(
     runs: dict[str, Path], path: tuple[str, ...], value: Any, reason: str
 ) -> None:
     a = _report(runs["a"])
-    result = c.compare(a, _edited(a, path, value))
+    result = c.compare(a, _edited(a, path, value), BAND)
     assert result.verdict == c.INCOMPARABLE and result.status == c.NOT_COMPARABLE
     assert any(r.startswith(reason) for r in result.reasons), result.reasons
 
@@ -224,11 +226,11 @@ def test_commit_and_load_may_differ_and_are_noted(runs: dict[str, Path]) -> None
         0,
         0,
     ]
-    result = c.compare(a, b)
+    result = c.compare(a, b, BAND)
     assert result.verdict == c.SAME
     assert any("B's machine was much busier" in note for note in result.notes)
     older = copy.deepcopy(a)
     del older["environment"], older["cpu"]  # a report from before they were recorded
-    result = c.compare(older, a)
+    result = c.compare(older, a, BAND)
     assert result.verdict == c.SAME
     assert "a run does not record its machine: it is assumed to be the same" in result.notes
