@@ -294,11 +294,14 @@ def page(result: Comparison, names: tuple[str, str]) -> str:
     figures = table(
         [(r.name, _value(r.a), _value(r.b), _percent(r.change), r.judgement) for r in result.rows],
         ("figure", "A", "B", "change", ""),
+        [r.judgement if r.judgement in ("better", "worse") else "" for r in result.rows],
     )
     settings_a, settings_b = dict(settings_rows(result.a)), dict(settings_rows(result.b))
     keys = list(dict.fromkeys([*settings_a, *settings_b]))
     settings = table(
-        [(k, settings_a.get(k, "-"), settings_b.get(k, "-")) for k in keys], ("setting", "A", "B")
+        [(k, settings_a.get(k, "-"), settings_b.get(k, "-")) for k in keys],
+        ("setting", "A", "B"),
+        ["differs" if settings_a.get(k) != settings_b.get(k) else "" for k in keys],
     )
     escape = html.escape
     reasons = "".join(f"<li>{escape(r)}</li>" for r in result.reasons)

@@ -159,19 +159,25 @@ text { font-size: 11px; fill: #444; }
 .key i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
 table { border-collapse: collapse; margin: 8px 0 24px; }
 td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.better { color: #1e8449; } .worse { color: #c0392b; }
+tr.better td { color: #1e8449; } tr.worse td { color: #c0392b; font-weight: 600; }
+tr.differs td { background: #fdf2d0; }
 """
 
 
-def table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
-    """Rows of text as an HTML table (every cell escaped)."""
+def table(
+    rows: Sequence[Sequence[str]], header: Sequence[str] = (), classes: Sequence[str] = ()
+) -> str:
+    """Rows of text as an HTML table (every cell escaped); `classes[i]` marks row i."""
 
     def cells(tag: str, row: Sequence[str]) -> str:
         return "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in row)
 
+    def mark(index: int) -> str:
+        name = classes[index] if index < len(classes) else ""
+        return f' class="{html.escape(name)}"' if name else ""
+
     head = f"<tr>{cells('th', header)}</tr>" if header else ""
-    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+    body = "".join(f"<tr{mark(i)}>{cells('td', row)}</tr>" for i, row in enumerate(rows))
     return f"<table>{head}{body}</table>"
 
 

@@ -97,7 +97,10 @@ def test_runs_with_other_settings_are_not_comparable(runs: dict[str, Path], tmp_
     assert done.returncode == c.NOT_COMPARABLE == 3, done.stdout + done.stderr
     assert "verdict: not comparable" in done.stdout
     assert "concurrency differs: 2 vs 4" in done.stdout
-    assert "Verdict: not comparable" in (tmp_path / "x.html").read_text()
+    page = (tmp_path / "x.html").read_text()
+    assert "Verdict: not comparable" in page
+    assert '<tr class="differs"><td>concurrency</td><td>2</td><td>4</td></tr>' in page
+    assert "<tr><td>calls</td><td>3</td><td>3</td></tr>" in page
 
 
 @pytest.mark.parametrize(
