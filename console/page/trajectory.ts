@@ -33,6 +33,8 @@ interface CallNode {
   result?: { text: string; isError: boolean; errorCode: string; seq: string; spilled: boolean };
   /** The full content fetched for a spilled result, kept across redraws. */
   full?: string;
+  /** The person asked for every value whole (not cut at MAX_SHOWN). */
+  expanded?: boolean;
   children: string[];
 }
 
@@ -40,7 +42,7 @@ interface CallNode {
 const MAX_CALLS = 50;
 /** Steps detailed per trajectory (the tree lists every call). */
 const MAX_STEPS = 200;
-/** Characters of one value shown before it is cut (the rest: the button, or the record). */
+/** Characters of one value shown before it is cut (*Show all* shows the rest). */
 const MAX_SHOWN = 20_000;
 
 export class Trajectories {
@@ -189,37 +191,43 @@ export class Trajectories {
       { class: "step", "data-call-id": node.callId, "data-outcome": node.outcome },
       el("div", { class: "step-head" }, el("strong", { class: "tool" }, node.toolName), ` ${node.callId} · `, el("span", { class: "timing" }, [at, took].filter(Boolean).join(", "))),
     );
+    const texts: string[] = [];
+    const value = (kind: string, text: string, title = kind): HTMLElement => {
+      texts.push(text);
+      return labelled(kind, node.expanded ? text : shown(text), title);
+    };
     if (node.program !== undefined) {
       if (node.description) item.append(el("div", { class: "description" }, node.description));
-      item.append(labelled("program", shown(node.program)));
+      item.append(value("program", node.program));
     } else if (node.argumentsText) {
-      item.append(labelled("arguments", shown(node.argumentsText)));
+      item.append(value("arguments", node.argumentsText));
     }
     const result = node.result;
+    const aside = result !== undefined && result.spilled && node.full === undefined;
     if (result !== undefined) {
-      const text = node.full ?? result.text;
-      const kind = result.isError ? "error" : "result";
       const title = result.isError ? `error${result.errorCode ? ` ${result.errorCode}` : ""}` : "result";
-      const block = labelled(kind, shown(text), title);
-      if (result.spilled && node.full === undefined) {
-        block.append(
-          el("div", { class: "cut" }, "a preview: the registry keeps the whole value aside"),
-          button("Show all", "show-all", () => void this.fetchFull(node, block)),
-        );
-      }
+      const block = value(result.isError ? "error" : "result", node.full ?? result.text, title);
+      if (aside) block.append(el("div", { class: "cut" }, "a preview: the registry keeps the whole value aside"));
       item.append(block);
+    }
+    if (aside || (!node.expanded && texts.some((t) => t.length > MAX_SHOWN))) {
+      item.append(button("Show all", "show-all", () => void this.expand(node, item)));
     }
     return item;
   }
 
-  private async fetchFull(node: CallNode, block: HTMLElement): Promise<void> {
-    const answer = await this.connection?.call("recordContent", { seq: node.result!.seq });
-    if (answer === undefined) return;
-    if (!answer.ok) {
-      block.append(el("div", { class: "cut" }, `cannot fetch it: ${answer.message}`));
-      return;
+  /** Shows a call's values whole: a result kept aside is fetched first. */
+  private async expand(node: CallNode, item: HTMLElement): Promise<void> {
+    if (node.result?.spilled && node.full === undefined) {
+      const answer = await this.connection?.call("recordContent", { seq: node.result.seq });
+      if (answer === undefined) return;
+      if (!answer.ok) {
+        item.append(el("div", { class: "cut" }, `cannot fetch it: ${answer.message}`));
+        return;
+      }
+      node.full = answer.truncated ? `${answer.text}\n… (cut at ${RECORD_TEXT_LIMIT} characters)` : answer.text;
     }
-    node.full = answer.truncated ? `${answer.text}\n… (cut at ${RECORD_TEXT_LIMIT} characters)` : answer.text;
+    node.expanded = true;
     this.draw(node.rootCallId);
   }
 }

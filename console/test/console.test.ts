@@ -227,7 +227,7 @@ describe("the web console", () => {
         '    await tools.probe({"host": "db-7"})',
         "except ToolCallError:",
         "    pass",
-        "log = await tools.dump({})",
+        'log = await tools.dump({"pad": "x" * 25000})',
         'return a["n"] + b["n"]',
       ].join("\n");
       const result = await client.runCode(agent, program, "two lookups, a probe and a log", { callId: "traj-1" }).result;
@@ -265,13 +265,16 @@ describe("the web console", () => {
       assert.match(errorText, /db-7 is down <img src=x data-injected=1> for maintenance/);
       assert.equal(await page.locator("[data-injected]").count(), 0);
 
-      // A result kept aside: the preview first, all of it on request.
+      // A result kept aside, and arguments longer than the page shows at first: both whole on request.
       const dump = call.locator('li.step[data-call-id="traj-1:code:4"]');
       assert.doesNotMatch((await dump.locator("pre.result").textContent()) ?? "", /END OF LOG/);
+      assert.match((await dump.locator("pre.arguments").textContent()) ?? "", /^\{\n {2}"pad": "x+\n… \(\d+ more characters\)$/);
       await dump.locator('[data-action="show-all"]').click();
       await call.locator('li.step[data-call-id="traj-1:code:4"] pre.result', { hasText: "END OF LOG" }).waitFor();
       const full = (await call.locator('li.step[data-call-id="traj-1:code:4"] pre.result').textContent()) ?? "";
       assert.equal(full, `${"log line\n".repeat(1000)}END OF LOG`);
+      const padded = await call.locator('li.step[data-call-id="traj-1:code:4"] pre.arguments').textContent();
+      assert.equal(padded, `{\n  "pad": "${"x".repeat(25000)}"\n}`);
       assert.equal(await call.locator('li.step[data-call-id="traj-1:code:4"] [data-action="show-all"]').count(), 0);
 
       // What the verb refuses: a seq that is not one, and one this agent's history does not have.
