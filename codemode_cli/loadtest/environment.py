@@ -27,8 +27,8 @@ GIT_TIMEOUT_S = 5.0
 
 
 def commit() -> dict[str, object]:
-    """The checkout's commit and whether it had uncommitted changes (None: not a git checkout,
-    or no git)."""
+    """The checkout's commit and whether it had uncommitted changes (None: not run from a git
+    checkout of this project, or no git)."""
 
     def git(*args: str) -> str | None:
         try:
@@ -43,6 +43,10 @@ def commit() -> dict[str, object]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
+    # Only this package's own checkout: installed elsewhere, a surrounding repository is not ours.
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != REPO_ROOT:
+        return {"commit": None, "dirty": None}
     head = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if head else None
     return {"commit": head, "dirty": None if status is None else bool(status)}

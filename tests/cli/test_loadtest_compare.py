@@ -237,3 +237,16 @@ def test_commit_and_load_may_differ_and_are_noted(runs: dict[str, Path]) -> None
     result = c.compare(older, a, BAND)
     assert result.verdict == c.SAME
     assert "a run does not record its machine: it is assumed to be the same" in result.notes
+
+
+def test_the_commit_is_only_this_checkouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from codemode_cli.loadtest import environment
+
+    outer = tmp_path / "someone-elses-project"
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    installed = outer / "venv" / "site-packages"  # this package installed inside another repo
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(environment, "REPO_ROOT", installed.resolve())
+    assert environment.commit() == {"commit": None, "dirty": None}
+    monkeypatch.setattr(environment, "REPO_ROOT", tmp_path.resolve())  # no repository at all
+    assert environment.commit() == {"commit": None, "dirty": None}
