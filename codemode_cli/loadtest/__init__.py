@@ -2,9 +2,11 @@
 
 Runs `--programs` run_code programs, `--concurrency` at a time, each making `--calls` nested
 calls to load tools whose bodies sleep per `--latency`; reports throughput, latency percentiles
-(outer, nested, queue wait), errors and a loss check, and writes loadtest.json and
-loadtest.html. Modules: workload (flags, plans, programs), services and peer (processes),
-driver (the load phase), losscheck (history), stats, report, plot, runner (all of it in order).
+(outer, nested, queue wait), CPU, errors and a loss check, and writes loadtest.json and
+loadtest.html, both with the settings and the machine they ran on. `codemode loadtest compare
+A B` puts two reports side by side with a verdict. Modules: workload (flags, plans, programs),
+services and peer (processes), driver (the load phase), losscheck (history), environment
+(commit, machine, load, CPU), stats, report, plot, runner (all of it in order), compare.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ examples:
   codemode loadtest --exclusive-share 0.3 --approval-share 0.2 --latency uniform:1ms-20ms
   codemode loadtest --registry 127.0.0.1:50051 --duration-limit 60
   codemode loadtest --registry 127.0.0.1:50051,127.0.0.1:50052   # replicas on one store
+  codemode loadtest compare var/before var/after   # two reports side by side, and a verdict
 
 By default the runtime, a registry (SQLite history in a temporary directory, tracing off) and
 a load peer (tool provider + auto-approver) start on 127.0.0.1. With --registry the load goes
@@ -36,9 +39,26 @@ otherwise (the summary says why), 2 for bad flags.
 """
 
 
+# Repeats on a shared 2-core machine move by about this much (docs/benchmarks.md).
+COMPARE_THRESHOLD = 0.25
+COMPARE_EPILOG = """\
+A and B are report folders (a load test's --out) or their loadtest.json files. Comparable runs
+have the same workload settings, services and machine (cores, CPU model); the commit and the
+load average may differ. B is worse with more errors, or a figure worse beyond the noise band
+(--threshold for throughput, p50 and CPU per call; twice it for p95 and p99); better with
+nothing worse and a figure better beyond its band; otherwise the same within noise.
+Exit status: 0 same or better, 1 worse, 2 bad flags, 3 not comparable (settings differ),
+4 an input is missing or not a load test report.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
+    # The compare action is optional: without it the flags run a load test.
+    parser.usage = (
+        "%(prog)s [options]\n       %(prog)s compare [-h] [--out FILE] [--threshold F] A B"
+    )
     add = parser.add_argument
     add(
         "--programs",
@@ -141,6 +161,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where loadtest.json and loadtest.html go (default var/loadtest)",
     )
     add("--quiet", action="store_true", help="no progress line on stderr")
+    actions = parser.add_subparsers(dest="action", metavar="compare", required=False)
+    compare = actions.add_parser(
+        "compare",
+        help="two reports side by side with a verdict (codemode loadtest compare --help)",
+        description="Two load test reports side by side: the differences that matter and a "
+        "verdict on B against A (better, worse, same within noise, or not comparable when "
+        "their settings differ).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=COMPARE_EPILOG,
+    )
+    compare.add_argument(
+        "a", type=Path, metavar="A", help="the first run: its --out folder or its loadtest.json"
+    )
+    compare.add_argument("b", type=Path, metavar="B", help="the second run, judged against A")
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=Path("var/loadtest/compare.html"),
+        metavar="FILE",
+        help="where the HTML side by side goes (default var/loadtest/compare.html)",
+    )
+    compare.add_argument(
+        "--threshold",
+        type=w.share,
+        default=COMPARE_THRESHOLD,
+        metavar="F",
+        help="the noise band for throughput, p50 and CPU per call, as a fraction (tails get "
+        f"twice it; 0..1; default {COMPARE_THRESHOLD:g})",
+    )
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from codemode_cli.loadtest import compare
+
+    try:
+        (file_a, a), (file_b, b) = compare.load(args.a), compare.load(args.b)
+    except compare.ReportError as exc:
+        print(f"codemode loadtest compare: {exc}", file=sys.stderr)
+        return compare.NOT_A_REPORT
+    result = compare.compare(a, b, args.threshold)
+    names = (str(file_a), str(file_b))
+    print("\n".join(compare.lines(result, names)))
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(compare.page(result, names))
+    except OSError as exc:
+        print(f"codemode loadtest compare: cannot write {args.out}: {exc}", file=sys.stderr)
+        return compare.USAGE
+    print(f"wrote {args.out}")
+    return result.status
 
 
 def _usage(message: str) -> int:
@@ -149,6 +219,8 @@ def _usage(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "action", None) == "compare":
+        return _compare(args)
     registries = tuple(dict.fromkeys(a for group in args.registry or () for a in group))
     nested = args.programs * args.calls
     if nested > w.MAX_NESTED_TOTAL:

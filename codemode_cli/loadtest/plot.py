@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from codemode_cli.loadtest.report import settings_rows
+
 WIDTH, HEIGHT = 900, 320
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 40
 COLORS = {"outer": "#c0392b", "nested": "#2471a3", "queue_wait": "#7d3c98"}
@@ -155,11 +157,33 @@ text { font-size: 11px; fill: #444; }
 .end { text-anchor: end; }
 .key { margin-right: 16px; }
 .key i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
+table { border-collapse: collapse; margin: 8px 0 24px; }
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+tr.better td { color: #1e8449; } tr.worse td { color: #c0392b; font-weight: 600; }
+tr.differs td { background: #fdf2d0; }
 """
+
+
+def table(
+    rows: Sequence[Sequence[str]], header: Sequence[str] = (), classes: Sequence[str] = ()
+) -> str:
+    """Rows of text as an HTML table (every cell escaped); `classes[i]` marks row i."""
+
+    def cells(tag: str, row: Sequence[str]) -> str:
+        return "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in row)
+
+    def mark(index: int) -> str:
+        name = classes[index] if index < len(classes) else ""
+        return f' class="{html.escape(name)}"' if name else ""
+
+    head = f"<tr>{cells('th', header)}</tr>" if header else ""
+    body = "".join(f"<tr{mark(i)}>{cells('td', row)}</tr>" for i, row in enumerate(rows))
+    return f"<table>{head}{body}</table>"
 
 
 def page(report: dict[str, Any], summary: list[str]) -> str:
     series = report["time_series"]
+    settings = settings_rows(report) if "settings" in report else []
     scatter_svg = scatter({"outer": series["outer"], "nested": series["nested"]})
     hist = report["histograms_ms"]
     histogram_svg = histogram(
@@ -169,7 +193,9 @@ def page(report: dict[str, Any], summary: list[str]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>codemode loadtest</title>"
         f"<style>{STYLE}</style></head><body>\n<h1>codemode loadtest</h1>\n"
-        f"<pre>{html.escape(chr(10).join(summary))}</pre>\n{scatter_svg}\n{histogram_svg}\n"
+        f"<pre>{html.escape(chr(10).join(summary))}</pre>\n"
+        f'<h2>Settings and machine</h2><div class="settings">{table(settings)}</div>\n'
+        f"{scatter_svg}\n{histogram_svg}\n"
         f"<p>Time series sampled to at most {series['max_points']} points per series; "
         "histograms count every call. Full numbers: loadtest.json.</p>\n</body></html>\n"
     )

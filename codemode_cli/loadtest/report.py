@@ -1,5 +1,8 @@
-"""The report: one JSON document (settings, totals, throughput, latencies, errors, loss check,
-time series, histograms) and the summary table printed on stdout."""
+"""The report: one JSON document (settings, where it ran, totals, throughput, latencies, CPU,
+errors, loss check, time series, histograms) and the summary table printed on stdout.
+
+`codemode loadtest compare` reads the document back (compare.py): `report` names it and
+`format` is its version, raised when a field compare reads changes meaning."""
 
 from __future__ import annotations
 
@@ -20,12 +23,15 @@ FROM_PROGRAM_SOURCE = (
 )
 NESTED_SOURCE = "nested_settled.duration_ms: scheduler start to commit (approval included)"
 OUTER_SOURCE = "ExecuteToolCall(run_code) wall time at the client, completed calls"
+REPORT, FORMAT = "codemode loadtest", 1
 
 
 def build(
     spec: Spec,
     *,
     services: dict[str, Any],
+    environment: dict[str, Any],
+    cpu: dict[str, Any],
     load: Load,
     loss: dict[str, Any],
     program_waits: list[float],
@@ -44,9 +50,11 @@ def build(
     high = max([*outer, *nested, *waits], default=1.0)
     edges = stats.log_edges(low, high)
     return {
-        "report": "codemode loadtest",
+        "report": REPORT,
+        "format": FORMAT,
         "settings": spec.settings(),
         "services": services,
+        "environment": environment,
         "elapsed_s": round(load.elapsed_s, 3),
         "stopped_by_duration_limit": load.stopped_by_limit,
         "totals": {
@@ -80,6 +88,7 @@ def build(
             "queue_wait": stats.summary(waits),
             "queue_wait_from_program": stats.summary(program_waits),
         },
+        "cpu": cpu,
         "latency_sources": {
             "outer": OUTER_SOURCE,
             "nested": NESTED_SOURCE,
@@ -140,6 +149,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         f"codemode loadtest: {totals['programs_completed']}/{totals['programs_planned']} programs, "
         f"{totals['nested_settled']} nested calls in {report['elapsed_s']:.2f} s ({where})",
+        settings_line(report),
     ]
     if report["stopped_by_duration_limit"]:
         lines.append(
@@ -160,6 +170,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"  throughput: {throughput['programs_per_s']:.1f} programs/s, "
         f"{throughput['nested_per_s']:.1f} nested calls/s"
     )
+    cpu = report.get("cpu")
+    if cpu is not None:
+        lines.append(
+            f"  CPU per nested call: {_cell(cpu['measured_per_nested_call_us'])} µs driver + "
+            f"services, {_cell(cpu['machine_per_nested_call_us'])} µs whole machine"
+        )
     lines.append(
         f"  approvals: {totals['approvals_asked']} asked, {totals['approvals_planned']} planned; "
         f"exclusive calls planned: {totals['exclusive_planned']}"
@@ -188,3 +204,49 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             "in time and were not checked"
         )
     return lines
+
+
+def _load(values: list[float] | None) -> str:
+    """A load average (1, 5, 15 minutes) as `1.2/0.8/0.5`."""
+    return "unknown" if not values else "/".join(f"{v:g}" for v in values)
+
+
+def settings_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run was and where it ran, as (name, value) rows for the page and the summary."""
+    rows = [(name, str(value)) for name, value in report["settings"].items()]
+    services = report["services"]
+    rows.append(("services", services["mode"]))
+    for key in ("max_parallel_sub_calls", "runtime_pool_size", "admission_limit"):
+        if services.get(key) is not None:
+            rows.append((key, str(services[key])))
+    rows.append(("registries", str(len(services["registries"]))))
+    env = report.get("environment") or {}
+    machine = env.get("machine") or {}
+    head = env.get("commit")
+    dirty = " (uncommitted changes)" if env.get("dirty") else ""
+    rows.append(("commit", f"{head}{dirty}" if head else "unknown"))
+    memory = machine.get("memory_bytes")
+    rows += [
+        ("cores", str(machine.get("cores", "unknown"))),
+        ("cpu_model", str(machine.get("cpu_model") or "unknown")),
+        ("memory", "unknown" if memory is None else f"{memory / 2**30:.1f} GiB"),
+        ("system", str(machine.get("system", "unknown"))),
+        ("started_at", str(env.get("started_at", "unknown"))),
+        ("load_average_start", _load(env.get("load_average_start"))),
+        ("load_average_end", _load(env.get("load_average_end"))),
+    ]
+    return rows
+
+
+def settings_line(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    env = report.get("environment") or {}
+    machine = env.get("machine") or {}
+    head = (env.get("commit") or "unknown")[:12]
+    return (
+        f"  settings: {s['programs']} programs, concurrency {s['concurrency']}, {s['calls']} calls "
+        f"(fanout {s['fanout']}), latency {s['latency']}, seed {s['seed']}; commit {head}"
+        + ("+" if env.get("dirty") else "")
+        + f"; {machine.get('cores', '?')} cores; load average "
+        f"{_load(env.get('load_average_start'))} -> {_load(env.get('load_average_end'))}"
+    )

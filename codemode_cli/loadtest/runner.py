@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 import json
 import math
@@ -18,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from codemode_cli.loadtest import losscheck, plot, report
-from codemode_cli.loadtest.driver import Driver, SetupError, Target, warm_up
+from codemode_cli.loadtest import environment, losscheck, plot, report
+from codemode_cli.loadtest.driver import FAILED, OK, Driver, SetupError, Target, warm_up
 from codemode_cli.loadtest.progress import Progress
 from codemode_cli.loadtest.services import StackOptions, own_stack, peer
 from codemode_cli.loadtest.workload import TOOLS, Spec
@@ -55,6 +56,13 @@ async def execute(spec: Spec, options: Options) -> int:
         "trace_file": None if external else options.trace_file,
         "admission_limit": options.admission_limit,
     }
+    where = {
+        **environment.commit(),
+        "machine": environment.machine(),
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "load_average_start": environment.load_average(),
+    }
+    pids: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="codemode-loadtest-") as tmp:
         work = Path(tmp)
         async with contextlib.AsyncExitStack() as stack:
@@ -64,7 +72,8 @@ async def execute(spec: Spec, options: Options) -> int:
                 stack_options = StackOptions(
                     options.max_parallel, pool, options.trace_file, options.admission_limit
                 )
-                addresses = [await stack.enter_async_context(own_stack(stack_options, work))]
+                started = await stack.enter_async_context(own_stack(stack_options, work))
+                addresses, pids = [started.address], dict(started.pids)
                 services["registry"] = addresses[0]
                 services["registries"] = addresses
             # Each replica's share of the concurrency, over as many channels as it needs;
@@ -88,20 +97,33 @@ async def execute(spec: Spec, options: Options) -> int:
             if external:  # a shared registry keeps nothing of ours afterwards
                 stack.push_async_callback(_delete_agent, list(first.values()), agent)
             await _everywhere(first, agent, lambda stub: _has_agent(stub, agent), "the agent")
-            await stack.enter_async_context(peer(addresses, agent, work))
+            pids["peer"] = await stack.enter_async_context(peer(addresses, agent, work))
             await _everywhere(first, agent, lambda stub: _has_tools(stub, agent), "the tools")
             progress.note("loadtest: warming up")
             for n, stub in enumerate(first.values()):
                 await warm_up(stub, agent, spec.approval_share > 0, f"warmup-{n}")
+            before = environment.snapshot(pids)
             load = await Driver(spec, targets, agent, progress).run()
+            after = environment.snapshot(pids)
             progress.note("loadtest: checking history")
             reader = await _live(first)
             tallies = await losscheck.scan(reader, agent, load.outcomes, progress)
             await progress.stop()
+    where["load_average_end"] = environment.load_average()
+    nested = len(load.nested)
+    programs = sum(1 for o in load.outcomes if o.status in (OK, FAILED))
+    cpu = environment.cpu(before, after, nested=nested, programs=programs)
     loss = losscheck.check(load.outcomes, tallies)
     waits, negative = losscheck.program_queue_waits(load.outcomes, tallies)
     document = report.build(
-        spec, services=services, load=load, loss=loss, program_waits=waits, negative_waits=negative
+        spec,
+        services=services,
+        environment=where,
+        cpu=cpu,
+        load=load,
+        loss=loss,
+        program_waits=waits,
+        negative_waits=negative,
     )
     lines = report.summary_lines(document)
     totals = document["totals"]

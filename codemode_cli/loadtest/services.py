@@ -12,25 +12,26 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from codemode_cli.loadtest.workload import APPROVE_GLOB
-from codemode_cli.processes import StartError, running
+from codemode_cli.processes import Started, StartError, running
 
-__all__ = ["StackOptions", "StartError", "own_stack", "peer", "process"]
+__all__ = ["OwnStack", "StackOptions", "StartError", "own_stack", "peer", "process"]
 
 
 @contextlib.asynccontextmanager
 async def process(
     name: str, args: list[str], ready: str, env: dict[str, str], logs: Path
-) -> AsyncIterator[str]:
-    """Runs `python <args>` and yields what follows `ready` on its first matching stdout line;
-    its stderr goes to `<logs>/<name>.stderr`, quoted in the `StartError` of a failed start."""
+) -> AsyncIterator[Started]:
+    """Runs `python <args>` and yields it once it printed `ready` (`rest`: what follows on that
+    line); its stderr goes to `<logs>/<name>.stderr`, quoted in the `StartError` of a failed
+    start."""
     async with running(
         *args, ready=ready, env=env, stderr=logs / f"{name}.stderr", label=f"the {name}"
     ) as started:
-        yield started.rest
+        yield started
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,15 @@ class StackOptions:
     admission_limit: int | None = None  # each agent's max_concurrent_runs (--admission-limit)
 
 
+@dataclass(frozen=True)
+class OwnStack:
+    address: str  # the registry's
+    pids: dict[str, int] = field(default_factory=dict)  # runtime, registry (their CPU is measured)
+
+
 @contextlib.asynccontextmanager
-async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
-    """A runtime and a registry wired to it, both on loopback; yields the registry address."""
+async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[OwnStack]:
+    """A runtime and a registry wired to it, both on loopback."""
     base = dict(os.environ)
     runtime_env = {
         **base,
@@ -56,7 +63,7 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
         "runtime listening on port ",
         runtime_env,
         work,
-    ) as runtime_port:
+    ) as runtime:
         rules = work / "rules.yaml"
         # JSON is YAML: the approval share asks for approval through the product's own rules.
         rules.write_text(
@@ -64,7 +71,7 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
         )
         registry_env = {
             **base,
-            "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([f"127.0.0.1:{runtime_port}"]),
+            "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([f"127.0.0.1:{runtime.rest}"]),
             "CODEMODE_REGISTRY_HISTORY_PATH": str(work / "history.sqlite3"),
             "CODEMODE_REGISTRY_POLICY_RULES": str(rules),
             "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": str(options.max_parallel),
@@ -82,12 +89,14 @@ async def own_stack(options: StackOptions, work: Path) -> AsyncIterator[str]:
             "registry listening on port ",
             registry_env,
             work,
-        ) as registry_port:
-            yield f"127.0.0.1:{registry_port}"
+        ) as registry:
+            pids = {"runtime": runtime.proc.pid, "registry": registry.proc.pid}
+            yield OwnStack(f"127.0.0.1:{registry.rest}", pids)
 
 
 @contextlib.asynccontextmanager
-async def peer(registries: list[str], agent: str, work: Path) -> AsyncIterator[None]:
+async def peer(registries: list[str], agent: str, work: Path) -> AsyncIterator[int]:
+    """The load peer (tool provider + auto-approver); yields its pid."""
     args = ["-m", "codemode_cli.loadtest.peer", ",".join(registries), agent]
-    async with process("load peer", args, "ready", dict(os.environ), work):
-        yield
+    async with process("load peer", args, "ready", dict(os.environ), work) as started:
+        yield started.proc.pid

@@ -61,6 +61,7 @@ async function main(): Promise<void> {
   // Created before any event can arrive: messages are dispatched from the event loop, after this.
   activations = new Activations(connection, byId("requests"), slots, byId("plugins"), status);
   approvals = new ToolApprovals(connection, byId("approvals"));
+  trajectories.connect(connection);
   const synced = await connection.call("syncManifest", { providersJson: JSON.stringify(MANIFEST) });
   if (!synced.accepted) status(`the registry refused the inspect manifest: ${synced.code} ${synced.message}`);
   connection.onClose(() => {

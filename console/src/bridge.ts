@@ -23,16 +23,28 @@ import {
   PageRunner,
   RegistryClient,
   parseJson,
+  renderPrettyJson,
   stringifyJson,
   type ApprovalAnswer,
   type ChannelCredentials,
+  type ContentBlock,
   type HistoryEntry,
   type InspectProvider,
   type RunRequest,
 } from "@codemode/client";
 import { builtFrameDocument } from "./frame";
 import { WebGuard, type Refusal } from "./guard";
-import type { ClientMessage, HistoryView, InspectQueryView, NoticeView, ServerMessage, ToolApprovalView, VerbName, Verbs } from "./protocol";
+import {
+  RECORD_TEXT_LIMIT,
+  type ClientMessage,
+  type HistoryView,
+  type InspectQueryView,
+  type NoticeView,
+  type ServerMessage,
+  type ToolApprovalView,
+  type VerbName,
+  type Verbs,
+} from "./protocol";
 import { NO_CONTENT_CSP, ROUTES, SOCKET_PATH, framingHeaders, type Route } from "./routes";
 
 export interface BridgeOptions {
@@ -235,8 +247,22 @@ export class ConsoleBridge {
         pending?.answer(a.answer === "allow" ? "allow" : "reject");
         return { delivered: pending !== undefined };
       }
+      case "recordContent":
+        return this.recordContent((raw as Verbs["recordContent"]["args"]).seq);
       default:
         throw new Error(`unknown verb ${String(verb)}`);
+    }
+  }
+
+  /** A record of this console's agent in full: the registry reads it as this principal. */
+  private async recordContent(seq: unknown): Promise<Verbs["recordContent"]["result"]> {
+    if (typeof seq !== "string" || !/^[1-9][0-9]{0,18}$/.test(seq)) return { ok: false, message: "seq must be a record's seq" };
+    try {
+      const text = contentText(await this.client.recordContent(this.agent, BigInt(seq)));
+      const truncated = text.length > RECORD_TEXT_LIMIT;
+      return { ok: true, text: truncated ? text.slice(0, RECORD_TEXT_LIMIT) : text, truncated };
+    } catch (e) {
+      return { ok: false, message: describe(e) };
     }
   }
 
@@ -375,9 +401,40 @@ function historyView(entry: HistoryEntry): HistoryView {
     parentCallId: entry.parentCallId,
     toolName: entry.toolName,
     argumentsJson: entry.argumentsJson,
-    text: entry.content.map((b) => (b.block?.$case === "text" ? b.block.value.text : "")).join(""),
+    argumentsText: prettyOrAsIs(entry.argumentsJson),
+    text: contentText(entry.content),
+    spilled: entry.spillLocator !== "",
     isError: entry.isError,
     errorCode: entry.errorCode,
     timeMs: entry.time?.getTime() ?? 0,
   };
+}
+
+/** JSON text pretty-printed digit for digit (what it is, when it is not JSON). */
+function prettyOrAsIs(json: string): string {
+  if (json === "") return "";
+  try {
+    return renderPrettyJson(json);
+  } catch {
+    return json;
+  }
+}
+
+/** Content as text: text blocks as they are, JSON blocks pretty, images described as the
+ * registry's previews describe them. */
+function contentText(content: ContentBlock[]): string {
+  return content
+    .map((b) => {
+      switch (b.block?.$case) {
+        case "text":
+          return b.block.value.text;
+        case "json":
+          return prettyOrAsIs(b.block.value.json);
+        case "image":
+          return `[image ${b.block.value.mimeType}, ${b.block.value.data.length} bytes]`;
+        default:
+          return "";
+      }
+    })
+    .join("");
 }

@@ -42,8 +42,13 @@ export interface HistoryView {
   parentCallId: string;
   toolName: string;
   argumentsJson: string;
-  /** The text blocks of the content, joined. */
+  /** The arguments for a person to read: `argumentsJson` pretty-printed digit for digit. */
+  argumentsText: string;
+  /** The content as text: text blocks as they are, JSON blocks pretty, images described. */
   text: string;
+  /** The content was too large to keep inline: `text` is the registry's preview, and the
+   * `recordContent` verb fetches all of it. */
+  spilled: boolean;
   isError: boolean;
   errorCode: string;
   /** When the record was written, in ms since the epoch (0: unknown). */
@@ -110,9 +115,18 @@ export interface Verbs {
   answerQuery: { args: { queryId: string; dataJson: string }; result: PageAnswerView };
   failQuery: { args: { queryId: string; message: string }; result: PageAnswerView };
   answerToolApproval: { args: { approvalId: string; answer: "allow" | "reject" }; result: { delivered: boolean } };
+  /** A spilled record's full content as text (the console's agent's history only), cut at
+   * `RECORD_TEXT_LIMIT` characters. */
+  recordContent: {
+    args: { seq: string };
+    result: { ok: true; text: string; truncated: boolean } | { ok: false; message: string };
+  };
 }
 
 export type VerbName = keyof Verbs;
+
+/** Characters of a record's full content the page is sent at most. */
+export const RECORD_TEXT_LIMIT = 1_000_000;
 
 /** Page → bridge. */
 export interface ClientMessage<V extends VerbName = VerbName> {

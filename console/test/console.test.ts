@@ -4,7 +4,8 @@
  * Playwright). The person's clicks approve a client-bearing plugin (its Client half renders in
  * its own frame in its slot and reaches the Host half's handler through `host.call`), reject another (the
  * steering record appears), allow an ordinary tool call, stop a plugin from the panel, and a
- * `run_code` trajectory is drawn as a tree. A failure leaves a screenshot and the page's HTML
+ * `run_code` trajectory is drawn as a tree with its program, each call's arguments, result or error
+ * text and timings (a result kept aside in history fetched in full on request). A failure leaves a screenshot and the page's HTML
  * under console/test-output/.
  */
 import assert from "node:assert/strict";
@@ -12,7 +13,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
 import type { Browser, BrowserContext, FrameLocator, Locator, Page } from "playwright-core";
-import { RegistryClient, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
+import { RegistryClient, ToolFailed, ToolProvider, type JsonObject, type JsonValue } from "@codemode/client";
 import { stopService, type Service } from "@codemode/client/dist/test/services";
 import { launchChromium, startConsole, startDeployStack, type RunningConsole } from "./stack";
 
@@ -93,12 +94,18 @@ async function defineAndRun(
 }
 
 before(async () => {
-  ({ runtime, registry } = await startDeployStack());
+  // Results over 4 KiB are kept aside in history: the trajectory shows a preview, then all of it.
+  ({ runtime, registry } = await startDeployStack({ CODEMODE_REGISTRY_HISTORY_MAX_INLINE_BYTES: "4096" }));
   client = new RegistryClient(`127.0.0.1:${registry.port}`, { timeoutMs: 10_000, executeTimeoutMs: 60_000 });
   await client.createAgent("console-e2e", { mode: "both", selfModification: true });
   provider = new ToolProvider(client, "ops")
     .tool({ name: "deploy", description: "Deploys a service." }, (args) => `deployed ${(args as JsonObject).service as string}`)
-    .tool({ name: "lookup", description: "Looks a number up.", concurrencySafe: true }, (args) => ({ n: (args as JsonObject).n as number }));
+    .tool({ name: "lookup", description: "Looks a number up.", concurrencySafe: true }, (args) => ({ n: (args as JsonObject).n as number }))
+    .tool({ name: "probe", description: "Probes a host." }, (args) => {
+      // An error text with markup in it: the page must show it as text.
+      throw new ToolFailed(`${(args as JsonObject).host as string} is down <img src=x data-injected=1> for maintenance`, "HOST_DOWN");
+    })
+    .tool({ name: "dump", description: "Dumps a long log." }, () => `${"log line\n".repeat(1000)}END OF LOG`);
   await provider.start();
   consoleProcess = await startConsole(`127.0.0.1:${registry.port}`, agent);
   browser = await launchChromium();
@@ -211,20 +218,91 @@ describe("the web console", () => {
       assert.equal((await refused.result).isError, true);
     }));
 
-  it("draws a run_code trajectory as a tree, live", () =>
+  it("draws a run_code trajectory live: the tree, the program, each call's arguments, result, error text and timings", () =>
     step("trajectory", async () => {
-      const program = 'a = await tools.lookup({"n": 1})\nb = await tools.lookup({"n": 2})\nreturn a["n"] + b["n"]';
-      const result = await client.runCode(agent, program, "two lookups", { callId: "traj-1" }).result;
+      const program = [
+        'a = await tools.lookup({"n": 1})',
+        'b = await tools.lookup({"n": 2, "big": 12345678901234567890})',
+        "try:",
+        '    await tools.probe({"host": "db-7"})',
+        "except ToolCallError:",
+        "    pass",
+        'log = await tools.dump({"pad": "x" * 25000})',
+        'return a["n"] + b["n"]',
+      ].join("\n");
+      const result = await client.runCode(agent, program, "two lookups, a probe and a log", { callId: "traj-1" }).result;
       assert.ok(!result.isError, result.error?.message);
       const call = page.locator('#calls section[data-call-id="traj-1"][data-outcome="ok"]');
       await call.waitFor();
-      await call.locator("pre", { hasText: "traj-1:code:2" }).waitFor();
-      const lines = ((await call.locator("pre").textContent()) ?? "").split("\n");
+      await call.locator("pre.tree", { hasText: "traj-1:code:4" }).waitFor();
+      const lines = ((await call.locator("pre.tree").textContent()) ?? "").split("\n");
       const ms = String.raw`  \d+\.\d ms`;
-      assert.equal(lines.length, 3, lines.join("\n"));
+      assert.equal(lines.length, 5, lines.join("\n"));
       assert.match(lines[0]!, new RegExp(`^run_code  traj-1  ok${ms}$`));
       assert.match(lines[1]!, new RegExp(`^├─ lookup  traj-1:code:1  ok${ms}$`));
-      assert.match(lines[2]!, new RegExp(`^└─ lookup  traj-1:code:2  ok${ms}$`));
+      assert.match(lines[2]!, new RegExp(`^├─ lookup  traj-1:code:2  ok${ms}$`));
+      assert.match(lines[3]!, new RegExp(`^├─ probe  traj-1:code:3  error HOST_DOWN${ms}$`));
+      assert.match(lines[4]!, new RegExp(`^└─ dump  traj-1:code:4  ok${ms}$`));
+
+      // The outer call: the program's source exactly as sent, its description, its result.
+      const outer = call.locator('li.step[data-call-id="traj-1"]');
+      assert.equal(await outer.locator("pre.program").textContent(), program);
+      assert.equal(await outer.locator(".description").textContent(), "two lookups, a probe and a log");
+      assert.equal(await outer.locator("pre.result").textContent(), "3");
+      assert.match((await outer.locator(".timing").textContent()) ?? "", /^took \d+\.\d ms$/);
+
+      // A nested call: its arguments (digit for digit), its result, when it started and how long it took.
+      const second = call.locator('li.step[data-call-id="traj-1:code:2"]');
+      assert.equal(await second.locator("pre.arguments").textContent(), '{\n  "n": 2,\n  "big": 12345678901234567890\n}');
+      assert.match((await second.locator("pre.result").textContent()) ?? "", /"n": 2/);
+      assert.match((await second.locator(".timing").textContent()) ?? "", /^started at \+\d+\.\d ms, took \d+\.\d ms$/);
+
+      // The failed call: its error code and text, shown as text (the markup in it is not HTML).
+      const probe = call.locator('li.step[data-call-id="traj-1:code:3"][data-outcome="error HOST_DOWN"]');
+      assert.equal(await probe.locator("pre.arguments").textContent(), '{\n  "host": "db-7"\n}');
+      assert.equal(await probe.locator(".error-block .value-title").textContent(), "error HOST_DOWN");
+      const errorText = (await probe.locator("pre.error").textContent()) ?? "";
+      assert.match(errorText, /db-7 is down <img src=x data-injected=1> for maintenance/);
+      assert.equal(await page.locator("[data-injected]").count(), 0);
+
+      // A result kept aside, and arguments longer than the page shows at first: both whole on request.
+      const dump = call.locator('li.step[data-call-id="traj-1:code:4"]');
+      assert.doesNotMatch((await dump.locator("pre.result").textContent()) ?? "", /END OF LOG/);
+      assert.match((await dump.locator("pre.arguments").textContent()) ?? "", /^\{\n {2}"pad": "x+\n… \(\d+ more characters\)$/);
+      await dump.locator('[data-action="show-all"]').click();
+      await call.locator('li.step[data-call-id="traj-1:code:4"] pre.result', { hasText: "END OF LOG" }).waitFor();
+      const full = (await call.locator('li.step[data-call-id="traj-1:code:4"] pre.result').textContent()) ?? "";
+      assert.equal(full, `${"log line\n".repeat(1000)}END OF LOG`);
+      const padded = await call.locator('li.step[data-call-id="traj-1:code:4"] pre.arguments').textContent();
+      assert.equal(padded, `{\n  "pad": "${"x".repeat(25000)}"\n}`);
+      assert.equal(await call.locator('li.step[data-call-id="traj-1:code:4"] [data-action="show-all"]').count(), 0);
+
+      // What the verb refuses: a seq that is not one, and one this agent's history does not have.
+      const answers = (await page.evaluate(`(async () => {
+        const socket = new WebSocket("ws://" + location.host + "/ws");
+        const replies = new Map();
+        await new Promise((opened) => socket.addEventListener("open", opened, { once: true }));
+        const done = new Promise((all) =>
+          socket.addEventListener("message", (e) => {
+            const message = JSON.parse(e.data);
+            if (message.type === "reply") replies.set(message.id, message.result);
+            if (replies.size === 3) all();
+          }),
+        );
+        for (const [id, seq] of [[1, "abc"], [2, "0"], [3, "999999999"]]) {
+          socket.send(JSON.stringify({ id, verb: "recordContent", args: { seq } }));
+        }
+        await done;
+        socket.close();
+        return [1, 2, 3].map((id) => replies.get(id));
+      })()`)) as unknown[];
+      assert.deepEqual(answers.slice(0, 2), [
+        { ok: false, message: "seq must be a record's seq" },
+        { ok: false, message: "seq must be a record's seq" },
+      ]);
+      const missing = answers[2] as { ok: boolean; message: string };
+      assert.equal(missing.ok, false);
+      assert.match(missing.message, /NOT_FOUND/);
     }));
 
   it("publishes client inspect providers and answers the model's queries from the page", () =>

@@ -65,8 +65,9 @@ export async function launchChromium(args: string[] = []): Promise<Browser> {
   });
 }
 
-/** A runtime and a registry wired to it whose policy asks a person before any `deploy` call. */
-export async function startDeployStack(): Promise<{ runtime: Service; registry: Service }> {
+/** A runtime and a registry wired to it whose policy asks a person before any `deploy` call;
+ * `registryEnv` adds to the registry's settings. */
+export async function startDeployStack(registryEnv: Record<string, string> = {}): Promise<{ runtime: Service; registry: Service }> {
   const rules = join(mkdtempSync(join(tmpdir(), "codemode-console-")), "rules.yaml");
   writeFileSync(rules, "rules:\n  - tool: deploy\n    action: ask\n    reason: deploys need a person\n");
   const runtime = await startService("runtime_service", "runtime listening on port ", { CODEMODE_RUNTIME_POOL_SIZE: "1" });
@@ -74,6 +75,7 @@ export async function startDeployStack(): Promise<{ runtime: Service; registry: 
     CODEMODE_REGISTRY_RUNTIME_TARGETS: JSON.stringify([`127.0.0.1:${runtime.port}`]),
     CODEMODE_REGISTRY_HISTORY_PATH: ":memory:",
     CODEMODE_REGISTRY_POLICY_RULES: rules,
+    ...registryEnv,
   });
   return { runtime, registry };
 }
