@@ -29,6 +29,7 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "GRPC_DEFAULT_RECEIVE_BYTES",
     "MAX_MESSAGE_BYTES",
+    "channel_target",
     "open_channel",
     "receive_limit",
     "service_config",
@@ -44,6 +45,13 @@ GRPC_DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
 # -1 ("unlimited") still cannot receive more than gRPC's int32 message length.
 _UNLIMITED = 2**31 - 1
 _RECEIVE_LIMITS: weakref.WeakKeyDictionary[grpc.aio.Channel, int] = weakref.WeakKeyDictionary()
+_TARGETS: weakref.WeakKeyDictionary[grpc.aio.Channel, str] = weakref.WeakKeyDictionary()
+
+
+def channel_target(channel: grpc.aio.Channel) -> str:
+    """The address `open_channel` opened `channel` to ("" for a channel made another way:
+    grpc.aio does not say), for error messages."""
+    return _TARGETS.get(channel, "")
 
 
 def receive_limit(channel: grpc.aio.Channel) -> int:
@@ -130,4 +138,5 @@ def open_channel(
     else:
         channel = grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
     _RECEIVE_LIMITS[channel] = _receive_option(merged)
+    _TARGETS[channel] = target
     return channel
