@@ -334,7 +334,6 @@ async def test_no_registry_is_a_clear_error_naming_the_address() -> None:
 
         with pytest.raises(Unavailable) as refused:
             await provider.start()
-    assert str(refused.value).startswith(
-        f"tool provider 'lonely': no registry reachable at {address}"
-    )
+    message = str(refused.value)
+    assert message.startswith(f"tool provider 'lonely': no registry reachable at {address}")
     assert "serve() waits for one" in message
