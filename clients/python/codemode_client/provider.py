@@ -140,6 +140,7 @@ class ToolProvider:
     max_threads: int = DEFAULT_MAX_THREADS
     """How many sync handlers (and large arguments' parsing) run at once; more wait."""
     _executor: ThreadPoolExecutor | None = None
+    _end_reason: str = ""
 
     def tool(
         self,
@@ -272,14 +273,38 @@ class ToolProvider:
         if self._reader is not None:
             await asyncio.wait({self._reader})  # unlike awaiting it: raises nothing of its own
 
-    async def serve(self, *, max_delay: float = 10.0) -> None:
+    async def serve(
+        self, *, max_delay: float = 10.0, on_serving: Callable[[], object] | None = None
+    ) -> None:
         """Serves the tools until `close()`, across registry restarts and shutdowns: whenever
         the stream is lost (UNAVAILABLE when a registry shuts down, a broken connection) it is
         opened again as soon as a registry is reachable, and the tools are registered again.
-        A registry that refuses the tools (`ProviderError`) ends it."""
+        A registry that refuses the tools (`ProviderError`) ends it. `on_serving` is called
+        each time the tools are registered. Each loss and each return is logged (logger
+        `codemode_client.provider`, WARNING)."""
+        served = False
+
+        async def open_serving() -> None:
+            nonlocal served
+            await self._open_serving()
+            if served:
+                _log.warning("tool provider %r: reconnected, tools registered again", self.name)
+            served = True
+            if on_serving is not None:
+                on_serving()
+
+        async def stream_ended() -> None:
+            await self.closed()
+            if not self._closing:
+                _log.warning(
+                    "tool provider %r: the stream to the registry ended (%s); reconnecting",
+                    self.name,
+                    self._end_reason or "closed by the registry",
+                )
+
         await serve_until_closed(
-            open_stream=self._open_serving,
-            stream_ended=self.closed,
+            open_stream=open_serving,
+            stream_ended=stream_ended,
             drop_stream=self._drop_call,
             closing=lambda: self._closing,
             transient=(grpc.aio.AioRpcError, CodemodeError, _StreamLost),
@@ -321,6 +346,7 @@ class ToolProvider:
             await self._call.write(message)
 
     async def _read_loop(self) -> None:
+        self._end_reason = ""
         try:
             while True:
                 message = await self._call.read()
@@ -338,7 +364,8 @@ class ToolProvider:
                     if running is not None:
                         running[1].set()
                         running[0].cancel()
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as exc:
+            self._end_reason = f"{exc.code().name}: {exc.details()}"
             return
         finally:
             for future in self._acks.values():
