@@ -201,7 +201,7 @@ async def test_tool_registered_after_the_run_started_is_not_a_binding(stack: Sta
     assert value_of(result)["result"] == [
         "registered",
         False,
-        'KeyError("tools has no binding \'late\'; bindings: registrar")',
+        "KeyError(\"tools has no binding 'late'; bindings: registrar\")",
         ["late", 'unknown binding "tools.late"'],
     ]
     assert ran == []
