@@ -108,6 +108,14 @@ async def test_hinted_arguments_arrive_parsed_and_models_return_as_json(
     async def untyped(args: Any, ctx: Any) -> Any:
         return Temp(city="unhinted", celsius=1)  # a model returned without a return hint
 
+    @provider.tool()
+    def untyped_dataclass(args: Any) -> Any:
+        return Box(3, 4)
+
+    @provider.tool()
+    async def untyped_box(args: Any) -> Any:
+        return [Box(1, 2)]  # inside a list, with no hint: nothing says how to serialize it
+
     async with provider:
         agent = await _agent(client, "typed")
         result = await _call(client, "forecast", {"city": "Oslo", "stops": [{"name": "a"}]}, agent)
@@ -128,6 +136,12 @@ async def test_hinted_arguments_arrive_parsed_and_models_return_as_json(
             "city": "unhinted",
             "celsius": 1.0,
         }
+        assert (await _call(client, "untyped_dataclass", {}, agent)).value == {
+            "width": 3,
+            "height": 4,
+        }
+        unserializable = await _call(client, "untyped_box", {}, agent)
+        assert unserializable.error_code == "INVALID_TOOL_OUTPUT"
 
         # The hint is the input schema: the registry refuses a missing field before the call.
         tools = {tool.name: tool for tool in await client.list_tools()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -93,8 +94,14 @@ class PreparedHandler:
         if isinstance(returned, BaseModel):
             return returned.model_dump(mode="json")
         if dataclasses.is_dataclass(returned) and not isinstance(returned, type):
-            return TypeAdapter(type(returned)).dump_python(returned, mode="json")
+            return _own_adapter(type(returned)).dump_python(returned, mode="json")
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _own_adapter(cls: type) -> TypeAdapter[Any]:
+    """A returned dataclass's adapter (building one is costly; a handler returns one type)."""
+    return TypeAdapter(cls)
 
 
 def prepare(
