@@ -299,6 +299,10 @@ def _socket(args: socket.socket) -> Any:
     return None
 
 
+async def _ctx_only(ctx: InvocationContext) -> Any:
+    return None
+
+
 @pytest.mark.parametrize(
     ("handler", "problem"),
     [
@@ -308,6 +312,7 @@ def _socket(args: socket.socket) -> Any:
         (_forward, "type hints cannot be resolved"),
         (_socket, "the arguments hint <class 'socket.socket'> is not a type pydantic can use"),
         ("not a function", "is not callable"),
+        (_ctx_only, "first parameter is hinted InvocationContext, but it gets the arguments"),
     ],
 )
 def test_impossible_handlers_are_refused_at_declaration(handler: Any, problem: str) -> None:

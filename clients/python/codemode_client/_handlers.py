@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from codemode_client.errors import ToolError
+from codemode_client.invocation import InvocationContext
 from codemode_client.results import ToolOutput
 from codemode_client.schemas import hinted_types, schema_for
 from codemode_wire import jsonvalue
@@ -128,6 +129,11 @@ def prepare(
         raise TypeError(f"{where}: the handler's type hints cannot be resolved: {exc}") from None
     if arity == 0:
         argument_type = None
+    elif argument_type is InvocationContext:
+        raise TypeError(
+            f"{where}: the handler's first parameter is hinted InvocationContext, but it gets "
+            "the arguments; a handler takes (args, ctx), (args) or ()"
+        )
     arguments = _adapter(where, "arguments", argument_type)
     returns = _adapter(where, "return", return_type)
     if input_schema is None and argument_type is not None:

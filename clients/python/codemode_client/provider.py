@@ -61,6 +61,7 @@ from codemode_client._handlers import PreparedHandler, prepare
 from codemode_client._reconnect import serve_until_closed
 from codemode_client.channel import channel_target, receive_limit
 from codemode_client.errors import CodemodeError, ToolError, from_rpc_error
+from codemode_client.invocation import InvocationContext
 from codemode_client.results import (
     contexts_to_proto,
     output_to_proto,
@@ -73,6 +74,15 @@ from codemode_wire.grpc_status import error_info
 from codemode_wire.jsonvalue import JsonValue
 from codemode_wire.telemetry import context_from, resolve_tracer_provider
 from codemode_wire.text import without_lone_surrogates
+
+__all__ = [
+    "DEFAULT_MAX_THREADS",
+    "STREAM_ENDED",
+    "InvocationContext",
+    "ProviderError",
+    "ToolFailed",
+    "ToolProvider",
+]
 
 STREAM_ENDED = "STREAM_ENDED"  # ProviderError.reason when the stream ended under a request
 DEFAULT_MAX_THREADS = 8
@@ -92,18 +102,6 @@ class ProviderError(Exception):
 
 
 ToolFailed = ToolError  # the earlier name of the same class
-
-
-@dataclass(frozen=True)
-class InvocationContext:
-    call_id: str
-    root_call_id: str
-    agent: str
-    tool_name: str
-    timeout: float | None
-    traceparent: str
-    tracestate: str
-    cancelled: asyncio.Event
 
 
 # Handlers return any JSON-shaped value (a TypedDict, say), a model or a `ToolOutput`; each is
