@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 import pytest
 from pydantic import BaseModel, field_validator
 from typing_extensions import TypedDict
@@ -356,3 +357,10 @@ async def test_no_registry_is_a_clear_error_naming_the_address() -> None:
     message = str(refused.value)
     assert message.startswith(f"tool provider 'lonely': no registry reachable at {address}")
     assert "serve() waits for one" in message
+    # A channel made without open_channel names its address too.
+    async with grpc.aio.insecure_channel(address) as plain:
+        provider = ToolProvider(plain, "plain")
+        with pytest.raises(
+            Unavailable, match=f"^tool provider 'plain': no registry reachable at {address} "
+        ):
+            await provider.start()

@@ -49,9 +49,13 @@ _TARGETS: weakref.WeakKeyDictionary[grpc.aio.Channel, str] = weakref.WeakKeyDict
 
 
 def channel_target(channel: grpc.aio.Channel) -> str:
-    """The address `open_channel` opened `channel` to ("" for a channel made another way:
-    grpc.aio does not say), for error messages."""
-    return _TARGETS.get(channel, "")
+    """The address `channel` was opened to, for error messages: as `open_channel` recorded
+    it, else what grpc.aio's channel keeps (not public API: "" if it is not there)."""
+    recorded = _TARGETS.get(channel)
+    if recorded is not None:
+        return recorded
+    target = getattr(getattr(channel, "_channel", None), "target", None)
+    return target.decode(errors="replace") if isinstance(target, bytes) else ""
 
 
 def receive_limit(channel: grpc.aio.Channel) -> int:
