@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import difflib
 import json
 import linecache
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from runtime_service.worker import flatwire, framing, ledger
@@ -35,6 +36,7 @@ __all__ = [
     "ToolCallError",
     "Worker",
     "make_tools",
+    "missing_binding",
     "prewarm",
     "prewarm_codecs",
 ]
@@ -150,11 +152,12 @@ def make_tools(names: list[str], call: Callable[[str, object], Any]) -> object:
             try:
                 return bindings[name]
             except KeyError:
-                raise AttributeError(f"tools has no binding {name!r}") from None
+                raise AttributeError(missing_binding(name, bindings)) from None
 
         def __getitem__(self, name: str) -> Callable[[object], Any]:
             if type(name) is not str or name not in bindings:
-                raise KeyError(name) from None
+                shown = name if type(name) is str else repr(name)
+                raise KeyError(missing_binding(shown, bindings)) from None
             return bindings[name]
 
         def __contains__(self, name: object) -> bool:
@@ -168,6 +171,30 @@ def make_tools(names: list[str], call: Callable[[str, object], Any]) -> object:
 
     Tools.__name__ = Tools.__qualname__ = "Tools"
     return Tools()
+
+
+# What a missing binding's message shows: the same rule and words as the TypeScript worker's
+# (worker_ts/program.js), bounded however many bindings there are or however long the name.
+_LISTED_BINDINGS = 20
+_SHOWN_NAME_CHARS = 100
+_COMPARED_NAME_CHARS = 200
+
+
+def missing_binding(name: str, bindings: Iterable[str]) -> str:
+    """``tools has no binding 'x' (did you mean 'y'?); bindings: a, b, y``"""
+    names = sorted(bindings)
+    shown = name if len(name) <= _SHOWN_NAME_CHARS else name[:_SHOWN_NAME_CHARS] + "…"
+    text = f"tools has no binding '{shown}'"
+    if not names:
+        return text + "; this program has no bindings"
+    if len(name) <= _COMPARED_NAME_CHARS:
+        close = difflib.get_close_matches(name, names, n=1)
+        if close:
+            text += f" (did you mean '{close[0]}'?)"
+    text += "; bindings: " + ", ".join(names[:_LISTED_BINDINGS])
+    if len(names) > _LISTED_BINDINGS:
+        text += f" and {len(names) - _LISTED_BINDINGS} more"
+    return text
 
 
 def _binding(name: str, call: Callable[[str, object], Any]) -> Callable[[object], Any]:

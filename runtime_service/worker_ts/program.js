@@ -18,13 +18,26 @@ import util from 'node:util';
 import * as wire from './flatwire.js';
 import {
   ArrayIsArray,
+  ArrayPrototypeJoin,
+  ArrayPrototypeSlice,
+  ArrayPrototypeSort,
   ObjectDefineProperty,
   ObjectFreeze,
   SafeMap,
   MapPrototypeGet,
   MapPrototypeSet,
   MapPrototypeDelete,
+  MathAbs,
+  MathFloor,
+  MathMax,
+  MathMin,
+  ProxyCtor,
+  ReflectGet,
+  SafeSet,
+  SetPrototypeHas,
   StringCtor,
+  StringPrototypeCharCodeAt,
+  StringPrototypeSlice,
   JSONParse,
   descriptor,
   uncurry,
@@ -85,11 +98,108 @@ ObjectDefineProperty(
 /**
  * The `tools` namespace: one own, enumerable property per binding on an object without a
  * prototype, so lookups are own-property only (`constructor`, `__proto__` and `toString` are
- * ordinary binding names) and exotic names are reached as `tools["my-tool"]`.
+ * ordinary binding names) and exotic names are reached as `tools["my-tool"]`. Reading a name
+ * that is no binding throws a TypeError that lists the bindings and the closest name (as the
+ * Python worker's AttributeError does), except the two the language itself probes any object
+ * for (`then` by `await`, `toJSON` by `JSON.stringify`) and symbols: those are undefined.
  * @param {string[]} names
  * @param {(name: string, args: unknown) => Promise<{ok: boolean, value?: unknown, message?: string}>} call
  */
 export function makeTools(names, call) {
+  const known = new SafeSet(names);
+  const proxied = new ProxyCtor(bindingsOf(names, call), {
+    get(target, key, receiver) {
+      if (typeof key === 'string' && !SetPrototypeHas(known, key) && !SetPrototypeHas(PROBES, key)) {
+        throw new TypeError(missingBinding(key, names));
+      }
+      return ReflectGet(target, key, receiver);
+    },
+  });
+  return proxied;
+}
+
+const PROBES = new SafeSet(['then', 'toJSON']);
+// What a missing binding's message shows: the same rule and words as the Python worker's
+// (worker/program.py), bounded however many bindings there are or however long the name.
+const LISTED_BINDINGS = 20;
+const SHOWN_NAME_CHARS = 100;
+const COMPARED_NAME_CHARS = 200;
+
+/**
+ * `tools has no binding 'x' (did you mean 'y'?); bindings: a, b, y`
+ * @param {string} name
+ * @param {string[]} bindings
+ */
+export function missingBinding(name, bindings) {
+  const names = ArrayPrototypeSort(ArrayPrototypeSlice(bindings));
+  const shown = name.length <= SHOWN_NAME_CHARS ? name : StringPrototypeSlice(name, 0, SHOWN_NAME_CHARS) + '…';
+  let text = `tools has no binding '${shown}'`;
+  if (names.length === 0) return `${text}; this program has no bindings`;
+  if (name.length <= COMPARED_NAME_CHARS) {
+    const close = closest(name, names);
+    if (close !== undefined) text += ` (did you mean '${close}'?)`;
+  }
+  text += `; bindings: ${ArrayPrototypeJoin(ArrayPrototypeSlice(names, 0, LISTED_BINDINGS), ', ')}`;
+  if (names.length > LISTED_BINDINGS) text += ` and ${names.length - LISTED_BINDINGS} more`;
+  return text;
+}
+
+/**
+ * The first of `names` nearest to `name` (optimal string alignment distance: an adjacent swap
+ * is one edit) within a third of the longer name's length, at least 1; undefined if none is.
+ * @param {string} name
+ * @param {string[]} names
+ */
+function closest(name, names) {
+  let best;
+  let bestDistance = Infinity;
+  for (let i = 0; i < names.length; i++) {
+    const candidate = names[i];
+    const limit = MathMax(1, MathFloor(MathMax(name.length, candidate.length) / 3));
+    if (MathAbs(name.length - candidate.length) > limit) continue;
+    const distance = editDistance(name, candidate);
+    if (distance <= limit && distance < bestDistance) {
+      best = candidate;
+      bestDistance = distance;
+    }
+  }
+  return best;
+}
+
+/**
+ * @param {string} a
+ * @param {string} b
+ */
+function editDistance(a, b) {
+  // Three rows of the dynamic programme: the one before the previous is for adjacent swaps.
+  /** @type {number[]} */
+  let before = [];
+  /** @type {number[]} */
+  let previous = [];
+  for (let j = 0; j <= b.length; j++) previous[j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    /** @type {number[]} */
+    const current = [i];
+    const ai = StringPrototypeCharCodeAt(a, i - 1);
+    for (let j = 1; j <= b.length; j++) {
+      const bj = StringPrototypeCharCodeAt(b, j - 1);
+      let d = MathMin(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ai === bj ? 0 : 1));
+      if (i > 1 && j > 1 && ai === StringPrototypeCharCodeAt(b, j - 2) && StringPrototypeCharCodeAt(a, i - 2) === bj) {
+        d = MathMin(d, before[j - 2] + 1);
+      }
+      current[j] = d;
+    }
+    before = previous;
+    previous = current;
+  }
+  return previous[b.length];
+}
+
+/**
+ * @param {string[]} names
+ * @param {(name: string, args: unknown) => Promise<{ok: boolean, value?: unknown, message?: string}>} call
+ */
+function bindingsOf(names, call) {
   const tools = { __proto__: null };
   for (const name of names) {
     const binding = {

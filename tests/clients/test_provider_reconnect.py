@@ -31,15 +31,15 @@ async def _registry(port: int) -> RunningRegistry:
     return await start(RegistrySettings(listen=f"127.0.0.1:{port}", history_path=":memory:"))
 
 
-async def _visible(address: str, within: float = 20) -> list[str]:
-    """The registry's visible tools once the provider's `echo` has appeared in them."""
+async def _visible(address: str, within: float = 20, tool: str = "echo") -> list[str]:
+    """The registry's visible tools once the provider's `tool` has appeared in them."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = rpb_grpc.RegistryServiceStub(channel)
         deadline = asyncio.get_running_loop().time() + within
         while True:
             listed = await stub.ListVisibleTools(rpb.ListVisibleToolsRequest())
             names = [tool.name for tool in listed.tools]
-            if "echo" in names or asyncio.get_running_loop().time() > deadline:
+            if tool in names or asyncio.get_running_loop().time() > deadline:
                 return names
             await asyncio.sleep(0.05)
 

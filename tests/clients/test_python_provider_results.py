@@ -254,7 +254,8 @@ async def test_failures_carry_contexts_and_always_settle(stack: Stack) -> None:
 
     @provider.tool()
     async def odd_error(args: Any, ctx: Any) -> Any:
-        raise ValueError("bad byte \udcff in the file")  # not encodable: must not lose the result
+        # Not encodable: must not lose the result (an explicit failure's text reaches the model).
+        raise ToolFailed("bad byte \udcff in the file")
 
     async with provider, RegistryClient(stack.running.address) as client:
         agent = (await client.create_agent("failer", mode="native")).name

@@ -154,11 +154,11 @@ async def test_run_code_and_restricted_tools_are_never_bindings(stack: Stack) ->
         ["echo"],
         False,
         False,
-        "KeyError('run_code')",
-        "tools has no binding 'run_code'",
+        "KeyError(\"tools has no binding 'run_code'; bindings: echo\")",
+        "tools has no binding 'run_code'; bindings: echo",
         ["run_code", 'unknown binding "tools.run_code"'],
-        "KeyError('secret')",
-        "tools has no binding 'secret'",
+        "KeyError(\"tools has no binding 'secret'; bindings: echo\")",
+        "tools has no binding 'secret'; bindings: echo",
         ["secret", 'unknown binding "tools.secret"'],
     ]
     assert ran == []
@@ -201,7 +201,7 @@ async def test_tool_registered_after_the_run_started_is_not_a_binding(stack: Sta
     assert value_of(result)["result"] == [
         "registered",
         False,
-        "KeyError('late')",
+        "KeyError(\"tools has no binding 'late'; bindings: registrar\")",
         ["late", 'unknown binding "tools.late"'],
     ]
     assert ran == []

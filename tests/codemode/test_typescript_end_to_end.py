@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from codemode_client import ToolProvider
+from codemode_client import ToolError, ToolProvider
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
 from tests.codemode.conftest import Stack, value_of
@@ -43,7 +43,7 @@ async def ts_stack(make_stack: Any) -> AsyncIterator[Stack]:
 
         @provider.tool(name="fail-hard")
         async def fail_hard(args: Any, ctx: Any) -> Any:
-            raise RuntimeError("no luck")
+            raise ToolError("no luck")  # an explicit failure: its text reaches the program
 
         await provider.start()
         try:

@@ -171,10 +171,10 @@ async def _typed_tool_end_to_end(stack: Stack) -> tuple[str, str]:
         return await place(args, ctx)
 
     async with provider:
-        # Model-direct: valid arguments reach the provider unchanged.
+        # Model-direct: valid arguments reach the provider parsed into the hinted types.
         _, result = await stack.execute("place_tool", VALID, call_id="m1")
         assert value_of(result)["name"] == "1,seven"
-        assert seen == [VALID]
+        assert seen == [{**VALID, "tags": {"a", "b"}, "pair": (7, "seven")}]
         # Invalid ones are refused by the registry with path-qualified messages.
         bad = {
             "where": {"x": 1, "y": "2"},
@@ -214,7 +214,7 @@ async def _typed_tool_end_to_end(stack: Stack) -> tuple[str, str]:
         assert len(out["logs"]) == 1 and out["logs"][0].startswith("refused:")
         assert '"tags" must not contain duplicate items (items 0 and 1 are equal)' in out["logs"][0]
         # The program passes the tuple as a list, as the SDK types it.
-        assert seen[-1] == {"where": {"x": 5, "y": 2}, "tags": [], "pair": [1, "one"]}
+        assert seen[-1] == {"where": {"x": 5, "y": 2}, "tags": set(), "pair": (1, "one")}
         assert len(seen) == 3
 
         # GetSdk renders each definition once as a named type, recursion by name.

@@ -139,18 +139,31 @@ def test_an_uncaught_tool_failure_names_the_programs_line() -> None:
 
 
 def test_tools_is_own_properties_only() -> None:
+    # A name that is no own binding, inherited ones included, is refused when read (the Python
+    # worker's AttributeError); only `then` and `toJSON`, probed by the language itself, and
+    # symbols read as undefined.
     program = (
-        "return [typeof tools.constructor, typeof tools.hasOwnProperty, typeof tools.toString,"
+        "const read = (name: string) => { try { return typeof (tools as any)[name]; }"
+        " catch (e) { return (e as Error).message; } };\n"
+        "return [read('constructor'), read('hasOwnProperty'), read('toString'), read('then'),"
+        " read('toJSON'), typeof (tools as any)[Symbol.iterator],"
         " Object.getPrototypeOf(tools), Object.keys(tools), Object.isFrozen(tools),"
+        " 'constructor' in tools, JSON.stringify(tools) === '{}',"
         " await tools.__proto__({ p: 1 }), tools['my-tool'].name];\n"
     )
     outcome = run_ts(program)
+    listed = "bindings: __proto__, echo, fail, my-tool, never"
     assert outcome.value == [
+        f"tools has no binding 'constructor'; {listed}",
+        f"tools has no binding 'hasOwnProperty'; {listed}",
+        f"tools has no binding 'toString'; {listed}",
         "undefined",
         "undefined",
         "undefined",
         None,
         ["__proto__", "echo", "fail", "my-tool", "never"],
+        True,
+        False,
         True,
         {"p": 1},
         "my-tool",

@@ -5,7 +5,8 @@
   and `agent/inject` records as typed `AgentMessage`s).
 - `ToolProvider`: serve tools from async functions over the `Connect` stream; a handler returns a
   JSON value or a `ToolOutput` (content blocks `TextContent`, `ImageContent`, `JsonContent`,
-  `AdditionalContext`s, `concludes_turn`), and raises `ToolFailed` to fail the call.
+  `AdditionalContext`s, `concludes_turn`) or a model, and raises `ToolError` (alias
+  `ToolFailed`) to fail the call with its own text; arguments arrive parsed into the hint.
 - `Approver`: answer approval requests from a function.
 - `PageRunner`: a Cordis page runner (activation requests, settlement, `invoke`, render
   failures, client inspect manifests and queries) over `PageRunnerService.Attach`.
@@ -25,6 +26,7 @@ from codemode_client.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ToolError,
     Unavailable,
 )
 from codemode_client.page_runner import PageRunner
@@ -62,6 +64,7 @@ __all__ = [
     "SyncRegistryClient",
     "TextContent",
     "ToolCallResult",
+    "ToolError",
     "ToolFailed",
     "ToolOutput",
     "ToolProvider",

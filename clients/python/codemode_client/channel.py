@@ -29,6 +29,7 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "GRPC_DEFAULT_RECEIVE_BYTES",
     "MAX_MESSAGE_BYTES",
+    "channel_target",
     "open_channel",
     "receive_limit",
     "service_config",
@@ -44,6 +45,17 @@ GRPC_DEFAULT_RECEIVE_BYTES = 4 * 1024 * 1024
 # -1 ("unlimited") still cannot receive more than gRPC's int32 message length.
 _UNLIMITED = 2**31 - 1
 _RECEIVE_LIMITS: weakref.WeakKeyDictionary[grpc.aio.Channel, int] = weakref.WeakKeyDictionary()
+_TARGETS: weakref.WeakKeyDictionary[grpc.aio.Channel, str] = weakref.WeakKeyDictionary()
+
+
+def channel_target(channel: grpc.aio.Channel) -> str:
+    """The address `channel` was opened to, for error messages: as `open_channel` recorded
+    it, else what grpc.aio's channel keeps (not public API: "" if it is not there)."""
+    recorded = _TARGETS.get(channel)
+    if recorded is not None:
+        return recorded
+    target = getattr(getattr(channel, "_channel", None), "target", None)
+    return target.decode(errors="replace") if isinstance(target, bytes) else ""
 
 
 def receive_limit(channel: grpc.aio.Channel) -> int:
@@ -130,4 +142,5 @@ def open_channel(
     else:
         channel = grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
     _RECEIVE_LIMITS[channel] = _receive_option(merged)
+    _TARGETS[channel] = target
     return channel

@@ -1,12 +1,16 @@
 """Demo tools served from a separate provider process: `python -m codemode_client.demo_tools ADDR`.
 
-Prints `ready` once its tools are registered, then serves until killed.
+Prints `ready` once its tools are registered, then serves until killed: when the registry goes
+away (a restart) it says so on stderr and registers the tools again once a registry is back.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -69,12 +73,38 @@ def build(channel: grpc.aio.Channel) -> ToolProvider:
     return provider
 
 
-async def main(address: str) -> None:
+async def serve(address: str) -> None:
+    """Serves the demo tools at `address` until cancelled, across registry restarts."""
+    ready = False
+
+    def serving() -> None:
+        nonlocal ready
+        if not ready:
+            print("ready", flush=True)
+            ready = True
+
     provider = build(open_channel(address))
-    async with provider:
-        print("ready", flush=True)
-        await provider.closed()
+    try:
+        await provider.serve(on_serving=serving)
+    finally:
+        await provider.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m codemode_client.demo_tools",
+        description="Serve the demo workspace's tools (list_files, read_file, write_file) to a "
+        "registry until killed, registering them again after a registry restart.",
+    )
+    parser.add_argument("address", help="the registry's address, e.g. 127.0.0.1:50051")
+    address = parser.parse_args(argv).address
+    logging.basicConfig(level=logging.INFO, format="demo_tools: %(message)s", stream=sys.stderr)
+    try:
+        asyncio.run(serve(address))
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    sys.exit(main())

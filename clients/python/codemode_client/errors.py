@@ -14,11 +14,13 @@ service says the same request may succeed after it (a `run_code` that no code ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from grpc_status import rpc_status
 
+from codemode_client.results import AdditionalContext
 from codemode_wire.grpc_status import error_info
 from codemode_wire.grpc_status import retry_delay as retry_delay_of
 
@@ -127,3 +129,22 @@ def from_rpc_error(error: Any) -> CodemodeError:
         code=code,
         retry_delay=retry_delay_of(status) if status is not None else None,
     )
+
+
+class ToolError(Exception):
+    """Raise from a tool handler to fail the call with this message and a stable code: the
+    model sees exactly this text (any other exception reaches it only as a generic message
+    with an error id; see `codemode_client.provider`). `ToolFailed` is the same class.
+
+    `additional_contexts` still reach the conversation: a failure may explain itself too."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "",
+        *,
+        additional_contexts: Sequence[AdditionalContext] = (),
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.additional_contexts = tuple(additional_contexts)

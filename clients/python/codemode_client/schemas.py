@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_origin
 
 from pydantic import TypeAdapter
 
@@ -32,14 +32,24 @@ def hinted_schemas(handler: Callable[..., Any]) -> tuple[JsonValue, JsonValue]:
     """(input, output) schemas from the hints of `async def tool(args: Args, ctx) -> Result`.
 
     `-> ToolOutput[Result]` types the output's value as `Result`. Either is None when the hint
-    is absent (or a bare `ToolOutput`)."""
-    hints = get_type_hints(handler)
-    params = list(inspect.signature(handler).parameters)
-    input_schema = schema_for(hints[params[0]]) if params and params[0] in hints else None
-    output = hints.get("return")
+    is absent (or a bare `ToolOutput`, or an output hinted `Any`)."""
+    argument, output = hinted_types(handler)
+    input_schema = schema_for(argument) if argument is not None else None
+    output_schema = schema_for(output) if output is not None and output is not Any else None
+    return input_schema, output_schema
+
+
+def hinted_types(handler: Callable[..., Any]) -> tuple[Any, Any]:
+    """(the first parameter's hint, the return hint or `ToolOutput[X]`'s X); None when absent."""
+    # The signature's annotations, evaluated: also for a callable object or a partial.
+    signature = inspect.signature(handler, eval_str=True)
+    params = list(signature.parameters.values())
+    empty = inspect.Parameter.empty
+    argument = params[0].annotation if params and params[0].annotation is not empty else None
+    output = signature.return_annotation
+    output = None if output is empty else type(None) if output is None else output
     if output is ToolOutput:
         output = None
     elif get_origin(output) is ToolOutput:
         output = get_args(output)[0]
-    output_schema = schema_for(output) if output is not None and output is not Any else None
-    return input_schema, output_schema
+    return argument, output

@@ -26,12 +26,14 @@ export { type ServeOptions } from "./reconnect";
 export { ReplicaSet, resolveAll, splitTarget, type ReplicaSetOptions, type Served } from "./replicas";
 export { type ZodInput, type ZodSchemaLike } from "./zod-schema";
 export {
+  ToolError,
   ToolFailed,
   ToolOutput,
   ToolProvider,
   type InvocationContext,
   type OutputBlock,
   type OutputContext,
+  type ProviderLogger,
   type ToolDefinition,
   type ToolHandler,
   type ToolOutputInit,
@@ -64,7 +66,14 @@ export {
 export { status } from "@grpc/grpc-js";
 export type { HistoryRecord } from "./gen/codemode/registry/v1/history";
 export { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
-export { Concurrency, type ContentBlock, type Tool, type ToolError, type ToolResult } from "./gen/codemode/registry/v1/tool";
+// The result's error message type is `ToolResultError` here: `ToolError` is the class a handler throws.
+export {
+  Concurrency,
+  type ContentBlock,
+  type Tool,
+  type ToolError as ToolResultError,
+  type ToolResult,
+} from "./gen/codemode/registry/v1/tool";
 /** The generated schema types and grpc-js service definitions. */
 export * as registryV1 from "./gen/codemode/registry/v1/registry_service";
 export * as pageRunnerV1 from "./gen/codemode/registry/v1/page_runner";

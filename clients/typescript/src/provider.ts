@@ -14,21 +14,36 @@
  * handler's `ctx.signal` and its eventual result is dropped (the registry settled the call).
  *
  * A handler returns a JSON value, or a `ToolOutput` for content blocks (text, images, JSON),
- * additional contexts or concluding the model's turn; it throws `ToolFailed` to fail the call.
- * An output that cannot be sent fails the call with `INVALID_TOOL_OUTPUT`, as the registry fails
- * an in-process tool's.
+ * additional contexts or concluding the model's turn; it throws `ToolError` (alias `ToolFailed`)
+ * to fail the call with its own message and code. Anything else it throws reaches the model only
+ * as "tool 'x' failed unexpectedly (error id …)": its text may hold anything (a password, a
+ * path), so the provider logs it with its stack under that id (`options.logger`, default the
+ * console). An output that cannot be sent fails the call with `INVALID_TOOL_OUTPUT`, as the
+ * registry fails an in-process tool's.
+ *
+ * `tool()` checks the handler at once (a function of at most two parameters, `(args, ctx)`; not a
+ * generator) and throws a TypeError naming the tool otherwise. With a zod `inputSchema` the
+ * arguments are parsed by it before the handler runs (defaults, refinements and transforms
+ * included): what it refuses fails the call with `INVALID_ARGS` naming each field's path.
+ *
+ * `start()` with no registry at the client's address rejects with a `CodemodeError`
+ * (UNAVAILABLE) naming the address; `serve()` waits for one and logs each lost stream and return.
  */
 import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
+import { randomBytes } from "node:crypto";
 import { CodemodeError } from "./errors";
 import type { ConnectRequest, ConnectResponse, Invocation, RegistrationAck } from "./gen/codemode/registry/v1/registry_service";
 import { Concurrency, type AdditionalContext, type ContentBlock, type Tool, type ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { deferred, DuplexStream, Reconnector, type ServeOptions } from "./reconnect";
 import type { RegistryClient } from "./registry";
-import { toJsonSchema, type ZodInput, type ZodSchemaLike } from "./zod-schema";
+import { isZodSchema, parseWithZod, toJsonSchema, type ZodInput, type ZodIssue, type ZodSchemaLike } from "./zod-schema";
 
-/** Throw from a tool handler to fail the call with a stable code. */
-export class ToolFailed extends Error {
+/**
+ * Throw from a tool handler to fail the call with this message and a stable code: the model sees
+ * exactly this text (anything else thrown reaches it only as a generic message with an error id).
+ */
+export class ToolError extends Error {
   /** Still added to the conversation: a failure may explain itself too. */
   readonly additionalContexts: readonly OutputContext[];
 
@@ -38,10 +53,14 @@ export class ToolFailed extends Error {
     options: { additionalContexts?: readonly OutputContext[] } = {},
   ) {
     super(message);
-    this.name = "ToolFailed";
+    this.name = "ToolError";
     this.additionalContexts = options.additionalContexts ?? [];
   }
 }
+
+/** The earlier name of `ToolError`: the same class. */
+export const ToolFailed = ToolError;
+export type ToolFailed = ToolError;
 
 /** One block of tool-result content, as a handler writes it. */
 export type OutputBlock =
@@ -147,14 +166,37 @@ export type ToolHandler<A = any> = (args: A, ctx: InvocationContext) => unknown;
 
 interface Declared {
   tool: Tool;
-  handler: ToolHandler;
+  handler: Prepared;
   scope: string;
 }
+
+/** A handler as the provider calls it: its arguments parsed first when a zod schema declares them. */
+type Prepared = (args: unknown, ctx: InvocationContext) => Promise<unknown>;
 
 export interface ToolProviderOptions {
   /** Bound on the stream handshake and each registration round trip in ms (default: the client's timeout). */
   timeoutMs?: number;
+  /**
+   * Where the provider reports a handler's unexpected error (with its error id) and each lost
+   * stream and return under `serve()` (default: the console).
+   */
+  logger?: ProviderLogger;
 }
+
+export interface ProviderLogger {
+  error(message: string, error: unknown): void;
+  warn(message: string): void;
+}
+
+const CONSOLE_LOGGER: ProviderLogger = {
+  error: (message, error) => console.error(message, error),
+  warn: (message) => console.warn(message),
+};
+
+/** The registry's code for arguments a schema refuses. */
+const INVALID_ARGS = "INVALID_ARGS";
+/** Validation problems named in one message; the rest are counted. */
+const SHOWN_ISSUES = 10;
 
 interface Running {
   controller: AbortController;
@@ -177,7 +219,8 @@ export class ToolProvider {
   providerId = "";
 
   private readonly declared: Declared[] = [];
-  private readonly handlers = new Map<string, ToolHandler>();
+  private readonly handlers = new Map<string, Prepared>();
+  private readonly logger: ProviderLogger;
   private readonly timeoutMs: number;
   /** The current or last stream. */
   private stream: Stream | undefined;
@@ -197,6 +240,7 @@ export class ToolProvider {
     private readonly options: ToolProviderOptions = {},
   ) {
     this.timeoutMs = options.timeoutMs ?? client?.timeoutMs ?? 30_000;
+    this.logger = options.logger ?? CONSOLE_LOGGER;
   }
 
   /**
@@ -225,7 +269,7 @@ export class ToolProvider {
   tool<A = any>(definition: ToolDefinition, handler: ToolHandler<A>): this;
   tool(definition: ToolDefinition, handler: ToolHandler): this {
     if (this.started) throw new Error("the provider is started: use register() to add tools");
-    this.declared.push({ tool: toTool(definition), handler, scope: definition.scope ?? "" });
+    this.declared.push(declare(definition, handler));
     return this;
   }
 
@@ -239,8 +283,18 @@ export class ToolProvider {
     try {
       await this.open(false);
     } catch (e) {
-      throw e instanceof Refused ? e.error : e;
+      if (e instanceof Refused) throw e.error;
+      throw e instanceof CodemodeError && e.code === GrpcStatus.UNAVAILABLE ? this.unreachable(e) : e;
     }
+  }
+
+  /** No registry answered: our error, naming the provider and the address. */
+  private unreachable(e: CodemodeError): CodemodeError {
+    const target = this.client?.stub.getChannel().getTarget().replace(/^dns:(\/\/\/)?/, "") ?? "";
+    const at = target === "" ? "" : ` at ${target}`;
+    const message = `tool provider '${this.name}': no registry reachable${at} (${e.message}); serve() waits for one`;
+    const info = { reason: e.reason, domain: e.domain, metadata: { ...e.metadata }, retryDelay: e.retryDelay };
+    return new CodemodeError(e.code, message, info, e.grpcMetadata, { cause: e });
   }
 
   /**
@@ -255,8 +309,21 @@ export class ToolProvider {
   async serve(options: ServeOptions = {}): Promise<void> {
     if (this.serving !== undefined) throw new Error("the provider is already serving");
     if (this.stream !== undefined && !this.stream.ended) throw new Error("the provider is already started");
+    let served = false;
     const run: Reconnector = new Reconnector(
-      () => this.open(true).then((stream) => ({ ended: stream.done.promise })),
+      () =>
+        this.open(true).then((stream) => {
+          if (served) this.logger.warn(`tool provider '${this.name}': reconnected, tools registered again`);
+          served = true;
+          const ended = stream.done.promise.then((lost) => {
+            if (this.serving === run && !stream.closing) {
+              const why = lost === undefined ? "closed by the registry" : `${lost.codeName}: ${lost.message}`;
+              this.logger.warn(`tool provider '${this.name}': the stream to the registry ended (${why}); reconnecting`);
+            }
+            return lost;
+          });
+          return { ended };
+        }),
       options.maxDelayMs ?? 10_000,
       (e) => (e instanceof Refused ? e.error : undefined),
       () => {
@@ -270,7 +337,7 @@ export class ToolProvider {
   /** Registers more tools on the open stream, atomically (all or none); `serve()` keeps them. */
   async register(tools: { definition: ToolDefinition; handler: ToolHandler }[], scope = ""): Promise<void> {
     const stream = this.stream;
-    const added = tools.map((t) => ({ tool: toTool(t.definition), handler: t.handler, scope }));
+    const added = tools.map((t) => declare({ ...t.definition, scope }, t.handler));
     try {
       await this.registerOn(stream, scope, added);
     } catch (e) {
@@ -430,11 +497,11 @@ export class ToolProvider {
       let result: ToolResult;
       try {
         const handler = this.handlers.get(invocation.toolName);
-        if (handler === undefined) throw new ToolFailed(`provider "${this.name}" has no tool "${invocation.toolName}"`);
+        if (handler === undefined) throw new ToolError(`provider "${this.name}" has no tool "${invocation.toolName}"`);
         const returned = await handler(parseJson(invocation.argumentsJson || "{}"), ctx);
         result = outputResult(invocation.toolName, returned);
       } catch (e) {
-        result = errorResult(invocation.toolName, e);
+        result = e instanceof ToolError ? errorResult(invocation.toolName, e) : this.unexpected(invocation, e);
       } finally {
         clearTimeout(timer);
         stream.running.delete(invocation.invocationId);
@@ -443,6 +510,61 @@ export class ToolProvider {
       stream.write({ message: { $case: "result", value: { invocationId: invocation.invocationId, result } } });
     })();
   }
+
+  /**
+   * Anything thrown but a `ToolError`: its text may hold anything (a password in a connection
+   * string, a path), so it stays in the provider's log and the model gets an id to find it by.
+   */
+  private unexpected(invocation: Invocation, e: unknown): ToolResult {
+    const id = randomBytes(6).toString("hex");
+    const tool = invocation.toolName;
+    this.logger.error(`tool '${tool}' failed unexpectedly (error id ${id}, call ${invocation.callId})`, e);
+    return failure(`tool '${tool}' failed unexpectedly (error id ${id}); the provider logged the details`, "", "", []);
+  }
+}
+
+/** A tool's message and its handler as the provider calls it; throws a TypeError for what cannot serve. */
+function declare(definition: ToolDefinition, handler: ToolHandler): Declared {
+  if (typeof definition !== "object" || definition === null || typeof definition.name !== "string" || definition.name === "") {
+    throw new TypeError("tool(): the definition needs a name (a non-empty string)");
+  }
+  const where = `tool '${definition.name}'`;
+  if (typeof handler !== "function") throw new TypeError(`${where}: the handler is not a function`);
+  const kind = Object.prototype.toString.call(handler);
+  if (kind === "[object AsyncGeneratorFunction]" || kind === "[object GeneratorFunction]") {
+    throw new TypeError(`${where}: the handler is a generator; a tool returns one value`);
+  }
+  if (handler.length > 2) {
+    throw new TypeError(`${where}: the handler declares ${handler.length} parameters; a handler takes (args, ctx), (args) or ()`);
+  }
+  const tool = toTool(definition);
+  const schema = definition.inputSchema;
+  let prepared: Prepared = async (args, ctx) => handler(args, ctx);
+  if (isZodSchema(schema)) {
+    prepared = async (args, ctx) => {
+      const parsed = await parseWithZod(schema, args, `${where} inputSchema`);
+      if (!parsed.ok) throw new ToolError(invalidArgs(parsed.issues), INVALID_ARGS);
+      return handler(parsed.value, ctx);
+    };
+  }
+  return { tool, handler: prepared, scope: definition.scope ?? "" };
+}
+
+/** The registry's wording for arguments its schema refuses: each field's quoted path, then what is wrong. */
+function invalidArgs(issues: readonly ZodIssue[]): string {
+  const shown = issues.slice(0, SHOWN_ISSUES).map((issue) => `${issuePath(issue.path)}: ${issue.message}`);
+  if (issues.length > SHOWN_ISSUES) shown.push(`and ${issues.length - SHOWN_ISSUES} more`);
+  return `invalid arguments: ${shown.join("; ")}`;
+}
+
+function issuePath(path: readonly PropertyKey[]): string {
+  if (path.length === 0) return "arguments";
+  let text = "";
+  for (const key of path) {
+    if (typeof key === "number") text += `[${key}]`;
+    else text += text === "" ? String(key) : `.${String(key)}`;
+  }
+  return `"${text}"`;
 }
 
 function toTool(d: ToolDefinition): Tool {
@@ -544,26 +666,14 @@ function invalidOutput(tool: string, e: unknown): ToolResult {
   return failure(message, "INVALID_TOOL_OUTPUT", "ToolOutputError", []);
 }
 
-function errorResult(tool: string, e: unknown): ToolResult {
-  let message: string;
-  let code = "";
-  let name = "";
-  let contexts: AdditionalContext[] = [];
-  if (e instanceof ToolFailed) {
-    message = e.message;
-    code = e.code;
-    try {
-      contexts = toContexts(e.additionalContexts);
-    } catch (bad) {
-      return invalidOutput(tool, bad);
-    }
-  } else if (e instanceof Error) {
-    message = e.message || e.name;
-    name = e.name;
-  } else {
-    message = String(e);
+function errorResult(tool: string, e: ToolError): ToolResult {
+  let contexts: AdditionalContext[];
+  try {
+    contexts = toContexts(e.additionalContexts);
+  } catch (bad) {
+    return invalidOutput(tool, bad);
   }
-  return failure(message, code, name, contexts);
+  return failure(e.message, e.code, "", contexts);
 }
 
 function failure(message: string, code: string, name: string, contexts: AdditionalContext[]): ToolResult {

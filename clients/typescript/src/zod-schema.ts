@@ -23,6 +23,16 @@ export function isZodSchema(value: unknown): value is ZodSchemaLike {
 
 interface Zod {
   toJSONSchema(schema: ZodSchemaLike, params: { io: "input" | "output" }): unknown;
+  safeParseAsync(
+    schema: ZodSchemaLike,
+    value: unknown,
+  ): Promise<{ success: true; data: unknown } | { success: false; error: { issues: readonly ZodIssue[] } }>;
+}
+
+/** One problem zod found in a value: where (keys and indexes from the root) and what. */
+export interface ZodIssue {
+  readonly path: readonly PropertyKey[];
+  readonly message: string;
 }
 
 let zod: Zod | undefined;
@@ -36,7 +46,7 @@ function loadZod(where: string): Zod {
   } catch (e) {
     throw new TypeError(`${where} is a zod schema, but zod cannot be loaded (install zod 4): ${String(e)}`);
   }
-  if (typeof loaded.toJSONSchema !== "function") {
+  if (typeof loaded.toJSONSchema !== "function" || typeof loaded.safeParseAsync !== "function") {
     throw new TypeError(`${where} is a zod schema, but the installed zod has no toJSONSchema (zod 4 is needed)`);
   }
   zod = loaded as Zod;
@@ -63,4 +73,17 @@ export function toJsonSchema(schema: JsonValue | ZodSchemaLike, io: "input" | "o
   } catch (e) {
     throw new TypeError(`${where}: the zod schema cannot be expressed as JSON Schema: ${(e as Error).message ?? String(e)}`);
   }
+}
+
+/**
+ * `value` parsed by a zod `schema` (its defaults filled in, its refinements and transforms run):
+ * the parsed value, or the issues zod found. `where` names the schema if zod cannot be loaded.
+ */
+export async function parseWithZod(
+  schema: ZodSchemaLike,
+  value: unknown,
+  where: string,
+): Promise<{ ok: true; value: unknown } | { ok: false; issues: readonly ZodIssue[] }> {
+  const parsed = await loadZod(where).safeParseAsync(schema, value);
+  return parsed.success ? { ok: true, value: parsed.data } : { ok: false, issues: parsed.error.issues };
 }

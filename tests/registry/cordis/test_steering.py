@@ -73,8 +73,8 @@ DOOMED_PROGRAMS = {
         "return await tools.cordis_inspect_self({ pluginId: 'doom-1' });",
     ),
 }
-# How each language says that a program has no such binding.
-NO_BINDING = {"python": "no binding 'doomed'", "typescript": "tools.doomed is not a function"}
+# How each language says that a program has no such binding (the same words in both).
+NO_BINDING = {"python": "no binding 'doomed'", "typescript": "no binding 'doomed'"}
 
 
 @contextlib.asynccontextmanager
