@@ -186,6 +186,22 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
         capture_output=True, text=True, timeout=180, cwd=project, check=False,
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    # The testing kit is the package's `./testing` export, types included.
+    (project / "kit.ts").write_text(
+        'import { TurnScript, runCode, useCodemode } from "@codemode/client/testing";\n'
+        'const script = new TurnScript(runCode("return 1"));\n'
+        "console.log(typeof useCodemode, script instanceof TurnScript);\n"
+    )
+    kit = subprocess.run(
+        [str(tsc), "--strict", "--module", "node16", "--target", "es2022", "--types", "node",
+         "kit.ts"],
+        capture_output=True, text=True, timeout=180, cwd=project, check=False,
+    )  # fmt: skip
+    assert kit.returncode == 0, kit.stdout + kit.stderr
+    loaded = subprocess.run(
+        ["node", "kit.js"], capture_output=True, text=True, timeout=60, cwd=project, check=False
+    )
+    assert loaded.stdout == "function true\n", loaded.stderr
     expected = printed_lines(EXAMPLES / "typescript" / "client.ts")
     for _ in range(2):
         done = subprocess.run(
