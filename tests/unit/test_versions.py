@@ -12,6 +12,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -22,7 +23,7 @@ LICENSE_COPIES = ("clients/python/LICENSE", "clients/typescript/LICENSE")
 PYPROJECTS = ("pyproject.toml", "clients/python/pyproject.toml")
 
 
-def _pyproject(path: str) -> dict[str, object]:
+def _pyproject(path: str) -> dict[str, Any]:
     project = tomllib.loads((ROOT / path).read_text())["project"]
     assert isinstance(project, dict)
     return project
@@ -73,19 +74,18 @@ def _generated_floors() -> dict[str, str]:
     to import it)."""
     api = ROOT / "codemode_wire" / "api" / "registry" / "v1"
     pb2 = (api / "tool_pb2.py").read_text()
-    major, minor, patch = re.search(
-        r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),", pb2
-    ).groups()  # type: ignore[union-attr]
+    protobuf = re.search(r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),", pb2)
     grpc = (api / "registry_service_pb2_grpc.py").read_text()
-    grpc_version = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc).group(1)  # type: ignore[union-attr]
-    return {"protobuf": f"{major}.{minor}.{patch}", "grpcio": grpc_version}
+    grpcio = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc)
+    assert protobuf is not None and grpcio is not None
+    return {"protobuf": ".".join(protobuf.groups()), "grpcio": grpcio.group(1)}
 
 
 @pytest.mark.parametrize("path", PYPROJECTS)
 def test_dependency_floors_admit_no_runtime_the_generated_code_refuses(path: str) -> None:
     requirements = {
         Requirement(spec).name: Requirement(spec) for spec in _pyproject(path)["dependencies"]
-    }  # type: ignore[attr-defined]
+    }
     for name, floor in _generated_floors().items():
         specifier = requirements[name].specifier
         major, minor, patch = (int(part) for part in floor.split("."))
