@@ -91,8 +91,8 @@ function children(pid: number): number[] {
   }
 }
 
-/** Starts `codemode up` and resolves once its registry serves. */
-export function startServices(options: ServicesOptions = {}): Promise<CodemodeServices> {
+/** Starts `codemode up` and resolves once its registry serves (rejects, with its output, if not). */
+export async function startServices(options: ServicesOptions = {}): Promise<CodemodeServices> {
   const [program, ...args] = codemodeCommand(options.command);
   const workdir = options.workdir ?? mkdtempSync(join(tmpdir(), "codemode-"));
   const timeoutMs = options.timeoutMs ?? 120_000;
