@@ -43,6 +43,13 @@ def _arguments(record: history_pb2.HistoryRecord) -> JsonValue:
     return jsonvalue.loads(record.arguments_json) if record.arguments_json else None
 
 
+def _outcome(record: history_pb2.HistoryRecord | None) -> tuple[bool, bool, str, str]:
+    """(ended, is_error, error_code, text) of a settle or result record (None: not written)."""
+    if record is None:
+        return False, False, "", ""
+    return True, record.is_error, record.error_code, _text(record)
+
+
 def _short(value: object, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=repr)
     text = text.replace("\n", "\\n")
@@ -178,30 +185,17 @@ class Trajectory:
         settles = {
             r.call_id: r for r in records if r.kind == NESTED_SETTLE and r.parent_call_id == call_id
         }
-        nested = []
-        for start in starts:
-            settle = settles.get(start.call_id)
-            nested.append(
-                NestedCall(
-                    call_id=start.call_id,
-                    tool_name=start.tool_name,
-                    arguments=_arguments(start),
-                    settled=settle is not None,
-                    is_error=settle is not None and settle.is_error,
-                    error_code=settle.error_code if settle is not None else "",
-                    text=_text(settle) if settle is not None else "",
-                )
+        nested = tuple(
+            NestedCall(
+                start.call_id,
+                start.tool_name,
+                _arguments(start),
+                *_outcome(settles.get(start.call_id)),
             )
+            for start in starts
+        )
         return Trajectory(
-            call_id=call_id,
-            tool_name=call.tool_name,
-            arguments=_arguments(call),
-            finished=result is not None,
-            is_error=result is not None and result.is_error,
-            error_code=result.error_code if result is not None else "",
-            text=_text(result) if result is not None else "",
-            nested=tuple(nested),
-            records=tuple(records),
+            call_id, call.tool_name, _arguments(call), *_outcome(result), nested, tuple(records)
         )
 
     def render(self) -> str:
