@@ -110,7 +110,6 @@ export async function startServices(options: ServicesOptions = {}): Promise<Code
     stdio: ["ignore", "pipe", "pipe"],
   });
   let lines: string[] = [];
-  let address = "";
   const runtimes: string[] = [];
   const exited = new Promise<void>((resolve) => proc.once("exit", () => resolve()));
   const services: CodemodeServices = {
@@ -146,11 +145,11 @@ export async function startServices(options: ServicesOptions = {}): Promise<Code
         const line = buffered.slice(0, newline);
         buffered = buffered.slice(newline + 1);
         lines = [...lines.slice(-199), line];
-        if (line.startsWith("registry listening on ")) address = line.slice("registry listening on ".length);
-        else if (line.startsWith("runtime") && line.includes(" listening on ")) runtimes.push(line.split(" ").at(-1)!);
-        else if (line.startsWith("connect:") && address) {
+        if (line.startsWith("runtime") && line.includes(" listening on ")) runtimes.push(line.split(" ").at(-1)!);
+        else if (line.startsWith("registry listening on ") && !services.address) {
+          // `codemode up` prints it once its runtimes and the registry all serve.
           clearTimeout(timer);
-          services.address = address;
+          services.address = line.slice("registry listening on ".length);
           services.servicePids = children(services.pid);
           resolve(services);
         }

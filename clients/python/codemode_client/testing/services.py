@@ -30,7 +30,6 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 45.0
 _REGISTRY_LINE = "registry listening on "
 _LISTENING = " listening on "  # `runtime listening on ADDR`, `runtime-2 listening on ADDR`
-_READY_LINE = "connect:"
 
 
 class ServicesError(RuntimeError):
@@ -169,11 +168,11 @@ def _pump(
         line = raw.rstrip("\n")
         services.output.append(line)
         del services.output[:-200]
-        if line.startswith(_REGISTRY_LINE):
-            services.address = line.removeprefix(_REGISTRY_LINE)
-        elif line.startswith("runtime") and _LISTENING in line:
+        if line.startswith("runtime") and _LISTENING in line:
             services.runtimes.append(line.rsplit(" ", 1)[-1])
-        elif line.startswith(_READY_LINE):
+        elif line.startswith(_REGISTRY_LINE) and not services.address:
+            # `up` prints it once its runtimes and the registry all serve.
+            services.address = line.removeprefix(_REGISTRY_LINE)
             ready.set()
     ready.set()  # ended: the waiter sees the exit
 
