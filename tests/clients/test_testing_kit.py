@@ -19,6 +19,7 @@ from codemode_client.testing import (
     Answer,
     CallTool,
     CodemodeServices,
+    Conversation,
     RunCode,
     ServicesError,
     Testbed,
@@ -63,6 +64,13 @@ return total
 """
 
 
+def _answer_with_the_total(so_far: Conversation) -> Answer:
+    """A turn that reads the last result, as a model answers from what a call returned."""
+    value = so_far.last.result.value
+    assert isinstance(value, dict)
+    return Answer(f"the total is {value['result']}")
+
+
 async def test_a_scripted_model_runs_a_program_and_answers_from_its_result(
     codemode: Testbed,
 ) -> None:
@@ -72,7 +80,7 @@ async def test_a_scripted_model_runs_a_program_and_answers_from_its_result(
         agent,
         CallTool("add", {"a": 1, "b": 1}),  # under code the model may call only run_code
         RunCode(PROGRAM, "add then divide"),
-        lambda so_far: Answer(f"the total is {so_far.last.result.value['result']}"),  # type: ignore[call-overload,index]
+        _answer_with_the_total,
     )
     assert conversation.offered == ["run_code"]
     refused, ran = conversation.steps

@@ -127,7 +127,12 @@ export async function startServices(options: ServicesOptions = {}): Promise<Code
         clearTimeout(timer);
       }
       for (const pid of services.servicePids) {
-        if (alive(pid)) process.kill(pid, "SIGKILL"); // `up` was killed before it stopped them
+        if (!alive(pid)) continue;
+        try {
+          process.kill(pid, "SIGKILL"); // `up` was killed before it stopped them
+        } catch {
+          // gone in the meantime
+        }
       }
     },
   };

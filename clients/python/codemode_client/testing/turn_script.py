@@ -98,9 +98,11 @@ class TurnScript:
         for index, scripted in enumerate(self.turns):
             if conversation.answer is not None:
                 raise ValueError(f"turn {index + 1} comes after the answer: {scripted!r}")
-            turn = scripted if isinstance(scripted, RunCode | CallTool | Answer) else None
-            if turn is None:
-                turn = scripted(conversation)  # type: ignore[operator]
+            turn = (
+                scripted
+                if isinstance(scripted, RunCode | CallTool | Answer)
+                else scripted(conversation)
+            )
             if isinstance(turn, Answer):
                 conversation.answer = turn.text
                 continue
