@@ -3,12 +3,18 @@
     python examples/python_client.py 127.0.0.1:50051
 
 Safe to run again and again against the same registry: the agent is created once and reused.
+It prints (tests/examples/test_examples.py checks these lines):
+
+    result: {'logs': [], 'result': 11}
+    history: 1 nested call in this run
+    refused: AGENT_NOT_FOUND codemode.registry
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +54,22 @@ async def main(address: str) -> None:
                 agent = (await client.create_agent("example-coder", mode="code")).name
             except AlreadyExists:
                 agent = "agents/example-coder"  # a second run reuses it
+            call_id = f"count-lines-{uuid.uuid4().hex[:8]}"
             result = await client.run_code(
                 "r = await tools.read_example({'path': 'count_todos.py'})\n"
                 "return len(r['text'].splitlines())",
                 "Count the lines of an example",
                 agent=agent,
+                call_id=call_id,
             )
-            print("result:", result.value)  # {'logs': [], 'result': 11}
-            kinds = [record.kind for record in await client.history(agent)]
-            print("history:", kinds.count("tool/code-dispatch"), "nested calls so far")
+            print("result:", result.value)  # the lines of examples/programs/count_todos.py
+            records = await client.history(agent, call_id=call_id)  # the call and its nested ones
+            nested = [r for r in records if r.kind == "tool/code-dispatch"]
+            print("history:", len(nested), "nested call in this run")
         try:
             await client.get_agent("agents/nope")
         except NotFound as exc:
-            print("refused:", exc.reason, exc.domain)  # AGENT_NOT_FOUND codemode.registry
+            print("refused:", exc.reason, exc.domain)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // A run_code program: `codemode run examples/programs/count_todos.ts --agent ts-coder --create-agent`
 // against `codemode up` (it offers TypeScript where its runtimes serve it, i.e. Node is installed)
 // with the demo provider (`python -m codemode_client.demo_tools ADDR`).
-// It fans out over the agent's tools and returns only the summary to the model.
+// It fans out over the agent's tools and returns only the summary to the model. Its value:
+//   {"logs": ["3 files in the workspace"], "result": {"files_with_todos": {"README.md": 1, "src/app.py": 2}, "total": 3}}
 const files: string[] = await tools.list_files({});
 console.log(`${files.length} files in the workspace`);
 const texts: { text: string }[] = await Promise.all(files.map((path) => tools.read_file({ path })));

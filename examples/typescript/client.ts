@@ -5,6 +5,12 @@
 //   npx tsc --strict --module node16 --target es2022 --types node client.ts && node client.js 127.0.0.1:50051
 //
 // Safe to run again against the same registry: the agent is created once and reused.
+// It prints (tests/examples/test_examples.py checks these lines):
+//
+//   nested: read_ts_example ok
+//   log: contents of a.txt
+//   result: 9007199254740993
+//   refused: NOT_FOUND AGENT_NOT_FOUND codemode.registry
 import { Approver, CodemodeError, RegistryClient, ToolProvider, type RunCodeValue } from "@codemode/client";
 
 async function main(address: string): Promise<void> {
@@ -39,11 +45,11 @@ async function main(address: string): Promise<void> {
       "Read a.txt",
     );
     for await (const event of call) {
-      if (event.type === "nestedSettled") console.log(`nested: ${event.subCallId} ${event.toolName}`);
+      if (event.type === "nestedSettled") console.log(`nested: ${event.toolName} ${event.isError ? event.errorCode : "ok"}`);
       if (event.type === "log") console.log(`log: ${event.text}`);
     }
     const result = await call.result;
-    console.log(`result: ${(result.value as unknown as RunCodeValue).result}`); // 9007199254740993
+    console.log(`result: ${(result.value as unknown as RunCodeValue).result}`); // a bigint, exact
     try {
       await client.getAgent("agents/missing");
     } catch (e) {

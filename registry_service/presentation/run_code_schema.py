@@ -13,7 +13,7 @@ __all__ = ["RUN_CODE", "run_code_tool_schema"]
 _DESCRIPTION_PARAM: Final = (
     "Clear, concise description of what this program does in active voice, 5-10 words "
     '(shown in the UI). Examples: "Count TODO markers across packages"; '
-    '"Read failing test and its fixture"; "Rename config key in every cordis.yml".'
+    '"Read failing test and its fixture"; "Rename config key in every settings file".'
 )
 
 

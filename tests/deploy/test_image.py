@@ -66,7 +66,7 @@ def test_build_context_holds_every_installed_package() -> None:
         # clients/python/codemode_wire is the client wheel's link to the top-level package
         (home,) = [h for h in homes if (ROOT / h).is_dir() and not (ROOT / h).is_symlink()]
         assert any(home == a or home.startswith(a + "/") for a in allowed), home
-    for needed in ("pyproject.toml", "README.md", "requirements/main.lock"):
+    for needed in ("pyproject.toml", "README.md", "LICENSE", "requirements/main.lock"):
         assert needed in allowed
 
 
@@ -99,7 +99,7 @@ def test_the_wheel_holds_the_typescript_workers_code(tmp_path: Path) -> None:
     """What `pip install /src` puts in the image: every module of the worker (an offline
     build of the image's build context: a checkout's own build/ could hold stale files)."""
     context = tmp_path / "src"
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # the metadata names the LICENSE
         context.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, context / name)
     skip = shutil.ignore_patterns("node_modules", "__pycache__", "*.egg-info", "build", "tests")

@@ -1,15 +1,19 @@
-"""Every file in examples/ runs, twice, against a real `codemode up` stack.
+"""Every file in examples/ runs, twice, against real services started by the testing kit
+(`codemode_client.testing`: its `codemode_services` fixture is `codemode up` on free ports).
 
 The Python client example, the programs `codemode run` executes (Python and TypeScript), and the
 TypeScript client example compiled in a fresh CommonJS npm project that installs the client from
-`npm pack`'s tarball.
-A second run of each must work as well as the first (an example that only works once is a
-trap for the next reader).
+`npm pack`'s tarball. Each file says what it prints (an "It prints:" block) or what its value is
+(an "Its value:" line), and the test compares exactly that, so the comments cannot drift from
+what the examples do. A second run of each must work as well as the first (an example that only
+works once is a trap for the next reader).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -20,12 +24,41 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli._processes import CLI, cli, service_env, spawn
+from codemode_client.testing import CodemodeServices, Testbed, expect
+from tests.cli._processes import cli, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TS_CLIENT = ROOT / "clients" / "typescript"
 TS_VERSIONS = {"typescript": "5.9.3", "@types/node": "20.19.43"}  # as pinned by the client
+_COMMENT = re.compile(r"^\s*(?:#|//) ?")
+
+
+def _uncommented(path: Path) -> list[str]:
+    """The file's lines without a leading `#`/`//` comment marker (docstrings have none)."""
+    return [_COMMENT.sub("", line, count=1).rstrip() for line in path.read_text().splitlines()]
+
+
+def printed_lines(path: Path) -> list[str]:
+    """The indented lines of the file's "It prints" block, after its (optional) blank line."""
+    lines = _uncommented(path)
+    start = next(i for i, line in enumerate(lines) if "It prints" in line) + 1
+    if start < len(lines) and not lines[start]:
+        start += 1
+    block: list[str] = []
+    for line in lines[start:]:
+        if not line.startswith("  "):
+            break
+        block.append(line.strip())
+    assert block, f"{path} has an empty 'It prints' block"
+    return block
+
+
+def stated_value(path: Path) -> object:
+    """The JSON on the line after the file's "Its value:"."""
+    lines = _uncommented(path)
+    index = next(i for i, line in enumerate(lines) if line.endswith("Its value:"))
+    return json.loads(lines[index + 1])
 
 
 @dataclass
@@ -46,45 +79,37 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("examples")
-    env = service_env(tmp)  # `up` offers both languages: its runtimes serve them
-    argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
-    up, lines = spawn([*argv, "--runtimes", "1"], env, tmp, tmp / "up.err")
+def stack(codemode_services: CodemodeServices) -> Iterator[Stack]:
+    """The kit's services (`up` offers both languages: its runtime serves them) with the demo
+    provider the programs call."""
+    address, env, tmp = codemode_services.address, codemode_services.env, codemode_services.workdir
+    provider, ready = spawn(
+        [sys.executable, "-m", "codemode_client.demo_tools", address], env, tmp, tmp / "p.err"
+    )
     try:
-        lines.expect(lambda line: line.startswith("connect:"), timeout=60)
-        registry = next(s for s in lines.seen if s.startswith("registry listening on "))
-        address = registry.removeprefix("registry listening on ")
-        provider, ready = spawn(
-            [sys.executable, "-m", "codemode_client.demo_tools", address], env, tmp, tmp / "p.err"
-        )
-        try:
-            ready.expect(lambda line: line == "ready")
-            yield Stack(address, env, tmp)
-        finally:
-            _stop(provider)
+        ready.expect(lambda line: line == "ready")
+        yield Stack(address, env, tmp)
     finally:
-        _stop(up)
+        _stop(provider)
 
 
 @pytest.mark.parametrize("program_file", ["count_todos.py", "count_todos.ts"])
 def test_the_program_runs_with_codemode_run(stack: Stack, program_file: str) -> None:
-    program = str(EXAMPLES / "programs" / program_file)
-    agent = f"todo-counter-{Path(program_file).suffix[1:]}"  # one agent per language
+    program = EXAMPLES / "programs" / program_file
+    agent = f"todo-counter-{program.suffix[1:]}"  # one agent per language
     for _ in range(2):
         done = cli(
-            "run", program, "--agent", agent, "--create-agent", "--json",
+            "run", str(program), "--agent", agent, "--create-agent", "--json",
             "--registry", stack.address, env=stack.env, cwd=stack.tmp,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["is_error"] is False
-        assert report["value"]["result"]["total"] >= 1
-        assert report["value"]["logs"][0].endswith("files in the workspace")
+        assert report["value"] == stated_value(program)
 
 
-def test_the_quick_start_serves_your_tools_to_programs_through_scripts_codemode(
-    stack: Stack,
+async def test_the_quick_start_serves_your_tools_to_programs_through_scripts_codemode(
+    stack: Stack, codemode: Testbed
 ) -> None:
     """The README's quick start: `examples/my_tools.py` serves `add` and `greet`, and the
     `hello` programs call them through the `scripts/codemode` wrapper (no venv activated)."""
@@ -95,11 +120,12 @@ def test_the_quick_start_serves_your_tools_to_programs_through_scripts_codemode(
     try:
         ready.expect(lambda line: line == "ready")
         for program_file in ("hello.py", "hello.ts"):
-            agent = f"quick-start-{Path(program_file).suffix[1:]}"
+            program = EXAMPLES / "programs" / program_file
+            agent = f"quick-start-{program.suffix[1:]}"
             for _ in range(2):
-                done = subprocess.run(
-                    [str(ROOT / "scripts" / "codemode"), "run",
-                     str(EXAMPLES / "programs" / program_file), "--agent", agent,
+                done = await asyncio.to_thread(
+                    subprocess.run,
+                    [str(ROOT / "scripts" / "codemode"), "run", str(program), "--agent", agent,
                      "--create-agent", "--json", "--registry", stack.address],
                     capture_output=True, text=True, timeout=120, env=stack.env,
                     cwd=stack.tmp, check=False,
@@ -107,25 +133,31 @@ def test_the_quick_start_serves_your_tools_to_programs_through_scripts_codemode(
                 assert done.returncode == 0, done.stderr
                 report = json.loads(done.stdout)
                 assert report["is_error"] is False
-                assert report["value"] == {"logs": ["Hello, world!"], "result": 5}
-                assert [call["tool_name"] for call in report["nested"]] == ["add", "greet"]
+                assert report["value"] == stated_value(program)
+                trajectory = await codemode.trajectory(f"agents/{agent}", report["call_id"])
+                trajectory.assert_recorded()
+                trajectory.assert_nested(
+                    expect("add", {"a": 2, "b": 3}, result=5, error_code=""),
+                    expect("greet", {"name": "world"}, result="Hello, world!", error_code=""),
+                )
     finally:
         _stop(tools)
 
 
-def test_the_python_client_example_runs_twice(stack: Stack) -> None:
-    for run in (1, 2):
+def test_the_python_client_example_prints_what_it_says(stack: Stack) -> None:
+    example = EXAMPLES / "python_client.py"
+    expected = printed_lines(example)
+    for _ in range(2):
         done = subprocess.run(
-            [sys.executable, str(EXAMPLES / "python_client.py"), stack.address],
+            [sys.executable, str(example), stack.address],
             capture_output=True, text=True, timeout=120, env=stack.env, cwd=stack.tmp,
             check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        lines = done.stdout.splitlines()
-        expected_lines = len((EXAMPLES / "programs" / "count_todos.py").read_text().splitlines())
-        assert lines[0] == f"result: {{'logs': [], 'result': {expected_lines}}}"
-        assert lines[1] == f"history: {run} nested calls so far"
-        assert lines[2] == "refused: AGENT_NOT_FOUND codemode.registry"
+        assert done.stdout.splitlines() == expected
+    # docs/clients.md quotes the example's core with its first line as a comment.
+    quoted = re.search(r"# (result: .*)$", (ROOT / "docs" / "clients.md").read_text(), re.M)
+    assert quoted is not None and quoted.group(1) == expected[0]
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
@@ -147,21 +179,28 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     pins = [f"{name}@{version}" for name, version in TS_VERSIONS.items()]
     npm("install", "--prefer-offline", "--no-audit", "--no-fund", str(tarball), *pins, cwd=project)
     shutil.copy(EXAMPLES / "typescript" / "client.ts", project / "client.ts")
+    # The testing kit is the package's `./testing` export, types included.
+    (project / "kit.ts").write_text(
+        'import { TurnScript, runCode, useCodemode } from "@codemode/client/testing";\n'
+        'const script = new TurnScript(runCode("return 1"));\n'
+        "console.log(typeof useCodemode, script instanceof TurnScript);\n"
+    )
     tsc = project / "node_modules" / ".bin" / "tsc"
     compiled = subprocess.run(
         [str(tsc), "--strict", "--module", "node16", "--target", "es2022", "--types", "node",
-         "client.ts"],
+         "client.ts", "kit.ts"],
         capture_output=True, text=True, timeout=180, cwd=project, check=False,
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    loaded = subprocess.run(
+        ["node", "kit.js"], capture_output=True, text=True, timeout=60, cwd=project, check=False
+    )
+    assert loaded.stdout == "function true\n", loaded.stderr
+    expected = printed_lines(EXAMPLES / "typescript" / "client.ts")
     for _ in range(2):
         done = subprocess.run(
             ["node", "client.js", stack.address],
             capture_output=True, text=True, timeout=120, cwd=project, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        lines = done.stdout.splitlines()
-        assert "nested: " in lines[0] and "read_ts_example" in lines[0]
-        assert "log: contents of a.txt" in lines
-        assert "result: 9007199254740993" in lines
-        assert lines[-1] == "refused: NOT_FOUND AGENT_NOT_FOUND codemode.registry"
+        assert done.stdout.splitlines() == expected

@@ -58,3 +58,12 @@ def test_unknown_language_fails_loud(language: str) -> None:
     with pytest.raises(ValueError, match=r"^no run_code schema flavor") as raised:
         run_code_tool_schema(language)
     assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize("language", ["python", "typescript"])
+def test_the_description_examples_name_no_file_of_this_project(language: str) -> None:
+    """A model reads these examples as what programs are for: they must be about the model's
+    own workspace, not about this project's internals (a `cordis.yml` once slipped in)."""
+    text = run_code_tool_schema(language)["parameters"]["properties"]["description"]["description"]
+    assert "Examples:" in text
+    assert not any(word in text.lower() for word in ("cordis", "codemode", ".yml", ".yaml"))
