@@ -34,11 +34,15 @@ import codemode_client, codemode_wire
 from codemode_wire import host_facade  # its JSON is package data
 from codemode_client import RegistryClient, ToolProvider, open_channel
 
-modules = []
+modules, missing = [], {}
 for package in (codemode_client, codemode_wire):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-        importlib.import_module(info.name)
-        modules.append(info.name)
+        try:
+            importlib.import_module(info.name)
+            modules.append(info.name)
+        except ModuleNotFoundError as exc:  # an optional extra's module
+            missing[info.name] = exc.name
+from codemode_client.model_sdks import AgentTools, openai_chat  # no vendor SDK needed
 
 servers = []
 for name in ("codemode_common", "registry_service", "runtime_service", "codemode_cli"):
@@ -65,7 +69,9 @@ async def main(address: str) -> dict:
         program = "print('calling')\\nreturn await tools.repeat({'word': 'ab', 'times': 3})"
         result = await client.run_code(program, "repeat a word", agent=agent.name)
         tools = {t.name: t for t in await client.list_tools()}
+        chat_tools = openai_chat.tool_definitions(await AgentTools.load(client, agent.name))
     return {
+        "missing": missing, "chat_tools": [t["function"]["name"] for t in chat_tools],
         "value": result.value, "text": result.text,
         "schema": json.loads(tools["repeat"].input_schema_json),
         "modules": modules, "servers": servers, "executable": sys.executable,
@@ -134,8 +140,13 @@ def _install_client(tmp_path: Path) -> Path:
     )
     copied: set[str] = set()
     for spec in declared:
-        _copy_distribution(Requirement(spec).name, _site_packages(venv), copied)
+        requirement = Requirement(spec)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            _copy_distribution(requirement.name, _site_packages(venv), copied)
     assert "codemode" not in copied
+    # The extras (model SDKs) are declared but not part of the base install.
+    assert {"openai", "anthropic", "pydantic-ai-slim"} <= {Requirement(r).name for r in declared}
+    assert not copied & {"openai", "anthropic", "pydantic-ai-slim"}
     # Every declared dependency (and theirs) is there, at versions that satisfy them.
     subprocess.run([*pip, "--python", python, "check"], check=True)
     return python
@@ -169,6 +180,10 @@ async def test_the_client_wheel_works_alone_against_live_services(
         report["modules"]
     )
     assert report["facade"] >= 1  # host_facade.json ships in the wheel
+    # The base client needs no model SDK: only the pydantic-ai toolset needs its extra.
+    assert report["missing"] == {"codemode_client.model_sdks.pydantic_ai_toolset": "pydantic_ai"}
+    assert "codemode_client.model_sdks.openai_responses" in report["modules"]
+    assert report["chat_tools"] == ["run_code"]
     assert report["value"] == {"logs": ["calling"], "result": "ababab"}
     assert report["text"] == "calling\nababab"
     assert report["schema"]["required"] == ["word", "times"]  # derived by pydantic there
