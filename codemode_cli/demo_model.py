@@ -16,6 +16,7 @@ from typing import Any
 
 from codemode_cli.scripted_model import ScriptedModel
 from codemode_client import RegistryClient
+from codemode_client.client import Language
 from codemode_client.model_sdks import AgentTools, LoopResult, anthropic_messages, openai_responses
 
 MODELS = ("scripted", "openai", "anthropic")
@@ -71,7 +72,8 @@ async def model_walkthrough(
     (for the trace), or "" when the model made none."""
     name = model_name or DEFAULT_MODEL_NAMES[model]
     async with RegistryClient(address, timeout=120) as client:
-        agent = (await client.create_agent("demo-agent", mode="code", language=language)).name
+        code_language: Language = "typescript" if language == "typescript" else "python"
+        agent = (await client.create_agent("demo-agent", mode="code", language=code_language)).name
         tools = await AgentTools.load(client, agent)
         print(f"{agent} (mode code, {language}) · model: {model} ({name})")
         print(f"  schemas the model sees: {[s.name for s in tools.schemas]}")
