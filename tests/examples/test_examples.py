@@ -10,6 +10,7 @@ trap for the next reader).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TS_CLIENT = ROOT / "clients" / "typescript"
 TS_VERSIONS = {"typescript": "5.9.3", "@types/node": "20.19.43"}  # as pinned by the client
+# The model example's vendor clients, as pinned by the client's tests.
+TS_MODEL_VERSIONS = {"openai": "7.55.0", "@anthropic-ai/sdk": "1.10.0"}
+MODEL_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+
+def _offline(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the model keys: the model examples then use the scripted model."""
+    return {k: v for k, v in env.items() if k not in MODEL_KEYS}
 
 
 @dataclass
@@ -128,6 +137,22 @@ def test_the_python_client_example_runs_twice(stack: Stack) -> None:
         assert lines[2] == "refused: AGENT_NOT_FOUND codemode.registry"
 
 
+def test_the_python_model_example_runs_twice_against_the_scripted_model(stack: Stack) -> None:
+    for run in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "model_agent.py"), stack.address],
+            capture_output=True, text=True, timeout=120, env=_offline(stack.env), cwd=stack.tmp,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "model: scripted · tools: ['run_code']",
+            "tool call run_code: ok",
+            "answer: The sum is 42.",
+            f"history: {run} run_code calls so far",
+        ]
+
+
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
 def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     stack: Stack, tmp_path: Path
@@ -144,16 +169,19 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     project = tmp_path / "project"
     project.mkdir()
     npm("init", "-y", cwd=project)
-    pins = [f"{name}@{version}" for name, version in TS_VERSIONS.items()]
+    versions = {**TS_VERSIONS, **TS_MODEL_VERSIONS}
+    pins = [f"{name}@{version}" for name, version in versions.items()]
     npm("install", "--prefer-offline", "--no-audit", "--no-fund", str(tarball), *pins, cwd=project)
     shutil.copy(EXAMPLES / "typescript" / "client.ts", project / "client.ts")
+    shutil.copy(EXAMPLES / "typescript" / "model_agent.ts", project / "model_agent.ts")
     tsc = project / "node_modules" / ".bin" / "tsc"
     compiled = subprocess.run(
         [str(tsc), "--strict", "--module", "node16", "--target", "es2022", "--types", "node",
-         "client.ts"],
+         "client.ts", "model_agent.ts"],
         capture_output=True, text=True, timeout=180, cwd=project, check=False,
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    _run_the_typescript_model_example(stack, project)
     for _ in range(2):
         done = subprocess.run(
             ["node", "client.js", stack.address],
@@ -165,3 +193,29 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
         assert "log: contents of a.txt" in lines
         assert "result: 9007199254740993" in lines
         assert lines[-1] == "refused: NOT_FOUND AGENT_NOT_FOUND codemode.registry"
+
+
+def _run_the_typescript_model_example(stack: Stack, project: Path) -> None:
+    script = EXAMPLES / "models" / "scripted.json"
+    model, ready = spawn(
+        [sys.executable, "-m", "codemode_cli.scripted_model", "--script", str(script)],
+        stack.env, stack.tmp, stack.tmp / "scripted.err",
+    )  # fmt: skip
+    try:
+        port = ready.expect(lambda line: line.startswith("scripted model listening on port "))
+        url = f"http://127.0.0.1:{port.rsplit(' ', 1)[1]}"
+        for run in (1, 2):
+            done = subprocess.run(
+                ["node", "model_agent.js", stack.address, url],
+                capture_output=True, text=True, timeout=120, cwd=project,
+                env=_offline(dict(os.environ)), check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.splitlines() == [
+                "model: scripted · tools: run_code",
+                "tool call run_code: ok",
+                "answer: The sum is 42.",
+                f"history: {run} run_code calls so far",
+            ]
+    finally:
+        _stop(model)
