@@ -137,6 +137,17 @@ def test_the_python_client_example_runs_twice(stack: Stack) -> None:
         assert lines[2] == "refused: AGENT_NOT_FOUND codemode.registry"
 
 
+def _model_example_says(tools: str, run: int) -> list[str]:
+    """What a model example prints on its `run`-th run with the scripted model: the tools it
+    offered, run_code's success, the answer built from the result, the growing history."""
+    return [
+        f"model: scripted · tools: {tools}",
+        "tool call run_code: ok",
+        "answer: The sum is 42.",
+        f"history: {run} run_code calls so far",
+    ]
+
+
 def test_the_python_model_example_runs_twice_against_the_scripted_model(stack: Stack) -> None:
     for run in (1, 2):
         done = subprocess.run(
@@ -145,12 +156,7 @@ def test_the_python_model_example_runs_twice_against_the_scripted_model(stack: S
             check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == [
-            "model: scripted · tools: ['run_code']",
-            "tool call run_code: ok",
-            "answer: The sum is 42.",
-            f"history: {run} run_code calls so far",
-        ]
+        assert done.stdout.splitlines() == _model_example_says("['run_code']", run)
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
@@ -211,11 +217,6 @@ def _run_the_typescript_model_example(stack: Stack, project: Path) -> None:
                 env=_offline(dict(os.environ)), check=False,
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
-            assert done.stdout.splitlines() == [
-                "model: scripted · tools: run_code",
-                "tool call run_code: ok",
-                "answer: The sum is 42.",
-                f"history: {run} run_code calls so far",
-            ]
+            assert done.stdout.splitlines() == _model_example_says("run_code", run)
     finally:
         _stop(model)

@@ -74,7 +74,7 @@ export { tlsCredentials, type ChannelCredentials, type TlsMaterial } from "./tls
  * are a separate entry, `@codemode/client/ai-sdk`, so that the types of `ai` (an optional peer)
  * are needed only where it is used.
  */
-export { AgentTools, blockText, failureText, type ModelCall, type ToolReply, type WireSchema } from "./model-sdks/tools";
+export { AgentTools, blockText, contextTexts, failureText, type ModelCall, type ToolReply, type WireSchema } from "./model-sdks/tools";
 export { runLoop, type Dialect, type LoopResult } from "./model-sdks/loop";
 export * as openaiResponses from "./model-sdks/openai-responses";
 export * as openaiChat from "./model-sdks/openai-chat";

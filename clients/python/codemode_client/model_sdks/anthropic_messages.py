@@ -15,7 +15,7 @@ import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from codemode_client.model_sdks.loop import LoopResult, as_plain, field_of, run_loop
+from codemode_client.model_sdks.loop import LoopResult, VendorRequest, as_plain, field_of, run_loop
 from codemode_client.model_sdks.tools import (
     AgentTools,
     ModelCall,
@@ -28,10 +28,8 @@ from codemode_client.results import ContentBlock, ImageContent
 JsonDict = dict[str, Any]
 
 
-def tool_definitions(schemas: AgentTools | Sequence[WireSchema]) -> list[JsonDict]:
+def tool_definitions(schemas: Sequence[WireSchema]) -> list[JsonDict]:
     """`tools=` for `messages.create`: one client tool per wire schema."""
-    if isinstance(schemas, AgentTools):
-        schemas = schemas.schemas
     return [
         {"name": s.name, "description": s.description, "input_schema": s.parameters}
         for s in schemas
@@ -84,13 +82,8 @@ def tool_results(replies: Sequence[ToolReply]) -> JsonDict:
     return {"role": "user", "content": content}
 
 
-class MessagesDialect:
-    def __init__(self, anthropic: Any, tools: AgentTools, options: JsonDict) -> None:
-        self._create = anthropic.messages.create
-        self._options = {"tools": tool_definitions(tools), **options}
-
-    async def create(self, conversation: list[Any]) -> Any:
-        return await self._create(messages=conversation, **self._options)
+class MessagesDialect(VendorRequest):
+    conversation_key = "messages"
 
     def calls(self, response: Any) -> list[ModelCall]:
         return calls_of(response)
@@ -125,7 +118,10 @@ async def run(
     )
     if tools.instructions:
         options.setdefault("system", tools.instructions)
-    dialect = MessagesDialect(
-        anthropic, tools, {"model": model, "max_tokens": max_tokens, **options}
-    )
+    options = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "tools": tool_definitions(tools.schemas),
+    } | options
+    dialect = MessagesDialect(anthropic.messages.create, options)
     return await run_loop(dialect, tools, conversation, max_turns)

@@ -10,9 +10,9 @@ other, in the order the model made them, so that their history reads in that ord
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from codemode_client.model_sdks.tools import AgentTools, ModelCall, ToolReply
 
@@ -31,6 +31,20 @@ class Dialect(Protocol):
     def add_response(self, conversation: list[Any], response: Any) -> None: ...
 
     def add_replies(self, conversation: list[Any], replies: Sequence[ToolReply]) -> None: ...
+
+
+class VendorRequest:
+    """The half of a dialect every vendor shares: one `create` method of the vendor's client,
+    the keyword the conversation goes in, and the options sent with every request."""
+
+    conversation_key: ClassVar[str]
+
+    def __init__(self, create: Callable[..., Awaitable[Any]], options: dict[str, Any]) -> None:
+        self._create = create
+        self._options = options
+
+    async def create(self, conversation: list[Any]) -> Any:
+        return await self._create(**{self.conversation_key: conversation}, **self._options)
 
 
 @dataclass

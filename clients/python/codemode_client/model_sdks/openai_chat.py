@@ -13,22 +13,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from codemode_client.model_sdks.loop import LoopResult, as_plain, field_of, run_loop
+from codemode_client.model_sdks.loop import LoopResult, VendorRequest, as_plain, field_of, run_loop
 from codemode_client.model_sdks.tools import (
     AgentTools,
     ModelCall,
     ToolReply,
     WireSchema,
-    block_text,
+    context_texts,
 )
 
 JsonDict = dict[str, Any]
 
 
-def tool_definitions(schemas: AgentTools | Sequence[WireSchema]) -> list[JsonDict]:
+def tool_definitions(schemas: Sequence[WireSchema]) -> list[JsonDict]:
     """`tools=` for `chat.completions.create`: one function tool per wire schema."""
-    if isinstance(schemas, AgentTools):
-        schemas = schemas.schemas
     return [
         {
             "type": "function",
@@ -64,20 +62,12 @@ def tool_messages(replies: Sequence[ToolReply]) -> list[JsonDict]:
     messages: list[JsonDict] = [
         {"role": "tool", "tool_call_id": r.call.call_id, "content": r.text} for r in replies
     ]
-    for reply in replies:
-        for context in reply.additional_contexts:
-            text = "\n".join(block_text(block) for block in context.content)
-            messages.append({"role": "user", "content": text})
+    messages.extend({"role": "user", "content": text} for text in context_texts(replies))
     return messages
 
 
-class ChatDialect:
-    def __init__(self, openai: Any, tools: AgentTools, options: JsonDict) -> None:
-        self._create = openai.chat.completions.create
-        self._options = {"tools": tool_definitions(tools), **options}
-
-    async def create(self, conversation: list[Any]) -> Any:
-        return await self._create(messages=conversation, **self._options)
+class ChatDialect(VendorRequest):
+    conversation_key = "messages"
 
     def calls(self, response: Any) -> list[ModelCall]:
         return calls_of(response)
@@ -113,5 +103,6 @@ async def run(
         conversation.append({"role": "user", "content": messages})
     else:
         conversation = list(messages)
-    dialect = ChatDialect(openai, tools, {"model": model, **options})
+    options = {"model": model, "tools": tool_definitions(tools.schemas)} | options
+    dialect = ChatDialect(openai.chat.completions.create, options)
     return await run_loop(dialect, tools, conversation, max_turns)

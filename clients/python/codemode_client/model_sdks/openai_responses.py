@@ -17,23 +17,22 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-from codemode_client.model_sdks.loop import LoopResult, as_plain, field_of, run_loop
+from codemode_client.model_sdks.loop import LoopResult, VendorRequest, as_plain, field_of, run_loop
 from codemode_client.model_sdks.tools import (
     AgentTools,
     ModelCall,
     ToolReply,
     WireSchema,
     block_text,
+    context_texts,
 )
 from codemode_client.results import ImageContent
 
 JsonDict = dict[str, Any]
 
 
-def tool_definitions(schemas: AgentTools | Sequence[WireSchema]) -> list[JsonDict]:
+def tool_definitions(schemas: Sequence[WireSchema]) -> list[JsonDict]:
     """`tools=` for `responses.create`: one function tool per wire schema."""
-    if isinstance(schemas, AgentTools):
-        schemas = schemas.schemas
     return [
         {
             "type": "function",
@@ -79,20 +78,15 @@ def input_items(replies: Sequence[ToolReply]) -> list[JsonDict]:
         {"type": "function_call_output", "call_id": r.call.call_id, "output": _output(r)}
         for r in replies
     ]
-    for reply in replies:
-        for context in reply.additional_contexts:
-            text = "\n".join(block_text(block) for block in context.content)
-            items.append({"role": "user", "content": [{"type": "input_text", "text": text}]})
+    items.extend(
+        {"role": "user", "content": [{"type": "input_text", "text": text}]}
+        for text in context_texts(replies)
+    )
     return items
 
 
-class ResponsesDialect:
-    def __init__(self, openai: Any, tools: AgentTools, options: JsonDict) -> None:
-        self._create = openai.responses.create
-        self._options = {"tools": tool_definitions(tools), **options}
-
-    async def create(self, conversation: list[Any]) -> Any:
-        return await self._create(input=conversation, **self._options)
+class ResponsesDialect(VendorRequest):
+    conversation_key = "input"
 
     def calls(self, response: Any) -> list[ModelCall]:
         return calls_of(response)
@@ -124,5 +118,6 @@ async def run(
     )
     if tools.instructions:
         options.setdefault("instructions", tools.instructions)
-    dialect = ResponsesDialect(openai, tools, {"model": model, **options})
+    options = {"model": model, "tools": tool_definitions(tools.schemas)} | options
+    dialect = ResponsesDialect(openai.responses.create, options)
     return await run_loop(dialect, tools, conversation, max_turns)

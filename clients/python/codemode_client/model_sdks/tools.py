@@ -81,6 +81,16 @@ def block_text(block: ContentBlock) -> str:
     return f"[image {block.mime_type}, {len(block.data)} bytes]"
 
 
+def context_texts(replies: Sequence[ToolReply]) -> list[str]:
+    """The additional contexts of the replies, in order, each as one text (for formats that
+    add them to the conversation as user text)."""
+    return [
+        "\n".join(block_text(block) for block in context.content)
+        for reply in replies
+        for context in reply.additional_contexts
+    ]
+
+
 def failure_text(code: str, message: str) -> str:
     """How a failure reads to a model: the code first, so that it can act on it."""
     return f"Error [{code}]: {message}" if code else f"Error: {message}"

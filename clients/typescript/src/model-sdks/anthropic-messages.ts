@@ -16,8 +16,7 @@ export interface MessagesClient {
 }
 
 /** `tools` for `messages.create`: one client tool per wire schema. */
-export function toolDefinitions(tools: AgentTools | readonly WireSchema[]): Block[] {
-  const schemas = Array.isArray(tools) ? tools : (tools as AgentTools).schemas;
+export function toolDefinitions(schemas: readonly WireSchema[]): Block[] {
   return schemas.map((s) => ({ name: s.name, description: s.description, input_schema: s.parameters }));
 }
 
@@ -70,7 +69,7 @@ export function run(anthropic: MessagesClient, tools: AgentTools, opts: Messages
   const base = {
     model: opts.model,
     max_tokens: opts.maxTokens ?? 4096,
-    tools: toolDefinitions(tools),
+    tools: toolDefinitions(tools.schemas),
     ...(system ? { system } : {}),
     ...opts.options,
   };

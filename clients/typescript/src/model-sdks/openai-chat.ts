@@ -4,7 +4,7 @@
  * A tool message carries text only: an image in a result reaches the model as a placeholder.
  */
 import { runLoop, type LoopResult } from "./loop";
-import { blockText, type AgentTools, type ModelCall, type ToolReply, type WireSchema } from "./tools";
+import { contextTexts, type AgentTools, type ModelCall, type ToolReply, type WireSchema } from "./tools";
 
 type Message = Record<string, unknown>;
 
@@ -14,8 +14,7 @@ export interface ChatClient {
 }
 
 /** `tools` for `chat.completions.create`: one function tool per wire schema. */
-export function toolDefinitions(tools: AgentTools | readonly WireSchema[]): Message[] {
-  const schemas = Array.isArray(tools) ? tools : (tools as AgentTools).schemas;
+export function toolDefinitions(schemas: readonly WireSchema[]): Message[] {
   return schemas.map((s) => ({
     type: "function",
     function: { name: s.name, description: s.description, parameters: s.parameters },
@@ -40,9 +39,7 @@ export function callsOf(response: unknown): ModelCall[] {
 /** One `tool` message per reply, then one user message per additional context. */
 export function toolMessages(replies: readonly ToolReply[]): Message[] {
   const messages: Message[] = replies.map((r) => ({ role: "tool", tool_call_id: r.call.callId, content: r.text }));
-  for (const r of replies) {
-    for (const c of r.additionalContexts) messages.push({ role: "user", content: c.content.map(blockText).join("\n") });
-  }
+  for (const text of contextTexts(replies)) messages.push({ role: "user", content: text });
   return messages;
 }
 
@@ -66,7 +63,7 @@ export function run(openai: ChatClient, tools: AgentTools, opts: ChatRunOptions)
   } else {
     conversation = [...opts.messages];
   }
-  const base = { model: opts.model, tools: toolDefinitions(tools), ...opts.options };
+  const base = { model: opts.model, tools: toolDefinitions(tools.schemas), ...opts.options };
   return runLoop<Message, unknown>(
     {
       create: async (messages) => openai.chat.completions.create({ ...base, messages }),

@@ -8,7 +8,7 @@
  * The full conversation is sent on every request.
  */
 import { runLoop, type LoopResult } from "./loop";
-import { blockText, type AgentTools, type ModelCall, type ToolReply, type WireSchema } from "./tools";
+import { blockText, contextTexts, type AgentTools, type ModelCall, type ToolReply, type WireSchema } from "./tools";
 
 type Item = Record<string, unknown>;
 
@@ -17,14 +17,10 @@ export interface ResponsesClient {
   responses: { create(body: any): PromiseLike<unknown> };
 }
 
-function schemasOf(tools: AgentTools | readonly WireSchema[]): readonly WireSchema[] {
-  return Array.isArray(tools) ? tools : (tools as AgentTools).schemas;
-}
-
 /** `tools` for `responses.create`: one function tool per wire schema. */
-export function toolDefinitions(tools: AgentTools | readonly WireSchema[]): Item[] {
+export function toolDefinitions(schemas: readonly WireSchema[]): Item[] {
   // strict: false — the registry validates; strict mode would rewrite the schema.
-  return schemasOf(tools).map((s) => ({
+  return schemas.map((s) => ({
     type: "function",
     name: s.name,
     description: s.description,
@@ -61,11 +57,7 @@ function output(reply: ToolReply): string | Item[] {
 /** `function_call_output` items for the replies, then a user message per additional context. */
 export function inputItems(replies: readonly ToolReply[]): Item[] {
   const items: Item[] = replies.map((r) => ({ type: "function_call_output", call_id: r.call.callId, output: output(r) }));
-  for (const r of replies) {
-    for (const c of r.additionalContexts) {
-      items.push({ role: "user", content: [{ type: "input_text", text: c.content.map(blockText).join("\n") }] });
-    }
-  }
+  for (const text of contextTexts(replies)) items.push({ role: "user", content: [{ type: "input_text", text }] });
   return items;
 }
 
@@ -83,7 +75,7 @@ export interface ResponsesRunOptions {
 /** Runs `openai.responses.create` with the agent's tools until the model answers. */
 export function run(openai: ResponsesClient, tools: AgentTools, opts: ResponsesRunOptions): Promise<LoopResult<Item, unknown>> {
   const instructions = opts.instructions ?? (tools.instructions || undefined);
-  const base = { model: opts.model, tools: toolDefinitions(tools), ...(instructions ? { instructions } : {}), ...opts.options };
+  const base = { model: opts.model, tools: toolDefinitions(tools.schemas), ...(instructions ? { instructions } : {}), ...opts.options };
   const conversation: Item[] = typeof opts.input === "string" ? [{ role: "user", content: opts.input }] : [...opts.input];
   return runLoop<Item, unknown>(
     {

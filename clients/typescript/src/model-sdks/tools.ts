@@ -63,6 +63,11 @@ export function blockText(block: ContentBlock): string {
   }
 }
 
+/** The replies' additional contexts, in order, each as one text (added as user text). */
+export function contextTexts(replies: readonly ToolReply[]): string[] {
+  return replies.flatMap((r) => r.additionalContexts.map((c) => c.content.map(blockText).join("\n")));
+}
+
 /** How a failure reads to a model: the code first, so that it can act on it. */
 export function failureText(code: string, message: string): string {
   return code ? `Error [${code}]: ${message}` : `Error: ${message}`;
