@@ -142,7 +142,13 @@ async def test_the_scripted_model_refuses_what_its_script_cannot_answer(
     messages = AsyncAnthropic(base_url=scripted.url, api_key="scripted", max_retries=0)
     with pytest.raises(anthropic.NotFoundError, match="no script"):
         await messages.messages.create(model="nope", max_tokens=10, messages=[])
-    for bad in ([], {"m": []}, {"m": [{"call": {}}]}, {"m": [{"say": "a", "call": {"name": "x"}}]}):
+    bad_scripts: list[object] = [
+        [],
+        {"m": []},
+        {"m": [{"call": {}}]},
+        {"m": [{"say": "a", "call": {"name": "x"}}]},
+    ]
+    for bad in bad_scripts:
         with pytest.raises(ValueError, match=r"script|turn|call"):
             check_script(bad)
     assert json.dumps(scripted.recorded())  # every request was recorded as JSON
