@@ -66,4 +66,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
             return 2
     language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
-    return asyncio.run(run_demo(program, language, args.model, args.model_name))
+    if not args.model:
+        return asyncio.run(run_demo(program, language))
+    from codemode_cli.demo_model import ModelFailed
+
+    try:
+        return asyncio.run(run_demo(program, language, args.model, args.model_name))
+    except ModelFailed as exc:
+        print(f"codemode demo: {exc}", file=sys.stderr)
+        return 1

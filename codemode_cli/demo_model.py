@@ -29,6 +29,10 @@ TASK = (
 MAX_TURNS = 8
 
 
+class ModelFailed(Exception):
+    """The model's API refused or failed a request (the vendor SDK's error, in words)."""
+
+
 def missing_key(model: str) -> str | None:
     """The environment variable a real model needs and lacks, else None."""
     key = KEYS.get(model)
@@ -78,7 +82,12 @@ async def model_walkthrough(
         print(f"{agent} (mode code, {language}) · model: {model} ({name})")
         print(f"  schemas the model sees: {[s.name for s in tools.schemas]}")
         print(f"  task: {TASK}\n")
-        result = await _run(model, name, tools, program)
+        try:
+            result = await _run(model, name, tools, program)
+        except Exception as exc:
+            if type(exc).__module__.partition(".")[0] not in ("openai", "anthropic"):
+                raise
+            raise ModelFailed(f"the {model} model {name!r} failed: {exc}") from exc
         for reply in result.replies:
             status = f"error {reply.code}" if reply.is_error else "ok"
             print(f"tool call {reply.call.name} [{reply.call_id}]: {status}")
