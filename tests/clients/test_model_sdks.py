@@ -38,6 +38,7 @@ SCRIPT = {
             "call": [
                 {"name": "delete_everything", "arguments": {"path": "/"}},
                 {"name": "run_code", "arguments_text": '{"code": "return 1", '},
+                {"name": "run_code", "arguments": [1, 2]},
             ]
         },
         {"say": "I read: {result}"},
@@ -193,22 +194,23 @@ async def test_run_code_through_each_api_reaches_the_registry_and_the_model(
 async def test_bad_model_output_is_a_tool_error_the_model_reads(api: str, world: World) -> None:
     result = await run(api, world, world.code_agent, "bad-output")
     assert result.stop == "answered"
-    unknown, malformed = result.replies
+    unknown, malformed, not_object = result.replies
     assert (unknown.is_error, unknown.code) == (True, "UNKNOWN_TOOL")
     assert unknown.text.startswith("Error [UNKNOWN_TOOL]: ")
     assert (malformed.is_error, malformed.code) == (True, "INVALID_JSON")
     assert malformed.text.startswith("Error [INVALID_JSON]: ")
+    assert (not_object.is_error, not_object.code) == (True, "INVALID_ARGS")  # the registry's
     (_, second) = world.model.recorded()
     sent = tool_results_sent(api, second)
-    assert [s["text"] for s in sent] == [unknown.text, malformed.text]
+    assert [s["text"] for s in sent] == [unknown.text, malformed.text, not_object.text]
     if api == "messages":
-        assert [s["is_error"] for s in sent] == [True, True]
-    assert result.text == f"I read: {malformed.text}"
-    # The unknown tool reached the registry and was refused at creation; the malformed call
-    # was refused before anything ran.
+        assert [s["is_error"] for s in sent] == [True, True, True]
+    assert result.text == f"I read: {not_object.text}"
+    # The unknown tool reached the registry and was refused at creation, the arguments that
+    # are not an object failed validation; the malformed call was refused before anything ran.
     history = await world.client.history(world.code_agent)
     results = [r for r in history if r.kind == "tool/result"]
-    assert [r.tool_name for r in results] == ["delete_everything"]
+    assert [r.tool_name for r in results] == ["delete_everything", "run_code"]
 
 
 @pytest.mark.parametrize("api", APIS)

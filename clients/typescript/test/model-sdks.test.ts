@@ -36,6 +36,7 @@ const SCRIPT = {
       call: [
         { name: "delete_everything", arguments: { path: "/" } },
         { name: "run_code", arguments_text: '{"code": "return 1", ' },
+        { name: "run_code", arguments: [1, 2] },
       ],
     },
     { say: "I read: {result}" },
@@ -175,18 +176,19 @@ describe("model SDK adapters with the vendors' SDK clients and the scripted mode
       const before = (await recorded()).length;
       const result = await run(api, tools, "bad-output");
       assert.equal(result.stop, "answered");
-      const [unknown, malformed] = result.replies;
+      const [unknown, malformed, notObject] = result.replies;
       assert.deepEqual([unknown.isError, unknown.code], [true, "UNKNOWN_TOOL"]);
       assert.ok(unknown.text.startsWith("Error [UNKNOWN_TOOL]: "), unknown.text);
       assert.deepEqual([malformed.isError, malformed.code], [true, "INVALID_JSON"]);
       assert.ok(malformed.text.startsWith("Error [INVALID_JSON]: "), malformed.text);
+      assert.deepEqual([notObject.isError, notObject.code], [true, "INVALID_ARGS"]); // the registry's validation
       const sent = resultsSent(api, (await recorded()).slice(before)[1].body);
       assert.deepEqual(
         sent.map((s) => s.text),
-        [unknown.text, malformed.text],
+        [unknown.text, malformed.text, notObject.text],
       );
-      if (api === "messages") assert.deepEqual(sent.map((s) => s.isError), [true, true]);
-      assert.equal(result.text, `I read: ${malformed.text}`);
+      if (api === "messages") assert.deepEqual(sent.map((s) => s.isError), [true, true, true]);
+      assert.equal(result.text, `I read: ${notObject.text}`);
     });
 
     it(`${api}: the loop is bounded`, async () => {

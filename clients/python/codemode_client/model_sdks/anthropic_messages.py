@@ -12,6 +12,7 @@ A failure is a `tool_result` with `is_error: true` whose text names the Codemode
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,14 +43,11 @@ def calls_of(response: Any) -> list[ModelCall]:
     for block in field_of(response, "content", None) or ():
         if field_of(block, "type") == "tool_use":
             arguments = field_of(block, "input")
+            if not (isinstance(arguments, Mapping | str) or arguments is None):
+                # Not an object (a list, a number): sent as JSON for the registry to refuse.
+                arguments = json.dumps(arguments, default=str)
             calls.append(
-                ModelCall(
-                    field_of(block, "id", ""),
-                    field_of(block, "name", ""),
-                    arguments
-                    if isinstance(arguments, Mapping | str) or arguments is None
-                    else str(arguments),
-                )
+                ModelCall(field_of(block, "id", ""), field_of(block, "name", ""), arguments)
             )
     return calls
 
