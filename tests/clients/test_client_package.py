@@ -69,7 +69,8 @@ async def main(address: str) -> dict:
         program = "print('calling')\\nreturn await tools.repeat({'word': 'ab', 'times': 3})"
         result = await client.run_code(program, "repeat a word", agent=agent.name)
         tools = {t.name: t for t in await client.list_tools()}
-        chat_tools = openai_chat.tool_definitions(await AgentTools.load(client, agent.name))
+        agent_tools = await AgentTools.load(client, agent.name)
+        chat_tools = openai_chat.tool_definitions(agent_tools.schemas)
     return {
         "missing": missing, "chat_tools": [t["function"]["name"] for t in chat_tools],
         "value": result.value, "text": result.text,
