@@ -200,7 +200,7 @@ describe("model SDK adapters with the vendors' SDK clients and the scripted mode
 });
 
 describe("AI SDK tools", () => {
-  it("generateText calls run_code through the registry; a bad call is a tool error to the model", async () => {
+  it("generateText calls run_code through the registry; bad calls are tool errors to the model", async () => {
     const { generateText, stepCountIs } = await import("ai");
     const { MockLanguageModelV4 } = await import("ai/test");
     const agent = await codeAgent();
@@ -220,6 +220,8 @@ describe("AI SDK tools", () => {
             content: [
               { type: "tool-call", toolCallId: "ai-1", toolName: "run_code", input: JSON.stringify({ code: PROGRAM, description: "Add" }) },
               { type: "tool-call", toolCallId: "ai-2", toolName: "run_code", input: JSON.stringify({ code: "raise ValueError('boom')", description: "x" }) },
+              { type: "tool-call", toolCallId: "ai-3", toolName: "run_code", input: '{"code": ' },
+              { type: "tool-call", toolCallId: "ai-4", toolName: "delete_everything", input: "{}" },
             ],
             finishReason: { unified: "tool-calls", raw: "tool_calls" },
             usage,
@@ -231,10 +233,18 @@ describe("AI SDK tools", () => {
     });
     const result = await generateText({ model: mock, tools: await aiSdkTools(tools), prompt: "add", stopWhen: stepCountIs(4) });
     assert.equal(result.text, "done");
-    const outputs = result.steps[0].content.filter((p) => p.type === "tool-result" || p.type === "tool-error");
+    const outputs = result.steps[0].content
+      .filter((p) => p.type === "tool-result" || p.type === "tool-error")
+      .sort((a, b) => a.toolCallId.localeCompare(b.toolCallId)); // the SDK reports invalid calls first
+    // The malformed and the unknown call are the AI SDK's own tool errors: no crash, no call.
     assert.deepEqual(
-      outputs.map((p) => p.type),
-      ["tool-result", "tool-error"],
+      outputs.map((p) => [p.type, p.toolCallId]),
+      [
+        ["tool-result", "ai-1"],
+        ["tool-error", "ai-2"],
+        ["tool-error", "ai-3"],
+        ["tool-error", "ai-4"],
+      ],
     );
     assert.equal((outputs[0] as { output: unknown }).output, "added\n5");
     assert.match(String((outputs[1] as { error: unknown }).error), /Error \[CODE_RUN_FAILED\]: .*boom/s);
