@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.cordis:
+        if args.model:
+            print("codemode demo: --model drives the code-mode demo, not --cordis", file=sys.stderr)
+            return 2
         if args.language == "typescript" or args.program:
             print(
                 "codemode demo: --cordis runs its own Python programs (host halves are Python)",

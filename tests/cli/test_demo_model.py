@@ -50,6 +50,8 @@ def test_a_real_model_without_its_key_is_a_usage_error(model: str, key: str) -> 
     done = _demo("--model", model)
     assert done.returncode == 2
     assert f"--model {model} needs {key}" in done.stderr
+    cordis = _demo("--model", "scripted", "--cordis")
+    assert cordis.returncode == 2 and "not --cordis" in cordis.stderr
 
 
 @pytest.mark.parametrize(

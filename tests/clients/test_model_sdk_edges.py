@@ -124,6 +124,15 @@ async def test_an_unusable_call_id_is_replaced_and_a_missing_agent_raises(
         await tools.call(ModelCall("c1", "screenshot", {}))
 
 
+async def test_a_sync_vendor_client_is_refused_with_a_clear_error(
+    client: RegistryClient, scripted: ScriptedModel
+) -> None:
+    tools = await AgentTools.load(client, "agents/viewer")
+    sync = openai.OpenAI(base_url=f"{scripted.url}/v1", api_key="scripted", max_retries=0)
+    with pytest.raises(TypeError, match="async client"):
+        await openai_chat.run(sync, tools, model="short", messages="hi")
+
+
 async def test_the_scripted_model_refuses_what_its_script_cannot_answer(
     scripted: ScriptedModel,
 ) -> None:

@@ -10,6 +10,7 @@ other, in the order the model made them, so that their history reads in that ord
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
@@ -39,12 +40,17 @@ class VendorRequest:
 
     conversation_key: ClassVar[str]
 
-    def __init__(self, create: Callable[..., Awaitable[Any]], options: dict[str, Any]) -> None:
+    def __init__(
+        self, create: Callable[..., Awaitable[Any] | Any], options: dict[str, Any]
+    ) -> None:
         self._create = create
         self._options = options
 
     async def create(self, conversation: list[Any]) -> Any:
-        return await self._create(**{self.conversation_key: conversation}, **self._options)
+        reply = self._create(**{self.conversation_key: conversation}, **self._options)
+        if not inspect.isawaitable(reply):
+            raise TypeError("pass the vendor's async client (AsyncOpenAI, AsyncAnthropic)")
+        return await reply
 
 
 @dataclass
