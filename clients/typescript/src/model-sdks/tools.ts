@@ -12,7 +12,7 @@ import { randomUUID } from "node:crypto";
 import { status as GrpcStatus } from "@grpc/grpc-js";
 import { CodemodeError } from "../errors";
 import type { AdditionalContext, ContentBlock } from "../gen/codemode/registry/v1/tool";
-import { parseJson, stringifyJson, type JsonObject, type JsonValue } from "../json";
+import { stringifyJson, type JsonObject, type JsonValue } from "../json";
 import type { RegistryClient, ToolCallResult } from "../registry";
 
 const MAX_CALL_ID_BYTES = 512; // the registry's limit on a call id
@@ -132,7 +132,10 @@ export class AgentTools {
     const wire = await client.getWireSchemas(agent, language);
     const prompt = await client.getSystemPrompt(agent, language);
     const schemas = wire.schemas.map((s) => {
-      const parameters = parseJson(s.parametersJson);
+      // JSON.parse, not the lossless codec: the schema goes to a vendor SDK's JSON.stringify,
+      // which throws on a bigint; a bound past 2^53 shown inexactly to a model is harmless,
+      // the registry validates the arguments exactly.
+      const parameters = JSON.parse(s.parametersJson) as JsonValue;
       const object = parameters !== null && typeof parameters === "object" && !Array.isArray(parameters);
       return { name: s.name, description: s.description, parameters: object ? parameters : { type: "object" } };
     });
