@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from codemode_cli.demo_model import model_walkthrough
 from codemode_cli.processes import running
 from codemode_cli.trace import find_call, render
 from codemode_client import open_channel
@@ -74,8 +75,16 @@ def _tree(
     return [("└─ " if i == len(rows) - 1 else "├─ ") + row for i, row in enumerate(rows)]
 
 
-async def run_demo(program: str | None = None, language: str = "python") -> int:
+async def run_demo(
+    program: str | None = None,
+    language: str = "python",
+    model: str | None = None,
+    model_name: str | None = None,
+) -> int:
+    """`model`: none for the scripted walkthrough below, else a model drives the agent
+    (`scripted`, `openai`, `anthropic`: codemode_cli.demo_model)."""
     program = program or PROGRAMS[language]
+    call_id = "call-1"
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = str(Path(tmp) / "traces.jsonl")
         runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": trace_file}
@@ -107,15 +116,21 @@ async def run_demo(program: str | None = None, language: str = "python") -> int:
                 async with running(
                     "-m", "codemode_client.demo_tools", registry.address, ready="ready"
                 ):
-                    await _walkthrough(
-                        rpb_grpc.RegistryServiceStub(channel), program, language, port
-                    )
+                    if model is None:
+                        await _walkthrough(
+                            rpb_grpc.RegistryServiceStub(channel), program, language, port
+                        )
+                    else:
+                        call_id = await model_walkthrough(
+                            registry.address, language, model, model_name, program
+                        )
             finally:
                 await channel.close()
                 await registry.stop(1)
                 telemetry.shutdown()
         # The runtime has exited: its spans are flushed.
-        _print_trace(trace_file, "call-1", telemetry.destination)
+        if call_id:
+            _print_trace(trace_file, call_id, telemetry.destination)
     return 0
 
 

@@ -23,10 +23,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the agent's program language: the built-in program in it, or --program's "
         "(default: --program's extension, else python)",
     )
+    parser.add_argument(
+        "--model",
+        choices=("scripted", "openai", "anthropic"),
+        help="a model drives the agent through the client's model SDK adapters: the scripted "
+        "model on loopback (offline, no key), or OpenAI / Anthropic with OPENAI_API_KEY / "
+        "ANTHROPIC_API_KEY (default: the demo calls run_code itself)",
+    )
+    parser.add_argument(
+        "--model-name",
+        help="the model to ask (default: gpt-5-mini for openai, claude-sonnet-4-5 for anthropic)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.cordis:
+        if args.model:
+            print("codemode demo: --model drives the code-mode demo, not --cordis", file=sys.stderr)
+            return 2
         if args.language == "typescript" or args.program:
             print(
                 "codemode demo: --cordis runs its own Python programs (host halves are Python)",
@@ -36,6 +50,14 @@ def run(args: argparse.Namespace) -> int:
         from codemode_cli.demo_cordis import run_cordis_demo
 
         return asyncio.run(run_cordis_demo())
+    if args.model:
+        from codemode_cli.demo_model import missing_key
+
+        key = missing_key(args.model)
+        if key is not None:
+            print(f"codemode demo: --model {args.model} needs {key} (or use --model scripted)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     from codemode_cli.demo import run_demo  # imports grpc and both services
 
     program = None
@@ -47,4 +69,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
             return 2
     language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
-    return asyncio.run(run_demo(program, language))
+    if not args.model:
+        return asyncio.run(run_demo(program, language))
+    from codemode_cli.demo_model import ModelFailed
+
+    try:
+        return asyncio.run(run_demo(program, language, args.model, args.model_name))
+    except ModelFailed as exc:
+        print(f"codemode demo: {exc}", file=sys.stderr)
+        return 1

@@ -42,18 +42,16 @@ import codemode_client, codemode_wire
 from codemode_wire import host_facade  # its JSON is package data
 from codemode_client import RegistryClient, ToolProvider, open_channel
 
-modules = []
+modules, missing = [], {}
 for package in (codemode_client, codemode_wire):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-        if info.name == "codemode_client.testing.plugin":
-            continue  # the testing extra's: it needs pytest
-        importlib.import_module(info.name)
-        modules.append(info.name)
-try:
-    importlib.import_module("codemode_client.testing.plugin")
-    plugin = "imported"
-except ImportError as exc:
-    plugin = exc.name
+        try:
+            importlib.import_module(info.name)
+            modules.append(info.name)
+        except ModuleNotFoundError as exc:  # an optional extra's module
+            missing[info.name] = exc.name
+plugin = missing.get("codemode_client.testing.plugin", "imported")
+from codemode_client.model_sdks import AgentTools, openai_chat  # no vendor SDK needed
 
 servers = []
 for name in ("codemode_common", "registry_service", "runtime_service", "codemode_cli"):
@@ -80,7 +78,10 @@ async def main(address: str) -> dict:
         program = "print('calling')\\nreturn await tools.repeat({'word': 'ab', 'times': 3})"
         result = await client.run_code(program, "repeat a word", agent=agent.name)
         tools = {t.name: t for t in await client.list_tools()}
+        agent_tools = await AgentTools.load(client, agent.name)
+        chat_tools = openai_chat.tool_definitions(agent_tools.schemas)
     return {
+        "missing": missing, "chat_tools": [t["function"]["name"] for t in chat_tools],
         "value": result.value, "text": result.text,
         "schema": json.loads(tools["repeat"].input_schema_json),
         "modules": modules, "servers": servers, "executable": sys.executable,
@@ -172,6 +173,13 @@ def _install_client(tmp_path: Path, wheel: Path, copied: set[str]) -> Path:
         [*PIP, "--python", python, "install", "--no-deps", "--no-index", wheel], check=True
     )
     _add_requirements(python, venv, "", copied)
+    declared = metadata.PathDistribution(
+        next(_site_packages(venv).glob("codemode_client-*.dist-info"))
+    ).requires
+    assert declared is not None
+    # The extras (model SDKs) are declared but not part of the base install.
+    assert {"openai", "anthropic", "pydantic-ai-slim"} <= {Requirement(r).name for r in declared}
+    assert not copied & {"openai", "anthropic", "pydantic-ai-slim"}
     return python
 
 
@@ -275,6 +283,13 @@ async def test_the_client_wheel_works_alone_against_live_services(
     )
     assert report["facade"] >= 1  # host_facade.json ships in the wheel
     assert report["plugin"] == "pytest"  # only the testing extra's plugin needs pytest
+    # The base client needs no model SDK: only the pydantic-ai toolset needs its extra.
+    assert report["missing"] == {
+        "codemode_client.testing.plugin": "pytest",
+        "codemode_client.model_sdks.pydantic_ai_toolset": "pydantic_ai",
+    }
+    assert "codemode_client.model_sdks.openai_responses" in report["modules"]
+    assert report["chat_tools"] == ["run_code"]
     assert report["value"] == {"logs": ["calling"], "result": "ababab"}
     assert report["text"] == "calling\nababab"
     assert report["schema"]["required"] == ["word", "times"]  # derived by pydantic there

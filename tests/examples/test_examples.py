@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
@@ -59,6 +60,16 @@ def stated_value(path: Path) -> object:
     lines = _uncommented(path)
     index = next(i for i, line in enumerate(lines) if line.endswith("Its value:"))
     return json.loads(lines[index + 1])
+
+
+# The model example's vendor clients, as pinned by the client's tests.
+TS_MODEL_VERSIONS = {"openai": "7.55.0", "@anthropic-ai/sdk": "1.10.0"}
+MODEL_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+
+def _offline(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the model keys: the model examples then use the scripted model."""
+    return {k: v for k, v in env.items() if k not in MODEL_KEYS}
 
 
 @dataclass
@@ -160,6 +171,28 @@ def test_the_python_client_example_prints_what_it_says(stack: Stack) -> None:
     assert quoted is not None and quoted.group(1) == expected[0]
 
 
+def _model_example_says(tools: str, run: int) -> list[str]:
+    """What a model example prints on its `run`-th run with the scripted model: the tools it
+    offered, run_code's success, the answer built from the result, the growing history."""
+    return [
+        f"model: scripted · tools: {tools}",
+        "tool call run_code: ok",
+        "answer: The sum is 42.",
+        f"history: {run} run_code calls so far",
+    ]
+
+
+def test_the_python_model_example_runs_twice_against_the_scripted_model(stack: Stack) -> None:
+    for run in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "model_agent.py"), stack.address],
+            capture_output=True, text=True, timeout=120, env=_offline(stack.env), cwd=stack.tmp,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == _model_example_says("['run_code']", run)
+
+
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
 def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     stack: Stack, tmp_path: Path
@@ -176,9 +209,11 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     project = tmp_path / "project"
     project.mkdir()
     npm("init", "-y", cwd=project)
-    pins = [f"{name}@{version}" for name, version in TS_VERSIONS.items()]
+    versions = {**TS_VERSIONS, **TS_MODEL_VERSIONS}
+    pins = [f"{name}@{version}" for name, version in versions.items()]
     npm("install", "--prefer-offline", "--no-audit", "--no-fund", str(tarball), *pins, cwd=project)
     shutil.copy(EXAMPLES / "typescript" / "client.ts", project / "client.ts")
+    shutil.copy(EXAMPLES / "typescript" / "model_agent.ts", project / "model_agent.ts")
     # The testing kit is the package's `./testing` export, types included.
     (project / "kit.ts").write_text(
         'import { TurnScript, runCode, useCodemode } from "@codemode/client/testing";\n'
@@ -188,7 +223,7 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
     tsc = project / "node_modules" / ".bin" / "tsc"
     compiled = subprocess.run(
         [str(tsc), "--strict", "--module", "node16", "--target", "es2022", "--types", "node",
-         "client.ts", "kit.ts"],
+         "client.ts", "kit.ts", "model_agent.ts"],
         capture_output=True, text=True, timeout=180, cwd=project, check=False,
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
@@ -196,6 +231,7 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
         ["node", "kit.js"], capture_output=True, text=True, timeout=60, cwd=project, check=False
     )
     assert loaded.stdout == "function true\n", loaded.stderr
+    _run_the_typescript_model_example(stack, project)
     expected = printed_lines(EXAMPLES / "typescript" / "client.ts")
     for _ in range(2):
         done = subprocess.run(
@@ -204,3 +240,24 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines() == expected
+
+
+def _run_the_typescript_model_example(stack: Stack, project: Path) -> None:
+    script = EXAMPLES / "models" / "scripted.json"
+    model, ready = spawn(
+        [sys.executable, "-m", "codemode_cli.scripted_model", "--script", str(script)],
+        stack.env, stack.tmp, stack.tmp / "scripted.err",
+    )  # fmt: skip
+    try:
+        port = ready.expect(lambda line: line.startswith("scripted model listening on port "))
+        url = f"http://127.0.0.1:{port.rsplit(' ', 1)[1]}"
+        for run in (1, 2):
+            done = subprocess.run(
+                ["node", "model_agent.js", stack.address, url],
+                capture_output=True, text=True, timeout=120, cwd=project,
+                env=_offline(dict(os.environ)), check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.splitlines() == _model_example_says("run_code", run)
+    finally:
+        _stop(model)

@@ -26,12 +26,19 @@ PROVIDED = {
 }
 OWN = {"codemode_client", "codemode_wire"}
 # An extra's packages, by import name, and the only modules that may import them (a user who
-# installs the base client never imports those modules).
+# installs the base client never imports those modules; the vendor SDK extras bring clients a
+# user passes in, which no module imports).
 EXTRAS: dict[str, tuple[dict[str, set[str]], set[str]]] = {
     "testing": (
         {"pytest": {"pytest"}, "pytest-asyncio": {"pytest_asyncio"}},
         {"codemode_client/testing/plugin.py"},
     ),
+    "pydantic-ai": (
+        {"pydantic-ai-slim": {"pydantic_ai", "pydantic_core"}},
+        {"codemode_client/model_sdks/pydantic_ai_toolset.py"},
+    ),
+    "openai": ({"openai": set()}, set()),
+    "anthropic": ({"anthropic": set()}, set()),
 }
 
 
@@ -45,6 +52,7 @@ def _declared() -> set[str]:
 def _extras(path: str) -> set[str]:
     """The import names the extras that own module `path` add."""
     project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+    assert set(project["optional-dependencies"]) == set(EXTRAS), "map a new extra in EXTRAS"
     names: set[str] = set()
     for extra, (provided, modules) in EXTRAS.items():
         specs = project["optional-dependencies"][extra]

@@ -306,15 +306,20 @@ class RegistryClient:
         call_id: str | None = None,
         deadline: float | None = None,
         progress: Progress = "all",
+        arguments_json: str | None = None,
     ) -> AsyncIterator[rpb.ExecuteToolCallResponse]:
         """Streams the call's events, one at a time; the last one carries `result`. `progress`
         chooses which events come before it ("none": the result only, one message per event
-        saved). Events the registry sends as a batch are yielded one by one, in order."""
+        saved). Events the registry sends as a batch are yielded one by one, in order.
+        `arguments_json`: the arguments as JSON text, sent untouched instead of `arguments` (a
+        model's tool call: the registry, not this client, judges text that is not JSON)."""
+        if arguments_json is None:
+            arguments_json = jsonvalue.dumps({} if arguments is None else arguments)
         request = rpb.ExecuteToolCallRequest(
             agent=agent,
             call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
             tool_name=tool,
-            arguments_json=jsonvalue.dumps({} if arguments is None else arguments),
+            arguments_json=arguments_json,
             progress_events=_PROGRESS[progress],
             batch_progress=True,
             share_logs=True,  # restored below: callers see every result whole
@@ -339,10 +344,17 @@ class RegistryClient:
         call_id: str | None = None,
         deadline: float | None = None,
         progress: Progress = "all",
+        arguments_json: str | None = None,
     ) -> ToolCallResult:
         events: list[rpb.ExecuteToolCallResponse] = []
         async for event in self.execute(
-            tool, arguments, agent=agent, call_id=call_id, deadline=deadline, progress=progress
+            tool,
+            arguments,
+            agent=agent,
+            call_id=call_id,
+            deadline=deadline,
+            progress=progress,
+            arguments_json=arguments_json,
         ):
             if event.WhichOneof("event") == "result":
                 return ToolCallResult.from_proto(event.result, events)

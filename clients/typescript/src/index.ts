@@ -78,3 +78,13 @@ export {
 export * as registryV1 from "./gen/codemode/registry/v1/registry_service";
 export * as pageRunnerV1 from "./gen/codemode/registry/v1/page_runner";
 export { tlsCredentials, type ChannelCredentials, type TlsMaterial } from "./tls";
+/**
+ * Model SDK adapters: OpenAI Responses and Chat Completions, Anthropic Messages. AI SDK tools
+ * are a separate entry, `@codemode/client/ai-sdk`, so that the types of `ai` (an optional peer)
+ * are needed only where it is used.
+ */
+export { AgentTools, blockText, contextTexts, failureText, type ModelCall, type ToolReply, type WireSchema } from "./model-sdks/tools";
+export { runLoop, type Dialect, type LoopResult } from "./model-sdks/loop";
+export * as openaiResponses from "./model-sdks/openai-responses";
+export * as openaiChat from "./model-sdks/openai-chat";
+export * as anthropicMessages from "./model-sdks/anthropic-messages";

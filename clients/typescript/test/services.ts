@@ -17,8 +17,8 @@ export interface Service {
 }
 
 /**
- * Spawns `python -m <module> --listen 127.0.0.1:<port>` (default port 0: any free one) and waits
- * for `<ready><port>` on stdout.
+ * Spawns `python -m <module> --listen 127.0.0.1:<port> <args...>` (default port 0: any free
+ * one) and waits for `<ready><port>` on stdout.
  */
 export function startService(
   module: string,
@@ -26,9 +26,10 @@ export function startService(
   env: Record<string, string> = {},
   timeoutMs = 30_000,
   port = 0,
+  args: string[] = [],
 ): Promise<Service> {
   if (!existsSync(PYTHON)) throw new Error(`no Python at ${PYTHON} (run scripts/bootstrap or set CODEMODE_PYTHON)`);
-  const proc = spawn(PYTHON, ["-m", module, "--listen", `127.0.0.1:${port}`], {
+  const proc = spawn(PYTHON, ["-m", module, "--listen", `127.0.0.1:${port}`, ...args], {
     cwd: REPO_ROOT,
     env: { ...process.env, PYTHONUNBUFFERED: "1", ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -102,4 +103,9 @@ export function quicklyReconnectingClient(port: number): RegistryClient {
     executeTimeoutMs: 30_000,
     channelOptions: { "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 200 },
   });
+}
+
+/** The scripted model (codemode_cli/scripted_model.py) serving `script` on 127.0.0.1. */
+export function startScriptedModel(scriptFile: string): Promise<Service> {
+  return startService("codemode_cli.scripted_model", "scripted model listening on port ", {}, 30_000, 0, ["--script", scriptFile]);
 }
