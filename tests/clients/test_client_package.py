@@ -210,12 +210,21 @@ def test_the_wheel_has_full_metadata(tmp_path: Path) -> None:
     classifiers = set(meta.get_all("Classifier") or [])
     assert {"Programming Language :: Python :: 3.11", "Typing :: Typed"} <= classifiers
     assert "Framework :: Pytest" in classifiers
-    assert meta.get_all("Provides-Extra") == ["testing"]
+    extras = ["testing", "openai", "anthropic", "pydantic-ai"]
+    assert sorted(meta.get_all("Provides-Extra") or []) == sorted(extras)
     requires = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
     base = {r.name for r in requires if r.marker is None}
-    testing = {r.name for r in requires if r.marker is not None}
     assert {"grpcio", "protobuf", "pydantic"} <= base and "pytest" not in base
-    assert testing == {"pytest", "pytest-asyncio"}
+    by_extra = {
+        extra: {r.name for r in requires if r.marker and r.marker.evaluate({"extra": extra})}
+        for extra in extras
+    }
+    assert by_extra == {
+        "testing": {"pytest", "pytest-asyncio"},
+        "openai": {"openai"},
+        "anthropic": {"anthropic"},
+        "pydantic-ai": {"pydantic-ai-slim"},
+    }
     assert all(r.specifier for r in requires)  # every dependency has a compatible range
     entry_points = info["entry_points.txt"]
     assert "[pytest11]" in entry_points
