@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.run_command import EXTENSIONS
 
 
@@ -32,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
                 "codemode demo: --cordis runs its own Python programs (host halves are Python)",
                 file=sys.stderr,
             )
-            return 2
+            return ExitCode.USAGE
         from codemode_cli.demo_cordis import run_cordis_demo
 
         return asyncio.run(run_cordis_demo())
-    from codemode_cli.demo import run_demo  # imports grpc and both services
+    from codemode_cli.demo import run_demo, trace_file_here  # imports grpc, both services
 
     program = None
     if args.program:
@@ -45,6 +46,6 @@ def run(args: argparse.Namespace) -> int:
                 program = handle.read()
         except OSError as exc:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
     language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
-    return asyncio.run(run_demo(program, language))
+    return asyncio.run(run_demo(program, language, trace_file_here()))

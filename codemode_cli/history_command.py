@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from codemode_cli.arguments import positive_int
+from codemode_cli.exit_codes import ExitCode, for_rpc_failure
 from codemode_cli.registry_access import (
     RPC_TIMEOUT_S,
     add_registry_argument,
@@ -60,16 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.agent and not args.call_id:
         print(f"{PROG}: error: one of --agent or --call-id is required", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         args.credentials = registry_credentials(args)
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         return asyncio.run(_history(args))
     except KeyboardInterrupt:  # before the watch's own handler is in place
-        return 0 if args.watch else 130
+        return ExitCode.OK if args.watch else ExitCode.INTERRUPTED
 
 
 async def _history(args: argparse.Namespace) -> int:
@@ -81,6 +82,10 @@ async def _history(args: argparse.Namespace) -> int:
     ) as client:
         try:
             records = await _list(client, args)
+            if not records and args.call_id and not args.watch:
+                where = f"under {agent_name(args.agent)}" if args.agent else "under any agent"
+                print(f"{PROG}: no records of call {args.call_id} {where}", file=sys.stderr)
+                return ExitCode.NOT_FOUND
             shown = records[-args.limit :] if args.limit else records
             printer = _Printer(
                 as_json=args.json,
@@ -93,11 +98,11 @@ async def _history(args: argparse.Namespace) -> int:
                 return await _watch(client, args, records, printer)
         except _UsageError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         except CodemodeError as exc:
             print(f"{PROG}: {describe_failure(exc, args.registry)}", file=sys.stderr)
-            return 2
-    return 0
+            return for_rpc_failure(exc)
+    return ExitCode.OK
 
 
 async def _list(
@@ -107,10 +112,7 @@ async def _list(
         return await client.history(agent_name(args.agent), call_id=args.call_id or "")
     agents = [a.name for a in await client.list_agents()]
     found = await asyncio.gather(*(client.history(a, call_id=args.call_id) for a in agents))
-    records = sorted((r for page in found for r in page), key=lambda r: r.seq)
-    if not records and not args.watch:
-        print(f"{PROG}: no records of call {args.call_id} under any agent", file=sys.stderr)
-    return records
+    return sorted((r for page in found for r in page), key=lambda r: r.seq)
 
 
 async def _watch(
@@ -119,7 +121,7 @@ async def _watch(
     listed: list[history_pb2.HistoryRecord],
     printer: _Printer,
 ) -> int:
-    """Follows until SIGINT/SIGTERM (status 0) or until the stream fails (2)."""
+    """Follows until SIGINT/SIGTERM (status 0) or until the stream fails (UNAVAILABLE)."""
     agents = {agent_name(args.agent)} if args.agent else {r.agent for r in listed}
     if not agents:
         raise _UsageError(
@@ -149,10 +151,10 @@ async def _watch(
             with contextlib.suppress(asyncio.CancelledError):
                 await follow
     if stop.is_set():
-        return 0
+        return ExitCode.OK
     follow.result()  # the stream failed: raises its error
     print(f"{PROG}: the registry at {args.registry} ended the watch", file=sys.stderr)
-    return 2
+    return ExitCode.UNAVAILABLE
 
 
 async def _follow(

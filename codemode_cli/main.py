@@ -1,8 +1,10 @@
 """Command-line entry point: `codemode <command>`.
 
 Each command lives in its own module that provides ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status); modules are imported only when their command runs,
-except for building the parser, so `codemode --help` stays fast.
+``run(args) -> int`` (the exit status, from codemode_cli/exit_codes.py); modules are imported
+only when their command runs, except for building the parser, so `codemode --help` stays fast.
+What every command shares (Ctrl-C, a closed stdout, the log level, the environment check) is
+handled here, in `codemode_cli.process`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 from typing import Protocol, cast
+
+from codemode_cli import process
 
 
 class Command(Protocol):
@@ -65,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codemode",
         description="Governed code-mode tool orchestration: registry + runtime over gRPC.",
+        epilog="Exit statuses: see docs/cli.md (codemode_cli/exit_codes.py).",
     )
+    process.add_global_arguments(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
@@ -74,5 +80,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return _command(args.command).run(args)
+    return process.run_command(build_parser(), argv, lambda args: _command(args.command).run(args))

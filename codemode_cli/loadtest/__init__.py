@@ -14,6 +14,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from codemode_cli import output_dir
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.loadtest import workload as w
 
 EPILOG = """\
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             "load test starts"
         )
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
+        created = output_dir.create(args.out)
         probe = args.out / ".loadtest-write-check"
         probe.write_text("")
         probe.unlink()
@@ -199,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(runner.execute(spec, options))
     except KeyboardInterrupt:
         print("\ncodemode loadtest: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except (SetupError, StartError, grpc.aio.AioRpcError) as exc:
         return runner.report_failure(exc)
+    finally:
+        output_dir.remove_if_empty(created)

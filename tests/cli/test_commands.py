@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from codemode_cli.exit_codes import ExitCode
 from tests.cli._processes import (
     CLI,
     Lines,
@@ -236,7 +237,7 @@ def test_run_takes_the_language_from_the_extension(stack: Stack) -> None:
 
 def test_run_without_the_agent_asks_for_create_agent(stack: Stack) -> None:
     done = stack.cli("run", stack.program("return 1"), "--agent", "cli-nobody")
-    assert done.returncode == 2
+    assert done.returncode == ExitCode.NOT_FOUND
     assert done.stderr.startswith("codemode run: agents/cli-nobody does not exist")
     assert "--create-agent" in done.stderr and done.stdout == ""
 
@@ -260,18 +261,18 @@ def test_history_watch_follows_new_records_until_interrupted(stack: Stack) -> No
     assert [json.loads(line)["kind"] for line in lines.seen].count("tool/call") == 2
 
 
-def test_unreachable_registry_exits_2_naming_the_address(tmp_path: Path) -> None:
+def test_unreachable_registry_exits_unavailable_naming_the_address(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     program = tmp_path / "p.py"
     program.write_text("return 1\n")
     env = service_env(tmp_path)
     done = cli("run", str(program), "--agent", "a", "--registry", address, env=env, cwd=tmp_path)
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == ExitCode.UNAVAILABLE and done.stdout == ""
     assert (
         done.stderr.strip() == f"codemode run: cannot reach the registry at {address} (UNAVAILABLE)"
     )
     listed = cli("history", "--agent", "a", "--registry", address, env=env, cwd=tmp_path)
-    assert listed.returncode == 2
+    assert listed.returncode == ExitCode.UNAVAILABLE
     assert listed.stderr.startswith(f"codemode history: cannot reach the registry at {address}")
 
 
@@ -300,7 +301,7 @@ def test_registry_and_runtime_commands_serve_until_sigterm(tmp_path: Path) -> No
         # the registry serves: its own refusal, not a connection error
         address = f"127.0.0.1:{port}"
         refused = cli("history", "--agent", "ghost", "--registry", address, env=env, cwd=tmp_path)
-        assert refused.returncode == 2
+        assert refused.returncode == ExitCode.NOT_FOUND
         assert "refused" in refused.stderr and "NOT_FOUND" in refused.stderr
     finally:
         statuses = (_stop(registry), _stop(runtime))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from codemode_cli.exit_codes import ExitCode
 from tests.cli._processes import CLI, cli, listening_port, service_env, spawn
 
 
@@ -52,8 +53,8 @@ def test_an_unknown_agent_is_refused(
         env=service_env(tmp_path),
         cwd=tmp_path,
     )
-    assert out.returncode == 2, out.stderr
-    assert "console:" in out.stderr and "agents/ghost" in out.stderr
+    assert out.returncode == ExitCode.NOT_FOUND, out.stderr
+    assert "console:" in out.stderr and "agents/ghost does not exist" in out.stderr
 
 
 def test_the_console_serves_until_its_registry_goes_away(
