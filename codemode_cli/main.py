@@ -56,7 +56,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "history": (
         "codemode_cli.history_command",
-        "list (or follow) an agent's or a call's history records",
+        "list (or follow) an agent's or a call's history records; `history export CALL_ID` "
+        "writes one call's trajectory to a file",
+    ),
+    "replay": (
+        "codemode_cli.replay_command",
+        "re-run an exported trajectory's program against its recorded tool results, with no "
+        "providers, and report the first divergent call",
     ),
 }
 
