@@ -151,6 +151,14 @@ def _usage(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    created: list[Path] = []  # the --out folders this run made: taken back if left empty
+    try:
+        return _run(args, created)
+    finally:
+        output_dir.remove_if_empty(created)
+
+
+def _run(args: argparse.Namespace, created: list[Path]) -> int:
     registries = tuple(dict.fromkeys(a for group in args.registry or () for a in group))
     nested = args.programs * args.calls
     if nested > w.MAX_NESTED_TOTAL:
@@ -165,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             "load test starts"
         )
     try:
-        created = output_dir.create(args.out)
+        created.extend(output_dir.create(args.out))
         probe = args.out / ".loadtest-write-check"
         probe.write_text("")
         probe.unlink()
@@ -204,5 +212,3 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.INTERRUPTED
     except (SetupError, StartError, grpc.aio.AioRpcError) as exc:
         return runner.report_failure(exc)
-    finally:
-        output_dir.remove_if_empty(created)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -133,3 +134,19 @@ def wait_gone(pids: set[int], timeout: float = 3) -> set[int]:
     while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def piped_to_head(
+    args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`codemode ARGS | head -c 10` under pipefail: the status is codemode's."""
+    command = " ".join(shlex.quote(a) for a in [*CLI, *args])
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | head -c 10"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )

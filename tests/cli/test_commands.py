@@ -27,6 +27,7 @@ from tests.cli._processes import (
     command_line,
     free_port,
     listening_port,
+    piped_to_head,
     service_env,
     spawn,
     wait_gone,
@@ -428,3 +429,34 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
         "console stopped",
         "registry stopped",
     ]
+
+
+def test_history_of_an_unknown_call_exits_not_found(stack: Stack) -> None:
+    done = stack.cli("history", "--call-id", "no-such-call")
+    assert done.returncode == ExitCode.NOT_FOUND and done.stdout == ""
+    assert "no records of call no-such-call under any agent" in done.stderr
+    under = stack.cli("history", "--call-id", "no-such-call", "--agent", "cli-watch-none")
+    assert under.returncode == ExitCode.NOT_FOUND
+
+
+def test_run_timeout_expiry_is_a_timeout_not_a_usage_error(stack: Stack) -> None:
+    program = stack.program("import asyncio\nawait asyncio.sleep(600)\n")
+    args = ("run", program, "--agent", "cli-slow", "--create-agent", "--timeout", "2")
+    done = stack.cli(*args)
+    assert done.returncode == ExitCode.TIMEOUT, done.stderr
+    assert "did not finish within --timeout 2 s (DEADLINE_EXCEEDED)" in done.stderr
+
+
+BIG = "return 'x' * 300_000\n"  # more than a pipe holds
+
+
+def test_run_and_history_piped_to_head_end_quietly_by_sigpipe(stack: Stack) -> None:
+    program = stack.program(BIG)
+    args = ["run", program, "--agent", "cli-pipe", "--create-agent", "--call-id", "pipe-1"]
+    ran = piped_to_head([*args, "--registry", stack.registry], stack.env, stack.tmp)
+    assert ran.returncode == ExitCode.PIPE_CLOSED, ran.stderr
+    assert ran.stderr == "" and ran.stdout == "run_code p"
+    history = ["history", "--call-id", "pipe-1", "--json", "--registry", stack.registry]
+    listed = piped_to_head(history, stack.env, stack.tmp)
+    assert listed.returncode == ExitCode.PIPE_CLOSED, listed.stderr
+    assert listed.stderr == "" and len(listed.stdout) == 10 and listed.stdout.startswith('{"seq":')
