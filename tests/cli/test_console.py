@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from codemode_cli.exit_codes import ExitCode
-from tests.cli._processes import CLI, cli, listening_port, service_env, spawn
+from tests.cli._processes import CLI, cli, free_port, listening_port, service_env, spawn
 
 
 def _stop(proc: subprocess.Popen[str]) -> int:
@@ -55,6 +55,18 @@ def test_an_unknown_agent_is_refused(
     )
     assert out.returncode == ExitCode.NOT_FOUND, out.stderr
     assert "console:" in out.stderr and "agents/ghost does not exist" in out.stderr
+
+
+def test_a_registry_that_is_down_is_told_in_our_words(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    env = service_env(tmp_path)
+    out = cli("console", "--registry", address, "--agent", "ops", env=env, cwd=tmp_path)
+    assert out.returncode == ExitCode.UNAVAILABLE, out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"codemode console: cannot reach the registry at {address} (UNAVAILABLE)"
+    )
+    assert "No connection established" not in out.stderr  # grpc-js's own text
+    assert "console listening" not in out.stdout
 
 
 def test_the_console_serves_until_its_registry_goes_away(
