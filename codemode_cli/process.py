@@ -58,7 +58,10 @@ def run_command(
         return ExitCode.USAGE
     if args.log_level:  # the services this command starts inherit it
         os.environ[process_env.LOG_LEVEL_VARIABLE] = args.log_level
-    process_env.configure_logging(level)
+    if os.environ.get(process_env.LOG_LEVEL_VARIABLE):
+        # Asked for: set up. Otherwise Python's own default (warnings and errors) is the
+        # CLI's, and a caller of `main()` keeps its logging as it was.
+        process_env.configure_logging(level)
     _check_environment()
     try:
         status = run(args)

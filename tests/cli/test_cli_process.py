@@ -22,6 +22,14 @@ from tests.cli._processes import CLI, cli, listening_port, piped_to_head, servic
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="signals and /proc")
 
 
+def _unchecked(tmp: Path, **extra: str) -> dict[str, str]:
+    """service_env without the mark of a parent that checked the variables already (a test
+    that ran `main()` in this process leaves it in os.environ)."""
+    env = {**service_env(tmp), **extra}
+    env.pop("CODEMODE_ENV_CHECKED", None)
+    return env
+
+
 def _wait(proc: subprocess.Popen[str], timeout: float = 60) -> int:
     try:
         return proc.wait(timeout)
@@ -53,7 +61,7 @@ def test_version_is_the_package_metadata_version(tmp_path: Path) -> None:
 def test_an_unknown_codemode_variable_is_warned_about_once_naming_the_closest(
     tmp_path: Path,
 ) -> None:
-    env = {**service_env(tmp_path), "CODEMODE_REGISTRY_HISTORY_PTH": "x", "CODEMODE_LOG_LEVL": "1"}
+    env = _unchecked(tmp_path, CODEMODE_REGISTRY_HISTORY_PTH="x", CODEMODE_LOG_LEVL="1")
     done = cli("trace", "c", "--file", str(tmp_path / "none.jsonl"), env=env, cwd=tmp_path)
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert warnings == [
@@ -68,14 +76,14 @@ def test_an_unknown_codemode_variable_is_warned_about_once_naming_the_closest(
         "c",
         "--file",
         str(tmp_path / "none.jsonl"),
-        env=service_env(tmp_path),
+        env=_unchecked(tmp_path),
         cwd=tmp_path,
     )
     assert "warning" not in quiet.stderr
 
 
 def test_a_service_started_alone_checks_its_own_variables(tmp_path: Path) -> None:
-    env = {**service_env(tmp_path), "CODEMODE_RUNTIME_POOL_SIZ": "2"}
+    env = _unchecked(tmp_path, CODEMODE_RUNTIME_POOL_SIZ="2")
     proc, lines = spawn(
         [sys.executable, "-m", "runtime_service", "--listen", "127.0.0.1:0"],
         env,
