@@ -144,7 +144,7 @@ def _print_trace(trace_file: str, call_id: str, destination: str) -> None:
     tree = find_call(read_spans(trace_file), call_id)
     if tree is None:
         return
-    print(f"\ntrace of {call_id} (what `codemode trace {call_id}` prints from {TRACE_FILE}):")
+    print(f"\ntrace of {call_id} (what `codemode trace {call_id}` prints from {trace_file}):")
     print("".join(f"  {line}\n" for line in render(tree)), end="")
 
 

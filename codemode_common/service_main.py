@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, service: str, env_prefix: 
     parser.add_argument(
         "--log-level",
         choices=process_env.LOG_LEVELS,
+        # Not set when not given: `codemode --log-level LEVEL registry` keeps the CLI's.
+        default=argparse.SUPPRESS,
         help=f"log level (default: ${process_env.LOG_LEVEL_VARIABLE}, else info)",
     )
 

@@ -101,16 +101,24 @@ def test_a_service_started_alone_checks_its_own_variables(tmp_path: Path) -> Non
 
 
 def test_the_log_level_setting_reaches_the_services(tmp_path: Path) -> None:
-    argv = [*CLI, "registry", "--listen", "127.0.0.1:0"]
-    for level, shows_info in (("info", True), ("warning", False)):
-        err = tmp_path / f"registry-{level}.err"
-        env = {**service_env(tmp_path), "CODEMODE_LOG_LEVEL": level}
-        proc, lines = spawn(argv, env, tmp_path, err)
+    service = ["registry", "--listen", "127.0.0.1:0"]
+    cases = [
+        ("env-info", {"CODEMODE_LOG_LEVEL": "info"}, [], " INFO ", True),
+        ("env-warning", {"CODEMODE_LOG_LEVEL": "warning"}, [], " INFO ", False),
+        ("flag-debug", {}, ["--log-level", "debug"], " DEBUG ", True),
+        ("default", {}, [], " DEBUG ", False),
+    ]
+    for name, extra, flags, marker, shown in cases:
+        err = tmp_path / f"registry-{name}.err"
+        env = {**service_env(tmp_path), **extra}
+        if not extra:  # the machine's own setting would decide otherwise
+            env.pop("CODEMODE_LOG_LEVEL", None)
+        proc, lines = spawn([*CLI, *flags, *service], env, tmp_path, err)
         try:
             lines.expect(lambda line: "listening" in line)
         finally:
             _interrupt(proc)
-        assert (" INFO " in err.read_text()) is shows_info, err.read_text()
+        assert (marker in err.read_text()) is shown, (name, err.read_text())
     bad = cli(
         "trace", "x", env={**service_env(tmp_path), "CODEMODE_LOG_LEVEL": "loud"}, cwd=tmp_path
     )
