@@ -102,39 +102,38 @@ async def _registry(given: str | None, language: str) -> AsyncIterator[str]:
     if given:
         yield given
         return
-    from codemode_cli.processes import running
-
-    with tempfile.TemporaryDirectory(prefix="codemode-replay-") as work:
-        env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": "off"}
-        async with running(
-            "-m",
-            "runtime_service",
-            "--listen",
-            "127.0.0.1:0",
-            ready="runtime listening on port ",
-            env=env,
-            stderr=Path(work) / "runtime.stderr",
-            label="the replay's runtime",
-        ) as runtime:
+    with tempfile.TemporaryDirectory(prefix="codemode-replay-") as folder:
+        work = Path(folder)
+        runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": "off"}
+        async with _serving("runtime", runtime_env, work) as runtime_port:
             languages = ["python", "typescript"] if language == "typescript" else ["python"]
-            env = {
+            registry_env = {
                 **os.environ,
-                "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([f"127.0.0.1:{runtime.rest}"]),
+                "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([f"127.0.0.1:{runtime_port}"]),
                 "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": json.dumps(languages),
-                "CODEMODE_REGISTRY_HISTORY_PATH": str(Path(work) / "history.sqlite3"),
+                "CODEMODE_REGISTRY_HISTORY_PATH": str(work / "history.sqlite3"),
                 "CODEMODE_REGISTRY_TRACE_FILE": "off",
             }
-            async with running(
-                "-m",
-                "registry_service",
-                "--listen",
-                "127.0.0.1:0",
-                ready="registry listening on port ",
-                env=env,
-                stderr=Path(work) / "registry.stderr",
-                label="the replay's registry",
-            ) as registry:
-                yield f"127.0.0.1:{registry.rest}"
+            async with _serving("registry", registry_env, work) as registry_port:
+                yield f"127.0.0.1:{registry_port}"
+
+
+@contextlib.asynccontextmanager
+async def _serving(service: str, env: dict[str, str], work: Path) -> AsyncIterator[str]:
+    """`python -m <service>_service` on a free loopback port; yields the port."""
+    from codemode_cli.processes import running
+
+    async with running(
+        "-m",
+        f"{service}_service",
+        "--listen",
+        "127.0.0.1:0",
+        ready=f"{service} listening on port ",
+        env=env,
+        stderr=work / f"{service}.stderr",
+        label=f"the replay's {service}",
+    ) as started:
+        yield started.rest
 
 
 async def _against(

@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -150,3 +151,14 @@ def piped_to_head(
         timeout=120,
         check=False,
     )
+
+
+def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
+    """Sends `sig` to a child still running and waits for it (SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

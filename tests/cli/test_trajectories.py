@@ -6,7 +6,6 @@ was (no divergence) and altered (the first divergent call reported)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 
 from codemode_cli.exit_codes import ExitCode
 from codemode_cli.trajectory import loads
-from tests.cli._processes import CLI, cli, service_env, spawn
+from tests.cli._processes import CLI, cli, service_env, spawn, stop
 
 PROGRAM = """\
 import asyncio
@@ -42,16 +41,6 @@ class Recorded:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return cli(*args, env=self.env, cwd=self.tmp, timeout=120)
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +71,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
             )  # fmt: skip
             assert ran.returncode == 0, ran.stderr
         finally:
-            _stop(provider)
+            stop(provider)
         here = Recorded(registry, env, tmp, tmp / "rec-1.jsonl", tmp / "rec-1.otlp.json")
         trace_file = str(tmp / "traces.jsonl")
         for fmt, out in (("jsonl", here.jsonl), ("otlp-json", here.otlp)):
@@ -93,7 +82,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
             assert exported.returncode == 0, exported.stderr
         yield here
     finally:
-        _stop(up)
+        stop(up)
 
 
 def test_export_writes_the_call_its_nested_calls_and_their_spans(recorded: Recorded) -> None:
