@@ -30,6 +30,7 @@ from tests.cli._processes import (
     piped_to_head,
     service_env,
     spawn,
+    stop,
     wait_gone,
 )
 from tests.procfs import descendants
@@ -79,16 +80,6 @@ class Stack:
         return str(path)
 
 
-def _stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
 def _up(tmp: Path, runtimes: int) -> tuple[subprocess.Popen[str], Lines]:
     """Starts `codemode up` on free ports; returns it and its output once it is ready."""
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
@@ -96,7 +87,7 @@ def _up(tmp: Path, runtimes: int) -> tuple[subprocess.Popen[str], Lines]:
     try:
         lines.expect(lambda line: line.startswith("connect:"), timeout=60)
     except AssertionError:
-        _stop(proc, signal.SIGKILL)
+        stop(proc, signal.SIGKILL)
         raise AssertionError((tmp / "up.err").read_text()) from None
     return proc, lines
 
@@ -119,9 +110,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             provider_lines.expect(lambda line: line == "ready")
             yield Stack(address, seen, service_env(tmp), tmp)
         finally:
-            _stop(provider)
+            stop(provider)
     finally:
-        _stop(up)
+        stop(up)
 
 
 def test_up_prints_every_address_and_how_to_connect(stack: Stack) -> None:
@@ -257,7 +248,7 @@ def test_history_watch_follows_new_records_until_interrupted(stack: Stack) -> No
         line = lines.expect(lambda line: json.loads(line)["kind"] == "tool/result")
         assert json.loads(line)["call_id"] == "w-2"
     finally:
-        status = _stop(watch, signal.SIGINT)
+        status = stop(watch, signal.SIGINT)
     assert status == 0, (stack.tmp / "watch.err").read_text()
     assert [json.loads(line)["kind"] for line in lines.seen].count("tool/call") == 2
 
@@ -305,7 +296,7 @@ def test_registry_and_runtime_commands_serve_until_sigterm(tmp_path: Path) -> No
         assert refused.returncode == ExitCode.NOT_FOUND
         assert "refused" in refused.stderr and "NOT_FOUND" in refused.stderr
     finally:
-        statuses = (_stop(registry), _stop(runtime))
+        statuses = (stop(registry), stop(runtime))
     assert statuses == (0, 0), (tmp_path / "registry.err").read_text()
 
 
@@ -317,7 +308,7 @@ def test_up_stops_every_process_on_sigterm(tmp_path: Path) -> None:
         assert sum("-m registry_service" in c for c in commands) == 1
         assert sum("-m runtime_service" in c for c in commands) == 2
     finally:
-        status = _stop(up)
+        status = stop(up)
     assert status == 0, (tmp_path / "up.err").read_text()
     assert lines.rest() == [
         "stopping: registry first, then the runtimes",
@@ -338,7 +329,7 @@ def test_up_exits_nonzero_when_a_child_dies(tmp_path: Path) -> None:
     try:
         status = up.wait(30)
     finally:
-        _stop(up, signal.SIGKILL)
+        stop(up, signal.SIGKILL)
     assert status == 1
     message = f"runtime on 127.0.0.1:{runtime_port} exited unexpectedly (killed by SIGKILL)"
     assert f"codemode up: {message}; stopping the rest" in (tmp_path / "up.err").read_text()
@@ -421,7 +412,7 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
         )
         assert history.returncode == 0, history.stderr  # the console created its agent
     finally:
-        status = _stop(proc)
+        status = stop(proc)
     assert status == 0, (tmp_path / "up.err").read_text()
     own = [line for line in lines.rest() if not line.startswith("[")]  # not children's lines
     assert own[:3] == [

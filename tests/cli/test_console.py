@@ -6,7 +6,6 @@ Chromium by the console package's own test (`npm test --prefix console`, run by 
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,17 +13,7 @@ from pathlib import Path
 import pytest
 
 from codemode_cli.exit_codes import ExitCode
-from tests.cli._processes import CLI, cli, free_port, listening_port, service_env, spawn
-
-
-def _stop(proc: subprocess.Popen[str]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+from tests.cli._processes import CLI, cli, free_port, listening_port, service_env, spawn, stop
 
 
 @pytest.fixture
@@ -37,7 +26,7 @@ def registry(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     )
     line = lines.expect(lambda s: s.startswith("registry listening on port "), timeout=60)
     yield proc, f"127.0.0.1:{listening_port(line)}"
-    _stop(proc)
+    stop(proc)
 
 
 def test_an_unknown_agent_is_refused(
@@ -80,10 +69,10 @@ def test_the_console_serves_until_its_registry_goes_away(
         port = listening_port(line)
         opened = lines.expect(lambda s: s.startswith("console: open "))
         assert f"http://127.0.0.1:{port}/" in opened and "agents/ops" in opened
-        assert _stop(registry_proc) == 0
+        assert stop(registry_proc) == 0
         status = proc.wait(60)
     finally:
-        _stop(proc)
+        stop(proc)
     assert status == 1
     assert "the page-runner stream to" in (tmp_path / "console.err").read_text()
 
