@@ -30,6 +30,12 @@ except ToolCallError as e:
 return {"files": len(texts), "first": texts[0]["text"]}
 """
 
+TS_PROGRAM = """\
+const files: string[] = await tools.list_files({});
+const texts = await Promise.all(files.map((path) => tools.read_file({ path })));
+return { files: texts.length, first: texts[0].text };
+"""
+
 
 @dataclass
 class Recorded:
@@ -70,6 +76,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
                 "--call-id", "rec-1", "--registry", registry, env=env, cwd=tmp,
             )  # fmt: skip
             assert ran.returncode == 0, ran.stderr
+            (tmp / "program.ts").write_text(TS_PROGRAM)
+            ts = cli(
+                "run", "program.ts", "--agent", "recorder-ts", "--create-agent",
+                "--call-id", "rec-ts", "--registry", registry, env=env, cwd=tmp,
+            )  # fmt: skip
+            assert ts.returncode == 0, ts.stderr
         finally:
             stop(provider)
         here = Recorded(registry, env, tmp, tmp / "rec-1.jsonl", tmp / "rec-1.otlp.json")
@@ -152,6 +164,18 @@ def test_replay_of_the_unchanged_program_reports_no_divergence(
     done = recorded.cli("replay", str(path), "--registry", recorded.registry)
     assert done.returncode == ExitCode.OK, done.stderr
     assert done.stdout.strip() == "replayed 5 calls, no divergence (the result is ok)"
+
+
+def test_a_typescript_program_replays_in_typescript(recorded: Recorded) -> None:
+    path = recorded.tmp / "rec-ts.jsonl"
+    exported = recorded.cli(
+        "history", "export", "rec-ts", "--out", str(path), "--registry", recorded.registry
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert loads(path.read_text()).language == "typescript"
+    done = recorded.cli("replay", str(path), "--registry", recorded.registry)
+    assert done.returncode == ExitCode.OK, done.stderr
+    assert done.stdout.strip() == "replayed 4 calls, no divergence (the result is ok)"
 
 
 def _altered(recorded: Recorded, old: str, new: str) -> Path:
