@@ -16,13 +16,13 @@ DEFAULT_REGISTRY = "127.0.0.1:50051"  # the registry's default `listen`
 RPC_TIMEOUT_S = 10.0
 
 
-def add_registry_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--registry",
-        default=DEFAULT_REGISTRY,
-        metavar="ADDR",
-        help="registry address, host:port (default %(default)s)",
-    )
+def add_registry_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    default: str | None = DEFAULT_REGISTRY,
+    help: str = "registry address, host:port (default %(default)s)",
+) -> None:
+    parser.add_argument("--registry", default=default, metavar="ADDR", help=help)
     parser.add_argument(
         "--tls-ca",
         type=Path,

@@ -50,8 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "divergence, 7 a divergence, 2 usage or an unreadable file, 4 registry unreachable."
     )
     parser.add_argument("file", metavar="FILE", help="a trajectory file (jsonl or otlp-json)")
-    add_registry_argument(parser)
-    parser.set_defaults(registry=None)  # none given: start a runtime and a registry here
+    add_registry_argument(
+        parser,
+        default=None,  # none given: start a runtime and a registry here
+        help="use this registry, host:port (default: start a runtime and a registry)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
