@@ -46,8 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the services' trace file, for the spans (default %(default)s; missing: records only)",
     )
-    add_registry_argument(parser)
-    parser.add_argument("--agent", help="the call's agent (default: looked up under every agent)")
+    # `codemode history` takes these too: given before `export`, they count as well.
+    add_registry_argument(parser, inherit=True)
+    parser.add_argument(
+        "--agent",
+        default=argparse.SUPPRESS,
+        help="the call's agent (default: looked up under every agent)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

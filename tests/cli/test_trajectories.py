@@ -153,6 +153,10 @@ def test_export_as_otlp_json_holds_the_spans_and_the_records(recorded: Recorded)
 def test_export_of_an_unknown_call_exits_not_found(recorded: Recorded) -> None:
     done = recorded.cli("history", "export", "no-such", "--registry", recorded.registry)
     assert done.returncode == ExitCode.NOT_FOUND and done.stdout == ""
+    # `codemode history`'s own options, given before `export`, count too
+    before = recorded.cli("history", "--registry", recorded.registry, "export", "no-such")
+    assert before.returncode == ExitCode.NOT_FOUND, before.stderr
+    assert before.stderr.strip() == "codemode history export: no records of call no-such"
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "otlp-json"])
