@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codemode",
         description="Governed code-mode tool orchestration: registry + runtime over gRPC.",
-        epilog="Exit statuses: see docs/cli.md (codemode_cli/exit_codes.py).",
+        epilog="Exit statuses: see docs/cli.md (codemode_common/exit_codes.py).",
     )
     process.add_global_arguments(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

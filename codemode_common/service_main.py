@@ -18,11 +18,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from codemode_common import process_env
+from codemode_common.exit_codes import ExitCode
 
 S = TypeVar("S")
-# The statuses of codemode_cli/exit_codes.py (the services do not import the CLI).
-_UNAVAILABLE = 4
-_INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, service: str, env_prefix: str) -> None:
@@ -55,7 +53,7 @@ def run(
     env_settings: Mapping[str, type[BaseModel]],
 ) -> int:
     """Serves until SIGTERM (0) or SIGINT (130); invalid settings: 2; cannot listen: 4 (see
-    codemode_cli/exit_codes.py). `serve` is called only once the settings are valid (it may
+    codemode_common/exit_codes.py). `serve` is called only once the settings are valid (it may
     import the server lazily) and returns whether SIGINT stopped it. `env_settings` (prefix ->
     settings class) are the environment variables this service reads: others under its prefix
     are warned about."""
@@ -67,7 +65,7 @@ def run(
         level = process_env.log_level(getattr(args, "log_level", None))
     except ValueError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     process_env.configure_logging(level)
     process_env.warn_unknown_variables(prog, env_settings)
     overrides = {"listen": args.listen} if args.listen else {}
@@ -75,18 +73,18 @@ def run(
         settings = load_settings(args.config, **overrides)
     except config_error as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         interrupted = asyncio.run(serve(settings))
     except config_error as exc:  # found while composing the service (plugins, declarations)
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except OSError as exc:  # the servers report a failed bind as OSError
         print(
             f"{prog}: cannot listen on {getattr(settings, 'listen', '?')}: {exc}", file=sys.stderr
         )
-        return _UNAVAILABLE
-    return _INTERRUPTED if interrupted else 0
+        return ExitCode.UNAVAILABLE
+    return ExitCode.INTERRUPTED if interrupted else ExitCode.OK
 
 
 def main(
