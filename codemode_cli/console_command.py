@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from codemode_cli.exit_codes import ExitCode, for_rpc_failure
 from codemode_cli.registry_access import (
     RPC_TIMEOUT_S,
     add_registry_argument,
@@ -97,11 +98,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     agent = agent_name(args.agent)
-    if args.create_agent:
-        problem = asyncio.run(_create_agent(args.registry, agent, credentials, token))
-        if problem:
-            print(f"{PROG}: {problem}", file=sys.stderr)
-            return 2
+    # Asked here, before the bridge starts, so that an unreachable registry or a missing agent
+    # is told in the words `codemode run` uses (not the bridge's raw gRPC error text).
+    status, problem = asyncio.run(
+        _prepare_agent(args.registry, agent, credentials, token, create=args.create_agent)
+    )
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return status
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [node, str(ENTRY), "--registry", args.registry, "--agent", agent]
@@ -143,9 +147,16 @@ def _newest(folders: tuple[Path, ...]) -> float:
     )
 
 
-async def _create_agent(
-    registry: str, agent: str, credentials: grpc.ChannelCredentials | None, token: str | None
-) -> str:
+async def _prepare_agent(
+    registry: str,
+    agent: str,
+    credentials: grpc.ChannelCredentials | None,
+    token: str | None,
+    *,
+    create: bool,
+) -> tuple[int, str]:
+    """Checks that the registry answers and the agent exists (creating it with `create`);
+    the exit status and wording of a problem, or (0, "")."""
     from codemode_client import RegistryClient
     from codemode_client.errors import CodemodeError
 
@@ -154,15 +165,18 @@ async def _create_agent(
     ) as client:
         try:
             await client.get_agent(agent)
-            return ""
+            return ExitCode.OK, ""
         except CodemodeError as exc:
             if exc.code.name != "NOT_FOUND":
-                return describe_failure(exc, registry)
+                return for_rpc_failure(exc), describe_failure(exc, registry)
+            if not create:
+                missing = f"{agent} does not exist at {registry} (pass --create-agent)"
+                return ExitCode.NOT_FOUND, missing
         try:
             await client.create_agent(
                 agent.removeprefix("agents/"), mode="both", self_modification=True
             )
         except CodemodeError as exc:
             if exc.code.name != "ALREADY_EXISTS":
-                return describe_failure(exc, registry)
-    return ""
+                return for_rpc_failure(exc), describe_failure(exc, registry)
+    return ExitCode.OK, ""

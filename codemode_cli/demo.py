@@ -4,8 +4,9 @@ It starts a runtime (its own process), a registry wired to it, and a tool provid
 small workspace (another process); creates an agent in `code` mode; shows that the model sees
 only `run_code` and that a direct call is refused; runs a program that fans out over the tools;
 and prints the nested trajectory as a tree with timings, then the outer result, and finally
-the call's trace (both services write their spans to one JSON-lines file, as `codemode trace`
-reads it).
+the call's trace. Both services append their spans to `var/traces.jsonl` in the current
+folder, where `codemode trace call-1` looks afterwards (the history is temporary). A program
+whose result is an error ends the demo with status 1.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import time
 from pathlib import Path
 
 from codemode_cli.demo_model import model_walkthrough
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.processes import running
 from codemode_cli.trace import find_call, render
 from codemode_client import open_channel
+from codemode_common.settings import ServiceSettings
 from codemode_common.telemetry.jsonl import read_spans
 from codemode_common.telemetry.setup import configure
 from codemode_wire.api.registry.v1 import presentation_pb2, scope_pb2
@@ -75,18 +78,32 @@ def _tree(
     return [("└─ " if i == len(rows) - 1 else "├─ ") + row for i, row in enumerate(rows)]
 
 
+TRACE_FILE = ServiceSettings.model_fields["trace_file"].default
+"""The services' default trace file, relative to the current folder: `codemode trace` reads it."""
+
+
+def trace_file_here() -> str:
+    """TRACE_FILE as an absolute path (its folder created), for the services and the demo."""
+    path = Path(TRACE_FILE).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
 async def run_demo(
     program: str | None = None,
     language: str = "python",
     model: str | None = None,
     model_name: str | None = None,
+    trace_file: str | None = None,
 ) -> int:
     """`model`: none for the scripted walkthrough below, else a model drives the agent
-    (`scripted`, `openai`, `anthropic`: codemode_cli.demo_model)."""
+    (`scripted`, `openai`, `anthropic`: codemode_cli.demo_model). Spans go to `trace_file`
+    (default: `trace_file_here()`)."""
     program = program or PROGRAMS[language]
     call_id = "call-1"
+    failed = False
+    trace_file = trace_file or trace_file_here()
     with tempfile.TemporaryDirectory() as tmp:
-        trace_file = str(Path(tmp) / "traces.jsonl")
         runtime_env = {**os.environ, "CODEMODE_RUNTIME_TRACE_FILE": trace_file}
         async with running(
             "-m",
@@ -117,7 +134,7 @@ async def run_demo(
                     "-m", "codemode_client.demo_tools", registry.address, ready="ready"
                 ):
                     if model is None:
-                        await _walkthrough(
+                        failed = await _walkthrough(
                             rpb_grpc.RegistryServiceStub(channel), program, language, port
                         )
                     else:
@@ -131,24 +148,25 @@ async def run_demo(
         # The runtime has exited: its spans are flushed.
         if call_id:
             _print_trace(trace_file, call_id, telemetry.destination)
-    return 0
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _print_trace(trace_file: str, call_id: str, destination: str) -> None:
-    if not Path(trace_file).exists():
+    if destination.startswith("otlp") or not Path(trace_file).exists():
         # An OTLP endpoint in the environment sends the spans there instead of to the file.
         print(f"\ntrace of {call_id}: exported to {destination}")
         return
     tree = find_call(read_spans(trace_file), call_id)
     if tree is None:
         return
-    print(f"\ntrace of {call_id} (what `codemode trace {call_id}` prints from var/traces.jsonl):")
+    print(f"\ntrace of {call_id} (what `codemode trace {call_id}` prints from {trace_file}):")
     print("".join(f"  {line}\n" for line in render(tree)), end="")
 
 
 async def _walkthrough(
     stub: rpb_grpc.RegistryServiceStub, program: str, language: str, runtime_port: str
-) -> None:
+) -> bool:
+    """The walkthrough; True when the program's result is an error."""
     print(f"runtime on 127.0.0.1:{runtime_port} · registry up · provider 'demo-files' serving\n")
     declared = scope_pb2.Agent(mode=scope_pb2.PRESENTATION_MODE_CODE, code_language=language)
     request = rpb.CreateAgentRequest(agent_id="demo-agent", agent=declared)
@@ -204,3 +222,4 @@ async def _walkthrough(
     for record in history.records:
         kinds[record.kind] = kinds.get(record.kind, 0) + 1
     print(f"\nhistory for call-1: {kinds}")
+    return bool(result.is_error)

@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.run_command import EXTENSIONS
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                 "codemode demo: --cordis runs its own Python programs (host halves are Python)",
                 file=sys.stderr,
             )
-            return 2
+            return ExitCode.USAGE
         from codemode_cli.demo_cordis import run_cordis_demo
 
         return asyncio.run(run_cordis_demo())
@@ -57,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
         if key is not None:
             print(f"codemode demo: --model {args.model} needs {key} (or use --model scripted)",
                   file=sys.stderr)  # fmt: skip
-            return 2
-    from codemode_cli.demo import run_demo  # imports grpc and both services
+            return ExitCode.USAGE
+    from codemode_cli.demo import run_demo, trace_file_here  # imports grpc, both services
 
     program = None
     if args.program:
@@ -67,14 +68,16 @@ def run(args: argparse.Namespace) -> int:
                 program = handle.read()
         except OSError as exc:
             print(f"codemode demo: cannot read {args.program}: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
     language = args.language or EXTENSIONS.get(Path(args.program or "").suffix, "python")
     if not args.model:
-        return asyncio.run(run_demo(program, language))
+        return asyncio.run(run_demo(program, language, trace_file=trace_file_here()))
     from codemode_cli.demo_model import ModelFailed
 
     try:
-        return asyncio.run(run_demo(program, language, args.model, args.model_name))
+        return asyncio.run(
+            run_demo(program, language, args.model, args.model_name, trace_file_here())
+        )
     except ModelFailed as exc:
         print(f"codemode demo: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import signal
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from codemode_cli import history_export
 from codemode_cli.arguments import positive_int
+from codemode_cli.exit_codes import ExitCode, for_rpc_failure
+from codemode_cli.history_records import list_records, record_time, record_to_json
 from codemode_cli.registry_access import (
     RPC_TIMEOUT_S,
     add_registry_argument,
@@ -28,7 +30,6 @@ from codemode_cli.registry_access import (
 if TYPE_CHECKING:
     from codemode_client import RegistryClient
     from codemode_wire.api.registry.v1 import history_pb2
-    from codemode_wire.jsonvalue import JsonValue
 
 PROG = "codemode history"
 _SUMMARY_CHARS = 72
@@ -55,21 +56,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit", type=positive_int, metavar="N", help="show only the last N listed records"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per record")
+    actions = parser.add_subparsers(dest="history_action", metavar="[export]")
+    export = actions.add_parser(
+        "export",
+        help="write one call's history and spans to a file (for `codemode replay`)",
+        description=history_export.DESCRIPTION,
+    )
+    history_export.add_arguments(export)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.history_action == "export":
+        return history_export.run(args)
     if not args.agent and not args.call_id:
         print(f"{PROG}: error: one of --agent or --call-id is required", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         args.credentials = registry_credentials(args)
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         return asyncio.run(_history(args))
     except KeyboardInterrupt:  # before the watch's own handler is in place
-        return 0 if args.watch else 130
+        return ExitCode.OK if args.watch else ExitCode.INTERRUPTED
 
 
 async def _history(args: argparse.Namespace) -> int:
@@ -81,6 +91,10 @@ async def _history(args: argparse.Namespace) -> int:
     ) as client:
         try:
             records = await _list(client, args)
+            if not records and args.call_id and not args.watch:
+                where = f"under {agent_name(args.agent)}" if args.agent else "under any agent"
+                print(f"{PROG}: no records of call {args.call_id} {where}", file=sys.stderr)
+                return ExitCode.NOT_FOUND
             shown = records[-args.limit :] if args.limit else records
             printer = _Printer(
                 as_json=args.json,
@@ -93,24 +107,17 @@ async def _history(args: argparse.Namespace) -> int:
                 return await _watch(client, args, records, printer)
         except _UsageError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         except CodemodeError as exc:
             print(f"{PROG}: {describe_failure(exc, args.registry)}", file=sys.stderr)
-            return 2
-    return 0
+            return for_rpc_failure(exc)
+    return ExitCode.OK
 
 
 async def _list(
     client: RegistryClient, args: argparse.Namespace
 ) -> list[history_pb2.HistoryRecord]:
-    if args.agent:
-        return await client.history(agent_name(args.agent), call_id=args.call_id or "")
-    agents = [a.name for a in await client.list_agents()]
-    found = await asyncio.gather(*(client.history(a, call_id=args.call_id) for a in agents))
-    records = sorted((r for page in found for r in page), key=lambda r: r.seq)
-    if not records and not args.watch:
-        print(f"{PROG}: no records of call {args.call_id} under any agent", file=sys.stderr)
-    return records
+    return await list_records(client, args.agent, args.call_id)
 
 
 async def _watch(
@@ -119,7 +126,7 @@ async def _watch(
     listed: list[history_pb2.HistoryRecord],
     printer: _Printer,
 ) -> int:
-    """Follows until SIGINT/SIGTERM (status 0) or until the stream fails (2)."""
+    """Follows until SIGINT/SIGTERM (status 0) or until the stream fails (UNAVAILABLE)."""
     agents = {agent_name(args.agent)} if args.agent else {r.agent for r in listed}
     if not agents:
         raise _UsageError(
@@ -149,10 +156,10 @@ async def _watch(
             with contextlib.suppress(asyncio.CancelledError):
                 await follow
     if stop.is_set():
-        return 0
+        return ExitCode.OK
     follow.result()  # the stream failed: raises its error
     print(f"{PROG}: the registry at {args.registry} ended the watch", file=sys.stderr)
-    return 2
+    return ExitCode.UNAVAILABLE
 
 
 async def _follow(
@@ -175,17 +182,13 @@ class _Printer:
         if self.as_json:
             from codemode_wire import jsonvalue
 
-            print(jsonvalue.dumps(_to_json(record)), flush=True)
+            print(jsonvalue.dumps(record_to_json(record)), flush=True)
             return
-        when = _time(record).astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        when = record_time(record).astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         agent = f"{record.agent}  " if self.with_agent else ""
         call_id = f"{record.call_id:<{max(self.id_width, 16)}}"
         line = f"{when}  {agent}{record.kind:<24}  {call_id}  {record.tool_name:<14}  "
         print((line + _summary(record)).rstrip(), flush=True)
-
-
-def _time(record: history_pb2.HistoryRecord) -> datetime.datetime:
-    return record.time.ToDatetime(tzinfo=datetime.UTC)
 
 
 def _summary(record: history_pb2.HistoryRecord) -> str:
@@ -201,34 +204,3 @@ def _summary(record: history_pb2.HistoryRecord) -> str:
 
 def _texts(record: history_pb2.HistoryRecord) -> list[str]:
     return [b.text.text for b in record.content if b.WhichOneof("block") == "text"]
-
-
-def _to_json(record: history_pb2.HistoryRecord) -> JsonValue:
-    from codemode_wire import jsonvalue
-
-    content: list[JsonValue] = []
-    for block in record.content:
-        kind = block.WhichOneof("block")
-        if kind == "text":
-            content.append({"text": block.text.text})
-        elif kind == "json":
-            content.append({"json": jsonvalue.loads(block.json.json)})
-        elif kind == "image":
-            image = block.image
-            content.append({"image": {"mime_type": image.mime_type, "bytes": len(image.data)}})
-    arguments = jsonvalue.loads(record.arguments_json) if record.arguments_json else None
-    return {
-        "seq": record.seq,
-        "time": _time(record).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "kind": record.kind,
-        "agent": record.agent,
-        "call_id": record.call_id,
-        "root_call_id": record.root_call_id,
-        "parent_call_id": record.parent_call_id,
-        "tool_name": record.tool_name,
-        "arguments": arguments,
-        "content": content,
-        "is_error": record.is_error,
-        "error_code": record.error_code,
-        "spill_locator": record.spill_locator,
-    }

@@ -1,8 +1,10 @@
 """Command-line entry point: `codemode <command>`.
 
 Each command lives in its own module that provides ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status); modules are imported only when their command runs,
-except for building the parser, so `codemode --help` stays fast.
+``run(args) -> int`` (the exit status, from codemode_cli/exit_codes.py); modules are imported
+only when their command runs, except for building the parser, so `codemode --help` stays fast.
+What every command shares (Ctrl-C, a closed stdout, the log level, the environment check) is
+handled here, in `codemode_cli.process`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 from typing import Protocol, cast
+
+from codemode_cli import process
 
 
 class Command(Protocol):
@@ -52,7 +56,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "history": (
         "codemode_cli.history_command",
-        "list (or follow) an agent's or a call's history records",
+        "list (or follow) an agent's or a call's history records; `history export CALL_ID` "
+        "writes one call's trajectory to a file",
+    ),
+    "replay": (
+        "codemode_cli.replay_command",
+        "re-run an exported trajectory's program against its recorded tool results, with no "
+        "providers, and report the first divergent call",
     ),
     "mcp": ("codemode_cli.mcp_command", "Model Context Protocol: `mcp serve` serves an agent"),
 }
@@ -66,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codemode",
         description="Governed code-mode tool orchestration: registry + runtime over gRPC.",
+        epilog="Exit statuses: see docs/cli.md (codemode_common/exit_codes.py).",
     )
+    process.add_global_arguments(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
@@ -75,5 +87,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return _command(args.command).run(args)
+    return process.run_command(build_parser(), argv, lambda args: _command(args.command).run(args))

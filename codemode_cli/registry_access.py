@@ -16,21 +16,38 @@ DEFAULT_REGISTRY = "127.0.0.1:50051"  # the registry's default `listen`
 RPC_TIMEOUT_S = 10.0
 
 
-def add_registry_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--registry",
-        default=DEFAULT_REGISTRY,
-        metavar="ADDR",
-        help="registry address, host:port (default %(default)s)",
-    )
+def add_registry_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    default: str | None = DEFAULT_REGISTRY,
+    help: str = "registry address, host:port (default %(default)s)",
+    inherit: bool = False,
+) -> None:
+    """`--registry` and the TLS options. `inherit`: a subcommand's copy of its parent
+    command's options, which leaves what was given before the subcommand as it was (argparse
+    would set the subcommand's defaults over it)."""
+    if inherit:
+        default = argparse.SUPPRESS
+        help = help.replace("%(default)s", DEFAULT_REGISTRY)
+    tls_default = argparse.SUPPRESS if inherit else None
+    parser.add_argument("--registry", default=default, metavar="ADDR", help=help)
     parser.add_argument(
         "--tls-ca",
         type=Path,
+        default=tls_default,
         metavar="PEM",
         help="connect with TLS, trusting this CA bundle (default: plaintext)",
     )
-    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="client certificate (mTLS)")
-    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=tls_default,
+        metavar="PEM",
+        help="client certificate (mTLS)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, default=tls_default, metavar="PEM", help="its private key"
+    )
 
 
 def registry_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:

@@ -1,8 +1,9 @@
 """`codemode run PROGRAM --agent AGENT`: execute a program as the agent's `run_code` call.
 
 Nested calls are printed as they start and settle, then the outer result (what the model would
-see). Exit status: 0 success, 1 the outer result is an error, 2 usage, file or RPC failures,
-130 interrupted (the call is cancelled with the RPC).
+see). Exit status (codemode_cli/exit_codes.py): 0 success, 1 the outer result is an error,
+2 usage or file errors, 3 no such agent, 4 registry unreachable, 5 --timeout expired,
+6 refused, 130 interrupted (the call is cancelled with the RPC).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codemode_cli.arguments import positive_seconds
+from codemode_cli.exit_codes import ExitCode, for_rpc_failure
 from codemode_cli.registry_access import (
     RPC_TIMEOUT_S,
     add_registry_argument,
@@ -42,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Execute PROGRAM_FILE as a run_code call for AGENT through the registry, printing each "
         "nested call as it starts and settles, then the outer result. Exit status: 0 ok, "
-        "1 the result is an error, 2 usage or connection errors."
+        "1 the result is an error, 2 usage, 3 no such agent, 4 registry unreachable, "
+        "5 --timeout expired, 6 refused (docs/cli.md)."
     )
     parser.add_argument("program", metavar="PROGRAM_FILE", help="program file; - reads stdin")
     parser.add_argument("--agent", required=True, help="the agent, `ID` or `agents/ID`")
@@ -99,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         args.language = program_language(args)
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         if args.program == "-":
             program = sys.stdin.read()
@@ -110,19 +113,19 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"{PROG}: cannot read {args.program}: {reason}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     try:
         args.credentials = registry_credentials(args)
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     call_id = args.call_id or f"run-{uuid.uuid4().hex[:12]}"
     description = args.description or f"codemode run {label}"
     try:
         return asyncio.run(_run(args, program, description, call_id))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; call {call_id} was cancelled", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 @dataclass
@@ -212,7 +215,7 @@ async def _run(args: argparse.Namespace, program: str, description: str, call_id
                 mismatch := await _language_mismatch(client, agent, args.language)
             ):
                 print(f"{PROG}: {mismatch}", file=sys.stderr)
-                return 2
+                return ExitCode.USAGE
             arguments: JsonValue = {"code": program, "description": description}
             async for event in client.execute(
                 "run_code", arguments, agent=agent, call_id=call_id, deadline=args.timeout
@@ -232,12 +235,12 @@ async def _run(args: argparse.Namespace, program: str, description: str, call_id
                     "(DEADLINE_EXCEEDED); the registry aborts it"
                 )
             print(f"{PROG}: {message}", file=sys.stderr)
-            return 2
+            return for_rpc_failure(exc)
     if result is None:
         print(f"{PROG}: the registry ended call {call_id} without a result", file=sys.stderr)
-        return 2
+        return ExitCode.UNAVAILABLE
     _print_result(args, call_id, agent, progress, result)
-    return 1 if result.is_error else 0
+    return ExitCode.FAILED if result.is_error else ExitCode.OK
 
 
 def _print_result(

@@ -11,8 +11,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from codemode_cli.exit_codes import ExitCode
 from codemode_common.telemetry.jsonl import read_spans
 
 __all__ = ["CallTree", "find_call", "render", "run_trace"]
@@ -85,8 +87,15 @@ def _label(node: Node, origin: int, root: bool) -> str:
     elif span.get("status") == "ERROR":
         parts.append("error")
     if span.get("status") == "ERROR" and span.get("status_description"):
-        parts.append(f"— {span['status_description'].splitlines()[0][:80]}")
+        parts.append(f"— {_error_lines(node)[0]}")
     return " ".join(parts)
+
+
+def _error_lines(node: Node) -> list[str]:
+    """An error span's description, every line of it (a traceback stays whole)."""
+    if node.span.get("status") != "ERROR":
+        return []
+    return str(node.span.get("status_description") or "").splitlines()
 
 
 def _events(node: Node, origin: int) -> list[str]:
@@ -109,6 +118,9 @@ def render(tree: CallTree, *, events: bool = False) -> list[str]:
     lines = [f"trace {tree.trace_id} · call {tree.call_id}", _label(tree.root, origin, True)]
 
     def walk(node: Node, prefix: str) -> None:
+        lines.extend(
+            f"{prefix}{'│ ' if node.children else '  '}   {line}" for line in _error_lines(node)[1:]
+        )
         if events:
             lines.extend(
                 f"{prefix}{'│ ' if node.children else '  '} {e}" for e in _events(node, origin)
@@ -125,13 +137,26 @@ def render(tree: CallTree, *, events: bool = False) -> list[str]:
 def run_trace(call_id: str, path: str, *, events: bool = False) -> int:
     try:
         tree = find_call(read_spans(path), call_id)
+    except FileNotFoundError:
+        print(f"codemode trace: no trace file {path}{_where(path)}", file=sys.stderr)
+        return ExitCode.NOT_FOUND
     except OSError as exc:
-        print(f"codemode trace: cannot read {path}: {exc}", file=sys.stderr)
-        return 2
+        print(f"codemode trace: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return ExitCode.USAGE
     if tree is None:
         print(
             f"codemode trace: no execute_tool span for call {call_id!r} in {path}", file=sys.stderr
         )
-        return 1
+        return ExitCode.NOT_FOUND
     print("\n".join(render(tree, events=events)))
-    return 0
+    return ExitCode.OK
+
+
+def _where(path: str) -> str:
+    """Where a relative trace file was looked for, and how to name another one."""
+    folder = "" if Path(path).is_absolute() else f" in {Path.cwd()}"
+    return (
+        f"{folder}. The services append spans to their setting trace_file (default "
+        "var/traces.jsonl, relative to the folder they were started in; `codemode demo` "
+        "writes there too): run this in that folder, or pass --file PATH"
+    )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from codemode_cli.arguments import host_port, positive_int
+from codemode_cli.exit_codes import ExitCode
 
 START_TIMEOUT_S = 60.0
 # Longer than the services' default shutdown grace (5 s) plus the runtime's worker teardown.
@@ -127,6 +128,7 @@ class Stack:
         self.runtimes: list[Child] = []
         self.stop = asyncio.Event()
         self.failed = False
+        self.interrupted = False  # stopped by SIGINT (exit 130), not SIGTERM
 
     @property
     def children(self) -> list[Child]:
@@ -136,16 +138,20 @@ class Stack:
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             await self._up()
         finally:
             clean = await self._down()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-        return 1 if self.failed or not clean else 0
+        if self.failed or not clean:
+            return ExitCode.FAILED
+        return ExitCode.INTERRUPTED if self.interrupted else ExitCode.OK
 
-    def _on_signal(self) -> None:
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            self.interrupted = sig == signal.SIGINT
         if self.stop.is_set():  # a second Ctrl-C: stop waiting for a graceful exit
             for child in self.children:
                 if child.proc.returncode is None:

@@ -11,6 +11,7 @@ import logging
 import math
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TypeVar
@@ -139,11 +140,27 @@ async def open_server(
     except RuntimeError:
         port = 0
     if port == 0:
-        raise OSError(f"cannot bind {what} to {listen}")
+        raise OSError(f"cannot bind {what} to {listen}{_bind_problem(listen)}")
     await server.start()
     await health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     return port, health
+
+
+def _bind_problem(listen: str) -> str:
+    """Why `listen` cannot be bound, as the system says it (`: [Errno 98] Address already in
+    use`), found by binding a plain socket there; grpc itself reports only that it failed."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit():
+        return ""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host or "0.0.0.0", int(port)))
+    except OSError as exc:
+        return f": {exc.strerror or exc}"
+    return ""
 
 
 def warn_if_exposed(what: str, listen: str, *, authenticated: bool, tls: bool) -> bool:
@@ -190,9 +207,10 @@ S = TypeVar("S", bound=ServiceSettings)
 Starter = Callable[[S, TracerProvider | None, MeterProvider | None], Awaitable[Running]]
 
 
-async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> None:
+async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> bool:
     """Sets telemetry up, starts the service, prints `<what> listening on port N` (the line
-    supervisors wait for), and stops it gracefully on SIGINT/SIGTERM.
+    supervisors wait for), and stops it gracefully on SIGINT/SIGTERM. Returns whether it was
+    SIGINT (Ctrl-C: the process then exits 130, as an interrupted command does).
 
     The signal handlers go in first: a supervisor may send SIGTERM the moment it reads the
     listening line (or while the service is still starting), and the default disposition
@@ -200,9 +218,15 @@ async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> No
     soon as it is up, without announcing it.
     """
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         telemetry = configure(settings.telemetry_config())
     except TelemetryConfigError as exc:
@@ -222,3 +246,4 @@ async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> No
             await running.stop()
     finally:
         telemetry.shutdown()
+    return received[:1] == [signal.SIGINT]

@@ -15,13 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, *, prog: str = "registry") -> int:
     from registry_service.config import ConfigError, RegistrySettings, load_settings
 
-    async def serve(settings: RegistrySettings) -> None:
+    async def serve(settings: RegistrySettings) -> bool:
         from registry_service.server import serve  # grpc and telemetry: only when serving
 
-        await serve(settings)
+        return await serve(settings)
 
     return service_main.run(
-        args, prog=prog, load_settings=load_settings, config_error=ConfigError, serve=serve
+        args,
+        prog=prog,
+        load_settings=load_settings,
+        config_error=ConfigError,
+        serve=serve,
+        env_settings={"CODEMODE_REGISTRY_": RegistrySettings},
     )
 
 

@@ -116,7 +116,9 @@ async def start(
     return RunningRegistry(server, registry, port, health_servicer, servicer, pages)
 
 
-async def serve(settings: RegistrySettings) -> None:
+async def serve(settings: RegistrySettings) -> bool:
+    """Serves until SIGINT/SIGTERM; True when SIGINT stopped it."""
+
     async def start_with(
         settings: RegistrySettings,
         tracer_provider: TracerProvider | None,
@@ -124,4 +126,4 @@ async def serve(settings: RegistrySettings) -> None:
     ) -> RunningRegistry:
         return await start(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
 
-    await serve_until_signalled("registry", settings, start_with)
+    return await serve_until_signalled("registry", settings, start_with)

@@ -15,13 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, *, prog: str = "runtime") -> int:
     from runtime_service.config import ConfigError, RuntimeSettings, load_settings
 
-    async def serve(settings: RuntimeSettings) -> None:
+    async def serve(settings: RuntimeSettings) -> bool:
         from runtime_service.server import serve  # imports grpc only once settings are valid
 
-        await serve(settings)
+        return await serve(settings)
 
     return service_main.run(
-        args, prog=prog, load_settings=load_settings, config_error=ConfigError, serve=serve
+        args,
+        prog=prog,
+        load_settings=load_settings,
+        config_error=ConfigError,
+        serve=serve,
+        env_settings={"CODEMODE_RUNTIME_": RuntimeSettings},
     )
 
 

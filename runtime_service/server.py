@@ -185,7 +185,9 @@ async def _health_only(
     return server, port
 
 
-async def serve(settings: RuntimeSettings) -> None:
+async def serve(settings: RuntimeSettings) -> bool:
+    """Serves until SIGINT/SIGTERM; True when SIGINT stopped it."""
+
     async def start_with(
         settings: RuntimeSettings,
         tracer_provider: TracerProvider | None,
@@ -193,4 +195,4 @@ async def serve(settings: RuntimeSettings) -> None:
     ) -> RunningRuntime:
         return await start(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
 
-    await serve_until_signalled("runtime", settings, start_with)
+    return await serve_until_signalled("runtime", settings, start_with)

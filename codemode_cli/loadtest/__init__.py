@@ -16,6 +16,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from codemode_cli import output_dir
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.loadtest import workload as w
 
 EPILOG = """\
@@ -221,6 +223,14 @@ def _usage(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "action", None) == "compare":
         return _compare(args)
+    created: list[Path] = []  # the --out folders this run made: taken back if left empty
+    try:
+        return _run(args, created)
+    finally:
+        output_dir.remove_if_empty(created)
+
+
+def _run(args: argparse.Namespace, created: list[Path]) -> int:
     registries = tuple(dict.fromkeys(a for group in args.registry or () for a in group))
     nested = args.programs * args.calls
     if nested > w.MAX_NESTED_TOTAL:
@@ -235,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             "load test starts"
         )
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
+        created.extend(output_dir.create(args.out))
         probe = args.out / ".loadtest-write-check"
         probe.write_text("")
         probe.unlink()
@@ -271,6 +281,6 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(runner.execute(spec, options))
     except KeyboardInterrupt:
         print("\ncodemode loadtest: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except (SetupError, StartError, grpc.aio.AioRpcError) as exc:
         return runner.report_failure(exc)

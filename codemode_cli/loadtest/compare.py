@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codemode_cli.exit_codes import ExitCode
 from codemode_cli.loadtest.plot import STYLE, table
 from codemode_cli.loadtest.report import REPORT, settings_rows
 
-# Exit statuses of `compare` (2 is argparse's usage error, as for every command).
-SAME_OR_BETTER, WORSE, USAGE, NOT_COMPARABLE, NOT_A_REPORT = 0, 1, 2, 3, 4
+# Exit statuses of `compare`, from the one table (codemode_common/exit_codes.py): a missing
+# folder or a file that is not a report is "not found".
+SAME_OR_BETTER, WORSE, USAGE = ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE
+NOT_COMPARABLE, NOT_A_REPORT = ExitCode.NOT_COMPARABLE, ExitCode.NOT_FOUND
 
 RULE = (
     "Comparable: the same workload settings, services and machine (cores, CPU model). Worse: "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -133,3 +135,30 @@ def wait_gone(pids: set[int], timeout: float = 3) -> set[int]:
     while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def piped_to_head(
+    args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`codemode ARGS | head -c 10` under pipefail: the status is codemode's."""
+    command = " ".join(shlex.quote(a) for a in [*CLI, *args])
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | head -c 10"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
+def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
+    """Sends `sig` to a child still running and waits for it (SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

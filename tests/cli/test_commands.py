@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from codemode_cli.exit_codes import ExitCode
 from tests.cli._processes import (
     CLI,
     Lines,
@@ -26,8 +27,10 @@ from tests.cli._processes import (
     command_line,
     free_port,
     listening_port,
+    piped_to_head,
     service_env,
     spawn,
+    stop,
     wait_gone,
 )
 from tests.procfs import descendants
@@ -77,16 +80,6 @@ class Stack:
         return str(path)
 
 
-def _stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
 def _up(tmp: Path, runtimes: int) -> tuple[subprocess.Popen[str], Lines]:
     """Starts `codemode up` on free ports; returns it and its output once it is ready."""
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
@@ -94,7 +87,7 @@ def _up(tmp: Path, runtimes: int) -> tuple[subprocess.Popen[str], Lines]:
     try:
         lines.expect(lambda line: line.startswith("connect:"), timeout=60)
     except AssertionError:
-        _stop(proc, signal.SIGKILL)
+        stop(proc, signal.SIGKILL)
         raise AssertionError((tmp / "up.err").read_text()) from None
     return proc, lines
 
@@ -117,9 +110,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             provider_lines.expect(lambda line: line == "ready")
             yield Stack(address, seen, service_env(tmp), tmp)
         finally:
-            _stop(provider)
+            stop(provider)
     finally:
-        _stop(up)
+        stop(up)
 
 
 def test_up_prints_every_address_and_how_to_connect(stack: Stack) -> None:
@@ -236,7 +229,7 @@ def test_run_takes_the_language_from_the_extension(stack: Stack) -> None:
 
 def test_run_without_the_agent_asks_for_create_agent(stack: Stack) -> None:
     done = stack.cli("run", stack.program("return 1"), "--agent", "cli-nobody")
-    assert done.returncode == 2
+    assert done.returncode == ExitCode.NOT_FOUND
     assert done.stderr.startswith("codemode run: agents/cli-nobody does not exist")
     assert "--create-agent" in done.stderr and done.stdout == ""
 
@@ -255,23 +248,23 @@ def test_history_watch_follows_new_records_until_interrupted(stack: Stack) -> No
         line = lines.expect(lambda line: json.loads(line)["kind"] == "tool/result")
         assert json.loads(line)["call_id"] == "w-2"
     finally:
-        status = _stop(watch, signal.SIGINT)
+        status = stop(watch, signal.SIGINT)
     assert status == 0, (stack.tmp / "watch.err").read_text()
     assert [json.loads(line)["kind"] for line in lines.seen].count("tool/call") == 2
 
 
-def test_unreachable_registry_exits_2_naming_the_address(tmp_path: Path) -> None:
+def test_unreachable_registry_exits_unavailable_naming_the_address(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
     program = tmp_path / "p.py"
     program.write_text("return 1\n")
     env = service_env(tmp_path)
     done = cli("run", str(program), "--agent", "a", "--registry", address, env=env, cwd=tmp_path)
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == ExitCode.UNAVAILABLE and done.stdout == ""
     assert (
         done.stderr.strip() == f"codemode run: cannot reach the registry at {address} (UNAVAILABLE)"
     )
     listed = cli("history", "--agent", "a", "--registry", address, env=env, cwd=tmp_path)
-    assert listed.returncode == 2
+    assert listed.returncode == ExitCode.UNAVAILABLE
     assert listed.stderr.startswith(f"codemode history: cannot reach the registry at {address}")
 
 
@@ -300,10 +293,10 @@ def test_registry_and_runtime_commands_serve_until_sigterm(tmp_path: Path) -> No
         # the registry serves: its own refusal, not a connection error
         address = f"127.0.0.1:{port}"
         refused = cli("history", "--agent", "ghost", "--registry", address, env=env, cwd=tmp_path)
-        assert refused.returncode == 2
+        assert refused.returncode == ExitCode.NOT_FOUND
         assert "refused" in refused.stderr and "NOT_FOUND" in refused.stderr
     finally:
-        statuses = (_stop(registry), _stop(runtime))
+        statuses = (stop(registry), stop(runtime))
     assert statuses == (0, 0), (tmp_path / "registry.err").read_text()
 
 
@@ -315,7 +308,7 @@ def test_up_stops_every_process_on_sigterm(tmp_path: Path) -> None:
         assert sum("-m registry_service" in c for c in commands) == 1
         assert sum("-m runtime_service" in c for c in commands) == 2
     finally:
-        status = _stop(up)
+        status = stop(up)
     assert status == 0, (tmp_path / "up.err").read_text()
     assert lines.rest() == [
         "stopping: registry first, then the runtimes",
@@ -336,7 +329,7 @@ def test_up_exits_nonzero_when_a_child_dies(tmp_path: Path) -> None:
     try:
         status = up.wait(30)
     finally:
-        _stop(up, signal.SIGKILL)
+        stop(up, signal.SIGKILL)
     assert status == 1
     message = f"runtime on 127.0.0.1:{runtime_port} exited unexpectedly (killed by SIGKILL)"
     assert f"codemode up: {message}; stopping the rest" in (tmp_path / "up.err").read_text()
@@ -419,7 +412,7 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
         )
         assert history.returncode == 0, history.stderr  # the console created its agent
     finally:
-        status = _stop(proc)
+        status = stop(proc)
     assert status == 0, (tmp_path / "up.err").read_text()
     own = [line for line in lines.rest() if not line.startswith("[")]  # not children's lines
     assert own[:3] == [
@@ -427,3 +420,34 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
         "console stopped",
         "registry stopped",
     ]
+
+
+def test_history_of_an_unknown_call_exits_not_found(stack: Stack) -> None:
+    done = stack.cli("history", "--call-id", "no-such-call")
+    assert done.returncode == ExitCode.NOT_FOUND and done.stdout == ""
+    assert "no records of call no-such-call under any agent" in done.stderr
+    under = stack.cli("history", "--call-id", "no-such-call", "--agent", "cli-watch-none")
+    assert under.returncode == ExitCode.NOT_FOUND
+
+
+def test_run_timeout_expiry_is_a_timeout_not_a_usage_error(stack: Stack) -> None:
+    program = stack.program("import asyncio\nawait asyncio.sleep(600)\n")
+    args = ("run", program, "--agent", "cli-slow", "--create-agent", "--timeout", "2")
+    done = stack.cli(*args)
+    assert done.returncode == ExitCode.TIMEOUT, done.stderr
+    assert "did not finish within --timeout 2 s (DEADLINE_EXCEEDED)" in done.stderr
+
+
+BIG = "return 'x' * 300_000\n"  # more than a pipe holds
+
+
+def test_run_and_history_piped_to_head_end_quietly_by_sigpipe(stack: Stack) -> None:
+    program = stack.program(BIG)
+    args = ["run", program, "--agent", "cli-pipe", "--create-agent", "--call-id", "pipe-1"]
+    ran = piped_to_head([*args, "--registry", stack.registry], stack.env, stack.tmp)
+    assert ran.returncode == ExitCode.PIPE_CLOSED, ran.stderr
+    assert ran.stderr == "" and ran.stdout == "run_code p"
+    history = ["history", "--call-id", "pipe-1", "--json", "--registry", stack.registry]
+    listed = piped_to_head(history, stack.env, stack.tmp)
+    assert listed.returncode == ExitCode.PIPE_CLOSED, listed.stderr
+    assert listed.stderr == "" and len(listed.stdout) == 10 and listed.stdout.startswith('{"seq":')

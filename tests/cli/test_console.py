@@ -6,24 +6,14 @@ Chromium by the console package's own test (`npm test --prefix console`, run by 
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli._processes import CLI, cli, listening_port, service_env, spawn
-
-
-def _stop(proc: subprocess.Popen[str]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+from codemode_cli.exit_codes import ExitCode
+from tests.cli._processes import CLI, cli, free_port, listening_port, service_env, spawn, stop
 
 
 @pytest.fixture
@@ -36,7 +26,7 @@ def registry(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     )
     line = lines.expect(lambda s: s.startswith("registry listening on port "), timeout=60)
     yield proc, f"127.0.0.1:{listening_port(line)}"
-    _stop(proc)
+    stop(proc)
 
 
 def test_an_unknown_agent_is_refused(
@@ -52,8 +42,20 @@ def test_an_unknown_agent_is_refused(
         env=service_env(tmp_path),
         cwd=tmp_path,
     )
-    assert out.returncode == 2, out.stderr
-    assert "console:" in out.stderr and "agents/ghost" in out.stderr
+    assert out.returncode == ExitCode.NOT_FOUND, out.stderr
+    assert "console:" in out.stderr and "agents/ghost does not exist" in out.stderr
+
+
+def test_a_registry_that_is_down_is_told_in_our_words(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    env = service_env(tmp_path)
+    out = cli("console", "--registry", address, "--agent", "ops", env=env, cwd=tmp_path)
+    assert out.returncode == ExitCode.UNAVAILABLE, out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"codemode console: cannot reach the registry at {address} (UNAVAILABLE)"
+    )
+    assert "No connection established" not in out.stderr  # grpc-js's own text
+    assert "console listening" not in out.stdout
 
 
 def test_the_console_serves_until_its_registry_goes_away(
@@ -67,10 +69,10 @@ def test_the_console_serves_until_its_registry_goes_away(
         port = listening_port(line)
         opened = lines.expect(lambda s: s.startswith("console: open "))
         assert f"http://127.0.0.1:{port}/" in opened and "agents/ops" in opened
-        assert _stop(registry_proc) == 0
+        assert stop(registry_proc) == 0
         status = proc.wait(60)
     finally:
-        _stop(proc)
+        stop(proc)
     assert status == 1
     assert "the page-runner stream to" in (tmp_path / "console.err").read_text()
 

@@ -7,6 +7,9 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from codemode_cli.exit_codes import ExitCode
 
 
 def test_demo_prints_the_nested_trajectory_and_outer_result() -> None:
@@ -99,3 +102,34 @@ def test_help_lists_commands() -> None:
         check=False,
     )
     assert done.returncode == 0 and "demo" in done.stdout
+
+
+def test_a_failed_program_fails_the_demo_and_trace_finds_the_demos_call(tmp_path: Path) -> None:
+    """The demo keeps its spans in var/traces.jsonl of the folder it runs in, where
+    `codemode trace` looks; a program whose result is an error ends the demo with status 1."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "bad.py").write_text('await tools.list_files({})\nraise ValueError("bad")\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "codemode_cli", "demo", "--program", "bad.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == ExitCode.FAILED, done.stderr
+    assert "outer result [error CODE_RUN_FAILED]" in done.stdout
+    traced = subprocess.run(
+        [sys.executable, "-m", "codemode_cli", "trace", "call-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert traced.returncode == 0, traced.stderr
+    assert "execute_tool run_code [codemode-registry]" in traced.stdout
+    assert "execute_tool list_files call-1:code:1" in traced.stdout
+    assert 'raise ValueError("bad")' in traced.stdout  # the traceback, every line of it

@@ -94,7 +94,7 @@ def test_two_runs_with_the_same_settings_get_a_verdict(
 
 def test_runs_with_other_settings_are_not_comparable(runs: dict[str, Path], tmp_path: Path) -> None:
     done = _cli("compare", str(runs["a"]), str(runs["c"]), "--out", str(tmp_path / "x.html"))
-    assert done.returncode == c.NOT_COMPARABLE == 3, done.stdout + done.stderr
+    assert done.returncode == c.NOT_COMPARABLE == 8, done.stdout + done.stderr
     assert "verdict: not comparable" in done.stdout
     assert "concurrency differs: 2 vs 4" in done.stdout
     page = (tmp_path / "x.html").read_text()
@@ -128,7 +128,7 @@ def test_inputs_that_are_not_reports_exit_4(
         bad.write_text(content)
     html = tmp_path / "out.html"
     for args in ((str(bad), str(runs["a"])), (str(runs["a"]), str(bad))):
-        assert main(["loadtest", "compare", *args, "--out", str(html)]) == c.NOT_A_REPORT == 4
+        assert main(["loadtest", "compare", *args, "--out", str(html)]) == c.NOT_A_REPORT == 3
         out, err = capsys.readouterr()
         assert message in err and str(bad) in err and out == ""
     assert not html.exists()
