@@ -449,5 +449,7 @@ def test_run_and_history_piped_to_head_end_quietly_by_sigpipe(stack: Stack) -> N
     assert ran.stderr == "" and ran.stdout == "run_code p"
     history = ["history", "--call-id", "pipe-1", "--json", "--registry", stack.registry]
     listed = piped_to_head(history, stack.env, stack.tmp)
-    assert listed.returncode == ExitCode.PIPE_CLOSED, listed.stderr
+    # The records may be short enough to fit in the pipe (a large value is kept aside and
+    # listed as its preview): then history has written everything before head exits.
+    assert listed.returncode in (ExitCode.PIPE_CLOSED, ExitCode.OK), listed.stderr
     assert listed.stderr == "" and len(listed.stdout) == 10 and listed.stdout.startswith('{"seq":')

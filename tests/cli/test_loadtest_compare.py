@@ -134,9 +134,9 @@ def test_inputs_that_are_not_reports_exit_4(
     assert not html.exists()
 
 
-def test_a_missing_report_exits_4_and_a_missing_argument_2(tmp_path: Path) -> None:
+def test_a_missing_report_is_not_found_and_a_missing_argument_usage(tmp_path: Path) -> None:
     done = _cli("compare", str(tmp_path / "gone"), str(tmp_path), "--out", str(tmp_path / "o"))
-    assert done.returncode == 4, done.stderr
+    assert done.returncode == c.NOT_A_REPORT == 3, done.stderr
     assert f"no load test report: {tmp_path / 'gone'} does not exist" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
     done = _cli("compare", "only-one")
