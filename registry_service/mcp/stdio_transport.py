@@ -124,8 +124,15 @@ class StdioProcess:
                         f"{self._limits.max_message_bytes} bytes"
                     )
                     return
-                if not line:
-                    self._end("the server closed its stdout")
+                if not line:  # most often the process exiting: say with which status
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._process.wait()), 1.0)
+                    code = self._process.returncode
+                    self._end(
+                        "the server closed its stdout"
+                        if code is None
+                        else f"the server process exited with status {code}"
+                    )
                     return
                 if not line.strip():
                     continue

@@ -5,6 +5,7 @@ catalog and pass the one pipeline, and their results map losslessly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 from pathlib import Path
@@ -73,3 +74,123 @@ async def test_tools_results_and_refusals(make_registry: Any, mark_dir: Path) ->
         # Direct calls are the scope's only: the bystander does not know the tool.
         _, result = await h.execute("add", {"a": 1, "b": 1}, agent=other, call_id="c7")
         assert result.is_error and result.error.code == "UNKNOWN_TOOL"
+
+
+async def test_a_stdio_server_is_an_isolated_supervised_child(
+    make_registry: Any, mark_dir: Path
+) -> None:
+    """Own process group, only the environment the settings give, the unprivileged user when
+    the registry is root; deleting the scope stops it and gives its admission slot back."""
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "iso", "tools")
+        await tools_of(h, agent, "pid", "env")
+        assert h.registry.admission.live_mcp_servers(agent) == 1
+        _, result = await h.execute("pid", agent=agent)
+        info = value(result)
+        assert info["pgid"] == info["pid"]
+        if os.geteuid() == 0:
+            assert info["uid"] == pwd.getpwnam("nobody").pw_uid
+        else:
+            assert info["uid"] == os.geteuid()
+        _, result = await h.execute("env", agent=agent, call_id="c2")
+        env = value(result)
+        env.pop("LC_CTYPE", None)  # CPython's own locale coercion may add it
+        assert env == {"PYTHONPATH": env["PYTHONPATH"], "MCP_TEST_DIR": str(mark_dir)}
+        await h.stub.DeleteAgent(rpb.DeleteAgentRequest(name=agent))
+        await h.registry.mcp.settled()
+        assert not alive(info["pid"])
+        assert h.registry.admission.live_mcp_servers(agent) == 0
+
+
+async def test_stopping_the_registry_leaves_no_process(make_registry: Any, mark_dir: Path) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "stopper", "tools")
+        await tools_of(h, agent, "pid")
+        _, result = await h.execute("pid", agent=agent)
+        pid = value(result)["pid"]
+        assert alive(pid)
+    assert not alive(pid)  # the registry's stop returned: the server's group is gone
+
+
+async def test_a_crashed_server_fails_at_once_then_restarts(
+    make_registry: Any, mark_dir: Path
+) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "crashy", "tools")
+        await tools_of(h, agent, "crash", "pid")
+        _, result = await h.execute("pid", agent=agent)
+        first = value(result)["pid"]
+        (mark_dir / "hold").write_text("")  # the restarted server waits before it serves
+        _, result = await h.execute("crash", agent=agent, call_id="c2")
+        assert result.is_error and result.error.code == "PROVIDER_UNAVAILABLE"
+        # Down: its tools are still listed and fail at once, never waiting for the restart.
+        assert "pid" in await h.visible(agent)
+        _, result = await h.execute("pid", agent=agent, call_id="c3")
+        assert result.is_error and result.error.code == "PROVIDER_UNAVAILABLE"
+        assert "exited" in result.error.message
+        assert (await server_status(h, agent)).state in {"down", "connecting"}
+        (mark_dir / "hold").unlink()
+
+        async def served() -> Any:
+            _, result = await h.execute("pid", agent=agent, call_id="again")
+            return None if result.is_error else value(result)
+
+        again = await until(served, "the restarted server serves")
+        assert again["pid"] != first
+        assert not alive(first)
+
+
+async def test_tools_list_changed_updates_the_catalog(make_registry: Any, mark_dir: Path) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "grower", "tools")
+        await tools_of(h, agent, "grow")
+        _, result = await h.execute("grow", agent=agent)
+        assert value(result) == {"result": "grown"}
+
+        async def changed() -> bool:
+            visible = await h.visible(agent)
+            return "extra" in visible and "grow" not in visible
+
+        await until(changed, "the re-listed tools")
+        _, result = await h.execute("extra", agent=agent, call_id="c2")
+        assert value(result) == {"result": "extra here"}
+
+
+async def test_a_callers_abort_cancels_the_call_on_the_server(
+    make_registry: Any, mark_dir: Path
+) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "canceller", "tools")
+        await tools_of(h, agent, "slow")
+        request = rpb.ExecuteToolCallRequest(
+            agent=agent, call_id="slow-1", tool_name="slow", arguments_json='{"marker": "m1"}'
+        )
+        call = h.stub.ExecuteToolCall(request)
+        reading = asyncio.ensure_future(call.read())
+        await until(lambda: (mark_dir / "started-m1").exists(), "the server runs the call")
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reading
+        await until(lambda: (mark_dir / "cancelled-m1").exists(), "notifications/cancelled")
+        record = await h.settled(agent, "slow-1")
+        assert record.is_error
+        # The server goes on serving after a cancellation.
+        _, result = await h.execute("echo", {"text": "still"}, agent=agent, call_id="c2")
+        assert value(result) == {"result": "still"}
+
+
+async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path) -> None:
+    async with http_server(mark_dir) as url:
+        prefix = url.rsplit("/", 1)[0] + "/"
+        async with make_registry(mcp_http_allow=[prefix]) as h:
+            server = scope_pb2.McpServer(url=url, headers={"X-Tenant": "secret-value"})
+            agent = await attach(h, "remote", server)
+            await tools_of(h, agent, "add", "picture")
+            _, result = await h.execute("add", {"a": 40, "b": 2}, agent=agent)
+            assert value(result) == {"sum": 42}
+            _, result = await h.execute("picture", agent=agent, call_id="c2")
+            assert blocks_of(result.content)[1] == ("image", ("image/png", PNG))
+            _, result = await h.execute("fail", {"why": "http"}, agent=agent, call_id="c3")
+            assert result.is_error and result.error.code == "MCP_TOOL_ERROR"
+            status = await server_status(h, agent)
+            assert status.url == url and dict(status.headers) == {"X-Tenant": ""}
