@@ -20,9 +20,10 @@ import pytest
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
+from tests.codemode.conftest import make_stack
 from tests.registry.conftest import Harness, make_registry
 
-__all__ = ["make_registry"]  # re-exported fixture
+__all__ = ["make_registry", "make_stack"]  # re-exported fixtures
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
 SITE = sysconfig.get_paths()["purelib"]
