@@ -29,6 +29,7 @@ from registry_service.domain.mcp_servers import (
     McpAttachment,
     McpCallFailed,
     McpConnection,
+    McpConnectionLost,
     McpConnector,
     McpPolicy,
 )
@@ -124,6 +125,8 @@ class _Supervisor:
                 )
             except CodemodeError as exc:
                 why = exc.message
+            except McpConnectionLost as exc:
+                why = str(exc)
             except Exception as exc:  # the server's fault, whatever it is: restart it
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             finally:

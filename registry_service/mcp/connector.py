@@ -99,7 +99,11 @@ class _Connection:
                     stop.cancel()
                     ended.cancel()
         except BaseException as exc:
-            why = _describe(exc)
+            if isinstance(exc, Exception) and not self._ended.done():
+                # A transport that knows why it ended (a stdio child's exit, a malformed
+                # line) says so a moment before the session sees its streams close.
+                await asyncio.wait({asyncio.shield(self._ended)}, timeout=0.5)
+            why = self._ended.result() if self._ended.done() else _describe(exc)
             if not ready.done():
                 ready.set_exception(McpConnectionLost(why))
             self._end(why)

@@ -68,10 +68,13 @@ def mcp_settings(marks: Path, *modes: str, **extra: Any) -> dict[str, Any]:
 async def attach(
     h: Harness, agent_id: str, *servers: scope_pb2.McpServer | str, mode: int = 0
 ) -> str:
-    attached = [s if isinstance(s, scope_pb2.McpServer) else scope_pb2.McpServer(server=s) for s in servers]
+    attached = [
+        s if isinstance(s, scope_pb2.McpServer) else scope_pb2.McpServer(server=s) for s in servers
+    ]
     response = await h.stub.CreateAgent(
         rpb.CreateAgentRequest(
-            agent_id=agent_id, agent=scope_pb2.Agent(mode=mode, mcp_servers=attached)  # type: ignore[arg-type]
+            agent_id=agent_id,
+            agent=scope_pb2.Agent(mode=mode, mcp_servers=attached),  # type: ignore[arg-type]
         )
     )
     return str(response.agent.name)
@@ -100,7 +103,8 @@ async def tools_of(h: Harness, scope: str, *names: str) -> list[str]:
 
 async def server_status(h: Harness, agent: str) -> scope_pb2.McpServer:
     response = await h.stub.GetAgent(rpb.GetAgentRequest(name=agent))
-    return response.agent.mcp_servers[0]
+    status: scope_pb2.McpServer = response.agent.mcp_servers[0]
+    return status
 
 
 def free_port() -> int:
@@ -114,7 +118,7 @@ async def http_server(marks: Path) -> AsyncIterator[str]:
     """The test server over streamable HTTP on loopback; yields its endpoint URL."""
     port = free_port()
     env = {**os.environ, "MCP_TEST_DIR": str(marks)}
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # noqa: ASYNC220 - it returns at once
         [sys.executable, str(SERVER), "http", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,

@@ -120,7 +120,7 @@ def build() -> MCPServer:
         """The server's environment."""
         return dict(os.environ)
 
-    tools = server._tool_manager._tools  # noqa: SLF001 - a server that lies on purpose
+    tools = server._tool_manager._tools
     tools["unexpressible"].parameters = {
         "type": "object",
         "properties": {"x": {"type": "string"}},
@@ -140,7 +140,7 @@ def build() -> MCPServer:
 
 def _raw(mode: str) -> None:
     """Speaks enough JSON-RPC by hand to misbehave."""
-    for line in sys.stdin:
+    for _line in sys.stdin:
         if mode == "silent":
             continue  # never answers initialize
         if mode == "malformed":

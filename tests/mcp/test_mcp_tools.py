@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
@@ -27,8 +26,7 @@ from tests.mcp.conftest import (
     until,
 )
 from tests.mcp.mcp_test_server import PNG
-from tests.registry.conftest import blocks_of, error_info_of
-
+from tests.registry.conftest import blocks_of
 
 
 def value(result: tool_pb2.ToolResult) -> Any:
@@ -52,7 +50,8 @@ async def test_tools_results_and_refusals(make_registry: Any, mark_dir: Path) ->
         by_name = {t.name: t for t in listed.tools}
         assert by_name["add"].concurrency == tool_pb2.CONCURRENCY_SAFE  # readOnlyHint
         assert by_name["echo"].concurrency == tool_pb2.CONCURRENCY_EXCLUSIVE
-        assert jsonvalue.loads(by_name["add"].input_schema_json)["required"] == ["a", "b"]
+        schema = jsonvalue.loads(by_name["add"].input_schema_json)
+        assert isinstance(schema, dict) and schema["required"] == ["a", "b"]
 
         _, result = await h.execute("add", {"a": 2, "b": 3}, agent=agent)
         assert value(result) == {"sum": 5}
@@ -167,11 +166,11 @@ async def test_a_callers_abort_cancels_the_call_on_the_server(
         )
         call = h.stub.ExecuteToolCall(request)
         reading = asyncio.ensure_future(call.read())
-        await until(lambda: (mark_dir / "started-m1").exists(), "the server runs the call")
+        await until((mark_dir / "started-m1").exists, "the server runs the call")
         call.cancel()
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
             await reading
-        await until(lambda: (mark_dir / "cancelled-m1").exists(), "notifications/cancelled")
+        await until((mark_dir / "cancelled-m1").exists, "notifications/cancelled")
         record = await h.settled(agent, "slow-1")
         assert record.is_error
         # The server goes on serving after a cancellation.
