@@ -184,6 +184,8 @@ class _Connection:
     async def close(self) -> None:
         self._stop.set()
         task = self._task
+        if task is not None and self._session is None:  # still initializing: give up now
+            task.cancel()
         if task is not None and not task.done():
             try:
                 await asyncio.wait_for(asyncio.shield(task), 5.0)

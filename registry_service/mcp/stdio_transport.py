@@ -201,15 +201,23 @@ class StdioProcess:
         process = self._process
         if process is None:
             return
-        if process.returncode is None:
-            if process.stdin is not None:
-                with contextlib.suppress(Exception):
-                    process.stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(process.wait()), _STOP_GRACE_S)
+        if process.returncode is None and process.stdin is not None:
+            with contextlib.suppress(Exception):
+                process.stdin.close()
+            # Polled: `wait()` also waits for the pipes to close, which a server blocked
+            # writing into a pipe nobody reads any more never does.
+            for _ in range(int(_STOP_GRACE_S / 0.01)):
+                if process.returncode is not None:
+                    break
+                await asyncio.sleep(0.01)
         # The whole group, also when the leader exited: its children must not outlive it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
+        # Closing the transport closes the pipes (a descendant that left the group could hold
+        # them open), so that `wait()` returns once the child is reaped.
+        transport = getattr(process, "_transport", None)
+        if transport is not None:
+            transport.close()
         await process.wait()
         self._end("stopped")
         for task in self._tasks:
@@ -227,4 +235,14 @@ async def running(
     try:
         yield process
     finally:
-        await asyncio.shield(process.stop())
+        # Stopping is bounded (a grace, then SIGKILL): it completes even when the task that
+        # holds the connection is cancelled meanwhile, so no child outlives its connection.
+        stopping = asyncio.ensure_future(process.stop())
+        cancelled = False
+        while not stopping.done():
+            try:
+                await asyncio.shield(stopping)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError

@@ -26,6 +26,8 @@ from tests.registry.conftest import Harness, make_registry
 __all__ = ["make_registry", "make_stack"]  # re-exported fixtures
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
+RAW_SERVER = Path(__file__).with_name("mcp_raw_server.py")
+RAW_MODES = ("malformed", "silent")
 SITE = sysconfig.get_paths()["purelib"]
 
 
@@ -55,7 +57,7 @@ def stdio_server(mode: str, marks: Path) -> dict[str, Any]:
     """The settings of a stdio test server (its whole environment is these two variables)."""
     return {
         "command": interpreter(),
-        "args": [str(SERVER), mode],
+        "args": [str(RAW_SERVER if mode in RAW_MODES else SERVER), mode],
         "env": {"PYTHONPATH": SITE, "MCP_TEST_DIR": str(marks)},
         "cwd": "/",
     }

@@ -1,9 +1,8 @@
-"""MCP servers for the tests, written with the official MCP Python SDK (`MCPServer`), plus the
-few misbehaving ones the SDK cannot be made to be (malformed JSON-RPC, a silent initialize).
+"""The MCP server of the tests, written with the official MCP Python SDK (`MCPServer`).
 
 Run as `python mcp_test_server.py MODE [PORT]`: `tools` serves the tool set over stdio; `http`
-serves it over streamable HTTP on 127.0.0.1:PORT; `malformed`, `silent`, `huge_line` misbehave
-over stdio. `MCP_TEST_DIR` (in the environment the registry gives the server) is where tools
+serves it over streamable HTTP on 127.0.0.1:PORT (the misbehaving servers are
+mcp_raw_server.py). `MCP_TEST_DIR` (in the environment the registry gives the server) is where tools
 leave marks the tests read (a cancellation, a start).
 """
 
@@ -138,23 +137,9 @@ def build() -> MCPServer:
     return server
 
 
-def _raw(mode: str) -> None:
-    """Speaks enough JSON-RPC by hand to misbehave."""
-    for _line in sys.stdin:
-        if mode == "silent":
-            continue  # never answers initialize
-        if mode == "malformed":
-            sys.stdout.write('{"jsonrpc": "2.0", "id": 1, "result": \n')
-        else:  # huge_line: one line larger than any limit, never ending in time
-            sys.stdout.write('{"jsonrpc": "2.0", "id": 1, "result": "' + "x" * (64 << 20))
-        sys.stdout.flush()
-
-
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "tools"
     if mode == "tools":
         build().run()
-    elif mode == "http":
-        build().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
-        _raw(mode)
+        build().run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
