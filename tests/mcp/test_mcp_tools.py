@@ -193,3 +193,28 @@ async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path) -> N
             assert result.is_error and result.error.code == "MCP_TOOL_ERROR"
             status = await server_status(h, agent)
             assert status.url == url and dict(status.headers) == {"X-Tenant": ""}
+
+
+async def test_attachments_are_stored_with_the_scope(
+    make_registry: Any, mark_dir: Path, tmp_path: Path
+) -> None:
+    """A registry restarted on the same history file connects the stored attachments again."""
+    settings = {**mcp_settings(mark_dir, "tools"), "history_path": str(tmp_path / "h.sqlite3")}
+    async with make_registry(**settings) as h:
+        agent = await attach(h, "durable", "tools")
+        await tools_of(h, agent, "echo")
+    async with make_registry(**settings) as h:
+        assert (await server_status(h, agent)).server == "tools"
+        await tools_of(h, agent, "echo")
+        _, result = await h.execute("echo", {"text": "back"}, agent=agent)
+        assert value(result) == {"result": "back"}
+
+
+async def test_a_settings_declared_agent_attaches_by_name(
+    make_registry: Any, mark_dir: Path
+) -> None:
+    settings = mcp_settings(mark_dir, "tools", agents=[{"id": "ops", "mcp_servers": ["tools"]}])
+    async with make_registry(**settings) as h:
+        await tools_of(h, "agents/ops", "add")
+        _, result = await h.execute("add", {"a": 1, "b": 1}, agent="agents/ops")
+        assert value(result) == {"sum": 2}
