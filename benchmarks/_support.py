@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +27,16 @@ def summary_ms(samples: Sequence[float]) -> dict[str, float]:
         "mean_ms": round(statistics.fmean(samples) * 1e3, 4),
         "n": len(samples),
     }
+
+
+async def sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
+    """`count` awaits of `op()` one after another: each one's duration in seconds."""
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        await op()
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -22,7 +22,6 @@ import importlib
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import grpc
 import yaml
 
-from benchmarks._support import emit, subprocess_service, summary_ms
+from benchmarks._support import emit, sequential, subprocess_service, summary_ms
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -56,15 +55,6 @@ def _settings(path: Path) -> None:
             }
         )
     )
-
-
-async def _sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await op()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 async def _visible(stub: rpb_grpc.RegistryServiceStub, *names: str) -> None:
@@ -117,12 +107,12 @@ async def tool_vs_provider(quick: bool) -> dict[str, Any]:
 
                 ops = (caller("mcp_echo"), caller("echo"))
                 for op in ops:  # warm up connections and code paths
-                    await _sequential(op, 50)
+                    await sequential(op, 50)
                 # Interleaved blocks, so drift on a shared machine hits both series alike.
                 samples: dict[Any, list[float]] = {op: [] for op in ops}
                 for _ in range(5):
                     for op in ops:
-                        samples[op] += await _sequential(op, count // 5)
+                        samples[op] += await sequential(op, count // 5)
                 await channel.close()
     mcp, provider = summary_ms(samples[ops[0]]), summary_ms(samples[ops[1]])
     ratio = mcp["p50_ms"] / provider["p50_ms"]

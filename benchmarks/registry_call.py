@@ -26,20 +26,11 @@ from typing import Any
 
 import grpc
 
-from benchmarks._support import emit, subprocess_service, summary_ms
+from benchmarks._support import emit, sequential, subprocess_service, summary_ms
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
 ARGS = '{"path":"/tmp/example.txt","limit":10}'
-
-
-async def _sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await op()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 async def _throughput(op: Callable[[], Awaitable[Any]], callers: int, per_caller: int) -> float:
@@ -113,12 +104,12 @@ async def run(quick: bool) -> dict[str, Any]:
 
             ops = (tool_call, result_only, unary, ping, relay)
             for op in ops:  # warm up connections and code paths
-                await _sequential(op, 50)
+                await sequential(op, 50)
             # Interleaved blocks, so drift on a shared machine hits every series alike.
             samples: dict[Any, list[float]] = {op: [] for op in ops}
             for _ in range(5):
                 for op in ops:
-                    samples[op] += await _sequential(op, count // 5)
+                    samples[op] += await sequential(op, count // 5)
             call_samples, quiet_samples = samples[tool_call], samples[result_only]
             unary_samples, bidi_samples = samples[unary], samples[ping]
             relay_samples = samples[relay]
