@@ -21,9 +21,10 @@ import pytest
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
 from tests.codemode.conftest import make_stack
-from tests.registry.conftest import Harness, make_registry
+from tests.registry.conftest import Harness, database, make_registry, pg_database, postgres
 
-__all__ = ["make_registry", "make_stack"]  # re-exported fixtures
+# Re-exported fixtures.
+__all__ = ["database", "make_registry", "make_stack", "pg_database", "postgres"]
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
 RAW_SERVER = Path(__file__).with_name("mcp_raw_server.py")

@@ -196,10 +196,10 @@ async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path) -> N
 
 
 async def test_attachments_are_stored_with_the_scope(
-    make_registry: Any, mark_dir: Path, tmp_path: Path
+    make_registry: Any, mark_dir: Path, database: dict[str, Any]
 ) -> None:
-    """A registry restarted on the same history file connects the stored attachments again."""
-    settings = {**mcp_settings(mark_dir, "tools"), "history_path": str(tmp_path / "h.sqlite3")}
+    """A registry restarted on the same store connects the stored attachments again."""
+    settings = {**mcp_settings(mark_dir, "tools"), **database}
     async with make_registry(**settings) as h:
         agent = await attach(h, "durable", "tools")
         await tools_of(h, agent, "echo")
