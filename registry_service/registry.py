@@ -391,6 +391,7 @@ def build_registry(
             settings.max_json_depth,
             user=settings.mcp_user,
             messages_per_second=settings.mcp_messages_per_second,
+            json_limits=settings.json_limits(),
         ),
         providers=providers,
         admission=admission,

@@ -23,6 +23,7 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from registry_service.domain.json_admission import JsonLimits
 from registry_service.domain.mcp_servers import (
     ConnectionEvents,
     HttpServer,
@@ -225,8 +226,11 @@ class SdkConnector:
         max_json_depth: int,
         user: str = "nobody",
         messages_per_second: float = 2000.0,
+        json_limits: JsonLimits | None = None,
     ) -> None:
-        self._stdio = stdio_transport.StdioLimits(max_message_bytes, messages_per_second, user)
+        self._stdio = stdio_transport.StdioLimits(
+            max_message_bytes, messages_per_second, user, json_limits or JsonLimits()
+        )
         self._max_bytes = max_message_bytes
         self._max_depth = max_json_depth
 

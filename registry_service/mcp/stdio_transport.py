@@ -8,7 +8,8 @@ hands the SDK's `ClientSession` the same pair of message streams the SDK's trans
 - exactly the environment the settings give it (nothing inherited, not even PATH);
 - as `mcp_user` when the registry runs as root (no supplementary groups), else as the
   registry's own user (docs/security.md says what that means);
-- each message line at most `max_message_bytes` (a longer one, or a line that is not
+- each message line at most `max_message_bytes`, a long one parsed off the event loop (a
+  longer one, or a line that is not
   JSON-RPC, ends the connection with that reason: a server that breaks the protocol is
   restarted, it is not trusted to resynchronise);
 - at most `messages_per_second` messages read from it (a token bucket; past it the reader
@@ -26,13 +27,14 @@ import pwd
 import signal
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
+from registry_service.domain.json_admission import JsonLimits, off_loop
 from registry_service.domain.mcp_servers import StdioServer
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class StdioLimits:
     max_message_bytes: int
     messages_per_second: float = 2000.0
     user: str = "nobody"
+    json: JsonLimits = field(default_factory=JsonLimits)
+    """A line longer than `json.offload_bytes` is parsed in a worker thread."""
 
 
 def _credentials(user: str) -> tuple[int, int] | None:
@@ -137,7 +141,13 @@ class StdioProcess:
                 if not line.strip():
                     continue
                 try:
-                    message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                    message = await off_loop(
+                        self._limits.json,
+                        len(line),
+                        mcp_types.jsonrpc_message_adapter.validate_json,
+                        line,
+                        by_name=False,
+                    )
                 except ValueError as exc:
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     self._end(f"the server sent malformed JSON-RPC ({first[:200]})")

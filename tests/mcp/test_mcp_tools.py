@@ -218,3 +218,24 @@ async def test_a_settings_declared_agent_attaches_by_name(
         await tools_of(h, "agents/ops", "add")
         _, result = await h.execute("add", {"a": 1, "b": 1}, agent="agents/ops")
         assert value(result) == {"sum": 2}
+
+
+async def test_a_presets_server_serves_its_agents(make_registry: Any, mark_dir: Path) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        response = await h.stub.CreatePreset(
+            rpb.CreatePresetRequest(
+                preset_id="team",
+                preset=scope_pb2.Preset(mcp_servers=[scope_pb2.McpServer(server="tools")]),
+            )
+        )
+        preset = response.preset.name
+        member = await h.agent("member", preset=preset)
+        outsider = await h.agent("outsider")
+        await tools_of(h, member, "echo")
+        assert "echo" not in await h.visible(outsider)
+        assert h.registry.admission.live_mcp_servers(preset) == 1  # one process, the preset's
+        _, result = await h.execute("echo", {"text": "inherited"}, agent=member)
+        assert value(result) == {"result": "inherited"}
+        listed = await h.stub.ListPresets(rpb.ListPresetsRequest())
+        assert [s.server for s in listed.presets[0].mcp_servers] == ["tools"]
+        assert listed.presets[0].mcp_servers[0].state == "ready"
