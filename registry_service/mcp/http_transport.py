@@ -1,10 +1,10 @@
 """A streamable-HTTP MCP server: the SDK's transport over an HTTP client the registry bounds.
 
 The attachment's headers and the bearer token (read from its file at every connect) go with
-every request. A response body, JSON or one SSE event, is at most `max_message_bytes`: the SDK
-bounds SSE events itself (`max_sse_event_size`); `_BoundedTransport` bounds the rest, so a
-server answering with an endless body fails that request instead of filling the registry's
-memory.
+every request. A JSON response body, or one SSE event, is at most `max_message_bytes`: the SDK
+bounds SSE events itself (`max_sse_event_size`; an event stream as a whole may last, as the
+notification stream does); `_BoundedTransport` bounds every other body, so a server answering
+with an endless body fails that request instead of filling the registry's memory.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response  # bounded per event by the SDK; a notification stream may last
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
         response.stream = _BoundedStream(stream, self._limit)

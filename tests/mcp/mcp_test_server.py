@@ -115,6 +115,19 @@ def build() -> MCPServer:
         return {"pid": os.getpid(), "uid": os.getuid(), "pgid": os.getpgid(0)}
 
     @server.tool()
+    def whoami(ctx: Context) -> dict[str, str]:
+        """The HTTP headers this call came with that the tests set."""
+        headers = ctx.headers or {}
+        return {k: v for k, v in headers.items() if k.lower() in {"authorization", "x-tenant"}}
+
+    @server.tool()
+    def shout(text: str) -> str:
+        """Writes `text` and a 5,000-character line to stderr."""
+        print(text, file=sys.stderr, flush=True)
+        print("y" * 5000, file=sys.stderr, flush=True)
+        return "shouted"
+
+    @server.tool()
     def env() -> dict[str, str]:
         """The server's environment."""
         return dict(os.environ)

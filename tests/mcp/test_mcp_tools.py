@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pwd
 from pathlib import Path
@@ -178,10 +179,24 @@ async def test_a_callers_abort_cancels_the_call_on_the_server(
         assert value(result) == {"result": "still"}
 
 
-async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path) -> None:
+async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
     async with http_server(mark_dir) as url:
         prefix = url.rsplit("/", 1)[0] + "/"
-        async with make_registry(mcp_http_allow=[prefix]) as h:
+        declared = {"url": url, "bearer_token_file": str(token)}
+        settings = {"mcp_servers": {"remote": declared}, "max_message_bytes": 64 * 1024}
+        async with make_registry(mcp_http_allow=[prefix], **settings) as h:
+            operator = await attach(h, "operators", "remote")
+            await tools_of(h, operator, "whoami")
+            _, result = await h.execute("whoami", agent=operator)
+            assert value(result) == {"authorization": "Bearer s3cret"}
+            # A response body over the registry's message limit fails that call.
+            _, result = await h.execute("huge", {"size": 256 * 1024}, agent=operator, call_id="h")
+            assert result.is_error and result.error.code == "PROVIDER_UNAVAILABLE"
+            assert "65536 byte limit" in result.error.message
+            _, result = await h.execute("whoami", agent=operator, call_id="after")
+            assert value(result) == {"authorization": "Bearer s3cret"}
             server = scope_pb2.McpServer(url=url, headers={"X-Tenant": "secret-value"})
             agent = await attach(h, "remote", server)
             await tools_of(h, agent, "add", "picture")
@@ -191,6 +206,8 @@ async def test_a_streamable_http_server(make_registry: Any, mark_dir: Path) -> N
             assert blocks_of(result.content)[1] == ("image", ("image/png", PNG))
             _, result = await h.execute("fail", {"why": "http"}, agent=agent, call_id="c3")
             assert result.is_error and result.error.code == "MCP_TOOL_ERROR"
+            _, result = await h.execute("whoami", agent=agent, call_id="c4")
+            assert value(result) == {"x-tenant": "secret-value"}
             status = await server_status(h, agent)
             assert status.url == url and dict(status.headers) == {"X-Tenant": ""}
 
@@ -239,3 +256,22 @@ async def test_a_presets_server_serves_its_agents(make_registry: Any, mark_dir: 
         listed = await h.stub.ListPresets(rpb.ListPresetsRequest())
         assert [s.server for s in listed.presets[0].mcp_servers] == ["tools"]
         assert listed.presets[0].mcp_servers[0].state == "ready"
+
+
+async def test_a_servers_stderr_is_logged_line_by_line_cut(
+    make_registry: Any, mark_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="registry_service.mcp.stdio_transport")
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        agent = await attach(h, "loud", "tools")
+        await tools_of(h, agent, "shout")
+        _, result = await h.execute("shout", {"text": "hello on stderr"}, agent=agent)
+        assert value(result) == {"result": "shouted"}
+
+        def logged() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "stderr" in r.getMessage()]
+
+        await until(lambda: len(logged()) >= 2, "the stderr lines logged")
+        hello, long = logged()[-2:]
+        assert hello.endswith("hello on stderr")
+        assert long.endswith("y" * 100) and len(long) < 1024 + 100
