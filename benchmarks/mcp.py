@@ -8,6 +8,10 @@ serving `echo` over its Connect stream (`benchmarks/_bench_provider.py`). Both t
 the same arguments with the same value; each call is a model-direct ExecuteToolCall of the
 agent, result only. Target: the MCP tool's p50 <= 1.5 x the provider tool's p50.
 
+Reference, not part of the target: the same call made by the SDK's own client straight to the
+same server over stdio (no registry), what the server and the SDK cost by themselves; the MCP
+tool's p50 over it is what the registry adds (the pipeline, history, the gRPC call).
+
 A second figure, `mcp serve`'s round trip against a direct ExecuteToolCall, comes from
 `benchmarks/mcp_serve.py` (`measure(quick) -> dict`) when that module is present.
 
@@ -28,6 +32,8 @@ from typing import Any
 
 import grpc
 import yaml
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from benchmarks._support import emit, sequential, subprocess_service, summary_ms
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
@@ -116,13 +122,38 @@ async def tool_vs_provider(quick: bool) -> dict[str, Any]:
                 await channel.close()
     mcp, provider = summary_ms(samples[ops[0]]), summary_ms(samples[ops[1]])
     ratio = mcp["p50_ms"] / provider["p50_ms"]
+    reference = await sdk_client_reference(count)
     return {
         "mcp_tool_1_caller": mcp,
         "baseline": {"tool_provider_tool_1_caller": provider},
+        "reference_sdk_client_straight_to_the_server": reference,
+        "registry_over_reference_p50_ms": round(mcp["p50_ms"] - reference["p50_ms"], 4),
         "ratio_p50": round(ratio, 3),
         "target": f"MCP tool p50 <= {TARGET} x ToolProvider tool p50",
         "meets_target": ratio <= TARGET,
     }
+
+
+async def sdk_client_reference(count: int) -> dict[str, float]:
+    """The same call from the SDK's own client straight to the same server over stdio, no
+    registry: what the MCP server and the SDK cost here (a reference, not in the target)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "benchmarks._bench_mcp_server"],
+        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+        cwd=os.getcwd(),
+    )
+    arguments = {"path": "/tmp/example.txt", "limit": 10}
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await session.list_tools()
+
+        async def call() -> None:
+            result = await session.call_tool("mcp_echo", arguments)
+            assert not result.is_error
+
+        await sequential(call, 50)
+        return summary_ms(await sequential(call, count))
 
 
 def mcp_serve_round_trip(quick: bool) -> dict[str, Any]:
