@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import unquote, urlsplit
 
 from codemode_wire.errors import invalid_argument, permission_denied
 from registry_service.domain.mcp_attachments import McpAttachment
@@ -123,10 +124,15 @@ class McpPolicy:
                 )
             return spec
         url = attachment.url
-        if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        if (
+            not url.startswith(("http://", "https://"))
+            or any(c.isspace() or c == "\\" for c in url)
+            or _dot_segments(url)
+        ):
             raise invalid_argument(
                 "INVALID_MCP_URL",
-                f"MCP server url {url!r} is not an http:// or https:// URL",
+                f"MCP server url {url!r} is not an http:// or https:// URL without dot "
+                "segments or backslashes",
                 field="mcp_servers",
             )
         if not any(url.startswith(prefix) for prefix in self.http_allow):
@@ -138,6 +144,20 @@ class McpPolicy:
             )
         _check_headers(attachment.headers)
         return HttpServer(url, dict(attachment.headers))
+
+
+def _dot_segments(url: str) -> bool:
+    """Whether the URL's path has `.` or `..` segments (percent-encoded too): the HTTP client
+    would resolve them, reaching a path outside the allow-listed prefix it was checked against."""
+    path = urlsplit(url).path
+    return any(unquote(segment) in {".", ".."} for segment in path.split("/"))
+
+
+# Headers the HTTP client owns: set over the API they could reach another virtual host behind
+# the allow-listed address, or break the request's framing.
+_RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"}
+)
 
 
 def _check_headers(headers: tuple[tuple[str, str], ...]) -> None:
@@ -154,6 +174,12 @@ def _check_headers(headers: tuple[tuple[str, str], ...]) -> None:
         if not name or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in name):
             raise invalid_argument(
                 "INVALID_MCP_HEADERS", f"header name {name!r} is not valid", field="mcp_servers"
+            )
+        if name.lower() in _RESERVED_HEADERS or name.lower().startswith("mcp-"):
+            raise invalid_argument(
+                "INVALID_MCP_HEADERS",
+                f"header {name!r} is the HTTP client's own and cannot be set",
+                field="mcp_servers",
             )
         if any(c in value for c in "\r\n\x00"):
             raise invalid_argument(

@@ -57,6 +57,24 @@ ATTACHMENTS = [
         id="header-injection",
     ),
     pytest.param(
+        scope_pb2.McpServer(url=ALLOWED + "../elsewhere/mcp"),
+        "INVALID_ARGUMENT",
+        "INVALID_MCP_URL",
+        id="dot-segments-out-of-the-prefix",
+    ),
+    pytest.param(
+        scope_pb2.McpServer(url=ALLOWED + "%2e%2e/elsewhere/mcp"),
+        "INVALID_ARGUMENT",
+        "INVALID_MCP_URL",
+        id="encoded-dot-segments",
+    ),
+    pytest.param(
+        scope_pb2.McpServer(url=ALLOWED + "mcp", headers={"Host": "internal"}),
+        "INVALID_ARGUMENT",
+        "INVALID_MCP_HEADERS",
+        id="host-header",
+    ),
+    pytest.param(
         scope_pb2.McpServer(url=ALLOWED + "mcp", headers={"bad name": "x"}),
         "INVALID_ARGUMENT",
         "INVALID_MCP_HEADERS",
