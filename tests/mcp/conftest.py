@@ -147,3 +147,19 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
+
+
+def servers_of(marks: Path) -> list[int]:
+    """Live processes whose environment names `marks`: the test servers of one test."""
+    wanted = f"MCP_TEST_DIR={marks}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if wanted in environ.split(b"\0") and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found

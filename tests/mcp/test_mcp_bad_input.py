@@ -16,7 +16,14 @@ import pytest
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
-from tests.mcp.conftest import attach, mcp_settings, server_status, tools_of, until
+from tests.mcp.conftest import (
+    attach,
+    mcp_settings,
+    server_status,
+    servers_of,
+    tools_of,
+    until,
+)
 from tests.registry.conftest import error_info_of
 
 ALLOWED = "http://127.0.0.1:1/allowed/"
@@ -153,6 +160,10 @@ async def test_a_broken_server_is_down_with_a_reason_and_others_serve(
         assert await h.visible(broken) == []
         _, result = await h.execute("echo", {"text": "fine"}, agent=healthy)
         assert jsonvalue.loads(result.value_json) == {"result": "fine"}
+        # Each failed attempt's process is gone: the healthy server and at most the broken
+        # one's current attempt are alive.
+        assert len(servers_of(mark_dir)) <= 2
+    assert servers_of(mark_dir) == []
 
 
 async def test_a_result_over_the_message_limit_fails_that_call(
@@ -203,3 +214,4 @@ async def test_a_flooding_server_does_not_stall_other_tenants(
             await reading
         record = await h.settled(flooder, "flood-1")
         assert record.is_error
+    assert servers_of(mark_dir) == []
