@@ -384,8 +384,8 @@ class RegistrySettings(ServiceSettings):
     """Longest pause before reconnecting to a server that went down (restarting a stdio one);
     the pause starts at 0.2 s and doubles."""
     mcp_messages_per_second: float = Field(default=2000.0, gt=0, allow_inf_nan=False)
-    """Messages read per second from one stdio server at most; past it the registry reads
-    more slowly (the server waits on its own pipe)."""
+    """Messages taken per second from one MCP server at most (stdio or HTTP); past it the
+    registry reads more slowly (a stdio server waits on its own pipe)."""
     admission_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
     """The RetryInfo delay sent with a refusal over a concurrency limit (a rate limit sends
     when its next token is due)."""

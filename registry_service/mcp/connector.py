@@ -13,14 +13,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import anyio
 import mcp_types
-from mcp.client._transport import TransportStreams
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from registry_service.domain.json_admission import JsonLimits
@@ -48,8 +52,32 @@ _MAX_TOOLS = 512
 _CLIENT = mcp_types.Implementation(name="codemode-registry", version="1")
 
 
+async def _throttled(
+    source: ReadStream[SessionMessage | Exception],
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    rate: float,
+) -> None:
+    """Hands `source`'s messages to `sink`, at most `rate` a second (a token bucket of one
+    second's worth): past it this waits, and so does the transport behind it (a stdio server on
+    its own pipe), so a flooding server costs the event loop a bounded rate."""
+    tokens, at = rate, time.monotonic()
+    async with sink:
+        async for message in source:
+            now = time.monotonic()
+            tokens = min(rate, tokens + (now - at) * rate)
+            at = now
+            if tokens < 1:
+                await asyncio.sleep((1 - tokens) / rate)
+                tokens = 1
+            tokens -= 1
+            await sink.send(message)
+
+
 class _Connection:
-    def __init__(self, label: str, events: ConnectionEvents, max_depth: int) -> None:
+    def __init__(
+        self, label: str, events: ConnectionEvents, max_depth: int, messages_per_second: float
+    ) -> None:
+        self._rate = messages_per_second
         self._label = label
         self._events = events
         self._max_depth = max_depth
@@ -78,27 +106,12 @@ class _Connection:
         transport: Callable[[], AbstractAsyncContextManager[TransportStreams]],
         ready: asyncio.Future[None],
     ) -> None:
+        pump: asyncio.Task[None] | None = None
         try:
-            async with (
-                transport() as (read, write),
-                ClientSession(
-                    read,
-                    write,
-                    message_handler=self._on_message,
-                    logging_callback=self._on_log,
-                    client_info=_CLIENT,
-                ) as session,
-            ):
-                await session.initialize()
-                self._session = session
-                ready.set_result(None)
-                stop: asyncio.Future[object] = asyncio.ensure_future(self._stop.wait())
-                ended: asyncio.Future[object] = asyncio.ensure_future(asyncio.shield(self._ended))
-                try:
-                    await asyncio.wait({stop, ended}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop.cancel()
-                    ended.cancel()
+            async with transport() as (source, write):
+                sink, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+                pump = asyncio.create_task(_throttled(source, sink, self._rate))
+                await self._session_over(read, write, ready)
         except BaseException as exc:
             if isinstance(exc, Exception) and not self._ended.done():
                 # A transport that knows why it ended (a stdio child's exit, a malformed
@@ -111,8 +124,34 @@ class _Connection:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            if pump is not None:
+                pump.cancel()
             self._session = None
             self._end("the connection was closed")
+
+    async def _session_over(
+        self,
+        read: MemoryObjectReceiveStream[SessionMessage | Exception],
+        write: WriteStream[SessionMessage],
+        ready: asyncio.Future[None],
+    ) -> None:
+        async with ClientSession(
+            read,
+            write,
+            message_handler=self._on_message,
+            logging_callback=self._on_log,
+            client_info=_CLIENT,
+        ) as session:
+            await session.initialize()
+            self._session = session
+            ready.set_result(None)
+            stop: asyncio.Future[object] = asyncio.ensure_future(self._stop.wait())
+            ended: asyncio.Future[object] = asyncio.ensure_future(asyncio.shield(self._ended))
+            try:
+                await asyncio.wait({stop, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                ended.cancel()
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mcp_types.ToolListChangedNotification):
@@ -229,13 +268,14 @@ class SdkConnector:
         json_limits: JsonLimits | None = None,
     ) -> None:
         self._stdio = stdio_transport.StdioLimits(
-            max_message_bytes, messages_per_second, user, json_limits or JsonLimits()
+            max_message_bytes, user, json_limits or JsonLimits()
         )
+        self._rate = messages_per_second
         self._max_bytes = max_message_bytes
         self._max_depth = max_json_depth
 
     async def connect(self, spec: ServerSpec, label: str, events: ConnectionEvents) -> _Connection:
-        connection = _Connection(label, events, self._max_depth)
+        connection = _Connection(label, events, self._max_depth, self._rate)
         if isinstance(spec, StdioServer):
             stdio = self._stdio
 

@@ -9,11 +9,9 @@ hands the SDK's `ClientSession` the same pair of message streams the SDK's trans
 - as `mcp_user` when the registry runs as root (no supplementary groups), else as the
   registry's own user (docs/security.md says what that means);
 - each message line at most `max_message_bytes`, a long one parsed off the event loop (a
-  longer one, or a line that is not
-  JSON-RPC, ends the connection with that reason: a server that breaks the protocol is
-  restarted, it is not trusted to resynchronise);
-- at most `messages_per_second` messages read from it (a token bucket; past it the reader
-  waits, so a flooding server blocks on its own pipe and costs the event loop a bounded rate);
+  longer one, or a line that is not JSON-RPC, ends the connection with that reason: a server
+  that breaks the protocol is restarted, it is not trusted to resynchronise); the messages are
+  handed over one at a time, so a server the connection reads slowly waits on its own pipe;
 - stderr logged line by line, each cut to 1 KiB, at most `_STDERR_LINES` lines per window.
 """
 
@@ -48,7 +46,6 @@ _STOP_GRACE_S = 0.5
 @dataclass(frozen=True, slots=True)
 class StdioLimits:
     max_message_bytes: int
-    messages_per_second: float = 2000.0
     user: str = "nobody"
     json: JsonLimits = field(default_factory=JsonLimits)
     """A line longer than `json.offload_bytes` is parsed in a worker thread."""
@@ -116,8 +113,6 @@ class StdioProcess:
     async def _read(self, send: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
         assert self._process is not None and self._process.stdout is not None
         stdout = self._process.stdout
-        rate = self._limits.messages_per_second
-        tokens, at = rate, time.monotonic()
         async with send:
             while True:
                 try:
@@ -152,13 +147,6 @@ class StdioProcess:
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     self._end(f"the server sent malformed JSON-RPC ({first[:200]})")
                     return
-                now = time.monotonic()
-                tokens = min(rate, tokens + (now - at) * rate)
-                at = now
-                if tokens < 1:
-                    await asyncio.sleep((1 - tokens) / rate)
-                    tokens = 1
-                tokens -= 1
                 try:
                     await send.send(SessionMessage(message))
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
