@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from codemode_client import RegistryClient
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2, tool_pb2
@@ -276,3 +277,11 @@ async def test_a_servers_stderr_is_logged_line_by_line_cut(
         hello, long = logged()[-2:]
         assert hello.endswith("hello on stderr")
         assert long.endswith("y" * 100) and len(long) < 1024 + 100
+
+
+async def test_the_python_client_attaches_by_name(make_registry: Any, mark_dir: Path) -> None:
+    async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
+        async with RegistryClient(h.running.address) as client:
+            agent = await client.create_agent("via-client", mcp_servers=["tools"])
+            assert [s.server for s in agent.mcp_servers] == ["tools"]
+        await tools_of(h, agent.name, "echo")

@@ -52,6 +52,7 @@ export {
   type ExecuteToolCallInput,
   type HistoryEntry,
   type HistoryOf,
+  type McpServerInput,
   type Mode,
   type Page,
   type Progress,
@@ -63,7 +64,7 @@ export {
 } from "./registry";
 export { status } from "@grpc/grpc-js";
 export type { HistoryRecord } from "./gen/codemode/registry/v1/history";
-export { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
+export { PresentationMode, type Agent, type McpServer, type Preset } from "./gen/codemode/registry/v1/scope";
 export { Concurrency, type ContentBlock, type Tool, type ToolError, type ToolResult } from "./gen/codemode/registry/v1/tool";
 /** The generated schema types and grpc-js service definitions. */
 export * as registryV1 from "./gen/codemode/registry/v1/registry_service";
