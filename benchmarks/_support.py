@@ -39,6 +39,21 @@ async def sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float
     return samples
 
 
+async def interleaved(
+    ops: Sequence[Callable[[], Awaitable[Any]]], count: int, *, warm_up: int = 50
+) -> dict[Any, list[float]]:
+    """`count` samples of each op, after `warm_up` unsampled awaits of each (connections and
+    code paths), taken in five interleaved blocks, so drift on a shared machine hits every
+    series alike."""
+    for op in ops:
+        await sequential(op, warm_up)
+    samples: dict[Any, list[float]] = {op: [] for op in ops}
+    for _ in range(5):
+        for op in ops:
+            samples[op] += await sequential(op, count // 5)
+    return samples
+
+
 def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result, indent=2, sort_keys=False))
 

@@ -35,7 +35,13 @@ import yaml
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from benchmarks._support import emit, sequential, subprocess_service, summary_ms
+from benchmarks._support import (
+    emit,
+    interleaved,
+    sequential,
+    subprocess_service,
+    summary_ms,
+)
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -112,13 +118,7 @@ async def tool_vs_provider(quick: bool) -> dict[str, Any]:
                     return call
 
                 ops = (caller("mcp_echo"), caller("echo"))
-                for op in ops:  # warm up connections and code paths
-                    await sequential(op, 50)
-                # Interleaved blocks, so drift on a shared machine hits both series alike.
-                samples: dict[Any, list[float]] = {op: [] for op in ops}
-                for _ in range(5):
-                    for op in ops:
-                        samples[op] += await sequential(op, count // 5)
+                samples = await interleaved(ops, count)
                 await channel.close()
     mcp, provider = summary_ms(samples[ops[0]]), summary_ms(samples[ops[1]])
     ratio = mcp["p50_ms"] / provider["p50_ms"]
