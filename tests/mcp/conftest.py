@@ -117,9 +117,10 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def http_server(marks: Path) -> AsyncIterator[str]:
-    """The test server over streamable HTTP on loopback; yields its endpoint URL."""
-    port = free_port()
+async def http_server(marks: Path, port: int = 0) -> AsyncIterator[str]:
+    """The test server over streamable HTTP on loopback (on `port`, else a free one); yields
+    its endpoint URL."""
+    port = port or free_port()
     env = {**os.environ, "MCP_TEST_DIR": str(marks)}
     process = subprocess.Popen(  # noqa: ASYNC220 - it returns at once
         [sys.executable, str(SERVER), "http", str(port)],

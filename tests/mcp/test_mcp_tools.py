@@ -22,6 +22,7 @@ from codemode_wire.api.registry.v1 import scope_pb2, tool_pb2
 from tests.mcp.conftest import (
     alive,
     attach,
+    free_port,
     http_server,
     mcp_settings,
     server_status,
@@ -285,3 +286,26 @@ async def test_the_python_client_attaches_by_name(make_registry: Any, mark_dir: 
             agent = await client.create_agent("via-client", mcp_servers=["tools"])
             assert [s.server for s in agent.mcp_servers] == ["tools"]
         await tools_of(h, agent.name, "echo")
+
+
+async def test_a_restarted_http_server_is_reconnected(make_registry: Any, mark_dir: Path) -> None:
+    """The server going away fails calls PROVIDER_UNAVAILABLE; once it is back (a new process,
+    its sessions gone), the registry connects again and its tools serve."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    async with make_registry(mcp_http_allow=[f"http://127.0.0.1:{port}/"]) as h:
+        async with http_server(mark_dir, port) as first:
+            agent = await attach(h, "remote", scope_pb2.McpServer(url=first))
+            await tools_of(h, agent, "echo")
+            _, result = await h.execute("echo", {"text": "1"}, agent=agent)
+            assert value(result) == {"result": "1"}
+        _, result = await h.execute("echo", {"text": "2"}, agent=agent, call_id="c2")
+        assert result.is_error and result.error.code == "PROVIDER_UNAVAILABLE"
+        async with http_server(mark_dir, port) as second:
+            assert second == url
+
+            async def served() -> bool:
+                _, result = await h.execute("echo", {"text": "3"}, agent=agent, call_id="c3")
+                return not result.is_error
+
+            await until(served, "the restarted HTTP server serves")
