@@ -29,13 +29,28 @@ def summary_ms(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
-async def sequential_samples(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
-    """`count` awaits of `op`, one after another: each one's duration in seconds."""
+async def sequential(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
+    """`count` awaits of `op()` one after another: each one's duration in seconds."""
     samples = []
     for _ in range(count):
         start = time.perf_counter()
         await op()
         samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def interleaved(
+    ops: Sequence[Callable[[], Awaitable[Any]]], count: int, *, warm_up: int = 50
+) -> dict[Any, list[float]]:
+    """`count` samples of each op, after `warm_up` unsampled awaits of each (connections and
+    code paths), taken in five interleaved blocks, so drift on a shared machine hits every
+    series alike."""
+    for op in ops:
+        await sequential(op, warm_up)
+    samples: dict[Any, list[float]] = {op: [] for op in ops}
+    for _ in range(5):
+        for op in ops:
+            samples[op] += await sequential(op, count // 5)
     return samples
 
 

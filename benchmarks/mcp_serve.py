@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks._support import (
     emit,
-    sequential_samples,
+    interleaved,
     service_env,
     subprocess_service,
     summary_ms,
@@ -124,12 +124,7 @@ async def _run(quick: bool) -> dict[str, Any]:
             assert not result.is_error, result.content
 
         ops = (direct, mcp_stdio, mcp_http, mcp_bare)
-        for op in ops:  # warm connections and code paths
-            await sequential_samples(op, 30)
-        samples: dict[Any, list[float]] = {op: [] for op in ops}
-        for _ in range(5):
-            for op in ops:
-                samples[op] += await sequential_samples(op, count // 5)
+        samples = await interleaved(ops, count, warm_up=30)
     base, over_stdio, over_http_ms, floor = (summary_ms(samples[op]) for op in ops)
     ratio = over_stdio["p50_ms"] / base["p50_ms"]
     return {

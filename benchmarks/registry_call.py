@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from benchmarks._support import emit, sequential_samples, subprocess_service, summary_ms
+from benchmarks._support import emit, interleaved, subprocess_service, summary_ms
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
@@ -102,14 +102,7 @@ async def run(quick: bool) -> dict[str, Any]:
                 async for _ in relay_call(ARGS.encode()):
                     pass
 
-            ops = (tool_call, result_only, unary, ping, relay)
-            for op in ops:  # warm up connections and code paths
-                await sequential_samples(op, 50)
-            # Interleaved blocks, so drift on a shared machine hits every series alike.
-            samples: dict[Any, list[float]] = {op: [] for op in ops}
-            for _ in range(5):
-                for op in ops:
-                    samples[op] += await sequential_samples(op, count // 5)
+            samples = await interleaved((tool_call, result_only, unary, ping, relay), count)
             call_samples, quiet_samples = samples[tool_call], samples[result_only]
             unary_samples, bidi_samples = samples[unary], samples[ping]
             relay_samples = samples[relay]

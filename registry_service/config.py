@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
+from codemode_wire.errors import CodemodeError
 from registry_service.domain.access import AccessPolicy, Grant, Permission
 from registry_service.domain.admission import (
     DEFAULT_AGENT_LIMITS,
@@ -21,6 +22,13 @@ from registry_service.domain.admission import (
     Limits,
 )
 from registry_service.domain.json_admission import DEFAULT_LIMITS, JsonLimits
+from registry_service.domain.mcp_attachments import McpAttachment
+from registry_service.domain.mcp_servers import (
+    HttpServer,
+    McpPolicy,
+    ServerSpec,
+    StdioServer,
+)
 from registry_service.domain.scopes import Mode
 from registry_service.history.store import StoreOpenError
 from registry_service.history.stores import check_options
@@ -32,6 +40,7 @@ __all__ = [
     "ConfigError",
     "GrantSetting",
     "LimitsSetting",
+    "McpServerSetting",
     "PresetSetting",
     "PromptSectionSetting",
     "RegistrySettings",
@@ -64,6 +73,9 @@ class LimitsSetting(BaseModel):
     """Model-direct tool calls started per second (token bucket)."""
     burst: int | None = Field(default=None, ge=1)
     """Calls that may start at once after a quiet spell; unset: the rate rounded up."""
+    max_mcp_servers: int | None = Field(default=None, ge=0)
+    """MCP servers attached to a scope and running (a stdio server's process, an HTTP
+    server's connection); on `limits`, every scope's together."""
 
     def to_limits(self) -> Limits:
         """The declared limits (unset: None, inherited when merged over others)."""
@@ -73,6 +85,7 @@ class LimitsSetting(BaseModel):
             calls_per_second=self.calls_per_second,
             burst=self.burst,
             max_plugin_hosts=self.max_plugin_hosts,
+            max_mcp_servers=self.max_mcp_servers,
         )
 
     def over_defaults(self, defaults: Limits) -> Limits:
@@ -112,6 +125,8 @@ class PresetSetting(BaseModel):
     """Whether its agents get the dynamic Cordis tools; none: inherit the deployment default."""
     limits: LimitsSetting | None = None
     """Each of its agents' admission limits (over `agent_limits`)."""
+    mcp_servers: list[str] = Field(default_factory=list)
+    """Names of `mcp_servers` whose tools this preset's scope gets."""
 
 
 class AgentSetting(BaseModel):
@@ -129,6 +144,52 @@ class AgentSetting(BaseModel):
     """Whether this agent gets the dynamic Cordis tools; none: inherit (preset, else default)."""
     limits: LimitsSetting | None = None
     """This agent's admission limits (over its preset's, then `agent_limits`)."""
+    mcp_servers: list[str] = Field(default_factory=list)
+    """Names of `mcp_servers` whose tools this agent's scope gets."""
+
+
+class McpServerSetting(BaseModel):
+    """An MCP server the operator declares (`mcp_servers.<name>`): a stdio `command` or a
+    streamable-HTTP `url`, exactly one. Scopes attach it by name (docs/mcp.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = Field(default=None, min_length=1)
+    """The executable (an absolute path, or one found on the `PATH` of `env`)."""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """The server's whole environment: nothing of the registry's is inherited (give `PATH`,
+    `HOME`... when it needs them)."""
+    cwd: Path | None = None
+    url: str | None = Field(default=None, min_length=1)
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every request to `url`."""
+    bearer_token_file: Path | None = None
+    """A file holding a token sent as `Authorization: Bearer <token>` (read at each connect)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> McpServerSetting:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server declares exactly one of `command` or `url`")
+        if self.command is not None and (self.headers or self.bearer_token_file):
+            raise ValueError("`headers` and `bearer_token_file` go with `url`")
+        if self.url is not None and (self.args or self.env or self.cwd):
+            raise ValueError("`args`, `env` and `cwd` go with `command`")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not http:// or https://")
+        return self
+
+    def to_spec(self) -> ServerSpec:
+        if self.command is not None:
+            return StdioServer(
+                self.command,
+                tuple(self.args),
+                dict(self.env),
+                None if self.cwd is None else str(self.cwd),
+            )
+        assert self.url is not None
+        token = None if self.bearer_token_file is None else str(self.bearer_token_file)
+        return HttpServer(self.url, dict(self.headers), token)
 
 
 class GrantSetting(BaseModel):
@@ -305,9 +366,53 @@ class RegistrySettings(ServiceSettings):
     unless its preset or itself declares others (`presets[].limits`, `agents[].limits`).
     Unset fields take the defaults (`max_concurrent_runs` 8, `max_plugin_hosts` 4); `null`
     lifts a limit."""
+    mcp_servers: dict[str, McpServerSetting] = Field(default_factory=dict)
+    """MCP servers by name, whose tools the presets and agents that attach them get
+    (`presets[].mcp_servers`, `agents[].mcp_servers`, or `mcp_servers` in CreatePreset and
+    CreateAgent). Only these may be stdio commands: the API never names a command."""
+    mcp_http_allow: list[str] = Field(default_factory=list)
+    """URL prefixes (`https://tools.example.com/mcp/`) within which CreatePreset and
+    CreateAgent may attach a streamable-HTTP MCP server by URL; empty: none (only the servers
+    named above)."""
+    mcp_user: str = Field(default="nobody", min_length=1)
+    """The user (name or uid) stdio MCP servers run as when the registry runs as root (its
+    primary group, no supplementary groups). A registry not run as root runs them as itself."""
+    mcp_initialize_timeout_s: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+    """How long a server has to answer `initialize` (and each `tools/list`); past it the
+    connection is given up (a stdio server is stopped) and retried after the backoff."""
+    mcp_restart_backoff_max_s: float = Field(default=30.0, ge=0.01, le=3600, allow_inf_nan=False)
+    """Longest pause before reconnecting to a server that went down (restarting a stdio one);
+    the pause starts at 0.2 s and doubles."""
+    mcp_messages_per_second: float = Field(default=2000.0, gt=0, allow_inf_nan=False)
+    """Messages taken per second from one MCP server at most (stdio or HTTP); past it the
+    registry reads more slowly (a stdio server waits on its own pipe)."""
     admission_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
     """The RetryInfo delay sent with a refusal over a concurrency limit (a rate limit sends
     when its next token is due)."""
+
+    def mcp_policy(self) -> McpPolicy:
+        return McpPolicy(
+            {name: server.to_spec() for name, server in self.mcp_servers.items()},
+            tuple(self.mcp_http_allow),
+        )
+
+    @model_validator(mode="after")
+    def _check_mcp(self) -> RegistrySettings:
+        for prefix in self.mcp_http_allow:
+            if not prefix.startswith(("http://", "https://")) or prefix.count("/") < 3:
+                raise ValueError(
+                    f"mcp_http_allow entry {prefix!r} must be a URL prefix with a host and a "
+                    "path (`https://host/` at least)"
+                )
+        scopes = [(f"presets/{p.id}", p.mcp_servers) for p in self.presets]
+        scopes += [(f"agents/{a.id}", a.mcp_servers) for a in self.agents]
+        policy = self.mcp_policy()
+        for scope, names in scopes:
+            try:
+                policy.check(McpAttachment(server=name) for name in names)
+            except CodemodeError as exc:
+                raise ValueError(f"{scope}: {exc.message}") from None
+        return self
 
     def global_limits(self) -> Limits:
         return self.limits.over_defaults(DEFAULT_GLOBAL_LIMITS)

@@ -16,6 +16,8 @@ from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, records, results
 from registry_service.domain.approvals import ApprovalOutcome, ApprovalRequest, ApproverMessage
 from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
+from registry_service.domain.mcp_attachments import McpAttachment
+from registry_service.domain.mcp_supervisor import McpServers
 from registry_service.domain.providers import ToolSpec
 from registry_service.domain.records import Record
 from registry_service.domain.scopes import Mode
@@ -123,17 +125,52 @@ def optional_bool(message: Any, field: str) -> bool | None:
     return bool(getattr(message, field)) if message.HasField(field) else None
 
 
-def preset_to_proto(preset: catalog.Preset, scopes: catalog.Catalog) -> scope_pb2.Preset:
+def mcp_servers_from_proto(servers: Any) -> tuple[McpAttachment, ...]:
+    """A scope's attachments as asked (what may be attached is `McpServers.admit`'s)."""
+    return tuple(
+        McpAttachment(
+            server=server.server, url=server.url, headers=tuple(sorted(server.headers.items()))
+        )
+        for server in servers
+    )
+
+
+def mcp_servers_to_proto(
+    scope: str, scopes: catalog.Catalog, mcp: McpServers | None
+) -> list[scope_pb2.McpServer]:
+    """The scope's attachments with their state here; header values are never returned."""
+    answers = []
+    for attachment in scopes.declared_mcp_servers(scope):
+        answer = scope_pb2.McpServer(headers={name: "" for name, _ in attachment.headers})
+        if attachment.server:
+            answer.server = attachment.server
+        else:
+            answer.url = attachment.url
+        if mcp is not None:
+            status = mcp.status(scope, attachment)
+            answer.state = status.state
+            answer.last_error = status.last_error
+            answer.refused_tools.extend(status.refused_tools)
+        answers.append(answer)
+    return answers
+
+
+def preset_to_proto(
+    preset: catalog.Preset, scopes: catalog.Catalog, mcp: McpServers | None = None
+) -> scope_pb2.Preset:
     return scope_pb2.Preset(
         name=preset.name,
         mode=mode_to_proto(scopes.declared_mode(preset.name)),
         create_time=_timestamp(preset.create_time),
         code_language=scopes.declared_language(preset.name) or "",
         self_modification=scopes.declared_self_modification(preset.name),
+        mcp_servers=mcp_servers_to_proto(preset.name, scopes, mcp),
     )
 
 
-def agent_to_proto(agent: catalog.Agent, scopes: catalog.Catalog) -> scope_pb2.Agent:
+def agent_to_proto(
+    agent: catalog.Agent, scopes: catalog.Catalog, mcp: McpServers | None = None
+) -> scope_pb2.Agent:
     return scope_pb2.Agent(
         name=agent.name,
         preset=agent.preset,
@@ -145,6 +182,7 @@ def agent_to_proto(agent: catalog.Agent, scopes: catalog.Catalog) -> scope_pb2.A
         self_modification=scopes.declared_self_modification(agent.name),
         effective_self_modification=scopes.self_modification_for(agent.name),
         agent_id=agent.agent_id,
+        mcp_servers=mcp_servers_to_proto(agent.name, scopes, mcp),
     )
 
 

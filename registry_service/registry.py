@@ -27,6 +27,8 @@ from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.cordis.source_checks import SourceChecks
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
+from registry_service.domain.mcp_attachments import McpAttachment
+from registry_service.domain.mcp_supervisor import McpServers, McpTiming
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
 from registry_service.domain.providers import ProviderHub
@@ -47,6 +49,7 @@ from registry_service.history.recorder import HistoryRecorder
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
+from registry_service.mcp.connector import SdkConnector
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.language_profiles import HOST_LANGUAGES, LANGUAGES
 from registry_service.presentation.languages import (
@@ -84,6 +87,8 @@ class Registry:
     # Who may call which tool, for every path a call takes (domain/tool_access.py); the RPC
     # guard and the presentation RPCs ask it too.
     authority: ToolAuthority
+    # The MCP servers the scopes attach, connected and supervised (domain/mcp_supervisor.py).
+    mcp: McpServers
     telemetry: RegistryTelemetry = field(default_factory=RegistryTelemetry)
     admission: Admission = field(default_factory=Admission)
     follower: CatalogFollower | None = None  # other registries' catalog changes, once restored
@@ -117,6 +122,10 @@ class Registry:
         self.follower = CatalogFollower(self.catalog)
         self.catalog_store.follow(self.follower.changed)
         self.cordis.runner.adopt_owners()
+        # From now on the running MCP servers follow the catalog: what a scope created here or
+        # on another registry attaches starts, what a deleted one attached stops.
+        self.catalog.on_change(self.mcp.sync)
+        self.mcp.sync()
 
     async def close_interrupted(self) -> None:
         """At start, before any call: closes the calls a crash left open in the history."""
@@ -169,6 +178,7 @@ class Registry:
         return result
 
     async def close(self) -> None:
+        await self.mcp.close()  # every stdio server's process group is gone when it returns
         if self.follower is not None:
             await self.follower.close()
         for task in self._background:
@@ -375,11 +385,29 @@ def build_registry(
         authority=authority,
     )
     holder.append(transport)
+    providers = ProviderHub(catalog, receive_limits)
+    mcp = McpServers(
+        catalog.mcp_attachments,
+        policy=settings.mcp_policy(),
+        connector=SdkConnector(
+            settings.max_message_bytes,
+            settings.max_json_depth,
+            user=settings.mcp_user,
+            messages_per_second=settings.mcp_messages_per_second,
+            json_limits=settings.json_limits(),
+        ),
+        providers=providers,
+        admission=admission,
+        timing=McpTiming(
+            initialize_timeout_s=settings.mcp_initialize_timeout_s,
+            backoff_max_s=settings.mcp_restart_backoff_max_s,
+        ),
+    )
     registry = Registry(
         settings=settings,
         catalog=catalog,
         approvals=approvals,
-        providers=ProviderHub(catalog, receive_limits),
+        providers=providers,
         executor=executor,
         assembler=Assembler(catalog, presentation, served=languages.snapshot),
         languages=languages,
@@ -398,6 +426,7 @@ def build_registry(
         ),
         catalog_store=stores.catalog,
         authority=authority,
+        mcp=mcp,
         telemetry=telemetry,
         admission=admission,
     )
@@ -443,14 +472,23 @@ def _declare_scopes(catalog: Catalog, settings: RegistrySettings) -> None:
     try:
         for preset in settings.presets:
             catalog.declare_preset(
-                preset.id, preset.mode, preset.code_language, preset.self_modification
+                preset.id,
+                preset.mode,
+                preset.code_language,
+                preset.self_modification,
+                mcp_servers=tuple(McpAttachment(server=name) for name in preset.mcp_servers),
             )
         for agent in settings.agents:
             parent = agent.preset
             if parent and not parent.startswith("presets/"):
                 parent = f"presets/{parent}"
             catalog.declare_agent(
-                agent.id, parent, agent.mode, agent.code_language, agent.self_modification
+                agent.id,
+                parent,
+                agent.mode,
+                agent.code_language,
+                agent.self_modification,
+                mcp_servers=tuple(McpAttachment(server=name) for name in agent.mcp_servers),
             )
     except CodemodeError as exc:
         raise ConfigError(f"invalid presets/agents settings: {exc.message}") from exc

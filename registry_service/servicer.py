@@ -110,11 +110,11 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
 
     def _preset(self, name: str) -> scope_pb2.Preset:
         preset = self._catalog.get_preset(name)
-        return convert.preset_to_proto(preset, self._catalog)
+        return convert.preset_to_proto(preset, self._catalog, self._registry.mcp)
 
     def _agent(self, name: str) -> scope_pb2.Agent:
         agent = self._catalog.get_agent(name)
-        return convert.agent_to_proto(agent, self._catalog)
+        return convert.agent_to_proto(agent, self._catalog, self._registry.mcp)
 
     @unary
     async def CreatePreset(
@@ -123,8 +123,10 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.preset.mode, allow_unspecified=True)
         language = request.preset.code_language or None
         self_modification = convert.optional_bool(request.preset, "self_modification")
+        mcp_servers = convert.mcp_servers_from_proto(request.preset.mcp_servers)
+        self._registry.mcp.admit(f"presets/{request.preset_id}", mcp_servers)
         preset = await self._catalog.create_preset(
-            request.preset_id, mode, language, self_modification
+            request.preset_id, mode, language, self_modification, mcp_servers=mcp_servers
         )
         await self._audit("CreatePreset", preset.name, request)
         return rpb.CreatePresetResponse(preset=self._preset(preset.name))
@@ -159,8 +161,15 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
         mode = convert.mode_from_proto(request.agent.mode, allow_unspecified=True)
         language = request.agent.code_language or None
         self_modification = convert.optional_bool(request.agent, "self_modification")
+        mcp_servers = convert.mcp_servers_from_proto(request.agent.mcp_servers)
+        self._registry.mcp.admit(f"agents/{request.agent_id}", mcp_servers)
         agent = await self._catalog.create_agent(
-            request.agent_id, request.agent.preset, mode, language, self_modification
+            request.agent_id,
+            request.agent.preset,
+            mode,
+            language,
+            self_modification,
+            mcp_servers=mcp_servers,
         )
         await self._audit("CreateAgent", agent.name, request)
         return rpb.CreateAgentResponse(agent=self._agent(agent.name))

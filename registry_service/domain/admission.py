@@ -6,6 +6,9 @@ Limits, each per agent and global (every agent together):
   sandbox uid) on a runtime until it ends;
 - `max_plugin_hosts`: live plugin hosts (Cordis host halves), from the start of their
   activation until their processes are gone;
+- `max_mcp_servers`: MCP servers attached to a scope and running for it (a stdio server's
+  process, or an HTTP server's connection), held from its start until its process is gone;
+  a preset's servers count against the preset, an agent's against the agent;
 - `max_nested_in_flight`: nested tool calls of programs in flight (queued or running);
 - `calls_per_second` (with `burst`): model-direct tool calls started, a token bucket.
 
@@ -45,6 +48,7 @@ class Limits:
     burst: int | None = None
     """Calls that may start at once after a quiet spell; none: the rate rounded up (≥ 1)."""
     max_plugin_hosts: int | None = None
+    max_mcp_servers: int | None = None
 
     def over(self, base: Limits) -> Limits:
         """These limits, each unset one taken from `base`."""
@@ -56,8 +60,9 @@ class Limits:
 # 8 runs and 4 plugin hosts of the registry's 32 sandboxes, and plugin hosts (long-lived)
 # never take more than half of them. Nested calls are bounded per run (the runtime's outstanding
 # calls, `max_parallel_sub_calls`) and model-direct calls hold no sandbox: unlimited.
-DEFAULT_GLOBAL_LIMITS = Limits(max_concurrent_runs=32, max_plugin_hosts=16)
-DEFAULT_AGENT_LIMITS = Limits(max_concurrent_runs=8, max_plugin_hosts=4)
+# MCP servers run on the registry's host, not in a runtime sandbox: they have their own bound.
+DEFAULT_GLOBAL_LIMITS = Limits(max_concurrent_runs=32, max_plugin_hosts=16, max_mcp_servers=64)
+DEFAULT_AGENT_LIMITS = Limits(max_concurrent_runs=8, max_plugin_hosts=4, max_mcp_servers=4)
 
 
 @dataclass(slots=True)
@@ -114,6 +119,7 @@ class Admission:
     _runs: dict[str, int] = field(default_factory=dict)
     _hosts: dict[str, int] = field(default_factory=dict)
     _nested: dict[str, int] = field(default_factory=dict)
+    _mcp: dict[str, int] = field(default_factory=dict)
     _waiting: dict[str, float] = field(default_factory=dict)
     _buckets: dict[tuple[str, float, float], _Bucket] = field(default_factory=dict)
 
@@ -159,6 +165,23 @@ class Admission:
         """One live plugin host of the agent and one sandbox of the registry (raises when
         over); the caller releases it once the host's processes are gone."""
         return self._sandbox(self._hosts, "max_plugin_hosts", agent)
+
+    def mcp_servers(self, scope: str, count: int) -> list[Slot]:
+        """`count` MCP servers of `scope` at once, or none (raises when over the scope's or the
+        registry's `max_mcp_servers`); each is released once its server has stopped."""
+        limit = "max_mcp_servers"
+        for key, limits, what in (
+            (scope, self.limits_for(scope), "agent"),
+            (_GLOBAL, self.global_limits, "global"),
+        ):
+            bound = limits.max_mcp_servers
+            if bound is not None and self._mcp.get(key, 0) + count > bound:
+                nothing = "nothing was stored"
+                raise _over(what, limit, scope, self.retry_delay_s, bound=bound, nothing=nothing)
+        return [_take(self._mcp, scope) for _ in range(count)]
+
+    def live_mcp_servers(self, scope: str | None = None) -> int:
+        return self._mcp.get(_GLOBAL if scope is None else scope, 0)
 
     def nested(self, agent: str) -> Slot:
         """One nested-call slot (raises when over); the caller releases it when it settles."""

@@ -45,6 +45,7 @@ from registry_service.domain.catalog_changes import (
     RestrictionRow,
     ScopeRow,
 )
+from registry_service.domain.mcp_attachments import McpAttachment
 from registry_service.domain.policy import Guard, PolicyHooks
 from registry_service.domain.scopes import (
     GLOBAL,
@@ -96,6 +97,7 @@ class Layer:
     mode: Mode | None = None
     language: str | None = None
     self_modification: bool | None = None  # None: not declared in this scope
+    mcp_servers: tuple[McpAttachment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +180,8 @@ class Catalog:
         # Why the stored presets and agents could not be read at start (None: they were): a
         # name not known here may still be stored, so it is not answered as not found.
         self._unread: CodemodeError | None = None
+        # The scopes that attach MCP servers (`mcp_supervisor.McpServers` runs them).
+        self._mcp: dict[str, tuple[McpAttachment, ...]] = {}
         self._listeners: list[Callable[[], None]] = []
         # Bumped on every change that can alter any scope's view: a cheap cache key.
         self.version = 0
@@ -228,7 +232,13 @@ class Catalog:
             return await attempt()
 
     def _new_preset(
-        self, preset_id: str, mode: Mode | None, language: str | None, self_mod: bool | None
+        self,
+        preset_id: str,
+        mode: Mode | None,
+        language: str | None,
+        self_mod: bool | None,
+        *,
+        mcp: tuple[McpAttachment, ...] = (),
     ) -> ScopeRow:
         """The row of a preset that may be created now (raises when it may not)."""
         check_id("preset", preset_id)
@@ -237,7 +247,7 @@ class Catalog:
         name = f"presets/{preset_id}"
         if name in self._presets:
             raise already_exists("PRESET_EXISTS", f"preset {name!r} already exists", preset=name)
-        return ScopeRow(name, time.time(), mode, language, self_mod)
+        return ScopeRow(name, time.time(), mode, language, self_mod, mcp_servers=mcp)
 
     def _new_agent(
         self,
@@ -246,6 +256,8 @@ class Catalog:
         mode: Mode | None,
         language: str | None,
         self_mod: bool | None,
+        *,
+        mcp: tuple[McpAttachment, ...] = (),
     ) -> ScopeRow:
         """The row of an agent that may be created now, with a new id (raises when it may not)."""
         check_id("agent", agent_id)
@@ -257,7 +269,9 @@ class Catalog:
             self.get_preset(preset)
         if name in self._agents:
             raise already_exists("AGENT_EXISTS", f"agent {name!r} already exists", agent=name)
-        return ScopeRow(name, time.time(), mode, language, self_mod, preset, new_agent_id())
+        return ScopeRow(
+            name, time.time(), mode, language, self_mod, preset, new_agent_id(), mcp_servers=mcp
+        )
 
     def _put(self, row: ScopeRow) -> None:
         """Makes the scope `row` describes (a new layer), or updates it in place (its tools,
@@ -270,6 +284,11 @@ class Catalog:
         layer.mode = row.mode
         layer.language = row.language
         layer.self_modification = row.self_modification
+        layer.mcp_servers = row.mcp_servers
+        if row.mcp_servers:
+            self._mcp[row.name] = row.mcp_servers
+        else:
+            self._mcp.pop(row.name, None)
 
     def row(self, name: str) -> ScopeRow:
         """The stored form of an existing preset or agent."""
@@ -283,6 +302,7 @@ class Catalog:
             self_modification=layer.self_modification,
             preset=agent.preset if agent else "",
             agent_id=agent.agent_id if agent else "",
+            mcp_servers=layer.mcp_servers,
         )
 
     async def create_preset(
@@ -291,9 +311,11 @@ class Catalog:
         mode: Mode | None,
         language: str | None = None,
         self_modification: bool | None = None,
+        *,
+        mcp_servers: tuple[McpAttachment, ...] = (),
     ) -> Preset:
         async def attempt() -> Preset:
-            row = self._new_preset(preset_id, mode, language, self_modification)
+            row = self._new_preset(preset_id, mode, language, self_modification, mcp=mcp_servers)
             await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
@@ -308,9 +330,13 @@ class Catalog:
         mode: Mode | None,
         language: str | None = None,
         self_modification: bool | None = None,
+        *,
+        mcp_servers: tuple[McpAttachment, ...] = (),
     ) -> Agent:
         async def attempt() -> Agent:
-            row = self._new_agent(agent_id, preset, mode, language, self_modification)
+            row = self._new_agent(
+                agent_id, preset, mode, language, self_modification, mcp=mcp_servers
+            )
             await self._write([PutScope(row, create=True)])
             self._put(row)
             self._changed()
@@ -326,10 +352,12 @@ class Catalog:
         mode: Mode | None,
         language: str | None = None,
         self_modification: bool | None = None,
+        *,
+        mcp_servers: tuple[McpAttachment, ...] = (),
     ) -> Preset:
         """A preset the settings declare: made now, in memory (`restore` merges it with the
         stored one and stores the result)."""
-        row = self._new_preset(preset_id, mode, language, self_modification)
+        row = self._new_preset(preset_id, mode, language, self_modification, mcp=mcp_servers)
         self._declared[row.name] = row
         self._put(row)
         self._changed()
@@ -342,9 +370,11 @@ class Catalog:
         mode: Mode | None,
         language: str | None = None,
         self_modification: bool | None = None,
+        *,
+        mcp_servers: tuple[McpAttachment, ...] = (),
     ) -> Agent:
         """An agent the settings declare: made now, in memory, as `declare_preset`."""
-        row = self._new_agent(agent_id, preset, mode, language, self_modification)
+        row = self._new_agent(agent_id, preset, mode, language, self_modification, mcp=mcp_servers)
         self._declared[row.name] = row
         self._put(row)
         self._changed()
@@ -490,6 +520,7 @@ class Catalog:
         """Removes a scope and its layer; a preset's agents here are unparented (the change
         that deleted it elsewhere unparented them in the store too)."""
         del self._layers[name]
+        self._mcp.pop(name, None)
         if self._agents.pop(name, None) is None:
             del self._presets[name]
             for agent in [a for a in self._agents.values() if a.preset == name]:
@@ -537,6 +568,7 @@ class Catalog:
                 self._put(row)
             del self._presets[name]
             del self._layers[name]
+            self._mcp.pop(name, None)
             self._changed()
 
         await self._change(attempt)
@@ -554,6 +586,7 @@ class Catalog:
             await self._write(changes)
             del self._agents[name]
             del self._layers[name]
+            self._mcp.pop(name, None)
             self._changed()
             return agent
 
@@ -586,6 +619,15 @@ class Catalog:
         elif scope.startswith("agents/"):
             self.get_agent(scope)
         return scope
+
+    # -- MCP servers ---------------------------------------------------------------------------
+
+    def declared_mcp_servers(self, scope: str) -> tuple[McpAttachment, ...]:
+        return self._layers[scope].mcp_servers
+
+    def mcp_attachments(self) -> dict[str, tuple[McpAttachment, ...]]:
+        """Every scope that attaches MCP servers, and what it attaches."""
+        return self._mcp
 
     # -- modes ---------------------------------------------------------------------------------
 
@@ -832,6 +874,7 @@ def _merge(stored: ScopeRow, declared: ScopeRow) -> ScopeRow:
             if declared.self_modification is not None
             else stored.self_modification
         ),
+        mcp_servers=declared.mcp_servers or stored.mcp_servers,
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
+from registry_service.domain.mcp_attachments import McpAttachment
 from registry_service.domain.scopes import Mode
 
 
@@ -22,6 +23,7 @@ class ScopeRow:
     self_modification: bool | None = None
     preset: str = ""  # an agent's parent preset; "" when unparented (and for presets)
     agent_id: str = ""  # an agent's stable identity; "" for presets
+    mcp_servers: tuple[McpAttachment, ...] = ()  # fixed at creation
 
     @property
     def is_agent(self) -> bool:

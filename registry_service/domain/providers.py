@@ -78,6 +78,13 @@ class ProviderSession:
         self._registrations.extend((scope, d) for d in registered)
         return registered
 
+    def unregister(self, scope: str, name: str) -> None:
+        """Revokes this session's registration of `name` in `scope` (a provider whose tool
+        list changed: an MCP server's `tools/list_changed`)."""
+        for entry in [e for e in self._registrations if e[0] == scope and e[1].name == name]:
+            self._catalog.unregister(scope, entry[1])
+            self._registrations.remove(entry)
+
     def _definition(self, spec: ToolSpec) -> ToolDefinition:
         safe: Classifier | None = (lambda _args: True) if spec.concurrency_safe else None
         return ToolDefinition(

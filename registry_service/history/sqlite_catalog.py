@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import assert_never
 
 from codemode_wire.errors import CodemodeError
+from registry_service.domain.mcp_attachments import attachments_from_json, attachments_to_json
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
@@ -55,8 +56,8 @@ class SqliteCatalog:
         self._refuse_if_corrupt()
         try:
             scopes = self._db.execute(
-                "SELECT name, create_time, mode, language, self_modification, preset, agent_id"
-                " FROM catalog_scopes ORDER BY name LIKE 'agents/%', name"
+                "SELECT name, create_time, mode, language, self_modification, preset, agent_id,"
+                " mcp_servers FROM catalog_scopes ORDER BY name LIKE 'agents/%', name"
             ).fetchall()
             restrictions = self._db.execute(
                 "SELECT scope, restriction_id, allow, deny FROM catalog_restrictions"
@@ -124,6 +125,7 @@ class SqliteCatalog:
                 None if row.mode is None else row.mode.value,
                 row.language,
                 None if row.self_modification is None else int(row.self_modification),
+                attachments_to_json(row.mcp_servers),
                 row.create_time,
                 row.name,
                 row.agent_id,
@@ -131,14 +133,16 @@ class SqliteCatalog:
             if change.create:
                 cursor = db.execute(
                     "INSERT INTO catalog_scopes (preset, mode, language, self_modification,"
-                    " create_time, name, agent_id) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " mcp_servers, create_time, name, agent_id)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (name) DO NOTHING",
                     values,
                 )
             else:
                 cursor = db.execute(
                     "UPDATE catalog_scopes SET preset = ?, mode = ?, language = ?,"
-                    " self_modification = ?, create_time = ? WHERE name = ? AND agent_id = ?",
+                    " self_modification = ?, mcp_servers = ?, create_time = ?"
+                    " WHERE name = ? AND agent_id = ?",
                     values,
                 )
             if cursor.rowcount != 1:
@@ -180,7 +184,7 @@ class SqliteCatalog:
 
 
 def _scope(row: tuple[object, ...]) -> ScopeRow:
-    name, create_time, mode, language, self_modification, preset, agent_id = row
+    name, create_time, mode, language, self_modification, preset, agent_id, mcp = row
     return ScopeRow(
         name=str(name),
         create_time=float(create_time),  # type: ignore[arg-type]
@@ -189,6 +193,7 @@ def _scope(row: tuple[object, ...]) -> ScopeRow:
         self_modification=None if self_modification is None else bool(self_modification),
         preset=str(preset),
         agent_id=str(agent_id),
+        mcp_servers=attachments_from_json(str(mcp)),
     )
 
 

@@ -105,7 +105,13 @@ _AGENT_IDS_AND_CATALOG = Migration(
     ),
 )
 
-MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG)
+_MCP_SERVERS = Migration(
+    3,
+    "the MCP servers a preset or agent attaches (JSON text, '' for none)",
+    ("ALTER TABLE catalog_scopes ADD COLUMN mcp_servers TEXT NOT NULL DEFAULT ''",),
+)
+
+MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import grpc
@@ -166,6 +167,14 @@ def make_registry() -> Callable[..., AsyncIterator[Harness]]:
             await running.stop(0)
 
     return factory  # type: ignore[return-value]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The settings of one registry database (SQLite or PostgreSQL), kept across restarts."""
+    if request.param == "sqlite":
+        return {"history_path": str(tmp_path / "history.sqlite3")}
+    return {"history_store": "postgres", "history_dsn": request.getfixturevalue("pg_database")}
 
 
 @pytest.fixture

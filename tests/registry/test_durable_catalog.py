@@ -44,14 +44,6 @@ async def history(h: Harness, agent: str = "", agent_id: str = "") -> list[tuple
     return [(r.call_id, r.kind) for r in page.records]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """The settings of one registry database (SQLite or PostgreSQL), kept across restarts."""
-    if request.param == "sqlite":
-        return {"history_path": str(tmp_path / "history.sqlite3")}
-    return {"history_store": "postgres", "history_dsn": request.getfixturevalue("pg_database")}
-
-
 async def test_api_declared_scopes_survive_a_restart(
     make_registry: Any, database: dict[str, Any]
 ) -> None:

@@ -15,7 +15,7 @@ nothing that changes state is retried.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -170,13 +170,17 @@ class RegistryClient:
         mode: ModeName | None = None,
         language: Language | None = None,
         self_modification: bool | None = None,
+        mcp_servers: Sequence[str | scope_pb2.McpServer] = (),
     ) -> scope_pb2.Preset:
         """`language`: the program language its agents' `run_code` uses (none: inherit).
-        `self_modification`: whether its agents get the dynamic Cordis tools (none: inherit)."""
+        `self_modification`: whether its agents get the dynamic Cordis tools (none: inherit).
+        `mcp_servers`: MCP servers whose tools its scope gets, each a name the registry
+        settings declare or a `McpServer(url=..., headers=...)` (docs/mcp.md)."""
         preset = scope_pb2.Preset(
             mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
             code_language=language or "",
             self_modification=self_modification,
+            mcp_servers=_mcp_servers(mcp_servers),
         )
         request = rpb.CreatePresetRequest(preset_id=preset_id, preset=preset)
         response: rpb.CreatePresetResponse = await self._unary(self.stub.CreatePreset, request)
@@ -203,15 +207,18 @@ class RegistryClient:
         mode: ModeName | None = None,
         language: Language | None = None,
         self_modification: bool | None = None,
+        mcp_servers: Sequence[str | scope_pb2.McpServer] = (),
     ) -> scope_pb2.Agent:
         """`language`: the program language of its `run_code` (none: the preset's, else the
         deployment default); the agent's `effective_code_language` says which is in force.
-        `self_modification` likewise (`effective_self_modification`): the Cordis tools."""
+        `self_modification` likewise (`effective_self_modification`): the Cordis tools.
+        `mcp_servers` as for `create_preset`."""
         agent = scope_pb2.Agent(
             preset=preset,
             mode=_MODES[mode] if mode else scope_pb2.PRESENTATION_MODE_UNSPECIFIED,
             code_language=language or "",
             self_modification=self_modification,
+            mcp_servers=_mcp_servers(mcp_servers),
         )
         request = rpb.CreateAgentRequest(agent_id=agent_id, agent=agent)
         response: rpb.CreateAgentResponse = await self._unary(self.stub.CreateAgent, request)
@@ -427,3 +434,8 @@ class RegistryClient:
             message = agent_message(record)
             if message is not None:
                 yield message
+
+
+def _mcp_servers(servers: Sequence[str | scope_pb2.McpServer]) -> list[scope_pb2.McpServer]:
+    """A name is a server the registry settings declare."""
+    return [scope_pb2.McpServer(server=s) if isinstance(s, str) else s for s in servers]

@@ -54,6 +54,7 @@ export {
   type ExecuteToolCallInput,
   type HistoryEntry,
   type HistoryOf,
+  type McpServerInput,
   type Mode,
   type Page,
   type Progress,
@@ -65,7 +66,7 @@ export {
 } from "./registry";
 export { status } from "@grpc/grpc-js";
 export type { HistoryRecord } from "./gen/codemode/registry/v1/history";
-export { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
+export { PresentationMode, type Agent, type McpServer, type Preset } from "./gen/codemode/registry/v1/scope";
 // The result's error message type is `ToolResultError` here: `ToolError` is the class a handler throws.
 export {
   Concurrency,

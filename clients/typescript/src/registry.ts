@@ -32,7 +32,7 @@ import {
   type PluginReferenceContext,
   type WatchHistoryResponse,
 } from "./gen/codemode/registry/v1/registry_service";
-import { PresentationMode, type Agent, type Preset } from "./gen/codemode/registry/v1/scope";
+import { PresentationMode, type Agent, type McpServer, type Preset } from "./gen/codemode/registry/v1/scope";
 import type { AdditionalContext, ContentBlock, Tool, ToolError, ToolResult } from "./gen/codemode/registry/v1/tool";
 import { parseJson, stringifyJson, type JsonValue } from "./json";
 import { AsyncQueue } from "./queue";
@@ -512,10 +512,16 @@ export class RegistryClient {
   /**
    * `codeLanguage`: the program language its agents' `run_code` uses (none: inherit).
    * `selfModification`: whether its agents get the dynamic Cordis tools (none: inherit).
+   * `mcpServers`: MCP servers whose tools the preset's scope gets (docs/mcp.md).
    */
   async createPreset(
     presetId: string,
-    preset: { mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage; selfModification?: boolean } = {},
+    preset: {
+      mode?: Mode | PresentationMode;
+      codeLanguage?: CodeLanguage;
+      selfModification?: boolean;
+      mcpServers?: McpServerInput[];
+    } = {},
     options?: CallOptions,
   ): Promise<Preset> {
     const request = {
@@ -526,6 +532,7 @@ export class RegistryClient {
         createTime: undefined,
         codeLanguage: preset.codeLanguage ?? "",
         selfModification: preset.selfModification,
+        mcpServers: (preset.mcpServers ?? []).map(toMcpServer),
       },
     };
     return (await this.unary(this.stub.createPreset, request, options, false)).preset!;
@@ -548,10 +555,17 @@ export class RegistryClient {
    * `codeLanguage`: the program language of its `run_code` (none: the preset's, else the
    * deployment default); the agent's `effectiveCodeLanguage` says which is in force.
    * `selfModification` likewise (`effectiveSelfModification`): the dynamic Cordis tools.
+   * `mcpServers`: MCP servers whose tools the agent's scope gets (docs/mcp.md).
    */
   async createAgent(
     agentId: string,
-    agent: { preset?: string; mode?: Mode | PresentationMode; codeLanguage?: CodeLanguage; selfModification?: boolean } = {},
+    agent: {
+      preset?: string;
+      mode?: Mode | PresentationMode;
+      codeLanguage?: CodeLanguage;
+      selfModification?: boolean;
+      mcpServers?: McpServerInput[];
+    } = {},
     options?: CallOptions,
   ): Promise<Agent> {
     const request = {
@@ -567,6 +581,7 @@ export class RegistryClient {
         selfModification: agent.selfModification,
         effectiveSelfModification: false,
         agentId: "",
+        mcpServers: (agent.mcpServers ?? []).map(toMcpServer),
       },
     };
     return (await this.unary(this.stub.createAgent, request, options, false)).agent!;
@@ -752,4 +767,19 @@ export class RegistryClient {
       signal?.addEventListener("abort", onAbort, { once: true });
     });
   }
+}
+
+/**
+ * An MCP server to attach to a scope: one the registry settings declare, by name, or a
+ * streamable-HTTP URL within the settings' `mcp_http_allow` (docs/mcp.md).
+ */
+export type McpServerInput = { server: string } | { url: string; headers?: Record<string, string> };
+
+function toMcpServer(input: McpServerInput): McpServer {
+  const source =
+    "server" in input
+      ? { $case: "server" as const, value: input.server }
+      : { $case: "url" as const, value: input.url };
+  const headers = "url" in input ? (input.headers ?? {}) : {};
+  return { source, headers, state: "", lastError: "", refusedTools: [] };
 }

@@ -18,6 +18,7 @@ from typing import Any, assert_never
 import psycopg
 from psycopg.types.json import Jsonb
 
+from registry_service.domain.mcp_attachments import attachments_from_json, attachments_to_json
 from registry_service.domain.scopes import Mode
 from registry_service.history.catalog_store import (
     CatalogChange,
@@ -79,7 +80,7 @@ class PostgresCatalog:
             scopes = await (
                 await conn.execute(
                     "SELECT name, create_time, mode, language, self_modification, preset,"
-                    " agent_id FROM catalog_scopes"
+                    " agent_id, mcp_servers FROM catalog_scopes"
                     + where.format("name")
                     + " ORDER BY name LIKE 'agents/%%', name",
                     params,
@@ -145,6 +146,7 @@ async def _apply(conn: Conn, change: CatalogChange) -> None:
             None if row.mode is None else row.mode.value,
             row.language,
             row.self_modification,
+            attachments_to_json(row.mcp_servers),
             row.create_time,
             row.name,
             row.agent_id,
@@ -152,14 +154,16 @@ async def _apply(conn: Conn, change: CatalogChange) -> None:
         if change.create:
             cursor = await conn.execute(
                 "INSERT INTO catalog_scopes (preset, mode, language, self_modification,"
-                " create_time, name, agent_id) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                " mcp_servers, create_time, name, agent_id)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (name) DO NOTHING",
                 values,
             )
         else:
             cursor = await conn.execute(
                 "UPDATE catalog_scopes SET preset = %s, mode = %s, language = %s,"
-                " self_modification = %s, create_time = %s WHERE name = %s AND agent_id = %s",
+                " self_modification = %s, mcp_servers = %s, create_time = %s"
+                " WHERE name = %s AND agent_id = %s",
                 values,
             )
         if cursor.rowcount != 1:
@@ -200,7 +204,7 @@ async def _apply(conn: Conn, change: CatalogChange) -> None:
 
 
 def _scope(row: Sequence[Any]) -> ScopeRow:
-    name, create_time, mode, language, self_modification, preset, agent_id = row
+    name, create_time, mode, language, self_modification, preset, agent_id, mcp = row
     return ScopeRow(
         name=str(name),
         create_time=float(create_time),
@@ -209,6 +213,7 @@ def _scope(row: Sequence[Any]) -> ScopeRow:
         self_modification=None if self_modification is None else bool(self_modification),
         preset=str(preset),
         agent_id=str(agent_id),
+        mcp_servers=attachments_from_json(str(mcp)),
     )
 
 

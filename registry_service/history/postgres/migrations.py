@@ -101,6 +101,13 @@ CREATE TABLE catalog_restrictions (
 CREATE INDEX catalog_restrictions_scope ON catalog_restrictions (scope);
 """,
     ),
+    (
+        3,
+        """
+-- The MCP servers a preset or agent attaches (JSON text, '' for none).
+ALTER TABLE catalog_scopes ADD COLUMN mcp_servers text NOT NULL DEFAULT '';
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

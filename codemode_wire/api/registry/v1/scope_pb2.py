@@ -26,17 +26,23 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n codemode/registry/v1/scope.proto\x12\x14\x63odemode.registry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x01\n\x06Preset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcode_language\x18\x04 \x01(\t\x12\x1e\n\x11self_modification\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_self_modification\"\xf1\x02\n\x05\x41gent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x34\n\x04mode\x18\x03 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12>\n\x0e\x65\x66\x66\x65\x63tive_mode\x18\x04 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcode_language\x18\x06 \x01(\t\x12\x1f\n\x17\x65\x66\x66\x65\x63tive_code_language\x18\x07 \x01(\t\x12\x1e\n\x11self_modification\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12#\n\x1b\x65\x66\x66\x65\x63tive_self_modification\x18\t \x01(\x08\x12\x10\n\x08\x61gent_id\x18\n \x01(\tB\x14\n\x12_self_modification*\x8b\x01\n\x10PresentationMode\x12!\n\x1dPRESENTATION_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18PRESENTATION_MODE_NATIVE\x10\x01\x12\x1a\n\x16PRESENTATION_MODE_CODE\x10\x02\x12\x1a\n\x16PRESENTATION_MODE_BOTH\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n codemode/registry/v1/scope.proto\x12\x14\x63odemode.registry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x02\n\x06Preset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcode_language\x18\x04 \x01(\t\x12\x1e\n\x11self_modification\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x34\n\x0bmcp_servers\x18\x06 \x03(\x0b\x32\x1f.codemode.registry.v1.McpServerB\x14\n\x12_self_modification\"\xa7\x03\n\x05\x41gent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12\x34\n\x04mode\x18\x03 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12>\n\x0e\x65\x66\x66\x65\x63tive_mode\x18\x04 \x01(\x0e\x32&.codemode.registry.v1.PresentationMode\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rcode_language\x18\x06 \x01(\t\x12\x1f\n\x17\x65\x66\x66\x65\x63tive_code_language\x18\x07 \x01(\t\x12\x1e\n\x11self_modification\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12#\n\x1b\x65\x66\x66\x65\x63tive_self_modification\x18\t \x01(\x08\x12\x10\n\x08\x61gent_id\x18\n \x01(\t\x12\x34\n\x0bmcp_servers\x18\x0b \x03(\x0b\x32\x1f.codemode.registry.v1.McpServerB\x14\n\x12_self_modification\"\xdf\x01\n\tMcpServer\x12\x10\n\x06server\x18\x01 \x01(\tH\x00\x12\r\n\x03url\x18\x02 \x01(\tH\x00\x12=\n\x07headers\x18\x03 \x03(\x0b\x32,.codemode.registry.v1.McpServer.HeadersEntry\x12\r\n\x05state\x18\x04 \x01(\t\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x15\n\rrefused_tools\x18\x06 \x03(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source*\x8b\x01\n\x10PresentationMode\x12!\n\x1dPRESENTATION_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18PRESENTATION_MODE_NATIVE\x10\x01\x12\x1a\n\x16PRESENTATION_MODE_CODE\x10\x02\x12\x1a\n\x16PRESENTATION_MODE_BOTH\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'codemode.registry.v1.scope_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRESENTATIONMODE']._serialized_start=669
-  _globals['_PRESENTATIONMODE']._serialized_end=808
+  _globals['_MCPSERVER_HEADERSENTRY']._loaded_options = None
+  _globals['_MCPSERVER_HEADERSENTRY']._serialized_options = b'8\001'
+  _globals['_PRESENTATIONMODE']._serialized_start=1003
+  _globals['_PRESENTATIONMODE']._serialized_end=1142
   _globals['_PRESET']._serialized_start=92
-  _globals['_PRESET']._serialized_end=294
-  _globals['_AGENT']._serialized_start=297
-  _globals['_AGENT']._serialized_end=666
+  _globals['_PRESET']._serialized_end=348
+  _globals['_AGENT']._serialized_start=351
+  _globals['_AGENT']._serialized_end=774
+  _globals['_MCPSERVER']._serialized_start=777
+  _globals['_MCPSERVER']._serialized_end=1000
+  _globals['_MCPSERVER_HEADERSENTRY']._serialized_start=944
+  _globals['_MCPSERVER_HEADERSENTRY']._serialized_end=990
 # @@protoc_insertion_point(module_scope)

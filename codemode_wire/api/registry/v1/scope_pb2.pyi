@@ -4,18 +4,20 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -58,6 +60,7 @@ class Preset(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CODE_LANGUAGE_FIELD_NUMBER: _builtins.int
     SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
+    MCP_SERVERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `presets/{preset_id}`."""
     mode: Global___PresentationMode.ValueType
@@ -75,6 +78,12 @@ class Preset(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the preset was created."""
 
+    @_builtins.property
+    def mcp_servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpServer]:
+        """MCP servers whose tools this preset's scope gets (its agents inherit them like any preset
+        tool). Fixed at creation; stopped when the preset is deleted. See docs/mcp.md.
+        """
+
     def __init__(
         self,
         *,
@@ -83,10 +92,11 @@ class Preset(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         code_language: _builtins.str = ...,
         self_modification: _builtins.bool | None = ...,
+        mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "create_time", b"create_time", "self_modification", b"self_modification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "code_language", b"code_language", "create_time", b"create_time", "mode", b"mode", "name", b"name", "self_modification", b"self_modification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "code_language", b"code_language", "create_time", b"create_time", "mcp_servers", b"mcp_servers", "mode", b"mode", "name", b"name", "self_modification", b"self_modification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__self_modification: _TypeAlias = _typing.Literal["self_modification"]  # noqa: Y015
     _WhichOneofArgType__self_modification: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification"]  # noqa: Y015
@@ -110,6 +120,7 @@ class Agent(_message.Message):
     SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
     EFFECTIVE_SELF_MODIFICATION_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
+    MCP_SERVERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Resource name `agents/{agent_id}`."""
     preset: _builtins.str
@@ -144,6 +155,12 @@ class Agent(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Output only. When the agent was created."""
 
+    @_builtins.property
+    def mcp_servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpServer]:
+        """MCP servers whose tools this agent's scope gets. Fixed at creation; stopped when the agent
+        is deleted. See docs/mcp.md.
+        """
+
     def __init__(
         self,
         *,
@@ -157,13 +174,93 @@ class Agent(_message.Message):
         self_modification: _builtins.bool | None = ...,
         effective_self_modification: _builtins.bool = ...,
         agent_id: _builtins.str = ...,
+        mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "create_time", b"create_time", "self_modification", b"self_modification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "agent_id", b"agent_id", "code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "effective_self_modification", b"effective_self_modification", "mode", b"mode", "name", b"name", "preset", b"preset", "self_modification", b"self_modification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification", "agent_id", b"agent_id", "code_language", b"code_language", "create_time", b"create_time", "effective_code_language", b"effective_code_language", "effective_mode", b"effective_mode", "effective_self_modification", b"effective_self_modification", "mcp_servers", b"mcp_servers", "mode", b"mode", "name", b"name", "preset", b"preset", "self_modification", b"self_modification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__self_modification: _TypeAlias = _typing.Literal["self_modification"]  # noqa: Y015
     _WhichOneofArgType__self_modification: _TypeAlias = _typing.Literal["_self_modification", b"_self_modification"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__self_modification) -> _WhichOneofReturnType__self_modification | None: ...
 
 Global___Agent: _TypeAlias = Agent  # noqa: Y015
+
+@_typing.final
+class McpServer(_message.Message):
+    """An MCP server attached to a preset or agent: the registry connects to it as an MCP client
+    (one connection, or one process, per scope and server) and its tools enter that scope's
+    catalog as if a tool provider had registered them there.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SERVER_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    REFUSED_TOOLS_FIELD_NUMBER: _builtins.int
+    server: _builtins.str
+    """A server the registry settings declare (`mcp_servers` there), by name: a stdio command or
+    a streamable-HTTP endpoint the operator wrote. The only way to run a command.
+    """
+    url: _builtins.str
+    """A streamable-HTTP endpoint (`http://` or `https://`) that must start with one of the
+    settings' `mcp_http_allow` prefixes.
+    """
+    state: _builtins.str
+    """Output only. `connecting`, `ready` or `down` (on this registry)."""
+    last_error: _builtins.str
+    """Output only. Why the server is down, or why its last connection ended; empty when none."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """HTTP headers sent with every request to `url` (not allowed with `server`). Values are
+        never returned: Get and List answers carry the names with empty values.
+        """
+
+    @_builtins.property
+    def refused_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Output only. Tools the server lists that this scope does not serve, each `name: reason`
+        (a schema the catalog cannot express, a name taken in the scope).
+        """
+
+    def __init__(
+        self,
+        *,
+        server: _builtins.str = ...,
+        url: _builtins.str = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        state: _builtins.str = ...,
+        last_error: _builtins.str = ...,
+        refused_tools: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["server", b"server", "source", b"source", "url", b"url"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "last_error", b"last_error", "refused_tools", b"refused_tools", "server", b"server", "source", b"source", "state", b"state", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["server", "url"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___McpServer: _TypeAlias = McpServer  # noqa: Y015

@@ -46,7 +46,14 @@ export interface Preset {
    * `cordis_*` tools and the `tool:cordis` prompt section). Unset: not declared here (the
    * deployment default applies). Fixed at creation; revoked when the preset is deleted.
    */
-  selfModification?: boolean | undefined;
+  selfModification?:
+    | boolean
+    | undefined;
+  /**
+   * MCP servers whose tools this preset's scope gets (its agents inherit them like any preset
+   * tool). Fixed at creation; stopped when the preset is deleted. See docs/mcp.md.
+   */
+  mcpServers: McpServer[];
 }
 
 /** An agent: the scope a model loop executes tool calls in. */
@@ -92,10 +99,57 @@ export interface Agent {
    * the deleted one's stays readable by this id (ListHistory `agent_id`).
    */
   agentId: string;
+  /**
+   * MCP servers whose tools this agent's scope gets. Fixed at creation; stopped when the agent
+   * is deleted. See docs/mcp.md.
+   */
+  mcpServers: McpServer[];
+}
+
+/**
+ * An MCP server attached to a preset or agent: the registry connects to it as an MCP client
+ * (one connection, or one process, per scope and server) and its tools enter that scope's
+ * catalog as if a tool provider had registered them there.
+ */
+export interface McpServer {
+  /** Where the server is. Exactly one is required. */
+  source:
+    | //
+    /**
+     * A server the registry settings declare (`mcp_servers` there), by name: a stdio command or
+     * a streamable-HTTP endpoint the operator wrote. The only way to run a command.
+     */
+    { $case: "server"; value: string }
+    | //
+    /**
+     * A streamable-HTTP endpoint (`http://` or `https://`) that must start with one of the
+     * settings' `mcp_http_allow` prefixes.
+     */
+    { $case: "url"; value: string }
+    | undefined;
+  /**
+   * HTTP headers sent with every request to `url` (not allowed with `server`). Values are
+   * never returned: Get and List answers carry the names with empty values.
+   */
+  headers: { [key: string]: string };
+  /** Output only. `connecting`, `ready` or `down` (on this registry). */
+  state: string;
+  /** Output only. Why the server is down, or why its last connection ended; empty when none. */
+  lastError: string;
+  /**
+   * Output only. Tools the server lists that this scope does not serve, each `name: reason`
+   * (a schema the catalog cannot express, a name taken in the scope).
+   */
+  refusedTools: string[];
+}
+
+export interface McpServer_HeadersEntry {
+  key: string;
+  value: string;
 }
 
 function createBasePreset(): Preset {
-  return { name: "", mode: 0, createTime: undefined, codeLanguage: "", selfModification: undefined };
+  return { name: "", mode: 0, createTime: undefined, codeLanguage: "", selfModification: undefined, mcpServers: [] };
 }
 
 export const Preset: MessageFns<Preset> = {
@@ -114,6 +168,9 @@ export const Preset: MessageFns<Preset> = {
     }
     if (message.selfModification !== undefined) {
       writer.uint32(40).bool(message.selfModification);
+    }
+    for (const v of message.mcpServers) {
+      McpServer.encode(v!, writer.uint32(50).fork()).join();
     }
     return writer;
   },
@@ -171,6 +228,14 @@ export const Preset: MessageFns<Preset> = {
             message.selfModification = reader.bool();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.mcpServers.push(McpServer.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -193,6 +258,7 @@ export const Preset: MessageFns<Preset> = {
     message.createTime = object.createTime ?? undefined;
     message.codeLanguage = object.codeLanguage ?? "";
     message.selfModification = object.selfModification ?? undefined;
+    message.mcpServers = object.mcpServers?.map((e) => McpServer.fromPartial(e)) || [];
     return message;
   },
 };
@@ -209,6 +275,7 @@ function createBaseAgent(): Agent {
     selfModification: undefined,
     effectiveSelfModification: false,
     agentId: "",
+    mcpServers: [],
   };
 }
 
@@ -243,6 +310,9 @@ export const Agent: MessageFns<Agent> = {
     }
     if (message.agentId !== "") {
       writer.uint32(82).string(message.agentId);
+    }
+    for (const v of message.mcpServers) {
+      McpServer.encode(v!, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -340,6 +410,14 @@ export const Agent: MessageFns<Agent> = {
             message.agentId = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.mcpServers.push(McpServer.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -367,6 +445,214 @@ export const Agent: MessageFns<Agent> = {
     message.selfModification = object.selfModification ?? undefined;
     message.effectiveSelfModification = object.effectiveSelfModification ?? false;
     message.agentId = object.agentId ?? "";
+    message.mcpServers = object.mcpServers?.map((e) => McpServer.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseMcpServer(): McpServer {
+  return { source: undefined, headers: {}, state: "", lastError: "", refusedTools: [] };
+}
+
+export const McpServer: MessageFns<McpServer> = {
+  encode(message: McpServer, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.source?.$case) {
+      case "server":
+        writer.uint32(10).string(message.source.value);
+        break;
+      case "url":
+        writer.uint32(18).string(message.source.value);
+        break;
+    }
+    globalThis.Object.entries(message.headers).forEach(([key, value]: [string, string]) => {
+      McpServer_HeadersEntry.encode({ key: key as any, value }, writer.uint32(26).fork()).join();
+    });
+    if (message.state !== "") {
+      writer.uint32(34).string(message.state);
+    }
+    if (message.lastError !== "") {
+      writer.uint32(42).string(message.lastError);
+    }
+    for (const v of message.refusedTools) {
+      writer.uint32(50).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): McpServer {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMcpServer();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.source = { $case: "server", value: reader.string() };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.source = { $case: "url", value: reader.string() };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            const entry3 = McpServer_HeadersEntry.decode(reader, reader.uint32());
+            if (entry3.value !== undefined) {
+              message.headers[entry3.key] = entry3.value;
+            }
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.lastError = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.refusedTools.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<McpServer>): McpServer {
+    return McpServer.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<McpServer>): McpServer {
+    const message = createBaseMcpServer();
+    switch (object.source?.$case) {
+      case "server": {
+        if (object.source?.value !== undefined && object.source?.value !== null) {
+          message.source = { $case: "server", value: object.source.value };
+        }
+        break;
+      }
+      case "url": {
+        if (object.source?.value !== undefined && object.source?.value !== null) {
+          message.source = { $case: "url", value: object.source.value };
+        }
+        break;
+      }
+    }
+    message.headers = (globalThis.Object.entries(object.headers ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.state = object.state ?? "";
+    message.lastError = object.lastError ?? "";
+    message.refusedTools = object.refusedTools?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseMcpServer_HeadersEntry(): McpServer_HeadersEntry {
+  return { key: "", value: "" };
+}
+
+export const McpServer_HeadersEntry: MessageFns<McpServer_HeadersEntry> = {
+  encode(message: McpServer_HeadersEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): McpServer_HeadersEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMcpServer_HeadersEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<McpServer_HeadersEntry>): McpServer_HeadersEntry {
+    return McpServer_HeadersEntry.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<McpServer_HeadersEntry>): McpServer_HeadersEntry {
+    const message = createBaseMcpServer_HeadersEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
