@@ -17,9 +17,12 @@ import socket
 import sys
 import traceback
 from types import CodeType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runtime_service.worker import flatwire, framing
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["PROGRAM_FILENAME", "Channel", "compile_program", "finish", "render_exception"]
 
@@ -30,17 +33,43 @@ PROGRAM_FILENAME = "<program>"
 class Channel:
     """Blocking sends, loop-driven receives on the channel socket.
 
-    Every message leaves at once, binding calls included (no coalescing until the program
-    next awaits): a call made just before a long computation must reach the runtime, and so
-    the client, while the program computes -- as a synchronous postMessage would.
+    Binding calls are coalesced per event-loop turn (``queue``): the calls a program starts in
+    one turn (``asyncio.gather`` over bindings, or tasks woken by the same batch of replies)
+    leave in one write when the turn ends, a lone call one turn later than its ``call`` --
+    nothing waits for a batch to fill. Every other message (a log, the last message) leaves at
+    once, with whatever is queued ahead of it in the same write, so the order of frames on the
+    wire is the order they were made. A call made just before a long synchronous computation
+    leaves when the program next yields to the loop: a turn is the most a frame waits.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.frames = framing.FrameBuffer()
+        self._queued: list[bytes] = []
 
     def send(self, message: dict[str, object]) -> None:
-        self.sock.sendall(framing.pack(message))
+        self.send_frame(framing.pack(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write ``frame`` now, behind the frames queued in this turn (one write for all)."""
+        if self._queued:
+            self._queued.append(frame)
+            frame = b"".join(self._queued)
+            self._queued.clear()
+        self.sock.sendall(frame)
+
+    def queue(self, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """Send ``frame`` with the other frames queued in this loop turn, when it ends."""
+        if not self._queued:
+            loop.call_soon(self.flush)
+        self._queued.append(frame)
+
+    def flush(self) -> None:
+        """Write the frames queued so far (if any) in one write."""
+        if self._queued:
+            frame = b"".join(self._queued)
+            self._queued.clear()
+            self.sock.sendall(frame)
 
     def recv_blocking(self) -> dict[str, Any] | None:
         while True:
@@ -159,7 +188,7 @@ def finish(channel: Channel, message: dict[str, object] | bytes) -> NoReturn:
             os.close(fd)
     try:
         if isinstance(message, bytes):
-            channel.sock.sendall(message)  # framed already (a completion value)
+            channel.send_frame(message)  # framed already (a completion value)
         else:
             channel.send(message)
         channel.sock.setblocking(True)

@@ -219,7 +219,7 @@ class Worker:
         self.next_id += 1
         future: asyncio.Future[Any] = self.loop.create_future()
         self.pending[call_id] = (future, name)
-        self.channel.sock.sendall(frame)
+        self.channel.queue(frame, self.loop)  # with the other calls of this loop turn
         return future
 
     def on_readable(self) -> None:
