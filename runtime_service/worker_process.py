@@ -276,7 +276,7 @@ class WorkerProcess:
         self._on_frame: FrameHandler | None = None
         self._on_channel_eof: Listener | None = None
         self._out = bytearray()
-        self._turn: list[bytes] = []  # frames queued in this event-loop turn (``queue``)
+        self._batch = framing.TurnBatch(self._write)
         self._channel_open = True
         self._reading = False
         self._closed = False
@@ -578,33 +578,19 @@ class WorkerProcess:
         return True
 
     def send(self, message: dict[str, Any]) -> None:
-        """Send a frame to the worker now (behind the frames queued in this loop turn); a
+        """Send a frame to the worker now (behind the frames held in this loop turn); a
         closed channel is ignored (the run ends anyway)."""
-        self.send_frame(framing.pack(message))
+        self._batch.now(framing.pack(message))
 
     def send_frame(self, frame: bytes) -> None:
-        if self._turn:
-            self._turn.append(frame)
-            self._flush_turn()
-        else:
-            self._write(frame)
+        self._batch.now(frame)
 
     def queue(self, message: dict[str, Any]) -> None:
-        """Send a frame with the others queued in this event-loop turn, in one write when the
-        turn ends (the replies to a worker's calls): a lone frame leaves one turn later,
-        several ready together share one ``send``. What is queued is never more than one
-        turn's frames: each turn's are written (or handed to the socket's backlog) by the
-        next."""
-        frame = framing.pack(message)
-        if not self._turn:
-            self._loop.call_soon(self._flush_turn)
-        self._turn.append(frame)
-
-    def _flush_turn(self) -> None:
-        frames = self._turn
-        if frames:
-            self._turn = []
-            self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+        """Send a frame with the others of this event-loop turn (``framing.TurnBatch``: the
+        first at once, the rest in one write when the turn ends) -- the replies to a
+        worker's calls: a batch of results, or the refusals of a batch of calls, ready in
+        one turn share one ``send``. At most one turn's frames are ever held."""
+        self._batch.add(framing.pack(message), self._loop)
 
     def _write(self, data: bytes) -> None:
         """One write to the channel, or onto the backlog the socket has not taken yet."""
@@ -749,7 +735,7 @@ class WorkerProcess:
         if self._out:
             self._loop.remove_writer(self.channel.fileno())
             self._out.clear()
-        self._turn.clear()
+        self._batch.clear()
         self._channel_open = False
         self.channel.close()
         for fd in list(self._outputs):

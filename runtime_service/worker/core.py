@@ -33,43 +33,29 @@ PROGRAM_FILENAME = "<program>"
 class Channel:
     """Blocking sends, loop-driven receives on the channel socket.
 
-    Binding calls are coalesced per event-loop turn (``queue``): the calls a program starts in
-    one turn (``asyncio.gather`` over bindings, or tasks woken by the same batch of replies)
-    leave in one write when the turn ends, a lone call one turn later than its ``call`` --
-    nothing waits for a batch to fill. Every other message (a log, the last message) leaves at
-    once, with whatever is queued ahead of it in the same write, so the order of frames on the
-    wire is the order they were made. A call made just before a long synchronous computation
-    leaves when the program next yields to the loop: a turn is the most a frame waits.
+    Binding calls go through ``queue`` (``framing.TurnBatch``): a turn's first call leaves at
+    once -- one made just before a long computation must reach the runtime, and so the
+    client, while the program computes, as a synchronous postMessage would -- and the calls
+    that follow it in the same turn (``asyncio.gather`` over bindings, tasks woken by one read
+    of replies) leave together when the turn ends. Every other message (a log, the last
+    message) leaves at once, with whatever is held ahead of it in the same write.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.frames = framing.FrameBuffer()
-        self._queued: list[bytes] = []
+        self.batch = framing.TurnBatch(sock.sendall)
 
     def send(self, message: dict[str, object]) -> None:
-        self.send_frame(framing.pack(message))
+        self.batch.now(framing.pack(message))
 
     def send_frame(self, frame: bytes) -> None:
-        """Write ``frame`` now, behind the frames queued in this turn (one write for all)."""
-        if self._queued:
-            self._queued.append(frame)
-            frame = b"".join(self._queued)
-            self._queued.clear()
-        self.sock.sendall(frame)
+        """Write ``frame`` now, behind the frames held in this turn."""
+        self.batch.now(frame)
 
     def queue(self, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        """Send ``frame`` with the other frames queued in this loop turn, when it ends."""
-        if not self._queued:
-            loop.call_soon(self.flush)
-        self._queued.append(frame)
-
-    def flush(self) -> None:
-        """Write the frames queued so far (if any) in one write."""
-        if self._queued:
-            frame = b"".join(self._queued)
-            self._queued.clear()
-            self.sock.sendall(frame)
+        """Send ``frame`` with the other frames of this loop turn (``framing.TurnBatch``)."""
+        self.batch.add(frame, loop)
 
     def recv_blocking(self) -> dict[str, Any] | None:
         while True:

@@ -53,13 +53,27 @@ const BufferWriteUInt32BE = uncurry(Buffer.prototype.writeUInt32BE);
 const BufferReadUInt32BE = uncurry(Buffer.prototype.readUInt32BE);
 const BufferSubarray = uncurry(Buffer.prototype.subarray);
 const AtomicsWait = Atomics.wait;
+const setImmediateFn = setImmediate;
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));
 const LONG_NUMBER = /[0-9]{16}/;
 
 // -- the channel ---------------------------------------------------------------------------
 
-/** Blocking write of a whole buffer to the channel (fd 3 may be non-blocking: libuv reads it). */
+/**
+ * Blocking write of a whole buffer to the channel (fd 3 may be non-blocking: libuv reads it),
+ * behind the frames queued in this loop turn (one write for all of them).
+ */
 export function writeAll(buffer) {
+  if (queued.length !== 0) {
+    queued[queued.length] = buffer;
+    buffer = BufferConcat(queued);
+    queued.length = 0;
+  }
+  writeChannel(buffer);
+}
+
+/** @param {Buffer} buffer */
+function writeChannel(buffer) {
   let offset = 0;
   while (offset < buffer.length) {
     try {
@@ -69,6 +83,38 @@ export function writeAll(buffer) {
       AtomicsWait(sleepCell, 0, 0, 1);
     }
   }
+}
+
+// Binding calls of one loop turn in as few writes as possible, none delayed (the Python
+// worker's framing.TurnBatch): the turn's first frame is written at once -- a call made just
+// before a long synchronous computation is out while it runs -- and the frames after it in
+// the same turn are held and written together when the turn ends (`setImmediate`: after this
+// turn's I/O callbacks and microtasks), or ahead of a frame that leaves at once (`writeAll`),
+// so frames keep the order they were made in.
+const queued = bareArray();
+let turnOpen = false;
+
+/**
+ * Send a frame with the other frames of this loop turn: the calls a `Promise.all` starts, or
+ * those made as one read's replies settle, cost two writes however many they are.
+ * @param {Buffer} buffer
+ */
+export function queueFrame(buffer) {
+  if (turnOpen) {
+    queued[queued.length] = buffer;
+    return;
+  }
+  turnOpen = true;
+  setImmediateFn(endTurn);
+  writeChannel(buffer);
+}
+
+function endTurn() {
+  turnOpen = false;
+  if (queued.length === 0) return;
+  const buffer = queued.length === 1 ? queued[0] : BufferConcat(queued);
+  queued.length = 0;
+  writeChannel(buffer);
 }
 
 /**
