@@ -44,7 +44,11 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.frames = framing.FrameBuffer()
-        self.batch = framing.TurnBatch(sock.sendall)
+        self.batch = framing.TurnBatch(self.write)
+
+    def write(self, data: bytes) -> None:
+        """One write of whole frames (every byte of the channel's output goes through it)."""
+        self.sock.sendall(data)
 
     def send(self, message: dict[str, object]) -> None:
         self.batch.now(framing.pack(message))
