@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,7 @@ def kinds(data):
 
 
 @pytest.fixture
-def runtime_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+def runtime_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every write the runtime makes to a worker channel, as it is made."""
     writes: list[bytes] = []
     original = WorkerProcess._write
@@ -54,7 +53,7 @@ def runtime_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
         original(self, data)
 
     monkeypatch.setattr(WorkerProcess, "_write", spy)
-    yield writes
+    return writes
 
 
 def frames_of(data: bytes) -> list[dict[str, object]]:
@@ -126,9 +125,7 @@ async def test_sequential_calls_each_leave_at_once(
         "    assert (await pending)['n'] == n\n"
         "return seen"
     )
-    run = runtime.create_run(
-        program=program, bindings=["echo"], handler=lambda call: _answered(call)
-    )
+    run = runtime.create_run(program=program, bindings=["echo"], handler=_answered)
     result = await runtime.execute(run)
     assert result.error is None, result.error
     assert result.value == [1] * 20
@@ -172,7 +169,7 @@ async def test_refusals_of_a_call_flood_share_writes(
         "fd = int(sys.argv[2])\n"
         "frames = b''.join(\n"
         "    (lambda p: struct.pack('>I', len(p)) + p)(\n"
-        "        b'{\"t\":\"call\",\"id\":%d,\"name\":\"nope\",\"args\":[1]}' % n)\n"
+        '        b\'{"t":"call","id":%d,"name":"nope","args":[1]}\' % n)\n'
         "    for n in range(1, 1001))\n"
         "os.write(fd, frames)\n"
         "got = 0\n"
@@ -204,7 +201,7 @@ def channel_writes(trace: Path) -> list[bytes]:
     """The ``write(3, ...)`` calls in an strace log (``-x -s``: bytes in hex, in full)."""
     writes = []
     for line in trace.read_text().splitlines():
-        start = line.find("write(3, \"")
+        start = line.find('write(3, "')
         if start < 0:
             continue
         text = line[start + len('write(3, "') : line.rfind('", ')]
