@@ -8,6 +8,7 @@ the channel), the TypeScript worker's by ``strace`` on the real ``node`` process
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -65,6 +66,25 @@ def reply_writes(writes: list[bytes]) -> list[list[dict[str, object]]]:
     """The runtime's writes that carry replies, each as the frames it carried."""
     grouped = [frames_of(data) for data in writes]
     return [group for group in grouped if group and group[0]["t"] == "reply"]
+
+
+async def test_a_turn_batch_writes_the_first_frame_at_once_and_the_rest_at_the_turns_end() -> None:
+    loop = asyncio.get_running_loop()
+    writes: list[bytes] = []
+    batch = framing.TurnBatch(writes.append)
+    batch.add(b"a", loop)
+    assert writes == [b"a"]  # a lone frame waits for nothing
+    batch.add(b"b", loop)
+    batch.add(b"c", loop)
+    assert writes == [b"a"]
+    await asyncio.sleep(0)  # the turn ends
+    assert writes == [b"a", b"bc"]
+    batch.add(b"d", loop)  # a new turn: at once again
+    batch.add(b"e", loop)
+    batch.now(b"log")  # takes the held frame ahead of it
+    assert writes == [b"a", b"bc", b"d", b"elog"]
+    await asyncio.sleep(0)
+    assert writes == [b"a", b"bc", b"d", b"elog"]  # nothing was left to write
 
 
 class Latch:
