@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 
 import grpc
 
 from benchmarks._cgroup_meter import cgroup_meter
 from benchmarks._support import service_env, subprocess_service
+from benchmarks.runtime_throughput import _runtime_pid
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 
@@ -55,24 +55,6 @@ SHAPES = {
     "gather": _COUNT_WRITES
     + f"await asyncio.gather(*(tools.echo(n) for n in range({CALLS})))\nreturn _writes[0]",
 }
-
-
-def _runtime_pid() -> int:
-    """The runtime process (the only ``runtime_service`` child of this process)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                cmdline = handle.read()
-        except OSError:
-            continue
-        parent = int(stat[stat.rfind(b")") + 2 :].split()[1])
-        if parent == os.getpid() and b"runtime_service" in cmdline:
-            return int(entry)
-    raise RuntimeError("runtime process not found")
 
 
 def _write_syscalls(pid: int) -> int:
@@ -124,9 +106,7 @@ async def _batch(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, runs: 
 
 async def main(quick: bool) -> dict[str, object]:
     rounds, per_round = (4, 50) if quick else (10, 100)
-    env = service_env(
-        CODEMODE_RUNTIME_POOL_SIZE="8", CODEMODE_RUNTIME_WORKER_UID_COUNT="200"
-    )
+    env = service_env(CODEMODE_RUNTIME_POOL_SIZE="8", CODEMODE_RUNTIME_WORKER_UID_COUNT="200")
     totals = {shape: {"cpu_s": 0.0, "syscw": 0, "writes": 0, "runs": 0} for shape in SHAPES}
     with cgroup_meter("codemode-bench-wire") as meter:
         if meter is None:
