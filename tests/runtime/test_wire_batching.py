@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -218,11 +219,12 @@ STRACE = shutil.which("strace")
 
 
 def channel_writes(trace: Path) -> list[bytes]:
-    """The ``write(3, ...)`` calls in an strace log (``-x -s``: bytes in hex, in full)."""
+    """The ``write(3, ...)`` calls that wrote something, in an strace log (``-xx -s``: every
+    byte in hex, in full)."""
     writes = []
     for line in trace.read_text().splitlines():
         start = line.find('write(3, "')
-        if start < 0:
+        if start < 0 or re.search(r"\) += [1-9][0-9]*$", line) is None:
             continue
         text = line[start + len('write(3, "') : line.rfind('", ')]
         writes.append(bytes.fromhex(text.replace("\\x", "")))
