@@ -77,6 +77,11 @@ _ENTRY_MODULES = {
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
 _RECV_BYTES = 1 << 16
+# Replies the worker has not read yet beyond which its channel is not read either (reading is
+# what makes refusals): a worker that floods calls and never reads holds the runtime to this
+# much, plus one read's replies. Reading resumes once half of it is gone. Both workers take
+# in what the runtime sends while a write of theirs waits, so a genuine one never waits for it.
+_BACKLOG_PAUSE_BYTES = 16 << 20
 _GROUP_POLL_S = 0.002
 _GROUP_EXIT_TIMEOUT_S = 10.0
 # Frame limits of a channel read outside any run: only the framing's own cap.
@@ -279,6 +284,7 @@ class WorkerProcess:
         self._batch = framing.TurnBatch(self._write)
         self._channel_open = True
         self._reading = False
+        self._paused = False  # reading held back while the worker does not read (``_write``)
         self._closed = False
         self._close_scheduled = False
         self._reaper: asyncio.Task[None] | None = None
@@ -535,7 +541,9 @@ class WorkerProcess:
         """Stop reading the channel (pipes keep draining until they end)."""
         if self._reading:
             self._reading = False
-            self._loop.remove_reader(self.channel.fileno())
+            if not self._paused:
+                self._loop.remove_reader(self.channel.fileno())
+            self._paused = False
 
     def read_pending(self) -> None:
         """Process every frame already queued on the channel, without waiting for more."""
@@ -609,6 +617,9 @@ class WorkerProcess:
             self._loop.add_writer(self.channel.fileno(), self._on_channel_writable)
         else:
             self._out += data
+        if len(self._out) > _BACKLOG_PAUSE_BYTES and self._reading and not self._paused:
+            self._paused = True
+            self._loop.remove_reader(self.channel.fileno())
 
     def _on_channel_writable(self) -> None:
         try:
@@ -620,6 +631,9 @@ class WorkerProcess:
         del self._out[:sent]
         if not self._out:
             self._loop.remove_writer(self.channel.fileno())
+        if self._paused and len(self._out) <= _BACKLOG_PAUSE_BYTES // 2:
+            self._paused = False
+            self._loop.add_reader(self.channel.fileno(), self._on_channel_readable)
 
     # -- output pipes -----------------------------------------------------------------------
     def _on_output_readable(self, fd: int) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import os
+import select
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from types import CodeType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -45,10 +48,63 @@ class Channel:
         self.sock = sock
         self.frames = framing.FrameBuffer()
         self.batch = framing.TurnBatch(self.write)
+        self.inbox = bytearray()
+        """What the runtime sent while a write waited (``write``), for ``receive``."""
+        self._wake: Callable[[], object] | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop, reader: Callable[[], None]) -> None:
+        """Have ``loop`` call ``reader`` whenever there may be something to ``receive``."""
+        with contextlib.suppress(KeyError):
+            loop.remove_reader(self.sock.fileno())  # an earlier reader (the program's)
+        loop.add_reader(self.sock.fileno(), reader)
+        self._wake = functools.partial(loop.call_soon, reader)
+
+    def receive(self) -> bytes | None:
+        """What the runtime sent, in order: first what a write took in, else one read (b""
+        once the runtime closed the channel; None: nothing yet)."""
+        if self.inbox:
+            data = bytes(self.inbox)
+            self.inbox.clear()
+            return data
+        try:
+            return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
 
     def write(self, data: bytes) -> None:
-        """One write of whole frames (every byte of the channel's output goes through it)."""
-        self.sock.sendall(data)
+        """One write of whole frames (every byte of the channel's output goes through it).
+
+        The runtime stops reading a worker that leaves too many of its replies unread
+        (``runtime_service/worker_process.py``), so while a write cannot go on, what the runtime
+        sent is taken in (held in this worker's memory, its budget) and handed to the reader
+        afterwards: neither side ever waits for the other.
+        """
+        if self._wake is None:  # no reader yet: nothing to take in for
+            self.sock.sendall(data)
+            return
+        view = memoryview(data)
+        took = False
+        while view:
+            try:
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+            except (BlockingIOError, InterruptedError):
+                took = self._take_in() or took
+        if took:
+            self._wake()
+
+    def _take_in(self) -> bool:
+        """Wait until the channel can be written or read; read what there is to read."""
+        readable, _, _ = select.select([self.sock], [self.sock], [])
+        if not readable:
+            return False
+        try:
+            data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not data:
+            os._exit(0)  # the runtime closed the channel: the run is over
+        self.inbox += data
+        return True
 
     def send(self, message: dict[str, object]) -> None:
         self.batch.now(framing.pack(message))
@@ -63,7 +119,7 @@ class Channel:
 
     def recv_blocking(self) -> dict[str, Any] | None:
         while True:
-            data = self.sock.recv(1 << 16)
+            data = self.receive() if self.inbox else self.sock.recv(1 << 16)
             if not data:
                 return None
             frames = self.frames.feed(data)

@@ -72,16 +72,65 @@ export function writeAll(buffer) {
   writeChannel(buffer);
 }
 
-/** @param {Buffer} buffer */
+/**
+ * The runtime stops reading a worker that leaves too many of its replies unread
+ * (runtime_service/worker_process.py), so while a write cannot go on, what the runtime sent is
+ * taken in (`inbox`, in this worker's memory) and handed to the reader before anything read
+ * later: neither side ever waits for the other.
+ * @param {Buffer} buffer
+ */
 function writeChannel(buffer) {
   let offset = 0;
+  let took = false;
   while (offset < buffer.length) {
     try {
       offset += writeSync(CHANNEL_FD, buffer, offset, buffer.length - offset);
     } catch (error) {
       if (/** @type {any} */ (error).code !== 'EAGAIN') throw error;
-      AtomicsWait(sleepCell, 0, 0, 1);
+      if (inboxReader !== null && takeIn()) took = true;
+      else AtomicsWait(sleepCell, 0, 0, 1);
     }
+  }
+  if (took) setImmediateFn(drainInbox);
+}
+
+/** @type {Buffer[]} */
+const inbox = bareArray();
+/** @type {((data: Buffer) => void) | null} */
+let inboxReader = null;
+const INBOX_READ_BYTES = 1 << 16;
+
+/** One read of what the runtime sent, into the inbox; false if there was nothing. */
+function takeIn() {
+  const scratch = BufferAllocUnsafe(INBOX_READ_BYTES);
+  let nread;
+  try {
+    nread = readSync(CHANNEL_FD, scratch, 0, scratch.length, null);
+  } catch (error) {
+    if (/** @type {any} */ (error).code === 'EAGAIN') return false;
+    throw error;
+  }
+  if (nread === 0) reallyExit(0); // the runtime closed the channel: the run is over
+  inbox[inbox.length] = BufferSubarray(scratch, 0, nread);
+  return true;
+}
+
+/**
+ * Where the channel's bytes go (the entry point's frame splitter): what a write took in is
+ * handed over before any later read (`drainInbox` first thing in each read callback).
+ * @param {(data: Buffer) => void} reader
+ */
+export function readChannelWith(reader) {
+  inboxReader = reader;
+}
+
+/** Hand what writes took in to the reader, in order. */
+export function drainInbox() {
+  while (inbox.length !== 0 && inboxReader !== null) {
+    const data = inbox[0];
+    for (let index = 1; index < inbox.length; index++) inbox[index - 1] = inbox[index];
+    inbox.length -= 1;
+    inboxReader(data);
   }
 }
 
