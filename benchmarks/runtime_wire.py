@@ -8,8 +8,8 @@ and ten calls in one ``asyncio.gather``. Per call = (the shape's figure per run 
 run's) / 10, so the run's fixed cost drops out.
 
 - ``worker_writes_per_call``: the worker's channel writes per call, counted by the program
-  itself (it wraps ``socket.socket.sendall``, which the Python worker writes its channel with;
-  the count covers the program's calls and nothing else);
+  itself (it wraps ``socket.socket.send``/``sendall``, which the Python worker writes its
+  channel with; the count covers the program's calls and nothing else);
 - ``runtime_write_syscalls_per_call``: write-type syscalls of the runtime process
   (``/proc/<pid>/io`` ``syscw``: its writes to the worker and its gRPC ``sendmsg``) per call;
 - ``cpu_us_per_call``: CPU of the runtime and its workers (the cgroup) per call.
@@ -42,11 +42,14 @@ CALLS = 10
 _COUNT_WRITES = """\
 import asyncio, socket
 _writes = [0]
-_sendall = socket.socket.sendall
-def _counting(self, data, *rest):
+_sendall, _send = socket.socket.sendall, socket.socket.send
+def _counting_all(self, data, *rest):
     _writes[0] += 1
     return _sendall(self, data, *rest)
-socket.socket.sendall = _counting
+def _counting(self, data, *rest):
+    _writes[0] += 1
+    return _send(self, data, *rest)
+socket.socket.sendall, socket.socket.send = _counting_all, _counting
 """
 SHAPES = {
     "none": _COUNT_WRITES + "return _writes[0]",

@@ -1,7 +1,8 @@
 """Frames of one event-loop turn share a write on the worker channel, in both directions.
 
 Counted, never timed: the Python worker's writes are counted by the program itself (it wraps
-``socket.socket.sendall``, which the worker's channel writes with, as model code could), the
+``socket.socket.send``/``sendall``, which the worker's channel writes with, as model code
+could), the
 runtime's writes to the worker by a spy on ``WorkerProcess._write`` (the one place it writes
 the channel), the TypeScript worker's by ``strace`` on the real ``node`` process.
 """
@@ -25,15 +26,19 @@ from tests.runtime.ts_worker import TsWorker
 CALLS = 8
 
 # Counts the worker's channel writes from inside the program (the worker writes its channel
-# with ``socket.socket.sendall``; model code may wrap it like any other library function).
+# with ``socket.socket.send``/``sendall``; model code may wrap them like any library function).
 COUNT_WRITES = """\
 import json, socket
 _writes = []
-_sendall = socket.socket.sendall
-def _counting(self, data, *rest):
+_sendall, _send = socket.socket.sendall, socket.socket.send
+def _counting_all(self, data, *rest):
     _writes.append(bytes(data))
     return _sendall(self, data, *rest)
-socket.socket.sendall = _counting
+def _counting(self, data, *rest):
+    sent = _send(self, data, *rest)
+    _writes.append(bytes(data[:sent]))
+    return sent
+socket.socket.sendall, socket.socket.send = _counting_all, _counting
 def kinds(data):
     found, at = [], 0
     while at < len(data):
