@@ -507,12 +507,14 @@ class Run:
         if result.ok:
             try:
                 tokens = flatwire.encode(result.value)
-                worker.send({"t": "reply", "id": call_id, "ok": True, "value": tokens})
+                worker.queue({"t": "reply", "id": call_id, "ok": True, "value": tokens})
                 return
             except (flatwire.WireError, ValueError):  # ValueError: framing refused it (an
                 # integer beyond int_max_str_digits, a frame over the size cap)
                 result = BindingResult.failure("binding resolution must be lossless JSON")
-        worker.send({"t": "reply", "id": call_id, "ok": False, "message": result.message})
+        # Replies ready in the same loop turn (a batch of results, the refusals of a batch of
+        # calls) reach the worker in one write (``WorkerProcess.queue``).
+        worker.queue({"t": "reply", "id": call_id, "ok": False, "message": result.message})
 
     # -- result ------------------------------------------------------------------------------
     def _materialize(self) -> RunResult:

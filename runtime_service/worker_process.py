@@ -77,6 +77,11 @@ _ENTRY_MODULES = {
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
 _RECV_BYTES = 1 << 16
+# Replies the worker has not read yet beyond which its channel is not read either (reading is
+# what makes refusals): a worker that floods calls and never reads holds the runtime to this
+# much, plus one read's replies. Reading resumes once half of it is gone. Both workers take
+# in what the runtime sends while a write of theirs waits, so a genuine one never waits for it.
+_BACKLOG_PAUSE_BYTES = 16 << 20
 _GROUP_POLL_S = 0.002
 _GROUP_EXIT_TIMEOUT_S = 10.0
 # Frame limits of a channel read outside any run: only the framing's own cap.
@@ -276,8 +281,10 @@ class WorkerProcess:
         self._on_frame: FrameHandler | None = None
         self._on_channel_eof: Listener | None = None
         self._out = bytearray()
+        self._batch = framing.TurnBatch(self._write)
         self._channel_open = True
         self._reading = False
+        self._paused = False  # reading held back while the worker does not read (``_write``)
         self._closed = False
         self._close_scheduled = False
         self._reaper: asyncio.Task[None] | None = None
@@ -534,7 +541,9 @@ class WorkerProcess:
         """Stop reading the channel (pipes keep draining until they end)."""
         if self._reading:
             self._reading = False
-            self._loop.remove_reader(self.channel.fileno())
+            if not self._paused:
+                self._loop.remove_reader(self.channel.fileno())
+            self._paused = False
 
     def read_pending(self) -> None:
         """Process every frame already queued on the channel, without waiting for more."""
@@ -577,25 +586,40 @@ class WorkerProcess:
         return True
 
     def send(self, message: dict[str, Any]) -> None:
-        """Queue a frame to the worker; a closed channel is ignored (the run ends anyway)."""
-        self.send_frame(framing.pack(message))
+        """Send a frame to the worker now (behind the frames held in this loop turn); a
+        closed channel is ignored (the run ends anyway)."""
+        self._batch.now(framing.pack(message))
 
     def send_frame(self, frame: bytes) -> None:
+        self._batch.now(frame)
+
+    def queue(self, message: dict[str, Any]) -> None:
+        """Send a frame with the others of this event-loop turn (``framing.TurnBatch``: the
+        first at once, the rest in one write when the turn ends) -- the replies to a
+        worker's calls: a batch of results, or the refusals of a batch of calls, ready in
+        one turn share one ``send``. At most one turn's frames are ever held."""
+        self._batch.add(framing.pack(message), self._loop)
+
+    def _write(self, data: bytes) -> None:
+        """One write to the channel, or onto the backlog the socket has not taken yet."""
         if not self._channel_open:
             return
         if not self._out:
             try:
-                sent = self.channel.send(frame)
+                sent = self.channel.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
                 return
-            if sent == len(frame):
+            if sent == len(data):
                 return
-            self._out += memoryview(frame)[sent:]
+            self._out += memoryview(data)[sent:]
             self._loop.add_writer(self.channel.fileno(), self._on_channel_writable)
         else:
-            self._out += frame
+            self._out += data
+        if len(self._out) > _BACKLOG_PAUSE_BYTES and self._reading and not self._paused:
+            self._paused = True
+            self._loop.remove_reader(self.channel.fileno())
 
     def _on_channel_writable(self) -> None:
         try:
@@ -607,6 +631,9 @@ class WorkerProcess:
         del self._out[:sent]
         if not self._out:
             self._loop.remove_writer(self.channel.fileno())
+        if self._paused and len(self._out) <= _BACKLOG_PAUSE_BYTES // 2:
+            self._paused = False
+            self._loop.add_reader(self.channel.fileno(), self._on_channel_readable)
 
     # -- output pipes -----------------------------------------------------------------------
     def _on_output_readable(self, fd: int) -> None:
@@ -722,6 +749,7 @@ class WorkerProcess:
         if self._out:
             self._loop.remove_writer(self.channel.fileno())
             self._out.clear()
+        self._batch.clear()
         self._channel_open = False
         self.channel.close()
         for fd in list(self._outputs):

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import os
+import select
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from types import CodeType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runtime_service.worker import flatwire, framing
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["PROGRAM_FILENAME", "Channel", "compile_program", "finish", "render_exception"]
 
@@ -30,21 +36,90 @@ PROGRAM_FILENAME = "<program>"
 class Channel:
     """Blocking sends, loop-driven receives on the channel socket.
 
-    Every message leaves at once, binding calls included (no coalescing until the program
-    next awaits): a call made just before a long computation must reach the runtime, and so
-    the client, while the program computes -- as a synchronous postMessage would.
+    Binding calls go through ``queue`` (``framing.TurnBatch``): a turn's first call leaves at
+    once -- one made just before a long computation must reach the runtime, and so the
+    client, while the program computes, as a synchronous postMessage would -- and the calls
+    that follow it in the same turn (``asyncio.gather`` over bindings, tasks woken by one read
+    of replies) leave together when the turn ends. Every other message (a log, the last
+    message) leaves at once, with whatever is held ahead of it in the same write.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.frames = framing.FrameBuffer()
+        self.batch = framing.TurnBatch(self.write)
+        self.inbox = bytearray()
+        """What the runtime sent while a write waited (``write``), for ``receive``."""
+        self._wake: Callable[[], object] | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop, reader: Callable[[], None]) -> None:
+        """Have ``loop`` call ``reader`` whenever there may be something to ``receive``."""
+        with contextlib.suppress(KeyError):
+            loop.remove_reader(self.sock.fileno())  # an earlier reader (the program's)
+        loop.add_reader(self.sock.fileno(), reader)
+        self._wake = functools.partial(loop.call_soon, reader)
+
+    def receive(self) -> bytes | None:
+        """What the runtime sent, in order: first what a write took in, else one read (b""
+        once the runtime closed the channel; None: nothing yet)."""
+        if self.inbox:
+            data = bytes(self.inbox)
+            self.inbox.clear()
+            return data
+        try:
+            return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+
+    def write(self, data: bytes) -> None:
+        """One write of whole frames (every byte of the channel's output goes through it).
+
+        The runtime stops reading a worker that leaves too many of its replies unread
+        (``runtime_service/worker_process.py``), so while a write cannot go on, what the runtime
+        sent is taken in (held in this worker's memory, its budget) and handed to the reader
+        afterwards: neither side ever waits for the other.
+        """
+        if self._wake is None:  # no reader yet: nothing to take in for
+            self.sock.sendall(data)
+            return
+        view = memoryview(data)
+        took = False
+        while view:
+            try:
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+            except (BlockingIOError, InterruptedError):
+                took = self._take_in() or took
+        if took:
+            self._wake()
+
+    def _take_in(self) -> bool:
+        """Wait until the channel can be written or read; read what there is to read."""
+        readable, _, _ = select.select([self.sock], [self.sock], [])
+        if not readable:
+            return False
+        try:
+            data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not data:
+            os._exit(0)  # the runtime closed the channel: the run is over
+        self.inbox += data
+        return True
 
     def send(self, message: dict[str, object]) -> None:
-        self.sock.sendall(framing.pack(message))
+        self.batch.now(framing.pack(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write ``frame`` now, behind the frames held in this turn."""
+        self.batch.now(frame)
+
+    def queue(self, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """Send ``frame`` with the other frames of this loop turn (``framing.TurnBatch``)."""
+        self.batch.add(frame, loop)
 
     def recv_blocking(self) -> dict[str, Any] | None:
         while True:
-            data = self.sock.recv(1 << 16)
+            data = self.receive() if self.inbox else self.sock.recv(1 << 16)
             if not data:
                 return None
             frames = self.frames.feed(data)
@@ -159,7 +234,7 @@ def finish(channel: Channel, message: dict[str, object] | bytes) -> NoReturn:
             os.close(fd)
     try:
         if isinstance(message, bytes):
-            channel.sock.sendall(message)  # framed already (a completion value)
+            channel.send_frame(message)  # framed already (a completion value)
         else:
             channel.send(message)
         channel.sock.setblocking(True)

@@ -12,8 +12,13 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runtime_service.worker.flatwire import MAX_INT_DIGITS, IntegerTooLong
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "EXIT_OUT_OF_MEMORY",
@@ -22,6 +27,7 @@ __all__ = [
     "LOSSY_COMPLETION",
     "MAX_FRAME_BYTES",
     "FrameBuffer",
+    "TurnBatch",
     "pack",
 ]
 
@@ -116,3 +122,56 @@ class FrameBuffer:
         """The bytes buffered past the last frame taken, and how many more are to be skipped
         (a frame over the cap in progress): where another reader takes over."""
         return bytes(self._buf), self._skip
+
+
+class TurnBatch:
+    """Frames of one event-loop turn in as few writes as possible, without delaying any.
+
+    The first frame of a turn is written at once (a lone frame waits for nothing, not even for
+    the turn to end: a call made just before a long computation is out while it runs); the
+    frames that follow it in the same turn are held and written together when the turn ends
+    (a callback queued on the loop by the first). So N frames ready together cost two writes,
+    and one turn's frames are the most ever held. A frame that must leave at once (``now``)
+    takes the held ones with it, ahead of it, in one write: the order on the wire is the order
+    the frames were made. Both ends of the worker channel use it: the worker for its binding
+    calls, the runtime for its replies.
+    """
+
+    __slots__ = ("_held", "_open", "_write")
+
+    def __init__(self, write: Callable[[bytes], object]) -> None:
+        self._write = write
+        self._held: list[bytes] = []
+        self._open = False  # a turn's first frame went out: the rest of the turn is held
+
+    def add(self, frame: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """Send ``frame`` now if it is the first of this turn, else when the turn ends."""
+        if self._open:
+            self._held.append(frame)
+            return
+        self._open = True
+        loop.call_soon(self._end_turn)
+        self._write(frame)
+
+    def now(self, frame: bytes) -> None:
+        """Send ``frame`` at once, behind the frames held in this turn (one write)."""
+        if self._held:
+            self._held.append(frame)
+            self.flush()
+        else:
+            self._write(frame)
+
+    def flush(self) -> None:
+        """Write the held frames (if any) in one write."""
+        held = self._held
+        if held:
+            self._held = []
+            self._write(held[0] if len(held) == 1 else b"".join(held))
+
+    def clear(self) -> None:
+        """Drop the held frames (the channel is closed)."""
+        self._held.clear()
+
+    def _end_turn(self) -> None:
+        self._open = False
+        self.flush()

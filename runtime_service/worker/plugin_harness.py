@@ -616,7 +616,9 @@ class _Host:
 
     # -- serving -----------------------------------------------------------------------------
     def on_readable(self) -> None:
-        data = self.channel.sock.recv(1 << 16)
+        data = self.channel.receive()
+        if data is None:
+            return
         if not data:
             os._exit(0)  # the runtime closed the channel: the plugin host is over
         for payload in self.channel.frames.feed(data):
@@ -1049,9 +1051,7 @@ def serve_host(
     """Run the plugin host until it is retracted (then wait to be killed)."""
     host = _Host(channel, loop, start)
     sys.stdout = sys.stderr = _LogWriter(host)
-    with contextlib.suppress(KeyError):
-        loop.remove_reader(channel.sock.fileno())  # the program worker's reader, if any
-    loop.add_reader(channel.sock.fileno(), host.on_readable)
+    channel.watch(loop, host.on_readable)  # instead of the program worker's reader
     try:
         if loop.run_until_complete(host.start()):
             loop.run_forever()  # until retract finishes (finish() never returns)

@@ -223,7 +223,7 @@ class Worker:
         self.pending: dict[int, tuple[asyncio.Future[Any], str]] = {}
         self.next_id = 1
         asyncio.set_event_loop(loop)
-        loop.add_reader(channel.sock.fileno(), self.on_readable)
+        channel.watch(loop, self.on_readable)
 
     def begin(self, start: dict[str, Any]) -> None:
         self.program = str(start["program"])
@@ -246,11 +246,13 @@ class Worker:
         self.next_id += 1
         future: asyncio.Future[Any] = self.loop.create_future()
         self.pending[call_id] = (future, name)
-        self.channel.sock.sendall(frame)
+        self.channel.queue(frame, self.loop)  # with the other calls of this loop turn
         return future
 
     def on_readable(self) -> None:
-        data = self.channel.sock.recv(1 << 16)
+        data = self.channel.receive()
+        if data is None:
+            return
         if not data:
             os._exit(0)  # the runtime closed the channel: the run is over
         for payload in self.channel.frames.feed(data):

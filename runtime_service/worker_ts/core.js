@@ -53,22 +53,115 @@ const BufferWriteUInt32BE = uncurry(Buffer.prototype.writeUInt32BE);
 const BufferReadUInt32BE = uncurry(Buffer.prototype.readUInt32BE);
 const BufferSubarray = uncurry(Buffer.prototype.subarray);
 const AtomicsWait = Atomics.wait;
+const setImmediateFn = setImmediate;
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));
 const LONG_NUMBER = /[0-9]{16}/;
 
 // -- the channel ---------------------------------------------------------------------------
 
-/** Blocking write of a whole buffer to the channel (fd 3 may be non-blocking: libuv reads it). */
+/**
+ * Blocking write of a whole buffer to the channel (fd 3 may be non-blocking: libuv reads it),
+ * behind the frames queued in this loop turn (one write for all of them).
+ */
 export function writeAll(buffer) {
+  if (queued.length !== 0) {
+    queued[queued.length] = buffer;
+    buffer = BufferConcat(queued);
+    queued.length = 0;
+  }
+  writeChannel(buffer);
+}
+
+/**
+ * The runtime stops reading a worker that leaves too many of its replies unread
+ * (runtime_service/worker_process.py), so while a write cannot go on, what the runtime sent is
+ * taken in (`inbox`, in this worker's memory) and handed to the reader before anything read
+ * later: neither side ever waits for the other.
+ * @param {Buffer} buffer
+ */
+function writeChannel(buffer) {
   let offset = 0;
+  let took = false;
   while (offset < buffer.length) {
     try {
       offset += writeSync(CHANNEL_FD, buffer, offset, buffer.length - offset);
     } catch (error) {
       if (/** @type {any} */ (error).code !== 'EAGAIN') throw error;
-      AtomicsWait(sleepCell, 0, 0, 1);
+      if (inboxReader !== null && takeIn()) took = true;
+      else AtomicsWait(sleepCell, 0, 0, 1);
     }
   }
+  if (took) setImmediateFn(drainInbox);
+}
+
+/** @type {Buffer[]} */
+const inbox = bareArray();
+/** @type {((data: Buffer) => void) | null} */
+let inboxReader = null;
+const INBOX_READ_BYTES = 1 << 16;
+
+/** One read of what the runtime sent, into the inbox; false if there was nothing. */
+function takeIn() {
+  const scratch = BufferAllocUnsafe(INBOX_READ_BYTES);
+  let nread;
+  try {
+    nread = readSync(CHANNEL_FD, scratch, 0, scratch.length, null);
+  } catch (error) {
+    if (/** @type {any} */ (error).code === 'EAGAIN') return false;
+    throw error;
+  }
+  if (nread === 0) reallyExit(0); // the runtime closed the channel: the run is over
+  inbox[inbox.length] = BufferSubarray(scratch, 0, nread);
+  return true;
+}
+
+/**
+ * Where the channel's bytes go (the entry point's frame splitter): what a write took in is
+ * handed over before any later read (`drainInbox` first thing in each read callback).
+ * @param {(data: Buffer) => void} reader
+ */
+export function readChannelWith(reader) {
+  inboxReader = reader;
+}
+
+/** Hand what writes took in to the reader, in order. */
+export function drainInbox() {
+  if (inboxReader === null) return;
+  // What the reader's own writes take in meanwhile is appended, and handed over in turn.
+  for (let index = 0; index < inbox.length; index++) inboxReader(inbox[index]);
+  inbox.length = 0;
+}
+
+// Binding calls of one loop turn in as few writes as possible, none delayed (the Python
+// worker's framing.TurnBatch): the turn's first frame is written at once -- a call made just
+// before a long synchronous computation is out while it runs -- and the frames after it in
+// the same turn are held and written together when the turn ends (`setImmediate`: after this
+// turn's I/O callbacks and microtasks), or ahead of a frame that leaves at once (`writeAll`),
+// so frames keep the order they were made in.
+const queued = bareArray();
+let turnOpen = false;
+
+/**
+ * Send a frame with the other frames of this loop turn: the calls a `Promise.all` starts, or
+ * those made as one read's replies settle, cost two writes however many they are.
+ * @param {Buffer} buffer
+ */
+export function queueFrame(buffer) {
+  if (turnOpen) {
+    queued[queued.length] = buffer;
+    return;
+  }
+  turnOpen = true;
+  setImmediateFn(endTurn);
+  writeChannel(buffer);
+}
+
+function endTurn() {
+  turnOpen = false;
+  if (queued.length === 0) return;
+  const buffer = queued.length === 1 ? queued[0] : BufferConcat(queued);
+  queued.length = 0;
+  writeChannel(buffer);
 }
 
 /**

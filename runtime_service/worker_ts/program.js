@@ -54,10 +54,10 @@ import {
   installOutput,
   parseMessage,
   prepareOutput,
+  queueFrame,
   receive,
   renderException,
   send,
-  writeAll,
 } from './core.js';
 
 const RECV_BYTES = 1 << 16; // one channel read at most
@@ -264,8 +264,11 @@ function makeConsole(sink) {
 // -- the run -------------------------------------------------------------------------------
 
 export class Worker {
-  /** @param {(frame: Buffer) => void} write where call frames go (the channel; a rehearsal's loopback) */
-  constructor(write = writeAll) {
+  /**
+   * @param {(frame: Buffer) => void} write where call frames go (the channel, coalesced per
+   *   loop turn; a rehearsal's loopback)
+   */
+  constructor(write = queueFrame) {
     this.write = write;
     this.program = '';
     /** @type {string[]} */

@@ -17,7 +17,17 @@ import net from 'node:net';
 
 import * as wire from './flatwire.js';
 import { ArrayIsArray, StringCtor, JSONParse } from './intrinsics.js';
-import { FrameBuffer, field, finish, parseMessage, receive, renderException, send } from './core.js';
+import {
+  FrameBuffer,
+  drainInbox,
+  field,
+  finish,
+  parseMessage,
+  readChannelWith,
+  receive,
+  renderException,
+  send,
+} from './core.js';
 import { Worker, prewarm } from './program.js';
 
 const CHANNEL_FD = 3;
@@ -121,12 +131,19 @@ async function main() {
   // not through the stream's queue and 'data' event (Readable.push, addChunk, emit: Node's
   // JavaScript run on every reply, cold in a fresh worker).
   const readBuffer = BufferAllocUnsafe(RECV_BYTES);
+  readChannelWith((data) => receive(frames, entry, data, data.length));
   const options = {
     fd: CHANNEL_FD,
     readable: true,
     writable: false,
     allowHalfOpen: true,
-    onread: { buffer: readBuffer, callback: (/** @type {number} */ nread) => receive(frames, entry, readBuffer, nread) },
+    onread: {
+      buffer: readBuffer,
+      callback: (/** @type {number} */ nread) => {
+        drainInbox(); // bytes a blocked write took in came first
+        receive(frames, entry, readBuffer, nread);
+      },
+    },
   };
   // (Node's typings list `onread` for connect() only; the constructor takes it as well.)
   const channel = new net.Socket(/** @type {net.SocketConstructorOpts} */ (options));

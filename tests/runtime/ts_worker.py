@@ -73,10 +73,13 @@ class Outcome:
 class TsWorker:
     """One node worker process on a socketpair."""
 
-    def __init__(self, argv_report: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv_report: dict[str, str] | None = None, wrapper: list[str] | None = None
+    ) -> None:
+        """``wrapper``: a command that runs node (``strace ...``), if any."""
         self.sock, child = socket.socketpair()
         child_fd = child.fileno()
-        argv = [NODE, str(WORKER_JS)]
+        argv = [*(wrapper or ()), NODE, str(WORKER_JS)]
         if argv_report is not None:
             argv.append(json.dumps(argv_report))
         # bash (dash takes one-digit fds only) moves the channel to fd 3 and execs node (no
