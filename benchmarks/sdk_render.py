@@ -138,22 +138,16 @@ def _after_change(
     return samples
 
 
-def _time_ms(render: Callable[[], object], repeats: int) -> list[float]:
+def _time_ms(
+    render: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Milliseconds per render by `clock`: the wall clock, or `time.process_time` (this
+    process's CPU, which unlike the wall clock holds on a loaded machine)."""
     samples = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = clock()
         render()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
-
-
-def _cpu_ms(render: Callable[[], object], repeats: int) -> list[float]:
-    """This process's CPU per render: unlike the wall clock it holds on a loaded machine."""
-    samples = []
-    for _ in range(repeats):
-        started = time.process_time()
-        render()
-        samples.append((time.process_time() - started) * 1000)
+        samples.append((clock() - started) * 1000)
     return samples
 
 
@@ -172,12 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     schemas = [[tool.input_schema, tool.output_schema] for tool in tools]
 
     baseline = _summary(_time_ms(partial(json.dumps, schemas), repeats))
-    baseline_cpu = _summary(_cpu_ms(partial(json.dumps, schemas), repeats))
+    baseline_cpu = _summary(_time_ms(partial(json.dumps, schemas), repeats, time.process_time))
     languages: dict[str, Any] = {}
     for language, render in (("typescript", render_typescript_sdk), ("python", render_python_sdk)):
         first = _time_ms(partial(render, tools), 1)[0]
         stats = _summary(_time_ms(partial(render, tools), repeats))
-        cpu = _summary(_cpu_ms(partial(render, tools), repeats))
+        cpu = _summary(_time_ms(partial(render, tools), repeats, time.process_time))
         catalog = make_catalog(tools)
         assembler = Assembler(catalog, PresentationConfig(runtime_languages=(language,)))
         assert assembler.sdk("", language).text == render(tools)  # warms the cache
