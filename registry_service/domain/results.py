@@ -65,6 +65,9 @@ class PrettyTextBlock(TextBlock):
     def __repr__(self) -> str:
         return f"PrettyTextBlock(text={self.text!r})"
 
+    def __reduce__(self) -> tuple[type[TextBlock], tuple[str]]:
+        return TextBlock, (self.text,)  # a copy is the plain block it reads as
+
 
 @dataclass(frozen=True, slots=True)
 class ImageBlock:

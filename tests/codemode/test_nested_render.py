@@ -7,6 +7,7 @@ Counted by calls of `render_pretty` on the tool's value, over real runs.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -90,3 +91,5 @@ def test_the_lazy_block_equals_the_eager_one() -> None:
     lazy, eager = PrettyTextBlock(_value()), TextBlock(jsonvalue.render_pretty(_value()))
     assert lazy == eager and eager == lazy and hash(lazy) == hash(eager)
     assert lazy != TextBlock("other") and lazy.type == "text"
+    copied = copy.deepcopy(lazy)
+    assert type(copied) is TextBlock and copied == eager
