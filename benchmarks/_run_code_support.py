@@ -1,5 +1,6 @@
-"""Helpers for `benchmarks.run_code`: services with their own environment, process CPU
-accounting from /proc, the pipe round-trip baseline and cProfile summaries."""
+"""Helpers for `benchmarks.run_code`: services with their own environment, each process's own
+CPU from /proc (a run's processes are counted from the runtime's cgroup), the pipe round-trip
+baseline and cProfile summaries."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks._cgroup_meter import CgroupMeter
 from benchmarks._support import service_env
 from codemode_cli.processes import running
 
@@ -45,6 +47,8 @@ class CpuTimes:
 class Service:
     proc: asyncio.subprocess.Process
     port: int
+    meter: CgroupMeter | None = None
+    """The cgroup the service was started in (the runtime: it holds every run's processes)."""
 
     @property
     def address(self) -> str:

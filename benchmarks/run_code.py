@@ -14,6 +14,14 @@ for the same-run baselines in a third, and the benchmark client here. Figures an
   the result only.
 - P5: 200 concurrent programs x 10 nested calls: every result successful, 2,000 settle records.
 
+CPU is counted for every process: the registry's and the runtime's own from /proc, the runtime's
+workers (fork server, every run's init and worker, the pool refills) from a cgroup the runtime
+is started in (`benchmarks/_cgroup_meter.py`), the client's from this process. Keys:
+`nested_call_cpu_us` (P4, all processes, target <= 600), `run_fixed_cpu_ms_services` (registry +
+runtime + client for a 0-call run, target <= 4), `echo_1mb_cpu_ratio` (a 1 MB value echoed by a
+nested call, all processes, over a stdlib `json` round trip of it; target <= 4),
+`P1_ratio_to_unary` and `P2_ratio_to_bidi` (bare grpc.aio round trips of the same run).
+
 Per language, in the same run and interleaved with Python's P1/P2 samples: the same
 programs in TypeScript through a second registry whose deployment language is `typescript` (the
 same runtime, no agent, so the path differs only by the language). Targets: TypeScript's P1 p50
@@ -47,8 +55,8 @@ from typing import Any
 
 import grpc
 
+from benchmarks._cgroup_meter import CgroupMeter, cgroup_meter
 from benchmarks._run_code_support import (
-    CpuTimes,
     Service,
     pipe_round_trips,
     profile_top,
@@ -76,7 +84,25 @@ SLEEP_ONE = "await tools.sleep100({})\nreturn 1"
 SLEEP_TEN = (
     "import asyncio\nawait asyncio.gather(*(tools.sleep100({}) for _ in range(10)))\nreturn 1"
 )
+ECHO_ITEMS = 16_000
+_ECHO_BUILD_VALUE = (
+    f"value = [{{'id': i, 'name': f'item {{i}}', 'tags': ['a', 'b'], 'score': i / 2}}"
+    f" for i in range({ECHO_ITEMS})]\n"
+)
+ECHO_BUILD = _ECHO_BUILD_VALUE + "return len(value)"
+ECHO_1MB = _ECHO_BUILD_VALUE + "echoed = await tools.noop({'v': value})\nreturn len(echoed['v'])"
+ECHO_VALUE = {
+    "v": [
+        {"id": i, "name": f"item {i}", "tags": ["a", "b"], "score": i / 2}
+        for i in range(ECHO_ITEMS)
+    ]
+}
+"""The value the 1 MB echo sends (the program builds the same one)."""
+ECHO_CPU_RATIO_TARGET = 4.0
+RUN_FIXED_CPU_TARGET_MS = 4.0
 P4_PROGRAMS = 50
+NESTED_CALL_CPU_TARGET_US = 600.0
+"""CPU per nested call over every process (registry, runtime, workers, client) in P4."""
 P5_PROGRAMS, P5_CALLS = 200, 10
 P5_PROGRAM = f"for i in range({P5_CALLS}):\n    await tools.noop({{'i': i}})\nreturn 1"
 CALL_TIMEOUT_S = 180.0
@@ -218,30 +244,70 @@ class Round:
     messages: int
 
 
+@dataclass(frozen=True)
+class CpuMark:
+    """CPU seconds used so far by each process of the stack: the registry's and the runtime's
+    own (/proc), every process in the runtime's cgroup (the runtime, its fork server, every
+    run's init and worker, the pool refills; None without a cgroup) and this client's."""
+
+    registry: float
+    runtime: float
+    runtime_cgroup: float | None
+    client: float
+
+    @staticmethod
+    def read(registry: Service, runtime: Service) -> CpuMark:
+        meter = runtime.meter
+        return CpuMark(
+            registry.cpu().own_s,
+            runtime.cpu().own_s,
+            meter.cpu_s() if meter is not None else None,
+            time.process_time(),
+        )
+
+
+def cpu_between(
+    start: CpuMark,
+    end: CpuMark,
+    settled: CpuMark,
+    runtime: Service,
+    workers_before: dict[int, float],
+) -> dict[str, float]:
+    """CPU seconds per process from `start` to `end` (the work) and, for the runtime and its
+    workers, on to `settled` (the pool refilled, every finished worker reaped: what the work
+    cost them in full). Without a cgroup the workers' share is a /proc lower bound."""
+    cpu = {
+        "registry": end.registry - start.registry,
+        "runtime": settled.runtime - start.runtime,
+        "client": end.client - start.client,
+    }
+    if start.runtime_cgroup is not None and settled.runtime_cgroup is not None:
+        cpu["workers"] = settled.runtime_cgroup - start.runtime_cgroup - cpu["runtime"]
+    else:
+        cpu["workers"] = _workers_lower_bound(runtime, workers_before)
+    return cpu
+
+
 async def throughput_round(
     client: Client,
     registry: Service,
     runtime: Service,
     code: str,
+    settle: Callable[[], Awaitable[None]],
     *,
     quiet: bool = False,
     batch: bool = False,
 ) -> Round:
-    before = (registry.cpu(), runtime.cpu(), time.process_time())
     workers_before = runtime.children_cpu()
+    start = CpuMark.read(registry, runtime)
     started = time.perf_counter()
     outcomes = await asyncio.gather(
         *(client.checked(code, quiet=quiet, batch=batch) for _ in range(P4_PROGRAMS))
     )
     wall = time.perf_counter() - started
-    cpu = {
-        "registry": (registry.cpu() - before[0]).own_s,
-        "runtime": (runtime.cpu() - before[1]).own_s,
-        "client": time.process_time() - before[2],
-    }
-    workers_end = runtime.children_cpu()
-    await asyncio.sleep(0.3)  # the runtime reaps the finished workers
-    cpu.update(worker_cpu(runtime, before[1], workers_before, workers_end))
+    end = CpuMark.read(registry, runtime)
+    await settle()
+    cpu = cpu_between(start, end, CpuMark.read(registry, runtime), runtime, workers_before)
     return Round(wall, cpu, sum(o.events for o in outcomes), sum(o.messages for o in outcomes))
 
 
@@ -291,38 +357,61 @@ async def stack(
         "CODEMODE_RUNTIME_POOL_SIZE": str(pool_size),
         "CODEMODE_RUNTIME_TYPESCRIPT_POOL_SIZE": str(TS_POOL_SIZE),
     }
+    async with service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base:
+        # Entered once the baseline server runs: only the runtime starts inside the cgroup.
+        with cgroup_meter("codemode-bench-run-code") as meter:
+            async with (
+                _metered_runtime(meter, runtime_env, profile("runtime.prof")) as runtime,
+                _registries(runtime, profile("registry.prof")) as registries,
+            ):
+                yield base, runtime, *registries
+
+
+@contextlib.asynccontextmanager
+async def _metered_runtime(
+    meter: CgroupMeter | None, env: dict[str, str], profile_to: str | None
+) -> AsyncIterator[Service]:
+    """The runtime, started from inside `meter`'s cgroup (it, its fork server, every run's
+    processes and the pool refills are counted there), this process moving back out at once."""
+    async with service(
+        "-m", "runtime_service", "--listen", "127.0.0.1:0",
+        ready_prefix="runtime listening on port ", env=env, profile_to=profile_to,
+    ) as runtime:  # fmt: skip
+        if meter is not None:
+            meter.leave()
+        runtime.meter = meter
+        yield runtime
+
+
+@contextlib.asynccontextmanager
+async def _registries(
+    runtime: Service, profile_to: str | None
+) -> AsyncIterator[tuple[Service, Service]]:
+    """Two registries wired to `runtime`; the second one's deployment language is TypeScript."""
+    registry_env = {
+        "CODEMODE_REGISTRY_DEFAULT_MODE": "code",
+        "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([runtime.address]),
+        "CODEMODE_REGISTRY_HISTORY_PATH": ":memory:",
+        "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": "16",
+        # P4/P5 run 50 and 200 programs of one agent at once: no admission run limits.
+        "CODEMODE_REGISTRY_LIMITS": json.dumps({"max_concurrent_runs": None}),
+        "CODEMODE_REGISTRY_AGENT_LIMITS": json.dumps({"max_concurrent_runs": None}),
+        "CODEMODE_REGISTRY_PLUGINS": json.dumps(["benchmarks._run_code_tools:install"]),
+        "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": json.dumps(["python", "typescript"]),
+    }
+    ts_env = {**registry_env, "CODEMODE_REGISTRY_CODE_LANGUAGE": "typescript"}
     async with (
-        service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base,
         service(
-            "-m", "runtime_service", "--listen", "127.0.0.1:0",
-            ready_prefix="runtime listening on port ",
-            env=runtime_env, profile_to=profile("runtime.prof"),
-        ) as runtime,
+            "-m", "registry_service", "--listen", "127.0.0.1:0",
+            ready_prefix="registry listening on port ",
+            env=registry_env, profile_to=profile_to,
+        ) as registry,
+        service(
+            "-m", "registry_service", "--listen", "127.0.0.1:0",
+            ready_prefix="registry listening on port ", env=ts_env,
+        ) as ts_registry,
     ):  # fmt: skip
-        registry_env = {
-            "CODEMODE_REGISTRY_DEFAULT_MODE": "code",
-            "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([runtime.address]),
-            "CODEMODE_REGISTRY_HISTORY_PATH": ":memory:",
-            "CODEMODE_REGISTRY_MAX_PARALLEL_SUB_CALLS": "16",
-            # P4/P5 run 50 and 200 programs of one agent at once: no admission run limits.
-            "CODEMODE_REGISTRY_LIMITS": json.dumps({"max_concurrent_runs": None}),
-            "CODEMODE_REGISTRY_AGENT_LIMITS": json.dumps({"max_concurrent_runs": None}),
-            "CODEMODE_REGISTRY_PLUGINS": json.dumps(["benchmarks._run_code_tools:install"]),
-            "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": json.dumps(["python", "typescript"]),
-        }
-        ts_env = {**registry_env, "CODEMODE_REGISTRY_CODE_LANGUAGE": "typescript"}
-        async with (
-            service(
-                "-m", "registry_service", "--listen", "127.0.0.1:0",
-                ready_prefix="registry listening on port ",
-                env=registry_env, profile_to=profile("registry.prof"),
-            ) as registry,
-            service(
-                "-m", "registry_service", "--listen", "127.0.0.1:0",
-                ready_prefix="registry listening on port ", env=ts_env,
-            ) as ts_registry,
-        ):  # fmt: skip
-            yield base, runtime, registry, ts_registry
+        yield registry, ts_registry
 
 
 async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
@@ -335,6 +424,7 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
     workers = pool_size + TS_POOL_SIZE  # idle in both pools
     async with stack(pool_size, profile_dir) as (base, runtime, registry, ts_registry):
+        runtime_meter = runtime.meter
         await wait_for_pool(runtime, workers)
         async with (
             grpc.aio.insecure_channel(registry.address) as channel,
@@ -423,19 +513,33 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
                 [lambda: client.run(SLEEP_ONE), lambda: client.run(SLEEP_TEN)], p3_rounds, settle
             )
 
+            # CPU over every process: a 0-call run, and a 1 MB value echoed by a nested call
+            # (less the same program that only builds the value).
+            fixed_runs, echo_runs = (40, 5) if quick else (100, 20)
+            await settle()
+            fixed = await cpu_per_run(client, registry, runtime, ZERO, fixed_runs, settle=settle)
+            built = await cpu_per_run(
+                client, registry, runtime, ECHO_BUILD, echo_runs, settle=settle
+            )
+            echoed = await cpu_per_run(
+                client, registry, runtime, ECHO_1MB, echo_runs, settle=settle
+            )
+
             # P4: throughput, 50 concurrent programs, a few rounds from a settled stack.
             p4_code = p4_program(p4_sequential, p4_gathers)
             p4_rounds, p4_unbatched, p4_quiet = [], [], []
             for _ in range(1 if quick else 3):  # alternating: drift hits all alike
                 await settle()
                 p4_rounds.append(
-                    await throughput_round(client, registry, runtime, p4_code, batch=True)
+                    await throughput_round(client, registry, runtime, p4_code, settle, batch=True)
                 )
                 await settle()
-                p4_unbatched.append(await throughput_round(client, registry, runtime, p4_code))
+                p4_unbatched.append(
+                    await throughput_round(client, registry, runtime, p4_code, settle)
+                )
                 await settle()
                 p4_quiet.append(
-                    await throughput_round(client, registry, runtime, p4_code, quiet=True)
+                    await throughput_round(client, registry, runtime, p4_code, settle, quiet=True)
                 )
 
             # P5: 200 concurrent programs x 10 nested calls, with history.
@@ -489,11 +593,38 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
         f"run_{SEQUENTIAL_N}_calls": summary_ms(seq),
         "baseline_pipe_plus_bidi_p50_ms": _ms(budget),
         "ratio_vs_pipe_plus_bidi": round(overhead / budget, 3),
+        "baseline_bidi_p50_ms": bi["p50_ms"],
+        "ratio_p50_vs_bidi": round(overhead * 1e3 / bi["p50_ms"], 3),
         "runtime_direct_per_call_ms": _ms(per_call(direct_seq, direct_zero)),
         "with_agent_history_per_call_ms": _ms(per_call(seq_agent, zero_agent)),
         "result_only_per_call_ms": _ms(per_call(quiet_seq, quiet_zero)),
         "target": "per-call overhead <= 1.5 x (pipe p50 + bidi p50), no agent (no history)",
         "meets_target": overhead <= 1.5 * budget,
+    }
+
+    # Fixed CPU of a run, the 1 MB echo
+    services = fixed["registry"] + fixed["runtime"] + fixed["client"]
+    result["run_fixed_cpu_ms_services"] = _ms(services)
+    result["run_fixed_cpu"] = {
+        "ms_per_run": {k: _ms(v) for k, v in fixed.items()},
+        "ms_all_processes": _ms(sum(fixed.values())),
+        "runs": fixed_runs,
+        "target": f"registry + runtime + client <= {RUN_FIXED_CPU_TARGET_MS} ms per 0-call run",
+        "meets_target": services * 1e3 <= RUN_FIXED_CPU_TARGET_MS,
+    }
+    echo_cpu = {k: echoed[k] - built[k] for k in echoed}
+    json_round_trip = json_round_trip_cpu_s(ECHO_VALUE)
+    ratio = sum(echo_cpu.values()) / json_round_trip
+    result["echo_1mb_cpu_ratio"] = round(ratio, 2)
+    result["echo_1mb"] = {
+        "value_bytes": len(json.dumps(ECHO_VALUE, separators=(",", ":"))),
+        "cpu_ms_per_echo": {k: _ms(v) for k, v in echo_cpu.items()},
+        "cpu_share": _shares(echo_cpu),
+        "cpu_ms_all_processes": _ms(sum(echo_cpu.values())),
+        "baseline_stdlib_json_round_trip_ms": _ms(json_round_trip),
+        "runs": echo_runs,
+        "target": f"all processes' CPU <= {ECHO_CPU_RATIO_TARGET} x a stdlib json round trip",
+        "meets_target": ratio <= ECHO_CPU_RATIO_TARGET,
     }
 
     # P3
@@ -521,7 +652,13 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
         "rounds_per_s": [round(r) for r in rates],
         "programs": P4_PROGRAMS,
         "calls_per_program": calls_per_program,
+        "nested_call_cpu_us": _us(sum(p4_cpu.values()) / all_calls),
+        "nested_call_cpu_target_us": NESTED_CALL_CPU_TARGET_US,
+        "meets_nested_call_cpu_target": sum(p4_cpu.values()) / all_calls * 1e6
+        <= NESTED_CALL_CPU_TARGET_US,
         "cpu_us_per_nested_call": {k: _us(v / all_calls) for k, v in p4_cpu.items()},
+        "cpu_share": _shares(p4_cpu),
+        "cpu_accounting": _accounting(runtime_meter),
         "cpu_busy_share": round(
             sum(p4_cpu.values()) / (sum(r.wall_s for r in p4_rounds) * (os.cpu_count() or 1)), 3
         ),
@@ -561,8 +698,13 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
         and p5_history["distinct_settled_call_ids"] == expected,
     }
 
+    result["P1_ratio_to_unary"] = result["P1_zero_nested_calls"]["ratio_p50_vs_unary"]
+    result["P2_ratio_to_bidi"] = result["P2_per_nested_call"]["ratio_p50_vs_bidi"]
+    result["nested_call_cpu_us"] = result["P4_throughput"]["nested_call_cpu_us"]
     result["meets_all_targets"] = all(
-        v["meets_target"] for k, v in result.items() if k.startswith("P")
+        v["meets_target"]
+        for k, v in result.items()
+        if isinstance(v, dict) and "meets_target" in v and k != "languages"
     )
     result["languages"] = _languages(
         {
@@ -614,24 +756,57 @@ def _profiles(profile_dir: str) -> dict[str, Any]:
     return {name: profile_top(path) for name, path in paths.items() if os.path.exists(path)}
 
 
-def worker_cpu(
+async def cpu_per_run(
+    client: Client,
+    registry: Service,
     runtime: Service,
-    before: CpuTimes,
-    workers_before: dict[int, float],
-    workers_end: dict[int, float],
+    code: str,
+    count: int,
+    *,
+    settle: Callable[[], Awaitable[None]],
 ) -> dict[str, float]:
-    """Worker CPU of a window, called once the runtime reaped the programs' workers.
+    """CPU seconds per run by process, `count` runs of `code` one after another."""
+    workers_before = runtime.children_cpu()
+    start = CpuMark.read(registry, runtime)
+    for _ in range(count):
+        await client.run(code)
+    end = CpuMark.read(registry, runtime)
+    await settle()
+    cpu = cpu_between(start, end, CpuMark.read(registry, runtime), runtime, workers_before)
+    return {k: v / count for k, v in cpu.items()}
 
-    `workers_running_programs`: workers reaped since `before`, less what they used before the
-    window (their boot in the pool); `pool_refill_boot`: workers started during the window
-    that are still alive (the pool refill), up to the window's end."""
-    after = runtime.cpu() - before
-    workers_now = runtime.children_cpu()
-    gone = sum(cpu for pid, cpu in workers_before.items() if pid not in workers_now)
-    refill = sum(
-        cpu for pid, cpu in workers_end.items() if pid not in workers_before and pid in workers_now
+
+def json_round_trip_cpu_s(value: Any, repeats: int = 9) -> float:
+    """This process's CPU for stdlib `json.loads(json.dumps(value))`, the median of `repeats`."""
+    samples = []
+    for _ in range(repeats):
+        started = time.process_time()
+        json.loads(json.dumps(value))
+        samples.append(time.process_time() - started)
+    return statistics.median(samples)
+
+
+def _shares(cpu: dict[str, float]) -> dict[str, float]:
+    total = sum(cpu.values()) or 1.0
+    return {k: round(v / total, 3) for k, v in cpu.items()}
+
+
+def _accounting(meter: CgroupMeter | None) -> str:
+    if meter is None:
+        return "no cgroup: workers from /proc, a lower bound (fork server, inits, refills missed)"
+    return (
+        "registry, runtime: /proc of each; workers: the runtime's cgroup less the runtime "
+        "(fork server, every run's init and worker, pool refills; exact); client: this process"
     )
-    return {"workers_running_programs": after.children_s - gone, "pool_refill_boot": refill}
+
+
+def _workers_lower_bound(runtime: Service, workers_before: dict[int, float]) -> float:
+    """Without a cgroup: the /proc CPU of the workers that were idle in the pool before and
+    are gone now (their whole lives, boot included). It misses the processes of a run that
+    are not a worker (a run's init) and whatever a reaper does not sum, so it is a lower
+    bound (about a tenth of the cgroup's figure here)."""
+    workers_now = runtime.children_cpu()
+    return sum(cpu for pid, cpu in workers_before.items() if pid not in workers_now)
 
 
 def _notes(result: dict[str, Any], cpu: dict[str, float], calls: int) -> list[str]:

@@ -7,7 +7,9 @@ instrumentation's transport spans). Programs making 0 and 100 sequential nested 
 in-process tool run on both, interleaved round by round; per stack the per-call cost is
 (p50(t_100) - p50(t_0)) / 100. Target: tracing adds <= 15 % per nested call.
 The CPU time the registry and runtime processes spend per nested call (mean, from /proc) is
-reported beside it: it is far less sensitive than wall time to other load on the machine.
+reported beside it: it is far less sensitive than wall time to other load on the machine; and
+the CPU of all processes, the runtime's workers included (each runtime is started in a cgroup of
+its own, `benchmarks/_cgroup_meter.py`).
 
     python -m benchmarks.tracing_overhead [--quick]
 """
@@ -31,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks._cgroup_meter import CgroupMeter, cgroup_meter
 from benchmarks._support import emit, summary_ms
 from codemode_cli.processes import running
 from codemode_common.telemetry.jsonl import read_spans
@@ -89,13 +92,24 @@ class Stack:
     name: str
     stub: Any
     pids: tuple[int, int]
+    meter: CgroupMeter | None  # the runtime's cgroup: it and every process of its runs
     zero: list[float] = field(default_factory=list)
     sequential: list[float] = field(default_factory=list)
     cpu_zero: list[float] = field(default_factory=list)
     cpu_sequential: list[float] = field(default_factory=list)
+    all_zero: list[float] = field(default_factory=list)
+    all_sequential: list[float] = field(default_factory=list)
 
     def cpu_s(self) -> float:
+        """The registry's and the runtime's own CPU seconds (what tracing runs in)."""
         return sum(_cpu_s(pid) for pid in self.pids)
+
+    def all_cpu_s(self) -> float:
+        """The registry's and everything in the runtime's cgroup (its workers too); the
+        services alone without a cgroup."""
+        if self.meter is None:
+            return self.cpu_s()
+        return _cpu_s(self.pids[1]) + self.meter.cpu_s()
 
     def per_call_s(self) -> float:
         return (statistics.median(self.sequential) - statistics.median(self.zero)) / N
@@ -108,25 +122,40 @@ class Stack:
         """Mean CPU (background span export included, whenever it ran) per nested call."""
         return (statistics.fmean(self.cpu_sequential) - statistics.fmean(self.cpu_zero)) / N
 
+    def all_cpu_per_call_s(self) -> float:
+        return (statistics.fmean(self.all_sequential) - statistics.fmean(self.all_zero)) / N
+
 
 @contextlib.asynccontextmanager
 async def _stack(name: str, trace_file: str) -> AsyncIterator[Stack]:
     env = _base_env()
     env["CODEMODE_RUNTIME_TRACE_FILE"] = trace_file
-    async with _process("runtime_service", "runtime listening on port ", env) as runtime:
-        runtime_port, runtime_pid = runtime
-        env = _base_env()
-        env.update(
-            CODEMODE_REGISTRY_TRACE_FILE=trace_file,
-            CODEMODE_REGISTRY_RUNTIME_TARGETS=json.dumps([f"127.0.0.1:{runtime_port}"]),
-            CODEMODE_REGISTRY_DEFAULT_MODE="code",
-            CODEMODE_REGISTRY_HISTORY_PATH=":memory:",
-            CODEMODE_REGISTRY_PLUGINS=json.dumps(["benchmarks.tracing_overhead:install"]),
-        )
-        async with _process("registry_service", "registry listening on port ", env) as registry:
-            port, pid = registry
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                yield Stack(name, rpb_grpc.RegistryServiceStub(channel), (runtime_pid, pid))
+    with cgroup_meter(f"codemode-bench-tracing-{name}") as meter:
+        async with _process("runtime_service", "runtime listening on port ", env) as runtime:
+            if meter is not None:
+                meter.leave()  # the runtime and its workers stay in; this process does not
+            async with _registry(name, trace_file, runtime, meter) as stack:
+                yield stack
+
+
+@contextlib.asynccontextmanager
+async def _registry(
+    name: str, trace_file: str, runtime: tuple[int, int], meter: CgroupMeter | None
+) -> AsyncIterator[Stack]:
+    runtime_port, runtime_pid = runtime
+    env = _base_env()
+    env.update(
+        CODEMODE_REGISTRY_TRACE_FILE=trace_file,
+        CODEMODE_REGISTRY_RUNTIME_TARGETS=json.dumps([f"127.0.0.1:{runtime_port}"]),
+        CODEMODE_REGISTRY_DEFAULT_MODE="code",
+        CODEMODE_REGISTRY_HISTORY_PATH=":memory:",
+        CODEMODE_REGISTRY_PLUGINS=json.dumps(["benchmarks.tracing_overhead:install"]),
+    )
+    async with _process("registry_service", "registry listening on port ", env) as registry:
+        port, pid = registry
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = rpb_grpc.RegistryServiceStub(channel)
+            yield Stack(name, stub, (runtime_pid, pid), meter)
 
 
 _ids = itertools.count(1)
@@ -163,12 +192,14 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
                 order = stacks[:]
                 rng.shuffle(order)  # interleaved, in random order: drift hits both alike
                 for stack in order:
-                    cpu = stack.cpu_s()
+                    cpu, every = stack.cpu_s(), stack.all_cpu_s()
                     stack.zero.append(await _run(stack, ZERO))
-                    cpu, before = stack.cpu_s(), cpu
-                    stack.cpu_zero.append(cpu - before)
+                    cpu_after, every_after = stack.cpu_s(), stack.all_cpu_s()
+                    stack.cpu_zero.append(cpu_after - cpu)
+                    stack.all_zero.append(every_after - every)
                     stack.sequential.append(await _run(stack, SEQUENTIAL))
-                    stack.cpu_sequential.append(stack.cpu_s() - cpu)
+                    stack.cpu_sequential.append(stack.cpu_s() - cpu_after)
+                    stack.all_sequential.append(stack.all_cpu_s() - every_after)
         spans = list(read_spans(trace_file))  # both traced processes flushed on SIGTERM
     runs = (warmup + rounds) * 2
     per_off, per_on = off.per_call_s(), on.per_call_s()
@@ -188,6 +219,7 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
             f"run_{N}_calls": summary_ms(off.sequential),
             "per_nested_call_us": round(per_off * 1e6, 2),
             "cpu_per_nested_call_us": round(cpu_off * 1e6, 2),
+            "all_processes_cpu_per_nested_call_us": round(off.all_cpu_per_call_s() * 1e6, 2),
         },
         "tracing_on": {
             "exporter": "BatchSpanProcessor -> JSON-lines file, gRPC transport spans",
@@ -195,6 +227,7 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
             f"run_{N}_calls": summary_ms(on.sequential),
             "per_nested_call_us": round(per_on * 1e6, 2),
             "cpu_per_nested_call_us": round(cpu_on * 1e6, 2),
+            "all_processes_cpu_per_nested_call_us": round(on.all_cpu_per_call_s() * 1e6, 2),
             "spans_written": len(spans),
             "spans_per_nested_call": round(
                 sum(s["name"] == "execute_tool noop" for s in spans) / (runs // 2 * N), 3
@@ -204,6 +237,13 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
         "overhead_per_nested_call_us": round((per_on - per_off) * 1e6, 2),
         "overhead_per_nested_call_paired_median": round(paired, 4),
         "cpu_overhead_per_nested_call": round(cpu_on / cpu_off - 1, 4),
+        "all_processes_cpu_overhead_per_nested_call": round(
+            on.all_cpu_per_call_s() / off.all_cpu_per_call_s() - 1, 4
+        ),
+        "cpu_accounting": "registry and runtime: /proc of each; all processes: the registry "
+        "and the runtime's cgroup (its workers included)"
+        if off.meter is not None
+        else "registry and runtime: /proc of each (no cgroup: all processes = the services)",
         "target": f"overhead <= {TARGET:.0%} per nested call",
         "meets_target": overhead <= TARGET,
     }

@@ -7,6 +7,7 @@ Import it only where grpc may be imported (the runtime sets its fork settings fi
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import resource
@@ -239,6 +240,11 @@ async def serve_until_signalled(what: str, settings: S, start: Starter[S]) -> bo
         running = await start(settings, telemetry.tracer_provider, telemetry.meter_provider)
         try:
             if not stop.is_set():
+                # What start-up made (modules, settings, servicers, the catalog) lives as long
+                # as the process: frozen out of the collector's generations, it is no longer
+                # walked by every full collection (GC took ~6 % of a busy registry's CPU).
+                gc.collect()
+                gc.freeze()
                 log.info("%s listening on port %d", what, running.port)
                 print(f"{what} listening on port {running.port}", flush=True)
                 await stop.wait()

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jwt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from codemode_wire.errors import CodemodeError, unauthenticated
@@ -151,6 +150,8 @@ class Authenticator:
         raise _invalid("the bearer token is not one this service knows")
 
     def _verify_jwt(self, token: str, config: JwtSetting) -> str:
+        import jwt  # imported when JWTs are configured: see _read_jwks
+
         try:
             header = jwt.get_unverified_header(token)
             kid = header.get("kid")
@@ -185,6 +186,10 @@ def _only(keys: dict[str, Any]) -> Any:
 
 def _read_jwks(path: Path) -> dict[str, Any]:
     """The JWKS file's public keys by `kid` (a key without one: by its position)."""
+    # PyJWT brings cryptography (~12 MiB of every service's idle memory): imported only by a
+    # service configured with JWTs.
+    import jwt
+
     try:
         keys = jwt.PyJWKSet.from_json(path.read_text())
     except (OSError, jwt.PyJWTError, ValueError) as exc:

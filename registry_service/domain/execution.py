@@ -65,7 +65,7 @@ from registry_service.domain.results import (
     INVALID_TOOL_OUTPUT,
     UNKNOWN_TOOL,
     AdditionalContext,
-    TextBlock,
+    PrettyTextBlock,
     ToolResult,
     aborted,
     error_result,
@@ -534,7 +534,7 @@ class Executor:
         violations = [] if defn is None else validate(defn.output_schema, value, root="result")
         if violations:
             return _invalid_output(name, violations)
-        rendered = content or (TextBlock(jsonvalue.render_pretty(value)),)
+        rendered = content or (PrettyTextBlock(value),)  # rendered only if read
         if not isinstance(returned, ToolResult):
             return ToolResult(rendered, value=value, has_value=True, value_json=value_json)
         return replace(

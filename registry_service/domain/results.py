@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from codemode_wire import jsonvalue
 from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
 
@@ -23,6 +24,49 @@ one and history never holds an error without one."""
 class TextBlock:
     text: str
     type: Literal["text"] = "text"
+
+
+class PrettyTextBlock(TextBlock):
+    """The text block of a result that brought only a value: the value as `render_pretty`
+    spells it, rendered when something first reads `text`. A nested call's result goes to the
+    program as `value_json`, and unless a hook or a history record reads its content nobody
+    ever does: rendering a 1 MB value costs a quarter of the registry's time for the call.
+
+    The value is the pipeline's own snapshot (`ToolResult.value_json` vouches that nothing
+    outside holds it), so the text is the one an eager render would have given. Equal to a
+    `TextBlock` with the same text."""
+
+    __slots__ = ("_rendered", "_value")
+    _rendered: str | None
+    _value: JsonValue
+
+    def __init__(self, value: JsonValue) -> None:  # no super().__init__: `text` is derived
+        object.__setattr__(self, "_value", value)
+        object.__setattr__(self, "_rendered", None)
+        object.__setattr__(self, "type", "text")
+
+    @property
+    def text(self) -> str:
+        rendered: str | None = self._rendered
+        if rendered is None:
+            rendered = jsonvalue.render_pretty(self._value)
+            object.__setattr__(self, "_rendered", rendered)
+            object.__setattr__(self, "_value", None)  # the text is all that is needed now
+        return rendered
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TextBlock):
+            return NotImplemented
+        return self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.type))
+
+    def __repr__(self) -> str:
+        return f"PrettyTextBlock(text={self.text!r})"
+
+    def __reduce__(self) -> tuple[type[TextBlock], tuple[str]]:
+        return TextBlock, (self.text,)  # a copy is the plain block it reads as
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,7 @@ from pathlib import Path
 from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.history.catalog_store import CatalogStore
 from registry_service.history.cordis_state import SqliteCordisState
-from registry_service.history.postgres.connect import DEFAULT_STATEMENT_TIMEOUT_S, check_dsn
-from registry_service.history.postgres.cordis_state import PostgresCordisState
-from registry_service.history.postgres.store import DEFAULT_LEASE_S, PostgresHistory
+from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore, StoreOpenError
 
@@ -46,7 +44,13 @@ def _sqlite(options: StoreOptions) -> Stores:
     return Stores(history, history.catalog())
 
 
+# The PostgreSQL modules are imported by the openers: psycopg is ~12 MiB that a registry on
+# SQLite would hold for nothing.
+
+
 def _postgres(options: StoreOptions) -> Stores:
+    from registry_service.history.postgres.store import PostgresHistory
+
     history = PostgresHistory(
         options.dsn,
         max_inline_bytes=options.max_inline_bytes,
@@ -56,6 +60,12 @@ def _postgres(options: StoreOptions) -> Stores:
     return Stores(history, history.catalog())
 
 
+def _postgres_cordis_state(options: StoreOptions) -> CordisStateStore:
+    from registry_service.history.postgres.cordis_state import PostgresCordisState
+
+    return PostgresCordisState(options.dsn, options.statement_timeout_s)
+
+
 # Store name -> (opener of the history and catalog, opener of the Cordis state beside them).
 STORES: dict[
     str, tuple[Callable[[StoreOptions], Stores], Callable[[StoreOptions], CordisStateStore]]
@@ -63,7 +73,7 @@ STORES: dict[
     "sqlite": (_sqlite, lambda options: SqliteCordisState(options.path)),
     "postgres": (
         _postgres,
-        lambda options: PostgresCordisState(options.dsn, options.statement_timeout_s),
+        _postgres_cordis_state,
     ),
 }
 
@@ -85,6 +95,8 @@ def check_options(name: str, dsn: str) -> None:
             "history_store 'postgres' needs history_dsn (or CODEMODE_REGISTRY_HISTORY_DSN), "
             "e.g. postgresql://user@host:5432/codemode"
         )
+    from registry_service.history.postgres.connect import check_dsn
+
     if reason := check_dsn(dsn):
         raise StoreOpenError(f"history_dsn is not a PostgreSQL connection string: {reason}")
 

@@ -184,18 +184,14 @@ _NO_PROPERTIES: Final[dict[str, Any]] = {}
 class Shape:
     """One schema node, read and checked but with its children left unread. Read-only."""
 
-    __slots__ = (
-        "children",
-        "closed",
-        "kind",
-        "literals",
-        "min_items",
-        "properties",
-        "ref",
-        "required",
-        "rest",
-        "scalar_type",
-    )
+    __slots__ = ("children", "closed", "kind", "literals", "properties", "required", "scalar_type")
+
+    # Only `$ref` and tuple nodes have these (`_RefOrTupleShape`): keeping them out of every
+    # other node's slots keeps the common node as cheap to build as it was before they existed
+    # (a shape is built for most nodes of every SDK render).
+    ref: str  # for REF: the `$defs` key
+    rest: Any  # for an open TUPLE: the schema of the items after the prefix
+    min_items: int  # for TUPLE: how many leading positions are required
 
     def __init__(
         self,
@@ -207,26 +203,41 @@ class Shape:
         properties: dict[str, Any] = _NO_PROPERTIES,
         required: frozenset[str] = frozenset(),
         closed: bool = False,
-        ref: str = "",
-        rest: Any = None,
-        min_items: int = 0,
     ) -> None:
         self.kind = kind
         self.scalar_type = scalar_type  # for SCALAR: one of SCALAR_TYPES
         self.literals = literals  # from `const`/`enum`; None = unconstrained
-        self.children = children  # `oneOf` arms, or the single `items` schema
+        self.children = children  # `oneOf` arms, the single `items` schema, tuple positions
         self.properties = properties  # the schema's own dict: never mutated
         self.required = required
         self.closed = closed  # objects: additionalProperties false; tuples: no extra items
-        self.ref = ref  # for REF: the `$defs` key
-        self.rest = rest  # for an open TUPLE: the schema of the items after the prefix
-        self.min_items = min_items  # for TUPLE: how many leading positions are required
+
+
+class _RefOrTupleShape(Shape):
+    __slots__ = ("min_items", "ref", "rest")
+
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        children: tuple[Any, ...] = (),
+        closed: bool = False,
+        ref: str = "",
+        rest: Any = None,
+        min_items: int = 0,
+    ) -> None:
+        super().__init__(kind, children=children, closed=closed)
+        self.ref = ref
+        self.rest = rest
+        self.min_items = min_items
 
 
 UNKNOWN_SHAPE: Final = Shape(Kind.UNKNOWN)
 ANY_JSON_SHAPE: Final = Shape(Kind.ANY_JSON)
 ARRAY_ANY_ITEMS_SHAPE: Final = Shape(Kind.ARRAY)
 _ABSENT: Final = object()
+_COMPOSITE_KEYS: Final = frozenset({"$ref", "oneOf", "anyOf"})
+_LITERAL_KEYS: Final = frozenset({"const", "enum"})
 _BROAD_SCALAR_SHAPES: Final = {name: Shape(Kind.SCALAR, scalar_type=name) for name in SCALAR_TYPES}
 
 
@@ -241,23 +252,18 @@ def classify(node: object) -> Shape:
     """
     if not isinstance(node, dict):
         return UNKNOWN_SHAPE
-    if "$ref" in node:  # siblings only annotate or narrow the target
-        name = ref_name(node["$ref"])
-        return UNKNOWN_SHAPE if name is None else Shape(Kind.REF, ref=name)
     schema_type = node.get("type", _ABSENT)
-    for union in ("oneOf", "anyOf"):
-        if union in node:
-            arms = node[union]
-            if schema_type is not _ABSENT or not isinstance(arms, list) or not arms:
-                return UNKNOWN_SHAPE
-            return Shape(Kind.ONE_OF, children=tuple(arms))
+    # This runs for every node of every SDK render: one C-level test keeps the rare keywords
+    # (and the literal ones below) off the common path, a tenth of a 500-tool render.
+    if not _COMPOSITE_KEYS.isdisjoint(node):
+        return _classify_composite(node, schema_type)
     if schema_type is _ABSENT:
         return ANY_JSON_SHAPE
     if not isinstance(schema_type, str):
         return UNKNOWN_SHAPE
     broad = _BROAD_SCALAR_SHAPES.get(schema_type)
     if broad is not None:
-        if "const" in node or "enum" in node:
+        if not _LITERAL_KEYS.isdisjoint(node):
             return _classify_literals(node, schema_type)
         return broad
     if schema_type == "object":
@@ -271,6 +277,17 @@ def classify(node: object) -> Shape:
     return UNKNOWN_SHAPE
 
 
+def _classify_composite(node: dict[Any, Any], schema_type: object) -> Shape:
+    """A node with `$ref`, `oneOf` or `anyOf` (in that precedence)."""
+    if "$ref" in node:  # siblings only annotate or narrow the target
+        name = ref_name(node["$ref"])
+        return UNKNOWN_SHAPE if name is None else _RefOrTupleShape(Kind.REF, ref=name)
+    arms = node["oneOf"] if "oneOf" in node else node["anyOf"]
+    if schema_type is not _ABSENT or not isinstance(arms, list) or not arms:
+        return UNKNOWN_SHAPE
+    return Shape(Kind.ONE_OF, children=tuple(arms))
+
+
 def _classify_tuple(node: dict[Any, Any]) -> Shape:
     prefix = node["prefixItems"]
     if not isinstance(prefix, list) or not prefix:
@@ -280,7 +297,9 @@ def _classify_tuple(node: dict[Any, Any]) -> Shape:
     least = _count_of(node.get("minItems")) or 0
     closed = rest is False or (most is not None and most <= len(prefix))
     required = min(least, len(prefix))
-    return Shape(Kind.TUPLE, children=tuple(prefix), closed=closed, rest=rest, min_items=required)
+    return _RefOrTupleShape(
+        Kind.TUPLE, children=tuple(prefix), closed=closed, rest=rest, min_items=required
+    )
 
 
 def _count_of(value: object) -> int | None:

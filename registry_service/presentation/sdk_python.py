@@ -267,7 +267,9 @@ def _render_root(schema: object, base: str, state: _RenderState, *, named: bool 
     allocated: list[str] = []
     typing_before = set(state.typing)
     out: list[str] = []
-    state.refs = _RefScope(definitions_of(schema)) if named else None
+    # Most schemas have no `$defs`: no scope then (a `$ref` renders `Any` either way).
+    defs = definitions_of(schema) if named else None
+    state.refs = _RefScope(defs) if defs else None
     try:
         _emit_type(schema, base, state, out, named=named, allocated=allocated)
         _declare_definitions(state, allocated)
@@ -402,6 +404,13 @@ def _leaf_type(shape: Shape, depth: int, named: bool, state: _RenderState) -> st
         return f"Literal[{', '.join(_literal(value) for value in shape.literals)}]"
     if kind is Kind.ONE_OF:
         return None
+    if kind is Kind.ARRAY:
+        if shape.children and depth < MAX_LIST_NESTING:
+            return None
+        state.typing.add("Any")
+        return "list[Any]" if not shape.children else "Any"
+    if kind is Kind.OBJECT and named and _is_declarable(shape, state.field_names_ok):
+        return None
     if kind is Kind.REF:
         name = _ref_type(shape.ref, state) if named else None
         if name is not None:
@@ -414,13 +423,6 @@ def _leaf_type(shape: Shape, depth: int, named: bool, state: _RenderState) -> st
             return None
         state.typing.add("Any")
         return "list[Any]"
-    if kind is Kind.ARRAY:
-        if shape.children and depth < MAX_LIST_NESTING:
-            return None
-        state.typing.add("Any")
-        return "list[Any]" if not shape.children else "Any"
-    if kind is Kind.OBJECT and named and _is_declarable(shape, state.field_names_ok):
-        return None
     state.typing.add("Any")
     return "dict[str, Any]" if kind is Kind.OBJECT else "Any"
 

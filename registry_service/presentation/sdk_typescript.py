@@ -189,7 +189,10 @@ def typescript_type(schema: object, indent: int = 0, refs: _RefScope | None = No
 
 def _root_type(schema: object, names: _Names) -> str:
     """A tool-level type; declares the `$defs` entries it references (and theirs) in `names`."""
-    refs = _RefScope(definitions_of(schema), names)
+    defs = definitions_of(schema)
+    if not defs:  # most schemas: no scope (a `$ref` renders `unknown` either way)
+        return typescript_type(schema, 1)
+    refs = _RefScope(defs, names)
     text = typescript_type(schema, 1, refs)
     done = 0
     while done < len(refs.pending):
@@ -242,9 +245,6 @@ def _literal(value: Any) -> str:
 def _leaf_type(shape: Shape, refs: _RefScope | None) -> str | None:
     """The type of a node with nothing below it to walk; None for a container."""
     kind = shape.kind
-    if kind is Kind.REF:
-        name = refs.name_of(shape.ref) if refs is not None else None
-        return "unknown" if name is None else name
     if kind is Kind.SCALAR:
         if shape.literals is None:
             return _BROAD_SCALAR[shape.scalar_type]
@@ -257,6 +257,9 @@ def _leaf_type(shape: Shape, refs: _RefScope | None) -> str | None:
         return "JsonValue[]"
     if kind is Kind.OBJECT and not shape.properties:
         return "Record<string, never>" if shape.closed else "Record<string, JsonValue>"
+    if kind is Kind.REF:
+        name = refs.name_of(shape.ref) if refs is not None else None
+        return "unknown" if name is None else name
     return None
 
 

@@ -7,6 +7,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from registry_service.history.postgres.defaults import DEFAULT_STATEMENT_TIMEOUT_S
+
 CONNECT_TIMEOUT_S = 5
 # libpq connection parameters of every connection: a server that vanished without closing the
 # connection (a partition, a dead host) fails the statement in about ten seconds instead of
@@ -19,10 +21,6 @@ CONNECT_PARAMS: dict[str, int] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,  # ms unacknowledged before the connection is dropped
 }
-# The server ends a statement that runs (or waits for a lock) longer than this: a lock another
-# session holds, or a runaway query, fails the call with an error instead of leaving it, and
-# the batch or change behind it, waiting for good. Generous: a batch takes milliseconds.
-DEFAULT_STATEMENT_TIMEOUT_S = 30.0
 
 
 def redact(dsn: str) -> str:

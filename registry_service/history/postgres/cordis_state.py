@@ -19,11 +19,11 @@ from typing import Any
 import psycopg
 
 from registry_service.history.postgres.connect import (
-    DEFAULT_STATEMENT_TIMEOUT_S,
     connect_async,
     connect_sync,
     redact,
 )
+from registry_service.history.postgres.defaults import DEFAULT_STATEMENT_TIMEOUT_S
 from registry_service.history.postgres.migrations import migrate
 from registry_service.history.store import StoreOpenError, store_unavailable
 

@@ -43,11 +43,11 @@ from registry_service.history.postgres import batch
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
 from registry_service.history.postgres.connect import (
-    DEFAULT_STATEMENT_TIMEOUT_S,
     connect_async,
     connect_sync,
     redact,
 )
+from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.store import (
     StoreHealth,
@@ -68,7 +68,6 @@ _CHECK = (
     "SELECT count(length(content_json)) FROM (SELECT content_json FROM history_records"
     " ORDER BY agent_id DESC, seq DESC LIMIT 1000) newest"
 )
-DEFAULT_LEASE_S = 15.0
 _ATTEMPTS = 3  # of a transaction PostgreSQL rolls back to break a deadlock
 _PAGE = 500  # records per read of a watch's backlog
 _LISTEN_RETRY_S = 1.0
