@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
 import grpc
 
@@ -96,12 +97,13 @@ def _runtime_pid() -> int:
     raise RuntimeError("runtime process not found")
 
 
-async def _one(stub: runtime_pb2_grpc.RuntimeServiceStub) -> float:
+async def echo_run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> Any:
+    """One Python run of ``program`` whose ``echo`` calls are answered with their arguments,
+    on the stream; returns the program's (successful) value."""
     call = stub.Run()
-    await call.write(
-        pb.RunRequest(start=pb.RunStart(program=PROGRAM, language="python", binding_names=["echo"]))
-    )
-    cpu = float("nan")
+    start = pb.RunStart(program=program, language="python", binding_names=["echo"])
+    await call.write(pb.RunRequest(start=start))
+    value: Any = None
     async for message in call:
         kind = message.WhichOneof("kind")
         if kind == "binding_call":
@@ -113,10 +115,14 @@ async def _one(stub: runtime_pb2_grpc.RuntimeServiceStub) -> float:
         elif kind == "terminal":
             outcome = message.terminal.WhichOneof("outcome")
             assert outcome == "success", message.terminal
-            cpu = float(json.loads(message.terminal.success.value_json))
+            value = json.loads(message.terminal.success.value_json)
             break
     await call.done_writing()
-    return cpu
+    return value
+
+
+async def _one(stub: runtime_pb2_grpc.RuntimeServiceStub) -> float:
+    return float(await echo_run(stub, PROGRAM))
 
 
 async def _workload(launch: str, programs: int) -> dict[str, float | str]:

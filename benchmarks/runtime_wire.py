@@ -33,8 +33,7 @@ import grpc
 
 from benchmarks._cgroup_meter import cgroup_meter
 from benchmarks._support import service_env, subprocess_service
-from benchmarks.runtime_throughput import _runtime_pid
-from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from benchmarks.runtime_throughput import _runtime_pid, echo_run
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 
 CONCURRENCY = 20
@@ -71,24 +70,7 @@ def _write_syscalls(pid: int) -> int:
 
 async def _one(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> int:
     """One run; returns the worker's write count the program reported."""
-    call = stub.Run()
-    start = pb.RunStart(program=program, language="python", binding_names=["echo"])
-    await call.write(pb.RunRequest(start=start))
-    writes = -1
-    async for message in call:
-        kind = message.WhichOneof("kind")
-        if kind == "binding_call":
-            result = pb.CallResult(
-                call_id=message.binding_call.call_id,
-                value_json=message.binding_call.arguments_json,
-            )
-            await call.write(pb.RunRequest(call_result=result))
-        elif kind == "terminal":
-            assert message.terminal.WhichOneof("outcome") == "success", message.terminal
-            writes = int(json.loads(message.terminal.success.value_json))
-            break
-    await call.done_writing()
-    return writes
+    return int(await echo_run(stub, program))
 
 
 async def _batch(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, runs: int) -> int:
