@@ -34,16 +34,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def codemode_services(
+def running_services(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[CodemodeServices]:
+    """The services of `codemode_services`, started now and stopped when the generator is
+    closed (for a suite that overrides the fixture with another scope)."""
     command = pytestconfig.getoption("--codemode-command")
     services = start_services(tmp_path_factory.mktemp("codemode"), command=command)
     try:
         yield services
     finally:
         services.stop()
+
+
+@pytest.fixture(scope="session")
+def codemode_services(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[CodemodeServices]:
+    yield from running_services(tmp_path_factory, pytestconfig)
 
 
 async def _testbed(codemode_services: CodemodeServices) -> AsyncIterator[Testbed]:
