@@ -3,7 +3,7 @@
 Each run is driven by the same per-run code as a `Run` stream (`RuntimeServicer.serve_run`),
 fed from the frames carrying its id; its messages go back as frames through one
 `FrameBatches` (`codemode_common/frame_batches.py`): what is ready in one loop turn leaves as
-one message, a lone frame at once, and a run queues at most `_PER_RUN` frames there (the rest
+one message, a lone frame at once, and a run queues at most `PER_RUN` frames there (the rest
 waits in its own budgeted queue), so a flooding run delays another's frames by one batch at
 most. A run's acceptance and its error end are frames too (`accepted`, `status`), carrying
 what `Run` says with its initial metadata and its status.
@@ -27,11 +27,11 @@ from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.errors import CodemodeError, internal, invalid_argument
 from codemode_wire.grpc_status import to_status_proto
 
-__all__ = ["RunEnded", "RunStreams"]
+__all__ = ["PER_RUN", "RunEnded", "RunStreams"]
 
 log = logging.getLogger(__name__)
 
-_PER_RUN = 64  # frames of one run per batch (and queued per run)
+PER_RUN = 64  # frames of one run per batch (and queued per run)
 _DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 
 
@@ -58,7 +58,7 @@ class RunStreams:
         # A batch stays under the send limit; a frame alone may use all of it.
         self._batches: FrameBatches[pb.RunResponseFrame] = FrameBatches(
             pb.RunResponseFrame.ByteSize,
-            per_run=_PER_RUN,
+            per_run=PER_RUN,
             max_bytes=(max_message_bytes or _DEFAULT_BATCH_BYTES) // 2,
         )
         self._inboxes: dict[int, asyncio.Queue[pb.RunRequest | None]] = {}
