@@ -11,8 +11,21 @@ from typing import Any
 import pytest
 
 from tests.codemode.conftest import Stack
-from tests.codemode.test_cancellation import (  # noqa: F401  (collected here again)
+from tests.codemode.test_bridge import (  # noqa: F401  (collected here again)
+    test_deep_arguments_and_proto_named_tool,
+    test_lossy_arguments_are_rejected_before_dispatch,
+    test_nested_hooks_see_an_opaque_parent_token,
+)
+from tests.codemode.test_cancellation import (  # noqa: F401
     test_a_stopped_call_kills_its_worker_and_aborts_its_nested_call,
+)
+from tests.codemode.test_faults import (  # noqa: F401
+    test_forged_and_foreign_tokens_are_refused,
+)
+from tests.codemode.test_message_limits import (  # noqa: F401
+    test_binding_call_too_large_to_forward_fails_only_that_call,
+    test_output_over_the_message_limit_is_an_output_limit_outcome,
+    test_tool_result_too_large_for_the_program_fails_only_that_call,
 )
 from tests.codemode.test_run_code_basics import (  # noqa: F401
     test_failed_run_reports_kind_message_and_captured_output,
