@@ -489,38 +489,15 @@ class GrpcRuntime:
             # The time spent waiting for a runtime comes off the run's own.
             left = None if ends is None else max(0.0, ends - loop.time())
             timeout = None if left is None else left + _DEADLINE_GRACE_S
+            start = _start_message(spec, left)
+            taken: GrpcRunStream | MuxRunStream | str
             if self._multiplexers is not None:
-                taken = await _open_multiplexed(
-                    self._multiplexers[target.address], _start_message(spec, left), timeout
-                )
-                if not isinstance(taken, str):
-                    return taken
-                detail = taken
-                if loop.time() + pause >= deadline:
-                    raise RuntimeUnreachable(self._unreachable(detail))
-                refused += 1
-                if refused >= len(self._targets):
-                    refused = 0
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, _RETRY_PAUSE_MAX_S)
-                continue
-            # Queued before the call opens: the start goes out as soon as the call has started.
-            outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
-            outbox.put_nowait(pb.RunRequest(start=_start_message(spec, left)))
-            call = target.stub.Run(_requests(outbox), timeout=timeout)
-            try:
-                metadata = await call.initial_metadata()
-            except BaseException:
-                call.cancel()  # our caller went away while the runtime was taking the run
-                raise
-            if accepted(metadata) or not call.done():
-                # Taken (or a runtime that does not say so has begun to answer): from here a
-                # lost connection is a lost run.
-                return GrpcRunStream(call, outbox)
-            code = await call.code()
-            detail = f"{code.name}: {await call.details()}"
-            if code is not grpc.StatusCode.UNAVAILABLE:
-                raise RunRefused(detail)
+                taken = await _open_multiplexed(self._multiplexers[target.address], start, timeout)
+            else:
+                taken = await _open_per_run(target, start, timeout)
+            if not isinstance(taken, str):
+                return taken
+            detail = taken
             # Not taken: the connection failed first, or the runtime is shutting down. Nothing
             # ran; the next try goes to the next target in the rotation that is connected,
             # after a pause once every target has been tried.
@@ -580,6 +557,33 @@ class GrpcRuntime:
         for multiplexer in (self._multiplexers or {}).values():
             await multiplexer.close()
         await asyncio.gather(*(t.close() for t in self._targets))
+
+
+async def _open_per_run(
+    target: RuntimeTarget, start: pb.RunStart, lasts_s: float | None
+) -> GrpcRunStream | str:
+    """The run on a `Run` stream of its own once the runtime has taken it; or why it was not
+    taken (the connection failed first, or the runtime is shutting down: nothing ran), as
+    `open_run` tries the next target. `RunRefused` for any other refusal. `lasts_s`: the
+    call's deadline from now (None: none)."""
+    # Queued before the call opens: the start goes out as soon as the call has started.
+    outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
+    outbox.put_nowait(pb.RunRequest(start=start))
+    call = target.stub.Run(_requests(outbox), timeout=lasts_s)
+    try:
+        metadata = await call.initial_metadata()
+    except BaseException:
+        call.cancel()  # our caller went away while the runtime was taking the run
+        raise
+    if accepted(metadata) or not call.done():
+        # Taken (or a runtime that does not say so has begun to answer): from here a lost
+        # connection is a lost run.
+        return GrpcRunStream(call, outbox)
+    code = await call.code()
+    detail = f"{code.name}: {await call.details()}"
+    if code is not grpc.StatusCode.UNAVAILABLE:
+        raise RunRefused(detail)
+    return detail
 
 
 async def _open_multiplexed(
