@@ -186,3 +186,45 @@ async def test_undecodable_bytes_end_the_stream_as_malformed(two_workers: Runnin
             await drain()
         assert failed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "malformed request" in (failed.value.details() or "")
+
+
+async def test_cancelling_one_run_mid_stream_leaves_the_others_interleaved_and_whole(
+    two_workers: RunningRuntime,
+) -> None:
+    """Runs 1 and 2 make chains of nested calls side by side (two workers); run 2 is
+    cancelled at its third call. Run 2 ends as an abort with that reason; run 1 answers every
+    one of its calls, in order, and returns their sum; a run started after the cancel gets
+    the freed worker and completes on the same stream."""
+    chain = (
+        "total = 0\nfor i in range(10):\n"
+        "    total += (await tools.echo({'i': i}))['i']\nreturn total"
+    )
+    async with connected(two_workers) as stub:
+        peer = Peer(stub)
+        peer.send((1, start_message(chain, "echo")), (2, start_message(chain, "echo")))
+        calls: dict[int, list[int]] = {1: [], 2: [], 3: []}
+        ends: dict[int, pb.RunTerminal] = {}
+        async for frame in peer.frames():
+            kind = _kind(frame)
+            if kind == "binding_call":
+                call = frame.response.binding_call
+                calls[frame.run_id].append(call.call_id)
+                if frame.run_id == 2 and call.call_id == 3:
+                    peer.send((2, pb.RunRequest(cancel=pb.RunCancel(reason="stop two"))))
+                    continue
+                value = json.dumps({"i": json.loads(call.arguments_json)["i"]})
+                result = pb.CallResult(call_id=call.call_id, value_json=value)
+                peer.send((frame.run_id, pb.RunRequest(call_result=result)))
+            elif kind == "terminal":
+                ends[frame.run_id] = frame.response.terminal
+                if frame.run_id == 2:
+                    peer.send((3, start_message(chain, "echo")))
+                if len(ends) == 3:
+                    peer.outbox.put_nowait(None)
+        assert await peer.call.code() is grpc.StatusCode.OK
+    assert ends[2].failure.kind == pb.FAILURE_KIND_ABORT
+    assert ends[2].failure.message == "stop two"
+    assert calls[2] == [1, 2, 3]
+    for run_id in (1, 3):
+        assert ends[run_id].success.value_json == "45", ends[run_id]
+        assert calls[run_id] == list(range(1, 11))
