@@ -74,6 +74,11 @@ class RunStreams:
         try:
             async for message in requests:
                 if isinstance(message, Malformed):
+                    # The stream is broken for every run on it: they end now, not at their
+                    # outcomes (each task aborts its run as it is cancelled).
+                    for task in self._tasks:
+                        task.cancel()
+                    self._batches.close()
                     return message
                 for frame in message.frames:
                     self._route(frame.run_id, frame.request)

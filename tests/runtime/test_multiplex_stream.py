@@ -172,20 +172,40 @@ async def test_bad_frames_fail_only_their_own_run(two_workers: RunningRuntime) -
     assert ends[9].success.value_json == "9"
 
 
-async def test_undecodable_bytes_end_the_stream_as_malformed(two_workers: RunningRuntime) -> None:
+async def test_undecodable_bytes_end_the_stream_as_malformed_and_its_runs_at_once(
+    two_workers: RunningRuntime,
+) -> None:
+    """A run parked in a nested call that is never answered; then bytes that are no
+    MultiplexRequest: the stream ends MALFORMED_MESSAGE without waiting for the run (its
+    worker is killed: `serving` checks that no worker is left)."""
+    start = pb.MultiplexRequest(
+        frames=[pb.RunRequestFrame(run_id=1, request=start_message("await tools.echo({})", "echo"))]
+    )
     async with grpc.aio.insecure_channel(two_workers.address) as channel:
         raw = channel.stream_stream("/codemode.runtime.v1.RuntimeService/Multiplex")
-        call = raw(iter([b"\xff\xff\xff"]))
+        outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        outbox.put_nowait(start.SerializeToString())
+
+        async def requests() -> AsyncIterator[bytes]:
+            while True:
+                yield await outbox.get()
+
+        call = raw(requests())
+        seen: list[str] = []
 
         async def drain() -> None:
             async with asyncio.timeout(_WAIT_S):
-                async for _ in call:
-                    pass
+                async for data in call:
+                    for frame in pb.MultiplexResponse.FromString(data).frames:
+                        seen.append(_kind(frame))
+                        if _kind(frame) == "binding_call":
+                            outbox.put_nowait(b"\xff\xff\xff")
 
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await drain()
         assert failed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "malformed request" in (failed.value.details() or "")
+        assert seen == ["accepted", "binding_call"]
 
 
 async def test_cancelling_one_run_mid_stream_leaves_the_others_interleaved_and_whole(
