@@ -33,6 +33,7 @@ from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 __all__ = ["Multiplexer", "MuxRun", "StreamBroken"]
 
 _PER_RUN = 64  # frames of one run per batch
+STREAM_MAX_AGE_S = 60.0
 _BATCH_BYTES_SHARE = 2  # a batch is at most half the send limit (one frame may be larger)
 
 
@@ -67,6 +68,7 @@ class MuxRun:
         """No more frames for this run, either way."""
         self.ended = True
         self._stream.runs.pop(self.run_id, None)
+        self._stream.settle()
 
 
 class _Stream:
@@ -78,6 +80,8 @@ class _Stream:
         )
         self.runs: dict[int, MuxRun] = {}
         self.broken = False
+        self.retired = False
+        self.opened_at = asyncio.get_running_loop().time()
         self._call: Any = stub.Multiplex(self._requests())
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -115,6 +119,19 @@ class _Stream:
         for run in runs.values():
             run.incoming.put_nowait(why)
 
+    async def ended(self) -> None:
+        """Returns once the stream has ended (its reader has seen its end)."""
+        await asyncio.shield(self._reader)
+
+    def retire(self) -> None:
+        """No new runs: the stream half-closes once the runs on it are over."""
+        self.retired = True
+        self.settle()
+
+    def settle(self) -> None:
+        if self.retired and not self.runs:
+            self.batches.close()  # ends the requests: the runtime ends the stream
+
     def open(self, run_id: int, start: pb.RunStart) -> MuxRun:
         run = self.runs[run_id] = MuxRun(self, run_id)
         run.send(pb.RunRequest(start=start))
@@ -128,20 +145,44 @@ class _Stream:
 
 
 class Multiplexer:
-    """A runtime target's multiplexed stream, opened when first needed."""
+    """A runtime target's multiplexed stream, opened when first needed.
 
-    def __init__(self, stub: pb_grpc.RuntimeServiceStub, max_message_bytes: int) -> None:
+    A stream takes new runs for `max_age_s`, then is retired (it ends once its runs have) and
+    the next run opens a new one: so a stream follows the channel to a new connection when the
+    runtime closes the old one (`max_connection_age_s`: GOAWAY, and a DNS target reaches new
+    replicas), instead of living on the old connection until that connection's grace cuts it
+    with its runs."""
+
+    def __init__(
+        self,
+        stub: pb_grpc.RuntimeServiceStub,
+        max_message_bytes: int,
+        max_age_s: float = STREAM_MAX_AGE_S,
+    ) -> None:
         self._stub = stub
         self._max_batch_bytes = max_message_bytes // _BATCH_BYTES_SHARE
+        self._max_age_s = max_age_s
         self._stream: _Stream | None = None
+        self._retired: set[_Stream] = set()
         self._ids = itertools.count(1)
+        self.streams_opened = 0
 
     def open(self, start: pb.RunStart) -> MuxRun:
-        """Sends the run's start on the stream (a new one if there is none, or it broke)."""
-        if self._stream is None or self._stream.broken:
-            self._stream = _Stream(self._stub, self._max_batch_bytes)
-        return self._stream.open(next(self._ids), start)
+        """Sends the run's start on the stream (a new one if there is none, it broke, or it
+        is past its age)."""
+        stream = self._stream
+        now = asyncio.get_running_loop().time()
+        if stream is not None and not stream.broken and now - stream.opened_at >= self._max_age_s:
+            stream.retire()
+            self._retired = {s for s in self._retired if not s.broken}
+            self._retired.add(stream)
+            stream = None
+        if stream is None or stream.broken:
+            stream = self._stream = _Stream(self._stub, self._max_batch_bytes)
+            self.streams_opened += 1
+        return stream.open(next(self._ids), start)
 
     async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.close()
+        streams = [*self._retired, *([self._stream] if self._stream is not None else [])]
+        for stream in streams:
+            await stream.close()

@@ -13,7 +13,11 @@ from typing import Any
 import grpc
 import pytest
 
+from codemode_wire.api.runtime.v1.runtime_pb2_grpc import RuntimeServiceStub
+from registry_service.codemode.runtime_port import BindingCall, RunTerminal
 from registry_service.domain.scopes import Mode
+from registry_service.runtime_client import MuxRunStream
+from registry_service.runtime_mux import Multiplexer
 from tests.codemode.conftest import Stack, value_of
 from tests.codemode.test_bridge import (  # noqa: F401  (collected here again)
     test_deep_arguments_and_proto_named_tool,
@@ -48,6 +52,7 @@ from tests.codemode.test_tenant_capacity import (  # noqa: F401
     test_run_code_on_a_full_runtime_is_retryable_capacity,
 )
 from tests.registry.conftest import CODE, Harness, error_info_of
+from tests.runtime.conftest import grpc_settings, serving, start_message
 
 MULTIPLEXED = {"runtime_channel": "multiplexed"}
 _WAIT_S = 60
@@ -152,3 +157,30 @@ async def test_a_runtime_killed_with_runs_of_several_agents_fails_only_the_runs_
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
+
+
+async def test_a_stream_past_its_age_takes_no_new_runs_and_ends_after_its_own() -> None:
+    """Run 1 on a stream; the stream is past its age when run 2 comes (max_age_s 0), so run 2
+    opens a new one; run 1 still completes on the old stream, which then ends."""
+    program = "return (await tools.echo({}))['n']"
+    async with (
+        serving(grpc_settings(pool_size=2)) as running,
+        grpc.aio.insecure_channel(running.address) as channel,
+    ):
+        multiplexer = Multiplexer(RuntimeServiceStub(channel), 4 << 20, max_age_s=0.0)
+        first = multiplexer.open(start_message(program, "echo").start)
+        second = multiplexer.open(start_message(program, "echo").start)
+        assert multiplexer.streams_opened == 2
+        for n, run in enumerate((first, second), start=1):
+            stream = MuxRunStream(run, None)
+            async with asyncio.timeout(_WAIT_S):
+                async for event in stream.events():
+                    if isinstance(event, BindingCall):
+                        stream.reply(event.call_id, True, f'{{"n": {n}}}')
+                    elif isinstance(event, RunTerminal):
+                        assert event.value_json == str(n)
+            await stream.close()
+        # The retired stream ends once its run has (the runtime ends it: no error).
+        await asyncio.wait_for(first._stream.ended(), _WAIT_S)
+        assert first._stream.broken and not second._stream.broken
+        await multiplexer.close()
