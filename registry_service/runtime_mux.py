@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
@@ -178,7 +179,10 @@ class Multiplexer:
             self._retired.add(stream)
             stream = None
         if stream is None or stream.broken:
-            stream = self._stream = _Stream(self._stub, self._max_batch_bytes)
+            # Opened in an empty context: the stream serves every run, so neither its gRPC
+            # span nor its reader belongs to the run that happened to open it.
+            stream = contextvars.Context().run(_Stream, self._stub, self._max_batch_bytes)
+            self._stream = stream
             self.streams_opened += 1
         return stream.open(next(self._ids), start)
 
