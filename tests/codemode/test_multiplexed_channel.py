@@ -19,7 +19,11 @@ from registry_service.domain.scopes import Mode
 from registry_service.runtime_client import MuxRunStream
 from registry_service.runtime_mux import Multiplexer
 from tests.codemode.conftest import Stack, value_of
-from tests.codemode.test_bridge import (  # noqa: F401  (collected here again)
+from tests.codemode.test_admission import (  # noqa: F401  (collected here again)
+    test_concurrent_runs_per_agent,
+    test_nested_calls_in_flight,
+)
+from tests.codemode.test_bridge import (  # noqa: F401
     test_deep_arguments_and_proto_named_tool,
     test_lossy_arguments_are_rejected_before_dispatch,
     test_nested_hooks_see_an_opaque_parent_token,
