@@ -15,6 +15,7 @@ from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from codemode_common.tls import ClientTls, client_tls
 from codemode_wire.errors import CodemodeError
+from registry_service.codemode.runtime_port import RuntimeChannel
 from registry_service.domain.access import AccessPolicy, Grant, Permission
 from registry_service.domain.admission import (
     DEFAULT_AGENT_LIMITS,
@@ -276,6 +277,10 @@ class RegistrySettings(ServiceSettings):
     """Longest pause between attempts to reconnect to a runtime that went away (gRPC's
     reconnect backoff, which starts at 0.1 s; 20 % jitter): a restarted runtime is used at
     most about this long after it listens again. Keep it below `runtime_start_timeout_s`."""
+    runtime_channel: RuntimeChannel = "per-run"
+    """How runs reach a runtime: `per-run`, a `Run` stream each; `multiplexed`, every run to
+    a runtime target over that target's one `Multiplex` stream, frames ready together sent as
+    one message (docs/wire.md). Outcomes, errors and the outage contract are the same."""
     runtime_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
     """The retry delay (`google.rpc.RetryInfo`) sent with a `run_code` that no runtime took."""
     runtime_tls_ca_file: Path | None = None

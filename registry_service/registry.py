@@ -254,6 +254,7 @@ def _connect_runtime(
         tls=settings.runtime_tls(),
         start_timeout_s=settings.runtime_start_timeout_s,
         reconnect_backoff_max_s=settings.runtime_reconnect_backoff_max_s,
+        channel=settings.runtime_channel,
     )
 
 

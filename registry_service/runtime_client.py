@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 from opentelemetry.trace import TracerProvider
 
@@ -41,12 +42,14 @@ from registry_service.codemode.runtime_port import (
     RunRefused,
     RunSpec,
     RunTerminal,
+    RuntimeChannel,
     RuntimeExhausted,
     RuntimeLimits,
     RuntimeLost,
     RuntimeUnreachable,
 )
 from registry_service.domain.cordis.source_checks import CheckUnavailable, HalfKind, SourceProblem
+from registry_service.runtime_mux import Incoming, Multiplexer, MuxRun, StreamBroken
 from registry_service.runtime_targets import Choose, RuntimeTarget, first_connected
 
 log = logging.getLogger(__name__)
@@ -153,41 +156,18 @@ class GrpcRunStream:
                 message = await self._call.read()
                 if message is grpc.aio.EOF:
                     raise RuntimeLost("the runtime closed the run without an outcome")
-                kind = message.WhichOneof("kind")
-                if kind == "binding_call":
-                    call = message.binding_call
-                    yield BindingCall(
-                        call.call_id,
-                        call.binding_name,
-                        call.arguments_json,
-                        call.token,
-                        call.trace_context.traceparent,
-                        call.trace_context.tracestate,
-                    )
-                elif kind == "log":
-                    yield RunLog(message.log.text)
-                elif kind == "terminal":
-                    self._done = True
-                    yield _terminal(message.terminal)
-                    return
+                event = _event(message)
+                if event is not None:
+                    if isinstance(event, RunTerminal):
+                        self._done = True
+                    yield event
+                    if self._done:
+                        return
         except grpc.aio.AioRpcError as exc:
-            detail = f"{exc.code().name}: {exc.details()}"
-            if exhausted := runtime_exhausted(exc):
-                raise exhausted from exc
-            if exc.code() is grpc.StatusCode.UNAVAILABLE or (
-                exc.code() in _BROKEN_CONNECTION and not _from_the_runtime(exc)
-            ):
-                # The transport failed (the runtime died, its connection was cut): an outage.
-                raise RuntimeLost(detail) from exc
-            raise RunRefused(detail) from exc  # the runtime's own error, or a local one
+            raise _call_failed(exc) from exc
 
     def reply(self, call_id: int, ok: bool, payload: str) -> None:
-        result = (
-            pb.CallResult(call_id=call_id, value_json=payload)
-            if ok
-            else pb.CallResult(call_id=call_id, error_message=payload)
-        )
-        self._send(pb.RunRequest(call_result=result))
+        self._send(_call_result(call_id, ok, payload))
 
     def cancel(self, reason: str) -> None:
         self._send(pb.RunRequest(cancel=pb.RunCancel(reason=reason)))
@@ -204,6 +184,127 @@ class GrpcRunStream:
         self._done = True
         self._outbox.put_nowait(None)
         self._call.cancel()
+
+
+class MuxRunStream:
+    """One run on a target's multiplexed stream (`runtime_mux.py`): the same events, errors
+    and outage contract as a `GrpcRunStream`. `deadline`: the loop time past which a runtime
+    that has sent nothing more counts as lost (the run's timeout plus the grace)."""
+
+    def __init__(
+        self, run: MuxRun, deadline: float | None, first: pb.RunResponse | None = None
+    ) -> None:
+        self._run = run
+        self._deadline = deadline
+        self._first = first
+        self._done = False
+
+    async def events(self) -> AsyncIterator[RunEvent]:
+        while True:
+            item: Incoming
+            if self._first is not None:
+                item, self._first = self._first, None
+            else:
+                try:
+                    async with asyncio.timeout_at(self._deadline):
+                        item = await self._run.incoming.get()
+                except TimeoutError:
+                    raise RuntimeLost(
+                        "DEADLINE_EXCEEDED: the runtime sent nothing before the run's deadline"
+                    ) from None
+            if isinstance(item, pb.RunResponse):
+                event = _event(item)
+                if event is None:
+                    continue
+                if isinstance(event, RunTerminal):
+                    self._done = True
+                    self._run.end()
+                yield event
+                if self._done:
+                    return
+            elif isinstance(item, StreamBroken):
+                self._done = True
+                if item.error is None:
+                    raise RuntimeLost("the runtime closed the run without an outcome")
+                raise _call_failed(item.error) from item.error
+            elif isinstance(item, status_pb2.Status):
+                self._done = True
+                self._run.end()
+                raise _status_failed(item)
+
+    def reply(self, call_id: int, ok: bool, payload: str) -> None:
+        if not self._done:
+            self._run.send(_call_result(call_id, ok, payload))
+
+    def cancel(self, reason: str) -> None:
+        if not self._done:
+            self._run.send(pb.RunRequest(cancel=pb.RunCancel(reason=reason)))
+
+    async def close(self) -> None:
+        if not self._done:
+            # What cancelling a `Run` call does: the runtime aborts the run.
+            self.cancel(_CLOSED_REASON)
+        self._done = True
+        self._run.end()
+
+
+def _call_result(call_id: int, ok: bool, payload: str) -> pb.RunRequest:
+    result = (
+        pb.CallResult(call_id=call_id, value_json=payload)
+        if ok
+        else pb.CallResult(call_id=call_id, error_message=payload)
+    )
+    return pb.RunRequest(call_result=result)
+
+
+def _event(message: pb.RunResponse) -> RunEvent | None:
+    """The event a run's message carries (None: a kind this registry does not know)."""
+    kind = message.WhichOneof("kind")
+    if kind == "binding_call":
+        call = message.binding_call
+        return BindingCall(
+            call.call_id,
+            call.binding_name,
+            call.arguments_json,
+            call.token,
+            call.trace_context.traceparent,
+            call.trace_context.tracestate,
+        )
+    if kind == "log":
+        return RunLog(message.log.text)
+    if kind == "terminal":
+        return _terminal(message.terminal)
+    return None
+
+
+def _call_failed(exc: grpc.aio.AioRpcError) -> Exception:
+    """What a run's failed call means: the runtime at capacity, an outage, or a refusal."""
+    detail = f"{exc.code().name}: {exc.details()}"
+    if exhausted := runtime_exhausted(exc):
+        return exhausted
+    if exc.code() is grpc.StatusCode.UNAVAILABLE or (
+        exc.code() in _BROKEN_CONNECTION and not _from_the_runtime(exc)
+    ):
+        # The transport failed (the runtime died, its connection was cut): an outage.
+        return RuntimeLost(detail)
+    return RunRefused(detail)  # the runtime's own error, or a local one
+
+
+def _status_failed(status: status_pb2.Status) -> Exception:
+    """What a run's error status on a multiplexed stream means (always the runtime's own),
+    exactly as `_call_failed` reads the same status ending a `Run` call."""
+    code = _STATUS_CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RuntimeExhausted(status.message or _AT_CAPACITY, retry_delay(status))
+    detail = f"{code.name}: {status.message}"
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return RuntimeLost(detail)
+    return RunRefused(detail)
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_AT_CAPACITY = "the code runtime is at capacity"
+_CLOSED_REASON = "run cancelled by the caller"
 
 
 async def _requests(outbox: asyncio.Queue[pb.RunRequest | None]) -> AsyncIterator[pb.RunRequest]:
@@ -229,7 +330,7 @@ def runtime_exhausted(exc: grpc.aio.AioRpcError) -> RuntimeExhausted | None:
         return None
     status = rpc_status.from_call(exc)
     delay = retry_delay(status) if status is not None else None
-    return RuntimeExhausted(exc.details() or "the code runtime is at capacity", delay)
+    return RuntimeExhausted(exc.details() or _AT_CAPACITY, delay)
 
 
 def _from_the_runtime(exc: grpc.aio.AioRpcError) -> bool:
@@ -258,13 +359,16 @@ class GrpcRuntime:
         tls: ClientTls | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
+        channel: RuntimeChannel = "per-run",
     ) -> None:
         """`targets`: one channel each (`runtime_targets.py`: work goes to a target that
         serves its language). `tracer_provider`: adds gRPC client spans (None: no
         interceptor at all). `keepalive_s`: ping interval of every runtime connection (None:
         no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
         plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
-        `reconnect_backoff_max_s`: the longest pause between reconnection attempts."""
+        `reconnect_backoff_max_s`: the longest pause between reconnection attempts.
+        `channel`: a `Run` stream per run, or every run to a target over its one
+        `Multiplex` stream (`runtime_mux.py`)."""
         if not targets:
             raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
@@ -278,6 +382,11 @@ class GrpcRuntime:
         )
         self._turn = itertools.count()
         self._payload_limit = payload_limit(max_message_bytes)
+        self._multiplexers: dict[str, Multiplexer] | None = None
+        if channel == "multiplexed":
+            self._multiplexers = {
+                t.address: Multiplexer(t.stub, max_message_bytes) for t in self._targets
+            }
 
     async def limits(self) -> RuntimeLimits:
         """The runtime's limits, from its `GetCapabilities` (0 there means "not reported");
@@ -365,7 +474,7 @@ class GrpcRuntime:
                 continue  # now known: serves it or not
             return target
 
-    async def open_run(self, spec: RunSpec) -> GrpcRunStream:
+    async def open_run(self, spec: RunSpec) -> GrpcRunStream | MuxRunStream:
         loop = asyncio.get_running_loop()
         wait = (
             self._start_timeout if spec.timeout is None else min(self._start_timeout, spec.timeout)
@@ -380,23 +489,15 @@ class GrpcRuntime:
             # The time spent waiting for a runtime comes off the run's own.
             left = None if ends is None else max(0.0, ends - loop.time())
             timeout = None if left is None else left + _DEADLINE_GRACE_S
-            # Queued before the call opens: the start goes out as soon as the call has started.
-            outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
-            outbox.put_nowait(pb.RunRequest(start=_start_message(spec, left)))
-            call = target.stub.Run(_requests(outbox), timeout=timeout)
-            try:
-                metadata = await call.initial_metadata()
-            except BaseException:
-                call.cancel()  # our caller went away while the runtime was taking the run
-                raise
-            if accepted(metadata) or not call.done():
-                # Taken (or a runtime that does not say so has begun to answer): from here a
-                # lost connection is a lost run.
-                return GrpcRunStream(call, outbox)
-            code = await call.code()
-            detail = f"{code.name}: {await call.details()}"
-            if code is not grpc.StatusCode.UNAVAILABLE:
-                raise RunRefused(detail)
+            start = _start_message(spec, left)
+            taken: GrpcRunStream | MuxRunStream | str
+            if self._multiplexers is not None:
+                taken = await _open_multiplexed(self._multiplexers[target.address], start, timeout)
+            else:
+                taken = await _open_per_run(target, start, timeout)
+            if not isinstance(taken, str):
+                return taken
+            detail = taken
             # Not taken: the connection failed first, or the runtime is shutting down. Nothing
             # ran; the next try goes to the next target in the rotation that is connected,
             # after a pause once every target has been tried.
@@ -453,7 +554,74 @@ class GrpcRuntime:
         return f"no code runtime took {work} within {wait} ({addresses}: {why})"
 
     async def close(self) -> None:
+        for multiplexer in (self._multiplexers or {}).values():
+            await multiplexer.close()
         await asyncio.gather(*(t.close() for t in self._targets))
+
+
+async def _open_per_run(
+    target: RuntimeTarget, start: pb.RunStart, lasts_s: float | None
+) -> GrpcRunStream | str:
+    """The run on a `Run` stream of its own once the runtime has taken it; or why it was not
+    taken (the connection failed first, or the runtime is shutting down: nothing ran), as
+    `open_run` tries the next target. `RunRefused` for any other refusal. `lasts_s`: the
+    call's deadline from now (None: none)."""
+    # Queued before the call opens: the start goes out as soon as the call has started.
+    outbox: asyncio.Queue[pb.RunRequest | None] = asyncio.Queue()
+    outbox.put_nowait(pb.RunRequest(start=start))
+    call = target.stub.Run(_requests(outbox), timeout=lasts_s)
+    try:
+        metadata = await call.initial_metadata()
+    except BaseException:
+        call.cancel()  # our caller went away while the runtime was taking the run
+        raise
+    if accepted(metadata) or not call.done():
+        # Taken (or a runtime that does not say so has begun to answer): from here a lost
+        # connection is a lost run.
+        return GrpcRunStream(call, outbox)
+    code = await call.code()
+    detail = f"{code.name}: {await call.details()}"
+    if code is not grpc.StatusCode.UNAVAILABLE:
+        raise RunRefused(detail)
+    return detail
+
+
+async def _open_multiplexed(
+    multiplexer: Multiplexer, start: pb.RunStart, lasts_s: float | None
+) -> MuxRunStream | str:
+    """The run on the target's multiplexed stream once the runtime has taken it; or, when it
+    was not taken because the stream failed first or the runtime is shutting down (nothing
+    ran), why, as `open_run` tries the next target. `RunRefused` for any other refusal.
+    `lasts_s`: the run's deadline from now (its timeout plus the grace; None: none)."""
+    loop = asyncio.get_running_loop()
+    ends = None if lasts_s is None else loop.time() + lasts_s
+    run = multiplexer.open(start)
+    try:
+        async with asyncio.timeout_at(ends):
+            first = await run.incoming.get()
+    except BaseException:
+        # Our caller went away (or the runtime hung) while the runtime was taking the run.
+        run.send(pb.RunRequest(cancel=pb.RunCancel(reason=_CLOSED_REASON)))
+        run.end()
+        raise
+    if first is True:
+        return MuxRunStream(run, ends)
+    if isinstance(first, pb.RunResponse):  # a runtime that does not say so has begun to answer
+        return MuxRunStream(run, ends, first)
+    run.end()
+    if isinstance(first, StreamBroken):
+        error = first.error
+        if error is None:
+            return "UNAVAILABLE: the runtime's stream ended"
+        if error.code() is not grpc.StatusCode.UNAVAILABLE:
+            raise RunRefused(f"{error.code().name}: {error.details()}")
+        return f"UNAVAILABLE: {error.details()}"
+    if isinstance(first, status_pb2.Status):
+        failed = _status_failed(first)
+        if isinstance(failed, RuntimeLost):  # the runtime's UNAVAILABLE: it is shutting down
+            return str(failed)
+        raise failed
+    raise RunRefused("UNKNOWN: the runtime answered the run's start with nothing known")
 
 
 def _serving(language: str) -> Choose:

@@ -1,6 +1,7 @@
-"""Only registries may run programs: `Run` and `Host` are accepted from a client whose
-verified certificate names one of `registry_identities` (`cert:<SAN>`, exactly or by glob
-pattern). The NetworkPolicy of deploy/ narrows who can connect; this decides who may run.
+"""Only registries may run programs: `Run`, `Multiplex` (many runs on one stream) and `Host`
+are accepted from a client whose verified certificate names one of `registry_identities`
+(`cert:<SAN>`, exactly or by glob pattern). The NetworkPolicy of deploy/ narrows who can
+connect; this decides who may run.
 
 With no identities configured the runtime stays open (the loopback default; a non-loopback
 address then gets a loud warning at start). `GetCapabilities` stays open: it only describes.
@@ -20,7 +21,7 @@ from runtime_service.servicer import DOMAIN
 
 __all__ = ["GUARDED", "RegistryOnly"]
 
-GUARDED = frozenset({"Run", "Host"})
+GUARDED = frozenset({"Run", "Multiplex", "Host"})
 
 
 class RegistryOnly:

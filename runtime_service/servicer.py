@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -27,6 +27,7 @@ from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities, Isolation
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
 from runtime_service.languages import DEFAULT_LANGUAGE
+from runtime_service.multiplex import RunEnded, RunStreams
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.plugin_host import (
     HostEvent,
@@ -167,6 +168,45 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         start = await _first_start(request_iterator, context, "Run")
         if start is None:
             return
+
+        async def accept() -> None:
+            # Tells the caller the program is taken: a connection lost from now on may have
+            # cost a partial run, one lost before it cost nothing (codemode_common.run_acceptance).
+            await context.send_initial_metadata((ACCEPTED,))
+
+        try:
+            async with contextlib.aclosing(self.serve_run(start, request_iterator, accept)) as run:
+                async for message in run:
+                    yield message
+        except RunEnded as ended:
+            await _abort(context, ended.error)
+
+    async def Multiplex(
+        self,
+        request_iterator: AsyncIterator[runtime_pb2.MultiplexRequest | Malformed],
+        context: Context,
+    ) -> AsyncIterator[runtime_pb2.MultiplexResponse]:
+        streams = RunStreams(self.serve_run, DOMAIN, self._max_message_bytes)
+        reader = asyncio.ensure_future(streams.read(request_iterator))
+        try:
+            while (batch := await streams.next_batch()) is not None:
+                yield batch
+            malformed = reader.result() if reader.done() and not reader.cancelled() else None
+            if malformed is not None:
+                await _abort(context, malformed_error(malformed))
+        finally:
+            reader.cancel()
+            await streams.close()
+
+    async def serve_run(
+        self,
+        start: runtime_pb2.RunStart,
+        request_iterator: AsyncIterator[runtime_pb2.RunRequest | Malformed],
+        accept: Callable[[], Awaitable[None]],
+    ) -> AsyncGenerator[runtime_pb2.RunResponse, None]:
+        """One run, whichever stream carries it (`Run`, or one run of `Multiplex`): its
+        messages out, until its terminal; `accept` is awaited once the run is taken. Raises
+        `RunEnded` with the error the run ends with instead of a terminal."""
         # The run's span continues the caller's context; every binding call names it as parent.
         traced = self._telemetry.start_run(
             start.trace_context.traceparent,
@@ -195,21 +235,17 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             )
         except RunRequestError as exc:
             traced.refused("invalid-run", str(exc))
-            await _abort(context, invalid_argument("INVALID_RUN", str(exc)))
-            return
+            raise RunEnded(invalid_argument("INVALID_RUN", str(exc))) from None
         except RuntimeDisposedError as exc:
             traced.refused("shutting-down", str(exc))
-            await _abort(context, unavailable("RUNTIME_SHUTTING_DOWN", str(exc)))
-            return
+            raise RunEnded(unavailable("RUNTIME_SHUTTING_DOWN", str(exc))) from None
         with traced.activated():  # the execution task (and the worker hand-off) run inside it
             execution = asyncio.ensure_future(self._runtime.execute(run))
         execution.add_done_callback(traced.finish)
         execution.add_done_callback(lambda _: outgoing.put_nowait(None))
         reader = asyncio.ensure_future(_read_client(request_iterator, run, relay))
         try:
-            # Tells the caller the program is taken: a connection lost from now on may have
-            # cost a partial run, one lost before it cost nothing (codemode_common.run_acceptance).
-            await context.send_initial_metadata((ACCEPTED,))
+            await accept()
             while (message := await outgoing.get()) is not None:
                 if isinstance(message, str):
                     yield runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=message))
@@ -217,10 +253,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                     yield message
             refusal = _refusal(reader)
             if refusal is not None:  # the run was aborted for it: the status says why instead
-                await _abort(context, refusal)
+                raise RunEnded(refusal)
             exhausted = _exhausted(execution)
             if exhausted is not None:  # no sandbox was free: nothing ran
-                await _abort(context, exhausted)
+                raise RunEnded(exhausted)
             response = runtime_pb2.RunResponse()
             _fill_terminal(response.terminal, execution.result())  # a large value: one copy
             yield response

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+RuntimeChannel = Literal["per-run", "multiplexed"]
+"""How runs reach a runtime: a stream each, or all of a target's over its one stream."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,11 @@ def _runtime_settings(tmp_path: Path, ca: Authority, **extra: Any) -> RuntimeSet
 
 async def _stream_refusal(channel: grpc.aio.Channel, method: str) -> grpc.aio.AioRpcError:
     stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-    message = runtime_pb2.RunRequest() if method == "Run" else runtime_pb2.HostRequest()
+    message = {
+        "Run": runtime_pb2.RunRequest(),
+        "Multiplex": runtime_pb2.MultiplexRequest(),
+        "Host": runtime_pb2.HostRequest(),
+    }[method]
     call = getattr(stub, method)(iter([message]), timeout=30)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         async for _ in call:
@@ -63,7 +67,7 @@ async def test_only_registries_may_run(tmp_path: Path) -> None:
     credentials = grpc.ssl_channel_credentials(ca.pem, intruder.key, intruder.cert)
     try:
         async with grpc.aio.secure_channel(f"localhost:{runtime.port}", credentials) as channel:
-            for method in ("Run", "Host"):
+            for method in ("Run", "Multiplex", "Host"):
                 error = await _stream_refusal(channel, method)
                 assert error.code() is grpc.StatusCode.PERMISSION_DENIED, error
                 info = error_info_of(error)

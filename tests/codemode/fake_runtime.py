@@ -62,6 +62,12 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no plugin hosts here")
         yield pb.HostResponse()  # unreachable: makes this an async generator
 
+    async def Multiplex(
+        self, request_iterator: AsyncIterator[pb.MultiplexRequest], context: Any
+    ) -> AsyncIterator[pb.MultiplexResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "runs go over Run here")
+        yield pb.MultiplexResponse()  # unreachable: makes this an async generator
+
     async def CheckSource(
         self, request: pb.CheckSourceRequest, context: Any
     ) -> pb.CheckSourceResponse:

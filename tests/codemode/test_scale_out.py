@@ -94,7 +94,10 @@ async def _history(harness: Harness, agent: str) -> list[Any]:
             return records
 
 
-async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime_channel", ["per-run", "multiplexed"])
+async def test_runs_spread_over_three_runtimes_and_survive_losing_one(
+    tmp_path: Path, runtime_channel: str
+) -> None:
     launched = await asyncio.gather(
         *(_runtime_process(SPAWNING) for _ in range(RUNTIMES)), return_exceptions=True
     )
@@ -111,6 +114,7 @@ async def test_runs_spread_over_three_runtimes_and_survive_losing_one(tmp_path: 
         # One agent holds every run parked at once and starts more beside them (more than
         # the default 8 per agent).
         agent_limits={"max_concurrent_runs": IN_FLIGHT + AFTER_KILL},
+        runtime_channel=runtime_channel,  # a stream per run, or each runtime's one stream
     )
     running = await start_registry(config, build_registry(config))
     channel = grpc.aio.insecure_channel(running.address)

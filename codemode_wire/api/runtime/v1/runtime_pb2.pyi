@@ -11,6 +11,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -117,6 +118,124 @@ ISOLATION_SCOPE_PER_RUN: IsolationScope.ValueType  # 1
 ISOLATION_SCOPE_PER_PROCESS: IsolationScope.ValueType  # 2
 """Each process on its own (rlimits, per-process accounting)."""
 Global___IsolationScope: _TypeAlias = IsolationScope  # noqa: Y015
+
+@_typing.final
+class MultiplexRequest(_message.Message):
+    """MultiplexRequest is one client message on the `Multiplex` stream: the frames ready together."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunRequestFrame]:
+        """The frames, in order; frames of one run keep their order."""
+
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___RunRequestFrame] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiplexRequest: _TypeAlias = MultiplexRequest  # noqa: Y015
+
+@_typing.final
+class RunRequestFrame(_message.Message):
+    """RunRequestFrame is one `Run` client message of one run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    """The run's id, chosen by the client, unique on the stream."""
+    @_builtins.property
+    def request(self) -> Global___RunRequest:
+        """The message, as on the `Run` stream."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        request: Global___RunRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunRequestFrame: _TypeAlias = RunRequestFrame  # noqa: Y015
+
+@_typing.final
+class MultiplexResponse(_message.Message):
+    """MultiplexResponse is one server message on the `Multiplex` stream: the frames ready together."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunResponseFrame]:
+        """The frames, in order; frames of one run keep their order."""
+
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___RunResponseFrame] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiplexResponse: _TypeAlias = MultiplexResponse  # noqa: Y015
+
+@_typing.final
+class RunResponseFrame(_message.Message):
+    """RunResponseFrame is one `Run` server message of one run, or the run's acceptance or end."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.int
+    """The run's id, as the client chose it."""
+    accepted: _builtins.bool
+    """The run is taken (what `Run` says with its initial metadata)."""
+    @_builtins.property
+    def response(self) -> Global___RunResponse:
+        """The message, as on the `Run` stream."""
+
+    @_builtins.property
+    def status(self) -> _status_pb2.Status:
+        """The run ended with this error (what `Run` ends with as its status, with ErrorInfo and
+        RetryInfo details); nothing follows for this run.
+        """
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.int = ...,
+        response: Global___RunResponse | None = ...,
+        accepted: _builtins.bool = ...,
+        status: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "kind", b"kind", "response", b"response", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "kind", b"kind", "response", b"response", "run_id", b"run_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["response", "accepted", "status"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___RunResponseFrame: _TypeAlias = RunResponseFrame  # noqa: Y015
 
 @_typing.final
 class HostRequest(_message.Message):

@@ -57,6 +57,11 @@ class RuntimeServiceStub:
                 request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.SerializeToString,
                 response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.FromString,
                 _registered_method=True)
+        self.Multiplex = channel.stream_stream(
+                '/codemode.runtime.v1.RuntimeService/Multiplex',
+                request_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexRequest.SerializeToString,
+                response_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -105,6 +110,18 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Multiplex(self, request_iterator, context):
+        """Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+        one `Run` message tagged with the run id the client chose. A run begins with a frame
+        carrying `start` under a new id and follows the `Run` protocol from there; the server
+        answers `accepted` once it has taken the run, and ends it with a frame carrying
+        `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+        stream (from either side) ends every run on it, as cancelling `Run` does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +144,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.Host,
                     request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.FromString,
                     response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.SerializeToString,
+            ),
+            'Multiplex': grpc.stream_stream_rpc_method_handler(
+                    servicer.Multiplex,
+                    request_deserializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexRequest.FromString,
+                    response_serializer=codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -239,6 +261,33 @@ class RuntimeService:
             '/codemode.runtime.v1.RuntimeService/Host',
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostRequest.SerializeToString,
             codemode_dot_runtime_dot_v1_dot_runtime__pb2.HostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Multiplex(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/codemode.runtime.v1.RuntimeService/Multiplex',
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexRequest.SerializeToString,
+            codemode_dot_runtime_dot_v1_dot_runtime__pb2.MultiplexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,14 @@ class RuntimeServiceStub:
     effects are disposed and its processes are gone. Closing the stream from either side
     retracts too.
     """
+    Multiplex: _grpc.StreamStreamMultiCallable[_runtime_pb2.MultiplexRequest, _runtime_pb2.MultiplexResponse]
+    """Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+    one `Run` message tagged with the run id the client chose. A run begins with a frame
+    carrying `start` under a new id and follows the `Run` protocol from there; the server
+    answers `accepted` once it has taken the run, and ends it with a frame carrying
+    `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+    stream (from either side) ends every run on it, as cancelling `Run` does.
+    """
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -91,6 +99,14 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
     effects are disposed and its processes are gone. Closing the stream from either side
     retracts too.
+    """
+    Multiplex: _aio.StreamStreamMultiCallable[_runtime_pb2.MultiplexRequest, _runtime_pb2.MultiplexResponse]  # type: ignore[assignment]
+    """Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+    one `Run` message tagged with the run id the client chose. A run begins with a frame
+    carrying `start` under a new id and follows the `Run` protocol from there; the server
+    answers `accepted` once it has taken the run, and ends it with a frame carrying
+    `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+    stream (from either side) ends every run on it, as cancelling `Run` does.
     """
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -144,6 +160,20 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         `invoke` messages until `retract`, which it answers with `retracted` once the plugin's
         effects are disposed and its processes are gone. Closing the stream from either side
         retracts too.
+        """
+
+    @_abc_1.abstractmethod
+    def Multiplex(
+        self,
+        request_iterator: _MaybeAsyncIterator[_runtime_pb2.MultiplexRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_runtime_pb2.MultiplexResponse], _abc.AsyncIterator[_runtime_pb2.MultiplexResponse]]:
+        """Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+        one `Run` message tagged with the run id the client chose. A run begins with a frame
+        carrying `start` under a new id and follows the `Run` protocol from there; the server
+        answers `accepted` once it has taken the run, and ends it with a frame carrying
+        `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+        stream (from either side) ends every run on it, as cancelling `Run` does.
         """
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,6 +22,7 @@ import {
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 import { Duration } from "../../../google/protobuf/duration";
+import { Status } from "../../../google/rpc/status";
 import { TraceContext } from "../../common/v1/trace";
 
 export const protobufPackage = "codemode.runtime.v1";
@@ -72,6 +73,47 @@ export enum IsolationScope {
   /** ISOLATION_SCOPE_PER_PROCESS - Each process on its own (rlimits, per-process accounting). */
   ISOLATION_SCOPE_PER_PROCESS = 2,
   UNRECOGNIZED = -1,
+}
+
+/** MultiplexRequest is one client message on the `Multiplex` stream: the frames ready together. */
+export interface MultiplexRequest {
+  /** The frames, in order; frames of one run keep their order. */
+  frames: RunRequestFrame[];
+}
+
+/** RunRequestFrame is one `Run` client message of one run. */
+export interface RunRequestFrame {
+  /** The run's id, chosen by the client, unique on the stream. */
+  runId: bigint;
+  /** The message, as on the `Run` stream. */
+  request: RunRequest | undefined;
+}
+
+/** MultiplexResponse is one server message on the `Multiplex` stream: the frames ready together. */
+export interface MultiplexResponse {
+  /** The frames, in order; frames of one run keep their order. */
+  frames: RunResponseFrame[];
+}
+
+/** RunResponseFrame is one `Run` server message of one run, or the run's acceptance or end. */
+export interface RunResponseFrame {
+  /** The run's id, as the client chose it. */
+  runId: bigint;
+  /** The frame kind. */
+  kind:
+    | //
+    /** The message, as on the `Run` stream. */
+    { $case: "response"; value: RunResponse }
+    | //
+    /** The run is taken (what `Run` says with its initial metadata). */
+    { $case: "accepted"; value: boolean }
+    | //
+    /**
+     * The run ended with this error (what `Run` ends with as its status, with ErrorInfo and
+     * RetryInfo details); nothing follows for this run.
+     */
+    { $case: "status"; value: Status }
+    | undefined;
 }
 
 /** HostRequest is one client message on the `Host` stream. */
@@ -605,6 +647,301 @@ export interface IsolationMechanism {
   /** How it is enforced (e.g. "cgroup v1 memory.limit_in_bytes"), or why it is not. */
   detail: string;
 }
+
+function createBaseMultiplexRequest(): MultiplexRequest {
+  return { frames: [] };
+}
+
+export const MultiplexRequest: MessageFns<MultiplexRequest> = {
+  encode(message: MultiplexRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.frames) {
+      RunRequestFrame.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MultiplexRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMultiplexRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.frames.push(RunRequestFrame.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<MultiplexRequest>): MultiplexRequest {
+    return MultiplexRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<MultiplexRequest>): MultiplexRequest {
+    const message = createBaseMultiplexRequest();
+    message.frames = object.frames?.map((e) => RunRequestFrame.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseRunRequestFrame(): RunRequestFrame {
+  return { runId: 0n, request: undefined };
+}
+
+export const RunRequestFrame: MessageFns<RunRequestFrame> = {
+  encode(message: RunRequestFrame, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== 0n) {
+      if (BigInt.asUintN(64, message.runId) !== message.runId) {
+        throw new globalThis.Error("value provided for field message.runId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.runId);
+    }
+    if (message.request !== undefined) {
+      RunRequest.encode(message.request, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunRequestFrame {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunRequestFrame();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.runId = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.request = RunRequest.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<RunRequestFrame>): RunRequestFrame {
+    return RunRequestFrame.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RunRequestFrame>): RunRequestFrame {
+    const message = createBaseRunRequestFrame();
+    message.runId = (object.runId !== undefined && object.runId !== null) ? BigInt(object.runId) : 0n;
+    message.request = (object.request !== undefined && object.request !== null)
+      ? RunRequest.fromPartial(object.request)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseMultiplexResponse(): MultiplexResponse {
+  return { frames: [] };
+}
+
+export const MultiplexResponse: MessageFns<MultiplexResponse> = {
+  encode(message: MultiplexResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.frames) {
+      RunResponseFrame.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MultiplexResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMultiplexResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.frames.push(RunResponseFrame.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<MultiplexResponse>): MultiplexResponse {
+    return MultiplexResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<MultiplexResponse>): MultiplexResponse {
+    const message = createBaseMultiplexResponse();
+    message.frames = object.frames?.map((e) => RunResponseFrame.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseRunResponseFrame(): RunResponseFrame {
+  return { runId: 0n, kind: undefined };
+}
+
+export const RunResponseFrame: MessageFns<RunResponseFrame> = {
+  encode(message: RunResponseFrame, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== 0n) {
+      if (BigInt.asUintN(64, message.runId) !== message.runId) {
+        throw new globalThis.Error("value provided for field message.runId of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.runId);
+    }
+    switch (message.kind?.$case) {
+      case "response":
+        RunResponse.encode(message.kind.value, writer.uint32(18).fork()).join();
+        break;
+      case "accepted":
+        writer.uint32(24).bool(message.kind.value);
+        break;
+      case "status":
+        Status.encode(message.kind.value, writer.uint32(34).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunResponseFrame {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunResponseFrame();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.runId = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.kind = { $case: "response", value: RunResponse.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.kind = { $case: "accepted", value: reader.bool() };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.kind = { $case: "status", value: Status.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<RunResponseFrame>): RunResponseFrame {
+    return RunResponseFrame.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RunResponseFrame>): RunResponseFrame {
+    const message = createBaseRunResponseFrame();
+    message.runId = (object.runId !== undefined && object.runId !== null) ? BigInt(object.runId) : 0n;
+    switch (object.kind?.$case) {
+      case "response": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "response", value: RunResponse.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+      case "accepted": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "accepted", value: object.kind.value };
+        }
+        break;
+      }
+      case "status": {
+        if (object.kind?.value !== undefined && object.kind?.value !== null) {
+          message.kind = { $case: "status", value: Status.fromPartial(object.kind.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
 
 function createBaseHostRequest(): HostRequest {
   return { kind: undefined };
@@ -4054,6 +4391,23 @@ export const RuntimeServiceService = {
     responseSerialize: (value: HostResponse): Buffer => Buffer.from(HostResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): HostResponse => HostResponse.decode(value),
   },
+  /**
+   * Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+   * one `Run` message tagged with the run id the client chose. A run begins with a frame
+   * carrying `start` under a new id and follows the `Run` protocol from there; the server
+   * answers `accepted` once it has taken the run, and ends it with a frame carrying
+   * `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+   * stream (from either side) ends every run on it, as cancelling `Run` does.
+   */
+  multiplex: {
+    path: "/codemode.runtime.v1.RuntimeService/Multiplex" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: MultiplexRequest): Buffer => Buffer.from(MultiplexRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): MultiplexRequest => MultiplexRequest.decode(value),
+    responseSerialize: (value: MultiplexResponse): Buffer => Buffer.from(MultiplexResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): MultiplexResponse => MultiplexResponse.decode(value),
+  },
 } as const;
 
 export interface RuntimeServiceServer extends UntypedServiceImplementation {
@@ -4084,6 +4438,15 @@ export interface RuntimeServiceServer extends UntypedServiceImplementation {
    * retracts too.
    */
   host: handleBidiStreamingCall<HostRequest, HostResponse>;
+  /**
+   * Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+   * one `Run` message tagged with the run id the client chose. A run begins with a frame
+   * carrying `start` under a new id and follows the `Run` protocol from there; the server
+   * answers `accepted` once it has taken the run, and ends it with a frame carrying
+   * `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+   * stream (from either side) ends every run on it, as cancelling `Run` does.
+   */
+  multiplex: handleBidiStreamingCall<MultiplexRequest, MultiplexResponse>;
 }
 
 export interface RuntimeServiceClient extends Client {
@@ -4146,6 +4509,20 @@ export interface RuntimeServiceClient extends Client {
   host(): ClientDuplexStream<HostRequest, HostResponse>;
   host(options: Partial<CallOptions>): ClientDuplexStream<HostRequest, HostResponse>;
   host(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<HostRequest, HostResponse>;
+  /**
+   * Multiplex carries many runs over one stream: each message is a batch of frames, each frame
+   * one `Run` message tagged with the run id the client chose. A run begins with a frame
+   * carrying `start` under a new id and follows the `Run` protocol from there; the server
+   * answers `accepted` once it has taken the run, and ends it with a frame carrying
+   * `terminal`, or a frame whose `status` is the error `Run` would have ended with. Ending the
+   * stream (from either side) ends every run on it, as cancelling `Run` does.
+   */
+  multiplex(): ClientDuplexStream<MultiplexRequest, MultiplexResponse>;
+  multiplex(options: Partial<CallOptions>): ClientDuplexStream<MultiplexRequest, MultiplexResponse>;
+  multiplex(
+    metadata: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientDuplexStream<MultiplexRequest, MultiplexResponse>;
 }
 
 export const RuntimeServiceClient = makeGenericClientConstructor(

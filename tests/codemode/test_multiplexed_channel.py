@@ -1,0 +1,190 @@
+"""The codemode suite's main scenarios again, with runs on the multiplexed channel
+(`runtime_channel: multiplexed`): the same tests, collected here with a `make_stack` that sets
+it, so each asserts exactly what it does on per-run streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from codemode_wire.api.runtime.v1.runtime_pb2_grpc import RuntimeServiceStub
+from registry_service.codemode.runtime_port import BindingCall, RunTerminal
+from registry_service.domain.scopes import Mode
+from registry_service.runtime_client import MuxRunStream
+from registry_service.runtime_mux import Multiplexer
+from tests.codemode.conftest import Stack, value_of
+from tests.codemode.test_admission import (  # noqa: F401  (collected here again)
+    test_concurrent_runs_per_agent,
+    test_nested_calls_in_flight,
+)
+from tests.codemode.test_bridge import (  # noqa: F401
+    test_deep_arguments_and_proto_named_tool,
+    test_lossy_arguments_are_rejected_before_dispatch,
+    test_nested_hooks_see_an_opaque_parent_token,
+)
+from tests.codemode.test_cancellation import (  # noqa: F401
+    test_a_stopped_call_kills_its_worker_and_aborts_its_nested_call,
+)
+from tests.codemode.test_faults import (  # noqa: F401
+    _runtime_process,
+    test_forged_and_foreign_tokens_are_refused,
+)
+from tests.codemode.test_message_limits import (  # noqa: F401
+    test_binding_call_too_large_to_forward_fails_only_that_call,
+    test_output_over_the_message_limit_is_an_output_limit_outcome,
+    test_tool_result_too_large_for_the_program_fails_only_that_call,
+)
+from tests.codemode.test_run_code_basics import (  # noqa: F401
+    test_failed_run_reports_kind_message_and_captured_output,
+    test_sequential_awaits_value_content_and_records,
+    test_tool_errors_reject_the_program_call,
+)
+from tests.codemode.test_runtime_outage import (  # noqa: F401
+    test_a_runtime_killed_mid_run_is_unavailable_not_retryable_and_settles,
+    test_no_reachable_runtime_is_unavailable_retryable_and_recorded,
+    test_runs_go_past_dead_and_shutting_down_runtimes_until_none_is_left,
+)
+from tests.codemode.test_scale_out import SPAWNING
+from tests.codemode.test_tenant_capacity import (  # noqa: F401
+    test_one_agent_flooding_run_code_leaves_another_agent_working,
+    test_run_code_on_a_full_runtime_is_retryable_capacity,
+)
+from tests.registry.conftest import CODE, Harness, error_info_of
+from tests.runtime.conftest import grpc_settings, serving, start_message
+
+MULTIPLEXED = {"runtime_channel": "multiplexed"}
+_WAIT_S = 60
+
+
+@pytest.fixture
+def make_stack(make_stack: Callable[..., Any]) -> Callable[..., Any]:
+    @contextlib.asynccontextmanager
+    async def factory(**settings: Any) -> AsyncIterator[Stack]:
+        async with make_stack(**{**MULTIPLEXED, **settings}) as stack:
+            yield stack
+
+    return factory
+
+
+@pytest.fixture
+def make_registry(make_registry: Callable[..., Any]) -> Callable[..., Any]:
+    @contextlib.asynccontextmanager
+    async def factory(registry: Any = None, **settings: Any) -> AsyncIterator[Harness]:
+        async with make_registry(registry, **{**MULTIPLEXED, **settings}) as harness:
+            yield harness
+
+    return factory
+
+
+HELD = """\
+import os
+await tools.hold({"runtime": os.getppid()})
+return "released"
+"""
+
+
+async def test_a_runtime_killed_with_runs_of_several_agents_fails_only_the_runs_it_held(
+    make_registry: Callable[..., Any],
+) -> None:
+    """Two runtimes, each over its one stream; three agents with two runs each parked in a
+    nested call. Killing one runtime fails exactly its runs (of every agent on it) as
+    `phase: running` outages; the other runtime's runs, on their own stream, complete."""
+    launched = [await _runtime_process(SPAWNING) for _ in range(2)]
+    procs = {proc.pid: proc for proc, _ in launched}
+    held: dict[str, int] = {}  # outer call id -> the runtime its worker runs under
+    arrived = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def hold(invocation: Any) -> Any:
+        held[invocation.call_id.split(":")[0]] = invocation.arguments["runtime"]
+        arrived.set()
+        # Released by the test, or cancelled when its run is lost (it settles first).
+        waits = [asyncio.ensure_future(e.wait()) for e in (gate, invocation.signal)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return {"ok": True}
+
+    try:
+        targets = [address for _, address in launched]
+        async with make_registry(default_mode=Mode.CODE, runtime_targets=targets) as harness:
+            harness.registry.register_tool("hold", hold, concurrency_safe=True)
+            agents = [await harness.agent(f"agent-{n}", mode=CODE) for n in range(3)]
+
+            async def run(agent: str, call_id: str) -> Any:
+                _, result = await harness.execute(
+                    "run_code", {"code": HELD, "description": call_id}, agent=agent,
+                    call_id=call_id,
+                )  # fmt: skip
+                return result
+
+            runs = {
+                f"{agent}-{n}": (agent, asyncio.create_task(run(agent, f"{agent}-{n}")))
+                for agent in agents
+                for n in range(2)
+            }
+            async with asyncio.timeout(_WAIT_S):
+                while len(held) < len(runs):
+                    arrived.clear()
+                    await arrived.wait()
+            assert set(held.values()) == set(procs), f"runs per runtime: {held}"
+            victim = next(
+                pid
+                for pid in procs
+                if len({runs[c][0] for c, where in held.items() if where == pid}) >= 2
+            )
+            procs[victim].send_signal(signal.SIGKILL)
+            await asyncio.wait_for(procs[victim].wait(), _WAIT_S)
+            lost = {call_id for call_id, where in held.items() if where == victim}
+            for call_id in lost:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await asyncio.wait_for(runs[call_id][1], _WAIT_S)
+                info = error_info_of(caught.value)
+                assert caught.value.code() is grpc.StatusCode.UNAVAILABLE, caught.value
+                assert info is not None and info.reason == "CODE_RUNTIME_UNAVAILABLE"
+                assert info.metadata["phase"] == "running"
+            gate.set()
+            for call_id in set(runs) - lost:
+                result = await asyncio.wait_for(runs[call_id][1], _WAIT_S)
+                assert value_of(result)["result"] == "released", call_id
+    finally:
+        gate.set()
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+async def test_a_stream_past_its_age_takes_no_new_runs_and_ends_after_its_own() -> None:
+    """Run 1 on a stream; the stream is past its age when run 2 comes (max_age_s 0), so run 2
+    opens a new one; run 1 still completes on the old stream, which then ends."""
+    program = "return (await tools.echo({}))['n']"
+    async with (
+        serving(grpc_settings(pool_size=2)) as running,
+        grpc.aio.insecure_channel(running.address) as channel,
+    ):
+        multiplexer = Multiplexer(RuntimeServiceStub(channel), 4 << 20, max_age_s=0.0)
+        first = multiplexer.open(start_message(program, "echo").start)
+        second = multiplexer.open(start_message(program, "echo").start)
+        assert multiplexer.streams_opened == 2
+        for n, run in enumerate((first, second), start=1):
+            stream = MuxRunStream(run, None)
+            async with asyncio.timeout(_WAIT_S):
+                async for event in stream.events():
+                    if isinstance(event, BindingCall):
+                        stream.reply(event.call_id, True, f'{{"n": {n}}}')
+                    elif isinstance(event, RunTerminal):
+                        assert event.value_json == str(n)
+            await stream.close()
+        # The retired stream ends once its run has (the runtime ends it: no error).
+        await asyncio.wait_for(first._stream.ended(), _WAIT_S)
+        assert first._stream.broken and not second._stream.broken
+        await multiplexer.close()
