@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.runtime_throughput import CONCURRENCY, workload
+from benchmarks.runtime_throughput import CONCURRENCY, _children, _reaper_cpu_s, workload
 
 MONTY_PROGRAM = "for i in range(10):\n    await tools.echo(i)\nreturn 0.0"
 _LANGUAGES = json.dumps(["python", "monty"])
@@ -77,21 +77,9 @@ def _bare(programs: int) -> dict[str, float]:
 
 def _tree_cpu_s() -> float:
     """This process's CPU and its live children's (the pool's monty processes)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = time.process_time()
-    for child in _children(os.getpid()):
-        with open(f"/proc/{child}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(word) for word in handle.read().split()]
-    except OSError:
-        return []
+    return time.process_time() + sum(
+        _reaper_cpu_s(child, children=False) for child in _children(os.getpid())
+    )
 
 
 async def main(quick: bool) -> dict[str, object]:
