@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from runtime_service.config import RuntimeSettings
 from runtime_service.languages import backends, register
 from runtime_service.languages import monty as monty_backend
 from runtime_service.runtime import Runtime, RuntimeOptions
@@ -174,3 +175,25 @@ async def test_an_infinite_loop_ends_as_timeout(stub: corpus.Stub) -> None:
     )
     assert seen.outcome == "timeout", seen
     await _run(stub, "return 1", {"outcome": "success", "value_json": "1"})
+
+
+def test_the_settings_accept_monty_only_by_name() -> None:
+    assert RuntimeSettings().runtime_options().languages == ()
+    named = RuntimeSettings(languages=["python", NAME]).runtime_options()
+    assert named.languages == ("python", NAME)
+    with pytest.raises(ValueError, match="unknown"):
+        RuntimeSettings(languages=["cobol"])
+
+
+async def test_multi_line_strings_keep_their_text_and_lines_stay_the_programs(
+    stub: corpus.Stub,
+) -> None:
+    text = "s = '''a\n  b'''\nreturn s"
+    await _run(stub, text, {"outcome": "success", "value_json": '"a\\n  b"'})
+    seen = await _run(stub, "s = '''a\nb'''\nx = 1\nreturn 1 / 0", {"outcome": "exception"})
+    assert "ZeroDivisionError" in seen.message and "line 4:" in seen.message, seen.message
+
+
+async def test_an_explicit_none_is_a_value_and_a_fall_off_is_none(stub: corpus.Stub) -> None:
+    await _run(stub, "return None", {"outcome": "success", "value_json": "null"})
+    await _run(stub, "x = 1", {"outcome": "success", "value_json": ""})
