@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from runtime_service.config import RuntimeSettings
 from runtime_service.languages import backends, register
 from runtime_service.languages import monty as monty_backend
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
-from tests.runtime.conftest import connected, grpc_settings, serving
+from tests.runtime.conftest import can_isolate, connected, grpc_settings, serving
 from tests.runtime.language_corpus import corpus
 
 NAME = monty_backend.NAME
@@ -197,3 +198,15 @@ async def test_multi_line_strings_keep_their_text_and_lines_stay_the_programs(
 async def test_an_explicit_none_is_a_value_and_a_fall_off_is_none(stub: corpus.Stub) -> None:
     await _run(stub, "return None", {"outcome": "success", "value_json": "null"})
     await _run(stub, "x = 1", {"outcome": "success", "value_json": ""})
+
+
+async def test_capabilities_describe_monty_isolated_like_every_worker(stub: corpus.Stub) -> None:
+    caps = await stub.GetCapabilities(pb.GetCapabilitiesRequest())
+    assert NAME in caps.languages
+    isolation = caps.language_isolation[NAME]
+    assert monty_backend.BACKEND.capability.interpreter in isolation.enforced
+    mechanisms = [(item.name, item.enforced) for item in isolation.mechanisms]
+    python = [(item.name, item.enforced) for item in caps.language_isolation["python"].mechanisms]
+    assert mechanisms == python  # the same sandbox steps, measured from a real worker
+    if can_isolate():
+        assert all(enforced for _, enforced in mechanisms), mechanisms
