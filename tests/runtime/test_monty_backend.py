@@ -26,7 +26,14 @@ from runtime_service.languages import backends, register
 from runtime_service.languages import monty as monty_backend
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
-from tests.runtime.conftest import can_isolate, connected, grpc_settings, serving
+from tests.runtime.conftest import (
+    can_isolate,
+    connected,
+    echo_answer,
+    grpc_settings,
+    serving,
+    start_message_in,
+)
 from tests.runtime.language_corpus import corpus
 
 NAME = monty_backend.NAME
@@ -112,9 +119,36 @@ return [a, b, c, -big]
         {"echo": {}},
         -big,
     ]
-    # All three calls left before any was answered (one FutureSnapshot), in program order.
     assert [name for name, _ in seen.calls] == ["echo", "echo", "echo"]
     assert json.loads(seen.calls[0][1]) == {"n": big}
+
+
+async def test_gathered_calls_are_all_out_before_any_is_answered(stub: corpus.Stub) -> None:
+    """Nothing is answered until the third call arrives: sequential calls would never get
+    there (the run would end at its wall budget instead)."""
+    source = (
+        "import asyncio\n"
+        "return await asyncio.gather(tools.echo({'i': 0}), tools.echo({'i': 1}), "
+        "tools.echo({'i': 2}))"
+    )
+    call = stub.Run()
+    await call.write(start_message_in(NAME, source, "echo", wall_ms=20_000))
+    held: list[pb.BindingCall] = []
+    terminal = None
+    async for message in call:
+        kind = message.WhichOneof("kind")
+        if kind == "binding_call":
+            held.append(message.binding_call)
+            if len(held) == 3:
+                for waiting in reversed(held):  # answered out of order, too
+                    result = await echo_answer(waiting)
+                    await call.write(pb.RunRequest(call_result=result))
+        elif kind == "terminal":
+            terminal = message.terminal
+            await call.done_writing()
+    assert terminal is not None and terminal.WhichOneof("outcome") == "success", terminal
+    expected = [{"echo": {"i": i}} for i in range(3)]
+    assert json.loads(terminal.success.value_json) == expected
 
 
 async def test_what_monty_refuses_ends_exception_at_its_line_and_column(
