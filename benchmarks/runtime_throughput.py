@@ -97,11 +97,13 @@ def _runtime_pid() -> int:
     raise RuntimeError("runtime process not found")
 
 
-async def echo_run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> Any:
-    """One Python run of ``program`` whose ``echo`` calls are answered with their arguments,
-    on the stream; returns the program's (successful) value."""
+async def echo_run(
+    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, language: str = "python"
+) -> Any:
+    """One run of ``program`` (Python unless told) whose ``echo`` calls are answered with their
+    arguments, on the stream; returns the program's (successful) value."""
     call = stub.Run()
-    start = pb.RunStart(program=program, language="python", binding_names=["echo"])
+    start = pb.RunStart(program=program, language=language, binding_names=["echo"])
     await call.write(pb.RunRequest(start=start))
     value: Any = None
     async for message in call:
@@ -121,15 +123,22 @@ async def echo_run(stub: runtime_pb2_grpc.RuntimeServiceStub, program: str) -> A
     return value
 
 
-async def _one(stub: runtime_pb2_grpc.RuntimeServiceStub) -> float:
-    return float(await echo_run(stub, PROGRAM))
+async def _one(
+    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str = PROGRAM, language: str = "python"
+) -> float:
+    return float(await echo_run(stub, program, language))
 
 
-async def _workload(launch: str, programs: int) -> dict[str, float | str]:
+async def workload(
+    launch: str, programs: int, language: str = "python", program: str = PROGRAM, **env: str
+) -> dict[str, float | str]:
+    """``programs`` runs of ``program`` in ``language``, ``CONCURRENCY`` at once, on a runtime
+    started with ``env`` besides the launch, its figures measured as the module says."""
     env = service_env(
         CODEMODE_RUNTIME_WORKER_LAUNCH=launch,
         CODEMODE_RUNTIME_POOL_SIZE="8",
         CODEMODE_RUNTIME_WORKER_UID_COUNT="200",
+        **env,
     )
     with cgroup_meter("codemode-bench") as meter:
         async with subprocess_service(
@@ -142,7 +151,8 @@ async def _workload(launch: str, programs: int) -> dict[str, float | str]:
             reaper = _reaper_of_workers(runtime, launch)
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-                await asyncio.gather(*(_one(stub) for _ in range(10)))  # warm-up
+                warm = (_one(stub, program, language) for _ in range(10))
+                await asyncio.gather(*warm)  # warm-up
                 await asyncio.sleep(0.5)  # the pool refills outside the measurement
                 remaining = programs
                 own: list[float] = []
@@ -151,7 +161,7 @@ async def _workload(launch: str, programs: int) -> dict[str, float | str]:
                     nonlocal remaining
                     while remaining > 0:
                         remaining -= 1
-                        own.append(await _one(stub))
+                        own.append(await _one(stub, program, language))
 
                 def read() -> tuple[float, float, float]:
                     total = meter.cpu_s() if meter is not None else _reaper_cpu_s(reaper)
@@ -186,8 +196,8 @@ async def _workload(launch: str, programs: int) -> dict[str, float | str]:
 
 
 async def main(quick: bool) -> dict[str, object]:
-    forked = await _workload("fork-server", 300 if quick else 2000)
-    spawned = await _workload("spawn", 60 if quick else 300)
+    forked = await workload("fork-server", 300 if quick else 2000)
+    spawned = await workload("spawn", 60 if quick else 300)
     ratio = float(forked["programs_per_s"]) / float(spawned["programs_per_s"])
     return {
         "benchmark": "runtime_throughput",

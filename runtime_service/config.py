@@ -14,7 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from runtime_service.budgets import BudgetError, Budgets
-from runtime_service.languages import backends, typescript
+from runtime_service.languages import OPTIONAL, backends, typescript
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
 
@@ -78,8 +78,9 @@ class RuntimeSettings(ServiceSettings):
     """Largest accepted program text (UTF-8 bytes)."""
     languages: list[str] = Field(default_factory=list)
     """The program languages to serve (runs, plugin hosts, source checks): names from the
-    runtime's language table (``python``, ``typescript``); empty: every one installed here
-    (TypeScript needs Node); an unknown name is refused at start.
+    runtime's language table (``python``, ``typescript``, and the opt-in ``monty``); empty:
+    every built-in one installed here (TypeScript needs Node; never ``monty``, served only
+    where named); an unknown name is refused at start.
     GetCapabilities lists the others as not served, with the reason."""
     max_concurrent_checks: int = Field(default=4, ge=1, le=256)
     """CheckSource calls parsed at once (each in a sandboxed worker); more are refused with
@@ -158,7 +159,7 @@ class RuntimeSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check_languages(self) -> RuntimeSettings:
-        known = [language.name for language in backends()]
+        known = [language.name for language in backends()] + list(OPTIONAL)
         unknown = sorted(set(self.languages) - set(known))
         if unknown:
             raise ValueError(f"languages: unknown {unknown} (known: {', '.join(known)})")

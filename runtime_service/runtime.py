@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
-from runtime_service.languages import DEFAULT_LANGUAGE, backends
+from runtime_service.languages import DEFAULT_LANGUAGE, backends, enable
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
 from runtime_service.pool import WorkerPool
@@ -52,6 +52,7 @@ class Runtime:
     def __init__(self, options: RuntimeOptions | None = None) -> None:
         self.options = options or RuntimeOptions()
         options = self.options
+        enable(options.languages)  # an opt-in language is served only where it is named
         known = tuple(language.name for language in backends())
         wanted = options.languages or known
         unknown = sorted(set(wanted) - set(known))

@@ -18,14 +18,17 @@ from runtime_service.languages.backend import (
 )
 from runtime_service.languages.registry import (
     DEFAULT_LANGUAGE,
+    OPTIONAL,
     backend,
     backends,
     default_backend,
+    enable,
     register,
 )
 
 __all__ = [
     "DEFAULT_LANGUAGE",
+    "OPTIONAL",
     "Capability",
     "ExecLaunch",
     "ExitSigns",
@@ -38,6 +41,7 @@ __all__ = [
     "backend",
     "backends",
     "default_backend",
+    "enable",
     "hinted",
     "register",
 ]

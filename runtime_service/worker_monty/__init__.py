@@ -1,0 +1,1 @@
+"""The Monty worker's bridge (``bridge.py``), exec'd inside the sandbox."""

@@ -1,0 +1,334 @@
+"""The Monty worker: a small bridge between the runtime's channel and one ``monty`` process.
+
+Exec'd by the worker launch (``exec_launch.py``) once the sandbox is in place, as
+``python -I -S bridge.py <monty binary> <pydantic_monty's parent> <sandbox report>``
+with the channel on fd 3 (``runtime_service/languages/monty.py`` says why a bridge). Before it
+reports ready it starts one ``monty`` process (a ``pydantic_monty.Monty`` pool of one, its
+child, inside the same sandbox); then it takes one ``start``:
+
+- the program is the body of an async function, as for the Python worker: it is wrapped in
+  ``async def`` (lines inside multi-line strings left as they are) and its problems are
+  reported at the program's own line and column;
+- ``tools`` is a module of the run's bindings: each call suspends Monty, goes out as a binding
+  call and is answered as a future, so ``asyncio.gather`` fans calls out; a failed call raises
+  ``RuntimeError('ToolCallError: ...')`` in the program (Monty has no host exception classes);
+- ``print`` output becomes log lines (``program.LogSink``: the same output budget);
+- imports other than ``tools`` and every OS call (``open``, ``os``...) are refused inside the
+  program, which ends ``exception`` unless it catches them;
+- the memory budget is Monty's heap limit (and the run's cgroup); a ``MemoryError`` ends the
+  worker with the protocol's out-of-memory status, a crash of the ``monty`` process with
+  another status (``worker-exit``).
+
+Nothing of the runtime besides this directory and the worker package's stdlib-only modules is
+in the sandbox (outside ``runtime_service/worker``, whose rule is the standard library only,
+because this bridge imports ``pydantic_monty``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import sys
+import tokenize
+import typing
+from typing import Any, NoReturn
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _import_paths() -> None:
+    """Make ``runtime_service.worker`` (beside this directory) and ``pydantic_monty`` importable in
+    a root that holds only them: a bare ``runtime_service`` package pointing at this
+    directory's parent, and ``typing_extensions`` served by ``typing`` (Python >= 3.11 has
+    every name pydantic_monty takes from it)."""
+    import types
+
+    if "runtime_service" not in sys.modules:
+        package = types.ModuleType("runtime_service")
+        package.__path__ = [os.path.dirname(_HERE)]
+        sys.modules["runtime_service"] = package
+    if __name__ == "__main__" and len(sys.argv) > 2:
+        sys.path.append(sys.argv[2])
+    try:
+        import typing_extensions  # noqa: F401
+    except ImportError:
+        sys.modules["typing_extensions"] = typing
+
+
+_import_paths()
+
+import pydantic_monty as pm  # noqa: E402
+
+from runtime_service.worker import flatwire, framing  # noqa: E402
+from runtime_service.worker.core import Channel, finish  # noqa: E402
+from runtime_service.worker.program import LogSink, missing_binding  # noqa: E402
+
+__all__ = ["MontyRun", "wrap_program"]
+
+PRELUDE_LINES = 2  # ``import tools`` and the ``async def`` line the wrapper adds
+INDENT = "    "
+_NO_VALUE = "__codemode_no_value__"
+_RECURSION_DEPTH = 200
+_FAILED_CALL: typing.Final = "RuntimeError"
+CHANNEL_FD = 3  # where the worker launch leaves the channel (exec_launch.CHANNEL_FD)
+
+
+# Monty hands a function (or any object without a JSON form) to the host as its repr, a plain
+# string: so whether the program's value is plain JSON data is decided inside Monty, by this
+# function defined after the program (its lines do not shift the program's). Iterative: a
+# deep value needs no recursion.
+_PLAIN_CHECK = """def __codemode_plain__(value):
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            stack.extend(item.values())
+        elif not (item is None or kind is bool or kind is int or kind is float or kind is str):
+            return False
+    return True
+"""
+
+
+def wrap_program(program: str) -> str:
+    """The program as the body of ``async def __program__()``, awaited at the top level.
+
+    Every line is indented except those that begin inside a multi-line string (their text
+    is the string's). A fall-off returns the ``_NO_VALUE`` input (no value), distinct from
+    an explicit ``return None``.
+    """
+    lines = program.splitlines(True)
+    inside: set[int] = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(program).readline):
+            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
+                inside.update(range(token.start[0] + 1, token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass  # Monty reports the problem itself
+    body = "".join(
+        line if number in inside else INDENT + line for number, line in enumerate(lines, 1)
+    )
+    if body and not body.endswith("\n"):
+        body += "\n"
+    return (
+        "import tools\nasync def __program__():\n"
+        f"{body}{INDENT}return {_NO_VALUE}\n"
+        f"{_PLAIN_CHECK}"
+        "__codemode_value__ = await __program__()\n"
+        "[__codemode_value__, __codemode_plain__(__codemode_value__)]\n"
+    )
+
+
+class MontyRun:
+    """One program on one Monty session, its binding calls on the channel."""
+
+    def __init__(self, channel: Channel, start: dict[str, Any]) -> None:
+        self.channel = channel
+        self.program = str(start["program"])
+        self.names = [str(name) for name in start["bindings"]]
+        self.sink = LogSink(channel, int(start["max_output_bytes"]))
+        self.memory = int(start.get("memory_bytes") or 0)
+        self.cpu_seconds = float(start.get("cpu_seconds") or 0)
+        self.next_id = 1
+        self.pending: dict[int, int] = {}  # channel call id -> Monty call id
+        self.settled: dict[int, pm.ExternalSettledResult] = {}  # by Monty call id
+        self.partial = ""
+
+    # -- output ---------------------------------------------------------------------------
+    def on_print(self, stream: str, text: str) -> None:
+        """Monty's output arrives in chunks: each complete line is one log entry."""
+        self.partial += text
+        *lines, self.partial = self.partial.split("\n")
+        for line in lines:
+            self.sink.emit(line)
+
+    def flush_output(self) -> None:
+        if self.partial:
+            text, self.partial = self.partial, ""
+            self.sink.emit(text)
+
+    # -- binding calls --------------------------------------------------------------------
+    def call(self, snapshot: pm.FunctionSnapshot) -> pm.ExternalResult:
+        name = str(snapshot.function_name).removeprefix("tools.")
+        if snapshot.kwargs or len(snapshot.args) != 1:
+            return {
+                "exc_type": "TypeError",
+                "message": f"tools.{name} takes one arguments object, e.g. `{{}}`",
+            }
+        try:
+            tokens = flatwire.encode(snapshot.args[0])
+            frame = framing.pack({"t": "call", "id": self.next_id, "name": name, "args": tokens})
+        except (flatwire.WireError, ValueError) as exc:
+            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+        self.pending[self.next_id] = snapshot.call_id
+        self.next_id += 1
+        self.channel.send_frame(frame)
+        self.take_replies(block=False)
+        return {"future": ...}
+
+    def take_replies(self, *, block: bool) -> None:
+        """Read the replies that have arrived (at least one when ``block``)."""
+        while True:
+            data = self.channel.sock.recv(1 << 16) if block else self.channel.receive()
+            if data is None:
+                return
+            if not data:
+                os._exit(0)  # the runtime closed the channel: the run is over
+            got = False
+            for payload in self.channel.frames.feed(data):
+                message = json.loads(payload)
+                if type(message) is dict and message.get("t") == "reply":
+                    got = self.on_reply(message) or got
+            if got and block:
+                return
+
+    def on_reply(self, message: dict[str, Any]) -> bool:
+        call_id = message.get("id")
+        monty_id = self.pending.pop(call_id, None) if type(call_id) is int else None
+        if monty_id is None:
+            return False
+        if message.get("ok") is True:
+            try:
+                self.settled[monty_id] = {"return_value": flatwire.decode(message.get("value"))}
+            except flatwire.WireError:
+                lossy = "ToolCallError: binding resolution must be lossless JSON"
+                self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": lossy}
+        else:
+            text = message.get("message")
+            failure = f"ToolCallError: {text if type(text) is str else 'failed'}"
+            self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": failure}
+        return True
+
+    # -- the program ------------------------------------------------------------------------
+    def limits(self) -> pm.ResourceLimits:
+        limits: pm.ResourceLimits = {
+            "max_recursion_depth": _RECURSION_DEPTH,
+            "max_suspensions": 1 << 30,
+        }
+        if self.memory > 0:
+            limits["max_memory"] = self.memory
+        if self.cpu_seconds > 0:
+            # A backstop only: the runtime meters the run's CPU (its cgroup) and ends it first.
+            limits["max_feed_duration_secs"] = self.cpu_seconds * 2 + 1
+        return limits
+
+    def run(self, pool: pm.Monty) -> dict[str, object] | bytes:
+        module = pm.ExternalModule(dict.fromkeys(self.names, _unreachable))
+        try:
+            with pool.checkout(
+                script_name="program.py",
+                limits=self.limits(),
+                external_modules={"tools": module},
+                print_flush_interval=0,
+            ) as session:
+                snapshot = session.feed_start(
+                    wrap_program(self.program),
+                    inputs={_NO_VALUE: _NO_VALUE},
+                    print_callback=self.on_print,
+                )
+                output = self.drive(snapshot)
+        except pm.MontyCrashedError:
+            os._exit(framing.EXIT_OUT_OF_MEMORY if self.memory else 70)
+        except (pm.MontySyntaxError, pm.MontyRuntimeError) as exc:
+            self.flush_output()
+            if "MemoryError" in exc.display("type-msg").split(":", 1)[0]:
+                os._exit(framing.EXIT_OUT_OF_MEMORY)
+            return self.failure(render(exc, self.names))
+        self.flush_output()
+        output, plain = output
+        if output == _NO_VALUE:
+            return {"t": "done"}
+        if plain is not True:
+            return self.invalid(framing.LOSSY_COMPLETION)
+        if not self.sink.ledger.fits_value(output):
+            return {"t": "done", "error": {"kind": "output-limit", "message": ""}}
+        try:
+            return framing.pack({"t": "done", "value": flatwire.encode(output)})
+        except flatwire.IntegerTooLong as exc:
+            return self.invalid(f"{framing.LOSSY_COMPLETION}: {exc}")
+        except (flatwire.WireError, ValueError):
+            return self.invalid(framing.LOSSY_COMPLETION)
+
+    def invalid(self, message: str) -> dict[str, object]:
+        return {"t": "done", "error": {"kind": "invalid-output", "message": message}}
+
+    def drive(self, snapshot: pm.SyncSnapshot) -> Any:
+        while not isinstance(snapshot, pm.MontyComplete):
+            if isinstance(snapshot, pm.FunctionSnapshot):
+                snapshot = self.resume_function(snapshot)
+            elif isinstance(snapshot, pm.FutureSnapshot):
+                wanted = set(snapshot.pending_call_ids)
+                while not wanted & set(self.settled):
+                    self.take_replies(block=True)
+                ready = {i: self.settled.pop(i) for i in wanted & set(self.settled)}
+                snapshot = snapshot.resume(ready)
+            else:
+                # A name the program never defined: NameError in the program.
+                snapshot = snapshot.resume_auto()
+        return snapshot.output
+
+    def resume_function(self, snapshot: pm.FunctionSnapshot) -> pm.SyncSnapshot:
+        name = snapshot.function_name
+        if snapshot.is_os_function:
+            if name == "import" and snapshot.args == ("tools",):
+                return snapshot.resume_auto()
+            if name == "import":
+                what = f"No module named {snapshot.args[0]!r}"
+                return snapshot.resume({"exc_type": "ModuleNotFoundError", "message": what})
+            what = f"{name}: no files, processes or network in this sandbox"
+            return snapshot.resume({"exc_type": "PermissionError", "message": what})
+        if type(name) is str and name.startswith("tools."):
+            return snapshot.resume(self.call(snapshot))
+        message = f"{name!s} is not defined"
+        return snapshot.resume({"exc_type": "NameError", "message": message})
+
+    def failure(self, message: str) -> dict[str, object]:
+        return {"t": "done", "error": {"kind": "exception", "message": message}}
+
+
+def _unreachable(*args: object, **kwargs: object) -> NoReturn:
+    raise AssertionError("bindings are answered by the runtime, never called here")
+
+
+_NO_ATTRIBUTE = re.compile(r"AttributeError: module 'tools' has no attribute '(.*)'")
+
+
+def render(exc: pm.MontySyntaxError | pm.MontyRuntimeError, names: list[str]) -> str:
+    """``Type: message`` and where, in the program's own lines and columns (``line L:C``);
+    a missing binding named as the Python worker names it."""
+    text = exc.display("type-msg")
+    missing = _NO_ATTRIBUTE.fullmatch(text)
+    if missing:
+        text = f"AttributeError: {missing_binding(missing.group(1), names)}"
+    frames = exc.traceback() if hasattr(exc, "traceback") else []
+    if frames:
+        frame = frames[-1]
+        line = frame.line - PRELUDE_LINES
+        column = max(frame.column - len(INDENT), 0)
+        if line >= 1:
+            return f"{text} (line {line}:{column})"
+    return text
+
+
+def main() -> None:
+    channel = Channel(socket.socket(fileno=CHANNEL_FD))
+    report = json.loads(sys.argv[-1])
+    with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
+        channel.send({"t": "ready", "sandbox": report})
+        start = channel.recv_blocking()
+        if start is None or start.get("t") != "start":
+            os._exit(0)
+        outcome = MontyRun(channel, start).run(pool)
+        finish(channel, outcome)
+
+
+if __name__ == "__main__":
+    main()
