@@ -28,6 +28,12 @@ from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.cordis.source_checks import SourceChecks
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
 from registry_service.domain.mcp_attachments import McpAttachment
+from registry_service.domain.mcp_servers import (
+    ConnectionEvents,
+    McpConnection,
+    McpConnector,
+    ServerSpec,
+)
 from registry_service.domain.mcp_supervisor import McpServers, McpTiming
 from registry_service.domain.plugin_hosts import PluginHosts
 from registry_service.domain.policy import RulesError, load_rules, rules_hook
@@ -49,7 +55,6 @@ from registry_service.history.recorder import HistoryRecorder
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
 from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
-from registry_service.mcp.connector import SdkConnector
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.language_profiles import HOST_LANGUAGES, LANGUAGES
 from registry_service.presentation.languages import (
@@ -303,6 +308,32 @@ def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
     return GrpcPluginHosts(runtime)
 
 
+class _LazyMcpConnector:
+    """`McpConnector` over the MCP SDK (`registry_service/mcp/`), imported at the first
+    connection: the SDK and what it brings (cryptography among them) cost a registry that
+    attaches no MCP server nothing."""
+
+    def __init__(self, settings: RegistrySettings) -> None:
+        self._settings = settings
+        self._connector: McpConnector | None = None
+
+    async def connect(
+        self, spec: ServerSpec, label: str, events: ConnectionEvents
+    ) -> McpConnection:
+        if self._connector is None:
+            from registry_service.mcp.connector import SdkConnector  # the SDK adapter
+
+            settings = self._settings
+            self._connector = SdkConnector(
+                settings.max_message_bytes,
+                settings.max_json_depth,
+                user=settings.mcp_user,
+                messages_per_second=settings.mcp_messages_per_second,
+                json_limits=settings.json_limits(),
+            )
+        return await self._connector.connect(spec, label, events)
+
+
 def build_registry(
     settings: RegistrySettings,
     runtime: RuntimePort | None = None,
@@ -390,13 +421,7 @@ def build_registry(
     mcp = McpServers(
         catalog.mcp_attachments,
         policy=settings.mcp_policy(),
-        connector=SdkConnector(
-            settings.max_message_bytes,
-            settings.max_json_depth,
-            user=settings.mcp_user,
-            messages_per_second=settings.mcp_messages_per_second,
-            json_limits=settings.json_limits(),
-        ),
+        connector=_LazyMcpConnector(settings),
         providers=providers,
         admission=admission,
         timing=McpTiming(
