@@ -7,9 +7,10 @@ pipeline (which runs those hooks) do not import each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from codemode_common.principals import ANONYMOUS, Principal
+from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortSignal
@@ -47,15 +48,44 @@ class ExecutionInput:
     principal: Principal = ANONYMOUS
 
 
+class Arguments:
+    """A call's argument value, decoded once at admission, until the body takes it.
+
+    Hooks before the body read the value admission decoded. The body then takes that very
+    value (`hand_off`: no copy, no second decode; an in-process body owns it and may mutate
+    it). From then on the value read here is decoded afresh from the call's canonical text on
+    first use, so nothing after the body (post-execute hooks, result observers, wrappers on
+    their way out) ever sees what the body did to its copy."""
+
+    __slots__ = ("_handed_off", "_value")
+
+    def __init__(self, value: JsonValue) -> None:
+        self._value = value
+        self._handed_off = False
+
+    def read(self, text: str) -> JsonValue:
+        if self._handed_off:
+            self._value = jsonvalue.loads(text)  # text the pipeline wrote: lossless JSON
+            self._handed_off = False
+        return self._value
+
+    def hand_off(self) -> JsonValue:
+        value = self._value
+        self._handed_off = True
+        self._value = None  # the body's now: not kept alive by the pipeline
+        return value
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
-    """One admitted call. `token` identifies it; `arguments` is an immutable snapshot."""
+    """One admitted call. `token` identifies it; `arguments_json` is the call's record, its
+    canonical argument text, immutable; `arguments` its value (see `Arguments`)."""
 
     token: object
     call_id: str
     root_call_id: str
     name: str
-    arguments: JsonValue
+    held: Arguments = field(repr=False, compare=False)
     arguments_json: str
     agent: str | None
     parent: object | None
@@ -66,6 +96,11 @@ class Execution:
     trace: CallTrace = NO_TRACE
     agent_id: str = ""
     principal: Principal = ANONYMOUS
+
+    @property
+    def arguments(self) -> JsonValue:
+        """The arguments' value: admission's before the body runs, the text's after."""
+        return self.held.read(self.arguments_json)
 
     @property
     def scope(self) -> str:

@@ -25,7 +25,7 @@ from opentelemetry.util.types import AttributeValue
 from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue, JsonValueError
 from registry_service.domain.approvals import ApprovalBroker, ApprovalOutcome, ApprovalRequest
-from registry_service.domain.calls import Execution, ExecutionInput, ToolCallFailure
+from registry_service.domain.calls import Arguments, Execution, ExecutionInput, ToolCallFailure
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.events import (
     ApprovalPending,
@@ -270,7 +270,7 @@ class Executor:
             call_id=inp.call_id,
             root_call_id=inp.root_call_id or inp.call_id,
             name=inp.name,
-            arguments=arguments,
+            held=Arguments(arguments),
             arguments_json=arguments_json,
             agent=inp.agent,
             agent_id=inp.agent_id,
@@ -447,6 +447,7 @@ class Executor:
             traceparent=traceparent,  # the call's own span: providers continue from it
             tracestate=tracestate,
             principal=execution.principal,
+            decoded_arguments=execution.held.hand_off(),
         )
         try:
             with trace.activated():

@@ -6,7 +6,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Final, cast
 
 from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire import jsonvalue
@@ -17,6 +17,7 @@ from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
 
 RUN_CODE = "run_code"
+_UNDECODED: Final = object()
 # Names are what the model emits: printable, no whitespace, bounded. Exotic names (`my-tool`,
 # `__proto__`, unicode) are legal; the SDK renderers quote them.
 # Matched with `fullmatch`: `$` would also accept a trailing newline.
@@ -42,11 +43,17 @@ class Invocation:
     # Who the call acts for (`ExecutionInput.principal`): a run_code run's nested calls act as
     # it, and the plugin host a `cordis_run` starts acts as it.
     principal: Principal = ANONYMOUS
+    # The value admission decoded from `arguments_json`, handed over as is (the pipeline
+    # keeps none of it: `calls.Arguments`). Unset: decoded from the text on first use.
+    decoded_arguments: object = field(default=_UNDECODED, repr=False, compare=False)
 
     @cached_property
     def arguments(self) -> JsonValue:
-        """The body's own copy of the arguments, decoded on first use: a remote provider only
-        forwards the text, so it never pays for a copy."""
+        """The body's own copy of the arguments, never decoded twice: a remote provider only
+        forwards the text, an in-process body gets the value admission decoded and may do
+        with it what it likes (what anyone else sees of the call is its text)."""
+        if self.decoded_arguments is not _UNDECODED:
+            return cast(JsonValue, self.decoded_arguments)
         return jsonvalue.loads(self.arguments_json)
 
 

@@ -318,13 +318,20 @@ async def test_one_argument_snapshot_across_the_pipeline(harness: Harness) -> No
         return Allow()
 
     async def body(inv: Any) -> Any:
-        inv.arguments["mutated"] = True  # the body gets its own copy
+        assert inv.arguments is seen[0]  # admission's value, handed over: no second decode
+        inv.arguments["mutated"] = True  # the body's to own
         return None
 
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        seen.append(e.arguments)  # after the body: read from the call's text
+        return d
+
     harness.registry.catalog.hooks("").pre_execute.append(pre)
+    harness.registry.catalog.hooks("").post_execute.append(post)
     harness.registry.register_tool("t", body)
-    await harness.execute("t", {"a": 1})
-    assert seen == [{"a": 1}]
+    _, result = await harness.execute("t", {"a": 1})
+    assert not result.is_error, result.error.message
+    assert seen[1] == {"a": 1} and seen[1] is not seen[0]
 
 
 def test_execution_mode_only_explicit_true_is_parallel() -> None:
