@@ -72,7 +72,6 @@ from registry_service.domain.results import (
     text_of,
 )
 from registry_service.domain.scopes import GLOBAL
-from registry_service.domain.signals import fuse
 from registry_service.domain.telemetry import (
     APPROVAL_WAIT,
     BODY,
@@ -433,7 +432,6 @@ class Executor:
             return error_result(format_invalid_args(violations), INVALID_ARGS, "ToolArgsError")
         state.body_invoked = True
         trace = execution.trace
-        traceparent, tracestate = trace.propagation(execution.traceparent, execution.tracestate)
         invocation = Invocation(
             emit=emit,
             call_id=execution.call_id,
@@ -442,10 +440,12 @@ class Executor:
             agent_id=execution.agent_id,
             tool_name=execution.name,
             arguments_json=execution.arguments_json,
-            signal=fuse(execution.signal),
+            # The call's own signal (a body only reads it): no derived signal per call.
+            signal=execution.signal,
             deadline=execution.deadline,
-            traceparent=traceparent,  # the call's own span: providers continue from it
-            tracestate=tracestate,
+            caller_traceparent=execution.traceparent,
+            caller_tracestate=execution.tracestate,
+            trace=trace,  # the call's own span: providers continue from it
             principal=execution.principal,
             decoded_arguments=execution.held.hand_off(),
         )

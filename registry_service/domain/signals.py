@@ -1,8 +1,8 @@
 """Abort signals: how cancellation reaches every stage of a tool call.
 
-A signal aborts at most once and remembers why. `fuse` derives a signal that aborts when any of
-its sources does, which is how the pipeline keeps a wrapper from detaching the caller's
-cancellation.
+A signal aborts at most once and remembers why. Only its controller aborts it: a tool body is
+handed its call's own signal (the read side), so no wrapper or body can detach the caller's
+cancellation, and no per-call signal is derived from it.
 """
 
 from __future__ import annotations
@@ -67,11 +67,3 @@ class AbortController:
 
 def never() -> AbortSignal:
     return AbortSignal()
-
-
-def fuse(*signals: AbortSignal) -> AbortSignal:
-    """A signal that aborts with the first reason among `signals`."""
-    controller = AbortController()
-    for signal in signals:
-        signal.add_listener(controller.abort)
-    return controller.signal

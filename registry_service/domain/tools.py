@@ -15,6 +15,7 @@ from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.jsonschema import SchemaError, check_schema, ref_name, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
+from registry_service.domain.telemetry import NO_TRACE, CallTrace
 
 RUN_CODE = "run_code"
 _UNDECODED: Final = object()
@@ -35,8 +36,11 @@ class Invocation:
     arguments_json: str  # the call's argument snapshot, canonical JSON text
     signal: AbortSignal
     deadline: float | None  # event-loop time, or None
-    traceparent: str = ""
-    tracestate: str = ""
+    # The caller's W3C context, and the call's own span: what a body passes on is the span's
+    # context (`traceparent`), spelled only if the body asks (an in-process body rarely does).
+    caller_traceparent: str = ""
+    caller_tracestate: str = ""
+    trace: CallTrace = NO_TRACE
     agent_id: str = ""  # the agent's stable identity (the key of its history)
     # Progress events for the caller's stream (used by run_code for nested-call events).
     emit: Callable[[Any], None] = lambda _event: None
@@ -55,6 +59,19 @@ class Invocation:
         if self.decoded_arguments is not _UNDECODED:
             return cast(JsonValue, self.decoded_arguments)
         return jsonvalue.loads(self.arguments_json)
+
+    @cached_property
+    def _propagation(self) -> tuple[str, str]:
+        return self.trace.propagation(self.caller_traceparent, self.caller_tracestate)
+
+    @property
+    def traceparent(self) -> str:
+        """The W3C context naming the call's span: a provider's work continues from it."""
+        return self._propagation[0]
+
+    @property
+    def tracestate(self) -> str:
+        return self._propagation[1]
 
 
 # A body returns a canonical value (or raises). It may return a full ToolResult when it needs to
