@@ -15,7 +15,11 @@ from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, records, results
 from registry_service.domain.approvals import ApprovalOutcome, ApprovalRequest, ApproverMessage
-from registry_service.domain.json_admission import VALUE_TOO_DEEP, parse_text
+from registry_service.domain.json_admission import (
+    VALUE_TOO_DEEP,
+    parse_text,
+    parse_text_canonical,
+)
 from registry_service.domain.mcp_attachments import McpAttachment
 from registry_service.domain.mcp_supervisor import McpServers
 from registry_service.domain.providers import ToolSpec
@@ -236,8 +240,12 @@ def content_from_proto(
     if kind == "image":
         return results.ImageBlock(block.image.mime_type, block.image.data)
     if kind == "json":
-        parsed = parse_json(block.json.json, "content json block", max_depth=max_depth)
-        return results.JsonBlock(jsonvalue.dumps(parsed))
+        if not block.json.json:
+            return results.JsonBlock(jsonvalue.dumps(None))  # `parse_json`'s default
+        _, canonical = parse_text_canonical(
+            block.json.json, "content json block", max_depth=max_depth, too_deep=VALUE_TOO_DEEP
+        )
+        return results.JsonBlock(canonical)
     raise invalid_argument("INVALID_CONTENT", "a content block must set text, image or json")
 
 
@@ -299,11 +307,15 @@ def result_from_proto(
             additional_contexts=contexts,
         )
     has_value = message.HasField("value_json")
-    value = (
-        parse_json(message.value_json, "result value_json", max_depth=max_depth)
-        if has_value
-        else None
-    )
+    value: JsonValue = None
+    value_json = ""
+    if has_value and message.value_json:
+        # Decoded and written canonical in one pass: no decode -> encode of the value.
+        value, value_json = parse_text_canonical(
+            message.value_json, "result value_json", max_depth=max_depth, too_deep=VALUE_TOO_DEEP
+        )
+    elif has_value:
+        value_json = jsonvalue.dumps(None)  # an empty text means null (`parse_json`)
     meta = (
         parse_json(message.presentation_meta_json, "presentation_meta_json", max_depth=max_depth)
         if message.HasField("presentation_meta_json")
@@ -315,7 +327,7 @@ def result_from_proto(
         has_value=has_value,
         presentation_meta=meta,
         # Canonical text of a value decoded here and held by no one else: never copied again.
-        value_json=jsonvalue.dumps(value) if has_value else "",
+        value_json=value_json,
         additional_contexts=contexts,
         concludes_turn=message.concludes_turn,
     )

@@ -48,6 +48,7 @@ __all__ = [
     "decode_text",
     "off_loop",
     "parse_text",
+    "parse_text_canonical",
 ]
 
 ARGUMENTS_TOO_DEEP = "ARGUMENTS_TOO_DEEP"
@@ -158,6 +159,17 @@ def parse_text(
     `too_deep` when the text nests deeper than `max_depth`."""
     try:
         return jsonvalue.loads(text, max_depth=max_depth)
+    except JsonValueError as exc:
+        raise _refusal(exc, field, too_deep) from exc
+
+
+def parse_text_canonical(
+    text: str, field: str, *, max_depth: int | None = None, too_deep: str = ARGUMENTS_TOO_DEEP
+) -> tuple[JsonValue, str]:
+    """`parse_text` and the value's canonical text, for less than parsing then `dumps`: a
+    value the C decoder has just built needs no proof of its types before it is written."""
+    try:
+        return jsonvalue.loads_canonical(text, max_depth=max_depth)
     except JsonValueError as exc:
         raise _refusal(exc, field, too_deep) from exc
 
