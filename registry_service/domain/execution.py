@@ -66,6 +66,7 @@ from registry_service.domain.results import (
     UNKNOWN_TOOL,
     AdditionalContext,
     PrettyTextBlock,
+    TextValuedResult,
     ToolResult,
     aborted,
     error_result,
@@ -465,8 +466,15 @@ class Executor:
         """`_normalize` of a body's output, off the event loop when the value is large: its
         validation and the pretty content rendered from it walk every member in Python."""
         if not isinstance(returned, ToolResult):
-            # Snapshot first (C-speed), so the value's size is known.
-            try:
+            # The value is written here, on the loop (C-speed), in the step the body returned
+            # in: the text is the result, whatever the body does with its object later.
+            if _accepts_anything(defn.output_schema):
+                # Nothing to validate: no copy of the value; whoever reads it gets the text's.
+                try:
+                    return TextValuedResult.of_text(jsonvalue.dumps(returned))
+                except JsonValueError as exc:
+                    return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])
+            try:  # the schema is checked on a copy only the pipeline holds
                 value, value_json = jsonvalue.snapshot_with_text(returned)
             except JsonValueError as exc:
                 return _invalid_output(defn.name, [f"output is not lossless JSON: {exc}"])

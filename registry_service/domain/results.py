@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Final, Literal, cast
 
 from codemode_wire import jsonvalue
 from codemode_wire.errors import CodemodeError
@@ -32,26 +32,37 @@ class PrettyTextBlock(TextBlock):
     program as `value_json`, and unless a hook or a history record reads its content nobody
     ever does: rendering a 1 MB value costs a quarter of the registry's time for the call.
 
-    The value is the pipeline's own snapshot (`ToolResult.value_json` vouches that nothing
-    outside holds it), so the text is the one an eager render would have given. Equal to a
-    `TextBlock` with the same text."""
+    It renders the pipeline's own snapshot (`ToolResult.value_json` vouches that nothing
+    outside holds it), or the canonical text of the result (`of_text`), so the text is the one
+    an eager render would have given. Equal to a `TextBlock` with the same text."""
 
-    __slots__ = ("_rendered", "_value")
+    __slots__ = ("_json", "_rendered", "_value")
+    _json: str
     _rendered: str | None
     _value: JsonValue
 
     def __init__(self, value: JsonValue) -> None:  # no super().__init__: `text` is derived
         object.__setattr__(self, "_value", value)
+        object.__setattr__(self, "_json", "")
         object.__setattr__(self, "_rendered", None)
         object.__setattr__(self, "type", "text")
+
+    @classmethod
+    def of_text(cls, value_json: str) -> PrettyTextBlock:
+        """The block of the value `value_json` spells (decoded only if the text is read)."""
+        block = cls(None)
+        object.__setattr__(block, "_json", value_json)
+        return block
 
     @property
     def text(self) -> str:
         rendered: str | None = self._rendered
         if rendered is None:
-            rendered = jsonvalue.render_pretty(self._value)
+            value = jsonvalue.loads(self._json) if self._json else self._value
+            rendered = jsonvalue.render_pretty(value)
             object.__setattr__(self, "_rendered", rendered)
             object.__setattr__(self, "_value", None)  # the text is all that is needed now
+            object.__setattr__(self, "_json", "")
         return rendered
 
     def __eq__(self, other: object) -> bool:
@@ -137,6 +148,49 @@ class ToolResult:
 
     def with_contexts(self, contexts: tuple[AdditionalContext, ...]) -> ToolResult:
         return replace(self, additional_contexts=contexts)
+
+
+_VALUE_SLOT = ToolResult.__dict__["value"]  # the slot `TextValuedResult` keeps the value in
+_UNREAD: Final = object()
+_COMPARED = tuple(f for f in fields(ToolResult) if f.compare)
+
+
+class TextValuedResult(ToolResult):
+    """A successful result whose value is its canonical text, decoded when first read.
+
+    What a body hands back is the body's: it may still hold and change it. The pipeline keeps
+    the text it wrote from it (`value_json`, which the program, the caller and the records
+    get), and whatever reads `value` afterwards (a post-execute hook, an observer) gets that
+    text's value, never the body's object. A nested call's result nobody reads as a value is
+    then written once and never decoded in the registry."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of_text(cls, value_json: str) -> TextValuedResult:
+        content = (PrettyTextBlock.of_text(value_json),)
+        unread = cast(JsonValue, _UNREAD)
+        return cls(content, value=unread, has_value=True, value_json=value_json)
+
+    @property
+    def value(self) -> JsonValue:
+        value = _VALUE_SLOT.__get__(self, ToolResult)
+        if value is _UNREAD:
+            value = jsonvalue.loads(self.value_json)  # text the pipeline wrote: lossless
+            _VALUE_SLOT.__set__(self, value)
+        return cast(JsonValue, value)
+
+    @value.setter
+    def value(self, value: JsonValue) -> None:  # only the dataclass's own __init__ sets it
+        _VALUE_SLOT.__set__(self, value)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any result with the same fields, whichever class holds them."""
+        if not isinstance(other, ToolResult):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in _COMPARED)
+
+    __hash__ = ToolResult.__hash__
 
 
 def success(

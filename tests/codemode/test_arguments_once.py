@@ -11,6 +11,8 @@ call's argument text (it writes it from the worker's frame).
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -170,3 +172,69 @@ async def test_a_direct_call_body_mutating_its_arguments_changes_nothing_after_i
         assert records[0].arguments_json == ORIGINAL_JSON
         ends = [e for e in recording.seen if isinstance(e, CallReceived | CallFinished)]
         assert [e.call.recorded_arguments() for e in ends] == [ORIGINAL_JSON, ORIGINAL_JSON]
+
+
+RESULT_MARKER = "result-once-marker"
+
+
+def _registry_frame() -> bool:
+    """Whether the caller of the counted function (two frames up) is the registry's code."""
+    return str(sys._getframe(2).f_globals.get("__name__", "")).startswith("registry_service")
+
+
+async def test_a_nested_result_is_written_once_and_never_decoded_in_the_registry(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for name in ("loads", "loads_canonical", "dumps", "snapshot_with_text"):
+        real: Callable[..., Any] = getattr(jsonvalue, name)
+
+        def counting(arg: Any, *a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            if _registry_frame() and RESULT_MARKER in (arg if isinstance(arg, str) else str(arg)):
+                calls.append(_name)
+            return _real(arg, *a, **kw)
+
+        monkeypatch.setattr(jsonvalue, name, counting)
+
+    async def big(inv: Any) -> Any:
+        return {"marker": RESULT_MARKER, "rows": list(range(100))}
+
+    stack.registry.register_tool("big", big, description="a value")
+    _, result = await stack.run_code("v = await tools.big({})\nreturn len(v['rows'])")
+    assert value_of(result)["result"] == 100
+    assert calls == ["dumps"]  # written once for the program; no copy, no decode
+
+
+async def test_a_body_changing_its_result_after_returning_it_changes_nothing(
+    stack: Stack,
+) -> None:
+    returned: dict[str, Any] = {}
+    seen: list[Any] = []
+
+    async def leaky(inv: Any) -> Any:
+        value = {"marker": RESULT_MARKER, "items": [1]}
+        returned["value"] = value
+        # The body keeps its object and changes it once it has returned.
+        asyncio.get_running_loop().call_soon(value["items"].append, 2)
+        return value
+
+    async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
+        if e.name == "leaky":
+            await asyncio.sleep(0)  # the body's change has happened
+            seen.append(r.value)
+        return d
+
+    stack.registry.register_tool("leaky", leaky, description="changes what it returned")
+    stack.registry.catalog.hooks("").post_execute.append(post)
+    agent = await stack.code_agent()
+    _, result = await stack.run_code("return await tools.leaky({})", agent=agent, call_id="o")
+    assert returned["value"]["items"] == [1, 2]  # it did change its object
+    original = {"marker": RESULT_MARKER, "items": [1]}
+    assert seen == [original]
+    assert value_of(result)["result"] == original
+    agent_id = stack.registry.catalog.get_agent(agent).agent_id
+    records = await stack.registry.history.list(agent_id, after_seq=0, limit=10, call_id="o:code:1")
+    (settle,) = [r for r in records if r.kind == "tool/code-dispatch"]
+    assert jsonvalue.loads(settle.content_json) == [
+        {"type": "text", "text": jsonvalue.render_pretty(original)}
+    ]
