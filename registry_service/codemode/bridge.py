@@ -73,7 +73,6 @@ from registry_service.domain.results import (
     ToolResult,
     aborted,
     error_result,
-    success,
 )
 from registry_service.domain.scopes import GLOBAL
 from registry_service.domain.signals import AbortController
@@ -516,10 +515,16 @@ class _Run(RunHooks):
                 message += shared_logs.CAPTURED + "\n".join(terminal.logs)
             failed = error_result(message, CODE_RUN_FAILED, "CodeRunFailedError")
             return failed.with_contexts(contexts)
-        value: dict[str, JsonValue] = {"logs": list(terminal.logs)}
+        logs: list[JsonValue] = list(terminal.logs)
+        value: dict[str, JsonValue] = {"logs": logs}
+        value_json = '{"logs":' + jsonvalue.dumps(logs)
         if terminal.value_json is not None:
-            value["result"] = jsonvalue.loads(terminal.value_json)
-        result = success(value, (TextBlock(render_output(value)),))
+            # Decoded and written canonical in one pass; the outer value's text is composed
+            # around it (as `dumps(value)` writes it) instead of encoding the value again.
+            value["result"], result_json = jsonvalue.loads_canonical(terminal.value_json)
+            value_json += ',"result":' + result_json
+        content = (TextBlock(render_output(value)),)
+        result = ToolResult(content, value=value, has_value=True, value_json=value_json + "}")
         result = result.with_contexts(contexts)
         if self.concluded:
             result = replace(result, concludes_turn=True)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from codemode_wire import jsonvalue
+from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.events import (
     CallFinished,
     CallReceived,
@@ -212,10 +213,11 @@ async def test_a_body_changing_its_result_after_returning_it_changes_nothing(
     seen: list[Any] = []
 
     async def leaky(inv: Any) -> Any:
-        value = {"marker": RESULT_MARKER, "items": [1]}
+        items = [1]
+        value = {"marker": RESULT_MARKER, "items": items}
         returned["value"] = value
         # The body keeps its object and changes it once it has returned.
-        asyncio.get_running_loop().call_soon(value["items"].append, 2)
+        asyncio.get_running_loop().call_soon(items.append, 2)
         return value
 
     async def post(e: Any, r: ToolResult, d: PostDecision) -> PostDecision:
@@ -229,7 +231,7 @@ async def test_a_body_changing_its_result_after_returning_it_changes_nothing(
     agent = await stack.code_agent()
     _, result = await stack.run_code("return await tools.leaky({})", agent=agent, call_id="o")
     assert returned["value"]["items"] == [1, 2]  # it did change its object
-    original = {"marker": RESULT_MARKER, "items": [1]}
+    original: JsonValue = {"marker": RESULT_MARKER, "items": [1]}
     assert seen == [original]
     assert value_of(result)["result"] == original
     agent_id = stack.registry.catalog.get_agent(agent).agent_id
