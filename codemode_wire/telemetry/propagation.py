@@ -20,6 +20,11 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _V00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
+# Every nested call of a run names the same parent (the run's span): the context built for the
+# last `traceparent` is kept (contexts are immutable), so a run's calls parse it once.
+_last: list[tuple[str, str, Context | None]] = [("", "", None)]
+
+
 def context_from(traceparent: str, tracestate: str = "") -> Context | None:
     """The context whose current span is the remote parent named by `traceparent`.
 
@@ -27,6 +32,15 @@ def context_from(traceparent: str, tracestate: str = "") -> Context | None:
     """
     if not traceparent:
         return None
+    last_parent, last_state, last_context = _last[0]
+    if traceparent == last_parent and tracestate == last_state:
+        return last_context
+    context = _parse(traceparent, tracestate)
+    _last[0] = (traceparent, tracestate, context)
+    return context
+
+
+def _parse(traceparent: str, tracestate: str) -> Context | None:
     match = _V00.fullmatch(traceparent)
     if match is None:  # another version, odd spacing...: the W3C propagator's full rules
         return _extract(traceparent, tracestate)
