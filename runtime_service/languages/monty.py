@@ -57,8 +57,10 @@ _CAPABILITY = Capability(
     ),
 )
 
-# A MemoryError from Monty's heap limit ends the bridge with the protocol's status.
-_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY)
+# A MemoryError from Monty's heap limit ends the bridge with the protocol's status; a crash
+# of its monty process with the bridge's own (``worker_monty/bridge.py``).
+EXIT_CRASHED = 71
+_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY, crashed_status=EXIT_CRASHED)
 
 
 def monty_package() -> str | None:
@@ -91,6 +93,9 @@ class MontyBackend:
     threaded: bool = True  # the pydantic_monty client runs threads of its own
     nice_boot: bool = False
     source_check: SourceCheck | None = None
+    # Each run is a fresh Monty session of the same monty process (the bridge takes one
+    # ``start`` after another): the runtime keeps the host for its tenant's next run.
+    keeps_host: bool = True
 
     def unavailable(self, settings: WorkerSettings) -> str | None:
         if settings.loader is not None:
