@@ -224,7 +224,8 @@ OutputHandler = Callable[[int, bytes], None]
 
 
 class WorkerProcess:
-    """A launched worker. Never reused: one program, then ``terminate`` and ``close``."""
+    """A launched worker: one program, then ``terminate`` and ``close`` -- or, for a language
+    that keeps a host per tenant, ``park`` between that tenant's runs (``kept_hosts.py``)."""
 
     def __init__(
         self,

@@ -6,8 +6,8 @@ execs the runtime's own interpreter as ``python -I -S worker_monty/bridge.py <mo
 a small bridge that speaks the channel protocol (``worker/core.py``, ``worker/framing.py``)
 and hands the program to a ``monty`` worker process it starts as its own child. So the Monty
 binary runs inside the run's sandbox too (its pid namespace, cgroup, seccomp filter, uid, empty
-environment, no network), and serves this one run only: a fresh bridge and a fresh Monty
-process per run, as for the other languages.
+environment, no network), and serves one tenant only: kept between that tenant's clean runs
+(``runtime_service/kept_hosts.py``), each run on a fresh Monty session.
 
 Why a bridge rather than exec'ing the binary itself: the binary speaks its own pool protocol
 to the ``pydantic_monty`` client, not the runtime's channel; the bridge is that client, and

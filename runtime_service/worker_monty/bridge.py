@@ -4,7 +4,9 @@ Exec'd by the worker launch (``exec_launch.py``) once the sandbox is in place, a
 ``python -I -S bridge.py <monty binary> <pydantic_monty's parent> <sandbox report>``
 with the channel on fd 3 (``runtime_service/languages/monty.py`` says why a bridge). Before it
 reports ready it starts one ``monty`` process (a ``pydantic_monty.Monty`` pool of one, its
-child, inside the same sandbox); then it takes one ``start``:
+child, inside the same sandbox); then it takes one ``start`` after another (the runtime keeps
+the host for one tenant's runs, ``runtime_service/kept_hosts.py``), each on a fresh Monty
+session:
 
 - the program is the body of an async function, as for the Python worker: it is wrapped in
   ``async def`` (lines inside multi-line strings left as they are) and its problems are
