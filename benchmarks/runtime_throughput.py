@@ -16,6 +16,12 @@ root), the figure is the fork server's reaped children from ``/proc``, marked a 
 side by side with the cgroup it said 5.7 ms where the cgroup said 21 ms.
 
 Targets: fork server >= 10 x spawn in programs per second, <= 5 ms of worker CPU per run.
+
+The Monty tier (``monty_*``, ``monty_tier``): the same workload in the opt-in ``monty`` language,
+each client a tenant of its own so that its runs share its kept host (``runtime_service/
+kept_hosts.py``), beside a bare ``pydantic_monty`` pool in this process (no services, no
+sandbox: the same 10 calls answered directly, one thread per CPU). Targets: >= 5 x the fork
+tier, >= 0.5 x the bare pool, <= 6 ms of CPU per program over all processes (hosts and runtime).
 ``ten_times_spawn_budget`` says what 10 x spawn leaves per program on this machine: its CPUs'
 time divided by that rate, less the runtime's and the client's CPU as measured here (the
 worker's share, whatever the worker does). ``benchmarks.runtime_floor`` takes a forked
@@ -31,6 +37,7 @@ import asyncio
 import json
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -43,6 +50,9 @@ from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 
 PROGRAM = "import time\nfor i in range(10):\n    await tools.echo(i)\nreturn time.process_time()"
 CONCURRENCY = 50
+# The Monty tier's program: the same 10 calls (Monty has no ``time.process_time``).
+MONTY_PROGRAM = "for i in range(10):\n    await tools.echo(i)\nreturn 0.0"
+MONTY_LANGUAGES = json.dumps(["python", "monty"])
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -98,12 +108,16 @@ def _runtime_pid() -> int:
 
 
 async def echo_run(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str, language: str = "python"
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    program: str,
+    language: str = "python",
+    tenant: str = "",
 ) -> Any:
-    """One run of ``program`` (Python unless told) whose ``echo`` calls are answered with their
-    arguments, on the stream; returns the program's (successful) value."""
+    """One run of ``program`` (Python unless told; for ``tenant``, none unless told) whose
+    ``echo`` calls are answered with their arguments, on the stream; returns the program's
+    (successful) value."""
     call = stub.Run()
-    start = pb.RunStart(program=program, language=language, binding_names=["echo"])
+    start = pb.RunStart(program=program, language=language, binding_names=["echo"], tenant=tenant)
     await call.write(pb.RunRequest(start=start))
     value: Any = None
     async for message in call:
@@ -124,16 +138,26 @@ async def echo_run(
 
 
 async def _one(
-    stub: runtime_pb2_grpc.RuntimeServiceStub, program: str = PROGRAM, language: str = "python"
+    stub: runtime_pb2_grpc.RuntimeServiceStub,
+    program: str = PROGRAM,
+    language: str = "python",
+    tenant: str = "",
 ) -> float:
-    return float(await echo_run(stub, program, language))
+    return float(await echo_run(stub, program, language, tenant))
 
 
 async def workload(
-    launch: str, programs: int, language: str = "python", program: str = PROGRAM, **env: str
+    launch: str,
+    programs: int,
+    language: str = "python",
+    program: str = PROGRAM,
+    *,
+    tenants: bool = False,
+    **env: str,
 ) -> dict[str, float | str]:
     """``programs`` runs of ``program`` in ``language``, ``CONCURRENCY`` at once, on a runtime
-    started with ``env`` besides the launch, its figures measured as the module says."""
+    started with ``env`` besides the launch, its figures measured as the module says. With
+    ``tenants`` each client is a tenant of its own (its runs may share a kept host)."""
     env = service_env(
         CODEMODE_RUNTIME_WORKER_LAUNCH=launch,
         CODEMODE_RUNTIME_POOL_SIZE="8",
@@ -151,17 +175,20 @@ async def workload(
             reaper = _reaper_of_workers(runtime, launch)
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
-                warm = (_one(stub, program, language) for _ in range(10))
+                names = [f"bench-{i}" if tenants else "" for i in range(CONCURRENCY)]
+                warm = (_one(stub, program, language, name) for name in names[:10] * 2)
+                if tenants:  # every tenant's host is booted outside the measurement
+                    warm = (_one(stub, program, language, name) for name in names)
                 await asyncio.gather(*warm)  # warm-up
                 await asyncio.sleep(0.5)  # the pool refills outside the measurement
                 remaining = programs
                 own: list[float] = []
 
-                async def client() -> None:
+                async def client(tenant: str) -> None:
                     nonlocal remaining
                     while remaining > 0:
                         remaining -= 1
-                        own.append(await _one(stub, program, language))
+                        own.append(await _one(stub, program, language, tenant))
 
                 def read() -> tuple[float, float, float]:
                     total = meter.cpu_s() if meter is not None else _reaper_cpu_s(reaper)
@@ -170,7 +197,7 @@ async def workload(
                 total_before, runtime_before, client_before = read()
                 machine_before = _machine_cpu_s()
                 started = time.perf_counter()
-                await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+                await asyncio.gather(*(client(name) for name in names))
                 took = time.perf_counter() - started
                 machine_cpu = _machine_cpu_s() - machine_before
                 client_after = time.process_time()
@@ -195,11 +222,91 @@ async def workload(
     }
 
 
+def _bare(programs: int) -> dict[str, float]:
+    """A bare pydantic_monty pool: ``programs`` runs of the 10-call program, one thread per
+    CPU, each call answered at once."""
+    import pydantic_monty as pm
+
+    source = "for i in range(10):\n    echo(i)\n0"
+    threads = len(os.sched_getaffinity(0))
+    remaining = [programs]
+    lock = threading.Lock()
+    with pm.Monty(min_processes=threads, max_processes=threads) as pool:
+
+        def one() -> None:
+            with pool.checkout() as session:
+                snapshot: Any = session.feed_start(source)
+                while not isinstance(snapshot, pm.MontyComplete):
+                    snapshot = snapshot.resume({"return_value": snapshot.args[0]})
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if remaining[0] <= 0:
+                        return
+                    remaining[0] -= 1
+                one()
+
+        for _ in range(threads * 2):
+            one()  # warm-up
+        cpu_before, started = _tree_cpu_s(), time.perf_counter()
+        workers = [threading.Thread(target=client) for _ in range(threads)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        took = time.perf_counter() - started
+        cpu = _tree_cpu_s() - cpu_before
+    return {
+        "programs_per_s": round(programs / took, 1),
+        "cpu_ms_per_program_this_process_and_pool": round(cpu / programs * 1e3, 3),
+        "threads": threads,
+    }
+
+
+def _tree_cpu_s() -> float:
+    """This process's CPU and its live children's (the pool's monty processes)."""
+    return time.process_time() + sum(
+        _reaper_cpu_s(child, children=False) for child in _children(os.getpid())
+    )
+
+
+async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str, object]:
+    """The Monty tier beside ``forked`` (the CPython fork tier of the same run): each of the
+    50 clients a tenant of its own, so its runs share that tenant's kept host; and a bare
+    ``pydantic_monty`` pool (no services, no sandbox) in this process."""
+    env = {"CODEMODE_RUNTIME_LANGUAGES": MONTY_LANGUAGES}
+    monty = await workload("fork-server", programs, "monty", MONTY_PROGRAM, tenants=True, **env)
+    bare = await asyncio.to_thread(_bare, programs * 2)
+    rate = float(monty["programs_per_s"])
+    all_processes = float(monty["worker_cpu_ms_per_run"]) + float(monty["runtime_cpu_ms_per_run"])
+    return {
+        "monty_programs_per_s": rate,
+        "monty_bare_programs_per_s": bare["programs_per_s"],
+        "monty_cpu_ms_per_program": round(all_processes, 3),
+        "monty_cpu_ms_per_program_hosts_only": monty["worker_cpu_ms_per_run"],
+        "monty_vs_cpython_fork": round(rate / float(forked["programs_per_s"]), 2),
+        "monty_vs_bare": round(rate / float(bare["programs_per_s"]), 3),
+        "monty": monty,
+        "monty_bare": bare,
+        "monty_target": {
+            "vs_cpython_fork_min": 5,
+            "vs_bare_min": 0.5,
+            "monty_cpu_ms_per_program_max": 6.0,
+        },
+        "monty_meets_target": rate >= 5 * float(forked["programs_per_s"])
+        and rate >= 0.5 * float(bare["programs_per_s"])
+        and all_processes <= 6.0,
+    }
+
+
 async def main(quick: bool) -> dict[str, object]:
     forked = await workload("fork-server", 300 if quick else 2000)
     spawned = await workload("spawn", 60 if quick else 300)
+    monty = await monty_tier(1000 if quick else 5000, forked)
     ratio = float(forked["programs_per_s"]) / float(spawned["programs_per_s"])
     return {
+        **monty,
         "benchmark": "runtime_throughput",
         "quick": quick,
         "concurrency": CONCURRENCY,

@@ -670,6 +670,7 @@ def _start_message(spec: RunSpec, timeout: float | None) -> pb.RunStart:
         binding_names=list(spec.binding_names),
         token=spec.token,
         budgets=pb.RunBudgets(max_output_bytes=spec.max_output_bytes or 0),
+        tenant=spec.tenant,
         trace_context=trace_pb2.TraceContext(
             traceparent=spec.traceparent, tracestate=spec.tracestate
         ),

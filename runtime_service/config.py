@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
 from runtime_service.budgets import BudgetError, Budgets
+from runtime_service.kept_hosts import KeptHostLimits
 from runtime_service.languages import OPTIONAL, backends, typescript
 from runtime_service.runtime import RuntimeOptions
 from runtime_service.worker_process import WorkerSpec
@@ -85,6 +86,19 @@ class RuntimeSettings(ServiceSettings):
     max_concurrent_checks: int = Field(default=4, ge=1, le=256)
     """CheckSource calls parsed at once (each in a sandboxed worker); more are refused with
     RESOURCE_EXHAUSTED RUNTIME_AT_CAPACITY."""
+    kept_host_runs: int = Field(default=100, ge=1, le=1_000_000)
+    """Runs one kept host serves before it is recycled, for engines that keep a sandboxed host
+    per tenant (``monty``); 1: never reused. A host is also recycled after any run that did
+    not end cleanly (timeout, out of memory, crash, protocol error, abort, output limit)."""
+    kept_host_idle_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
+    """How long a kept host waits for its tenant's next run before it is ended."""
+    kept_hosts_per_tenant: int = Field(default=4, ge=0, le=256)
+    """Kept hosts one tenant (agent x principal) may hold at once, busy or idle; its runs
+    beyond them get a host used once. 0: none kept."""
+    max_idle_kept_hosts: int = Field(default=64, ge=0, le=100_000)
+    """Idle kept hosts over all tenants (the least recently used is ended beyond it). Kept
+    hosts hold sandboxes (uids of ``worker_uid_count``): a run that finds none free ends the
+    least recently used idle one instead of being refused."""
     worker_launch: Literal["fork-server", "spawn"] = "fork-server"
     """How workers start: ``fork-server`` forks each from a pre-initialized, never-used fork
     server, as pid 1 of a pid namespace of its own (every process of a run dies with it, also
@@ -225,6 +239,12 @@ class RuntimeSettings(ServiceSettings):
             capacity_retry_delay_s=self.capacity_retry_delay_s,
             languages=tuple(dict.fromkeys(self.languages)),
             max_concurrent_checks=self.max_concurrent_checks,
+            kept_hosts=KeptHostLimits(
+                runs_per_host=self.kept_host_runs,
+                idle_s=self.kept_host_idle_s,
+                hosts_per_tenant=self.kept_hosts_per_tenant,
+                max_idle=self.max_idle_kept_hosts,
+            ),
         )
 
 

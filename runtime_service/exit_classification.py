@@ -36,6 +36,8 @@ class WorkerExit:
     oom_killer: bool = False
     """The kernel's out-of-memory killer acted (else, if ``out_of_memory``, the worker said
     so itself)."""
+    crashed: bool = False
+    """The worker said that its interpreter process crashed (``ExitSigns.crashed_status``)."""
 
     @property
     def signal_name(self) -> str | None:
@@ -58,7 +60,8 @@ def classify_exit(
         return WorkerExit(status, out_of_memory=True, oom_killer=True)
     said_so = status is not None and status == signs.out_of_memory_status
     aborted_at_limit = status == -signal.SIGABRT and heap_limit_reached
-    return WorkerExit(status, out_of_memory=said_so or aborted_at_limit)
+    crashed = status is not None and status == signs.crashed_status
+    return WorkerExit(status, out_of_memory=said_so or aborted_at_limit, crashed=crashed)
 
 
 class HeapLimitWatch:

@@ -112,6 +112,11 @@ class FrameReader:
         """An output frame was over its bound: the run is over, nothing more is read."""
         self._reset()
 
+    @property
+    def between_frames(self) -> bool:
+        """Whether every byte read so far belonged to a whole frame (nothing is pending)."""
+        return not self.stopped and not self._buf and not self._skip and self._length < 0
+
     def _reset(self) -> None:
         self._length = -1
         self._kind: Literal["output", "call", "small", ""] = ""

@@ -27,6 +27,7 @@ from runtime_service.frame_decoding import (
     decoding_pool,
 )
 from runtime_service.frame_reader import FrameEvent, FrameLimits, Oversized
+from runtime_service.kept_hosts import HostKeeper
 from runtime_service.outcome import (
     BindingCall,
     BindingHandler,
@@ -104,9 +105,15 @@ class Run:
         take_idle: Callable[[], WorkerProcess | None] | None = None,
         *,
         exit_signs: ExitSigns,
+        keeper: HostKeeper | None = None,
     ) -> None:
-        """``exit_signs``: what the worker's language says as it dies (``ExitSigns``)."""
+        """``exit_signs``: what the worker's language says as it dies (``ExitSigns``);
+        ``keeper``: the tenant's kept hosts, for a language that keeps one (``kept_hosts``):
+        the run takes one of them first, and gives its worker back after a clean end."""
         self.request = request
+        self._keeper = keeper
+        self._ended_clean = False  # the worker's own completion settled it: success, exception
+        self._parked = False  # the worker lives on as its tenant's kept host
         self._exit_signs = exit_signs
         self._acquire = acquire
         self._take_idle = take_idle  # a ready worker at once, if the pool has one
@@ -135,7 +142,7 @@ class Run:
 
     async def worker_gone(self) -> None:
         """Wait until the run's worker (if any) and all its descendants have exited."""
-        if self._worker is not None:
+        if self._worker is not None and not self._parked:
             await asyncio.shield(self._worker.closed)
 
     def abort(self, reason: str) -> None:
@@ -154,7 +161,11 @@ class Run:
             self._settle(_Terminal(RunFailure("timeout", EXPIRED_MESSAGE)))
         if self._terminal is not None:  # aborted or expired before it started: spawn nothing
             return self._materialize()
-        worker = self._take_idle() if self._take_idle is not None else None
+        keeper = self._keeper
+        worker = keeper.take() if keeper is not None else None
+        kept = worker is not None
+        if worker is None and self._take_idle is not None:
+            worker = self._take_idle()
         if worker is None:
             try:
                 worker = await self._boot()
@@ -165,9 +176,13 @@ class Run:
                 return self._materialize()
             if worker is None:  # aborted or out of time while the worker booted
                 return self._materialize()
-        self.spawned = True
+        self.spawned = not kept
         self._worker = worker
+        if keeper is not None and not kept:
+            keeper.adopt(worker)  # kept after the run if the tenant may hold one more host
         if self._terminal is not None:  # aborted while the worker was being acquired
+            if keeper is not None:
+                keeper.give_back(worker, clean=False)
             worker.signal_group()
             worker.close_when_exited()
             return self._materialize()
@@ -239,13 +254,18 @@ class Run:
             supervisor.stop()
             for call in self._calls.values():
                 call.cancel()
-            # Terminate: SIGKILL the whole group (the worker can run no more code), then drain
-            # the pipes to their end -- every byte written before the kill is charged -- and
-            # only then materialize. Reaping and cleanup follow in the background; the pool
-            # tracks the worker until it is gone.
-            supervisor.terminate()
-            if worker.outputs_open:  # usually already ended: the worker closes them first
-                await asyncio.shield(worker.drain_outputs(DRAIN_TIMEOUT_S))
+            clean = self._ended_clean and not self._overflowed and self._draining is None
+            keeper = self._keeper
+            self._parked = keeper is not None and keeper.give_back(worker, clean)
+            if not self._parked:
+                # Terminate: SIGKILL the whole group (the worker can run no more code), then
+                # drain the pipes to their end -- every byte written before the kill is
+                # charged -- and only then materialize. Reaping and cleanup follow in the
+                # background; the pool tracks the worker until it is gone. (A worker kept for
+                # its tenant's next run lives on: its channel and pipes are that run's.)
+                supervisor.terminate()
+                if worker.outputs_open:  # usually already ended: the worker closes them first
+                    await asyncio.shield(worker.drain_outputs(DRAIN_TIMEOUT_S))
         if self._ledger.used > LARGE_FRAME_BYTES:
             # Cutting megabytes of logs to the budget is seconds of work for some texts: off
             # the loop, like a large frame's decoding. Nothing touches the ledger any more.
@@ -278,6 +298,8 @@ class Run:
             )
         if verdict.out_of_memory:
             return f"worker exceeded its memory budget ({mib:g} MiB)"
+        if verdict.crashed:
+            return "the worker's interpreter process crashed before completing"
         if verdict.signal_name is not None:
             return f"worker killed by signal {verdict.signal_name} before completing"
         return f"worker exited with code {verdict.status} before completing"
@@ -370,7 +392,11 @@ class Run:
         if isinstance(message, CallMessage):
             self._start_call(worker, message, decoded)
         elif isinstance(message, DoneMessage):
-            self._settle(self._completion(message, decoded))
+            terminal = self._completion(message, decoded)
+            if self._terminal is None:
+                error = terminal.error
+                self._ended_clean = error is None or error.kind == "exception"
+            self._settle(terminal)
         elif isinstance(message, LogMessage):
             self._admit_log(message.text)
         elif isinstance(message, OutputLimitMessage):

@@ -198,11 +198,12 @@ class RunCgroup:
         """Whether the out-of-memory killer acted in this run (since ``mark_start``)."""
         return self.oom_kills() > self._oom_at_start
 
-    def mark_start(self) -> None:
+    def mark_start(self, *, reused: bool = False) -> None:
         """The program starts now. Before it, the cgroup had no memory limit of its own and
         ran only the worker's boot, so its OOM count starts at zero: no read (about 0.1 ms
-        for v1's memory.oom_control) on the hand-off path."""
-        self._oom_at_start = 0
+        for v1's memory.oom_control) on the hand-off path. A kept host's (``reused``) ran
+        earlier programs: its count so far is read."""
+        self._oom_at_start = self.oom_kills() if reused else 0
 
     def memory_peak(self) -> int | None:
         """Highest memory charge of the run (boot included), or None where not kept."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from codemode_wire.text import utf8_exceeds
 from runtime_service.budgets import Budgets, resolve_budgets
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
+from runtime_service.kept_hosts import KeptHostLimits, KeptHosts
 from runtime_service.languages import DEFAULT_LANGUAGE, backends, enable
 from runtime_service.outcome import BindingHandler, LogListener, RunResult
 from runtime_service.plugin_host import HostEvent, PluginHost, PluginHostRequest
@@ -23,6 +24,7 @@ from runtime_service.worker_process import WorkerCapacityError, WorkerSpec
 __all__ = ["Runtime", "RuntimeOptions"]
 
 DISPOSED_REASON = "runtime disposed"
+_MAX_TENANT_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,8 @@ class RuntimeOptions:
     """The languages to serve, registered names (empty: every one installed here)."""
     max_concurrent_checks: int = 4
     """Source checks (``source_check``) in flight at once; more are refused as at capacity."""
+    kept_hosts: KeptHostLimits = field(default_factory=KeptHostLimits)
+    """Hosts kept between one tenant's runs, for languages that keep one (``kept_hosts``)."""
 
 
 class Runtime:
@@ -82,6 +86,8 @@ class Runtime:
                 continue
             size = options.pool_sizes.get(backend.name, 0)
             self.pools[backend.name] = WorkerPool(spec, size, self.pool.fork_server)
+        self.kept = KeptHosts(options.kept_hosts)
+        """Hosts kept between one tenant's runs (languages whose backend ``keeps_host``)."""
         self._live: set[Run] = set()
         self._hosts: set[PluginHost] = set()
         self._executions: set[asyncio.Task[RunResult]] = set()
@@ -146,8 +152,13 @@ class Runtime:
         budgets: dict[str, int | None] | None = None,
         deadline_ms: int | None = None,
         on_log: LogListener | None = None,
+        tenant: str = "",
     ) -> Run:
         """Validate a request and return its (not yet started) run.
+
+        ``tenant``: whom the run acts for (an opaque key): a language that keeps a host per
+        tenant serves it on one of that tenant's kept hosts, never another's ("": a worker
+        used once).
 
         ``deadline_ms`` is the caller's time left. One already spent (<= 0) is no error: like
         any deadline reached it ends the run as a ``timeout``, before it takes a worker.
@@ -174,9 +185,22 @@ class Runtime:
         if deadline_ms is not None:
             wall_ms = min(wall_ms, max(deadline_ms, 0))
         request = RunRequest(program, names, resolved, wall_ms, self.options.max_call_bytes)
+        if type(tenant) is not str or utf8_exceeds(tenant, _MAX_TENANT_BYTES):
+            raise RunRequestError(f"tenant must be a string of at most {_MAX_TENANT_BYTES} bytes")
         acquire, take_idle = pool.launcher(resolved.memory_bytes)
-        signs = pool.spec.backend.exits
-        return Run(request, acquire, handler, on_log, take_idle=take_idle, exit_signs=signs)
+        backend = pool.spec.backend
+        keeper = self.kept.keeper(language, tenant) if backend.keeps_host else None
+        # Kept hosts never take a sandbox a run needs: a launch at capacity ends idle ones.
+        acquire = self.kept.acquiring(acquire)
+        return Run(
+            request,
+            acquire,
+            handler,
+            on_log,
+            take_idle=take_idle,
+            exit_signs=backend.exits,
+            keeper=keeper,
+        )
 
     async def execute(self, run: Run) -> RunResult:
         """Execute ``run``; disposal aborts it with "runtime disposed"."""
@@ -274,6 +298,7 @@ class Runtime:
             host.kill()
         await asyncio.gather(*(host.closed for host in hosts), return_exceptions=True)
         await asyncio.gather(*list(self._executions), return_exceptions=True)
+        await self.kept.close()
         # The default language's pool last: it owns the fork server the others borrow.
         await asyncio.gather(
             *(pool.close() for pool in self.pools.values() if pool is not self.pool)

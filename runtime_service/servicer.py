@@ -232,6 +232,7 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
                 budgets=_budgets_request(start.budgets),
                 deadline_ms=_deadline_ms(start),
                 on_log=outgoing.put_nowait,
+                tenant=start.tenant,
             )
         except RunRequestError as exc:
             traced.refused("invalid-run", str(exc))

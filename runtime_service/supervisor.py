@@ -103,7 +103,7 @@ class WorkerSupervisor:
                 cgroup.set_memory_limit(self.budgets.memory_bytes)
             except OSError as exc:
                 problem = str(exc.strerror or exc)
-            cgroup.mark_start()
+            cgroup.mark_start(reused=self.worker.runs_served > 0)
         self.cpu.start()
         return problem
 

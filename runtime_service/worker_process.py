@@ -224,7 +224,8 @@ OutputHandler = Callable[[int, bytes], None]
 
 
 class WorkerProcess:
-    """A launched worker. Never reused: one program, then ``terminate`` and ``close``."""
+    """A launched worker: one program, then ``terminate`` and ``close`` -- or, for a language
+    that keeps a host per tenant, ``park`` between that tenant's runs (``kept_hosts.py``)."""
 
     def __init__(
         self,
@@ -289,6 +290,8 @@ class WorkerProcess:
         self._close_scheduled = False
         self._reaper: asyncio.Task[None] | None = None
         self._killed = False
+        self.runs_served = 0
+        """Runs this worker has finished and lived on after (a kept host's: ``park``)."""
 
     @property
     def pid(self) -> int:
@@ -544,6 +547,34 @@ class WorkerProcess:
             if not self._paused:
                 self._loop.remove_reader(self.channel.fileno())
             self._paused = False
+
+    def park(self) -> bool:
+        """Between two runs of a kept host (``kept_hosts.py``): stop reading the channel and
+        the pipes until the next run listens. False (the worker must be ended instead) when
+        the channel is closed or a frame is half read: the next run would read the rest."""
+        reader = self._reader
+        if not self.alive or not self._channel_open or reader is None:
+            return False
+        if not reader.between_frames or self.channel_readable():
+            return False
+        self.stop_listening()
+        for fd in self._outputs:
+            self._loop.remove_reader(fd)
+        self._reader = None
+        self._on_frame = self._on_channel_eof = self._output_handler = None
+        self.frames = framing.FrameBuffer()
+        self.boot_cpu_s = None  # a CPU meter without a cgroup reads the process from now on
+        self.runs_served += 1
+        return True
+
+    def channel_readable(self) -> bool:
+        """Whether the worker has sent bytes not read yet."""
+        try:
+            return bool(self.channel.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def read_pending(self) -> None:
         """Process every frame already queued on the channel, without waiting for more."""

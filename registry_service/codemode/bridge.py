@@ -45,6 +45,7 @@ from registry_service.codemode.runtime_port import (
     RuntimePort,
     RuntimeUnavailable,
     RuntimeUnreachable,
+    tenant_key,
 )
 from registry_service.codemode.scheduler import NestedCall, RunHooks, RunScheduler
 from registry_service.codemode.token import TokenError, TokenMinter
@@ -232,6 +233,7 @@ class _Run(RunHooks):
                 # An output the registry could not carry on would fail the run's stream
                 # instead of ending it with `output-limit`.
                 max_output_bytes=limits.max_output_bytes,
+                tenant=tenant_key(outer.agent_id or outer.agent or "", outer.principal.qualified),
             )
             stream = self.stream = await runtime.open_run(spec)
             terminal = await self._pump(stream)

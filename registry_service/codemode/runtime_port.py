@@ -6,6 +6,7 @@ tests can implement it in memory.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -24,6 +25,16 @@ class RunSpec:
     traceparent: str = ""
     tracestate: str = ""
     max_output_bytes: int | None = None  # the run's output budget; None: the runtime's default
+    tenant: str = ""
+    """Whom the run acts for, opaque (`tenant_key`): a runtime may serve one tenant's runs
+    on one kept host (the Monty engine), never another tenant's."""
+
+
+def tenant_key(agent: str, principal: str) -> str:
+    """The opaque key of the tenant (agent x principal) a run acts for: a digest, so that the
+    runtime learns neither name, and two tenants never share a key."""
+    digest = hashlib.sha256(f"{len(agent)}:{agent}\0{principal}".encode()).hexdigest()
+    return f"t-{digest[:32]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ one backend per language (``python.py``, ``typescript.py``), registered in one t
   input of the worker supervisor's exit classification, ``exit_classification``);
 - capability text: how ``GetCapabilities`` describes the interpreter and what its private
   root holds;
+- reuse: whether a worker may serve one tenant's runs one after the other (``keeps_host``);
 - source check: what ``CheckSource`` parses for it (programs, host halves, and for a language
   whose workers can parse JavaScript, client halves) and the hints its problems carry; the
   parse itself always happens in one of its sandboxed workers, which the runtime provides
@@ -95,6 +96,9 @@ class ExitSigns:
     out_of_memory_status: int | None = None
     """The exit status the worker uses for "out of memory" (the Python worker's uncaught
     ``MemoryError``: ``framing.EXIT_OUT_OF_MEMORY``), or None."""
+    crashed_status: int | None = None
+    """The exit status the worker uses for "my interpreter process crashed" (the Monty
+    bridge's, when its ``monty`` process died mid-run), or None."""
     heap_limit_line: str = ""
     """Text the worker's interpreter writes to stderr when it reaches its heap limit, right
     before it aborts with SIGABRT (Node's ``worker/typescript.HEAP_EXHAUSTED``), or ""."""
@@ -196,6 +200,14 @@ class LanguageBackend(Protocol):
     @property
     def source_check(self) -> SourceCheck | None:
         """The language's syntax check (None: the runtime offers none for it)."""
+        ...
+
+    @property
+    def keeps_host(self) -> bool:
+        """Whether one worker may serve one tenant's runs one after the other (its worker
+        starts each run on a fresh interpreter state, and takes the next ``start`` after
+        its completion): the runtime then keeps it between that tenant's clean runs
+        (``kept_hosts.py``). False: every run gets a never-used worker."""
         ...
 
     def unavailable(self, settings: WorkerSettings) -> str | None:

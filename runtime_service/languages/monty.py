@@ -6,8 +6,8 @@ execs the runtime's own interpreter as ``python -I -S worker_monty/bridge.py <mo
 a small bridge that speaks the channel protocol (``worker/core.py``, ``worker/framing.py``)
 and hands the program to a ``monty`` worker process it starts as its own child. So the Monty
 binary runs inside the run's sandbox too (its pid namespace, cgroup, seccomp filter, uid, empty
-environment, no network), and serves this one run only: a fresh bridge and a fresh Monty
-process per run, as for the other languages.
+environment, no network), and serves one tenant only: kept between that tenant's clean runs
+(``runtime_service/kept_hosts.py``), each run on a fresh Monty session.
 
 Why a bridge rather than exec'ing the binary itself: the binary speaks its own pool protocol
 to the ``pydantic_monty`` client, not the runtime's channel; the bridge is that client, and
@@ -57,8 +57,10 @@ _CAPABILITY = Capability(
     ),
 )
 
-# A MemoryError from Monty's heap limit ends the bridge with the protocol's status.
-_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY)
+# A MemoryError from Monty's heap limit ends the bridge with the protocol's status; a crash
+# of its monty process with the bridge's own (``worker_monty/bridge.py``).
+EXIT_CRASHED = 71
+_EXITS = ExitSigns(out_of_memory_status=EXIT_OUT_OF_MEMORY, crashed_status=EXIT_CRASHED)
 
 
 def monty_package() -> str | None:
@@ -91,6 +93,9 @@ class MontyBackend:
     threaded: bool = True  # the pydantic_monty client runs threads of its own
     nice_boot: bool = False
     source_check: SourceCheck | None = None
+    # Each run is a fresh Monty session of the same monty process (the bridge takes one
+    # ``start`` after another): the runtime keeps the host for its tenant's next run.
+    keeps_host: bool = True
 
     def unavailable(self, settings: WorkerSettings) -> str | None:
         if settings.loader is not None:

@@ -71,6 +71,7 @@ class PythonBackend:
     # A forked Python worker boots in a few ms of CPU: not worth a renice.
     nice_boot: bool = False
     source_check: SourceCheck | None = _SOURCE_CHECK
+    keeps_host: bool = False  # the program runs in the worker's own interpreter: used once
 
     def unavailable(self, settings: WorkerSettings) -> str | None:
         return None  # the runtime's own interpreter

@@ -117,6 +117,7 @@ class TypeScriptBackend:
     # the programs running meanwhile.
     nice_boot: bool = True
     source_check: SourceCheck | None = _SOURCE_CHECK
+    keeps_host: bool = False  # a Node worker's heap and modules outlive a program: used once
 
     def node(self, settings: WorkerSettings) -> str | None:
         """The Node executable: the configured one, else ``node`` on the PATH."""

@@ -4,7 +4,9 @@ Exec'd by the worker launch (``exec_launch.py``) once the sandbox is in place, a
 ``python -I -S bridge.py <monty binary> <pydantic_monty's parent> <sandbox report>``
 with the channel on fd 3 (``runtime_service/languages/monty.py`` says why a bridge). Before it
 reports ready it starts one ``monty`` process (a ``pydantic_monty.Monty`` pool of one, its
-child, inside the same sandbox); then it takes one ``start``:
+child, inside the same sandbox); then it takes one ``start`` after another (the runtime keeps
+the host for one tenant's runs, ``runtime_service/kept_hosts.py``), each on a fresh Monty
+session:
 
 - the program is the body of an async function, as for the Python worker: it is wrapped in
   ``async def`` (lines inside multi-line strings left as they are) and its problems are
@@ -27,6 +29,7 @@ because this bridge imports ``pydantic_monty``).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -34,6 +37,7 @@ import socket
 import sys
 import tokenize
 import typing
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,7 +67,7 @@ _import_paths()
 import pydantic_monty as pm  # noqa: E402
 
 from runtime_service.worker import flatwire, framing  # noqa: E402
-from runtime_service.worker.core import Channel, finish  # noqa: E402
+from runtime_service.worker.core import Channel  # noqa: E402
 from runtime_service.worker.program import LogSink, missing_binding  # noqa: E402
 
 __all__ = ["MontyRun", "wrap_program"]
@@ -74,6 +78,7 @@ _NO_VALUE = "__codemode_no_value__"
 _RECURSION_DEPTH = 200
 _FAILED_CALL: typing.Final = "RuntimeError"
 CHANNEL_FD = 3  # where the worker launch leaves the channel (exec_launch.CHANNEL_FD)
+EXIT_CRASHED = 71  # the monty process died mid-run (languages/monty.py: ExitSigns)
 
 
 # Monty hands a function (or any object without a JSON form) to the host as its repr, a plain
@@ -130,14 +135,17 @@ def wrap_program(program: str) -> str:
 class MontyRun:
     """One program on one Monty session, its binding calls on the channel."""
 
-    def __init__(self, channel: Channel, start: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, start: dict[str, Any], ids: Iterator[int]) -> None:
+        """``ids``: the channel's call ids, shared by every run of this host: a reply to an
+        earlier run's call (sent before the runtime saw that run end) never matches a call of
+        a later one."""
         self.channel = channel
+        self.ids = ids
         self.program = str(start["program"])
         self.names = [str(name) for name in start["bindings"]]
         self.sink = LogSink(channel, int(start["max_output_bytes"]))
         self.memory = int(start.get("memory_bytes") or 0)
         self.cpu_seconds = float(start.get("cpu_seconds") or 0)
-        self.next_id = 1
         self.pending: dict[int, int] = {}  # channel call id -> Monty call id
         self.settled: dict[int, pm.ExternalSettledResult] = {}  # by Monty call id
         self.partial = ""
@@ -165,11 +173,14 @@ class MontyRun:
             }
         try:
             tokens = flatwire.encode(snapshot.args[0])
-            frame = framing.pack({"t": "call", "id": self.next_id, "name": name, "args": tokens})
         except (flatwire.WireError, ValueError) as exc:
             return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
-        self.pending[self.next_id] = snapshot.call_id
-        self.next_id += 1
+        call_id = next(self.ids)
+        try:
+            frame = framing.pack({"t": "call", "id": call_id, "name": name, "args": tokens})
+        except ValueError as exc:
+            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+        self.pending[call_id] = snapshot.call_id
         self.channel.send_frame(frame)
         self.take_replies(block=False)
         return {"future": ...}
@@ -236,7 +247,10 @@ class MontyRun:
                 )
                 output = self.drive(snapshot)
         except pm.MontyCrashedError:
-            os._exit(framing.EXIT_OUT_OF_MEMORY if self.memory else 70)
+            # The monty process died (killed, an allocator abort, a stack overflow): the host
+            # ends with it, and the runtime recycles it. A death by the out-of-memory killer
+            # is the run cgroup's to say (it wins over this status).
+            os._exit(EXIT_CRASHED)
         except (pm.MontySyntaxError, pm.MontyRuntimeError) as exc:
             self.flush_output()
             if "MemoryError" in exc.display("type-msg").split(":", 1)[0]:
@@ -318,16 +332,35 @@ def render(exc: pm.MontySyntaxError | pm.MontyRuntimeError, names: list[str]) ->
     return text
 
 
+def next_start(channel: Channel) -> dict[str, Any]:
+    """Wait for the next run's ``start``; what arrives before it is an earlier run's (a reply
+    sent before the runtime saw that run end) and is dropped. A closed channel ends the host."""
+    while True:
+        data = channel.receive() if channel.inbox else channel.sock.recv(1 << 16)
+        if not data:
+            os._exit(0)
+        for payload in channel.frames.feed(data):
+            message = json.loads(payload)
+            if type(message) is dict and message.get("t") == "start":
+                return message
+
+
 def main() -> None:
+    """Serve runs one after the other, each on a fresh Monty session, until the runtime ends
+    the host (it keeps a host for one tenant's runs only, and kills it after any run that
+    did not end cleanly: ``runtime_service/kept_hosts.py``)."""
     channel = Channel(socket.socket(fileno=CHANNEL_FD))
     report = json.loads(sys.argv[-1])
+    ids = itertools.count(1)
     with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
         channel.send({"t": "ready", "sandbox": report})
-        start = channel.recv_blocking()
-        if start is None or start.get("t") != "start":
-            os._exit(0)
-        outcome = MontyRun(channel, start).run(pool)
-        finish(channel, outcome)
+        while True:
+            start = next_start(channel)
+            outcome = MontyRun(channel, start, ids).run(pool)
+            if isinstance(outcome, bytes):
+                channel.send_frame(outcome)
+            else:
+                channel.send(outcome)
 
 
 if __name__ == "__main__":

@@ -132,19 +132,26 @@ async def stub(server: RunningRuntime) -> AsyncIterator[runtime_pb2_grpc.Runtime
 def start_message(
     program: str, *names: str, timeout_ms: int | None = None, **budgets: int
 ) -> runtime_pb2.RunRequest:
-    return start_message_in("python", program, *names, timeout_ms=timeout_ms, **budgets)
+    return start_message_in("python", program, *names, timeout_ms=timeout_ms, **budgets)  # type: ignore[arg-type]
 
 
 def start_message_in(
-    language: str, program: str, *names: str, timeout_ms: int | None = None, **budgets: int
+    language: str,
+    program: str,
+    *names: str,
+    timeout_ms: int | None = None,
+    tenant: str = "",
+    **budgets: int,
 ) -> runtime_pb2.RunRequest:
-    """The start of a run of ``program`` in ``language`` with bindings ``names``."""
+    """The start of a run of ``program`` in ``language`` with bindings ``names`` (for
+    ``tenant``: "" for none)."""
     start = pb.RunStart(
         program=program,
         language=language,
         binding_names=list(names),
         token=b"parent-token",
         budgets=pb.RunBudgets(**budgets),
+        tenant=tenant,
     )
     if timeout_ms is not None:
         start.timeout.FromMilliseconds(timeout_ms)

@@ -77,11 +77,11 @@ async def answer(call: runtime_pb2.BindingCall) -> runtime_pb2.CallResult | None
     return pb.CallResult(call_id=call.call_id, value_json=json.dumps({"echo": args}))
 
 
-async def run_case(stub: Stub, language: str, case: Case, source: str) -> Seen:
-    """Run one case to the end of its stream: exactly one terminal message, last, and the
-    stream ends OK."""
+async def run_case(stub: Stub, language: str, case: Case, source: str, *, tenant: str = "") -> Seen:
+    """Run one case (for ``tenant``, "" for none) to the end of its stream: exactly one
+    terminal message, last, and the stream ends OK."""
     call = stub.Run()
-    await call.write(start_message_in(language, source, *BINDINGS, **case.budgets))
+    await call.write(start_message_in(language, source, *BINDINGS, tenant=tenant, **case.budgets))
     messages: list[runtime_pb2.RunResponse] = []
     async for message in call:
         messages.append(message)
@@ -147,9 +147,11 @@ def check(case: Case, seen: Seen) -> list[str]:
     return problems
 
 
-async def conformance(stub: Stub, language: str) -> tuple[list[str], dict[str, list[str]]]:
-    """Run every case ``language`` has a source for; returns the cases run and each
-    nonconforming case's problems."""
+async def conformance(
+    stub: Stub, language: str, *, tenant: str = ""
+) -> tuple[list[str], dict[str, list[str]]]:
+    """Run every case ``language`` has a source for (each for ``tenant``); returns the cases
+    run and each nonconforming case's problems."""
     table = sources(language)
     ran: list[str] = []
     failures: dict[str, list[str]] = {}
@@ -158,7 +160,7 @@ async def conformance(stub: Stub, language: str) -> tuple[list[str], dict[str, l
         if source is None:
             continue
         ran.append(case.id)
-        problems = check(case, await run_case(stub, language, case, source))
+        problems = check(case, await run_case(stub, language, case, source, tenant=tenant))
         if problems:
             failures[case.id] = problems
     return ran, failures

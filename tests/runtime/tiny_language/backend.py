@@ -47,6 +47,7 @@ class TinyBackend:
     threaded: bool = False
     nice_boot: bool = False
     source_check: SourceCheck | None = None
+    keeps_host: bool = False
 
     def unavailable(self, settings: WorkerSettings) -> str | None:
         if settings.loader is not None:

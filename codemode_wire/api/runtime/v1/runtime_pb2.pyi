@@ -882,14 +882,20 @@ class RunStart(_message.Message):
     BUDGETS_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     program: _builtins.str
     """The program text: the body of an async function (top-level `await` and `return` work)."""
     language: _builtins.str
-    """Program language: "python" (the default when empty) or "typescript" where served (see
-    GetCapabilities.languages).
+    """Program language: "python" (the default when empty), or "typescript" or "monty" (the
+    Monty engine for a Python subset) where served (see GetCapabilities.languages).
     """
     token: _builtins.bytes
     """Opaque bytes echoed unchanged on every binding call (the registry's parent token)."""
+    tenant: _builtins.str
+    """Who the run acts for (the agent and the principal), as an opaque key: runs with the same
+    key may be served by the same long-lived host of an engine that keeps one per tenant
+    (`monty`), never by another key's. Empty: the run gets a host of its own, used once.
+    """
     @_builtins.property
     def binding_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Names reachable as `tools.<name>` (or `tools["<name>"]`) in the program."""
@@ -916,10 +922,11 @@ class RunStart(_message.Message):
         budgets: Global___RunBudgets | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
         trace_context: _trace_pb2.TraceContext | None = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budgets", b"budgets", "timeout", b"timeout", "trace_context", b"trace_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["binding_names", b"binding_names", "budgets", b"budgets", "language", b"language", "program", b"program", "timeout", b"timeout", "token", b"token", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binding_names", b"binding_names", "budgets", b"budgets", "language", b"language", "program", b"program", "tenant", b"tenant", "timeout", b"timeout", "token", b"token", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -389,8 +389,8 @@ export interface RunStart {
   /** The program text: the body of an async function (top-level `await` and `return` work). */
   program: string;
   /**
-   * Program language: "python" (the default when empty) or "typescript" where served (see
-   * GetCapabilities.languages).
+   * Program language: "python" (the default when empty), or "typescript" or "monty" (the
+   * Monty engine for a Python subset) where served (see GetCapabilities.languages).
    */
   language: string;
   /** Names reachable as `tools.<name>` (or `tools["<name>"]`) in the program. */
@@ -406,7 +406,15 @@ export interface RunStart {
     | Duration
     | undefined;
   /** W3C trace context of the caller's span. */
-  traceContext: TraceContext | undefined;
+  traceContext:
+    | TraceContext
+    | undefined;
+  /**
+   * Who the run acts for (the agent and the principal), as an opaque key: runs with the same
+   * key may be served by the same long-lived host of an engine that keeps one per tenant
+   * (`monty`), never by another key's. Empty: the run gets a host of its own, used once.
+   */
+  tenant: string;
 }
 
 /**
@@ -2554,6 +2562,7 @@ function createBaseRunStart(): RunStart {
     budgets: undefined,
     timeout: undefined,
     traceContext: undefined,
+    tenant: "",
   };
 }
 
@@ -2579,6 +2588,9 @@ export const RunStart: MessageFns<RunStart> = {
     }
     if (message.traceContext !== undefined) {
       TraceContext.encode(message.traceContext, writer.uint32(58).fork()).join();
+    }
+    if (message.tenant !== "") {
+      writer.uint32(66).string(message.tenant);
     }
     return writer;
   },
@@ -2652,6 +2664,14 @@ export const RunStart: MessageFns<RunStart> = {
             message.traceContext = TraceContext.decode(reader, reader.uint32());
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.tenant = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2682,6 +2702,7 @@ export const RunStart: MessageFns<RunStart> = {
     message.traceContext = (object.traceContext !== undefined && object.traceContext !== null)
       ? TraceContext.fromPartial(object.traceContext)
       : undefined;
+    message.tenant = object.tenant ?? "";
     return message;
   },
 };
