@@ -359,7 +359,7 @@ class GrpcRuntime:
         tls: ClientTls | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
-        channel: RuntimeChannel = "per-run",
+        channel: RuntimeChannel = "multiplexed",
     ) -> None:
         """`targets`: one channel each (`runtime_targets.py`: work goes to a target that
         serves its language). `tracer_provider`: adds gRPC client spans (None: no
@@ -367,8 +367,8 @@ class GrpcRuntime:
         no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
         plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
         `reconnect_backoff_max_s`: the longest pause between reconnection attempts.
-        `channel`: a `Run` stream per run, or every run to a target over its one
-        `Multiplex` stream (`runtime_mux.py`)."""
+        `channel`: every run to a target over its one `Multiplex` stream
+        (`runtime_mux.py`), or a `Run` stream per run."""
         if not targets:
             raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
