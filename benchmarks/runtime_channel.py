@@ -173,6 +173,10 @@ def _figures(t: dict[str, float], metered: bool) -> dict[str, object]:
         "client_cpu_us_per_call": round(t["client_cpu_s"] / calls * 1e6, 1),
         "runtime_cpu_us_per_call": round(t["runtime_cpu_s"] / calls * 1e6, 1),
         "workers_cpu_us_per_call": round(t["workers_cpu_s"] / calls * 1e6, 1) if metered else None,
+        # Mostly each run's worker start (its fork, isolation and boot), whichever channel.
+        "workers_cpu_ms_per_program": round(t["workers_cpu_s"] / (calls / CALLS) * 1e3, 2)
+        if metered
+        else None,
         "total_cpu_us_per_call": round(total / calls * 1e6, 1),
         "cpu_shares": {name: round(value / total, 3) for name, value in parts.items()},
         "nested_calls": int(calls),
