@@ -43,6 +43,11 @@ class FrameBatches(Generic[Frame]):
             room.clear()
         self._ready.set()
 
+    def has_room(self, run_id: int) -> bool:
+        """Whether `run_id` has fewer than `per_run` frames queued (a put would not fill it)."""
+        queue = self._queued.get(run_id)
+        return queue is None or len(queue) < self._per_run
+
     async def room(self, run_id: int) -> None:
         """Returns once `run_id` has fewer than `per_run` frames queued."""
         queue = self._queued.get(run_id)

@@ -277,10 +277,11 @@ class RegistrySettings(ServiceSettings):
     """Longest pause between attempts to reconnect to a runtime that went away (gRPC's
     reconnect backoff, which starts at 0.1 s; 20 % jitter): a restarted runtime is used at
     most about this long after it listens again. Keep it below `runtime_start_timeout_s`."""
-    runtime_channel: RuntimeChannel = "per-run"
-    """How runs reach a runtime: `per-run`, a `Run` stream each; `multiplexed`, every run to
-    a runtime target over that target's one `Multiplex` stream, frames ready together sent as
-    one message (docs/wire.md). Outcomes, errors and the outage contract are the same."""
+    runtime_channel: RuntimeChannel = "multiplexed"
+    """How runs reach a runtime: `multiplexed`, every run to a runtime target over that
+    target's one `Multiplex` stream, frames ready together sent as one message (docs/wire.md);
+    `per-run` (deprecated, kept for one release as the baseline), a `Run` stream each.
+    Outcomes, errors and the outage contract are the same."""
     runtime_retry_delay_s: float = Field(default=1.0, ge=0, le=_GRPC_MAX_S, allow_inf_nan=False)
     """The retry delay (`google.rpc.RetryInfo`) sent with a `run_code` that no runtime took."""
     runtime_tls_ca_file: Path | None = None

@@ -49,8 +49,20 @@ from registry_service.codemode.runtime_port import (
     RuntimeUnreachable,
 )
 from registry_service.domain.cordis.source_checks import CheckUnavailable, HalfKind, SourceProblem
-from registry_service.runtime_mux import Incoming, Multiplexer, MuxRun, StreamBroken
-from registry_service.runtime_targets import Choose, RuntimeTarget, first_connected
+from registry_service.runtime_mux import (
+    PAST_DEADLINE,
+    Incoming,
+    Multiplexer,
+    MuxRun,
+    PastDeadline,
+    StreamBroken,
+)
+from registry_service.runtime_targets import (
+    Choose,
+    RuntimeTarget,
+    first_connected,
+    names_one_runtime,
+)
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +207,15 @@ class MuxRunStream:
         self, run: MuxRun, deadline: float | None, first: pb.RunResponse | None = None
     ) -> None:
         self._run = run
-        self._deadline = deadline
         self._first = first
         self._done = False
+        # One timer for the run, not one per event: at the deadline it queues `PAST_DEADLINE`
+        # behind whatever the runtime has sent.
+        self._timer = None
+        if deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(
+                deadline, run.incoming.put_nowait, PAST_DEADLINE
+            )
 
     async def events(self) -> AsyncIterator[RunEvent]:
         while True:
@@ -205,32 +223,35 @@ class MuxRunStream:
             if self._first is not None:
                 item, self._first = self._first, None
             else:
-                try:
-                    async with asyncio.timeout_at(self._deadline):
-                        item = await self._run.incoming.get()
-                except TimeoutError:
-                    raise RuntimeLost(
-                        "DEADLINE_EXCEEDED: the runtime sent nothing before the run's deadline"
-                    ) from None
+                item = await self._run.incoming.get()
+            if isinstance(item, PastDeadline):
+                self._end()
+                raise RuntimeLost(
+                    "DEADLINE_EXCEEDED: the runtime sent nothing before the run's deadline"
+                )
             if isinstance(item, pb.RunResponse):
                 event = _event(item)
                 if event is None:
                     continue
                 if isinstance(event, RunTerminal):
-                    self._done = True
-                    self._run.end()
+                    self._end()
                 yield event
                 if self._done:
                     return
             elif isinstance(item, StreamBroken):
-                self._done = True
+                self._end()
                 if item.error is None:
                     raise RuntimeLost("the runtime closed the run without an outcome")
                 raise _call_failed(item.error) from item.error
             elif isinstance(item, status_pb2.Status):
-                self._done = True
-                self._run.end()
+                self._end()
                 raise _status_failed(item)
+
+    def _end(self) -> None:
+        self._done = True
+        self._run.end()
+        if self._timer is not None:
+            self._timer.cancel()
 
     def reply(self, call_id: int, ok: bool, payload: str) -> None:
         if not self._done:
@@ -244,8 +265,7 @@ class MuxRunStream:
         if not self._done:
             # What cancelling a `Run` call does: the runtime aborts the run.
             self.cancel(_CLOSED_REASON)
-        self._done = True
-        self._run.end()
+        self._end()
 
 
 def _call_result(call_id: int, ok: bool, payload: str) -> pb.RunRequest:
@@ -359,7 +379,7 @@ class GrpcRuntime:
         tls: ClientTls | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         reconnect_backoff_max_s: float = DEFAULT_RECONNECT_BACKOFF_MAX_S,
-        channel: RuntimeChannel = "per-run",
+        channel: RuntimeChannel = "multiplexed",
     ) -> None:
         """`targets`: one channel each (`runtime_targets.py`: work goes to a target that
         serves its language). `tracer_provider`: adds gRPC client spans (None: no
@@ -367,8 +387,9 @@ class GrpcRuntime:
         no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
         plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
         `reconnect_backoff_max_s`: the longest pause between reconnection attempts.
-        `channel`: a `Run` stream per run, or every run to a target over its one
-        `Multiplex` stream (`runtime_mux.py`)."""
+        `channel`: every run to a target over its one `Multiplex` stream
+        (`runtime_mux.py`; a target that may name several runtimes, `dns:///`, keeps a
+        `Run` stream per run), or a `Run` stream per run."""
         if not targets:
             raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
@@ -382,10 +403,14 @@ class GrpcRuntime:
         )
         self._turn = itertools.count()
         self._payload_limit = payload_limit(max_message_bytes)
-        self._multiplexers: dict[str, Multiplexer] | None = None
+        # A target that may name several runtimes keeps a `Run` stream per run, each balanced
+        # over them on its own (one multiplexed stream would pin all its runs to one runtime).
+        self._multiplexers: dict[str, Multiplexer] = {}
         if channel == "multiplexed":
             self._multiplexers = {
-                t.address: Multiplexer(t.stub, max_message_bytes) for t in self._targets
+                t.address: Multiplexer(t.stub, max_message_bytes)
+                for t in self._targets
+                if names_one_runtime(t.address)
             }
 
     async def limits(self) -> RuntimeLimits:
@@ -491,8 +516,8 @@ class GrpcRuntime:
             timeout = None if left is None else left + _DEADLINE_GRACE_S
             start = _start_message(spec, left)
             taken: GrpcRunStream | MuxRunStream | str
-            if self._multiplexers is not None:
-                taken = await _open_multiplexed(self._multiplexers[target.address], start, timeout)
+            if (multiplexer := self._multiplexers.get(target.address)) is not None:
+                taken = await _open_multiplexed(multiplexer, start, timeout)
             else:
                 taken = await _open_per_run(target, start, timeout)
             if not isinstance(taken, str):
@@ -554,7 +579,7 @@ class GrpcRuntime:
         return f"no code runtime took {work} within {wait} ({addresses}: {why})"
 
     async def close(self) -> None:
-        for multiplexer in (self._multiplexers or {}).values():
+        for multiplexer in self._multiplexers.values():
             await multiplexer.close()
         await asyncio.gather(*(t.close() for t in self._targets))
 

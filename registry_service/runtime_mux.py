@@ -31,7 +31,7 @@ from codemode_common.frame_batches import FrameBatches
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
-__all__ = ["Multiplexer", "MuxRun", "StreamBroken"]
+__all__ = ["PAST_DEADLINE", "Multiplexer", "MuxRun", "PastDeadline", "StreamBroken"]
 
 _PER_RUN = 64  # frames of one run per batch
 STREAM_MAX_AGE_S = 60.0
@@ -46,8 +46,15 @@ class StreamBroken(Exception):
         self.error = error
 
 
-# One item of a run's queue: a message, its acceptance, its error status, or the stream's end.
-Incoming: TypeAlias = pb.RunResponse | bool | status_pb2.Status | StreamBroken
+class PastDeadline:
+    """Queued for a run when its deadline passes (one timer per run, not one per frame)."""
+
+
+PAST_DEADLINE = PastDeadline()
+
+# One item of a run's queue: a message, its acceptance, its error status, the stream's end, or
+# its deadline.
+Incoming: TypeAlias = pb.RunResponse | bool | status_pb2.Status | StreamBroken | PastDeadline
 
 
 class MuxRun:

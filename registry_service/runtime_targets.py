@@ -28,12 +28,33 @@ import grpc
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc as pb_grpc
 
-__all__ = ["CAPABILITIES_REFRESH_S", "Choose", "RuntimeTarget", "first_connected"]
+__all__ = [
+    "CAPABILITIES_REFRESH_S",
+    "Choose",
+    "RuntimeTarget",
+    "first_connected",
+    "names_one_runtime",
+]
 
 log = logging.getLogger(__name__)
 
 CAPABILITIES_REFRESH_S = 60.0
 _CAPABILITIES_TIMEOUT_S = 10.0
+
+
+def names_one_runtime(address: str) -> bool:
+    """Whether a target is one runtime (`host:port`, `unix:`, one `ipv4:`/`ipv6:` address),
+    not a name that may resolve to several (`dns:`, a comma-separated address list): one
+    multiplexed stream reaches only one runtime, while the channel balances each new stream
+    over all of a name's runtimes (round_robin)."""
+    scheme, colon, rest = address.partition(":")
+    if not colon or scheme not in _SCHEMES:
+        return True  # host:port (gRPC's default resolver: one address)
+    return scheme != "dns" and "," not in rest
+
+
+# gRPC target schemes; anything else before the first colon is a host name.
+_SCHEMES = frozenset({"dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock"})
 
 
 class RuntimeTarget:

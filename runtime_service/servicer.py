@@ -27,7 +27,7 @@ from runtime_service.budgets import Budgets
 from runtime_service.capabilities import Capabilities, Isolation
 from runtime_service.errors import RunRequestError, RuntimeDisposedError, RuntimeExhaustedError
 from runtime_service.languages import DEFAULT_LANGUAGE
-from runtime_service.multiplex import RunEnded, RunStreams
+from runtime_service.multiplex import Outgoing, RunEnded, RunFeed, RunStreams, log_message
 from runtime_service.outcome import BindingCall, BindingResult, PendingCall, RunResult
 from runtime_service.plugin_host import (
     HostEvent,
@@ -201,12 +201,18 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
     async def serve_run(
         self,
         start: runtime_pb2.RunStart,
-        request_iterator: AsyncIterator[runtime_pb2.RunRequest | Malformed],
+        requests: AsyncIterator[runtime_pb2.RunRequest | Malformed] | RunFeed,
         accept: Callable[[], Awaitable[None]],
+        outgoing: Outgoing | None = None,
     ) -> AsyncGenerator[runtime_pb2.RunResponse, None]:
         """One run, whichever stream carries it (`Run`, or one run of `Multiplex`): its
         messages out, until its terminal; `accept` is awaited once the run is taken. Raises
-        `RunEnded` with the error the run ends with instead of a terminal."""
+        `RunEnded` with the error the run ends with instead of a terminal.
+
+        `requests`: the caller's messages after the start, read by a task of the run's own;
+        or, on `Multiplex`, handed over as the stream's reader routes them (`RunFeed`).
+        `outgoing`: where the run's messages wait to be yielded (None: a queue); on
+        `Multiplex` one that sends them itself while the stream has room for them."""
         # The run's span continues the caller's context; every binding call names it as parent.
         traced = self._telemetry.start_run(
             start.trace_context.traceparent,
@@ -216,7 +222,8 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
         )
         # Log lines wait as their text, and become stream messages only as they are sent: a
         # message object costs several times a short line's text (ledger.LOG_LINE_OVERHEAD).
-        outgoing: asyncio.Queue[runtime_pb2.RunResponse | str | None] = asyncio.Queue()
+        if outgoing is None:
+            outgoing = asyncio.Queue()
         relay = _CallRelay(
             outgoing,
             start.token,
@@ -244,15 +251,17 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             execution = asyncio.ensure_future(self._runtime.execute(run))
         execution.add_done_callback(traced.finish)
         execution.add_done_callback(lambda _: outgoing.put_nowait(None))
-        reader = asyncio.ensure_future(_read_client(request_iterator, run, relay))
+        messages = _ClientMessages(run, relay)
+        reader = None
+        if isinstance(requests, RunFeed):
+            requests.attach(messages.take, messages.end)
+        else:
+            reader = asyncio.ensure_future(_read_client(requests, messages))
         try:
             await accept()
             while (message := await outgoing.get()) is not None:
-                if isinstance(message, str):
-                    yield runtime_pb2.RunResponse(log=runtime_pb2.LogLine(text=message))
-                else:
-                    yield message
-            refusal = _refusal(reader)
+                yield log_message(message) if isinstance(message, str) else message
+            refusal = messages.refusal
             if refusal is not None:  # the run was aborted for it: the status says why instead
                 raise RunEnded(refusal)
             exhausted = _exhausted(execution)
@@ -262,7 +271,10 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServiceServicer):
             _fill_terminal(response.terminal, execution.result())  # a large value: one copy
             yield response
         finally:
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
+            elif isinstance(requests, RunFeed):
+                requests.detach()
             if not execution.done():
                 # The caller went away: abort, and let the worker die before we return.
                 run.abort(_CANCELLED_REASON)
@@ -470,7 +482,7 @@ class _CallRelay:
 
     def __init__(
         self,
-        outgoing: asyncio.Queue[runtime_pb2.RunResponse | str | None],
+        outgoing: Outgoing,
         token: bytes,
         trace: trace_pb2.TraceContext,
         max_message_bytes: int | None = None,
@@ -553,36 +565,60 @@ class _CallRelay:
             pending.resolve(BindingResult.failure(_NO_OUTCOME))
 
 
-async def _read_client(
-    requests: AsyncIterator[runtime_pb2.RunRequest | Malformed], run: Run, relay: _CallRelay
-) -> CodemodeError | None:
-    """Hands call results and cancels to the run. Any other message breaks the protocol: it
-    aborts the run (unless it is already over) and is returned, to end the stream with."""
-    async for message in requests:
+class _ClientMessages:
+    """What the caller sends after the start: call results and cancels to the run. Any other
+    message breaks the protocol: it aborts the run (unless it is already over) and is kept as
+    `refusal`, to end the stream with; nothing is taken after it."""
+
+    def __init__(self, run: Run, relay: _CallRelay) -> None:
+        self._run = run
+        self._relay = relay
+        self.refusal: CodemodeError | None = None
+        self._over = False
+
+    def take(self, message: runtime_pb2.RunRequest | Malformed) -> bool:
+        """Hands one message to the run; False once no more are taken."""
+        if self._over:
+            return False
         if isinstance(message, Malformed):
             error = malformed_error(message)
         else:
             kind = message.WhichOneof("kind")
             if kind == "call_result":
-                relay.resolve(message.call_result)
-                continue
+                self._relay.resolve(message.call_result)
+                return True
             if kind == "cancel":
-                run.abort(message.cancel.reason or _CANCELLED_REASON)
-                continue
+                self._run.abort(message.cancel.reason or _CANCELLED_REASON)
+                return True
             what = "a second start message" if kind == "start" else "a message of no known kind"
             error = invalid_argument(
                 "UNEXPECTED_MESSAGE", f"{what}: only call_result and cancel may follow the start"
             )
-        if run.settled:
-            return None  # the outcome came first and stands
-        run.abort(error.message)
-        return error
-    relay.close()
-    return None
+        self._over = True
+        if not self._run.settled:  # else the outcome came first and stands
+            self._run.abort(error.message)
+            self.refusal = error
+        return False
+
+    def end(self) -> None:
+        """The caller half-closed: no result can come for the calls still waiting."""
+        if not self._over:
+            self._over = True
+            self._relay.close()
+
+
+async def _read_client(
+    requests: AsyncIterator[runtime_pb2.RunRequest | Malformed], messages: _ClientMessages
+) -> None:
+    """A `Run` stream's messages after the start, to the run until one breaks the protocol."""
+    async for message in requests:
+        if not messages.take(message):
+            return
+    messages.end()
 
 
 def _refusal(reader: asyncio.Future[CodemodeError | None]) -> CodemodeError | None:
-    """The protocol error the stream reader ended with, if any."""
+    """The protocol error a stream reader ended with, if any."""
     if not reader.done() or reader.cancelled() or reader.exception() is not None:
         return None
     return reader.result()

@@ -35,7 +35,7 @@ from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
 from tests.auth.certs import Authority
 from tests.auth.conftest import GRANTS, AuthRegistry, Signer, auth_settings
-from tests.codemode.fake_runtime import FakeRuntime, Step, serve
+from tests.codemode.fake_runtime import CHANNELS, FakeRuntime, Step, serve
 from tests.registry.conftest import echo_tool, error_info_of
 from tests.registry.cordis.real_stack import NEEDS_NODE
 
@@ -252,8 +252,9 @@ async def test_an_execute_only_program_cannot_plant_a_tool(stack: Stack, path: s
     assert sorted(registry.catalog.view(agent).visible) == tools_before
 
 
+@pytest.mark.parametrize("channel", CHANNELS)
 async def test_a_binding_call_the_principal_may_not_make_is_refused_and_audited(
-    tmp_path: Path, authority: Authority, signer: Signer
+    tmp_path: Path, authority: Authority, signer: Signer, channel: str
 ) -> None:
     """A runtime that sends binding calls outside the run's bindings (a hostile runtime: a
     real one refuses them itself) reaches the registry's own check: refused like the direct
@@ -271,7 +272,11 @@ async def test_a_binding_call_the_principal_may_not_make_is_refused_and_audited(
         ]
     )
     async with serve(fake) as address:
-        running = await start(_settings(tmp_path, authority, signer, runtime_targets=[address]))
+        running = await start(
+            _settings(
+                tmp_path, authority, signer, runtime_targets=[address], runtime_channel=channel
+            )
+        )
         echo_tool(running.registry, ORDINARY)
         auth = AuthRegistry(running, authority, signer, tmp_path)
         try:

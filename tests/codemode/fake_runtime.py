@@ -6,6 +6,7 @@ The registry under test talks to it exactly as to a real runtime (`runtime_targe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,10 @@ from registry_service.domain.scopes import Mode
 from registry_service.registry import build_registry
 from registry_service.server import start as start_registry
 from tests.registry.conftest import CODE, Harness, echo_tool
+
+# Both ways a registry reaches a runtime (`runtime_channel`): a hostile runtime is checked
+# on each.
+CHANNELS = ("multiplexed", "per-run")
 
 
 @dataclass
@@ -65,8 +70,38 @@ class FakeRuntime(pb_grpc.RuntimeServiceServicer):
     async def Multiplex(
         self, request_iterator: AsyncIterator[pb.MultiplexRequest], context: Any
     ) -> AsyncIterator[pb.MultiplexResponse]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "runs go over Run here")
-        yield pb.MultiplexResponse()  # unreachable: makes this an async generator
+        """Each run's frames through `Run`'s script: the same hostile steps on either channel
+        (one frame a message: this peer batches nothing)."""
+        outgoing: asyncio.Queue[pb.RunResponseFrame] = asyncio.Queue()
+        inboxes: dict[int, asyncio.Queue[pb.RunRequest]] = {}
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def requests(inbox: asyncio.Queue[pb.RunRequest]) -> AsyncIterator[pb.RunRequest]:
+            while True:
+                yield await inbox.get()
+
+        async def drive(run_id: int, inbox: asyncio.Queue[pb.RunRequest]) -> None:
+            outgoing.put_nowait(pb.RunResponseFrame(run_id=run_id, accepted=True))
+            async for response in self.Run(requests(inbox), context):
+                outgoing.put_nowait(pb.RunResponseFrame(run_id=run_id, response=response))
+
+        async def read() -> None:
+            async for message in request_iterator:
+                for frame in message.frames:
+                    if frame.run_id not in inboxes:
+                        inboxes[frame.run_id] = asyncio.Queue()
+                        task = asyncio.ensure_future(drive(frame.run_id, inboxes[frame.run_id]))
+                        tasks.add(task)
+                    inboxes[frame.run_id].put_nowait(frame.request)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                yield pb.MultiplexResponse(frames=[await outgoing.get()])
+        finally:
+            reader.cancel()
+            for task in tasks:
+                task.cancel()
 
     async def CheckSource(
         self, request: pb.CheckSourceRequest, context: Any

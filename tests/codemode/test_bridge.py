@@ -19,7 +19,7 @@ from registry_service.domain.results import (
     success,
 )
 from tests.codemode.conftest import Stack, value_of
-from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
+from tests.codemode.fake_runtime import CHANNELS, FakeRuntime, Step, registry_on
 from tests.registry.conftest import echo_tool, result_text
 
 
@@ -149,7 +149,8 @@ async def test_lossy_arguments_are_rejected_before_dispatch(stack: Stack) -> Non
     ]
 
 
-async def test_registry_refuses_unusable_arguments_with_the_same_texts() -> None:
+@pytest.mark.parametrize("channel", CHANNELS)
+async def test_registry_refuses_unusable_arguments_with_the_same_texts(channel: str) -> None:
     # The worker never sends these; a runtime that did gets the worker's own texts back.
     runtime = FakeRuntime()
     runtime.steps = [
@@ -158,7 +159,7 @@ async def test_registry_refuses_unusable_arguments_with_the_same_texts() -> None
         Step(arguments_json="NaN"),
         Step(arguments_json="{}"),
     ]
-    async with registry_on(runtime) as (h, _clock, agent):
+    async with registry_on(runtime, runtime_channel=channel) as (h, _clock, agent):
         _, result = await h.execute("run_code", {"code": "pass", "description": "x"}, agent=agent)
         records = await h.registry.history.list(
             h.registry.catalog.get_agent(agent).agent_id, after_seq=0, limit=100

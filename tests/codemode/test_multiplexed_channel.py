@@ -1,86 +1,37 @@
-"""The codemode suite's main scenarios again, with runs on the multiplexed channel
-(`runtime_channel: multiplexed`): the same tests, collected here with a `make_stack` that sets
-it, so each asserts exactly what it does on per-run streams."""
+"""What only the multiplexed channel (`runtime_channel: multiplexed`, the default) has: one
+stream per runtime target carrying the runs of every agent, and its replacement by age. The
+rest of the suite runs on it by default (`test_per_run_channel.py` runs the main scenarios
+again on per-run streams)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import pytest
 
-from codemode_wire.api.runtime.v1.runtime_pb2_grpc import RuntimeServiceStub
-from registry_service.codemode.runtime_port import BindingCall, RunTerminal
+from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
+from codemode_wire.api.runtime.v1.runtime_pb2_grpc import (
+    RuntimeServiceStub,
+    add_RuntimeServiceServicer_to_server,
+)
+from registry_service.codemode.runtime_port import BindingCall, RunSpec, RunTerminal, RuntimeLost
 from registry_service.domain.scopes import Mode
-from registry_service.runtime_client import MuxRunStream
+from registry_service.runtime_client import GrpcRuntime, MuxRunStream
 from registry_service.runtime_mux import Multiplexer
-from tests.codemode.conftest import Stack, value_of
-from tests.codemode.test_admission import (  # noqa: F401  (collected here again)
-    test_concurrent_runs_per_agent,
-    test_nested_calls_in_flight,
-)
-from tests.codemode.test_bridge import (  # noqa: F401
-    test_deep_arguments_and_proto_named_tool,
-    test_lossy_arguments_are_rejected_before_dispatch,
-    test_nested_hooks_see_an_opaque_parent_token,
-)
-from tests.codemode.test_cancellation import (  # noqa: F401
-    test_a_stopped_call_kills_its_worker_and_aborts_its_nested_call,
-)
-from tests.codemode.test_faults import (  # noqa: F401
-    _runtime_process,
-    test_forged_and_foreign_tokens_are_refused,
-)
-from tests.codemode.test_message_limits import (  # noqa: F401
-    test_binding_call_too_large_to_forward_fails_only_that_call,
-    test_output_over_the_message_limit_is_an_output_limit_outcome,
-    test_tool_result_too_large_for_the_program_fails_only_that_call,
-)
-from tests.codemode.test_run_code_basics import (  # noqa: F401
-    test_failed_run_reports_kind_message_and_captured_output,
-    test_sequential_awaits_value_content_and_records,
-    test_tool_errors_reject_the_program_call,
-)
-from tests.codemode.test_runtime_outage import (  # noqa: F401
-    test_a_runtime_killed_mid_run_is_unavailable_not_retryable_and_settles,
-    test_no_reachable_runtime_is_unavailable_retryable_and_recorded,
-    test_runs_go_past_dead_and_shutting_down_runtimes_until_none_is_left,
-)
+from registry_service.runtime_targets import names_one_runtime
+from tests.codemode.conftest import value_of
+from tests.codemode.fake_runtime import FakeRuntime
+from tests.codemode.test_faults import _runtime_process
 from tests.codemode.test_scale_out import SPAWNING
-from tests.codemode.test_tenant_capacity import (  # noqa: F401
-    test_one_agent_flooding_run_code_leaves_another_agent_working,
-    test_run_code_on_a_full_runtime_is_retryable_capacity,
-)
-from tests.registry.conftest import CODE, Harness, error_info_of
+from tests.registry.conftest import CODE, error_info_of
 from tests.runtime.conftest import grpc_settings, serving, start_message
 
-MULTIPLEXED = {"runtime_channel": "multiplexed"}
 _WAIT_S = 60
-
-
-@pytest.fixture
-def make_stack(make_stack: Callable[..., Any]) -> Callable[..., Any]:
-    @contextlib.asynccontextmanager
-    async def factory(**settings: Any) -> AsyncIterator[Stack]:
-        async with make_stack(**{**MULTIPLEXED, **settings}) as stack:
-            yield stack
-
-    return factory
-
-
-@pytest.fixture
-def make_registry(make_registry: Callable[..., Any]) -> Callable[..., Any]:
-    @contextlib.asynccontextmanager
-    async def factory(registry: Any = None, **settings: Any) -> AsyncIterator[Harness]:
-        async with make_registry(registry, **{**MULTIPLEXED, **settings}) as harness:
-            yield harness
-
-    return factory
-
 
 HELD = """\
 import os
@@ -188,3 +139,92 @@ async def test_a_stream_past_its_age_takes_no_new_runs_and_ends_after_its_own() 
         await asyncio.wait_for(first._stream.ended(), _WAIT_S)
         assert first._stream.broken and not second._stream.broken
         await multiplexer.close()
+
+
+async def _events(stream: MuxRunStream) -> list[Any]:
+    return [event async for event in stream.events()]
+
+
+class _HungRuntime(FakeRuntime):
+    """Takes every run on its stream, then never says anything more about it."""
+
+    async def Multiplex(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async for message in request_iterator:
+            for frame in message.frames:
+                if frame.request.WhichOneof("kind") == "start":
+                    yield pb.MultiplexResponse(
+                        frames=[pb.RunResponseFrame(run_id=frame.run_id, accepted=True)]
+                    )
+
+
+async def test_a_run_the_runtime_goes_silent_on_is_lost_at_its_deadline_and_only_it() -> None:
+    """A runtime that takes runs and sends nothing more: the stream has no deadline of its
+    own, so each run's is kept by the registry; the first run is lost at its deadline
+    (DEADLINE_EXCEEDED, an outage of the running phase), while the other, whose deadline is
+    far, is still waiting on the same stream."""
+    server = grpc.aio.server()
+    add_RuntimeServiceServicer_to_server(_HungRuntime(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            multiplexer = Multiplexer(RuntimeServiceStub(channel), 4 << 20)
+            loop = asyncio.get_running_loop()
+            runs = [multiplexer.open(start_message("return 1").start) for _ in range(2)]
+            for run in runs:
+                assert await asyncio.wait_for(run.incoming.get(), _WAIT_S) is True
+            soon = MuxRunStream(runs[0], loop.time() + 0.2)
+            far = MuxRunStream(runs[1], loop.time() + 3600)
+            with pytest.raises(RuntimeLost, match="DEADLINE_EXCEEDED"):
+                await asyncio.wait_for(_events(soon), _WAIT_S)
+            assert far._run.incoming.empty() and not far._done
+            await soon.close()
+            await far.close()
+            assert runs[1].ended and not runs[1]._stream.broken
+            await multiplexer.close()
+    finally:
+        await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("address", "one"),
+    [
+        ("127.0.0.1:50052", True),
+        ("runtime.internal:50052", True),
+        ("localhost:0", True),
+        ("unix:/run/codemode/runtime.sock", True),
+        ("ipv4:10.0.0.1:50052", True),
+        ("dns:///runtime:50052", False),
+        ("dns://8.8.8.8/runtime:50052", False),
+        ("ipv4:10.0.0.1:50052,10.0.0.2:50052", False),
+    ],
+)
+def test_which_targets_name_one_runtime(address: str, one: bool) -> None:
+    assert names_one_runtime(address) is one
+
+
+async def test_a_target_naming_several_runtimes_still_balances_each_run() -> None:
+    """One target naming two runtimes (an address list, as a `dns:///` name with two records
+    is): on the default channel its runs still go over `Run` streams, each balanced on its
+    own, instead of all riding one multiplexed stream to whichever runtime it reached."""
+    launched = [await _runtime_process(SPAWNING) for _ in range(2)]
+    try:
+        target = "ipv4:" + ",".join(address for _, address in launched)
+        runtime = GrpcRuntime([target], 4 << 20, start_timeout_s=_WAIT_S)
+        ran_on: Counter[int] = Counter()
+        try:
+            for _ in range(6):
+                spec = RunSpec("import os\nreturn os.getppid()", "", (), b"t", _WAIT_S)
+                stream = await runtime.open_run(spec)
+                async with asyncio.timeout(_WAIT_S):
+                    async for event in stream.events():
+                        assert isinstance(event, RunTerminal) and event.value_json, event
+                        ran_on[int(event.value_json)] += 1
+                await stream.close()
+        finally:
+            await runtime.close()
+        assert set(ran_on) == {proc.pid for proc, _ in launched}, ran_on
+    finally:
+        for proc, _ in launched:
+            proc.kill()
+            await proc.wait()

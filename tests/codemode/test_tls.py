@@ -22,6 +22,7 @@ from registry_service.server import RunningRegistry
 from registry_service.server import start as start_registry
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
+from tests.codemode.fake_runtime import CHANNELS
 from tests.registry.conftest import error_info_of
 
 TLS = Path(__file__).resolve().parents[1] / "tls"
@@ -97,7 +98,8 @@ async def test_mutual_tls_requires_a_client_certificate_from_its_ca() -> None:
         await running.stop(0)
 
 
-async def test_runs_reach_a_runtime_over_mutual_tls() -> None:
+@pytest.mark.parametrize("channel", CHANNELS)
+async def test_runs_reach_a_runtime_over_mutual_tls(channel: str) -> None:
     runtime = await start_runtime(
         RuntimeSettings(
             listen="127.0.0.1:0",
@@ -114,6 +116,7 @@ async def test_runs_reach_a_runtime_over_mutual_tls() -> None:
         "runtime_targets": [f"localhost:{runtime.port}"],
         "runtime_tls_ca_file": TLS / "ca.pem",
         "default_mode": "code",
+        "runtime_channel": channel,
     }
     with_cert = await start_registry(
         RegistrySettings(

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.codemode.bridge import TOKEN_MARGIN_S
 from registry_service.codemode.token import TokenMinter
-from tests.codemode.fake_runtime import FakeRuntime, Step, registry_on
+from tests.codemode.fake_runtime import CHANNELS, FakeRuntime, Step, registry_on
 from tests.registry.conftest import Harness
 
 ECHOED = '{"echo":{}}'
@@ -31,10 +33,11 @@ async def run_code(h: Harness, agent: str, deadline_s: float | None = None) -> A
     return events[-1].result
 
 
-async def test_a_token_lasts_the_runs_whole_wall_ceiling_and_then_expires() -> None:
+@pytest.mark.parametrize("channel", CHANNELS)
+async def test_a_token_lasts_the_runs_whole_wall_ceiling_and_then_expires(channel: str) -> None:
     # A two-hour wall ceiling: longer than any fixed token lifetime of an hour.
     runtime = FakeRuntime(max_wall_ms=2 * 3600 * 1000)
-    async with registry_on(runtime) as (h, clock, agent):
+    async with registry_on(runtime, runtime_channel=channel) as (h, clock, agent):
         runtime.steps = [
             Step(before=clock.advance(2 * 3600 - 1)),  # the run's last allowed second
             Step(before=clock.advance(TOKEN_MARGIN_S + 2)),  # past it, and past the margin
@@ -47,9 +50,10 @@ async def test_a_token_lasts_the_runs_whole_wall_ceiling_and_then_expires() -> N
     ]
 
 
-async def test_a_token_of_a_call_with_a_deadline_lasts_until_that_deadline() -> None:
+@pytest.mark.parametrize("channel", CHANNELS)
+async def test_a_token_of_a_call_with_a_deadline_lasts_until_that_deadline(channel: str) -> None:
     runtime = FakeRuntime(max_wall_ms=2 * 3600 * 1000)
-    async with registry_on(runtime) as (h, clock, agent):
+    async with registry_on(runtime, runtime_channel=channel) as (h, clock, agent):
         runtime.steps = [
             Step(before=clock.advance(25)),  # within the 30 s the caller allows
             Step(before=clock.advance(5 + TOKEN_MARGIN_S + 2)),  # past deadline and margin
@@ -64,9 +68,12 @@ async def test_a_token_of_a_call_with_a_deadline_lasts_until_that_deadline() -> 
     assert 25_000 < runtime.starts[0].timeout.ToMilliseconds() <= 31_000  # header rounding
 
 
-async def test_forged_foreign_and_expired_tokens_are_refused_on_the_run_stream() -> None:
+@pytest.mark.parametrize("channel", CHANNELS)
+async def test_forged_foreign_and_expired_tokens_are_refused_on_the_run_stream(
+    channel: str,
+) -> None:
     runtime = FakeRuntime()
-    async with registry_on(runtime) as (h, _clock, agent):
+    async with registry_on(runtime, runtime_channel=channel) as (h, _clock, agent):
         minter = h.registry.transport.minter
 
         def tampered(own: bytes) -> bytes:

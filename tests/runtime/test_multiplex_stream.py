@@ -248,3 +248,35 @@ async def test_cancelling_one_run_mid_stream_leaves_the_others_interleaved_and_w
     for run_id in (1, 3):
         assert ends[run_id].success.value_json == "45", ends[run_id]
         assert calls[run_id] == list(range(1, 11))
+
+
+async def test_frames_that_come_with_their_runs_start_are_taken_in_order(
+    two_workers: RunningRuntime,
+) -> None:
+    """A run's frames in the same message as its start reach the run before its driver has
+    started (held for it, in order): a cancel aborts it with its reason, a second start breaks
+    the protocol; a half-close right behind them fails a call that can get no result."""
+    waits = "try:\n    await tools.echo({})\nexcept ToolCallError as e:\n    return str(e)"
+    async with connected(two_workers) as stub:
+        peer = Peer(stub)
+        early = pb.RunRequest(cancel=pb.RunCancel(reason="cancelled early"))
+        peer.send(
+            (1, start_message("return (await tools.echo({}))", "echo")),
+            (1, early),
+            (2, start_message("return (await tools.echo({}))", "echo")),
+            (2, start_message("return 2")),
+        )
+        peer.send((3, start_message(waits, "echo")))
+        peer.outbox.put_nowait(None)  # half-closed: no result can come for run 3's call
+        ends: dict[int, Any] = {}
+        async for frame in peer.frames():
+            if frame.WhichOneof("kind") == "status":
+                ends[frame.run_id] = frame.status
+            elif _kind(frame) == "terminal":
+                ends[frame.run_id] = frame.response.terminal
+        assert await peer.call.code() is grpc.StatusCode.OK
+    assert ends[1].failure.kind == pb.FAILURE_KIND_ABORT
+    assert ends[1].failure.message == "cancelled early"
+    assert ends[2].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "a second start message" in ends[2].message
+    assert "half-closed" in json.loads(ends[3].success.value_json)

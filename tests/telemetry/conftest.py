@@ -134,7 +134,15 @@ def captured(tmp_path: Path) -> Iterator[Captured]:
 
 
 @pytest.fixture
-async def traced_stack(captured: Captured, tmp_path: Path) -> AsyncIterator[Stack]:
+def runtime_channel() -> str:
+    """How the traced registry reaches its runtime (a test parametrizes it to cover both)."""
+    return "multiplexed"
+
+
+@pytest.fixture
+async def traced_stack(
+    captured: Captured, tmp_path: Path, runtime_channel: str
+) -> AsyncIterator[Stack]:
     """Runtime + registry (code mode by default, the test policy), both traced."""
     rules = tmp_path / "rules.yaml"
     rules.write_text(POLICY)
@@ -149,6 +157,7 @@ async def traced_stack(captured: Captured, tmp_path: Path) -> AsyncIterator[Stac
         default_mode=Mode.CODE,
         runtime_targets=[runtime.address],
         policy_rules=rules,
+        runtime_channel=runtime_channel,
     )
     registry = build_registry(
         config,

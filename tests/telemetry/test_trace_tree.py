@@ -21,6 +21,7 @@ from codemode_cli.main import main as cli
 from codemode_client.approver import Approver
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from tests.codemode.conftest import Stack, value_of
+from tests.codemode.fake_runtime import CHANNELS
 from tests.registry.conftest import NATIVE
 from tests.telemetry.conftest import REGISTRY, RUNTIME, Captured
 
@@ -97,8 +98,9 @@ def _complete(spans: list[ReadableSpan]) -> bool:
     )
 
 
+@pytest.mark.parametrize("runtime_channel", CHANNELS)
 async def test_run_code_call_is_one_tree(
-    traced_stack: Stack, captured: Captured, provider_process: None
+    traced_stack: Stack, captured: Captured, provider_process: None, runtime_channel: str
 ) -> None:
     agent = await traced_stack.code_agent()
 
@@ -133,11 +135,18 @@ async def test_run_code_call_is_one_tree(
     assert root.status.status_code is not StatusCode.ERROR
     assert [e.name for e in root.events] == STAGES
 
-    # Under it: the transport span of the Run stream (client → runtime server) and the run.
-    client, run = children(spans, root)
-    assert client.kind is SpanKind.CLIENT and client.name.endswith("RuntimeService/Run")
-    (runtime_server,) = children(spans, client)
-    assert runtime_server.kind is SpanKind.SERVER and service(runtime_server) == RUNTIME
+    if runtime_channel == "per-run":
+        # Under it: the transport span of the Run stream (client → runtime server) and the run.
+        client, run = children(spans, root)
+        assert client.kind is SpanKind.CLIENT and client.name.endswith("RuntimeService/Run")
+        (runtime_server,) = children(spans, client)
+        assert runtime_server.kind is SpanKind.SERVER and service(runtime_server) == RUNTIME
+    else:
+        # The run alone: the one Multiplex stream serves every run, so its transport span is
+        # in no run's trace.
+        (run,) = children(spans, root)
+        assert not [s for s in spans if s.name.endswith(("RuntimeService/Run", "/Multiplex"))
+                    and s.context.trace_id == root.context.trace_id]  # fmt: skip
     assert run.name == "run_program" and service(run) == RUNTIME
     assert attrs(run)["codemode.run.terminal_kind"] == "ok"
     assert [e.name for e in run.events] == ["worker_handoff", "terminal"]
@@ -203,7 +212,8 @@ async def test_run_code_call_is_one_tree(
     assert lines[1].startswith("execute_tool run_code [codemode-registry]")
     assert lines[1].endswith(" ok")
     tree = "\n".join(lines)
-    assert "├─ /codemode.runtime.v1.RuntimeService/Run [codemode-registry]" in tree
+    run_stream = "├─ /codemode.runtime.v1.RuntimeService/Run [codemode-registry]"
+    assert (run_stream in tree) == (runtime_channel == "per-run")
     assert "└─ run_program [codemode-runtime]" in tree
     assert "   ├─ execute_tool lookup call-1:code:1 [codemode-registry]" in tree
     assert "   │  └─ serve_tool lookup call-1:code:1 [telemetry-tools]" in tree
