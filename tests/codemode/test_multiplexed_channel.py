@@ -213,7 +213,12 @@ async def test_a_target_naming_several_runtimes_still_balances_each_run() -> Non
         runtime = GrpcRuntime([target], 4 << 20, start_timeout_s=_WAIT_S)
         ran_on: Counter[int] = Counter()
         try:
-            for _ in range(6):
+            # Round robin only picks among ready subchannels: under load the second runtime may
+            # become ready a few runs late, so run until both are seen (one multiplexed stream
+            # would keep every run on one runtime for its whole 60 s life).
+            for _ in range(40):
+                if len(ran_on) == len(launched):
+                    break
                 spec = RunSpec("import os\nreturn os.getppid()", "", (), b"t", _WAIT_S)
                 stream = await runtime.open_run(spec)
                 async with asyncio.timeout(_WAIT_S):
