@@ -191,6 +191,11 @@ class CordisRunner:
             self._follower.changed(None)
         self._store.follow(self._follower.changed)
 
+    @property
+    def follower(self) -> ChangeFollower | None:
+        """What follows other registries' changes (once `load` ran)."""
+        return self._follower
+
     async def _import_legacy(self, body: str) -> None:
         try:
             counters, plugins = legacy.read(body, self._owner_id_of)
