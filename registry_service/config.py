@@ -319,13 +319,14 @@ class RegistrySettings(ServiceSettings):
     history_retention_days: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Delete whole calls (outer and nested records, spilled content) once their newest record
     is older than this; none: keep everything."""
-    cordis_durable: bool = False
-    """Keep dynamic Cordis plugins, their packages, grants, pointers and id counters in the
-    history database (`history_path`, which must then be a file, or `history_dsn`) across
-    restarts. Runs are not
-    restarted: after a restart a plugin is `stopped` (or `defined`) and `cordis_run`
-    reactivates it. Off: process memory only (after a restart `@pluginId`
-    references answer unavailable)."""
+    cordis_durable: bool | None = None
+    """Where dynamic Cordis plugins, their packages, grants, pointers and id counters are kept.
+    Unset: in the history database when it outlives the process (`history_path` a file, or
+    `history_store: postgres`, where every registry on the database shares them), else in
+    process memory. `true`: always in the history database (refused when `history_path` is
+    `:memory:`). `false`: process memory only (after a restart `@pluginId` references answer
+    unavailable; with several registries each has its own). Runs are not restarted: after a
+    restart a plugin is `stopped` (or `defined`) and `cordis_run` reactivates it."""
     cordis_start_timeout_s: float = Field(default=5.0, gt=0, le=600, allow_inf_nan=False)
     """Bounds a Cordis host half's start in its plugin host: evaluating the source and the
     plugin's synchronous start (its `apply`) must end within this, else the activation fails

@@ -23,9 +23,9 @@ from registry_service.domain.admission import Admission, Limits
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.catalog_follow import CatalogFollower
-from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.cordis.source_checks import SourceChecks
+from registry_service.domain.cordis.state import CordisStore
 from registry_service.domain.execution import Emit, ExecutionInput, Executor, no_events
 from registry_service.domain.mcp_attachments import McpAttachment
 from registry_service.domain.mcp_servers import (
@@ -54,7 +54,7 @@ from registry_service.history.health import Report, keep_reporting
 from registry_service.history.recorder import HistoryRecorder
 from registry_service.history.retention import keep_pruning
 from registry_service.history.store import HistoryStore, StoreOpenError
-from registry_service.history.stores import StoreOptions, Stores, open_cordis_state, open_store
+from registry_service.history.stores import StoreOptions, Stores, open_store
 from registry_service.presentation.assembly import Assembler, PresentationConfig
 from registry_service.presentation.language_profiles import HOST_LANGUAGES, LANGUAGES
 from registry_service.presentation.languages import (
@@ -126,7 +126,7 @@ class Registry:
             break
         self.follower = CatalogFollower(self.catalog)
         self.catalog_store.follow(self.follower.changed)
-        self.cordis.runner.adopt_owners()
+        await self.cordis.runner.load()  # after the catalog: plugins belong to its agents
         # From now on the running MCP servers follow the catalog: what a scope created here or
         # on another registry attaches starts, what a deleted one attached stops.
         self.catalog.on_change(self.mcp.sync)
@@ -266,35 +266,43 @@ def _connect_runtime(
 def _cordis(
     catalog: Catalog,
     hosts: PluginHosts | None,
-    history: HistoryStore,
+    stores: Stores,
     settings: RegistrySettings,
     *,
     source_checks: SourceChecks | None,
     authority: ToolAuthority,
     admission: Admission,
 ) -> Cordis:
-    state_store: CordisStateStore | None = None
-    if settings.cordis_durable:
-        try:
-            state_store = open_cordis_state(settings.history_store, _store_options(settings))
-        except StoreOpenError as exc:
-            raise ConfigError(str(exc)) from exc
-    try:
-        return Cordis(
-            catalog,
-            hosts,
-            history.submit,
-            state_store,
-            history.watch,
-            host_languages=HOST_LANGUAGES,
-            source_checks=source_checks,
-            start_timeout_s=settings.cordis_start_timeout_s,
-            compute_ms_per_call=settings.cordis_compute_ms_per_call,
-            authority=authority,
-            admission=admission,
-        )
-    except (ValueError, KeyError, TypeError) as exc:  # a snapshot this version cannot read
-        raise ConfigError(f"the durable Cordis state cannot be read: {exc}") from exc
+    return Cordis(
+        catalog,
+        hosts,
+        stores.history.submit,
+        _cordis_store(stores, settings),
+        stores.history.watch,
+        host_languages=HOST_LANGUAGES,
+        source_checks=source_checks,
+        start_timeout_s=settings.cordis_start_timeout_s,
+        compute_ms_per_call=settings.cordis_compute_ms_per_call,
+        authority=authority,
+        admission=admission,
+    )
+
+
+def _cordis_store(stores: Stores, settings: RegistrySettings) -> CordisStore | None:
+    """Where Cordis keeps its records (`cordis_durable`): the history's database when it is
+    one that outlives the process (unset), always (true: refused when it is not), or never
+    (false: process memory)."""
+    in_memory = settings.history_store == "sqlite" and settings.history_path == ":memory:"
+    if settings.cordis_durable is False:
+        return None
+    if in_memory:
+        if settings.cordis_durable:
+            raise ConfigError(
+                "cordis_durable keeps Cordis state in the history database: set history_path "
+                "to a file (it is :memory:)"
+            )
+        return None
+    return stores.cordis
 
 
 def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
@@ -443,7 +451,7 @@ def build_registry(
         cordis=_cordis(
             catalog,
             plugin_hosts or _plugin_hosts(runtime),
-            history,
+            stores,
             settings,
             # A define's halves are parsed by the runtimes that would run them.
             source_checks=runtime if isinstance(runtime, SourceChecks) else None,

@@ -1,68 +1,14 @@
-"""Following the catalog changes of other registries that share the store.
-
-The store tells (`CatalogStore.follow`) which scopes another registry changed, or that anything
-may have changed; the follower reloads them into this registry's catalog (`Catalog.refresh`).
-Notifications that arrive while a reload runs are merged into the next one, so a burst of
-changes costs a few reloads, not one each. A reload that fails (the store unavailable) is not
-dropped: everything is reloaded once the store answers again, so a missed change cannot leave
-this registry stale for good."""
+"""Following the catalog changes of other registries that share the store: the store tells
+(`CatalogStore.follow`) which scopes another registry changed, or that anything may have
+changed, and they are reloaded into this registry's catalog (`Catalog.refresh`), merged and
+retried as `change_follow` does."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import Collection
-
-from codemode_wire.errors import CodemodeError
 from registry_service.domain.catalog import Catalog
-
-log = logging.getLogger(__name__)
-
-RETRY_S = 1.0
+from registry_service.domain.change_follow import RETRY_S, ChangeFollower
 
 
-class CatalogFollower:
+class CatalogFollower(ChangeFollower):
     def __init__(self, catalog: Catalog, *, retry_s: float = RETRY_S) -> None:
-        self._catalog = catalog
-        self._retry_s = retry_s
-        self._names: set[str] = set()
-        self._everything = False
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
-        self.reloads = 0  # completed reloads, for tests and metrics
-
-    def changed(self, names: Collection[str] | None) -> None:
-        """Another registry changed `names` (None: anything); runs on the event loop."""
-        if self._closed:
-            return
-        if names is None:
-            self._everything = True
-        else:
-            self._names.update(names)
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        while self._everything or self._names:
-            names = None if self._everything else frozenset(self._names)
-            self._everything, self._names = False, set()
-            try:
-                await self._catalog.refresh(names)
-            except CodemodeError as exc:
-                log.warning("catalog: cannot reload other registries' changes: %s", exc.message)
-                self._everything = True
-                await asyncio.sleep(self._retry_s)
-            except Exception:
-                log.exception("catalog: reloading other registries' changes failed")
-                self._everything = True
-                await asyncio.sleep(self._retry_s)
-            else:
-                self.reloads += 1
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        super().__init__(catalog.refresh, "catalog", retry_s=retry_s)

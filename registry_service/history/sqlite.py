@@ -31,6 +31,7 @@ from registry_service.domain.records import (
     key_problem,
 )
 from registry_service.history.sqlite_catalog import SqliteCatalog
+from registry_service.history.sqlite_cordis import SqliteCordis
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
     StoreHealth,
@@ -99,6 +100,10 @@ class SqliteHistory(StoreHealth):
     def catalog(self) -> SqliteCatalog:
         """The catalog store on this database (and this connection: see sqlite_catalog)."""
         return SqliteCatalog(self._db, self._failed, self._refuse_if_corrupt)
+
+    def cordis(self) -> SqliteCordis:
+        """The Cordis store on this database (and this connection, like the catalog)."""
+        return SqliteCordis(self._db, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
 

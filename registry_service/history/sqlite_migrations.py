@@ -111,7 +111,44 @@ _MCP_SERVERS = Migration(
     ("ALTER TABLE catalog_scopes ADD COLUMN mcp_servers TEXT NOT NULL DEFAULT ''",),
 )
 
-MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS)
+_CORDIS_RECORDS = Migration(
+    4,
+    "Cordis as records: id counters, plugins with pointers and a revision, immutable packages "
+    "in define order, package grants (the whole-state snapshot is imported once, then emptied)",
+    (
+        "CREATE TABLE cordis_ids (kind TEXT PRIMARY KEY, last INTEGER NOT NULL)",
+        """CREATE TABLE cordis_plugins (
+          plugin_id TEXT PRIMARY KEY,
+          owner TEXT NOT NULL,
+          owner_id TEXT NOT NULL,
+          current_package TEXT,
+          next_package TEXT,
+          any_version_approved INTEGER NOT NULL,
+          revision INTEGER NOT NULL
+        )""",
+        """CREATE TABLE cordis_packages (
+          position INTEGER PRIMARY KEY AUTOINCREMENT,
+          plugin_id TEXT NOT NULL,
+          package_id TEXT NOT NULL UNIQUE,
+          name TEXT NOT NULL,
+          purpose TEXT NOT NULL,
+          host TEXT,
+          client TEXT
+        )""",
+        "CREATE INDEX cordis_packages_plugin ON cordis_packages (plugin_id)",
+        """CREATE TABLE cordis_grants (
+          plugin_id TEXT NOT NULL,
+          package_id TEXT NOT NULL,
+          PRIMARY KEY (plugin_id, package_id)
+        )""",
+        # Where an older registry kept its whole-state snapshot (`cordis_durable`), so the
+        # import finds the table whether or not that registry ever created it.
+        "CREATE TABLE IF NOT EXISTS cordis_state"
+        " (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL)",
+    ),
+)
+
+MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS, _CORDIS_RECORDS)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -1,5 +1,5 @@
-"""Opens the configured store (`history_store` setting) by name: a backend provides the history
-and the catalog on one database, and the durable Cordis state beside them."""
+"""Opens the configured store (`history_store` setting) by name: a backend provides the history,
+the catalog and the Cordis records on one database."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry_service.domain.cordis.durable import CordisStateStore
+from registry_service.domain.cordis.state import CordisStore
 from registry_service.history.catalog_store import CatalogStore
-from registry_service.history.cordis_state import SqliteCordisState
 from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
 from registry_service.history.sqlite import SqliteHistory
 from registry_service.history.store import HistoryStore, StoreOpenError
@@ -21,6 +20,7 @@ class Stores:
 
     history: HistoryStore
     catalog: CatalogStore
+    cordis: CordisStore
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def _sqlite(options: StoreOptions) -> Stores:
             message = f"cannot create the directory of history_path {path}: {exc}"
             raise StoreOpenError(message) from exc
     history = SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
-    return Stores(history, history.catalog())
+    return Stores(history, history.catalog(), history.cordis())
 
 
 # The PostgreSQL modules are imported by the openers: psycopg is ~12 MiB that a registry on
@@ -57,25 +57,11 @@ def _postgres(options: StoreOptions) -> Stores:
         lease_s=options.lease_s,
         statement_timeout_s=options.statement_timeout_s,
     )
-    return Stores(history, history.catalog())
+    return Stores(history, history.catalog(), history.cordis())
 
 
-def _postgres_cordis_state(options: StoreOptions) -> CordisStateStore:
-    from registry_service.history.postgres.cordis_state import PostgresCordisState
-
-    return PostgresCordisState(options.dsn, options.statement_timeout_s)
-
-
-# Store name -> (opener of the history and catalog, opener of the Cordis state beside them).
-STORES: dict[
-    str, tuple[Callable[[StoreOptions], Stores], Callable[[StoreOptions], CordisStateStore]]
-] = {
-    "sqlite": (_sqlite, lambda options: SqliteCordisState(options.path)),
-    "postgres": (
-        _postgres,
-        _postgres_cordis_state,
-    ),
-}
+# Store name -> the opener of its history, catalog and Cordis records.
+STORES: dict[str, Callable[[StoreOptions], Stores]] = {"sqlite": _sqlite, "postgres": _postgres}
 
 
 def check_name(name: str) -> None:
@@ -104,11 +90,4 @@ def check_options(name: str, dsn: str) -> None:
 def open_store(name: str, options: StoreOptions) -> Stores:
     """The stores of backend `name`; StoreOpenError when it is unknown or cannot be opened."""
     check_options(name, options.dsn)
-    return STORES[name][0](options)
-
-
-def open_cordis_state(name: str, options: StoreOptions) -> CordisStateStore:
-    """The durable Cordis state in store `name`'s database; StoreOpenError when it cannot be
-    opened."""
-    check_name(name)
-    return STORES[name][1](options)
+    return STORES[name](options)

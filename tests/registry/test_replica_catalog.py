@@ -293,18 +293,6 @@ def _is_agent(agent_id: str, agent: scope_pb2.Agent) -> bool:
     return bool(agent.agent_id == agent_id)
 
 
-async def test_durable_cordis_state_on_a_shared_database_is_said_to_be_per_registry(
-    make_registry: Any, pg_database: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The Cordis state is per registry (one stored snapshot, the last saver's): a registry
-    that opens it beside another live one says so; one alone does not."""
-    settings = {"history_store": "postgres", "history_dsn": pg_database, "cordis_durable": True}
-    async with make_registry(**settings):
-        assert "the Cordis state is per registry" not in caplog.text
-        async with make_registry(**settings):
-            assert "cordis_durable: 2 registries write to" in caplog.text
-
-
 async def test_a_reloaded_agent_brings_the_preset_this_replica_had_missed(
     replicas: tuple[Harness, Harness], pg_database: str
 ) -> None:

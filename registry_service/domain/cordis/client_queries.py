@@ -65,7 +65,7 @@ class ClientQueries:
         signal: AbortSignal,
     ) -> JsonValue:
         answered: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
-        query = _Query(self._ids.inspect(), owner, provider, method, input_value, answered)
+        query = _Query(await self._ids.inspect(), owner, provider, method, input_value, answered)
         self._queries[query.query_id] = query
 
         def cancel(_reason: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -112,24 +113,32 @@ class ClientRuns:
     def has_pending(self, plugin_id: str) -> bool:
         return self._request_of(plugin_id) is not None
 
-    def request(
-        self, plugin: Plugin, package: Package, mode: Mode, principal: Principal
+    async def request(
+        self,
+        plugin: Plugin,
+        package: Package,
+        mode: Mode,
+        principal: Principal,
+        recheck: Callable[[], object],
     ) -> dict[str, JsonValue]:
         """`principal`: the caller of `cordis_run`; the plugin host, once a page settles the
-        request, acts as it."""
+        request, acts as it. `recheck` plans the run again as the attempt is recorded."""
         k = package.package_id
         requires = not (
             plugin.client_version_updates_approved or k in plugin.approved_client_packages
         )
-        attempt = self._runner.new_attempt(
+        request_id = await self._runner.ids.approval()
+        attempt = await self._runner.new_attempt(
             plugin,
             package,
             mode,
             "awaiting-approval" if requires else "starting-host",
             principal=principal,
+            recheck=recheck,
         )
+        # No wait from the recheck to here: no other request of the plugin slips in.
         request = _Request(
-            self._runner.ids.approval(),
+            request_id,
             plugin.owner,
             plugin.plugin_id,
             package,
@@ -202,10 +211,7 @@ class ClientRuns:
         if attempt.status not in _OPEN:
             return refused(f'run request "{request_id}" is stale', "request-stale")
         if request.requires_approval:  # the grant is kept even if later steps fail
-            plugin.approved_client_packages.add(package_id)
-            if approve_future_versions:
-                plugin.client_version_updates_approved = True
-            self._runner.changed()
+            self._runner.grant(plugin, package_id, approve_future_versions)
         if attempt.status == "awaiting-approval":
             attempt.status = "starting-host"
         if request.hosting:  # another page started it: share its start
@@ -258,18 +264,30 @@ class ClientRuns:
             and latest.status in ("running", "waiting", "client-pending")
         ):
             return Answer(True, run_id=run.run_id, started_here=False)
+
+        def planned() -> Package:
+            if self.has_pending(plugin_id):
+                raise CordisError(
+                    f'dynamic plugin "{plugin_id}" has a pending run request; answer it instead',
+                    "transition-in-flight",
+                )
+            return self._runner.plan(plugin, package_id, mode)
+
         try:
-            package = self._runner.plan(plugin, package_id, mode)
+            package = planned()
+            # A panel run is the page's own act: its host acts as the page runner's principal.
+            attempt = await self._runner.new_attempt(
+                plugin,
+                package,
+                cast(Mode, mode),
+                "starting-host",
+                principal=page.principal,
+                recheck=planned,
+            )
         except CordisError as exc:
             return refused(exc.message, exc.reason)
         if package.has_client:
-            plugin.approved_client_packages.add(package_id)
-            if approve_future:
-                plugin.client_version_updates_approved = True
-        # A panel run is the page's own act: its host acts as the page runner's principal.
-        attempt = self._runner.new_attempt(
-            plugin, package, cast(Mode, mode), "starting-host", principal=page.principal
-        )
+            self._runner.grant(plugin, package_id, approve_future)
         self._panel_runs[attempt.run_id] = page.page_id
         answer = await self._start(plugin, package, attempt)
         if not package.has_client or not answer.accepted:  # settled already
@@ -366,7 +384,7 @@ class ClientRuns:
                 next_=plugin.next,
             )
             resolution = "failed"
-        self._runner.changed()
+        self._runner.changed(plugin)
         if not request.requires_approval:
             resolution = "completed"
         self._hub.publish(page.agent, RunResolved(request_id, resolution))
@@ -397,7 +415,7 @@ class ClientRuns:
                 return Answer(True, run_id=run_id)  # an attached page: already settled
             self._panel_runs.pop(run_id, None)
             self._commit(plugin, attempt, client_waiting_for)
-            self._runner.changed()
+            self._runner.changed(plugin)
             self._inject_panel_run(plugin, attempt, "")
             return Answer(True, run_id=run_id)
         if not started_here:  # a page that merely attached: the run goes on
@@ -405,7 +423,7 @@ class ClientRuns:
         self._panel_runs.pop(run_id, None)
         self._retract_in_background(plugin)
         self._fail(plugin, attempt, outcome, message, stack)
-        self._runner.changed()
+        self._runner.changed(plugin)
         self._inject_panel_run(plugin, attempt, f"{outcome}\n{_detail(message, stack)}")
         return Answer(True, run_id=run_id)
 

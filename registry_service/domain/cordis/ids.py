@@ -1,6 +1,6 @@
 """Cordis identities: `<prefix>-<n>` plugin ids with one counter shared by all
-prefixes, `pkg-<n>`, `run-<n>`, `approval-<n>`, `inspect-<n>`. Counters live as long as the
-registry process (or its store, when Cordis state is durable) and never hand out an id twice."""
+prefixes, `pkg-<n>`, `run-<n>`, `approval-<n>`, `inspect-<n>`. The counters live in the Cordis
+store (the registry's database, or its memory without one) and never hand out an id twice."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 from collections.abc import Container
 
 from registry_service.domain.cordis.refusals import CordisError
+from registry_service.domain.cordis.state import CordisStore
 
 _PREFIX_RE = re.compile(r"[a-z]{3,6}")
 PLUGIN_ID_RE = re.compile(r"[a-z]{3,6}-[0-9]+")
@@ -25,39 +26,27 @@ def check_prefix(raw: str) -> str:
 
 
 class Ids:
-    """The counters (the last number handed out of each kind); `counters()` and `restore()`
-    carry them across a restart when Cordis state is durable, so no id is handed out twice."""
+    """Mints ids from the Cordis store's counters (domain/cordis/state.py): a number comes from
+    the store, never from this process, so registries sharing the store never hand out the
+    same id, and a restart goes on where the counters were."""
 
-    _KINDS = ("plugins", "packages", "runs", "approvals", "inspects")
+    def __init__(self, store: CordisStore) -> None:
+        self._store = store
 
-    def __init__(self) -> None:
-        self._last = dict.fromkeys(self._KINDS, 0)  # plugins: shared by every prefix
-
-    def _next(self, kind: str) -> int:
-        self._last[kind] += 1
-        return self._last[kind]
-
-    def counters(self) -> dict[str, int]:
-        return dict(self._last)
-
-    def restore(self, counters: dict[str, int]) -> None:
-        for kind in self._KINDS:
-            self._last[kind] = max(self._last[kind], int(counters.get(kind, 0)))
-
-    def plugin(self, prefix: str, taken: Container[str]) -> str:
-        while True:
-            candidate = f"{prefix}-{self._next('plugins')}"
+    async def plugin(self, prefix: str, taken: Container[str]) -> str:
+        while True:  # `taken`: a plugin a legacy snapshot named with a number counted elsewhere
+            candidate = f"{prefix}-{await self._store.next_id('plugins')}"
             if candidate not in taken:
                 return candidate
 
-    def package(self) -> str:
-        return f"pkg-{self._next('packages')}"
+    async def package(self) -> str:
+        return f"pkg-{await self._store.next_id('packages')}"
 
-    def run(self) -> str:
-        return f"run-{self._next('runs')}"
+    async def run(self) -> str:
+        return f"run-{await self._store.next_id('runs')}"
 
-    def approval(self) -> str:
-        return f"approval-{self._next('approvals')}"
+    async def approval(self) -> str:
+        return f"approval-{await self._store.next_id('approvals')}"
 
-    def inspect(self) -> str:
-        return f"inspect-{self._next('inspects')}"
+    async def inspect(self) -> str:
+        return f"inspect-{await self._store.next_id('inspects')}"

@@ -147,6 +147,9 @@ class Plugin:
     # The owner's stable agent id: a plugin belongs to that agent, not to a later one of the
     # same name ("" in a snapshot from before agents had ids: adopted at start).
     owner_id: str = ""
+    # The stored revision of its pointers this registry last read or wrote (a pointer write
+    # names it: domain/cordis/state.py).
+    revision: int = 0
 
     @property
     def last_package(self) -> Package:

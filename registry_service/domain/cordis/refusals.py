@@ -24,6 +24,16 @@ def plugin_missing(plugin_id: str) -> CordisError:
     )
 
 
+def stale_state(plugin_id: str) -> CordisError:
+    """A write that found the stored plugin otherwise than this registry had it: another
+    registry sharing the store changed it first. Nothing was changed; the plugin is read again."""
+    return CordisError(
+        f'dynamic plugin "{plugin_id}" was changed by another registry meanwhile; nothing was '
+        "changed here. Inspect it again (cordis_inspect_self), then retry",
+        "stale-state",
+    )
+
+
 def require_agent(agent: str | None) -> str:
     if not agent:
         raise CordisError(REQUIRE_AGENT, "agent-required")

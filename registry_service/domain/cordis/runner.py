@@ -14,6 +14,13 @@ Invariants kept here (and tested through the API):
 - the owner's running plugins learn of each other's services whenever the set changes
   (`services.ServiceRouter`): a consumer parks `waiting` while one is missing and starts when
   it appears, in its own plugin host.
+
+What defines a plugin (packages, pointers, grants, ids) is written through to the Cordis store
+(`state.CordisStore`) record by record, under one lock with the reloads of what other
+registries sharing the store change, so a reload never interleaves with a write of this
+registry. Runs, attempts and plugin hosts live here only: a plugin another registry defined is
+run here by `cordis_run` here, and its host lives in the registry that activated it (the seam
+where one owner per running plugin would plug in is `_activate`'s `hosts.activate`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Protocol, cast
 
 from codemode_common.principals import ANONYMOUS, Principal
@@ -31,12 +38,8 @@ from registry_service.domain.access import AccessPolicy
 from registry_service.domain.admission import Admission
 from registry_service.domain.calls import ToolCallFailure
 from registry_service.domain.catalog import Catalog
-from registry_service.domain.cordis.durable import (
-    CordisStateStore,
-    Persistence,
-    restore,
-    snapshot,
-)
+from registry_service.domain.change_follow import ChangeFollower
+from registry_service.domain.cordis import legacy
 from registry_service.domain.cordis.events import OwnerEvents, Watch, payload
 from registry_service.domain.cordis.host_languages import HostLanguages
 from registry_service.domain.cordis.ids import Ids, check_prefix
@@ -51,9 +54,17 @@ from registry_service.domain.cordis.model import (
     Phase,
     Plugin,
 )
-from registry_service.domain.cordis.refusals import CordisError, plugin_missing
+from registry_service.domain.cordis.refusals import CordisError, plugin_missing, stale_state
 from registry_service.domain.cordis.services import ServiceRouter
 from registry_service.domain.cordis.source_checks import SourceChecks, check_half
+from registry_service.domain.cordis.state import (
+    CordisSnapshot,
+    CordisStore,
+    MemoryCordisStore,
+    PackageImmutable,
+    PluginRow,
+    StaleWrite,
+)
 from registry_service.domain.cordis.steering import (
     HOST_LOST,
     Steering,
@@ -93,9 +104,16 @@ class ClientActivation(Protocol):
 
     def has_pending(self, plugin_id: str) -> bool: ...
 
-    def request(
-        self, plugin: Plugin, package: Package, mode: Mode, principal: Principal
-    ) -> dict[str, JsonValue]: ...
+    async def request(
+        self,
+        plugin: Plugin,
+        package: Package,
+        mode: Mode,
+        principal: Principal,
+        recheck: Callable[[], object],
+    ) -> dict[str, JsonValue]:
+        """`recheck` plans the run again once the attempt is about to be recorded."""
+        ...
 
     def cancel_pending(self, plugin: Plugin) -> bool:
         """Cancels the plugin's pending request (stop, undefine); True when there was one."""
@@ -113,7 +131,7 @@ class CordisRunner:
         reserved_names: Iterable[str] = (),
         start_timeout_s: float = 5.0,
         steering: Steering | None = None,
-        state_store: CordisStateStore | None = None,
+        store: CordisStore | None = None,
         history_watch: Watch | None = None,
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
@@ -122,8 +140,8 @@ class CordisRunner:
         """`host_languages` names a host half's language (its owner's program language) and
         `source_checks` parses a define's halves before anything is stored (a runtime's
         `CheckSource`; None: a registry without runtimes, where halves are recorded unchecked).
-        `state_store`: keep plugins, packages, grants, pointers and id counters there
-        across restarts (loaded now; runs are not restarted). None: process memory only.
+        `store`: where plugins, packages, grants, pointers and id counters are kept (read by
+        `load`; runs are not restarted). None: process memory only.
         `history_watch` (the history store's `watch`) is where plugins' events come from.
         `authority`: what a plugin host may do and see, as the principal that started it
         (None: everything, the open default).
@@ -138,47 +156,188 @@ class CordisRunner:
         self._start_timeout_s = start_timeout_s
         self._compute_ms_per_call = compute_ms_per_call
         self._admission = admission
-        self._ids = Ids()
+        self._store: CordisStore = store if store is not None else MemoryCordisStore()
+        self._ids = Ids(self._store)
+        # Store writes and reloads, one at a time (see the module's docstring).
+        self._lock = asyncio.Lock()
+        self._dirty: set[str] = set()  # plugins whose pointers wait to be written
+        self._writes: set[asyncio.Task[None]] = set()
+        self._follower: ChangeFollower | None = None
         self._plugins: dict[str, Plugin] = {}
         self._starts: dict[str, asyncio.Task[dict[str, JsonValue]]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._services = ServiceRouter()
         self._events = OwnerEvents(history_watch, self._deliver_event)
-        self._persistence: Persistence | None = None
         # Set when page runners exist (the Cordis service wires them in).
         self.client_activation: ClientActivation | None = None
-        if state_store is not None:
-            saved = state_store.load()
-            if saved is not None:
-                self._plugins = {p.plugin_id: p for p in restore(saved, self._ids)}
-            self._persistence = Persistence(
-                state_store, lambda: snapshot(self._plugins.values(), self._ids)
-            )
         catalog.on_delete(self._scope_deleted)
 
-    def _changed(self) -> None:
-        """Something durable changed (a package, a pointer, an id counter, a plugin)."""
-        if self._persistence is not None:
-            self._persistence.changed()
+    # -- the store ----------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """At start, once the stored catalog is restored: imports a whole-state snapshot an
+        older registry left, reads every stored plugin, and from then on follows what other
+        registries sharing the store change (first everything, for what changed meanwhile).
+        A store that cannot be read now is read again until it can."""
+        self._follower = ChangeFollower(self.refresh, "cordis")
+        try:
+            async with self._lock:
+                body = await self._store.take_legacy()
+                if body is not None:
+                    await self._import_legacy(body)
+                await self._reload(None)
+        except CodemodeError as exc:
+            log.error("cordis: cannot read the stored plugins: %s", exc.message)
+            self._follower.changed(None)
+        self._store.follow(self._follower.changed)
+
+    @property
+    def follower(self) -> ChangeFollower | None:
+        """What follows other registries' changes (once `load` ran)."""
+        return self._follower
+
+    async def _import_legacy(self, body: str) -> None:
+        try:
+            counters, plugins = legacy.read(body, self._owner_id_of)
+        except (ValueError, KeyError, TypeError) as exc:
+            # Already taken from the store: kept in the log rather than lost.
+            log.error("cordis: an unreadable stored snapshot was dropped (%s): %s", exc, body)
+            return
+        await self._store.raise_ids(counters)
+        for old in plugins:
+            first, *rest = old.packages
+            try:
+                await self._store.create_plugin(old.row, first)
+                for package in rest:
+                    await self._store.add_package(old.row.plugin_id, package)
+                for package_id in old.grants:
+                    await self._store.grant(old.row.plugin_id, package_id, any_version=False)
+            except (StaleWrite, PackageImmutable) as exc:
+                log.warning("cordis: a stored snapshot's plugin was not imported: %s", exc)
+        log.info("cordis: imported %d plugins from a stored snapshot", len(plugins))
+
+    def _owner_id_of(self, owner: str) -> str:
+        try:
+            return self._catalog.get_agent(owner).agent_id
+        except CodemodeError:
+            return ""
+
+    async def refresh(self, plugin_ids: Collection[str] | None) -> None:
+        """Makes the plugins named (None: all) what the store holds now: what another registry
+        sharing the store changed."""
+        async with self._lock:
+            await self._reload(plugin_ids)
+
+    async def _reload(self, plugin_ids: Collection[str] | None) -> None:
+        """Under the lock."""
+        self._reconcile(await self._store.load(plugin_ids), plugin_ids)
+
+    def _reconcile(self, snapshot: CordisSnapshot, plugin_ids: Collection[str] | None) -> None:
+        packages: dict[str, list[Package]] = {}
+        for stored_package in snapshot.packages:
+            packages.setdefault(stored_package.plugin_id, []).append(stored_package.package)
+        grants: dict[str, set[str]] = {}
+        for plugin_id, package_id in snapshot.grants:
+            grants.setdefault(plugin_id, set()).add(package_id)
+        stored: set[str] = set()
+        for row in snapshot.plugins:
+            if not packages.get(row.plugin_id):
+                continue  # a plugin has a package from its first write on
+            stored.add(row.plugin_id)
+            plugin = self._plugins.get(row.plugin_id)
+            if plugin is None:
+                plugin = Plugin(row.plugin_id, row.owner, owner_id=row.owner_id)
+                self._plugins[row.plugin_id] = plugin
+            for package in packages[row.plugin_id]:  # immutable: only ever added
+                plugin.packages.setdefault(package.package_id, package)
+            plugin.approved_client_packages |= grants.get(row.plugin_id, set())
+            plugin.client_version_updates_approved |= row.any_version_approved
+            if row.plugin_id not in self._dirty:  # else this registry's newer change is owed
+                plugin.current, plugin.next, plugin.revision = row.current, row.next, row.revision
+        names = list(self._plugins) if plugin_ids is None else list(plugin_ids)
+        for plugin_id in names:
+            gone = self._plugins.get(plugin_id)
+            if gone is not None and plugin_id not in stored:
+                self._forget(gone)  # undefined (or its agent deleted) by another registry
+
+    def _forget(self, plugin: Plugin) -> None:
+        """Drops a plugin from this registry: its pending request is cancelled and its host
+        retracted (its tools go at once)."""
+        if self.client_activation is not None:
+            self.client_activation.cancel_pending(plugin)
+        if self._plugins.get(plugin.plugin_id) is plugin:
+            del self._plugins[plugin.plugin_id]
+        self.in_background(self._retract(plugin))
+
+    def changed(self, plugin: Plugin) -> None:
+        """The plugin's pointers changed here: written in the background, the newest wins;
+        a write another registry's change made stale reloads the plugin instead."""
+        if plugin.plugin_id in self._dirty:
+            return
+        self._dirty.add(plugin.plugin_id)
+        self._write_in_background(self._save_pointers(plugin))
+
+    async def _save_pointers(self, plugin: Plugin) -> None:
+        async with self._lock:
+            self._dirty.discard(plugin.plugin_id)
+            if self._plugins.get(plugin.plugin_id) is not plugin:
+                return
+            try:
+                plugin.revision = await self._store.set_pointers(
+                    plugin.plugin_id, plugin.current, plugin.next, revision=plugin.revision
+                )
+            except StaleWrite:
+                log.warning("cordis: %s was changed by another registry", plugin.plugin_id)
+                await self._reload({plugin.plugin_id})
+
+    def grant(self, plugin: Plugin, package_id: str, any_version: bool) -> None:
+        """A page granted the package (and later versions, with `any_version`)."""
+        plugin.approved_client_packages.add(package_id)
+        plugin.client_version_updates_approved |= any_version
+        self._write_in_background(self._save_grant(plugin.plugin_id, package_id, any_version))
+
+    async def _save_grant(self, plugin_id: str, package_id: str, any_version: bool) -> None:
+        async with self._lock:
+            try:
+                await self._store.grant(plugin_id, package_id, any_version=any_version)
+            except StaleWrite:
+                await self._reload({plugin_id})
+
+    def _write_in_background(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except CodemodeError as exc:  # kept here; the plugin's next change writes it
+                log.error("cordis: a change was not stored: %s", exc.message)
+            except Exception:
+                log.exception("cordis: a change was not stored")
+
+        task = asyncio.ensure_future(run())
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     # -- lookups ------------------------------------------------------------------------------
 
+    def _belongs(self, plugin: Plugin | None, owner: str) -> bool:
+        """Whether `owner` owns the plugin: the agent of that name, with the stable id the
+        plugin was defined by (a later agent of the same name does not inherit it)."""
+        if plugin is None or plugin.owner != owner:
+            return False
+        return not plugin.owner_id or self._owner_id_of(owner) == plugin.owner_id
+
     def _owned(self, owner: str, plugin_id: str) -> Plugin:
         plugin = self._plugins.get(plugin_id)
-        if plugin is None or plugin.owner != owner:
+        if plugin is None or not self._belongs(plugin, owner):
             raise plugin_missing(plugin_id)
         return plugin
 
     def find(self, owner: str, plugin_id: str) -> Plugin | None:
         """The plugin when `owner` owns it (another agent's plugin reads as absent)."""
         plugin = self._plugins.get(plugin_id)
-        return plugin if plugin is not None and plugin.owner == owner else None
+        return plugin if self._belongs(plugin, owner) else None
 
     def plan(self, plugin: Plugin, package_id: str, mode: str) -> Package:
         return self._plan(plugin, package_id, mode)
-
-    def changed(self) -> None:
-        self._changed()
 
     @property
     def ids(self) -> Ids:
@@ -188,7 +347,7 @@ class CordisRunner:
         await self._retract(plugin)
 
     def owned(self, owner: str) -> list[Plugin]:
-        return [p for p in self._plugins.values() if p.owner == owner]
+        return [p for p in self._plugins.values() if self._belongs(p, owner)]
 
     def visible_tools(self, owner: str, access: ToolAccess | None = None) -> list[ToolDefinition]:
         """What the owner sees (run_code excluded); with `access`, only what it may call."""
@@ -241,16 +400,26 @@ class CordisRunner:
             await check_half(checks, "host", language, title, host)
         if checks is not None and client is not None:
             await check_half(checks, "client", language, title, client)
-        # Looked up again: the plugin may have been undefined while a runtime parsed the halves.
-        if prefix:
-            owner_id = self._catalog.get_agent(owner).agent_id
-            target = Plugin(self._ids.plugin(prefix, self._plugins), owner, owner_id=owner_id)
-            self._plugins[target.plugin_id] = target
-        else:
-            target = self._owned(owner, cast(str, plugin.get("pluginId", "")))
-        package = Package(self._ids.package(), name, purpose, host, client)
-        target.packages[package.package_id] = package
-        self._changed()
+        async with self._lock:
+            # Looked up again: the plugin may have been undefined while a runtime parsed the
+            # halves.
+            target = None if prefix else self._owned(owner, cast(str, plugin.get("pluginId", "")))
+            package = Package(await self._ids.package(), name, purpose, host, client)
+            try:
+                if target is None:
+                    owner_id = self._catalog.get_agent(owner).agent_id
+                    row = PluginRow(await self._ids.plugin(prefix, self._plugins), owner, owner_id)
+                    await self._store.create_plugin(row, package)
+                    target = Plugin(row.plugin_id, owner, owner_id=owner_id, revision=row.revision)
+                    self._plugins[target.plugin_id] = target
+                else:
+                    await self._store.add_package(target.plugin_id, package)
+            except StaleWrite as exc:  # undefined by another registry this one had not heard of
+                await self._reload({exc.plugin_id})
+                raise plugin_missing(exc.plugin_id) from None
+            except PackageImmutable as exc:
+                raise CordisError(str(exc), "package-immutable") from None
+            target.packages[package.package_id] = package
         return {
             "pluginId": target.plugin_id,
             "packageId": package.package_id,
@@ -304,15 +473,22 @@ class CordisRunner:
     ) -> dict[str, JsonValue]:
         """`principal`: the caller of `cordis_run`; the plugin host acts as it."""
         plugin = self._owned(owner, plugin_id)
-        package = self._plan(plugin, package_id, mode)
+        client = self.client_activation
+
+        def planned() -> Package:
+            """Checked now, and again once the attempt is recorded (the plugin may have moved
+            while this waited for the store)."""
+            package = self._plan(plugin, package_id, mode)
+            if client is not None and client.has_pending(plugin_id):
+                raise CordisError(
+                    f'dynamic plugin "{plugin_id}" already has a pending run request',
+                    "transition-in-flight",
+                )
+            return package
+
+        package = planned()
         if signal.aborted:
             raise CordisError("cordis_run was cancelled", "cancelled")
-        client = self.client_activation
-        if client is not None and client.has_pending(plugin_id):
-            raise CordisError(
-                f'dynamic plugin "{plugin_id}" already has a pending run request',
-                "transition-in-flight",
-            )
         if package.has_client:
             if client is None:
                 raise CordisError(
@@ -321,11 +497,11 @@ class CordisRunner:
                     "client-unavailable",
                 )
             # Never waits for a page: the outcome arrives later as a steering record.
-            return client.request(plugin, package, cast(Mode, mode), principal)
+            return await client.request(plugin, package, cast(Mode, mode), principal, planned)
         if self.hosts is None:
             raise CordisError(NO_PLUGIN_HOSTS, "plugin-hosts-unavailable")
-        attempt = self.new_attempt(
-            plugin, package, cast(Mode, mode), "starting-host", principal=principal
+        attempt = await self.new_attempt(
+            plugin, package, cast(Mode, mode), "starting-host", principal=principal, recheck=planned
         )
         # Shielded: a cancelled tool call must not leave a half-started host behind; the start
         # runs to its end (commit or failure) and the state stays consistent either way.
@@ -333,7 +509,7 @@ class CordisRunner:
         task.add_done_callback(lambda t: self._settled_late(plugin, attempt, signal, t))
         return await asyncio.shield(task)
 
-    def new_attempt(
+    async def new_attempt(
         self,
         plugin: Plugin,
         package: Package,
@@ -341,11 +517,27 @@ class CordisRunner:
         status: AttemptStatus,
         *,
         principal: Principal = ANONYMOUS,
+        recheck: Callable[[], object] | None = None,
     ) -> Attempt:
-        """Mints `run-<n>` and records the attempt as the plugin's latest, `next` its target;
-        `principal` started it (its plugin host acts as it)."""
+        """Mints `run-<n>` and records the attempt as the plugin's latest, `next` its target
+        (stored first: a registry that had not heard of another's change to the plugin is
+        refused with `stale-state`, and nothing changes); `principal` started it (its plugin
+        host acts as it). `recheck` plans the run again under the store's lock."""
+        async with self._lock:
+            if self._plugins.get(plugin.plugin_id) is not plugin:
+                raise plugin_missing(plugin.plugin_id)
+            if recheck is not None:
+                recheck()
+            run_id = await self._ids.run()
+            try:
+                plugin.revision = await self._store.set_pointers(
+                    plugin.plugin_id, plugin.current, package.package_id, revision=plugin.revision
+                )
+            except StaleWrite:
+                await self._reload({plugin.plugin_id})
+                raise stale_state(plugin.plugin_id) from None
         attempt = Attempt(
-            run_id=self._ids.run(),
+            run_id=run_id,
             package_id=package.package_id,
             mode=mode,
             status=status,
@@ -355,7 +547,6 @@ class CordisRunner:
         )
         plugin.next = package.package_id
         plugin.latest = attempt
-        self._changed()
         return attempt
 
     def start_host(
@@ -527,7 +718,7 @@ class CordisRunner:
         attempt.status = "waiting" if waiting else "running"  # a parked plugin counts as success
         plugin.current = package.package_id
         plugin.next = None
-        self._changed()
+        self.changed(plugin)
         return {
             "status": "running",
             "pluginId": plugin.plugin_id,
@@ -596,7 +787,7 @@ class CordisRunner:
         attempt.error = diagnostic
         attempt.host = HalfState("failed", (), diagnostic)
         plugin.next = attempt.package_id
-        self._changed()
+        self.changed(plugin)
         return CordisError(message, reason or "host-half-failed")
 
     # -- dynamic tools --------------------------------------------------------------------------
@@ -715,7 +906,7 @@ class CordisRunner:
             latest.error = diagnostic
             latest.host = HalfState("failed", (), diagnostic)
             plugin.next = run.package_id  # the most recently failed target; `current` stays
-            self._changed()
+            self.changed(plugin)
             self.steering.steer_once(
                 run_id,
                 HOST_LOST,
@@ -801,41 +992,29 @@ class CordisRunner:
         if self.client_activation is not None:
             self.client_activation.cancel_pending(plugin)
         await self._settle_start(plugin_id)
+        async with self._lock:
+            await self._store.delete_plugin(plugin_id)
+            if self._plugins.get(plugin_id) is plugin:
+                del self._plugins[plugin_id]
         was_running = plugin.run is not None
         await self._retract(plugin)
-        self._plugins.pop(plugin_id, None)
-        self._changed()
         return {"pluginId": plugin_id, "wasRunning": was_running}
-
-    def adopt_owners(self) -> None:
-        """At start, once the stored catalog is restored: a plugin whose owner is gone, or is
-        a later agent of the same name (its deletion was not saved here: a crash, or Cordis
-        not durable then), is forgotten; one saved before agents had ids takes its owner's."""
-        for plugin in list(self._plugins.values()):
-            try:
-                owner_id = self._catalog.get_agent(plugin.owner).agent_id
-            except CodemodeError:
-                owner_id = ""
-            if owner_id and plugin.owner_id in ("", owner_id):
-                if not plugin.owner_id:
-                    plugin.owner_id = owner_id
-                    self._changed()
-                continue
-            log.warning("cordis: %s belonged to a deleted %s", plugin.plugin_id, plugin.owner)
-            del self._plugins[plugin.plugin_id]
-            self._changed()
 
     def _scope_deleted(self, scope: str) -> None:
         """An agent's deletion revokes its plugins: they are forgotten and their hosts
         retracted (the layer, with its dynamic tools, is already gone), and their pending
         requests cancelled."""
         self._events.forget(scope)
+        still = self._owner_id_of(scope)  # a new agent of the name keeps its own plugins
         for plugin in [p for p in self._plugins.values() if p.owner == scope]:
-            if self.client_activation is not None:
-                self.client_activation.cancel_pending(plugin)
-            del self._plugins[plugin.plugin_id]
-            self.in_background(self._retract(plugin))
-            self._changed()
+            if still and plugin.owner_id == still:
+                continue
+            self._forget(plugin)
+            self._write_in_background(self._delete(plugin.plugin_id))
+
+    async def _delete(self, plugin_id: str) -> None:
+        async with self._lock:
+            await self._store.delete_plugin(plugin_id)
 
     def in_background(self, work: object) -> None:
         async def run() -> None:
@@ -858,10 +1037,12 @@ class CordisRunner:
                 await self._retract(plugin)
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self._follower is not None:
+            await self._follower.close()
+        while self._writes:  # what changed last is stored before the store closes
+            await asyncio.gather(*self._writes, return_exceptions=True)
         await self._events.close()
         await self.steering.flush()
-        if self._persistence is not None:
-            await self._persistence.close()
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -880,10 +1061,8 @@ class CordisRunner:
         return plugin.package_view(package_id)
 
     def reference(self, owner: str, plugin_id: str) -> dict[str, JsonValue] | None:
-        plugin = self._plugins.get(plugin_id)
-        if plugin is None or plugin.owner != owner:
-            return None
-        return plugin.reference()
+        plugin = self.find(owner, plugin_id)
+        return None if plugin is None else plugin.reference()
 
 
 def _detail(message: str, stack: str) -> str:

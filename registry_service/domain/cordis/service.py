@@ -8,7 +8,6 @@ from registry_service.domain.admission import Admission
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.cordis.client_queries import ClientQueries
 from registry_service.domain.cordis.client_runs import ClientRuns
-from registry_service.domain.cordis.durable import CordisStateStore
 from registry_service.domain.cordis.events import Watch
 from registry_service.domain.cordis.host_languages import HostLanguages
 from registry_service.domain.cordis.host_providers import host_providers
@@ -23,6 +22,7 @@ from registry_service.domain.cordis.references import (
 )
 from registry_service.domain.cordis.runner import CordisRunner
 from registry_service.domain.cordis.source_checks import SourceChecks
+from registry_service.domain.cordis.state import CordisStore
 from registry_service.domain.cordis.steering import SOURCE, Steering, Submit
 from registry_service.domain.cordis.tools import cordis_tools
 from registry_service.domain.plugin_hosts import PluginHosts
@@ -35,7 +35,7 @@ class Cordis:
         catalog: Catalog,
         hosts: PluginHosts | None = None,
         history_submit: Submit | None = None,
-        state_store: CordisStateStore | None = None,
+        store: CordisStore | None = None,
         history_watch: Watch | None = None,
         *,
         host_languages: HostLanguages,
@@ -46,7 +46,7 @@ class Cordis:
         admission: Admission | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
-        `state_store` keeps the plugins across restarts (none: process memory only);
+        `store` keeps what defines the plugins (none: process memory only);
         `history_watch` (the store's `watch`) feeds the events plugins observe;
         `host_languages` describes host halves per program language; `source_checks` parses
         a define's halves (a runtime's `CheckSource`; None: recorded unchecked)."""
@@ -59,7 +59,7 @@ class Cordis:
             source_checks=source_checks,
             reserved_names=NAMES,
             steering=self.steering,
-            state_store=state_store,
+            store=store,
             history_watch=history_watch,
             start_timeout_s=start_timeout_s,
             compute_ms_per_call=compute_ms_per_call,

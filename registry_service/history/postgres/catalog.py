@@ -116,16 +116,22 @@ class PostgresCatalog:
             )
 
     def _note(self, scopes: Collection[str]) -> str:
-        payload = json.dumps({"w": self._writer_id, "s": sorted(scopes)})
-        if len(payload.encode()) > MAX_NOTE_BYTES:  # too many names: reload everything
-            payload = json.dumps({"w": self._writer_id, "s": None})
-        return payload
+        return write_note(self._writer_id, scopes)
+
+
+def write_note(writer_id: str, names: Collection[str]) -> str:
+    """A notification's payload: who wrote (`writer_id`) and what it changed (catalog scopes,
+    Cordis plugins); too many names to fit tell the others to reload everything instead."""
+    payload = json.dumps({"w": writer_id, "s": sorted(names)})
+    if len(payload.encode()) > MAX_NOTE_BYTES:
+        payload = json.dumps({"w": writer_id, "s": None})
+    return payload
 
 
 def read_note(payload: str, own_writer: str) -> tuple[bool, frozenset[str] | None]:
-    """What a catalog notification tells this process: whether it is another registry's
-    (not this process's own, and readable), and the scopes that registry changed (None: too
-    many to name, reload everything)."""
+    """What a notification (`write_note`) tells this process: whether it is another
+    registry's (not this process's own, and readable), and the names that registry changed
+    (None: too many to name, reload everything)."""
     try:
         note = json.loads(payload)
         writer, scopes = str(note["w"]), note["s"]

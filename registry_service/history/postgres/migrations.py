@@ -108,6 +108,43 @@ CREATE INDEX catalog_restrictions_scope ON catalog_restrictions (scope);
 ALTER TABLE catalog_scopes ADD COLUMN mcp_servers text NOT NULL DEFAULT '';
 """,
     ),
+    (
+        4,
+        """
+-- Cordis as records (domain/cordis/state.py): the id counters, plugins with their pointers
+-- and a revision (a pointer write names the revision it read), immutable packages in define
+-- order, and package grants. `cordis_state` (one whole snapshot) is read once, by the first
+-- registry that starts, and emptied.
+CREATE TABLE cordis_ids (
+  kind text PRIMARY KEY,
+  last bigint NOT NULL
+);
+CREATE TABLE cordis_plugins (
+  plugin_id text PRIMARY KEY,
+  owner text NOT NULL,
+  owner_id text NOT NULL,
+  current_package text,
+  next_package text,
+  any_version_approved boolean NOT NULL,
+  revision bigint NOT NULL
+);
+CREATE TABLE cordis_packages (
+  position bigserial PRIMARY KEY,
+  plugin_id text NOT NULL,
+  package_id text NOT NULL UNIQUE,
+  name text NOT NULL,
+  purpose text NOT NULL,
+  host text,
+  client text
+);
+CREATE INDEX cordis_packages_plugin ON cordis_packages (plugin_id);
+CREATE TABLE cordis_grants (
+  plugin_id text NOT NULL,
+  package_id text NOT NULL,
+  PRIMARY KEY (plugin_id, package_id)
+);
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

@@ -15,9 +15,9 @@ Unlike SQLite's file, one database may be shared by several registries:
   process's own (there are none in flight before the first call).
 
 The catalog (presets, agents, restrictions) lives in the same database (`catalog`), and so
-does the durable Cordis state (`cordis_state`). The schema is migrated at open (`migrations`);
-an unreachable server or a bad DSN at open stops the start, a server lost later makes the store
-UNAVAILABLE until a write or probe works again.
+do the Cordis records (`cordis`: plugins, packages, grants, id counters). The schema is
+migrated at open (`migrations`); an unreachable server or a bad DSN at open stops the start, a
+server lost later makes the store UNAVAILABLE until a write or probe works again.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
+from registry_service.domain.cordis.state import CordisFollower
 from registry_service.domain.records import Record, key_problem
 from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
@@ -47,6 +48,7 @@ from registry_service.history.postgres.connect import (
     connect_sync,
     redact,
 )
+from registry_service.history.postgres.cordis import CORDIS_CHANNEL, PostgresCordis
 from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.store import (
@@ -109,9 +111,11 @@ class PostgresHistory(StoreHealth):
         self._heartbeat: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._catalog_listener: asyncio.Task[None] | None = None
+        self._cordis_listener: asyncio.Task[None] | None = None
         self._closing = False
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
         self._catalog_followers: list[CatalogFollower] = []
+        self._cordis_followers: list[CordisFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
@@ -138,6 +142,10 @@ class PostgresHistory(StoreHealth):
     def catalog(self) -> PostgresCatalog:
         """The catalog store on this database (through this store's reads: see catalog)."""
         return PostgresCatalog(self._reading, self.writer_id, self._follow_catalog)
+
+    def cordis(self) -> PostgresCordis:
+        """The Cordis store on this database (through this store's reads, like the catalog)."""
+        return PostgresCordis(self._reading, self.writer_id, self._follow_cordis)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -421,6 +429,14 @@ class PostgresHistory(StoreHealth):
                 self._listen(CATALOG_CHANNEL, self._catalog_missed, self._catalog_notified)
             )
 
+    def _follow_cordis(self, changed: CordisFollower) -> None:
+        """Like `_follow_catalog`, for the Cordis records (a connection of its own)."""
+        self._cordis_followers.append(changed)
+        if self._cordis_listener is None and not self._closing:
+            self._cordis_listener = asyncio.ensure_future(
+                self._listen(CORDIS_CHANNEL, self._cordis_missed, self._cordis_notified)
+            )
+
     async def _listen(
         self, channel: str, missed: Callable[[], None], notified: Callable[[str], None]
     ) -> None:
@@ -454,6 +470,16 @@ class PostgresHistory(StoreHealth):
         if others:
             for follower in self._catalog_followers:
                 follower(names)
+
+    def _cordis_missed(self) -> None:
+        for follower in self._cordis_followers:
+            follower(None)
+
+    def _cordis_notified(self, payload: str) -> None:
+        others, plugin_ids = read_note(payload, self.writer_id)
+        if others:
+            for follower in self._cordis_followers:
+                follower(plugin_ids)
 
     def _notified(self, payload: str) -> None:
         try:
@@ -506,7 +532,12 @@ SELECT count(*) FROM old
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._heartbeat, self._listener, self._catalog_listener):
+        for task in (
+            self._heartbeat,
+            self._listener,
+            self._catalog_listener,
+            self._cordis_listener,
+        ):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,15 +1,20 @@
-"""Durable Cordis state (`cordis_durable`): plugins, packages, grants, pointers and id counters
-survive a registry restart in its history database (SQLite, and PostgreSQL); runs are not
-restarted and `cordis_run` reactivates. Without the setting a restart forgets
-everything."""
+"""Durable Cordis state: with a store that outlives the process (a SQLite file, PostgreSQL)
+plugins, packages, grants, pointers and id counters survive a registry restart in its history
+database, with `cordis_durable` unset or true; runs are not restarted and `cordis_run`
+reactivates. `cordis_durable: false` keeps them in memory: a restart forgets everything. A
+whole-state snapshot an older registry saved is imported once as records."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.config import AgentSetting, ConfigError, RegistrySettings
 from registry_service.registry import build_registry
@@ -29,10 +34,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     return {"history_store": "postgres", "history_dsn": dsn}
 
 
-def _settings(store: dict[str, Any], durable: bool) -> dict[str, Any]:
+def _settings(store: dict[str, Any], durable: bool | None) -> dict[str, Any]:
+    durable_setting = {} if durable is None else {"cordis_durable": durable}
     return {
         **store,
-        "cordis_durable": durable,
+        **durable_setting,
         "agents": [AgentSetting(id="coder", self_modification=True)],
     }
 
@@ -47,10 +53,11 @@ async def _before_restart(make_cordis: Any, settings: dict[str, Any]) -> None:
         await h.ok(AGENT, "cordis_undefine", {"pluginId": "gone-2"})
 
 
+@pytest.mark.parametrize("durable", [None, True], ids=["unset", "true"])
 async def test_plugins_packages_and_pointers_survive_a_restart_runs_do_not(
-    make_cordis: Any, store: dict[str, Any]
+    make_cordis: Any, store: dict[str, Any], durable: bool | None
 ) -> None:
-    settings = _settings(store, durable=True)
+    settings = _settings(store, durable=durable)
     await _before_restart(make_cordis, settings)
     async with make_cordis(**settings) as h:
         assert isinstance(h.hosts, InProcessHosts)
@@ -82,7 +89,7 @@ async def test_plugins_packages_and_pointers_survive_a_restart_runs_do_not(
         assert plugin["currentPackageId"] == "pkg-1" and "nextPackageId" not in plugin
 
 
-async def test_without_the_setting_a_restart_forgets_every_plugin(
+async def test_with_the_setting_off_a_restart_forgets_every_plugin(
     make_cordis: Any, store: dict[str, Any]
 ) -> None:
     settings = _settings(store, durable=False)
@@ -120,3 +127,52 @@ async def test_plugins_belong_to_the_agent_id_not_to_a_later_agent_of_the_name(
         assert not reference.available
         kept = await h.ok("agents/keeper", "cordis_inspect_self", {})
         assert [p["pluginId"] for p in kept["plugins"]] == ["kept-2"]
+
+
+LEGACY = {
+    "version": 1,
+    "counters": {"plugins": 4, "packages": 6, "runs": 9, "approvals": 2, "inspects": 0},
+    "plugins": [
+        {
+            "pluginId": "clock-4",
+            "owner": AGENT,
+            "ownerId": "",
+            "packages": [
+                {"packageId": "pkg-5", "name": "Clock", "purpose": "Old.", "host": CLOCK},
+                {"packageId": "pkg-6", "name": "Clock", "purpose": "Newer.", "host": BROKEN},
+            ],
+            "current": "pkg-5",
+            "next": "pkg-6",
+            "approvedClientPackages": [],
+            "clientVersionUpdatesApproved": False,
+        }
+    ],
+}
+
+
+def _put_snapshot(store: dict[str, Any], body: str) -> None:
+    """What a registry of the version before records left: its one stored snapshot."""
+    if "history_dsn" in store:
+        with psycopg.connect(store["history_dsn"], autocommit=True) as conn:
+            conn.execute("INSERT INTO cordis_state (id, body) VALUES (1, %s)", (body,))
+        return
+    with contextlib.closing(sqlite3.connect(store["history_path"])) as db:
+        db.execute("INSERT INTO cordis_state (id, body) VALUES (1, ?)", (body,))
+        db.commit()
+
+
+async def test_an_older_registrys_snapshot_is_imported_once_as_records(
+    make_cordis: Any, store: dict[str, Any]
+) -> None:
+    settings = _settings(store, durable=None)
+    async with make_cordis(**settings):
+        pass  # the database, migrated
+    _put_snapshot(store, jsonvalue.dumps(LEGACY))
+    for _ in range(2):  # imported by the first start; the second finds the records
+        async with make_cordis(**settings) as h:
+            plugin = await h.ok(AGENT, "cordis_inspect_self", {"pluginId": "clock-4"})
+            assert (plugin["currentPackageId"], plugin["nextPackageId"]) == ("pkg-5", "pkg-6")
+            assert [p["packageId"] for p in plugin["packages"]] == ["pkg-5", "pkg-6"]
+    async with make_cordis(**settings) as h:  # the counters went on past the snapshot's
+        fresh = await h.define(AGENT, prefix="later")
+        assert (fresh["pluginId"], fresh["packageId"]) == ("later-5", "pkg-7")
