@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from codemode_wire.errors import CodemodeError
 from registry_service.domain.cordis.model import Package
@@ -21,6 +21,7 @@ from registry_service.domain.cordis.state import (
     PluginRow,
     StaleWrite,
 )
+from registry_service.history.sqlite_writes import synced_transaction
 
 _PLUGIN_COLUMNS = (
     "plugin_id, owner, owner_id, current_package, next_package, any_version_approved, revision"
@@ -42,29 +43,8 @@ class SqliteCordis:
     def follow(self, changed: CordisFollower) -> None:
         """Never called: a SQLite file has one registry, whose own changes it already has."""
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write, all or nothing, synced to the disk (a Cordis change is rare and answered
-        as done, like a catalog change); the domain's own refusals roll back too."""
-        self._refuse_if_corrupt()
-        db = self._db
-        try:
-            if db.in_transaction:  # left open by a ROLLBACK that failed
-                db.execute("ROLLBACK")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("BEGIN IMMEDIATE")
-            yield db
-            db.execute("COMMIT")
-        except BaseException as exc:
-            if db.in_transaction:  # a failed COMMIT (SQLITE_FULL) may have rolled back
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise self._failed(exc) from exc
-            raise
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("PRAGMA synchronous=NORMAL")
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return synced_transaction(self._db, self._failed, self._refuse_if_corrupt)
 
     async def next_id(self, kind: str) -> int:
         with self._transaction() as db:
