@@ -134,6 +134,8 @@ class MemoryApprovalStore:
     async def resolve(
         self, approval_id: str, state: ApprovalState, *, by: str, at: float
     ) -> ApprovalRecord:
+        if state is ApprovalState.PENDING:
+            raise ValueError("an approval is resolved to a final state, not pending")
         stored = self._records.get(approval_id)
         if stored is None or not answerable(stored, state, at):
             raise ApprovalNotPending(approval_id, stored)
