@@ -178,7 +178,11 @@ async def test_an_unknown_id_is_not_found_and_a_bad_outcome_is_invalid(
     )
     call = asyncio.create_task(a.execute("write", agent="agents/coder"))
     [approval_id] = await seen(lambda: pending_on(b), lambda ids: len(ids) == 1, "pending on B")
-    for outcome in (rpb.APPROVAL_OUTCOME_CANCELLED, rpb.APPROVAL_OUTCOME_EXPIRED, 0):
+    for outcome in (
+        rpb.APPROVAL_OUTCOME_CANCELLED,
+        rpb.APPROVAL_OUTCOME_EXPIRED,
+        rpb.APPROVAL_OUTCOME_UNSPECIFIED,
+    ):
         assert await resolve(b, approval_id, outcome) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_DECISION",
