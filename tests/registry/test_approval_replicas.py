@@ -2,20 +2,26 @@
 approval asked on A is seen by B's approver stream and B's ListPendingApprovals and answered
 there; the first answer wins across replicas; a stale or duplicate answer on either replica is
 refused (FAILED_PRECONDITION `APPROVAL_NOT_PENDING`) and changes nothing; an expired one
-denies its call and refuses a late answer; a missed notification only delays (the poll). Every
+denies its call and refuses a late answer; a missed notification only delays (the poll); a
+replica killed while it waits leaves its approval interrupted and its call recorded so. Every
 wait is a latch polled with a generous bound; nothing is timed."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import psycopg
 import pytest
 
+from codemode_cli.processes import running
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.domain.policy import Ask, PreDecision
 from tests.registry.conftest import Harness, echo_tool, error_info_of
 
@@ -253,3 +259,66 @@ async def test_a_missed_notification_only_delays(
         pg_database, "SELECT state FROM approvals WHERE approval_id = 'approval-quiet'"
     ) == [("rejected",)]
     on_b.cancel()
+
+
+async def test_a_replica_that_dies_leaves_its_approval_interrupted_and_its_call_recorded(
+    make_registry: Any, pg_database: str, tmp_path: Path
+) -> None:
+    """A, a real registry process, asks and is killed (SIGKILL: nothing of it runs after). Once
+    its writer lease is gone, B interrupts its pending approval (B's approver hears it
+    withdrawn, a late answer is refused) and records its waiting call interrupted."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - tool: run_code\n    action: ask\n")
+    env = {
+        **os.environ,
+        "CODEMODE_REGISTRY_HISTORY_STORE": "postgres",
+        "CODEMODE_REGISTRY_HISTORY_DSN": pg_database,
+        "CODEMODE_REGISTRY_HISTORY_WRITER_LEASE_S": "1",
+        "CODEMODE_REGISTRY_APPROVAL_POLL_S": "0.2",
+        "CODEMODE_REGISTRY_POLICY_RULES": str(rules),
+        "CODEMODE_REGISTRY_TRACE_FILE": "off",
+    }
+    settings = {
+        "history_store": "postgres",
+        "history_dsn": pg_database,
+        "history_writer_lease_s": 1.0,
+        "approval_poll_s": 0.2,
+    }
+    async with (
+        running(
+            "-m", "registry_service", "--listen", "127.0.0.1:0",
+            ready="registry listening on port ", env=env, stderr=tmp_path / "a.stderr",
+        ) as a,
+        make_registry(**settings) as b,
+    ):  # fmt: skip
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{a.rest}")
+        stub = rpb_grpc.RegistryServiceStub(channel)
+        await stub.CreateAgent(rpb.CreateAgentRequest(agent_id="coder"))
+        on_b = await approver(b, "b-human")
+        call = stub.ExecuteToolCall(
+            rpb.ExecuteToolCallRequest(
+                agent="agents/coder",
+                call_id="doomed",
+                tool_name="run_code",
+                arguments_json='{"code":"1"}',
+            )
+        )
+        request = (await on_b.read()).request
+        assert (request.call_id, request.tool_name) == ("doomed", "run_code")
+        a.proc.send_signal(signal.SIGKILL)
+        await a.proc.wait()
+        withdrawn = (await on_b.read()).withdrawn
+        assert (withdrawn.approval_id, withdrawn.outcome) == (
+            request.approval_id,
+            rpb.APPROVAL_OUTCOME_CANCELLED,
+        )
+        [(state,)] = rows(
+            pg_database, "SELECT state FROM approvals WHERE approval_id = %s", request.approval_id
+        )
+        assert state == "interrupted"
+        assert await resolve(b, request.approval_id, ALLOW) == NOT_PENDING
+        result = await b.settled("agents/coder", "doomed")
+        assert result.error_code == "INTERRUPTED"
+        call.cancel()
+        await channel.close()
+        on_b.cancel()
