@@ -205,10 +205,14 @@ class ApprovalBroker:
     # -- following the store ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """With a store: follows what other registries ask and answer (their notifications,
-        and a poll every `poll_s`), first reading what is pending now."""
+        """With a store: reads what is pending now, then follows what other registries ask
+        and answer (their notifications, and a poll every `poll_s`)."""
         if self._store is None or self._follower is not None:
             return
+        try:  # at start, before any call: what registries that are gone left is interrupted
+            await self._refresh()
+        except CodemodeError as exc:  # the store reports itself unavailable; the poll retries
+            log.error("approvals: cannot read the pending approvals: %s", exc.message)
         follower = self._follower = ChangeFollower(self._refresh, "approvals")
         self._store.follow(lambda: follower.changed(None))
         self._poller = asyncio.ensure_future(self._poll(follower))
