@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import psycopg
@@ -24,20 +24,9 @@ from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 from registry_service.domain.policy import Ask, PreDecision
 from tests.registry.conftest import Harness, echo_tool, error_info_of
+from tests.registry.test_replica_catalog import seen  # the replica tests' latch
 
-T = TypeVar("T")
-_POLLS = 1500  # x 20 ms
 ALLOW, REJECT = rpb.APPROVAL_OUTCOME_ALLOWED_ONCE, rpb.APPROVAL_OUTCOME_REJECTED
-
-
-async def seen(probe: Callable[[], Awaitable[T]], until: Callable[[T], bool], what: str) -> T:
-    value: T | None = None
-    for _ in range(_POLLS):
-        value = await probe()
-        if until(value):
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not seen; last: {value!r}")
 
 
 def rows(dsn: str, statement: str, *params: object) -> list[tuple[Any, ...]]:
