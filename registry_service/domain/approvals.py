@@ -240,9 +240,15 @@ class ApprovalBroker:
         cancellation could not be written when the call went away)."""
         store = self._store
         assert store is not None
-        for record in await store.interrupt_orphans(at=self._clock()):
-            self._apply(record)
         pending = await store.pending(limit=_VIEW_LIMIT)
+        if any(record.asked_by != store.asker_id for record in pending):
+            # Only another registry's record can be an orphan (a write, so not every poll).
+            orphans = await store.interrupt_orphans(at=self._clock())
+            for record in orphans:
+                self._apply(record)
+            if orphans:
+                ended = {record.approval_id for record in orphans}
+                pending = [record for record in pending if record.approval_id not in ended]
         live = {record.approval_id for record in pending}
         for record in pending:
             approval_id = record.approval_id
