@@ -144,8 +144,9 @@ class Registry:
         await self.approvals.start()
 
     async def start_background(self, report_health: Report | None = None) -> None:
-        """Starts what runs beside the RPCs: history retention (when configured) and the
-        store's health reports (the first one made before this returns)."""
+        """Starts what runs beside the RPCs: history retention (when configured: ended
+        approval records too) and the store's health reports (the first one made before this
+        returns)."""
         if self._background:
             return
         days = self.settings.history_retention_days
@@ -153,6 +154,9 @@ class Registry:
             self._background.append(
                 asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
             )
+            if self.approvals.store is not None:  # ended approvals go with the calls' age
+                pruning = keep_pruning(self.approvals.store, days * 86_400, "ended approvals")
+                self._background.append(asyncio.ensure_future(pruning))
         if report_health is not None:
             first = asyncio.Event()
 

@@ -15,6 +15,7 @@ against memory, SQLite and PostgreSQL):
 - `interrupt_orphans` moves the pending records whose asking registry is gone (its history
   writer lease expired or removed; on SQLite: any registry but this process, since one
   registry owns the file) to `interrupted`, and returns them.
+- `prune` deletes records that ended before a time (history retention), never pending ones.
 - `follow` tells this process, on its event loop, that another registry changed approvals
   (PostgreSQL NOTIFY); a store only one registry opens never calls it. A missed notification
   costs only time: the broker also polls (`approval_poll_s`).
@@ -101,6 +102,11 @@ class ApprovalStore(Protocol):
         """Pending records of registries that are gone, moved to INTERRUPTED."""
         ...
 
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        """Deletes up to `limit` records that ended before `before` (a Unix time, their
+        `answered_at`); pending ones are never deleted. Returns how many went."""
+        ...
+
     def follow(self, changed: ApprovalFollower) -> None:
         """Calls `changed` when other registries sharing the store change approvals."""
         ...
@@ -162,6 +168,16 @@ class MemoryApprovalStore:
             await self.resolve(r.approval_id, ApprovalState.INTERRUPTED, by=self.asker_id, at=at)
             for r in sorted(orphans, key=lambda r: r.position)
         ]
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        ended = [
+            r
+            for r in sorted(self._records.values(), key=lambda r: r.position)
+            if r.answered_at is not None and r.answered_at < before
+        ][:limit]
+        for record in ended:
+            del self._records[record.approval_id]
+        return len(ended)
 
     def follow(self, changed: ApprovalFollower) -> None:
         return None  # nothing else changes this process's memory

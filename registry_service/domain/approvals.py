@@ -202,6 +202,10 @@ class ApprovalBroker:
     def in_store(self) -> bool:
         return self._store is not None
 
+    @property
+    def store(self) -> ApprovalStore | None:
+        return self._store
+
     # -- following the store ---------------------------------------------------------------
 
     async def start(self) -> None:

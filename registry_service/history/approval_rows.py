@@ -35,6 +35,12 @@ INTERRUPT = (
     " WHERE state = 'pending' AND asked_by <> ?"
 )
 
+# Retention: ended records only (a pending one has no `answered_at`), oldest first, in batches.
+PRUNE = (
+    "DELETE FROM approvals WHERE position IN (SELECT position FROM approvals"
+    " WHERE state <> 'pending' AND answered_at < ? ORDER BY position LIMIT ?)"
+)
+
 
 def pg(statement: str) -> str:
     """`statement` with psycopg's placeholders (none of these statements holds a `%`)."""

@@ -79,3 +79,7 @@ class SqliteApprovals:
                 f"{rows.INTERRUPT} RETURNING {rows.COLUMNS}", (self.asker_id, at, self.asker_id)
             ).fetchall()
         return sorted((rows.record_of(row) for row in moved), key=lambda r: r.position)
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        with self._transaction() as db:
+            return db.execute(rows.PRUNE, (before, limit)).rowcount

@@ -29,8 +29,8 @@ Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 APPROVALS_CHANNEL = "codemode_approvals"
 
-_INSERT, _RESOLVE, _PENDING, _ONE = map(
-    rows.pg, (rows.INSERT, rows.RESOLVE, rows.PENDING, rows.ONE)
+_INSERT, _RESOLVE, _PENDING, _ONE, _PRUNE = map(
+    rows.pg, (rows.INSERT, rows.RESOLVE, rows.PENDING, rows.ONE, rows.PRUNE)
 )
 _GET = f"SELECT {rows.COLUMNS} FROM approvals WHERE approval_id = ANY(%s) ORDER BY position"
 _INTERRUPT = (
@@ -108,3 +108,7 @@ class PostgresApprovals:
             if records:
                 await self._notify(conn, [r.approval_id for r in records])
         return records
+
+    async def prune(self, before: float, *, limit: int = 500) -> int:
+        async with self._connection() as conn, conn.transaction():
+            return (await conn.execute(_PRUNE, (before, limit))).rowcount

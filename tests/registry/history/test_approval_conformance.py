@@ -3,7 +3,8 @@ memory store and every store kit (conftest.py): a pending record is listed in as
 read back after a reopen; the first answer wins and a stale, duplicate or late (expired)
 answer is refused naming what is stored and changes nothing, also when two stores on one
 database answer at once; a registry that is gone leaves its pending records to be
-interrupted; a write on a broken backend stores nothing; PostgreSQL tells other registries
+interrupted; retention deletes ended records, never a pending one; a write on a broken backend
+stores nothing; PostgreSQL tells other registries
 (never the writer) that approvals changed."""
 
 from __future__ import annotations
@@ -287,3 +288,19 @@ async def test_other_registries_hear_that_approvals_changed_and_the_writer_does_
         if reader is not writer:
             await reader.history.close()
         await writer.history.close()
+
+
+async def test_retention_deletes_ended_records_and_never_a_pending_one(
+    store: ApprovalStore,
+) -> None:
+    for n in (1, 2, 3, 4):
+        await store.add(asked(n, store))
+    await store.resolve("approval-1", ALLOWED, by="approver:bob", at=100.0)
+    await store.resolve("approval-2", ApprovalState.CANCELLED, by="registry", at=200.0)
+    await store.resolve("approval-3", REJECTED, by="approver:bob", at=300.0)
+    assert await store.prune(250.0, limit=1) == 1  # in batches, oldest first
+    assert [r.approval_id for r in await store.get(["approval-1", "approval-2"])] == ["approval-2"]
+    assert await store.prune(250.0) == 1
+    assert await store.prune(10_000.0) == 1  # approval-3; approval-4 is pending
+    assert [r.approval_id for r in await store.pending(limit=10)] == ["approval-4"]
+    assert await store.get(["approval-1", "approval-2", "approval-3"]) == []
