@@ -327,6 +327,19 @@ class RegistrySettings(ServiceSettings):
     `:memory:`). `false`: process memory only (after a restart `@pluginId` references answer
     unavailable; with several registries each has its own). Runs are not restarted: after a
     restart a plugin is `stopped` (or `defined`) and `cordis_run` reactivates it."""
+    approvals_in_store: bool | None = None
+    """Where pending tool approvals wait. Unset: as records in the history database when it
+    outlives the process (the `cordis_durable` rule), so every registry sharing it shows them
+    to its approvers, the first answer on any registry wins, and a request waits even with no
+    approver connected (until answered, expired or its caller goes away). `true`: always
+    (refused when `history_path` is `:memory:`). `false`: in this process only; with no approver
+    connected here a request is UNAVAILABLE at once."""
+    approval_poll_s: float = Field(default=2.0, gt=0, le=3600, allow_inf_nan=False)
+    """With approvals in the store: how often a registry reads the pending approvals besides
+    PostgreSQL's notifications, so a missed notification only delays an approval this long."""
+    approval_expiry_s: float = Field(default=0.0, ge=0, le=31_536_000, allow_inf_nan=False)
+    """How long an approval request waits for an answer before it expires and its call is
+    DENIED (a policy's `Ask` may set its own); 0: until answered or its caller goes away."""
     cordis_start_timeout_s: float = Field(default=5.0, gt=0, le=600, allow_inf_nan=False)
     """Bounds a Cordis host half's start in its plugin host: evaluating the source and the
     plugin's synchronous start (its `apply`) must end within this, else the activation fails

@@ -41,6 +41,7 @@ _OUTCOMES = {
     ApprovalOutcome.REJECTED: rpb.APPROVAL_OUTCOME_REJECTED,
     ApprovalOutcome.CANCELLED: rpb.APPROVAL_OUTCOME_CANCELLED,
     ApprovalOutcome.UNAVAILABLE: rpb.APPROVAL_OUTCOME_UNAVAILABLE,
+    ApprovalOutcome.EXPIRED: rpb.APPROVAL_OUTCOME_EXPIRED,
 }
 _OUTCOMES_BACK = {v: k for k, v in _OUTCOMES.items()}
 
@@ -78,21 +79,27 @@ def approver_message(message: ApproverMessage) -> rpb.ApproveResponse:
     """The message an approver stream sends; its size is what the broker compares with each
     approver's receive limit (`approval_request_bytes`)."""
     if isinstance(message, ApprovalRequest):
-        return rpb.ApproveResponse(
-            request=rpb.ApprovalRequest(
-                approval_id=message.approval_id,
-                call_id=message.call_id,
-                agent=message.agent,
-                tool_name=message.tool_name,
-                arguments_json=message.arguments_json,
-                reason=message.reason,
-            )
-        )
+        return rpb.ApproveResponse(request=approval_request_to_proto(message))
     return rpb.ApproveResponse(
         withdrawn=rpb.ApprovalWithdrawn(
             approval_id=message.approval_id, outcome=outcome_to_proto(message.outcome)
         )
     )
+
+
+def approval_request_to_proto(request: ApprovalRequest) -> rpb.ApprovalRequest:
+    """A request as approvers see it (a stream's `request`, a ListPendingApprovals entry)."""
+    message = rpb.ApprovalRequest(
+        approval_id=request.approval_id,
+        call_id=request.call_id,
+        agent=request.agent,
+        tool_name=request.tool_name,
+        arguments_json=request.arguments_json,
+        reason=request.reason,
+    )
+    if request.expires_at is not None:
+        message.expire_time.CopyFrom(_timestamp(request.expires_at))
+    return message
 
 
 def approval_request_bytes(request: ApprovalRequest) -> int:

@@ -20,6 +20,7 @@ from registry_service.codemode.runtime_port import RuntimePort
 from registry_service.codemode.token import TokenMinter
 from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.admission import Admission, Limits
+from registry_service.domain.approval_records import ApprovalStore
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.catalog_follow import CatalogFollower
@@ -138,10 +139,14 @@ class Registry:
             await self.history.close_interrupted()
         except CodemodeError as exc:  # the store reports itself unavailable; calls fail
             log.error("history: cannot close the calls left open by a crash: %s", exc.message)
+        # Approvals in the store: what registries that are gone (this one's earlier life
+        # among them) left pending is interrupted, and other registries' are followed.
+        await self.approvals.start()
 
     async def start_background(self, report_health: Report | None = None) -> None:
-        """Starts what runs beside the RPCs: history retention (when configured) and the
-        store's health reports (the first one made before this returns)."""
+        """Starts what runs beside the RPCs: history retention (when configured: ended
+        approval records too) and the store's health reports (the first one made before this
+        returns)."""
         if self._background:
             return
         days = self.settings.history_retention_days
@@ -149,6 +154,9 @@ class Registry:
             self._background.append(
                 asyncio.ensure_future(keep_pruning(self.history, days * 86_400))
             )
+            if self.approvals.store is not None:  # ended approvals go with the calls' age
+                pruning = keep_pruning(self.approvals.store, days * 86_400, "ended approvals")
+                self._background.append(asyncio.ensure_future(pruning))
         if report_health is not None:
             first = asyncio.Event()
 
@@ -191,6 +199,7 @@ class Registry:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.cordis.close()  # every host half unwinds before the runtime client closes
+        await self.approvals.close()  # the cancellations of calls that went away are written
         close_runtime = getattr(self.runtime, "close", None)
         if close_runtime is not None:
             await close_runtime()
@@ -288,21 +297,32 @@ def _cordis(
     )
 
 
-def _cordis_store(stores: Stores, settings: RegistrySettings) -> CordisStore | None:
-    """Where Cordis keeps its records (`cordis_durable`): the history's database when it is
-    one that outlives the process (unset), always (true: refused when it is not), or never
-    (false: process memory)."""
+def _in_store(settings: RegistrySettings, setting: str, wanted: bool | None) -> bool:
+    """Whether what `setting` names is kept in the history database: when it outlives the
+    process (unset), always (true: refused when it does not), or never (false: memory)."""
     in_memory = settings.history_store == "sqlite" and settings.history_path == ":memory:"
-    if settings.cordis_durable is False:
-        return None
+    if wanted is False:
+        return False
     if in_memory:
-        if settings.cordis_durable:
+        if wanted:
             raise ConfigError(
-                "cordis_durable keeps Cordis state in the history database: set history_path "
+                f"{setting} keeps its records in the history database: set history_path "
                 "to a file (it is :memory:)"
             )
-        return None
-    return stores.cordis
+        return False
+    return True
+
+
+def _cordis_store(stores: Stores, settings: RegistrySettings) -> CordisStore | None:
+    """Where Cordis keeps its records (`cordis_durable`): the history's database, or memory."""
+    in_store = _in_store(settings, "cordis_durable", settings.cordis_durable)
+    return stores.cordis if in_store else None
+
+
+def _approval_store(stores: Stores, settings: RegistrySettings) -> ApprovalStore | None:
+    """Where approvals wait (`approvals_in_store`): the history's database, or memory."""
+    in_store = _in_store(settings, "approvals_in_store", settings.approvals_in_store)
+    return stores.approvals if in_store else None
 
 
 def _plugin_hosts(runtime: RuntimePort | None) -> PluginHosts | None:
@@ -397,7 +417,13 @@ def build_registry(
 
     # Nothing sent to a provider or an approver exceeds what it declared it receives.
     receive_limits = ReceiveLimits(settings.max_message_bytes)
-    approvals = ApprovalBroker(receive_limits, approval_request_bytes)
+    approvals = ApprovalBroker(
+        receive_limits,
+        approval_request_bytes,
+        _approval_store(stores, settings),
+        poll_s=settings.approval_poll_s,
+        expiry_s=settings.approval_expiry_s,
+    )
     telemetry = RegistryTelemetry(tracer_provider, meter_provider)
     # The history recorder is the outermost observer: a call's `tool/call` is durable before
     # its span opens, and its span ends before its `tool/result` is written.

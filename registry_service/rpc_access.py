@@ -39,7 +39,8 @@ class Rule:
     permissions: tuple[Permission, ...]
     """Any one of them, over the resource, admits the call."""
     resource: Callable[[Any], str] | None
-    """The resource a request names; None: a stream, checked per message."""
+    """The resource a request names; None: a stream, checked per message (or an approver
+    unary, checked per approval)."""
 
 
 def _name(request: Any) -> str:
@@ -79,6 +80,10 @@ RULES: dict[str, Rule] = {
     "ResolvePluginReferences": Rule((C,), _agent),
     "Connect": Rule((R,), None),
     "Approve": Rule((A,), None),
+    # Like the stream: `approve` over something to ask at all; each approval is then shown or
+    # answered only for an agent the caller may approve for (the servicer asks the policy).
+    "ListPendingApprovals": Rule((A,), None),
+    "ResolveApproval": Rule((A,), None),
     # PageRunnerService: attach with `cordis` over something; the agent the `open` message
     # names is checked by the stream (`page_runner_servicer`).
     "Attach": Rule((C,), None),

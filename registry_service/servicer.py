@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 from google.protobuf import json_format
@@ -20,6 +20,7 @@ from codemode_wire.api.registry.v1 import scope_pb2
 from codemode_wire.errors import (
     CodemodeError,
     already_exists,
+    failed_precondition,
     internal,
     invalid_argument,
     not_found,
@@ -30,6 +31,7 @@ from registry_service import convert
 from registry_service._errors import streaming, unary
 from registry_service.domain import records
 from registry_service.domain.access import AccessPolicy, Permission, resource_of
+from registry_service.domain.approvals import ApprovalOutcome, Decided
 from registry_service.domain.execution import (
     ApprovalPending,
     ApprovalResolved,
@@ -487,6 +489,58 @@ class RegistryServicer(PresentationRpcs, rpb_grpc.RegistryServiceServicer):
             self._registry, request_iterator, context, self._streams, may_approve
         ):
             yield response
+
+    # -- unary approvers -------------------------------------------------------------------
+
+    def _may_approve(self) -> Callable[[str], bool]:
+        principal = current_principal()
+        return lambda agent: self._policy.allows(principal, Permission.APPROVE, resource_of(agent))
+
+    @unary
+    async def ListPendingApprovals(
+        self, request: rpb.ListPendingApprovalsRequest, context: Context
+    ) -> rpb.ListPendingApprovalsResponse:
+        if request.page_size < 0:
+            raise invalid_argument("INVALID_PAGE_SIZE", "page_size must not be negative")
+        size = min(request.page_size or 50, 1000)
+        after = _history_cursor(request.page_token)
+        page, next_after = await self._registry.approvals.listing(
+            self._may_approve(), after=after, limit=size
+        )
+        return rpb.ListPendingApprovalsResponse(
+            approvals=[convert.approval_request_to_proto(p.request) for p in page],
+            next_page_token=str(next_after) if next_after else "",
+        )
+
+    @unary
+    async def ResolveApproval(
+        self, request: rpb.ResolveApprovalRequest, context: Context
+    ) -> rpb.ResolveApprovalResponse:
+        outcome = convert.outcome_from_proto(request.outcome)
+        if outcome not in (ApprovalOutcome.ALLOWED_ONCE, ApprovalOutcome.REJECTED):
+            raise invalid_argument(
+                "INVALID_DECISION", "outcome must be ALLOWED_ONCE or REJECTED", field="outcome"
+            )
+        _check_key("approval_id", request.approval_id)
+        may_approve = self._may_approve()
+        principal = current_principal().qualified
+        decided = await self._registry.approvals.decide(
+            request.approval_id,
+            outcome,
+            lambda agent, _size: may_approve(agent),
+            f"principal:{principal}",
+        )
+        if decided is Decided.UNKNOWN:
+            # Also an id of an agent the caller may not approve for: it reveals nothing.
+            raise not_found(
+                "APPROVAL_NOT_FOUND", f"no pending approval {request.approval_id} to answer"
+            )
+        if decided is Decided.NOT_PENDING:
+            raise failed_precondition(
+                "APPROVAL_NOT_PENDING",
+                f"approval {request.approval_id} was already answered, withdrawn or expired",
+            )
+        return rpb.ResolveApprovalResponse()
 
 
 # progress_events -> the event types the stream carries (None: all; empty: none).

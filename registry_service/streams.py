@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeAlias, TypeVar
 
@@ -25,6 +26,8 @@ from registry_service.domain.json_admission import off_loop
 from registry_service.domain.providers import CancellationMessage, ProviderMessage
 from registry_service.domain.results import error_result
 from registry_service.registry import Registry
+
+log = logging.getLogger(__name__)
 
 # grpc is untyped (see pyproject); the alias documents intent.
 Context: TypeAlias = Any
@@ -261,7 +264,10 @@ async def approver_stream(
                 return
             # A late answer (already decided elsewhere, or withdrawn) is ignored: first wins.
             # So is one this approver may not give: it learns nothing about the request.
-            registry.approvals.answer(message.decision.approval_id, outcome, session)
+            try:
+                await registry.approvals.answer(message.decision.approval_id, outcome, session)
+            except CodemodeError as error:  # the store failed: the request stays pending
+                log.warning("approver %s: answer not recorded: %s", session.name, error.message)
 
     async def pump(out: asyncio.Queue[Any]) -> None:
         while True:

@@ -357,10 +357,13 @@ class Executor:
             tool_name=name,
             arguments_json=execution.arguments_json,
             reason=ask.reason or f'tool "{name}" requires approval',
+            principal=execution.principal.qualified,
         )
         self._announce(emit, ApprovalPending(request.approval_id, request.reason))
         started = time.time_ns()
-        resolution = await self.approvals.request(request, execution.signal)
+        resolution = await self.approvals.request(
+            request, execution.signal, expires_in_s=ask.expires_in_s
+        )
         outcome = resolution.outcome
         self._timed(
             execution.trace,
@@ -374,6 +377,8 @@ class Executor:
             return Allow()
         if outcome is ApprovalOutcome.REJECTED:
             return Deny(f'the user rejected tool "{name}"')
+        if outcome is ApprovalOutcome.EXPIRED:
+            return Deny(f'the approval of tool "{name}" expired before anyone answered')
         if outcome is ApprovalOutcome.CANCELLED:
             if execution.signal.aborted:
                 return None

@@ -37,6 +37,8 @@ class Deny:
 class Ask:
     reason: str | None = None
     kind: Literal["ask"] = "ask"
+    expires_in_s: float | None = None
+    """How long the approval waits for an answer (None: the `approval_expiry_s` setting)."""
 
 
 PreDecision = Allow | Deny | Ask

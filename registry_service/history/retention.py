@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-
-from registry_service.history.store import HistoryStore
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -16,8 +15,13 @@ _MIN_EVERY_S = 1.0
 _MAX_EVERY_S = 3600.0
 
 
-async def keep_pruning(history: HistoryStore, retention_s: float) -> None:
-    """Runs until cancelled: deletes calls whose newest record is older than `retention_s`."""
+class Prunable(Protocol):
+    async def prune(self, before: float, *, limit: int = 500) -> int: ...
+
+
+async def keep_pruning(history: Prunable, retention_s: float, what: str = "calls") -> None:
+    """Runs until cancelled: deletes what is older than `retention_s` (the history's whole
+    calls, or the approval records that ended)."""
     every = min(max(retention_s / 10, _MIN_EVERY_S), _MAX_EVERY_S)
     while True:
         before = time.time() - retention_s
@@ -27,7 +31,9 @@ async def keep_pruning(history: HistoryStore, retention_s: float) -> None:
                 deleted += pruned
                 await asyncio.sleep(0)  # let calls in flight go on between batches
         except Exception:  # a failed pass is retried at the next one, never fatal
-            log.exception("history retention: pruning failed")
+            log.exception("history retention: pruning %s failed", what)
         if deleted:
-            log.info("history retention: deleted %d calls older than %.0f s", deleted, retention_s)
+            log.info(
+                "history retention: deleted %d %s older than %.0f s", deleted, what, retention_s
+            )
         await asyncio.sleep(every)

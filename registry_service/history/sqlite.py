@@ -18,6 +18,7 @@ import json
 import logging
 import sqlite3
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from registry_service.domain.records import (
     interrupted,
     key_problem,
 )
+from registry_service.history.sqlite_approvals import SqliteApprovals
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_cordis import SqliteCordis
 from registry_service.history.sqlite_migrations import migrate
@@ -104,6 +106,11 @@ class SqliteHistory(StoreHealth):
     def cordis(self) -> SqliteCordis:
         """The Cordis store on this database (and this connection, like the catalog)."""
         return SqliteCordis(self._db, self._failed, self._refuse_if_corrupt)
+
+    def approvals(self) -> SqliteApprovals:
+        """The approval store on this database (and this connection, like the catalog); this
+        process asks under an id of its own (any other asker is a registry that is gone)."""
+        return SqliteApprovals(self._db, uuid.uuid4().hex, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from codemode_wire.errors import CodemodeError
 from registry_service.domain.cordis.model import Package
@@ -21,11 +21,8 @@ from registry_service.domain.cordis.state import (
     PluginRow,
     StaleWrite,
 )
-
-_PLUGIN_COLUMNS = (
-    "plugin_id, owner, owner_id, current_package, next_package, any_version_approved, revision"
-)
-_PACKAGE_COLUMNS = "plugin_id, package_id, name, purpose, host, client"
+from registry_service.history import cordis_rows as rows
+from registry_service.history.sqlite_writes import synced_transaction
 
 
 class SqliteCordis:
@@ -42,29 +39,8 @@ class SqliteCordis:
     def follow(self, changed: CordisFollower) -> None:
         """Never called: a SQLite file has one registry, whose own changes it already has."""
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write, all or nothing, synced to the disk (a Cordis change is rare and answered
-        as done, like a catalog change); the domain's own refusals roll back too."""
-        self._refuse_if_corrupt()
-        db = self._db
-        try:
-            if db.in_transaction:  # left open by a ROLLBACK that failed
-                db.execute("ROLLBACK")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("BEGIN IMMEDIATE")
-            yield db
-            db.execute("COMMIT")
-        except BaseException as exc:
-            if db.in_transaction:  # a failed COMMIT (SQLITE_FULL) may have rolled back
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise self._failed(exc) from exc
-            raise
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("PRAGMA synchronous=NORMAL")
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return synced_transaction(self._db, self._failed, self._refuse_if_corrupt)
 
     async def next_id(self, kind: str) -> int:
         with self._transaction() as db:
@@ -89,10 +65,10 @@ class SqliteCordis:
         wanted = None if plugin_ids is None else set(plugin_ids)
         try:  # one connection, one thread: the three reads see one state
             plugins = self._db.execute(
-                f"SELECT {_PLUGIN_COLUMNS} FROM cordis_plugins ORDER BY plugin_id"
+                f"SELECT {rows.PLUGIN_COLUMNS} FROM cordis_plugins ORDER BY plugin_id"
             ).fetchall()
             packages = self._db.execute(
-                f"SELECT {_PACKAGE_COLUMNS} FROM cordis_packages ORDER BY position"
+                f"SELECT {rows.PACKAGE_COLUMNS} FROM cordis_packages ORDER BY position"
             ).fetchall()
             grants = self._db.execute(
                 "SELECT plugin_id, package_id FROM cordis_grants ORDER BY plugin_id, package_id"
@@ -104,15 +80,15 @@ class SqliteCordis:
             return wanted is None or str(plugin_id) in wanted
 
         return CordisSnapshot(
-            [_plugin(row) for row in plugins if keep(row[0])],
-            [_package(row) for row in packages if keep(row[0])],
+            [rows.plugin_of(row) for row in plugins if keep(row[0])],
+            [rows.package_of(row) for row in packages if keep(row[0])],
             [(str(p), str(k)) for p, k in grants if keep(p)],
         )
 
     async def create_plugin(self, row: PluginRow, first: Package) -> None:
         with self._transaction() as db:
             cursor = db.execute(
-                f"INSERT INTO cordis_plugins ({_PLUGIN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                f"INSERT INTO cordis_plugins ({rows.PLUGIN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (plugin_id) DO NOTHING",
                 (
                     row.plugin_id,
@@ -169,8 +145,8 @@ class SqliteCordis:
 
     async def take_legacy(self) -> str | None:
         with self._transaction() as db:
-            rows = db.execute("DELETE FROM cordis_state RETURNING body").fetchall()
-        return str(rows[0][0]) if rows else None
+            taken = db.execute("DELETE FROM cordis_state RETURNING body").fetchall()
+        return str(taken[0][0]) if taken else None
 
 
 def _exists(db: sqlite3.Connection, plugin_id: str) -> bool:
@@ -182,49 +158,15 @@ def _insert_package(db: sqlite3.Connection, plugin_id: str, package: Package) ->
     """Inserts the package; nothing when it is stored already with this content (a write
     repeated), `PackageImmutable` when with other content."""
     cursor = db.execute(
-        f"INSERT INTO cordis_packages ({_PACKAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO cordis_packages ({rows.PACKAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (package_id) DO NOTHING",
-        (
-            plugin_id,
-            package.package_id,
-            package.name,
-            package.purpose,
-            package.host,
-            package.client,
-        ),
+        rows.package_values(plugin_id, package),
     )
     if cursor.rowcount == 1:
         return
     stored = db.execute(
-        f"SELECT {_PACKAGE_COLUMNS} FROM cordis_packages WHERE package_id = ?",
+        f"SELECT {rows.PACKAGE_COLUMNS} FROM cordis_packages WHERE package_id = ?",
         (package.package_id,),
     ).fetchone()
-    if stored is None or _package(stored) != PackageRow(plugin_id, package):
+    if stored is None or rows.package_of(stored) != PackageRow(plugin_id, package):
         raise PackageImmutable(package.package_id)
-
-
-def _plugin(row: tuple[object, ...]) -> PluginRow:
-    plugin_id, owner, owner_id, current, next_, any_version, revision = row
-    return PluginRow(
-        str(plugin_id),
-        str(owner),
-        str(owner_id),
-        None if current is None else str(current),
-        None if next_ is None else str(next_),
-        bool(any_version),
-        int(str(revision)),
-    )
-
-
-def _package(row: tuple[object, ...]) -> PackageRow:
-    plugin_id, package_id, name, purpose, host, client = row
-    return PackageRow(
-        str(plugin_id),
-        Package(
-            str(package_id),
-            str(name),
-            str(purpose),
-            None if host is None else str(host),
-            None if client is None else str(client),
-        ),
-    )

@@ -148,7 +148,32 @@ _CORDIS_RECORDS = Migration(
     ),
 )
 
-MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS, _CORDIS_RECORDS)
+_APPROVALS = Migration(
+    5,
+    "approvals as records (approvals_in_store): pending until the first answer, an expiry, "
+    "an interrupted asker",
+    (
+        """CREATE TABLE approvals (
+          position INTEGER PRIMARY KEY AUTOINCREMENT,
+          approval_id TEXT NOT NULL UNIQUE,
+          agent TEXT NOT NULL,
+          principal TEXT NOT NULL,
+          call_id TEXT NOT NULL,
+          tool_name TEXT NOT NULL,
+          arguments_json TEXT NOT NULL,
+          reason TEXT NOT NULL,
+          asked_by TEXT NOT NULL,
+          asked_at REAL NOT NULL,
+          expires_at REAL,
+          state TEXT NOT NULL,
+          answered_by TEXT NOT NULL,
+          answered_at REAL
+        )""",
+        "CREATE INDEX approvals_pending ON approvals (position) WHERE state = 'pending'",
+    ),
+)
+
+MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS, _CORDIS_RECORDS, _APPROVALS)
 LATEST = MIGRATIONS[-1].version
 
 

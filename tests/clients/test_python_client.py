@@ -15,6 +15,7 @@ from typing_extensions import TypedDict
 from codemode_client import (
     AlreadyExists,
     Approver,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     RegistryClient,
@@ -162,6 +163,40 @@ async def test_approver_answers_from_a_function(stack: Stack) -> None:
     assert ok.value == "deleted" and not ok.is_error
     assert no.is_error and no.error_message == 'the user rejected tool "delete_all"'
     assert seen == ["delete_file", "delete_all"]
+
+
+async def test_a_pending_approval_is_listed_and_resolved_without_a_stream(stack: Stack) -> None:
+    """`pending_approvals` / `resolve_approval`: an abstaining stream keeps the request open
+    (without a store a request waits only while an approver is connected)."""
+
+    async def pre(e: Any, d: PreDecision) -> PreDecision:
+        return Ask("deploys need a ticket") if e.name == "deploy" else d
+
+    stack.registry.catalog.hooks("").pre_execute.append(pre)
+    echo_tool(stack.registry, "deploy")
+    async with (
+        RegistryClient(stack.running.address) as client,
+        Approver(stack.channel, "abstains", lambda _request: None),
+    ):
+        agent = await client.create_agent("ticketed", mode="native")
+        call = asyncio.create_task(client.call("deploy", {"env": "prod"}, agent=agent.name))
+        pending: list[Any] = []
+        for _ in range(1500):  # a latch: the call is waiting once its request is listed
+            pending = await client.pending_approvals()
+            if pending:
+                break
+            await asyncio.sleep(0.02)
+        [request] = pending
+        assert (request.agent, request.tool_name) == (agent.name, "deploy")
+        await client.resolve_approval(request.approval_id, allowed=True)
+        result = await call
+        assert not result.is_error
+        with pytest.raises(FailedPrecondition) as late:
+            await client.resolve_approval(request.approval_id, allowed=False)
+        assert late.value.reason == "APPROVAL_NOT_PENDING"
+        with pytest.raises(NotFound):
+            await client.resolve_approval("approval-nope", allowed=True)
+        assert await client.pending_approvals() == []
 
 
 async def test_sync_client_from_a_thread(stack: Stack) -> None:

@@ -1,9 +1,12 @@
 """Approver streams: allowed, rejected, none connected, cancelled, two approvers racing, a
-request larger than an approver receives."""
+request larger than an approver receives; expiry; approvals in a SQLite file (unary answers,
+a restart interrupts what was left pending); the `approvals_in_store` rule."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,7 +15,9 @@ import pytest
 from codemode_client import Approver, open_channel
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
+from registry_service.config import ConfigError, RegistrySettings
 from registry_service.domain.policy import Ask, PreDecision
+from registry_service.registry import build_registry
 from tests.registry.conftest import Harness, echo_tool, watch_outcomes
 
 
@@ -264,3 +269,80 @@ async def test_the_last_approver_that_receives_a_request_leaving_makes_it_unavai
         plain.cancel()
     finally:
         await roomy_channel.close()
+
+
+async def test_an_approval_expires_unanswered_in_memory(make_registry: Any) -> None:
+    """`approval_expiry_s` without a store: the connected approver does not answer, the call
+    is DENIED saying so, and the approver hears it withdrawn as EXPIRED."""
+    async with make_registry(approval_expiry_s=0.2) as h:
+        assert not h.registry.approvals.in_store
+        agent = await _ask_for(h, "write")
+        approver = await _approver(h)
+        events, result = await h.execute("write", agent=agent)
+        assert result.error.message == 'the approval of tool "write" expired before anyone answered'
+        assert events[-1].approval_resolved.outcome == rpb.APPROVAL_OUTCOME_EXPIRED
+        request = (await approver.read()).request
+        assert request.HasField("expire_time")
+        withdrawn = (await approver.read()).withdrawn
+        assert (withdrawn.approval_id, withdrawn.outcome) == (
+            request.approval_id,
+            rpb.APPROVAL_OUTCOME_EXPIRED,
+        )
+        answer = rpb.ResolveApprovalRequest(
+            approval_id=request.approval_id, outcome=rpb.APPROVAL_OUTCOME_ALLOWED_ONCE
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await h.stub.ResolveApproval(answer)
+        assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        approver.cancel()
+
+
+async def test_approvals_in_a_sqlite_file_wait_without_an_approver_and_a_restart_interrupts(
+    make_registry: Any, tmp_path: Path
+) -> None:
+    """A history file outlives the process, so approvals are records (`approvals_in_store`
+    unset): a request waits with no approver connected and is answered by ResolveApproval; a
+    request left pending by a registry that stopped without cancelling it is interrupted by
+    the next one on the file."""
+    path = str(tmp_path / "history.sqlite3")
+    async with make_registry(history_path=path) as h:
+        assert h.registry.approvals.in_store
+        agent = await _ask_for(h, "write")
+        call = asyncio.create_task(h.execute("write", agent=agent))
+        listed: Any = None
+        for _ in range(1500):  # a latch: the request is recorded
+            listed = await h.stub.ListPendingApprovals(rpb.ListPendingApprovalsRequest())
+            if listed.approvals:
+                break
+            await asyncio.sleep(0.02)
+        [request] = listed.approvals
+        await h.stub.ResolveApproval(
+            rpb.ResolveApprovalRequest(
+                approval_id=request.approval_id, outcome=rpb.APPROVAL_OUTCOME_ALLOWED_ONCE
+            )
+        )
+        _, result = await call
+        assert not result.is_error
+    # A record a crashed registry left pending (written as it would have been).
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO approvals (approval_id, agent, principal, call_id, tool_name,"
+            " arguments_json, reason, asked_by, asked_at, state, answered_by) VALUES"
+            " ('approval-left', 'agents/a', '', 'c', 'write', '{}', 'r', 'gone', 1, 'pending', '')"
+        )
+    async with make_registry(history_path=path) as h:
+        listed = await h.stub.ListPendingApprovals(rpb.ListPendingApprovalsRequest())
+        assert list(listed.approvals) == []
+        with sqlite3.connect(path) as db:
+            rows = db.execute(
+                "SELECT approval_id, state FROM approvals ORDER BY position"
+            ).fetchall()
+        assert rows == [(request.approval_id, "allowed-once"), ("approval-left", "interrupted")]
+
+
+def test_approvals_in_store_needs_a_history_that_outlives_the_process() -> None:
+    settings = RegistrySettings(history_path=":memory:", approvals_in_store=True)
+    with pytest.raises(ConfigError, match="approvals_in_store"):
+        build_registry(settings)
+    memory = build_registry(RegistrySettings(history_path=":memory:"))
+    assert not memory.approvals.in_store

@@ -148,10 +148,10 @@ class Plugins:
         broker = registry.approvals
         ask = broker.request
 
-        async def request(req: Any, signal: Any) -> Any:
+        async def request(req: Any, signal: Any, **options: Any) -> Any:
             if req.tool_name == TOOL:
                 self.stages.append("approval")
-            return await ask(req, signal)
+            return await ask(req, signal, **options)
 
         broker.request = request  # type: ignore[method-assign,assignment]
 

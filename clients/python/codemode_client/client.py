@@ -389,6 +389,22 @@ class RegistryClient:
             progress=progress,
         )
 
+    # -- approvals, for approvers that are not streams (see `Approver` for a stream) -----------
+
+    async def pending_approvals(self) -> list[rpb.ApprovalRequest]:
+        """The pending approval requests this client's principal may answer, oldest first
+        (with `approvals_in_store`, those of every registry sharing the database)."""
+        request = rpb.ListPendingApprovalsRequest(page_size=500)
+        return await self._all_pages(self.stub.ListPendingApprovals, request, "approvals")
+
+    async def resolve_approval(self, approval_id: str, allowed: bool) -> None:
+        """Answers a pending request (the first answer on any registry wins): `NotFound` for
+        an id this principal may not answer, `FailedPrecondition` (`APPROVAL_NOT_PENDING`)
+        when it was answered, withdrawn or expired already."""
+        outcome = rpb.APPROVAL_OUTCOME_ALLOWED_ONCE if allowed else rpb.APPROVAL_OUTCOME_REJECTED
+        request = rpb.ResolveApprovalRequest(approval_id=approval_id, outcome=outcome)
+        await self._unary(self.stub.ResolveApproval, request)
+
     # -- history -------------------------------------------------------------------------------
 
     async def history(

@@ -21,23 +21,17 @@ import {
   type ApproveResponse,
   type ApprovalRequest as ApprovalRequestMessage,
 } from "./gen/codemode/registry/v1/registry_service";
-import { parseJson, type JsonValue } from "./json";
 import { deferred, DuplexStream, Reconnector, type ServeOptions } from "./reconnect";
-import { approvalOutcomeName, type ApprovalOutcomeName, type RegistryClient } from "./registry";
+import {
+  approvalOutcomeName,
+  approvalRequestOf,
+  type ApprovalAnswer,
+  type ApprovalOutcomeName,
+  type ApprovalRequest,
+  type RegistryClient,
+} from "./registry";
 
-export type ApprovalAnswer = "allow" | "reject";
-
-export interface ApprovalRequest {
-  approvalId: string;
-  callId: string;
-  agent: string;
-  toolName: string;
-  /** The call's arguments, decoded losslessly. */
-  arguments: JsonValue;
-  argumentsJson: string;
-  /** Why approval is needed, as the policy stated it. */
-  reason: string;
-}
+export type { ApprovalAnswer, ApprovalRequest } from "./registry";
 
 export interface ApprovalContext {
   /** Aborted when the request is withdrawn (answered elsewhere, cancelled) or its stream ends. */
@@ -206,15 +200,7 @@ export class Approver {
     void (async () => {
       let answer: ApprovalAnswer | undefined;
       try {
-        const request: ApprovalRequest = {
-          approvalId: message.approvalId,
-          callId: message.callId,
-          agent: message.agent,
-          toolName: message.toolName,
-          arguments: parseJson(message.argumentsJson || "{}"),
-          argumentsJson: message.argumentsJson,
-          reason: message.reason,
-        };
+        const request: ApprovalRequest = approvalRequestOf(message);
         answer = await this.handler(request, { signal: controller.signal });
       } catch {
         answer = "reject"; // fail closed

@@ -28,6 +28,7 @@ import {
   ExecuteToolCallRequest,
   ProgressEvents,
   RegistryServiceClient,
+  type ApprovalRequest as ApprovalRequestMessage,
   type ExecuteToolCallResponse,
   type PluginReferenceContext,
   type WatchHistoryResponse,
@@ -98,7 +99,38 @@ export interface Page {
   pageToken?: string;
 }
 
-export type ApprovalOutcomeName = "allowedOnce" | "rejected" | "cancelled" | "unavailable" | "unspecified";
+export type ApprovalOutcomeName = "allowedOnce" | "rejected" | "cancelled" | "unavailable" | "expired" | "unspecified";
+
+/** A pending approval request, as an approver (a stream, or `listPendingApprovals`) sees it. */
+export interface ApprovalRequest {
+  approvalId: string;
+  callId: string;
+  agent: string;
+  toolName: string;
+  /** The call's arguments, decoded losslessly. */
+  arguments: JsonValue;
+  argumentsJson: string;
+  /** Why approval is needed, as the policy stated it. */
+  reason: string;
+  /** When the request expires unanswered; undefined: it waits until answered or cancelled. */
+  expireTime?: Date;
+}
+
+/** An approver's answer: allowed for this call only, or rejected. */
+export type ApprovalAnswer = "allow" | "reject";
+
+export function approvalRequestOf(message: ApprovalRequestMessage): ApprovalRequest {
+  return {
+    approvalId: message.approvalId,
+    callId: message.callId,
+    agent: message.agent,
+    toolName: message.toolName,
+    arguments: parseJson(message.argumentsJson || "{}"),
+    argumentsJson: message.argumentsJson,
+    reason: message.reason,
+    ...(message.expireTime ? { expireTime: message.expireTime } : {}),
+  };
+}
 
 /** The outcome of one tool call, with its value decoded losslessly. */
 export interface ToolCallResult {
@@ -297,6 +329,7 @@ const OUTCOMES: Record<number, ApprovalOutcomeName> = {
   [ApprovalOutcome.APPROVAL_OUTCOME_REJECTED]: "rejected",
   [ApprovalOutcome.APPROVAL_OUTCOME_CANCELLED]: "cancelled",
   [ApprovalOutcome.APPROVAL_OUTCOME_UNAVAILABLE]: "unavailable",
+  [ApprovalOutcome.APPROVAL_OUTCOME_EXPIRED]: "expired",
 };
 
 export function approvalOutcomeName(outcome: ApprovalOutcome): ApprovalOutcomeName {
@@ -660,6 +693,30 @@ export class RegistryClient {
     const request = { ...historyKey(agent), callId: query.callId ?? "", pageSize: query.pageSize ?? 0, pageToken: query.pageToken ?? "" };
     const page = await this.unary(this.stub.listHistory, request, options, true);
     return { records: page.records.map(toEntry), nextPageToken: page.nextPageToken };
+  }
+
+  /**
+   * The pending approval requests this principal may answer, oldest first: for approvers that
+   * are not streams (with `approvals_in_store`, those of every registry sharing the database).
+   */
+  async listPendingApprovals(
+    page: Page = {},
+    options?: CallOptions,
+  ): Promise<{ approvals: ApprovalRequest[]; nextPageToken: string }> {
+    const request = { pageSize: page.pageSize ?? 0, pageToken: page.pageToken ?? "" };
+    const listed = await this.unary(this.stub.listPendingApprovals, request, options, true);
+    return { approvals: listed.approvals.map(approvalRequestOf), nextPageToken: listed.nextPageToken };
+  }
+
+  /**
+   * Answers a pending request; the first answer on any registry wins. A `CodemodeError`
+   * NOT_FOUND for an id this principal may not answer, FAILED_PRECONDITION
+   * (`APPROVAL_NOT_PENDING`) when it was answered, withdrawn or expired already.
+   */
+  async resolveApproval(approvalId: string, answer: ApprovalAnswer, options?: CallOptions): Promise<void> {
+    const outcome =
+      answer === "allow" ? ApprovalOutcome.APPROVAL_OUTCOME_ALLOWED_ONCE : ApprovalOutcome.APPROVAL_OUTCOME_REJECTED;
+    await this.unary(this.stub.resolveApproval, { approvalId, outcome }, options, false);
   }
 
   /** A record's full content: what was spilled when the record holds only a preview. */

@@ -118,6 +118,7 @@ before(async () => {
   await provider.start();
   approver = new Approver(client, "ts-approver", async (request) => {
     approvals.push(request);
+    if ((request.arguments as JsonObject).path?.toString().startsWith("ask-later/")) return undefined; // abstain
     return (request.arguments as JsonObject).path?.toString().startsWith("ok/") ? "allow" : "reject";
   });
   await approver.start();
@@ -312,6 +313,32 @@ describe("RegistryClient against the real services", () => {
       .result;
     assert.equal(rejected.isError, true);
     assert.equal(rejected.error?.code, "DENIED");
+  });
+
+  it("lists and resolves a pending approval without a stream (ListPendingApprovals / ResolveApproval)", async () => {
+    const call = client.executeToolCall({
+      agent: "agents/ts-native",
+      callId: "ask-unary",
+      toolName: "guarded_write",
+      arguments: { path: "ask-later/b.txt" },
+    }).result;
+    const request = await eventually(async () =>
+      (await client.listPendingApprovals()).approvals.find((r) => r.callId === "ask-unary"),
+    );
+    assert.deepEqual([request.agent, request.toolName, request.arguments], ["agents/ts-native", "guarded_write", { path: "ask-later/b.txt" }]);
+    await client.resolveApproval(request.approvalId, "reject");
+    const result = await call;
+    assert.equal(result.error?.code, "DENIED");
+    await assert.rejects(client.resolveApproval(request.approvalId, "allow"), (error: unknown) => {
+      assert.ok(error instanceof CodemodeError);
+      assert.deepEqual([error.code, error.reason], [status.FAILED_PRECONDITION, "APPROVAL_NOT_PENDING"]);
+      return true;
+    });
+    await assert.rejects(client.resolveApproval("approval-nope", "allow"), (error: unknown) => {
+      assert.ok(error instanceof CodemodeError);
+      assert.deepEqual([error.code, error.reason], [status.NOT_FOUND, "APPROVAL_NOT_FOUND"]);
+      return true;
+    });
   });
 
   it("cancels a running tool: the provider's AbortSignal fires", async () => {

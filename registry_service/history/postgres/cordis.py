@@ -25,6 +25,7 @@ from registry_service.domain.cordis.state import (
     PluginRow,
     StaleWrite,
 )
+from registry_service.history import cordis_rows as rows
 from registry_service.history.postgres.catalog import write_note
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -39,10 +40,6 @@ _RAISE_ID = (
     "INSERT INTO cordis_ids (kind, last) VALUES (%s, %s)"
     " ON CONFLICT (kind) DO UPDATE SET last = greatest(cordis_ids.last, excluded.last)"
 )
-_PLUGIN_COLUMNS = (
-    "plugin_id, owner, owner_id, current_package, next_package, any_version_approved, revision"
-)
-_PACKAGE_COLUMNS = "plugin_id, package_id, name, purpose, host, client"
 
 
 class PostgresCordis:
@@ -89,13 +86,13 @@ class PostgresCordis:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             plugins = await (
                 await conn.execute(
-                    f"SELECT {_PLUGIN_COLUMNS} FROM cordis_plugins{where} ORDER BY plugin_id",
+                    f"SELECT {rows.PLUGIN_COLUMNS} FROM cordis_plugins{where} ORDER BY plugin_id",
                     params,
                 )
             ).fetchall()
             packages = await (
                 await conn.execute(
-                    f"SELECT {_PACKAGE_COLUMNS} FROM cordis_packages{where} ORDER BY position",
+                    f"SELECT {rows.PACKAGE_COLUMNS} FROM cordis_packages{where} ORDER BY position",
                     params,
                 )
             ).fetchall()
@@ -107,15 +104,15 @@ class PostgresCordis:
                 )
             ).fetchall()
         return CordisSnapshot(
-            [_plugin(row) for row in plugins],
-            [_package(row) for row in packages],
+            [rows.plugin_of(row) for row in plugins],
+            [rows.package_of(row) for row in packages],
             [(str(p), str(k)) for p, k in grants],
         )
 
     async def create_plugin(self, row: PluginRow, first: Package) -> None:
         async with self._connection() as conn, conn.transaction():
             cursor = await conn.execute(
-                f"INSERT INTO cordis_plugins ({_PLUGIN_COLUMNS})"
+                f"INSERT INTO cordis_plugins ({rows.PLUGIN_COLUMNS})"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (plugin_id) DO NOTHING",
                 (
                     row.plugin_id,
@@ -192,16 +189,9 @@ class PostgresCordis:
 async def _insert_package(conn: Conn, plugin_id: str, package: Package) -> bool:
     """Inserts the package; False when it is stored already with this content (a write
     repeated), `PackageImmutable` when with other content."""
-    values = (
-        plugin_id,
-        package.package_id,
-        package.name,
-        package.purpose,
-        package.host,
-        package.client,
-    )
+    values = rows.package_values(plugin_id, package)
     cursor = await conn.execute(
-        f"INSERT INTO cordis_packages ({_PACKAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)"
+        f"INSERT INTO cordis_packages ({rows.PACKAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)"
         " ON CONFLICT (package_id) DO NOTHING",
         values,
     )
@@ -209,37 +199,10 @@ async def _insert_package(conn: Conn, plugin_id: str, package: Package) -> bool:
         return True
     stored = await (
         await conn.execute(
-            f"SELECT {_PACKAGE_COLUMNS} FROM cordis_packages WHERE package_id = %s",
+            f"SELECT {rows.PACKAGE_COLUMNS} FROM cordis_packages WHERE package_id = %s",
             (package.package_id,),
         )
     ).fetchone()
-    if stored is None or _package(stored) != PackageRow(plugin_id, package):
+    if stored is None or rows.package_of(stored) != PackageRow(plugin_id, package):
         raise PackageImmutable(package.package_id)
     return False
-
-
-def _plugin(row: Any) -> PluginRow:
-    plugin_id, owner, owner_id, current, next_, any_version, revision = row
-    return PluginRow(
-        str(plugin_id),
-        str(owner),
-        str(owner_id),
-        None if current is None else str(current),
-        None if next_ is None else str(next_),
-        bool(any_version),
-        int(revision),
-    )
-
-
-def _package(row: Any) -> PackageRow:
-    plugin_id, package_id, name, purpose, host, client = row
-    return PackageRow(
-        str(plugin_id),
-        Package(
-            str(package_id),
-            str(name),
-            str(purpose),
-            None if host is None else str(host),
-            None if client is None else str(client),
-        ),
-    )

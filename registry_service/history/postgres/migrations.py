@@ -145,6 +145,32 @@ CREATE TABLE cordis_grants (
 );
 """,
     ),
+    (
+        5,
+        """
+-- Approvals as records (domain/approval_records.py, `approvals_in_store`): every registry on
+-- the database sees a pending one and the first answer wins (a conditional update on
+-- `state`); `asked_by` is the asking registry's history writer, whose lease tells whether it
+-- still waits.
+CREATE TABLE approvals (
+  position bigserial PRIMARY KEY,
+  approval_id text NOT NULL UNIQUE,
+  agent text NOT NULL,
+  principal text NOT NULL,
+  call_id text NOT NULL,
+  tool_name text NOT NULL,
+  arguments_json text NOT NULL,
+  reason text NOT NULL,
+  asked_by text NOT NULL,
+  asked_at double precision NOT NULL,
+  expires_at double precision,
+  state text NOT NULL,
+  answered_by text NOT NULL,
+  answered_at double precision
+);
+CREATE INDEX approvals_pending ON approvals (position) WHERE state = 'pending';
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

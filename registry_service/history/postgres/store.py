@@ -15,7 +15,8 @@ Unlike SQLite's file, one database may be shared by several registries:
   process's own (there are none in flight before the first call).
 
 The catalog (presets, agents, restrictions) lives in the same database (`catalog`), and so
-do the Cordis records (`cordis`: plugins, packages, grants, id counters). The schema is
+do the Cordis records (`cordis`: plugins, packages, grants, id counters) and the approval
+records (`approvals`). The schema is
 migrated at open (`migrations`); an unreachable server or a bad DSN at open stops the start, a
 server lost later makes the store UNAVAILABLE until a write or probe works again.
 """
@@ -37,10 +38,12 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
+from registry_service.domain.approval_records import ApprovalFollower
 from registry_service.domain.cordis.state import CordisFollower
 from registry_service.domain.records import Record, key_problem
 from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
+from registry_service.history.postgres.approvals import APPROVALS_CHANNEL, PostgresApprovals
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
 from registry_service.history.postgres.connect import (
@@ -112,10 +115,12 @@ class PostgresHistory(StoreHealth):
         self._listener: asyncio.Task[None] | None = None
         self._catalog_listener: asyncio.Task[None] | None = None
         self._cordis_listener: asyncio.Task[None] | None = None
+        self._approvals_listener: asyncio.Task[None] | None = None
         self._closing = False
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
         self._catalog_followers: list[CatalogFollower] = []
         self._cordis_followers: list[CordisFollower] = []
+        self._approval_followers: list[ApprovalFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
@@ -146,6 +151,11 @@ class PostgresHistory(StoreHealth):
     def cordis(self) -> PostgresCordis:
         """The Cordis store on this database (through this store's reads, like the catalog)."""
         return PostgresCordis(self._reading, self.writer_id, self._follow_cordis)
+
+    def approvals(self) -> PostgresApprovals:
+        """The approval store on this database (through this store's reads, like the catalog);
+        this process asks as its history writer, so its lease says whether it still waits."""
+        return PostgresApprovals(self._reading, self.writer_id, self._follow_approvals)
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -437,6 +447,14 @@ class PostgresHistory(StoreHealth):
                 self._listen(CORDIS_CHANNEL, self._cordis_missed, self._cordis_notified)
             )
 
+    def _follow_approvals(self, changed: ApprovalFollower) -> None:
+        """Like `_follow_catalog`, for the approval records (a connection of its own)."""
+        self._approval_followers.append(changed)
+        if self._approvals_listener is None and not self._closing:
+            self._approvals_listener = asyncio.ensure_future(
+                self._listen(APPROVALS_CHANNEL, self._approvals_changed, self._approvals_notified)
+            )
+
     async def _listen(
         self, channel: str, missed: Callable[[], None], notified: Callable[[str], None]
     ) -> None:
@@ -480,6 +498,15 @@ class PostgresHistory(StoreHealth):
         if others:
             for follower in self._cordis_followers:
                 follower(plugin_ids)
+
+    def _approvals_changed(self) -> None:
+        for follower in self._approval_followers:
+            follower()
+
+    def _approvals_notified(self, payload: str) -> None:
+        others, _ids = read_note(payload, self.writer_id)
+        if others:
+            self._approvals_changed()
 
     def _notified(self, payload: str) -> None:
         try:
@@ -537,6 +564,7 @@ SELECT count(*) FROM old
             self._listener,
             self._catalog_listener,
             self._cordis_listener,
+            self._approvals_listener,
         ):
             if task is not None:
                 task.cancel()

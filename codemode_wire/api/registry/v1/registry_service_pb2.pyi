@@ -12,6 +12,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
@@ -72,6 +73,8 @@ class _ApprovalOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Appro
     """The wait was cancelled (the caller went away)."""
     APPROVAL_OUTCOME_UNAVAILABLE: _ApprovalOutcome.ValueType  # 4
     """No approver was connected."""
+    APPROVAL_OUTCOME_EXPIRED: _ApprovalOutcome.ValueType  # 5
+    """Nobody answered before the approval's expiry; the call is DENIED."""
 
 class ApprovalOutcome(_ApprovalOutcome, metaclass=_ApprovalOutcomeEnumTypeWrapper):
     """How an approval wait ended."""
@@ -86,6 +89,8 @@ APPROVAL_OUTCOME_CANCELLED: ApprovalOutcome.ValueType  # 3
 """The wait was cancelled (the caller went away)."""
 APPROVAL_OUTCOME_UNAVAILABLE: ApprovalOutcome.ValueType  # 4
 """No approver was connected."""
+APPROVAL_OUTCOME_EXPIRED: ApprovalOutcome.ValueType  # 5
+"""Nobody answered before the approval's expiry; the call is DENIED."""
 Global___ApprovalOutcome: _TypeAlias = ApprovalOutcome  # noqa: Y015
 
 @_typing.final
@@ -1372,6 +1377,7 @@ class ApprovalRequest(_message.Message):
     TOOL_NAME_FIELD_NUMBER: _builtins.int
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     """The approval request id."""
     call_id: _builtins.str
@@ -1384,6 +1390,10 @@ class ApprovalRequest(_message.Message):
     """The call's arguments (JSON text)."""
     reason: _builtins.str
     """Why approval is needed."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the request expires unanswered; unset: it waits until answered or cancelled."""
+
     def __init__(
         self,
         *,
@@ -1393,14 +1403,114 @@ class ApprovalRequest(_message.Message):
         tool_name: _builtins.str = ...,
         arguments_json: _builtins.str = ...,
         reason: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "reason", b"reason", "tool_name", b"tool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "expire_time", b"expire_time", "reason", b"reason", "tool_name", b"tool_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApprovalRequest: _TypeAlias = ApprovalRequest  # noqa: Y015
+
+@_typing.final
+class ListPendingApprovalsRequest(_message.Message):
+    """Request for ListPendingApprovals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Maximum number of requests to return: 0 means 50; values above 1000 are coerced to 1000.
+    A page may hold fewer (the registry reads a bounded number of records per page).
+    """
+    page_token: _builtins.str
+    """A page token from a previous response."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPendingApprovalsRequest: _TypeAlias = ListPendingApprovalsRequest  # noqa: Y015
+
+@_typing.final
+class ListPendingApprovalsResponse(_message.Message):
+    """Response for ListPendingApprovals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVALS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty on the last page."""
+    @_builtins.property
+    def approvals(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApprovalRequest]:
+        """Pending requests the caller may answer, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        approvals: _abc.Iterable[Global___ApprovalRequest] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPendingApprovalsResponse: _TypeAlias = ListPendingApprovalsResponse  # noqa: Y015
+
+@_typing.final
+class ResolveApprovalRequest(_message.Message):
+    """Request for ResolveApproval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    approval_id: _builtins.str
+    """The approval request id."""
+    outcome: Global___ApprovalOutcome.ValueType
+    """ALLOWED_ONCE or REJECTED; anything else is INVALID_ARGUMENT."""
+    def __init__(
+        self,
+        *,
+        approval_id: _builtins.str = ...,
+        outcome: Global___ApprovalOutcome.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveApprovalRequest: _TypeAlias = ResolveApprovalRequest  # noqa: Y015
+
+@_typing.final
+class ResolveApprovalResponse(_message.Message):
+    """Response for ResolveApproval: the answer won."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveApprovalResponse: _TypeAlias = ResolveApprovalResponse  # noqa: Y015
 
 @_typing.final
 class ApprovalWithdrawn(_message.Message):

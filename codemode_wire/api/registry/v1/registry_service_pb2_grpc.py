@@ -129,6 +129,16 @@ class RegistryServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.FromString,
                 _registered_method=True)
+        self.ListPendingApprovals = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/ListPendingApprovals',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsResponse.FromString,
+                _registered_method=True)
+        self.ResolveApproval = channel.unary_unary(
+                '/codemode.registry.v1.RegistryService/ResolveApproval',
+                request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalResponse.FromString,
+                _registered_method=True)
         self.ListHistory = channel.unary_unary(
                 '/codemode.registry.v1.RegistryService/ListHistory',
                 request_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListHistoryRequest.SerializeToString,
@@ -290,6 +300,24 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPendingApprovals(self, request, context):
+        """The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+        approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+        those of every registry sharing the database.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveApproval(self, request, context):
+        """Answers a pending approval request, like a stream's decision: the first answer on any
+        registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+        (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListHistory(self, request, context):
         """Lists an agent's history records in order (AIP-158 pagination), optionally one call's.
         """
@@ -413,6 +441,16 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.Approve,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.SerializeToString,
+            ),
+            'ListPendingApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPendingApprovals,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsResponse.SerializeToString,
+            ),
+            'ResolveApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveApproval,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalResponse.SerializeToString,
             ),
             'ListHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.ListHistory,
@@ -924,6 +962,60 @@ class RegistryService:
             '/codemode.registry.v1.RegistryService/Approve',
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_registry__service__pb2.ApproveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPendingApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/ListPendingApprovals',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ListPendingApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.RegistryService/ResolveApproval',
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_registry__service__pb2.ResolveApprovalResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -87,6 +87,16 @@ class RegistryServiceStub:
     """
     Approve: _grpc.StreamStreamMultiCallable[_registry_service_pb2.ApproveRequest, _registry_service_pb2.ApproveResponse]
     """An approver's stream: receives approval requests and answers them. The first answer wins."""
+    ListPendingApprovals: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ListPendingApprovalsRequest, _registry_service_pb2.ListPendingApprovalsResponse]
+    """The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+    approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+    those of every registry sharing the database.
+    """
+    ResolveApproval: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ResolveApprovalRequest, _registry_service_pb2.ResolveApprovalResponse]
+    """Answers a pending approval request, like a stream's decision: the first answer on any
+    registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+    (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+    """
     ListHistory: _grpc.UnaryUnaryMultiCallable[_registry_service_pb2.ListHistoryRequest, _registry_service_pb2.ListHistoryResponse]
     """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
     WatchHistory: _grpc.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]
@@ -158,6 +168,16 @@ class RegistryServiceAsyncStub(RegistryServiceStub):
     """
     Approve: _aio.StreamStreamMultiCallable[_registry_service_pb2.ApproveRequest, _registry_service_pb2.ApproveResponse]  # type: ignore[assignment]
     """An approver's stream: receives approval requests and answers them. The first answer wins."""
+    ListPendingApprovals: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ListPendingApprovalsRequest, _registry_service_pb2.ListPendingApprovalsResponse]  # type: ignore[assignment]
+    """The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+    approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+    those of every registry sharing the database.
+    """
+    ResolveApproval: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ResolveApprovalRequest, _registry_service_pb2.ResolveApprovalResponse]  # type: ignore[assignment]
+    """Answers a pending approval request, like a stream's decision: the first answer on any
+    registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+    (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+    """
     ListHistory: _aio.UnaryUnaryMultiCallable[_registry_service_pb2.ListHistoryRequest, _registry_service_pb2.ListHistoryResponse]  # type: ignore[assignment]
     """Lists an agent's history records in order (AIP-158 pagination), optionally one call's."""
     WatchHistory: _aio.UnaryStreamMultiCallable[_registry_service_pb2.WatchHistoryRequest, _registry_service_pb2.WatchHistoryResponse]  # type: ignore[assignment]
@@ -334,6 +354,28 @@ class RegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_registry_service_pb2.ApproveResponse], _abc.AsyncIterator[_registry_service_pb2.ApproveResponse]]:
         """An approver's stream: receives approval requests and answers them. The first answer wins."""
+
+    @_abc_1.abstractmethod
+    def ListPendingApprovals(
+        self,
+        request: _registry_service_pb2.ListPendingApprovalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_registry_service_pb2.ListPendingApprovalsResponse, _abc.Awaitable[_registry_service_pb2.ListPendingApprovalsResponse]]:
+        """The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+        approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+        those of every registry sharing the database.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveApproval(
+        self,
+        request: _registry_service_pb2.ResolveApprovalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_registry_service_pb2.ResolveApprovalResponse, _abc.Awaitable[_registry_service_pb2.ResolveApprovalResponse]]:
+        """Answers a pending approval request, like a stream's decision: the first answer on any
+        registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+        (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+        """
 
     @_abc_1.abstractmethod
     def ListHistory(

@@ -24,6 +24,7 @@ import {
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 import { Duration } from "../../../google/protobuf/duration";
+import { Timestamp } from "../../../google/protobuf/timestamp";
 import { Status } from "../../../google/rpc/status";
 import { TraceContext } from "../../common/v1/trace";
 import { HistoryRecord, NestedCallSettled, NestedCallStarted, ProgramLog } from "./history";
@@ -70,6 +71,8 @@ export enum ApprovalOutcome {
   APPROVAL_OUTCOME_CANCELLED = 3,
   /** APPROVAL_OUTCOME_UNAVAILABLE - No approver was connected. */
   APPROVAL_OUTCOME_UNAVAILABLE = 4,
+  /** APPROVAL_OUTCOME_EXPIRED - Nobody answered before the approval's expiry; the call is DENIED. */
+  APPROVAL_OUTCOME_EXPIRED = 5,
   UNRECOGNIZED = -1,
 }
 
@@ -526,6 +529,39 @@ export interface ApprovalRequest {
   argumentsJson: string;
   /** Why approval is needed. */
   reason: string;
+  /** When the request expires unanswered; unset: it waits until answered or cancelled. */
+  expireTime: Date | undefined;
+}
+
+/** Request for ListPendingApprovals. */
+export interface ListPendingApprovalsRequest {
+  /**
+   * Maximum number of requests to return: 0 means 50; values above 1000 are coerced to 1000.
+   * A page may hold fewer (the registry reads a bounded number of records per page).
+   */
+  pageSize: number;
+  /** A page token from a previous response. */
+  pageToken: string;
+}
+
+/** Response for ListPendingApprovals. */
+export interface ListPendingApprovalsResponse {
+  /** Pending requests the caller may answer, oldest first. */
+  approvals: ApprovalRequest[];
+  /** Token for the next page; empty on the last page. */
+  nextPageToken: string;
+}
+
+/** Request for ResolveApproval. */
+export interface ResolveApprovalRequest {
+  /** The approval request id. */
+  approvalId: string;
+  /** ALLOWED_ONCE or REJECTED; anything else is INVALID_ARGUMENT. */
+  outcome: ApprovalOutcome;
+}
+
+/** Response for ResolveApproval: the answer won. */
+export interface ResolveApprovalResponse {
 }
 
 /** An approval request was closed without this approver's answer. */
@@ -3788,7 +3824,7 @@ export const ApproverOpened: MessageFns<ApproverOpened> = {
 };
 
 function createBaseApprovalRequest(): ApprovalRequest {
-  return { approvalId: "", callId: "", agent: "", toolName: "", argumentsJson: "", reason: "" };
+  return { approvalId: "", callId: "", agent: "", toolName: "", argumentsJson: "", reason: "", expireTime: undefined };
 }
 
 export const ApprovalRequest: MessageFns<ApprovalRequest> = {
@@ -3810,6 +3846,9 @@ export const ApprovalRequest: MessageFns<ApprovalRequest> = {
     }
     if (message.reason !== "") {
       writer.uint32(50).string(message.reason);
+    }
+    if (message.expireTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.expireTime), writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -3875,6 +3914,14 @@ export const ApprovalRequest: MessageFns<ApprovalRequest> = {
             message.reason = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.expireTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3898,6 +3945,251 @@ export const ApprovalRequest: MessageFns<ApprovalRequest> = {
     message.toolName = object.toolName ?? "";
     message.argumentsJson = object.argumentsJson ?? "";
     message.reason = object.reason ?? "";
+    message.expireTime = object.expireTime ?? undefined;
+    return message;
+  },
+};
+
+function createBaseListPendingApprovalsRequest(): ListPendingApprovalsRequest {
+  return { pageSize: 0, pageToken: "" };
+}
+
+export const ListPendingApprovalsRequest: MessageFns<ListPendingApprovalsRequest> = {
+  encode(message: ListPendingApprovalsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pageSize !== 0) {
+      writer.uint32(8).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(18).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListPendingApprovalsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListPendingApprovalsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ListPendingApprovalsRequest>): ListPendingApprovalsRequest {
+    return ListPendingApprovalsRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListPendingApprovalsRequest>): ListPendingApprovalsRequest {
+    const message = createBaseListPendingApprovalsRequest();
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseListPendingApprovalsResponse(): ListPendingApprovalsResponse {
+  return { approvals: [], nextPageToken: "" };
+}
+
+export const ListPendingApprovalsResponse: MessageFns<ListPendingApprovalsResponse> = {
+  encode(message: ListPendingApprovalsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.approvals) {
+      ApprovalRequest.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListPendingApprovalsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListPendingApprovalsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.approvals.push(ApprovalRequest.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ListPendingApprovalsResponse>): ListPendingApprovalsResponse {
+    return ListPendingApprovalsResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ListPendingApprovalsResponse>): ListPendingApprovalsResponse {
+    const message = createBaseListPendingApprovalsResponse();
+    message.approvals = object.approvals?.map((e) => ApprovalRequest.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseResolveApprovalRequest(): ResolveApprovalRequest {
+  return { approvalId: "", outcome: 0 };
+}
+
+export const ResolveApprovalRequest: MessageFns<ResolveApprovalRequest> = {
+  encode(message: ResolveApprovalRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.approvalId !== "") {
+      writer.uint32(10).string(message.approvalId);
+    }
+    if (message.outcome !== 0) {
+      writer.uint32(16).int32(message.outcome);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolveApprovalRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolveApprovalRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.approvalId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.outcome = reader.int32() as any;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ResolveApprovalRequest>): ResolveApprovalRequest {
+    return ResolveApprovalRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ResolveApprovalRequest>): ResolveApprovalRequest {
+    const message = createBaseResolveApprovalRequest();
+    message.approvalId = object.approvalId ?? "";
+    message.outcome = object.outcome ?? 0;
+    return message;
+  },
+};
+
+function createBaseResolveApprovalResponse(): ResolveApprovalResponse {
+  return {};
+}
+
+export const ResolveApprovalResponse: MessageFns<ResolveApprovalResponse> = {
+  encode(_: ResolveApprovalResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolveApprovalResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolveApprovalResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ResolveApprovalResponse>): ResolveApprovalResponse {
+    return ResolveApprovalResponse.fromPartial(base ?? {});
+  },
+  fromPartial(_: DeepPartial<ResolveApprovalResponse>): ResolveApprovalResponse {
+    const message = createBaseResolveApprovalResponse();
     return message;
   },
 };
@@ -4838,6 +5130,38 @@ export const RegistryServiceService = {
     responseSerialize: (value: ApproveResponse): Buffer => Buffer.from(ApproveResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ApproveResponse => ApproveResponse.decode(value),
   },
+  /**
+   * The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+   * approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+   * those of every registry sharing the database.
+   */
+  listPendingApprovals: {
+    path: "/codemode.registry.v1.RegistryService/ListPendingApprovals" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListPendingApprovalsRequest): Buffer =>
+      Buffer.from(ListPendingApprovalsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListPendingApprovalsRequest => ListPendingApprovalsRequest.decode(value),
+    responseSerialize: (value: ListPendingApprovalsResponse): Buffer =>
+      Buffer.from(ListPendingApprovalsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListPendingApprovalsResponse => ListPendingApprovalsResponse.decode(value),
+  },
+  /**
+   * Answers a pending approval request, like a stream's decision: the first answer on any
+   * registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+   * (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+   */
+  resolveApproval: {
+    path: "/codemode.registry.v1.RegistryService/ResolveApproval" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResolveApprovalRequest): Buffer =>
+      Buffer.from(ResolveApprovalRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResolveApprovalRequest => ResolveApprovalRequest.decode(value),
+    responseSerialize: (value: ResolveApprovalResponse): Buffer =>
+      Buffer.from(ResolveApprovalResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResolveApprovalResponse => ResolveApprovalResponse.decode(value),
+  },
   /** Lists an agent's history records in order (AIP-158 pagination), optionally one call's. */
   listHistory: {
     path: "/codemode.registry.v1.RegistryService/ListHistory" as const,
@@ -4949,6 +5273,18 @@ export interface RegistryServiceServer extends UntypedServiceImplementation {
   connect: handleBidiStreamingCall<ConnectRequest, ConnectResponse>;
   /** An approver's stream: receives approval requests and answers them. The first answer wins. */
   approve: handleBidiStreamingCall<ApproveRequest, ApproveResponse>;
+  /**
+   * The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+   * approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+   * those of every registry sharing the database.
+   */
+  listPendingApprovals: handleUnaryCall<ListPendingApprovalsRequest, ListPendingApprovalsResponse>;
+  /**
+   * Answers a pending approval request, like a stream's decision: the first answer on any
+   * registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+   * (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+   */
+  resolveApproval: handleUnaryCall<ResolveApprovalRequest, ResolveApprovalResponse>;
   /** Lists an agent's history records in order (AIP-158 pagination), optionally one call's. */
   listHistory: handleUnaryCall<ListHistoryRequest, ListHistoryResponse>;
   /** Streams an agent's history: records after `after_seq`, then new ones as they are written. */
@@ -5244,6 +5580,46 @@ export interface RegistryServiceClient extends Client {
   approve(): ClientDuplexStream<ApproveRequest, ApproveResponse>;
   approve(options: Partial<CallOptions>): ClientDuplexStream<ApproveRequest, ApproveResponse>;
   approve(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<ApproveRequest, ApproveResponse>;
+  /**
+   * The pending approval requests the caller may answer, oldest first (AIP-158 pagination): for
+   * approvers that are not streams (a ticketing system, a webhook). With `approvals_in_store`,
+   * those of every registry sharing the database.
+   */
+  listPendingApprovals(
+    request: ListPendingApprovalsRequest,
+    callback: (error: ServiceError | null, response: ListPendingApprovalsResponse) => void,
+  ): ClientUnaryCall;
+  listPendingApprovals(
+    request: ListPendingApprovalsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListPendingApprovalsResponse) => void,
+  ): ClientUnaryCall;
+  listPendingApprovals(
+    request: ListPendingApprovalsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListPendingApprovalsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Answers a pending approval request, like a stream's decision: the first answer on any
+   * registry wins. NOT_FOUND for an id the caller may not answer (or none); FAILED_PRECONDITION
+   * (`APPROVAL_NOT_PENDING`) when it was already answered, withdrawn or expired: nothing changes.
+   */
+  resolveApproval(
+    request: ResolveApprovalRequest,
+    callback: (error: ServiceError | null, response: ResolveApprovalResponse) => void,
+  ): ClientUnaryCall;
+  resolveApproval(
+    request: ResolveApprovalRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResolveApprovalResponse) => void,
+  ): ClientUnaryCall;
+  resolveApproval(
+    request: ResolveApprovalRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResolveApprovalResponse) => void,
+  ): ClientUnaryCall;
   /** Lists an agent's history records in order (AIP-158 pagination), optionally one call's. */
   listHistory(
     request: ListHistoryRequest,
@@ -5328,6 +5704,18 @@ export type DeepPartial<T> = T extends bigint ? string | number | bigint
   : T extends { $case: string; value: unknown } ? { $case: T["$case"]; value?: DeepPartial<T["value"]> }
   : T extends {} ? { [K in keyof T]?: DeepPartial<T[K]> }
   : Partial<T>;
+
+function toTimestamp(date: Date): Timestamp {
+  const seconds = BigInt(Math.trunc(date.getTime() / 1_000));
+  const nanos = (date.getTime() % 1_000) * 1_000_000;
+  return { seconds, nanos };
+}
+
+function fromTimestamp(t: Timestamp): Date {
+  let millis = (globalThis.Number(t.seconds.toString()) || 0) * 1_000;
+  millis += (t.nanos || 0) / 1_000_000;
+  return new globalThis.Date(millis);
+}
 
 export interface MessageFns<T> {
   encode(message: T, writer?: BinaryWriter): BinaryWriter;
