@@ -32,6 +32,7 @@ from registry_service.domain.records import (
 )
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_cordis import SqliteCordis
+from registry_service.history.sqlite_host_leases import SqliteHostLeases
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
     StoreHealth,
@@ -104,6 +105,10 @@ class SqliteHistory(StoreHealth):
     def cordis(self) -> SqliteCordis:
         """The Cordis store on this database (and this connection, like the catalog)."""
         return SqliteCordis(self._db, self._failed, self._refuse_if_corrupt)
+
+    def host_leases(self) -> SqliteHostLeases:
+        """The Cordis host leases on this database (and this connection)."""
+        return SqliteHostLeases(self._db, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
 
