@@ -96,6 +96,8 @@ class Peers(Protocol):
         """Retracts the run there (returns once quiescent); `OwnerLost`."""
         ...
 
+    async def close(self) -> None: ...
+
 
 @dataclass
 class HostPlacement:

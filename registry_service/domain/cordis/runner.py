@@ -219,6 +219,11 @@ class CordisRunner:
             self._keeper = asyncio.ensure_future(self._keep_leases(self._placement))
 
     @property
+    def placement(self) -> HostPlacement | None:
+        """This registry among those sharing the store (None: it runs what it activates)."""
+        return self._placement
+
+    @property
     def follower(self) -> ChangeFollower | None:
         """What follows other registries' changes (once `load` ran)."""
         return self._follower
@@ -1088,6 +1093,7 @@ class CordisRunner:
         if self._placement is not None:
             with contextlib.suppress(CodemodeError):
                 await self._placement.leases.expire(self._placement.instance)
+            await self._placement.peers.close()
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._follower is not None:
