@@ -300,6 +300,13 @@ def _placement(
     token = settings.cordis_peer_token()
     if settings.history_store != "postgres" or store is None or token is None:
         return None
+    if settings.tls_cert_file is not None:
+        # The peer client dials plaintext; a TLS-only server would refuse it.
+        log.warning(
+            "cordis: the registry serves TLS, so the Cordis peer channel is off: each "
+            "registry runs the plugin hosts it activates"
+        )
+        return None
     from registry_service.cordis_peers import GrpcPeers
 
     return HostPlacement(

@@ -58,13 +58,22 @@ class RunningRegistry:
         await self.registry.close()
 
 
-def peer_address(settings: RegistrySettings, port: int) -> str:
-    """Where the other registries reach this one's peer channel (`cordis_peer_address`)."""
+async def peer_address(settings: RegistrySettings, port: int) -> str:
+    """Where the other registries reach this one's peer channel (`cordis_peer_address`): else
+    the `listen` host, or for a wildcard this machine's address (what its host name resolves
+    to: a pod's or a container's own IP)."""
     if settings.cordis_peer_address:
         return settings.cordis_peer_address
     host = settings.listen.rsplit(":", 1)[0].strip("[]")
     if host in ("", "0.0.0.0", "::"):
-        host = socket.gethostname()
+        name = socket.gethostname()
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                name, port, type=socket.SOCK_STREAM
+            )
+            host = str(found[0][4][0]) if found else name
+        except OSError:
+            host = name
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -129,7 +138,7 @@ async def start(
     )
 
     if placement is not None:
-        placement.address = peer_address(settings, port)
+        placement.address = await peer_address(settings, port)
 
     async def report_health(serving: bool) -> None:
         # Calls with an agent fail while the history store does: not serving, for both names.
