@@ -44,13 +44,11 @@ PEER_METADATA = "x-codemode-peer"
 T = TypeVar("T")
 # A run the caller named is not (or no longer) the owner's: the plugin moved on meanwhile.
 _NOT_HERE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
-# Pings an idle follow stream so an owner that vanished without closing it is noticed.
-_KEEPALIVE = (
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-)
+# An owner that vanished without closing its streams is noticed by its lease expiring (the
+# survivor then forgets its runs, failing their calls in flight), not by pings: a server
+# takes a client's pings on an idle connection at most every 5 minutes
+# (codemode_common/grpc_server.py). A stop waits this long at most for an owner to answer.
+_STOP_TIMEOUT_S = 60.0
 
 
 class GrpcPeers:
@@ -59,7 +57,6 @@ class GrpcPeers:
     def __init__(self, token: str, max_message_bytes: int) -> None:
         self._metadata = ((PEER_METADATA, token),)
         self._options = (
-            *_KEEPALIVE,
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
         )
@@ -166,7 +163,10 @@ class GrpcPeers:
         stub = self._stub(run.address)
         try:
             response = await self._unary(
-                run.address, lambda: stub.PeerStopHost(request, metadata=self._metadata)
+                run.address,
+                lambda: stub.PeerStopHost(
+                    request, metadata=self._metadata, timeout=_STOP_TIMEOUT_S
+                ),
             )
         except ToolCallFailure:
             return False

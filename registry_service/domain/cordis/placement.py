@@ -10,10 +10,11 @@ authenticated `CordisPeerService`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from codemode_common.principals import Principal
 from codemode_wire.jsonvalue import JsonValue
@@ -44,6 +45,9 @@ __all__ = [
 # call's outcome is unknown, so it is not retried; the agent may call again once a survivor has
 # taken the plugin over.
 OWNER_LOST = "ABORTED"
+
+
+T = TypeVar("T")
 
 
 class OwnerLost(Exception):
@@ -112,13 +116,34 @@ class HostPlacement:
 
 class RemoteHost:
     """A plugin's run in another registry (its owner), seen from here: an `ActiveHost` whose
-    calls go to the owner. Retracting it here only forgets it (`stop` retracts it there)."""
+    calls go to the owner. Retracting it here only forgets it (`stop` retracts it there): its
+    calls still in flight fail `OWNER_LOST` then, since this registry forgets a remote run
+    when its owner is lost (its follow stream broke, or its lease expired) and an owner that
+    vanished without a word may never answer them."""
 
     def __init__(self, peers: Peers, address: str, plugin_id: str, run: RemoteRun) -> None:
         self.peers = peers
         self.address = address
         self.plugin_id = plugin_id
         self.run = run
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._forgotten = False
+
+    async def _forward(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`, unless this run is forgotten first (then `OwnerLost`)."""
+        if self._forgotten:
+            raise OwnerLost("the run was forgotten here")
+        inner = asyncio.ensure_future(call())
+        self._inflight.add(inner)
+        try:
+            return await inner
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._forgotten and inner.cancelled() and (task is None or not task.cancelling()):
+                raise OwnerLost("the run was forgotten here") from None
+            raise
+        finally:
+            self._inflight.discard(inner)
 
     @property
     def registrations(self) -> HostRegistrations:
@@ -139,7 +164,8 @@ class RemoteHost:
         self, name: str, arguments: JsonValue, signal: AbortSignal
     ) -> JsonValue | ToolResult:
         try:
-            return await self.peers.call_tool(self._at, name, arguments, signal)
+            at = self._at
+            return await self._forward(lambda: self.peers.call_tool(at, name, arguments, signal))
         except OwnerLost:
             raise ToolCallFailure(self._lost(f'the call of tool "{name}"'), OWNER_LOST) from None
 
@@ -147,7 +173,10 @@ class RemoteHost:
         self, service: str, method: str, arguments: JsonValue, signal: AbortSignal
     ) -> JsonValue:
         try:
-            return await self.peers.call_service(self._at, service, method, arguments, signal)
+            at = self._at
+            return await self._forward(
+                lambda: self.peers.call_service(at, service, method, arguments, signal)
+            )
         except OwnerLost:
             raise ToolCallFailure(
                 self._lost(f'the call of service "{service}".{method}'), OWNER_LOST
@@ -161,12 +190,16 @@ class RemoteHost:
 
     async def call_handler(self, method: str, args: JsonValue) -> JsonValue:
         try:
-            return await self.peers.call_handler(self._at, method, args)
+            at = self._at
+            return await self._forward(lambda: self.peers.call_handler(at, method, args))
         except OwnerLost:
             raise HandlerFailed(self._lost(f'the call of handler "{method}"')) from None
 
     async def retract(self) -> None:
-        """Forgets the run here; the owner keeps running it."""
+        """Forgets the run here (the owner keeps running it); calls in flight fail."""
+        self._forgotten = True
+        for call in list(self._inflight):
+            call.cancel()
 
     async def stop(self) -> None:
         """Retracts the run in its owner (an owner already gone has nothing left to stop)."""

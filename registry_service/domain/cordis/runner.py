@@ -194,6 +194,7 @@ class CordisRunner:
         self._following: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (address, task)
         self._principals: dict[str, Principal] = {}  # who started a run another registry runs
         self._keeper: asyncio.Task[None] | None = None
+        self._taking: set[str] = set()  # plugins this registry is taking over now
         self._run_changed = asyncio.Event()  # set (and replaced) whenever a run changes here
         catalog.on_delete(self._scope_deleted)
 
@@ -1007,7 +1008,9 @@ class CordisRunner:
         self._tell_services(plugin.owner)  # consumers of its services park again
         self._changed_run()
         if isinstance(run.host, RemoteHost):
-            if not here_only:
+            if here_only:
+                await run.host.retract()
+            else:
                 await run.host.stop()
             return
         if run.host is not None:
@@ -1082,8 +1085,10 @@ class CordisRunner:
             self._keeper.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._keeper
-        for _address, following in list(self._following.values()):
+        follows = [following for _address, following in self._following.values()]
+        for following in follows:
             following.cancel()
+        await asyncio.gather(*follows, return_exceptions=True)
         for task in list(self._starts.values()):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(task)
@@ -1179,7 +1184,9 @@ class CordisRunner:
             if lease.owner == placement.instance or plugin is None:
                 continue
             if lease.expired:
-                await self._take_over(placement, plugin, lease)
+                if plugin.plugin_id not in self._taking:  # an activation: not in this loop
+                    self._taking.add(plugin.plugin_id)
+                    self.in_background(self._take_over(placement, plugin, lease))
             else:
                 self._follow_owner(placement, plugin, lease)
 
@@ -1235,6 +1242,16 @@ class CordisRunner:
         survivor wins it) and reactivates the plugin's current package, and the agent is
         steered. A plugin with no current package, or one with a Client half (its page runner
         must approve it again), is left stopped."""
+        try:
+            await self._take_over_now(placement, plugin, lease)
+        except CodemodeError as exc:  # the store failed: the next look tries again
+            log.warning("cordis: %s not taken over: %s", plugin.plugin_id, exc.message)
+        finally:
+            self._taking.discard(plugin.plugin_id)
+
+    async def _take_over_now(
+        self, placement: HostPlacement, plugin: Plugin, lease: HostLease
+    ) -> None:
         current = plugin.current
         package = plugin.packages.get(current) if current is not None else None
         if (
@@ -1252,6 +1269,9 @@ class CordisRunner:
         if taken is None:
             return  # another survivor was first
         self._held[plugin.plugin_id] = taken
+        following = self._following.pop(plugin.plugin_id, None)
+        if following is not None:  # an owner that vanished may never end its stream
+            following[1].cancel()
         lost = plugin.run
         lost_run = lost.run_id if lost is not None else "its run"
         if lost is not None:

@@ -230,6 +230,45 @@ async def test_an_owner_lost_mid_call_fails_the_call_aborted_and_a_survivor_take
     assert value == {"logs": [], "result": {"time": "12:00", "args": {"again": True}}}
 
 
+async def test_an_owner_that_stops_renewing_is_fenced_out_and_its_calls_in_flight_fail(
+    replicas: tuple[CordisHarness, CordisHarness], pg_database: str
+) -> None:
+    """A stalls (it stops renewing; its connections stay open, its host keeps the call): once
+    its lease expires B forgets A's run, so the call in flight on B fails ABORTED without
+    waiting for A, and B takes over; A, renewing late, finds the lease taken and retracts."""
+    a, b = replicas
+    await a.define(AGENT, GATED)
+    await a.ok(AGENT, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"})
+    await seen(lambda: visible(b), lambda names: "clock_now" in names, "the tool on B")
+    runner_a = a.registry.cordis.runner
+    keeper = runner_a._keeper
+    assert keeper is not None
+    call = asyncio.ensure_future(b.call(AGENT, "clock_now", {}, "stalled"))
+
+    async def held() -> list[str]:
+        return list(hosts_of(a).probe.seen)
+
+    await seen(held, lambda s: s == ["now"], "the call held in A's host")
+    keeper.cancel()
+    result = await call
+    assert result.is_error and result.error.code == "ABORTED", result.error.message
+    assert (await b.settled(AGENT, "stalled")).error_code == "ABORTED"
+
+    async def owners() -> list[Any]:
+        return [(row[1], row[3]) for row in lease_rows(pg_database)]
+
+    await seen(owners, lambda rows: rows == [(placement_of(b).instance, 2)], "B's lease")
+    await seen(lambda: visible(b), lambda names: "clock_now" in names, "B's own run")
+    assert activations(b) == 1
+    # A's late renewal is refused (epoch 2 is B's): A retracts its host, B keeps running.
+    assert "disposed clock" not in hosts_of(a).probe.seen
+    await runner_a._renew(placement_of(a))
+    assert "disposed clock" in hosts_of(a).probe.seen
+    assert await owners() == [(placement_of(b).instance, 2)]
+    hosts_of(b).probe.gate("g").set()
+    assert (await b.ok(AGENT, "clock_now", {}, "after"))["time"] == "12:00"
+
+
 async def test_a_page_on_one_replica_invokes_a_handler_of_a_host_the_other_runs(
     replicas: tuple[CordisHarness, CordisHarness],
 ) -> None:
