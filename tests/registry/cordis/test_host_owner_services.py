@@ -43,7 +43,7 @@ async def state(h: CordisHarness, plugin_id: str) -> Any:
 async def test_a_consumer_on_one_registry_calls_a_provider_the_other_runs(
     pg_database: str,
 ) -> None:
-    settings = {
+    settings: dict[str, Any] = {
         "history_store": "postgres",
         "history_dsn": pg_database,
         "token_key": "5e" * 32,
@@ -92,7 +92,5 @@ async def test_a_consumer_on_one_registry_calls_a_provider_the_other_runs(
 
         # The provider stops (through B): the consumer parks again, its tool gone.
         await b.ok(AGENT, "cordis_stop", {"pluginId": provider["pluginId"]})
-        await seen(
-            lambda: state(b, consumer["pluginId"]), lambda s: s == "waiting", "parked again"
-        )
+        await seen(lambda: state(b, consumer["pluginId"]), lambda s: s == "waiting", "parked again")
         assert "count_up" not in await b.visible(AGENT)
