@@ -662,6 +662,7 @@ class CordisRunner:
             plugin.starting = False
             if self._starts.get(plugin.plugin_id) is asyncio.current_task():
                 del self._starts[plugin.plugin_id]
+            self._changed_run()
 
     def _client_only_run(
         self, plugin: Plugin, package: Package, attempt: Attempt
@@ -1252,6 +1253,13 @@ class CordisRunner:
     async def _take_over_now(
         self, placement: HostPlacement, plugin: Plugin, lease: HostLease
     ) -> None:
+        following = self._following.pop(plugin.plugin_id, None)
+        if following is not None:  # an owner that vanished may never end its stream
+            following[1].cancel()
+        lost = plugin.run
+        lost_run = lost.run_id if lost is not None else "its run"
+        if lost is not None and isinstance(lost.host, RemoteHost):
+            await self._retract(plugin, here_only=True)  # its tools leave this catalog
         current = plugin.current
         package = plugin.packages.get(current) if current is not None else None
         if (
@@ -1269,13 +1277,6 @@ class CordisRunner:
         if taken is None:
             return  # another survivor was first
         self._held[plugin.plugin_id] = taken
-        following = self._following.pop(plugin.plugin_id, None)
-        if following is not None:  # an owner that vanished may never end its stream
-            following[1].cancel()
-        lost = plugin.run
-        lost_run = lost.run_id if lost is not None else "its run"
-        if lost is not None:
-            await self._retract(plugin, here_only=True)
         principal = self._principals.get(plugin.plugin_id, ANONYMOUS)
         try:
             attempt = await self.new_attempt(
@@ -1324,7 +1325,14 @@ class CordisRunner:
 
     async def follow_run(self, plugin_id: str) -> AsyncIterator[RemoteRun]:
         """The plugin's run here, then each change, until it ends here (`ToolCallFailure`
-        with `PLUGIN_NOT_RUNNING` when there is none)."""
+        with `PLUGIN_NOT_RUNNING` when there is none). A follower that heard of the lease
+        before the host had started waits for the start."""
+        while True:
+            changed = self._run_changed
+            starting = self._plugins.get(plugin_id)
+            if starting is None or not starting.starting or plugin_id not in self._held:
+                break
+            await changed.wait()
         plugin, run = self._local_run(plugin_id)
         first = run.run_id
         last: RemoteRun | None = None
