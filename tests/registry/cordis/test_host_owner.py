@@ -11,6 +11,7 @@ seam (one set per registry); programs run on a real runtime. Every wait is a lat
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import grpc
 import psycopg
 import pytest
 
+from codemode_client.channel import open_channel
 from codemode_client.page_runner import PageRunner
 from codemode_wire.api.registry.v1 import cordis_peer_pb2 as peer_pb
 from codemode_wire.api.registry.v1 import cordis_peer_pb2_grpc as peer_grpc
@@ -320,3 +322,57 @@ async def test_the_peer_channel_refuses_callers_without_the_shared_secret(
                 pass
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert hosts_of(a).probe.seen == []  # nothing ran
+
+
+ALICE, EVE = "alice-token-0123456789abcdef", "eve-token-0123456789abcdef"
+
+
+def _token(principal: str, token: str) -> dict[str, str]:
+    return {"principal": principal, "sha256": hashlib.sha256(token.encode()).hexdigest()}
+
+
+def _as(h: CordisHarness, token: str) -> CordisHarness:
+    """`h`'s registry, called with a bearer token."""
+    other = CordisHarness(h.running, open_channel(h.running.address, bearer_token=token))
+    other.hosts = h.hosts
+    return other
+
+
+async def test_a_forwarded_call_is_authorized_on_the_callers_registry_exactly_as_a_direct_one(
+    make_cordis: Any, pg_database: str
+) -> None:
+    """Authorization on: eve may execute only another agent's tools. Her call of the plugin's
+    tool on B is refused there, with nothing forwarded to A; alice's runs on A."""
+    settings = {
+        "history_store": "postgres",
+        "history_dsn": pg_database,
+        "token_key": "5e" * 32,
+        "cordis_host_lease_s": 3.0,
+        "auth": {"tokens": [_token("alice", ALICE), _token("eve", EVE)]},
+        "grants": [
+            {
+                "principals": ["token:alice"],
+                "permissions": ["manage", "execute", "cordis"],
+                "resources": ["*"],
+            },
+            {"principals": ["token:eve"], "permissions": ["execute"], "resources": ["agents/eve"]},
+        ],
+    }
+    async with make_cordis(**settings) as a0, make_cordis(**settings) as b0:
+        a, b, eve = _as(a0, ALICE), _as(b0, ALICE), _as(b0, EVE)
+        try:
+            await a.agent("coder", mode=BOTH)
+            await a.define(AGENT)
+            await a.ok(
+                AGENT, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}
+            )
+            await seen(lambda: visible(b), lambda names: "clock_now" in names, "the tool on B")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await eve.call(AGENT, "clock_now", {}, "eve-1")
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert hosts_of(a).probe.seen == []  # nothing reached the owner
+            assert (await b.ok(AGENT, "clock_now", {}, "alice-1"))["time"] == "12:00"
+            assert hosts_of(a).probe.seen == ["now"]
+        finally:
+            for h in (a, b, eve):
+                await h.channel.close()
