@@ -13,6 +13,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import grpc
 import psycopg
 import pytest
 
@@ -81,7 +82,14 @@ async def replicas(
             assert follower is not None
             await seen(functools.partial(_reloads, follower), bool, "a Cordis reload")
         await a.agent("coder")
-        await seen(lambda: inspect(b), lambda r: not isinstance(r, str), "the agent")
+
+        async def agent_on_b() -> bool:
+            try:
+                return not isinstance(await inspect(b), str)
+            except grpc.aio.AioRpcError:  # NOT_FOUND until B has heard of the agent
+                return False
+
+        await seen(agent_on_b, bool, "the agent")
         yield a, b
 
 
