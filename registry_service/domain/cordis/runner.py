@@ -1119,6 +1119,8 @@ class CordisRunner:
     async def _take_lease(self, placement: HostPlacement, plugin: Plugin, attempt: Attempt) -> None:
         """Before this registry starts the plugin's host: the lease is this registry's, or the
         activation fails and nothing starts (another live registry runs the plugin)."""
+        if plugin.plugin_id in self._held:  # taken over just now (kept by the renewals)
+            return
         try:
             lease = await placement.leases.acquire(
                 plugin.plugin_id, placement.instance, placement.address, placement.lease_s
@@ -1138,16 +1140,22 @@ class CordisRunner:
 
     async def _release(self, plugin_id: str) -> None:
         lease = self._held.pop(plugin_id, None)
-        if lease is None or self._placement is None:
+        if lease is not None:
+            await self._release_lease(lease)
+
+    async def _release_lease(self, lease: HostLease) -> None:
+        if self._placement is None:
             return
         try:
             await self._placement.leases.release(lease)
-        except CodemodeError as exc:  # it expires instead; survivors find no current run
-            log.warning("cordis: the host lease of %s was not released: %s", plugin_id, exc)
+        except CodemodeError as exc:  # it expires instead
+            log.warning("cordis: the host lease of %s was not released: %s", lease.plugin_id, exc)
 
     def _release_soon(self, plugin_id: str) -> None:
-        if plugin_id in self._held:
-            self._write_in_background(self._release(plugin_id))
+        """Taken from this registry now (a start right after holds a lease of its own)."""
+        lease = self._held.pop(plugin_id, None)
+        if lease is not None:
+            self._write_in_background(self._release_lease(lease))
 
     async def _keep_leases(self, placement: HostPlacement) -> None:
         """Renews this registry's leases a few times per lease period, follows the plugins
