@@ -376,3 +376,36 @@ async def test_a_forwarded_call_is_authorized_on_the_callers_registry_exactly_as
         finally:
             for h in (a, b, eve):
                 await h.channel.close()
+
+
+async def test_a_registry_shutting_down_hands_its_plugins_over_at_once(
+    make_cordis: Any, pg_database: str
+) -> None:
+    """With a lease far longer than the test, A's clean shutdown still hands the plugin to B:
+    A expires its leases as it closes, B hears of it and takes the plugin over."""
+    settings = {
+        "history_store": "postgres",
+        "history_dsn": pg_database,
+        "token_key": "5e" * 32,
+        "cordis_host_lease_s": 3600.0,
+    }
+    async with make_cordis(**settings) as b:
+        async with make_cordis(**settings) as a:
+            await a.agent("coder", mode=BOTH)
+            await a.define(AGENT)
+            await a.ok(
+                AGENT, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}
+            )
+            await seen(lambda: visible(b), lambda names: "clock_now" in names, "the tool on B")
+            assert activations(b) == 0
+        # A is closed (its host retracted): B runs the plugin now.
+        assert "disposed clock" in hosts_of(a).probe.seen
+
+        async def owners() -> list[Any]:
+            return [(row[1], row[3]) for row in lease_rows(pg_database)]
+
+        await seen(owners, lambda rows: rows == [(placement_of(b).instance, 2)], "B's lease")
+        await seen(lambda: visible(b), lambda names: "clock_now" in names, "B's own run")
+        assert activations(b) == 1
+        assert (await b.ok(AGENT, "clock_now", {}))["time"] == "12:00"
+        assert hosts_of(b).probe.seen == ["now"]
