@@ -3,7 +3,8 @@ pointers, grants, ids) written through one replica are seen on the other through
 LISTEN/NOTIFY; ids never collide when both define at once; a write of a replica that had not
 heard of another's change is refused and changes nothing; a replica that missed notifications
 reloads when its LISTEN connection comes back. Plugin hosts run on the replica that activates
-(in-process hosts of the seam, one set per replica). Every wait is a latch polled with a
+(in-process hosts of the seam, one set per replica): these replicas share no peer secret, so
+no host lease (test_host_owner.py has the replicas that do). Every wait is a latch polled with a
 generous bound; nothing is timed."""
 
 from __future__ import annotations
