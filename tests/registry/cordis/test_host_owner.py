@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import psycopg
@@ -31,8 +31,8 @@ from tests.registry.conftest import BOTH
 from tests.registry.cordis.conftest import CLOCK, CordisHarness
 from tests.registry.cordis.hosts import InProcessHosts
 from tests.registry.cordis.real_stack import program
+from tests.registry.cordis.test_replicas import seen
 
-T = TypeVar("T")
 AGENT = "agents/coder"
 GATED = CLOCK.replace(
     'probe.seen.append("now")', 'probe.seen.append("now")\n    await probe.gate("g").wait()'
@@ -48,17 +48,6 @@ async def apply(ctx):
 return apply
 """
 CLIENT = "return { apply(ctx) { ctx.log('hello') } }"
-_POLLS = 1500  # x 20 ms
-
-
-async def seen(probe: Callable[[], Awaitable[T]], until: Callable[[T], bool], what: str) -> T:
-    value: T | None = None
-    for _ in range(_POLLS):
-        value = await probe()
-        if until(value):
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not seen; last: {value!r}")
 
 
 def hosts_of(h: CordisHarness) -> InProcessHosts:

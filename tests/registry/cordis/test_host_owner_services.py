@@ -6,28 +6,16 @@ parks again. Every wait is a latch."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from tests.registry.cordis.conftest import CordisHarness
 from tests.registry.cordis.real_stack import real_stack
+from tests.registry.cordis.test_replicas import seen
 from tests.registry.cordis.test_services import CONSUMER_PY, PROVIDER_PY
 
-T = TypeVar("T")
 AGENT = "agents/coder"
-
-
-async def seen(probe: Callable[[], Awaitable[T]], until: Callable[[T], bool], what: str) -> T:
-    value: T | None = None
-    for _ in range(1500):
-        value = await probe()
-        if until(value):
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not seen; last: {value!r}")
 
 
 def run_of(h: CordisHarness, plugin_id: str) -> Any:
