@@ -5,6 +5,8 @@ Every default works with no setup. Invalid settings fail at start with a clear m
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +352,21 @@ class RegistrySettings(ServiceSettings):
     ends with `compute budget exhausted (<n>ms busy)`, the plugin host is stopped (a busy
     loop cannot be interrupted from inside) and the owning agent is steered. At most the
     runtime's `max_compute_ms`."""
+    cordis_host_lease_s: float = Field(default=15.0, gt=0, le=3600, allow_inf_nan=False)
+    """Registries sharing a PostgreSQL store run each running plugin's host in one of them,
+    under a lease in the store renewed every third of this: when that registry is lost, its
+    plugins stop until the lease expires, then a survivor reactivates their current package
+    (and the agent is steered). Like `history_writer_lease_s`."""
+    cordis_peer_secret: SecretStr = SecretStr("")
+    """The secret registries sharing a store authenticate each other's Cordis peer channel with
+    (the same on every registry; best given as CODEMODE_REGISTRY_CORDIS_PEER_SECRET). Empty:
+    derived from `token_key`, which such registries already share. With neither, every
+    registry runs the hosts it activates itself (no peer channel is served)."""
+    cordis_peer_address: str = ""
+    """`host:port` at which the other registries reach this one's peer channel (its own gRPC
+    server). Empty: `listen` when it names a host, else this machine's host name with the
+    port it listens on (a pod's name resolves in Kubernetes only with a headless service:
+    set it to the pod IP there, e.g. from `status.podIP`)."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""
@@ -466,6 +483,16 @@ class RegistrySettings(ServiceSettings):
     def _check_runtime_tls(self) -> RegistrySettings:
         self.runtime_tls()
         return self
+
+    def cordis_peer_token(self) -> str | None:
+        """The token registries sharing a store present on the Cordis peer channel, derived
+        from `cordis_peer_secret` (else `token_key`); None: no shared secret, no channel."""
+        secret = self.cordis_peer_secret.get_secret_value().encode()
+        if not secret and self.token_key:
+            secret = b"token_key:" + self.token_key.encode()
+        if not secret:
+            return None
+        return hmac.new(secret, b"codemode cordis peer v1", hashlib.sha256).hexdigest()
 
     def authenticator(self) -> Authenticator:
         """Reads the JWKS file (a missing or invalid one stops the start)."""

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from registry_service.domain.approval_records import ApprovalStore
 from registry_service.domain.approvals import ApprovalBroker
 from registry_service.domain.catalog import Catalog
 from registry_service.domain.catalog_follow import CatalogFollower
+from registry_service.domain.cordis.placement import HostPlacement
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.cordis.source_checks import SourceChecks
 from registry_service.domain.cordis.state import CordisStore
@@ -294,6 +296,33 @@ def _cordis(
         compute_ms_per_call=settings.cordis_compute_ms_per_call,
         authority=authority,
         admission=admission,
+        placement=_placement(stores, settings, _cordis_store(stores, settings)),
+    )
+
+
+def _placement(
+    stores: Stores, settings: RegistrySettings, store: CordisStore | None
+) -> HostPlacement | None:
+    """Registries sharing a PostgreSQL store (and the Cordis records on it) run each running
+    plugin's host in one of them, reached over the authenticated peer channel; without a
+    shared secret (`cordis_peer_secret`, else `token_key`) each runs the hosts it activates."""
+    token = settings.cordis_peer_token()
+    if settings.history_store != "postgres" or store is None or token is None:
+        return None
+    if settings.tls_cert_file is not None:
+        # The peer client dials plaintext; a TLS-only server would refuse it.
+        log.warning(
+            "cordis: the registry serves TLS, so the Cordis peer channel is off: each "
+            "registry runs the plugin hosts it activates"
+        )
+        return None
+    from registry_service.cordis_peers import GrpcPeers
+
+    return HostPlacement(
+        stores.host_leases,
+        GrpcPeers(token, settings.max_message_bytes),
+        uuid.uuid4().hex,
+        settings.cordis_host_lease_s,
     )
 
 

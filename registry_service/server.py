@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 
 import grpc
@@ -19,8 +20,9 @@ from codemode_common.grpc_server import (
 )
 from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
-from codemode_wire.api.registry.v1 import page_runner_pb2, registry_service_pb2
+from codemode_wire.api.registry.v1 import cordis_peer_pb2, page_runner_pb2, registry_service_pb2
 from registry_service.config import RegistrySettings
+from registry_service.cordis_peers import CordisPeerServicer
 from registry_service.page_runner_servicer import PageRunnerServicer
 from registry_service.registry import Registry, build_registry
 from registry_service.rpc_access import RegistryGuard
@@ -54,6 +56,25 @@ class RunningRegistry:
         self.pages.drain()
         await stopping
         await self.registry.close()
+
+
+async def peer_address(settings: RegistrySettings, port: int) -> str:
+    """Where the other registries reach this one's peer channel (`cordis_peer_address`): else
+    the `listen` host, or for a wildcard this machine's address (what its host name resolves
+    to: a pod's or a container's own IP)."""
+    if settings.cordis_peer_address:
+        return settings.cordis_peer_address
+    host = settings.listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        name = socket.gethostname()
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                name, port, type=socket.SOCK_STREAM
+            )
+            host = str(found[0][4][0]) if found else name
+        except OSError:
+            host = name
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def start(
@@ -92,6 +113,16 @@ async def start(
         page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"],
         guard if policy.enforced else None,
     )
+    placement = registry.cordis.runner.placement
+    token = settings.cordis_peer_token()
+    if placement is not None and token is not None:
+        # Its own check (the peer token), whatever the callers' authentication is.
+        add_service(
+            server,
+            CordisPeerServicer(registry.cordis.runner, token),
+            cordis_peer_pb2.DESCRIPTOR.services_by_name["CordisPeerService"],
+            None,
+        )
     tls = settings.server_tls()
     warn_if_exposed("registry", settings.listen, authenticated=policy.enforced, tls=tls is not None)
     warn_if_descriptors_short("registry", settings.max_connections)
@@ -105,6 +136,9 @@ async def start(
             page_runner_pb2.DESCRIPTOR.services_by_name["PageRunnerService"].full_name,
         ),
     )
+
+    if placement is not None:
+        placement.address = await peer_address(settings, port)
 
     async def report_health(serving: bool) -> None:
         # Calls with an agent fail while the history store does: not serving, for both names.

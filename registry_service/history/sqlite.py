@@ -34,6 +34,7 @@ from registry_service.domain.records import (
 from registry_service.history.sqlite_approvals import SqliteApprovals
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_cordis import SqliteCordis
+from registry_service.history.sqlite_host_leases import SqliteHostLeases
 from registry_service.history.sqlite_migrations import migrate
 from registry_service.history.store import (
     StoreHealth,
@@ -111,6 +112,10 @@ class SqliteHistory(StoreHealth):
         """The approval store on this database (and this connection, like the catalog); this
         process asks under an id of its own (any other asker is a registry that is gone)."""
         return SqliteApprovals(self._db, uuid.uuid4().hex, self._failed, self._refuse_if_corrupt)
+
+    def host_leases(self) -> SqliteHostLeases:
+        """The Cordis host leases on this database (and this connection)."""
+        return SqliteHostLeases(self._db, self._failed, self._refuse_if_corrupt)
 
     # -- health ----------------------------------------------------------------------------------
 

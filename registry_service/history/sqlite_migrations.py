@@ -173,7 +173,29 @@ _APPROVALS = Migration(
     ),
 )
 
-MIGRATIONS = (_HISTORY, _AGENT_IDS_AND_CATALOG, _MCP_SERVERS, _CORDIS_RECORDS, _APPROVALS)
+_HOST_LEASES = Migration(
+    6,
+    "Cordis host leases: which registry runs a running plugin's host "
+    "(domain/cordis/host_leases.py)",
+    (
+        """CREATE TABLE cordis_host_leases (
+          plugin_id TEXT PRIMARY KEY,
+          owner TEXT NOT NULL,
+          address TEXT NOT NULL,
+          epoch INTEGER NOT NULL,
+          expires_at REAL NOT NULL
+        )""",
+    ),
+)
+
+MIGRATIONS = (
+    _HISTORY,
+    _AGENT_IDS_AND_CATALOG,
+    _MCP_SERVERS,
+    _CORDIS_RECORDS,
+    _APPROVALS,
+    _HOST_LEASES,
+)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry_service.domain.approval_records import ApprovalStore
+from registry_service.domain.cordis.host_leases import HostLeases
 from registry_service.domain.cordis.state import CordisStore
 from registry_service.history.catalog_store import CatalogStore
 from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
@@ -23,6 +24,7 @@ class Stores:
     catalog: CatalogStore
     cordis: CordisStore
     approvals: ApprovalStore
+    host_leases: HostLeases
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ def _sqlite(options: StoreOptions) -> Stores:
             message = f"cannot create the directory of history_path {path}: {exc}"
             raise StoreOpenError(message) from exc
     history = SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
-    return Stores(history, history.catalog(), history.cordis(), history.approvals())
+    return Stores(
+        history, history.catalog(), history.cordis(), history.approvals(), history.host_leases()
+    )
 
 
 # The PostgreSQL modules are imported by the openers: psycopg is ~12 MiB that a registry on
@@ -59,7 +63,9 @@ def _postgres(options: StoreOptions) -> Stores:
         lease_s=options.lease_s,
         statement_timeout_s=options.statement_timeout_s,
     )
-    return Stores(history, history.catalog(), history.cordis(), history.approvals())
+    return Stores(
+        history, history.catalog(), history.cordis(), history.approvals(), history.host_leases()
+    )
 
 
 # Store name -> the opener of its history, catalog and Cordis records.

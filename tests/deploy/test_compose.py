@@ -97,6 +97,8 @@ def test_services_load_their_settings(
             assert settings.history_store == "postgres"
             # Every replica loads the same file: one token key for all of them.
             assert len(bytes.fromhex(settings.token_key)) == 32
+            # ... from which the Cordis peer secret derives (one live host per plugin).
+            assert settings.cordis_peer_token() is not None and settings.tls_cert_file is None
     for registry in registries(compose).values():
         assert "user" not in registry, "the registry keeps the image's uid"
 

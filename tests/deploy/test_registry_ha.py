@@ -191,6 +191,11 @@ def test_registry_settings_load_the_shared_postgres_store(
         "token-key",
     )
     assert bytes.fromhex(settings.token_key) == bytes.fromhex("5e" * 32)
+    # Cordis places each running plugin's host in one replica with nothing more: the peer
+    # secret derives from the shared key, the peer channel is plaintext on the gRPC port, and
+    # a replica's address is its pod IP (its wildcard `listen`).
+    assert settings.cordis_peer_token() is not None and not settings.cordis_peer_address
+    assert settings.tls_cert_file is None and settings.listen.startswith("0.0.0.0:")
     # The same Secret is mounted on every replica, for a JWKS file kept beside the key.
     pod = one(resources, "Deployment", "registry")["spec"]["template"]["spec"]
     (auth,) = [

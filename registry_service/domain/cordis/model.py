@@ -176,8 +176,8 @@ class Plugin:
             return "failed"
         if status in ("waiting", "running"):
             return status
-        if self.run is not None:
-            return "running"
+        if self.run is not None:  # (a run another registry started: its registrations say)
+            return "waiting" if self.run.registrations.waiting else "running"
         return "defined" if self.current is None else "stopped"
 
     def _pointers(self) -> dict[str, JsonValue]:

@@ -18,9 +18,14 @@ Invariants kept here (and tested through the API):
 What defines a plugin (packages, pointers, grants, ids) is written through to the Cordis store
 (`state.CordisStore`) record by record, under one lock with the reloads of what other
 registries sharing the store change, so a reload never interleaves with a write of this
-registry. Runs, attempts and plugin hosts live here only: a plugin another registry defined is
-run here by `cordis_run` here, and its host lives in the registry that activated it (the seam
-where one owner per running plugin would plug in is `_activate`'s `hosts.activate`).
+registry. Runs and attempts live here only. Without a `placement` a plugin's host lives in the
+registry that activated it. With one (registries sharing a store, each reachable by the others'
+peer channel), a running plugin's host lives in exactly one registry, the holder of its host
+lease (`host_leases`): `_activate` takes the lease before it starts a host; the others follow
+the owner's run as a `placement.RemoteHost` (its tools are in their catalogs too, and their
+calls, after their own pipeline, run in the owner); a stop or an update anywhere retracts the
+run in its owner first; and when an owner stops renewing, a survivor takes the expired lease
+and reactivates the current package (`_take_over`), steering the agent.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from typing import Protocol, cast
 
 from codemode_common.principals import ANONYMOUS, Principal
@@ -42,6 +47,7 @@ from registry_service.domain.change_follow import ChangeFollower
 from registry_service.domain.cordis import legacy
 from registry_service.domain.cordis.events import OwnerEvents, Watch, payload
 from registry_service.domain.cordis.host_languages import HostLanguages
+from registry_service.domain.cordis.host_leases import HostLease
 from registry_service.domain.cordis.ids import Ids, check_prefix
 from registry_service.domain.cordis.model import (
     ActiveRun,
@@ -53,6 +59,13 @@ from registry_service.domain.cordis.model import (
     Package,
     Phase,
     Plugin,
+)
+from registry_service.domain.cordis.placement import (
+    HostPlacement,
+    OwnerLost,
+    RemoteHost,
+    RemoteRun,
+    RunAt,
 )
 from registry_service.domain.cordis.refusals import CordisError, plugin_missing, stale_state
 from registry_service.domain.cordis.services import ServiceRouter
@@ -70,6 +83,8 @@ from registry_service.domain.cordis.steering import (
     Steering,
     completed_text,
     failed_text,
+    take_over_failed_text,
+    taken_over_text,
 )
 from registry_service.domain.plugin_host_admission import AdmittedPluginHosts
 from registry_service.domain.plugin_hosts import (
@@ -78,6 +93,7 @@ from registry_service.domain.plugin_hosts import (
     ActivationSpec,
     ActiveHost,
     DynamicToolSpec,
+    HandlerFailed,
     HostEvents,
     HostRegistrations,
     PluginHosts,
@@ -136,6 +152,7 @@ class CordisRunner:
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
+        placement: HostPlacement | None = None,
     ) -> None:
         """`host_languages` names a host half's language (its owner's program language) and
         `source_checks` parses a define's halves before anything is stored (a runtime's
@@ -145,7 +162,9 @@ class CordisRunner:
         `history_watch` (the history store's `watch`) is where plugins' events come from.
         `authority`: what a plugin host may do and see, as the principal that started it
         (None: everything, the open default).
-        `admission`: each live plugin host holds a slot of its owner there (None: no limits)."""
+        `admission`: each live plugin host holds a slot of its owner there (None: no limits).
+        `placement`: registries sharing the store run each plugin's host in one of them (see
+        the module's docstring); None: every registry runs the hosts it activates."""
         self._catalog = catalog
         self._host_languages = host_languages
         self._source_checks = source_checks
@@ -170,6 +189,13 @@ class CordisRunner:
         self._events = OwnerEvents(history_watch, self._deliver_event)
         # Set when page runners exist (the Cordis service wires them in).
         self.client_activation: ClientActivation | None = None
+        self._placement = placement
+        self._held: dict[str, HostLease] = {}  # the host leases this registry holds
+        self._following: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (address, task)
+        self._principals: dict[str, Principal] = {}  # who started a run another registry runs
+        self._keeper: asyncio.Task[None] | None = None
+        self._taking: set[str] = set()  # plugins this registry is taking over now
+        self._run_changed = asyncio.Event()  # set (and replaced) whenever a run changes here
         catalog.on_delete(self._scope_deleted)
 
     # -- the store ----------------------------------------------------------------------------
@@ -190,6 +216,13 @@ class CordisRunner:
             log.error("cordis: cannot read the stored plugins: %s", exc.message)
             self._follower.changed(None)
         self._store.follow(self._follower.changed)
+        if self._placement is not None:
+            self._keeper = asyncio.ensure_future(self._keep_leases(self._placement))
+
+    @property
+    def placement(self) -> HostPlacement | None:
+        """This registry among those sharing the store (None: it runs what it activates)."""
+        return self._placement
 
     @property
     def follower(self) -> ChangeFollower | None:
@@ -227,6 +260,8 @@ class CordisRunner:
         sharing the store changed."""
         async with self._lock:
             await self._reload(plugin_ids)
+        if self._placement is not None:  # a lease may have changed hands (acquire notifies)
+            await self._look_at_leases(self._placement, plugin_ids)
 
     async def _reload(self, plugin_ids: Collection[str] | None) -> None:
         """Under the lock."""
@@ -627,6 +662,7 @@ class CordisRunner:
             plugin.starting = False
             if self._starts.get(plugin.plugin_id) is asyncio.current_task():
                 del self._starts[plugin.plugin_id]
+            self._changed_run()
 
     def _client_only_run(
         self, plugin: Plugin, package: Package, attempt: Attempt
@@ -682,8 +718,14 @@ class CordisRunner:
         )
         if self._admission is not None:  # whatever runs the hosts, each holds a slot
             hosts = AdmittedPluginHosts(hosts, self._admission)
+        if self._placement is not None:
+            await self._take_lease(self._placement, plugin, attempt)
         try:
-            host = await hosts.activate(spec, events)
+            try:
+                host = await hosts.activate(spec, events)
+            except BaseException:
+                self._release_soon(plugin_id)
+                raise
         except ActivationFailed as exc:
             raise self._failed(
                 plugin, attempt, exc.phase, exc.message, exc.stack, reason=exc.code
@@ -697,6 +739,7 @@ class CordisRunner:
             ) from None
         if plugin.latest is not attempt or self._plugins.get(plugin.plugin_id) is not plugin:
             await host.retract()  # undefined (or its owner deleted) while it started
+            self._release_soon(plugin_id)
             raise CordisError(
                 f'plugin "{plugin.plugin_id}" was removed while starting', "cancelled"
             )
@@ -836,6 +879,7 @@ class CordisRunner:
                 continue
             run.tools[defn.name] = defn
         run.registrations = registrations
+        self._changed_run()
 
     def _dynamic_definition(
         self, plugin: Plugin, run: ActiveRun, spec: DynamicToolSpec
@@ -854,7 +898,11 @@ class CordisRunner:
             try:
                 return await _call_until_aborted(active.host, name, invocation)
             except ToolCallFailure as exc:
-                if exc.code == HOST_GONE and current is not None:
+                if (
+                    exc.code == HOST_GONE
+                    and current is not None
+                    and not isinstance(active.host, RemoteHost)
+                ):
                     # The host died under this call before its stream said so: the same loss.
                     self._host_lost(current, run_id, f'a call of tool "{name}" found it gone')
                 raise
@@ -926,6 +974,8 @@ class CordisRunner:
             )
         if run.host is not None:
             self.in_background(run.host.retract())  # idempotent; reaps whatever is left
+        self._release_soon(plugin.plugin_id)  # a crashed host stops the plugin everywhere
+        self._changed_run()
 
     def _unregister(self, plugin: Plugin, run: ActiveRun) -> None:
         for defn in run.tools.values():
@@ -945,17 +995,29 @@ class CordisRunner:
     def _tell_services(self, owner: str) -> None:
         self._services.tell_all(list(self._plugins.values()), owner)
 
-    async def _retract(self, plugin: Plugin) -> None:
+    async def _retract(self, plugin: Plugin, *, here_only: bool = False) -> None:
         """Detaches the run, removes its tools, and returns only once the plugin host has
-        reached quiescence (in-flight calls settled, effects disposed, processes gone)."""
+        reached quiescence (in-flight calls settled, effects disposed, processes gone).
+        A run another registry owns is retracted there (and released there), unless
+        `here_only`: this registry forgets it, and its own host's lease is kept (a registry
+        shutting down hands its plugins over rather than stopping them)."""
         run = plugin.run
         if run is None:
             return
         plugin.run = None
         self._unregister(plugin, run)
         self._tell_services(plugin.owner)  # consumers of its services park again
+        self._changed_run()
+        if isinstance(run.host, RemoteHost):
+            if here_only:
+                await run.host.retract()
+            else:
+                await run.host.stop()
+            return
         if run.host is not None:
             await run.host.retract()
+        if not here_only:
+            await self._release(plugin.plugin_id)
 
     # -- stop / undefine ------------------------------------------------------------------------
 
@@ -973,18 +1035,7 @@ class CordisRunner:
             raise CordisError(f'dynamic plugin "{plugin_id}" is not running', "not-running")
         await self._settle_start(plugin_id)
         await self._retract(plugin)
-        latest = plugin.latest
-        if latest is not None and latest.status in (
-            "running",
-            "waiting",
-            "starting-host",
-            "client-pending",
-        ):
-            latest.status = "stopped"
-            for half in (latest.host, latest.client):
-                if half.status != "absent":
-                    half.status = "stopped"
-                    half.waiting_for = ()
+        _mark_stopped(plugin)
         return {"pluginId": plugin_id}
 
     async def undefine(self, owner: str, plugin_id: str) -> dict[str, JsonValue]:
@@ -1028,13 +1079,27 @@ class CordisRunner:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        """Registry shutdown unwinds every host half (and waits for it)."""
+        """Registry shutdown unwinds every host half (and waits for it). Sharing the store, it
+        hands the plugins it runs over: their leases expire at once, and a survivor takes
+        them over."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._keeper
+        follows = [following for _address, following in self._following.values()]
+        for following in follows:
+            following.cancel()
+        await asyncio.gather(*follows, return_exceptions=True)
         for task in list(self._starts.values()):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(task)
         for plugin in list(self._plugins.values()):
             with contextlib.suppress(Exception):
-                await self._retract(plugin)
+                await self._retract(plugin, here_only=True)
+        if self._placement is not None:
+            with contextlib.suppress(CodemodeError):
+                await self._placement.leases.expire(self._placement.instance)
+            await self._placement.peers.close()
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._follower is not None:
@@ -1043,6 +1108,298 @@ class CordisRunner:
             await asyncio.gather(*self._writes, return_exceptions=True)
         await self._events.close()
         await self.steering.flush()
+
+    # -- one host per running plugin across registries ------------------------------------------
+
+    def _changed_run(self) -> None:
+        """Wakes whoever follows this registry's runs (`follow_run`)."""
+        self._run_changed.set()
+        self._run_changed = asyncio.Event()
+
+    async def _take_lease(self, placement: HostPlacement, plugin: Plugin, attempt: Attempt) -> None:
+        """Before this registry starts the plugin's host: the lease is this registry's, or the
+        activation fails and nothing starts (another live registry runs the plugin)."""
+        if plugin.plugin_id in self._held:  # taken over just now (kept by the renewals)
+            return
+        try:
+            lease = await placement.leases.acquire(
+                plugin.plugin_id, placement.instance, placement.address, placement.lease_s
+            )
+        except CodemodeError as exc:
+            raise self._failed(plugin, attempt, "host-load", exc.message) from None
+        if lease is None:
+            raise self._failed(
+                plugin,
+                attempt,
+                "host-load",
+                f'dynamic plugin "{plugin.plugin_id}" is being started or run by another '
+                "registry; stop it first (cordis_stop) or retry",
+                reason="transition-in-flight",
+            )
+        self._held[plugin.plugin_id] = lease
+
+    async def _release(self, plugin_id: str) -> None:
+        lease = self._held.pop(plugin_id, None)
+        if lease is not None:
+            await self._release_lease(lease)
+
+    async def _release_lease(self, lease: HostLease) -> None:
+        if self._placement is None:
+            return
+        try:
+            await self._placement.leases.release(lease)
+        except CodemodeError as exc:  # it expires instead
+            log.warning("cordis: the host lease of %s was not released: %s", lease.plugin_id, exc)
+
+    def _release_soon(self, plugin_id: str) -> None:
+        """Taken from this registry now (a start right after holds a lease of its own)."""
+        lease = self._held.pop(plugin_id, None)
+        if lease is not None:
+            self._write_in_background(self._release_lease(lease))
+
+    async def _keep_leases(self, placement: HostPlacement) -> None:
+        """Renews this registry's leases a few times per lease period, follows the plugins
+        other registries run, and takes over those whose owner stopped renewing."""
+        while True:
+            try:
+                await self._renew(placement)
+                await self._look_at_leases(placement, None)
+            except CodemodeError as exc:
+                log.warning("cordis: host leases not kept this time: %s", exc.message)
+            except Exception:
+                log.exception("cordis: host leases not kept this time")
+            await asyncio.sleep(placement.lease_s / 3)
+
+    async def _renew(self, placement: HostPlacement) -> None:
+        for plugin_id, lease in list(self._held.items()):
+            renewed = await placement.leases.renew(lease, placement.lease_s)
+            if self._held.get(plugin_id) is not lease:
+                continue  # released meanwhile
+            if renewed is not None:
+                self._held[plugin_id] = renewed
+                continue
+            # Taken over (this registry missed its renewals): the other registry runs it now.
+            del self._held[plugin_id]
+            log.warning("cordis: the host lease of %s was taken over", plugin_id)
+            plugin = self._plugins.get(plugin_id)
+            if plugin is not None and plugin.run is not None:
+                await self._retract(plugin, here_only=True)
+
+    async def _look_at_leases(
+        self, placement: HostPlacement, plugin_ids: Collection[str] | None
+    ) -> None:
+        for lease in await placement.leases.load(plugin_ids):
+            plugin = self._plugins.get(lease.plugin_id)
+            if lease.owner == placement.instance or plugin is None:
+                continue
+            if lease.expired:
+                if plugin.plugin_id not in self._taking:  # an activation: not in this loop
+                    self._taking.add(plugin.plugin_id)
+                    self.in_background(self._take_over(placement, plugin, lease))
+            else:
+                self._follow_owner(placement, plugin, lease)
+
+    def _follow_owner(self, placement: HostPlacement, plugin: Plugin, lease: HostLease) -> None:
+        following = self._following.get(plugin.plugin_id)
+        if following is not None and following[0] == lease.address and not following[1].done():
+            return
+        if following is not None:
+            following[1].cancel()
+        task = asyncio.ensure_future(self._follow(placement, plugin.plugin_id, lease.address))
+        self._following[plugin.plugin_id] = (lease.address, task)
+
+    async def _follow(self, placement: HostPlacement, plugin_id: str, address: str) -> None:
+        """Mirrors the owner's run of the plugin here (a `RemoteHost`: its tools in this
+        registry's catalog) until it ends there or the owner is lost."""
+        try:
+            async for remote in placement.peers.follow(address, plugin_id):
+                plugin = self._plugins.get(plugin_id)
+                if plugin is None or plugin.starting:
+                    return
+                run = plugin.run
+                if run is not None and not isinstance(run.host, RemoteHost):
+                    return  # this registry runs it now
+                self._principals[plugin_id] = remote.principal
+                if run is None or run.run_id != remote.run_id:
+                    if run is not None:
+                        await self._retract(plugin, here_only=True)
+                    host = RemoteHost(placement.peers, address, plugin_id, remote)
+                    run = ActiveRun(remote.run_id, remote.package_id, host)
+                    plugin.run = run
+                else:
+                    cast(RemoteHost, run.host).run = remote
+                self._sync_tools(plugin, run, remote.registrations, strict=False)
+                self._tell_services(plugin.owner)
+        except OwnerLost as exc:
+            log.info("cordis: the registry running %s is lost: %s", plugin_id, exc)
+        finally:
+            plugin = self._plugins.get(plugin_id)
+            run = plugin.run if plugin is not None else None
+            if (
+                plugin is not None
+                and run is not None
+                and isinstance(run.host, RemoteHost)
+                and run.host.address == address
+            ):
+                await self._retract(plugin, here_only=True)
+            following = self._following.get(plugin_id)
+            if following is not None and following[1] is asyncio.current_task():
+                del self._following[plugin_id]
+
+    async def _take_over(self, placement: HostPlacement, plugin: Plugin, lease: HostLease) -> None:
+        """The plugin's owner stopped renewing its lease: this registry takes the lease (one
+        survivor wins it) and reactivates the plugin's current package, and the agent is
+        steered. A plugin with no current package, or one with a Client half (its page runner
+        must approve it again), is left stopped."""
+        try:
+            await self._take_over_now(placement, plugin, lease)
+        except CodemodeError as exc:  # the store failed: the next look tries again
+            log.warning("cordis: %s not taken over: %s", plugin.plugin_id, exc.message)
+        finally:
+            self._taking.discard(plugin.plugin_id)
+
+    async def _take_over_now(
+        self, placement: HostPlacement, plugin: Plugin, lease: HostLease
+    ) -> None:
+        following = self._following.pop(plugin.plugin_id, None)
+        if following is not None:  # an owner that vanished may never end its stream
+            following[1].cancel()
+        lost = plugin.run
+        lost_run = lost.run_id if lost is not None else "its run"
+        if lost is not None and isinstance(lost.host, RemoteHost):
+            await self._retract(plugin, here_only=True)  # its tools leave this catalog
+        current = plugin.current
+        package = plugin.packages.get(current) if current is not None else None
+        if (
+            package is None
+            or not package.has_host
+            or package.has_client
+            or plugin.starting
+            or self.hosts is None
+            or not placement.address
+        ):
+            return
+        taken = await placement.leases.acquire(
+            plugin.plugin_id, placement.instance, placement.address, placement.lease_s
+        )
+        if taken is None:
+            return  # another survivor was first
+        self._held[plugin.plugin_id] = taken
+        principal = self._principals.get(plugin.plugin_id, ANONYMOUS)
+        try:
+            attempt = await self.new_attempt(
+                plugin, package, "run", "starting-host", principal=principal
+            )
+        except CordisError as exc:
+            log.warning("cordis: %s not taken over: %s", plugin.plugin_id, exc.message)
+            await self._release(plugin.plugin_id)
+            return
+        metadata: dict[str, JsonValue] = {
+            "pluginId": plugin.plugin_id,
+            "packageId": package.package_id,
+            "pluginRunId": attempt.run_id,
+        }
+        try:
+            await self.start_host(plugin, package, attempt, self.hosts)
+        except CordisError as exc:
+            text = take_over_failed_text(
+                plugin.plugin_id, package.package_id, attempt.run_id, lease.address, exc.message
+            )
+        else:
+            text = taken_over_text(
+                plugin.plugin_id, package.package_id, attempt.run_id, lost_run, lease.address
+            )
+        self.steering.steer(plugin.owner, text, metadata)
+
+    # The owner's side of the peer channel: what another registry forwards, after its own
+    # pipeline authorized it, to the run this registry holds the lease of.
+
+    def _local_run(self, plugin_id: str, run_id: str | None = None) -> tuple[Plugin, ActiveRun]:
+        plugin = self._plugins.get(plugin_id)
+        run = plugin.run if plugin is not None else None
+        if (
+            plugin is None
+            or run is None
+            or run.host is None
+            or isinstance(run.host, RemoteHost)
+            or plugin_id not in self._held
+            or (run_id is not None and run.run_id != run_id)
+        ):
+            raise ToolCallFailure(
+                f"dynamic plugin {plugin_id} has no run {run_id or ''} in this registry",
+                PLUGIN_NOT_RUNNING,
+            )
+        return plugin, run
+
+    async def follow_run(self, plugin_id: str) -> AsyncIterator[RemoteRun]:
+        """The plugin's run here, then each change, until it ends here (`ToolCallFailure`
+        with `PLUGIN_NOT_RUNNING` when there is none). A follower that heard of the lease
+        before the host had started waits for the start."""
+        while True:
+            changed = self._run_changed
+            starting = self._plugins.get(plugin_id)
+            if starting is None or not starting.starting or plugin_id not in self._held:
+                break
+            await changed.wait()
+        plugin, run = self._local_run(plugin_id)
+        first = run.run_id
+        last: RemoteRun | None = None
+        while True:
+            changed = self._run_changed  # before reading: a change meanwhile wakes the wait
+            try:
+                plugin, run = self._local_run(plugin_id, first)
+            except ToolCallFailure:
+                return
+            latest = plugin.latest
+            principal = (
+                latest.principal if latest is not None and latest.run_id == first else ANONYMOUS
+            )
+            state = RemoteRun(
+                first, run.package_id, self._held[plugin_id].epoch, run.registrations, principal
+            )
+            if state != last:
+                yield state
+                last = state
+            await changed.wait()
+
+    async def call_run_tool(
+        self, plugin_id: str, run_id: str, name: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue | ToolResult:
+        plugin, run = self._local_run(plugin_id, run_id)
+        assert run.host is not None
+        try:
+            return await run.host.call_tool(name, arguments, signal)
+        except ToolCallFailure as exc:
+            if exc.code == HOST_GONE:
+                self._host_lost(plugin, run_id, f'a call of tool "{name}" found it gone')
+            raise
+
+    async def call_run_service(
+        self, at: RunAt, service: str, method: str, arguments: JsonValue, signal: AbortSignal
+    ) -> JsonValue:
+        _plugin, run = self._local_run(at.plugin_id, at.run_id)
+        assert run.host is not None
+        return await run.host.call_service(service, method, arguments, signal)
+
+    async def call_run_handler(
+        self, plugin_id: str, run_id: str, method: str, arguments: JsonValue
+    ) -> JsonValue:
+        try:
+            _plugin, run = self._local_run(plugin_id, run_id)
+        except ToolCallFailure as exc:
+            raise HandlerFailed(str(exc)) from None
+        assert run.host is not None
+        return await run.host.call_handler(method, arguments)
+
+    async def stop_run(self, plugin_id: str, run_id: str) -> bool:
+        """Another registry's `cordis_stop` (or update) of the run this registry holds."""
+        try:
+            plugin, _run = self._local_run(plugin_id, run_id)
+        except ToolCallFailure:
+            return False
+        await self._retract(plugin)
+        _mark_stopped(plugin)
+        return True
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -1063,6 +1420,21 @@ class CordisRunner:
     def reference(self, owner: str, plugin_id: str) -> dict[str, JsonValue] | None:
         plugin = self.find(owner, plugin_id)
         return None if plugin is None else plugin.reference()
+
+
+def _mark_stopped(plugin: Plugin) -> None:
+    latest = plugin.latest
+    if latest is not None and latest.status in (
+        "running",
+        "waiting",
+        "starting-host",
+        "client-pending",
+    ):
+        latest.status = "stopped"
+        for half in (latest.host, latest.client):
+            if half.status != "absent":
+                half.status = "stopped"
+                half.waiting_for = ()
 
 
 def _detail(message: str, stack: str) -> str:

@@ -14,6 +14,7 @@ from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry, client_providers
 from registry_service.domain.cordis.names import NAMES
 from registry_service.domain.cordis.page_runners import Answer, Page, PageHub, refused
+from registry_service.domain.cordis.placement import HostPlacement
 from registry_service.domain.cordis.references import (
     ReferenceContext,
     referenced_ids,
@@ -44,6 +45,7 @@ class Cordis:
         compute_ms_per_call: int | None = None,
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
+        placement: HostPlacement | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `store` keeps what defines the plugins (none: process memory only);
@@ -65,6 +67,7 @@ class Cordis:
             compute_ms_per_call=compute_ms_per_call,
             authority=authority,
             admission=admission,
+            placement=placement,
         )
         for provider in host_providers(
             self.runner.visible_tools,

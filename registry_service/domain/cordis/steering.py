@@ -104,6 +104,28 @@ def failed_text(
     )
 
 
+def taken_over_text(
+    plugin_id: str, package_id: str, run_id: str, lost_run_id: str, lost_address: str
+) -> str:
+    """A survivor reactivated the current package of a plugin whose registry was lost."""
+    return (
+        f"Cordis plugin {plugin_id} ({lost_run_id}) ran on a registry that was lost "
+        f"({lost_address}); its current package {package_id} was reactivated on another "
+        f"registry as {run_id}. Calls that were in flight when it was lost failed with ABORTED "
+        "and were not retried: repeat them if they are still needed."
+    )
+
+
+def take_over_failed_text(
+    plugin_id: str, package_id: str, run_id: str, lost_address: str, detail: str
+) -> str:
+    return (
+        f"Cordis plugin {plugin_id} ran on a registry that was lost ({lost_address}); "
+        f"reactivating its current package {package_id} on another registry ({run_id}) "
+        f"failed: {detail}\ncurrentPackageId: {package_id}\n{INSPECT_DIRECTION}"
+    )
+
+
 class Steering:
     """Writes `agent/steer` and `agent/inject` records through the history store's `submit`
     (called from the event loop, also from synchronous host callbacks: nothing waits)."""

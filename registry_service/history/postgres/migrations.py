@@ -171,6 +171,21 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_pending ON approvals (position) WHERE state = 'pending';
 """,
     ),
+    (
+        6,
+        """
+-- Cordis host leases (domain/cordis/host_leases.py): the registry that runs a running
+-- plugin's host, where its peer service answers, until when (by this database's clock), and
+-- a fencing epoch raised on every change of hands.
+CREATE TABLE cordis_host_leases (
+  plugin_id text PRIMARY KEY,
+  owner text NOT NULL,
+  address text NOT NULL,
+  epoch bigint NOT NULL,
+  expires_at timestamptz NOT NULL
+);
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

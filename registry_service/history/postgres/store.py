@@ -53,6 +53,7 @@ from registry_service.history.postgres.connect import (
 )
 from registry_service.history.postgres.cordis import CORDIS_CHANNEL, PostgresCordis
 from registry_service.history.postgres.defaults import DEFAULT_LEASE_S, DEFAULT_STATEMENT_TIMEOUT_S
+from registry_service.history.postgres.host_leases import PostgresHostLeases
 from registry_service.history.postgres.migrations import SchemaTooNew, migrate
 from registry_service.history.store import (
     StoreHealth,
@@ -156,6 +157,10 @@ class PostgresHistory(StoreHealth):
         """The approval store on this database (through this store's reads, like the catalog);
         this process asks as its history writer, so its lease says whether it still waits."""
         return PostgresApprovals(self._reading, self.writer_id, self._follow_approvals)
+
+    def host_leases(self) -> PostgresHostLeases:
+        """The Cordis host leases on this database (through this store's reads)."""
+        return PostgresHostLeases(self._reading, self.writer_id)
 
     # -- health ----------------------------------------------------------------------------------
 

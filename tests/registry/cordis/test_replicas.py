@@ -3,7 +3,8 @@ pointers, grants, ids) written through one replica are seen on the other through
 LISTEN/NOTIFY; ids never collide when both define at once; a write of a replica that had not
 heard of another's change is refused and changes nothing; a replica that missed notifications
 reloads when its LISTEN connection comes back. Plugin hosts run on the replica that activates
-(in-process hosts of the seam, one set per replica). Every wait is a latch polled with a
+(in-process hosts of the seam, one set per replica): these replicas share no peer secret, so
+no host lease (test_host_owner.py has the replicas that do). Every wait is a latch polled with a
 generous bound; nothing is timed."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import grpc
 import psycopg
 import pytest
 
@@ -81,7 +83,14 @@ async def replicas(
             assert follower is not None
             await seen(functools.partial(_reloads, follower), bool, "a Cordis reload")
         await a.agent("coder")
-        await seen(lambda: inspect(b), lambda r: not isinstance(r, str), "the agent")
+
+        async def agent_on_b() -> bool:
+            try:
+                return not isinstance(await inspect(b), str)
+            except grpc.aio.AioRpcError:  # NOT_FOUND until B has heard of the agent
+                return False
+
+        await seen(agent_on_b, bool, "the agent")
         yield a, b
 
 
