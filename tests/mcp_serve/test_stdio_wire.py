@@ -53,7 +53,7 @@ class Wire:
             ours, theirs = socket.socketpair()
             with theirs:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=theirs, stdout=theirs, **common
+                    *argv, stdin=theirs.fileno(), stdout=theirs.fileno(), **common
                 )
                 wire = os.fstat(theirs.fileno())
             reader, writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
