@@ -10,7 +10,8 @@ drift on the shared machine hits both alike. Target: stdio p50 <= 1.3 x the dire
 The stdio round trip is measured twice: with the official SDK client, and with a minimal
 JSON-RPC client (`LineClient`: one line written, one line read on the pipes). The first includes
 the client SDK's own cost per call; the second is `mcp serve`'s alone. Both are printed; the JSON
-says (`target_applies_to`) which one the target is judged on and why.
+says (`target_applies_to`) which one the target is judged on and why. The line client's `mcp
+serve` process also reports its CPU per call (`/proc/<pid>/stat`; its catalog polling is off).
 
 Reference, not part of the target: the same `tools/call` against a bare MCP server over stdio
 (`benchmarks/_mcp_echo_server.py`: the SDK's lowlevel server answering at once, no registry):
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import sys
 import tempfile
@@ -46,6 +48,7 @@ from codemode_wire.jsonvalue import JsonValue
 TARGET = 1.3
 ARGS: dict[str, JsonValue] = {"path": "/tmp/example.txt", "limit": 10}
 AGENT = "bench-mcp"
+WARM_UP = 30
 
 
 class LineClient:
@@ -96,6 +99,12 @@ class LineClient:
                 if "error" in answer:
                     raise RuntimeError(f"{method}: {answer['error']}")
                 return answer
+
+    def cpu_s(self) -> float:
+        """CPU the `mcp serve` process used so far (one process: it starts no children)."""
+        with open(f"/proc/{self._process.pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     async def close(self) -> None:
         self._stdin.close()
@@ -164,7 +173,8 @@ async def _run(quick: bool) -> dict[str, Any]:
                 mode="legacy",
             )
         )
-        line_client = await LineClient.start(*cli, *serve)
+        # No catalog polling on this one: its CPU per call is reported.
+        line_client = await LineClient.start(*cli, *serve, "--watch-interval", "3600")
         stack.push_async_callback(line_client.close)
         http = await stack.enter_async_context(
             httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}, timeout=60)
@@ -194,7 +204,9 @@ async def _run(quick: bool) -> dict[str, Any]:
             assert not result.is_error, result.content
 
         ops = (direct, mcp_stdio_line, mcp_stdio, mcp_http, mcp_bare)
-        samples = await interleaved(ops, count, warm_up=30)
+        serve_cpu_before = line_client.cpu_s()
+        samples = await interleaved(ops, count, warm_up=WARM_UP)
+        serve_cpu_ms = (line_client.cpu_s() - serve_cpu_before) * 1000 / (count + WARM_UP)
     base, over_line, over_stdio, over_http_ms, floor = (summary_ms(samples[op]) for op in ops)
     ratio = over_line["p50_ms"] / base["p50_ms"]
     return {
@@ -209,6 +221,7 @@ async def _run(quick: bool) -> dict[str, Any]:
         "client_sdk_adds_p50_ms": round(over_stdio["p50_ms"] - over_line["p50_ms"], 4),
         "ratio_p50_http_vs_direct": round(over_http_ms["p50_ms"] / base["p50_ms"], 3),
         "mcp_serve_adds_p50_ms": round(over_line["p50_ms"] - base["p50_ms"], 4),
+        "mcp_serve_cpu_ms_per_call_line_client": round(serve_cpu_ms, 3),
         "reference_bare_mcp_stdio_round_trip": floor,
         "mcp_serve_over_bare_sdk_plus_direct_p50_ms": round(
             over_stdio["p50_ms"] - base["p50_ms"] - floor["p50_ms"], 4

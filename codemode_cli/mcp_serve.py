@@ -16,7 +16,6 @@ import contextlib
 import ipaddress
 import logging
 import secrets
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -190,14 +189,7 @@ async def _serve(
 async def _serve_stdio(server: AgentServer, max_request_bytes: int) -> int:
     from codemode_cli.mcp_stdio import serve_stdio
 
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-    # SIGTERM/SIGINT cancel the serving task: in-flight calls are cancelled with their RPCs.
-    with contextlib.suppress(asyncio.CancelledError):
-        await serve_stdio(server, max_request_bytes)
+    await serve_stdio(server, max_request_bytes)  # until stdin closes or SIGTERM/SIGINT
     return 0
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import mcp_types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
@@ -52,25 +51,43 @@ _MAX_TOOLS = 512
 _CLIENT = mcp_types.Implementation(name="codemode-registry", version="1")
 
 
-async def _throttled(
-    source: ReadStream[SessionMessage | Exception],
-    sink: MemoryObjectSendStream[SessionMessage | Exception],
-    rate: float,
-) -> None:
-    """Hands `source`'s messages to `sink`, at most `rate` a second (a token bucket of one
-    second's worth): past it this waits, and so does the transport behind it (a stdio server on
-    its own pipe), so a flooding server costs the event loop a bounded rate."""
-    tokens, at = rate, time.monotonic()
-    async with sink:
-        async for message in source:
-            now = time.monotonic()
-            tokens = min(rate, tokens + (now - at) * rate)
-            at = now
-            if tokens < 1:
-                await asyncio.sleep((1 - tokens) / rate)
-                tokens = 1
-            tokens -= 1
-            await sink.send(message)
+class _Throttled:
+    """`source`'s messages at most `rate` a second (a token bucket of one second's worth), taken
+    as the session asks for the next one: past the rate that read waits, and so does the
+    transport behind it (a stdio server on its own pipe), so a flooding server costs the event
+    loop a bounded rate. A read stream itself: no task or stream hop of its own."""
+
+    def __init__(self, source: ReadStream[SessionMessage | Exception], rate: float) -> None:
+        self._source, self._rate = source, rate
+        self._tokens, self._at = rate, time.monotonic()
+
+    async def receive(self) -> SessionMessage | Exception:
+        now = time.monotonic()
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1:
+            await asyncio.sleep((1 - self._tokens) / self._rate)
+            self._tokens = 1
+        self._tokens -= 1
+        return await self._source.receive()
+
+    def __aiter__(self) -> _Throttled:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._source.aclose()
+
+    async def __aenter__(self) -> _Throttled:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _Connection:
@@ -106,12 +123,9 @@ class _Connection:
         transport: Callable[[], AbstractAsyncContextManager[TransportStreams]],
         ready: asyncio.Future[None],
     ) -> None:
-        pump: asyncio.Task[None] | None = None
         try:
             async with transport() as (source, write):
-                sink, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-                pump = asyncio.create_task(_throttled(source, sink, self._rate))
-                await self._session_over(read, write, ready)
+                await self._session_over(_Throttled(source, self._rate), write, ready)
         except BaseException as exc:
             if isinstance(exc, Exception) and not self._ended.done():
                 # A transport that knows why it ended (a stdio child's exit, a malformed
@@ -124,14 +138,12 @@ class _Connection:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            if pump is not None:
-                pump.cancel()
             self._session = None
             self._end("the connection was closed")
 
     async def _session_over(
         self,
-        read: MemoryObjectReceiveStream[SessionMessage | Exception],
+        read: ReadStream[SessionMessage | Exception],
         write: WriteStream[SessionMessage],
         ready: asyncio.Future[None],
     ) -> None:

@@ -53,8 +53,13 @@ def tool_spec(tool: mcp_types.Tool, max_depth: int) -> ToolSpec:
 
 
 def _json(value: object, max_depth: int, what: str) -> JsonValue:
+    return _json_and_text(value, max_depth, what)[0]
+
+
+def _json_and_text(value: object, max_depth: int, what: str) -> tuple[JsonValue, str]:
+    """`value` as lossless JSON within the depth bound, and its canonical text."""
     try:
-        return jsonvalue.loads(jsonvalue.dumps(value), max_depth=max_depth)
+        return jsonvalue.loads_canonical(jsonvalue.dumps(value), max_depth=max_depth)
     except (JsonValueError, ValueError) as exc:
         message = f"the {what} is not lossless JSON: {exc}"
         raise McpCallFailed(message, INVALID_TOOL_OUTPUT) from None
@@ -86,10 +91,5 @@ def tool_result(result: mcp_types.CallToolResult, max_depth: int) -> ToolResult:
         )
     if result.structured_content is None:
         return ToolResult(content=content)
-    value = _json(result.structured_content, max_depth, "structured content")
-    return ToolResult(
-        content=content,
-        value=value,
-        has_value=True,
-        value_json=jsonvalue.dumps(value),
-    )
+    value, text = _json_and_text(result.structured_content, max_depth, "structured content")
+    return ToolResult(content=content, value=value, has_value=True, value_json=text)

@@ -10,8 +10,10 @@ hands the SDK's `ClientSession` the same pair of message streams the SDK's trans
   registry's own user (docs/security.md says what that means);
 - each message line at most `max_message_bytes`, a long one parsed off the event loop (a
   longer one, or a line that is not JSON-RPC, ends the connection with that reason: a server
-  that breaks the protocol is restarted, it is not trusted to resynchronise); the messages are
-  handed over one at a time, so a server the connection reads slowly waits on its own pipe;
+  that breaks the protocol is restarted, it is not trusted to resynchronise); the session's
+  read and write streams (`_ServerLines`, `_ServerStdin`, of the SDK's `ReadStream` /
+  `WriteStream` shape) read and write the pipes themselves: a line is read when the session
+  asks for the next message, so a server the connection reads slowly waits on its own pipe;
 - stderr logged line by line, each cut to 1 KiB, at most `_STDERR_LINES` lines per window.
 """
 
@@ -29,7 +31,6 @@ from dataclasses import dataclass, field
 
 import anyio
 import mcp_types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
 from registry_service.domain.json_admission import JsonLimits, off_loop
@@ -78,12 +79,7 @@ class StdioProcess:
         if not self.ended.done():
             self.ended.set_result(why)
 
-    async def start(
-        self,
-    ) -> tuple[
-        MemoryObjectReceiveStream[SessionMessage | Exception],
-        MemoryObjectSendStream[SessionMessage],
-    ]:
+    async def start(self) -> tuple[_ServerLines, _ServerStdin]:
         credentials = _credentials(self._limits.user)
         spec = self._spec
         self._process = await asyncio.create_subprocess_exec(
@@ -100,69 +96,64 @@ class StdioProcess:
             extra_groups=None if credentials is None else [],
             limit=self._limits.max_message_bytes,
         )
-        incoming_send, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-        outgoing, outgoing_receive = anyio.create_memory_object_stream[SessionMessage](0)
         self._tasks = [
-            asyncio.create_task(self._read(incoming_send)),
-            asyncio.create_task(self._write(outgoing_receive)),
             asyncio.create_task(self._stderr()),
             asyncio.create_task(self._wait()),
         ]
-        return incoming, outgoing
+        return _ServerLines(self), _ServerStdin(self)
 
-    async def _read(self, send: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+    async def read_message(self) -> SessionMessage:
+        """The server's next message; raises anyio.EndOfStream once the connection ended (and
+        says why through `ended`)."""
         assert self._process is not None and self._process.stdout is not None
         stdout = self._process.stdout
-        async with send:
-            while True:
-                try:
-                    line = await stdout.readline()
-                except ValueError:  # asyncio's LimitOverrunError, as readline raises it
-                    self._end(
-                        f"the server sent a message of more than "
-                        f"{self._limits.max_message_bytes} bytes"
-                    )
-                    return
-                if not line:  # most often the process exiting: say with which status
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(self._process.wait()), 1.0)
-                    code = self._process.returncode
-                    self._end(
-                        "the server closed its stdout"
-                        if code is None
-                        else f"the server process exited with status {code}"
-                    )
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    message = await off_loop(
-                        self._limits.json,
-                        len(line),
-                        mcp_types.jsonrpc_message_adapter.validate_json,
-                        line,
-                        by_name=False,
-                    )
-                except ValueError as exc:
-                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    self._end(f"the server sent malformed JSON-RPC ({first[:200]})")
-                    return
-                try:
-                    await send.send(SessionMessage(message))
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
+        while True:
+            try:
+                line = await stdout.readline()
+            except ValueError:  # asyncio's LimitOverrunError, as readline raises it
+                self._end(
+                    f"the server sent a message of more than {self._limits.max_message_bytes} bytes"
+                )
+                break
+            if not line:  # most often the process exiting: say with which status
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._process.wait()), 1.0)
+                code = self._process.returncode
+                self._end(
+                    "the server closed its stdout"
+                    if code is None
+                    else f"the server process exited with status {code}"
+                )
+                break
+            if not line.strip():
+                continue
+            try:
+                message = await off_loop(
+                    self._limits.json,
+                    len(line),
+                    mcp_types.jsonrpc_message_adapter.validate_json,
+                    line,
+                    by_name=False,
+                )
+            except ValueError as exc:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self._end(f"the server sent malformed JSON-RPC ({first[:200]})")
+                break
+            return SessionMessage(message)
+        raise anyio.EndOfStream
 
-    async def _write(self, receive: MemoryObjectReceiveStream[SessionMessage]) -> None:
+    async def write_message(self, item: SessionMessage) -> None:
         assert self._process is not None and self._process.stdin is not None
         stdin = self._process.stdin
-        async with receive:
-            try:
-                async for item in receive:
-                    text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    stdin.write(text.encode() + b"\n")
-                    await stdin.drain()
-            except (ConnectionError, OSError) as exc:
-                self._end(f"writing to the server failed: {exc}")
+        if self.ended.done():
+            raise anyio.BrokenResourceError
+        text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+        try:
+            stdin.write(text.encode() + b"\n")
+            await stdin.drain()
+        except (ConnectionError, OSError) as exc:
+            self._end(f"writing to the server failed: {exc}")
+            raise anyio.BrokenResourceError from None
 
     async def _stderr(self) -> None:
         assert self._process is not None and self._process.stderr is not None
@@ -244,3 +235,58 @@ async def running(
                 cancelled = True
         if cancelled:
             raise asyncio.CancelledError
+
+
+class _ServerLines:
+    """The session's read stream: the child's stdout lines, each read and parsed when the
+    session asks for the next message (no task or memory stream between the pipe and the
+    session), so a server the session reads slowly waits on its own pipe."""
+
+    def __init__(self, process: StdioProcess) -> None:
+        self._process = process
+        self._closed = False
+
+    async def receive(self) -> SessionMessage | Exception:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        return await self._process.read_message()
+
+    def __aiter__(self) -> _ServerLines:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> _ServerLines:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _ServerStdin:
+    """The session's write stream: one line per message on the child's stdin."""
+
+    def __init__(self, process: StdioProcess) -> None:
+        self._process = process
+        self._closed = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self._process.write_message(item)
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> _ServerStdin:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
