@@ -24,8 +24,8 @@ import ipaddress
 import logging
 import math
 import socket
-import time
 from collections.abc import Callable
+from time import monotonic
 
 from registry_service.runtime_targets import RuntimeTarget
 
@@ -130,14 +130,14 @@ class ResolvedTarget:
         self._connect = connect
         self.backends: dict[str, RuntimeTarget] = {}
         self.resolved = False  # looked up successfully at least once
-        self._last = -math.inf  # time.monotonic() when the last lookup started
+        self._last = -math.inf  # monotonic() when the last lookup started
         self._soon = True  # the next lookup is due RERESOLVE_MIN_S after the last
         self._lookup: asyncio.Task[list[str]] | None = None
 
     def due(self) -> bool:
         """Whether it is time to look the target up again (and no lookup is under way)."""
         wait = RERESOLVE_MIN_S if self._soon else RESOLVE_INTERVAL_S
-        return self._lookup is None and time.monotonic() - self._last >= wait
+        return self._lookup is None and monotonic() - self._last >= wait
 
     def soon(self) -> None:
         """Look up again at the next use, unless the last lookup was under RERESOLVE_MIN_S
@@ -147,7 +147,7 @@ class ResolvedTarget:
     def begin(self) -> None:
         """Starts a lookup unless one is under way (so `due` is False from here)."""
         if self._lookup is None:
-            self._last, self._soon = time.monotonic(), False
+            self._last, self._soon = monotonic(), False
             # In an empty context: the lookup serves every run, none of their traces.
             self._lookup = asyncio.get_running_loop().create_task(
                 resolve(self.address), context=contextvars.Context()
