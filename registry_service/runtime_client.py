@@ -2,8 +2,10 @@
 
 Runs, plugin hosts and define-time source checks are spread over the configured runtime
 targets in rotation, each going only to a target that serves its language
-(`runtime_targets.py`: one channel per target; a DNS target, `dns:///name:port`, balances over
-its records with round_robin).
+(`runtime_targets.py`: one channel per target). A target that may name several runtimes
+(`dns:///name:port`, an address list) is, on the multiplexed channel, one target per runtime it
+resolves to (`runtime_resolution.py`); with per-run streams its channel balances over them
+(round_robin).
 
 Outages: a run waits up to the start timeout for a runtime to be connected and to accept it,
 trying again (on the next runtime in the rotation) whenever a runtime is unreachable or refuses
@@ -393,9 +395,9 @@ class GrpcRuntime:
         no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
         plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
         `reconnect_backoff_max_s`: the longest pause between reconnection attempts.
-        `channel`: every run to a target over its one `Multiplex` stream
-        (`runtime_mux.py`; a target that may name several runtimes, `dns:///`, keeps a
-        `Run` stream per run), or a `Run` stream per run."""
+        `channel`: every run to a runtime over its one `Multiplex` stream
+        (`runtime_mux.py`; a target that may name several runtimes, `dns:///`, a stream to
+        each one it resolves to), or a `Run` stream per run (deprecated)."""
         if not targets:
             raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
