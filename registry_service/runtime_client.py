@@ -437,7 +437,8 @@ class GrpcRuntime:
             }
         # Backends that went away with runs on them: closed once those have ended.
         self._draining: list[RuntimeTarget] = []
-        self._applying: set[asyncio.Task[None]] = set()  # background lookups being applied
+        # The lookup being applied, per target that may name several runtimes.
+        self._applying: dict[ResolvedTarget, asyncio.Task[None]] = {}
 
     def _rebuild(self) -> None:
         """Every target runs go to, in configuration order (a resolved one's backends in its
@@ -451,22 +452,26 @@ class GrpcRuntime:
         self._targets = tuple(found)
 
     async def _resolve(self, deadline: float) -> None:
-        """Resolves the targets that are due: one never resolved yet is waited for (up to
-        `deadline`), the others are looked up again in the background."""
+        """Resolves the targets that are due, in the background; one never resolved yet is
+        waited for (up to `deadline`). Closes the runtimes that went away once idle."""
+        loop = asyncio.get_running_loop()
         for resolved in self._resolved.values():
-            if not resolved.due():
-                continue
-            resolved.begin()
-            if resolved.resolved:
-                task = asyncio.get_running_loop().create_task(
-                    self._apply(resolved), context=contextvars.Context()
-                )
-                self._applying.add(task)
-                task.add_done_callback(self._applying.discard)
-                continue
-            remaining = deadline - asyncio.get_running_loop().time()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._apply(resolved)), max(0.0, remaining))
+            if resolved.due():
+                resolved.begin()
+                task = loop.create_task(self._apply(resolved), context=contextvars.Context())
+                self._applying[resolved] = task
+                task.add_done_callback(functools.partial(self._applied, resolved))
+            pending = self._applying.get(resolved)
+            if not resolved.resolved and pending is not None:
+                left = max(0.0, deadline - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(pending), left)
+        if self._draining:
+            await self._close_drained()
+
+    def _applied(self, resolved: ResolvedTarget, task: asyncio.Task[None]) -> None:
+        if self._applying.get(resolved) is task:
+            del self._applying[resolved]
 
     async def _apply(self, resolved: ResolvedTarget) -> None:
         added, removed = await resolved.refresh()
@@ -691,7 +696,7 @@ class GrpcRuntime:
     async def close(self) -> None:
         for resolved in self._resolved.values():
             resolved.cancel()
-        for task in self._applying:
+        for task in list(self._applying.values()):
             task.cancel()
         for multiplexer in self._multiplexers.values():
             await multiplexer.close()

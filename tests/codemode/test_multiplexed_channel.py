@@ -328,3 +328,52 @@ async def test_a_name_that_resolves_to_nothing_is_an_outage(
         assert calls >= 2  # looked up again while it waited
     finally:
         await runtime.close()
+
+
+async def test_a_runtime_that_leaves_the_answer_finishes_its_runs_then_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Of two runtimes behind a name, the one holding a run leaves the name's answer: it takes
+    no new run, the run it holds still completes on its stream, and its stream and channel
+    close at the first use after that run has ended."""
+    answer: list[str] = []
+
+    async def lookup(target: str) -> list[str]:
+        return list(answer)
+
+    monkeypatch.setattr(runtime_resolution, "resolve", lookup)
+    launched = [await _runtime_process(SPAWNING) for _ in range(2)]
+    try:
+        answer[:] = [f"ipv4:{address}" for _, address in launched]
+        runtime = GrpcRuntime(["dns:///runtimes.test:50052"], 4 << 20, start_timeout_s=_WAIT_S)
+        try:
+            spec = RunSpec("return await tools.hold({})", "", ("hold",), b"t", _WAIT_S)
+            held = await runtime.open_run(spec)
+            assert isinstance(held, MuxRunStream)
+            events = held.events()
+            call = await asyncio.wait_for(anext(events), _WAIT_S)
+            assert isinstance(call, BindingCall)
+            (holder,) = [
+                t for t, m in runtime._multiplexers.items() if m._stream is held._run._stream
+            ]
+            answer.remove(holder.address)
+            monkeypatch.setattr(runtime_resolution, "RESOLVE_INTERVAL_S", 0.0)
+            for _ in range(40):  # the lookup is applied in the background
+                await _ran_on(runtime)
+                if holder not in runtime._targets:
+                    break
+            assert [t.address for t in runtime._targets] == answer
+            assert holder in runtime._draining and not runtime._multiplexers[holder].idle()
+            held.reply(call.call_id, True, '"still served"')
+            terminal = await asyncio.wait_for(anext(events), _WAIT_S)
+            assert isinstance(terminal, RunTerminal) and terminal.value_json == '"still served"'
+            await held.close()
+            await _ran_on(runtime)
+            assert holder not in runtime._multiplexers and runtime._draining == []
+            assert holder.channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN
+        finally:
+            await runtime.close()
+    finally:
+        for proc, _ in launched:
+            proc.kill()
+            await proc.wait()
