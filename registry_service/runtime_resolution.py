@@ -30,6 +30,7 @@ from time import monotonic
 from registry_service.runtime_targets import RuntimeTarget
 
 __all__ = [
+    "MAX_BACKENDS",
     "RERESOLVE_MIN_S",
     "RESOLVE_INTERVAL_S",
     "ResolvedTarget",
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 
 RESOLVE_INTERVAL_S = 30.0
 RERESOLVE_MIN_S = 1.0
+# A channel and a stream per runtime: a name that answers with more addresses gets this many
+# (the first, in address order), so one bad DNS answer cannot open thousands of connections.
+MAX_BACKENDS = 128
 _DEFAULT_PORT = 443  # gRPC's, for `dns:` and `ipv4:`/`ipv6:` targets without one
 _LOOKUP_TIMEOUT_S = 10.0
 
@@ -171,6 +175,12 @@ class ResolvedTarget:
             return [], []  # another caller applied this lookup already
         self._lookup = None
         self.resolved = True
+        if len(addresses) > MAX_BACKENDS:
+            log.warning(
+                "runtime target %s names %d runtimes: using the first %d",
+                self.address, len(addresses), MAX_BACKENDS,
+            )  # fmt: skip
+            addresses = addresses[:MAX_BACKENDS]
         if not addresses:
             self._soon = True
         added = [a for a in addresses if a not in self.backends]

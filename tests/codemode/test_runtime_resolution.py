@@ -110,3 +110,18 @@ async def test_lookups_are_shared_and_paced(monkeypatch: pytest.MonkeyPatch) -> 
     assert lookups == 2 and list(resolved.backends) == ["ipv4:10.0.0.1:1"]
     now[0] += runtime_resolution.RERESOLVE_MIN_S
     assert resolved.due()  # a failed lookup is tried again soon
+
+
+async def test_a_name_answering_with_too_many_addresses_gets_a_bounded_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    count = runtime_resolution.MAX_BACKENDS + 50
+
+    async def lookup(target: str) -> list[str]:
+        return sorted(f"ipv4:10.0.{n // 250}.{n % 250 + 1}:1" for n in range(count))
+
+    monkeypatch.setattr(runtime_resolution, "resolve", lookup)
+    resolved = ResolvedTarget("dns:///many:1", _Closed)
+    added, _ = await resolved.refresh()
+    assert len(added) == len(resolved.backends) == runtime_resolution.MAX_BACKENDS
+    assert list(resolved.backends) == (await lookup(""))[: runtime_resolution.MAX_BACKENDS]
