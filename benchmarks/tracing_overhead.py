@@ -7,9 +7,10 @@ instrumentation's transport spans). Programs making 0 and 100 sequential nested 
 in-process tool run on both, interleaved round by round; per stack the per-call cost is
 (p50(t_100) - p50(t_0)) / 100. Target: tracing adds <= 15 % per nested call.
 The CPU time the registry and runtime processes spend per nested call (mean, from /proc) is
-reported beside it: it is far less sensitive than wall time to other load on the machine; and
-the CPU of all processes, the runtime's workers included (each runtime is started in a cgroup of
-its own, `benchmarks/_cgroup_meter.py`).
+reported beside it, and the registry's alone (where tracing's cost is): it is far less
+sensitive than wall time to other load on the machine; and the CPU of all processes, the
+runtime's workers included (each runtime is started in a cgroup of its own,
+`benchmarks/_cgroup_meter.py`).
 
     python -m benchmarks.tracing_overhead [--quick]
 """
@@ -99,10 +100,15 @@ class Stack:
     cpu_sequential: list[float] = field(default_factory=list)
     all_zero: list[float] = field(default_factory=list)
     all_sequential: list[float] = field(default_factory=list)
+    registry_zero: list[float] = field(default_factory=list)
+    registry_sequential: list[float] = field(default_factory=list)
 
     def cpu_s(self) -> float:
         """The registry's and the runtime's own CPU seconds (what tracing runs in)."""
         return sum(_cpu_s(pid) for pid in self.pids)
+
+    def registry_cpu_s(self) -> float:
+        return _cpu_s(self.pids[1])
 
     def all_cpu_s(self) -> float:
         """The registry's and everything in the runtime's cgroup (its workers too); the
@@ -124,6 +130,11 @@ class Stack:
 
     def all_cpu_per_call_s(self) -> float:
         return (statistics.fmean(self.all_sequential) - statistics.fmean(self.all_zero)) / N
+
+    def registry_cpu_per_call_s(self) -> float:
+        return (
+            statistics.fmean(self.registry_sequential) - statistics.fmean(self.registry_zero)
+        ) / N
 
 
 @contextlib.asynccontextmanager
@@ -193,13 +204,17 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
                 rng.shuffle(order)  # interleaved, in random order: drift hits both alike
                 for stack in order:
                     cpu, every = stack.cpu_s(), stack.all_cpu_s()
+                    registry = stack.registry_cpu_s()
                     stack.zero.append(await _run(stack, ZERO))
                     cpu_after, every_after = stack.cpu_s(), stack.all_cpu_s()
+                    registry_after = stack.registry_cpu_s()
                     stack.cpu_zero.append(cpu_after - cpu)
                     stack.all_zero.append(every_after - every)
+                    stack.registry_zero.append(registry_after - registry)
                     stack.sequential.append(await _run(stack, SEQUENTIAL))
                     stack.cpu_sequential.append(stack.cpu_s() - cpu_after)
                     stack.all_sequential.append(stack.all_cpu_s() - every_after)
+                    stack.registry_sequential.append(stack.registry_cpu_s() - registry_after)
         spans = list(read_spans(trace_file))  # both traced processes flushed on SIGTERM
     runs = (warmup + rounds) * 2
     per_off, per_on = off.per_call_s(), on.per_call_s()
@@ -219,6 +234,7 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
             f"run_{N}_calls": summary_ms(off.sequential),
             "per_nested_call_us": round(per_off * 1e6, 2),
             "cpu_per_nested_call_us": round(cpu_off * 1e6, 2),
+            "registry_cpu_per_nested_call_us": round(off.registry_cpu_per_call_s() * 1e6, 2),
             "all_processes_cpu_per_nested_call_us": round(off.all_cpu_per_call_s() * 1e6, 2),
         },
         "tracing_on": {
@@ -227,6 +243,7 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
             f"run_{N}_calls": summary_ms(on.sequential),
             "per_nested_call_us": round(per_on * 1e6, 2),
             "cpu_per_nested_call_us": round(cpu_on * 1e6, 2),
+            "registry_cpu_per_nested_call_us": round(on.registry_cpu_per_call_s() * 1e6, 2),
             "all_processes_cpu_per_nested_call_us": round(on.all_cpu_per_call_s() * 1e6, 2),
             "spans_written": len(spans),
             "spans_per_nested_call": round(
@@ -237,6 +254,9 @@ async def measure(rounds: int, warmup: int) -> dict[str, Any]:
         "overhead_per_nested_call_us": round((per_on - per_off) * 1e6, 2),
         "overhead_per_nested_call_paired_median": round(paired, 4),
         "cpu_overhead_per_nested_call": round(cpu_on / cpu_off - 1, 4),
+        "registry_cpu_overhead_per_nested_call_us": round(
+            (on.registry_cpu_per_call_s() - off.registry_cpu_per_call_s()) * 1e6, 2
+        ),
         "all_processes_cpu_overhead_per_nested_call": round(
             on.all_cpu_per_call_s() / off.all_cpu_per_call_s() - 1, 4
         ),

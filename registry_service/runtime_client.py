@@ -2,8 +2,10 @@
 
 Runs, plugin hosts and define-time source checks are spread over the configured runtime
 targets in rotation, each going only to a target that serves its language
-(`runtime_targets.py`: one channel per target; a DNS target, `dns:///name:port`, balances over
-its records with round_robin).
+(`runtime_targets.py`: one channel per target). A target that may name several runtimes
+(`dns:///name:port`, an address list) is, on the multiplexed channel, one target per runtime it
+resolves to (`runtime_resolution.py`); with per-run streams its channel balances over them
+(round_robin).
 
 Outages: a run waits up to the start timeout for a runtime to be connected and to accept it,
 trying again (on the next runtime in the rotation) whenever a runtime is unreachable or refuses
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import itertools
 import logging
 import math
@@ -57,6 +61,7 @@ from registry_service.runtime_mux import (
     PastDeadline,
     StreamBroken,
 )
+from registry_service.runtime_resolution import ResolvedTarget, authority_of, listed_addresses
 from registry_service.runtime_targets import (
     Choose,
     RuntimeTarget,
@@ -98,6 +103,9 @@ DEFAULT_START_TIMEOUT_S = 1.0
 # draining runtime is not hammered: the pause starts here and doubles up to the cap.
 _RETRY_PAUSE_S = 0.02
 _RETRY_PAUSE_MAX_S = 0.2
+# While no runtime of a target that may name several is connected, how often it is looked up
+# again (its runtimes may have been replaced).
+_RESOLVE_WAIT_S = 0.25
 
 
 def payload_limit(max_message_bytes: int) -> int:
@@ -387,9 +395,9 @@ class GrpcRuntime:
         no pings). `tls`: TLS (mutual when it holds a client certificate) instead of
         plaintext. `start_timeout_s`: how long a run waits for a runtime to take it.
         `reconnect_backoff_max_s`: the longest pause between reconnection attempts.
-        `channel`: every run to a target over its one `Multiplex` stream
-        (`runtime_mux.py`; a target that may name several runtimes, `dns:///`, keeps a
-        `Run` stream per run), or a `Run` stream per run."""
+        `channel`: every run to a runtime over its one `Multiplex` stream
+        (`runtime_mux.py`; a target that may name several runtimes, `dns:///`, a stream to
+        each one it resolves to), or a `Run` stream per run (deprecated)."""
         if not targets:
             raise ValueError("a gRPC runtime needs at least one target")
         interceptors = client_interceptors(tracer_provider) or None
@@ -397,21 +405,102 @@ class GrpcRuntime:
         options = channel_options(max_message_bytes, keepalive_s, reconnect_backoff_max_s)
         if tls is not None and tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
-        self._targets = tuple(
-            RuntimeTarget(address, _channel(address, options, interceptors, tls))
-            for address in targets
-        )
+        self._max_message_bytes = max_message_bytes
+        self._multiplexed = channel == "multiplexed"
+        self._addresses = tuple(targets)
+        # A target that may name several runtimes is, on the multiplexed channel, resolved
+        # to one target (channel, stream) per runtime (`runtime_resolution.py`), so that runs
+        # balance over them: one stream over a balancing channel would pin every run to
+        # whichever runtime it reached. Per-run streams balance on the one channel instead.
+        self._fixed: dict[str, RuntimeTarget] = {}
+        self._resolved: dict[str, ResolvedTarget] = {}
+        for address in targets:
+            if self._multiplexed and not names_one_runtime(address):
+                listed_addresses(address)  # a malformed address list fails here, at start
+                connect = functools.partial(
+                    _backend, options=_backend_options(options, address, tls),
+                    interceptors=interceptors, tls=tls,
+                )  # fmt: skip
+                self._resolved[address] = ResolvedTarget(address, connect)
+            else:
+                self._fixed[address] = RuntimeTarget(
+                    address, _channel(address, options, interceptors, tls)
+                )
+        self._targets: tuple[RuntimeTarget, ...] = ()
+        self._rebuild()
         self._turn = itertools.count()
         self._payload_limit = payload_limit(max_message_bytes)
-        # A target that may name several runtimes keeps a `Run` stream per run, each balanced
-        # over them on its own (one multiplexed stream would pin all its runs to one runtime).
-        self._multiplexers: dict[str, Multiplexer] = {}
-        if channel == "multiplexed":
+        self._multiplexers: dict[RuntimeTarget, Multiplexer] = {}
+        if self._multiplexed:
             self._multiplexers = {
-                t.address: Multiplexer(t.stub, max_message_bytes)
-                for t in self._targets
-                if names_one_runtime(t.address)
+                t: Multiplexer(t.stub, max_message_bytes) for t in self._fixed.values()
             }
+        # Backends that went away with runs on them: closed once those have ended.
+        self._draining: list[RuntimeTarget] = []
+        # The lookup being applied, per target that may name several runtimes.
+        self._applying: dict[ResolvedTarget, asyncio.Task[None]] = {}
+
+    def _rebuild(self) -> None:
+        """Every target runs go to, in configuration order (a resolved one's backends in its
+        place)."""
+        found: list[RuntimeTarget] = []
+        for address in self._addresses:
+            if (fixed := self._fixed.get(address)) is not None:
+                found.append(fixed)
+            else:
+                found.extend(self._resolved[address].backends.values())
+        self._targets = tuple(found)
+
+    async def _resolve(self, deadline: float) -> None:
+        """Resolves the targets that are due, in the background; one never resolved yet is
+        waited for (up to `deadline`). Closes the runtimes that went away once idle."""
+        loop = asyncio.get_running_loop()
+        for resolved in self._resolved.values():
+            if resolved.due():
+                resolved.begin()
+                task = loop.create_task(self._apply(resolved), context=contextvars.Context())
+                self._applying[resolved] = task
+                task.add_done_callback(functools.partial(self._applied, resolved))
+            pending = self._applying.get(resolved)
+            if not resolved.resolved and pending is not None:
+                left = max(0.0, deadline - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(pending), left)
+        if self._draining:
+            await self._close_drained()
+
+    def _applied(self, resolved: ResolvedTarget, task: asyncio.Task[None]) -> None:
+        if self._applying.get(resolved) is task:
+            del self._applying[resolved]
+
+    async def _apply(self, resolved: ResolvedTarget) -> None:
+        added, removed = await resolved.refresh()
+        if not added and not removed:
+            return
+        for target in added:
+            self._multiplexers[target] = Multiplexer(target.stub, self._max_message_bytes)
+        for target in removed:
+            self._multiplexers[target].retire()
+            self._draining.append(target)
+        self._rebuild()
+        await self._close_drained()
+
+    async def _close_drained(self) -> None:
+        idle = [t for t in self._draining if self._multiplexers[t].idle()]
+        self._draining = [t for t in self._draining if t not in idle]
+        for target in idle:
+            await self._multiplexers.pop(target).close()
+            await target.close()
+
+    def _backend_away(self, target: RuntimeTarget) -> None:
+        """A resolved target's backend is not connected: look its target up again soon."""
+        for resolved in self._resolved.values():
+            if resolved.backends.get(target.address) is target:
+                resolved.soon()
+
+    def _unresolved(self) -> bool:
+        """Whether a target that may name several runtimes has no backend now."""
+        return any(not r.backends for r in self._resolved.values())
 
     async def limits(self) -> RuntimeLimits:
         """The runtime's limits, from its `GetCapabilities` (0 there means "not reported");
@@ -419,7 +508,7 @@ class GrpcRuntime:
         known = [t.capabilities for t in self._targets if t.capabilities is not None]
         if not known:  # nothing known yet: a runtime must answer first
             loop = asyncio.get_running_loop()
-            target = await first_connected(self._targets, loop.time() + self._start_timeout, 0)
+            target = await self._connected(lambda _target: True, loop.time() + self._start_timeout)
             if target is None:
                 raise RuntimeUnreachable(self._unreachable("none is connected"))
             try:
@@ -460,6 +549,7 @@ class GrpcRuntime:
         """Ask every target now that has not answered yet (bounded by the start timeout)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._start_timeout
+        await self._resolve(deadline)
 
         async def learn(target: RuntimeTarget) -> None:
             if await first_connected((target,), deadline, 0) is not None:
@@ -476,14 +566,7 @@ class GrpcRuntime:
         `deadline`; `RunRefused` when every target has answered and none takes it."""
         start = next(self._turn)
         while True:
-            candidates = [t for t in self._targets if fits(t) is not False]
-            if not candidates:
-                served = self.served_languages() or ()
-                raise RunRefused(
-                    f"FAILED_PRECONDITION: no runtime target serves {what} "
-                    f"(served: {', '.join(served) or 'none'})"
-                )
-            target = await first_connected(candidates, deadline, start)
+            target = await self._connected(fits, deadline, start, what)
             if target is None:
                 raise RuntimeUnreachable(
                     self._unreachable("none that serves it is connected", work)
@@ -498,6 +581,37 @@ class GrpcRuntime:
                     await asyncio.sleep(_RETRY_PAUSE_S)
                 continue  # now known: serves it or not
             return target
+
+    async def _connected(
+        self, fits: Choose, deadline: float, start: int = 0, what: str = ""
+    ) -> RuntimeTarget | None:
+        """The first connected target that may take the work (`fits` not False), in rotation
+        from `start`, waiting for one until `deadline` (None then); meanwhile a target that
+        may name several runtimes is looked up again whenever one of its runtimes is not
+        connected, so that replaced runtimes are found. `RunRefused` when every target has
+        answered and none takes the work."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._resolve(deadline)
+            candidates = [t for t in self._targets if fits(t) is not False]
+            if not candidates and not self._unresolved():
+                served = self.served_languages() or ()
+                raise RunRefused(
+                    f"FAILED_PRECONDITION: no runtime target serves {what} "
+                    f"(served: {', '.join(served) or 'none'})"
+                )
+            until = deadline if not self._resolved else min(deadline, loop.time() + _RESOLVE_WAIT_S)
+            target = await first_connected(candidates, until, start) if candidates else None
+            if self._resolved and candidates:
+                first = candidates[start % len(candidates)]
+                if target is not first:  # skipped: not connected
+                    self._backend_away(first)
+            if target is not None:
+                return target
+            if loop.time() >= deadline:
+                return None
+            if not candidates:  # nothing resolved yet: pause before looking again
+                await asyncio.sleep(min(_RESOLVE_WAIT_S, max(0.0, deadline - loop.time())))
 
     async def open_run(self, spec: RunSpec) -> GrpcRunStream | MuxRunStream:
         loop = asyncio.get_running_loop()
@@ -516,20 +630,21 @@ class GrpcRuntime:
             timeout = None if left is None else left + _DEADLINE_GRACE_S
             start = _start_message(spec, left)
             taken: GrpcRunStream | MuxRunStream | str
-            if (multiplexer := self._multiplexers.get(target.address)) is not None:
+            if (multiplexer := self._multiplexers.get(target)) is not None:
                 taken = await _open_multiplexed(multiplexer, start, timeout)
             else:
                 taken = await _open_per_run(target, start, timeout)
             if not isinstance(taken, str):
                 return taken
             detail = taken
+            self._backend_away(target)
             # Not taken: the connection failed first, or the runtime is shutting down. Nothing
             # ran; the next try goes to the next target in the rotation that is connected,
             # after a pause once every target has been tried.
             if loop.time() + pause >= deadline:
                 raise RuntimeUnreachable(self._unreachable(detail))
             refused += 1
-            if refused >= len(self._targets):
+            if refused >= max(1, len(self._targets)):
                 refused = 0
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RETRY_PAUSE_MAX_S)
@@ -575,13 +690,17 @@ class GrpcRuntime:
 
     def _unreachable(self, why: str, work: str = "the run") -> str:
         wait = f"{self._start_timeout:g} s"
-        addresses = ", ".join(t.address for t in self._targets)
+        addresses = ", ".join(self._addresses)
         return f"no code runtime took {work} within {wait} ({addresses}: {why})"
 
     async def close(self) -> None:
+        for resolved in self._resolved.values():
+            resolved.cancel()
+        for task in list(self._applying.values()):
+            task.cancel()
         for multiplexer in self._multiplexers.values():
             await multiplexer.close()
-        await asyncio.gather(*(t.close() for t in self._targets))
+        await asyncio.gather(*(t.close() for t in (*self._targets, *self._draining)))
 
 
 async def _open_per_run(
@@ -654,6 +773,30 @@ def _serving(language: str) -> Choose:
     if not language:
         return lambda _target: True
     return lambda target: target.serves(language)
+
+
+def _backend_options(
+    options: list[tuple[str, str | int]], target: str, tls: ClientTls | None
+) -> list[tuple[str, str | int]]:
+    """The channel arguments of a backend of `target`: a `dns:` name's backends present the
+    name (`:authority`, and the name TLS checks the certificate for), as its channel did."""
+    authority = authority_of(target)
+    if authority is None:
+        return options
+    backend = [*options, ("grpc.default_authority", authority)]
+    if tls is not None and not tls.server_name:
+        backend.append(("grpc.ssl_target_name_override", authority.rpartition(":")[0]))
+    return backend
+
+
+def _backend(
+    address: str,
+    *,
+    options: list[tuple[str, str | int]],
+    interceptors: Any,
+    tls: ClientTls | None,
+) -> RuntimeTarget:
+    return RuntimeTarget(address, _channel(address, options, interceptors, tls))
 
 
 def _channel(

@@ -193,6 +193,18 @@ class Multiplexer:
             self.streams_opened += 1
         return stream.open(next(self._ids), start)
 
+    def retire(self) -> None:
+        """No new runs (the target went away): its streams end once their runs have."""
+        if self._stream is not None:
+            self._stream.retire()
+            self._retired.add(self._stream)
+            self._stream = None
+
+    def idle(self) -> bool:
+        """Whether no run is on any of its streams."""
+        streams = [*self._retired, *([self._stream] if self._stream is not None else [])]
+        return not any(stream.runs for stream in streams)
+
     async def close(self) -> None:
         streams = [*self._retired, *([self._stream] if self._stream is not None else [])]
         for stream in streams:

@@ -5,8 +5,10 @@ Every target is asked what it serves (`GetCapabilities`: the languages, and for 
 serves its language, in rotation among those connected. So runtimes that serve different
 languages can sit behind one registry (a Python-only pool beside a TypeScript one). A target
 not yet heard from may serve anything: it is asked before it is given work. A target may also
-be a DNS name for several runtimes (`dns:///name:port`): its channel balances over them
-(round_robin), and they are taken to serve the same languages.
+name several runtimes (`dns:///name:port`, an `ipv4:` list), taken to serve the same languages:
+on the multiplexed channel it is resolved to one target per runtime
+(`runtime_resolution.py`); with per-run streams its one channel balances over them
+(round_robin).
 
 Capabilities are read once, then re-read every `CAPABILITIES_REFRESH_S` in the background (an
 answer in hand is used meanwhile, so a redeployed runtime's new limits and languages are picked

@@ -1,6 +1,9 @@
 """gRPC transport spans from opentelemetry-instrumentation-grpc (grpc.aio interceptors).
 
-The health service is filtered out (probes would otherwise fill traces). Only set-up code
+Filtered out: the health service (probes would otherwise fill traces), and the runtime's
+`Multiplex` stream, which carries the frames of every run for a minute: its span would be in
+no run's trace (each run's `run_program` span is a child of its `run_code` call), and its
+interceptor would sit in the path of every frame, both ways, on both sides. Only set-up code
 imports this module; with tracing off no interceptor is installed at all.
 """
 
@@ -18,8 +21,13 @@ from opentelemetry.trace import TracerProvider
 __all__ = ["client_interceptors", "server_interceptors"]
 
 
-def _not_health() -> Any:
-    return filters.negate(filters.health_check())
+_MULTIPLEX = "/codemode.runtime.v1.RuntimeService/Multiplex"
+
+
+def _traced() -> Any:
+    return filters.negate(
+        filters.any_of(filters.health_check(), filters.full_method_name(_MULTIPLEX))
+    )
 
 
 def server_interceptors(tracer_provider: TracerProvider | None) -> list[Any]:
@@ -27,7 +35,7 @@ def server_interceptors(tracer_provider: TracerProvider | None) -> list[Any]:
     if tracer_provider is None:
         return []
     interceptor = aio_server_interceptor(  # type: ignore[no-untyped-call]
-        tracer_provider=tracer_provider, filter_=_not_health()
+        tracer_provider=tracer_provider, filter_=_traced()
     )
     return [interceptor]
 
@@ -37,6 +45,6 @@ def client_interceptors(tracer_provider: TracerProvider | None) -> list[Any]:
     if tracer_provider is None:
         return []
     interceptors = aio_client_interceptors(  # type: ignore[no-untyped-call]
-        tracer_provider=tracer_provider, filter_=_not_health()
+        tracer_provider=tracer_provider, filter_=_traced()
     )
     return list(interceptors)

@@ -16,11 +16,20 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind
 
 __all__ = ["JsonLinesSpanExporter", "read_spans", "span_line"]
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 _string = json.encoder.encode_basestring_ascii
+# The C encoder `json.dumps(..., separators=(",", ":"), default=str)` builds on every call,
+# built once (no circular check: attribute values are flat).
+_encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, str, _string, None, ":", ",", False, False, True
+)
+_KINDS = {kind: f'"{kind.name}"' for kind in SpanKind}
+# Every span of a process has the same resource: its service name is encoded once. One slot
+# holding a pair, so that exporters on other threads never see one resource with another's name.
+_service: list[tuple[object, str]] = [(None, '""')]
 
 
 def span_line(span: ReadableSpan) -> str:
@@ -35,14 +44,16 @@ def span_line(span: ReadableSpan) -> str:
     trace_id = f"{context.trace_id:032x}" if context else ""
     span_id = f"{context.span_id:016x}" if context else ""
     parent_id = f"{parent.span_id:016x}" if parent else ""
-    service = str(span.resource.attributes.get("service.name", ""))
     events = ",".join(
-        f'{{"name":{_string(e.name)},"time_ns":{e.timestamp},"attributes":{_attributes(e.attributes)}}}'
-        for e in span.events
+        [
+            f'{{"name":{_string(e.name)},"time_ns":{e.timestamp},'
+            f'"attributes":{_attributes(e.attributes)}}}'
+            for e in span.events
+        ]
     )
     return (
         f'{{"trace_id":"{trace_id}","span_id":"{span_id}","parent_span_id":"{parent_id}",'
-        f'"name":{_string(span.name)},"kind":"{span.kind.name}","service":{_string(service)},'
+        f'"name":{_string(span.name)},"kind":{_KINDS[span.kind]},"service":{_service_of(span)},'
         f'"start_ns":{span.start_time or 0},"end_ns":{span.end_time or 0},'
         f'"status":"{status.status_code.name}",'
         f'"status_description":{_string(status.description or "")},'
@@ -51,12 +62,23 @@ def span_line(span: ReadableSpan) -> str:
     )
 
 
+def _service_of(span: ReadableSpan) -> str:
+    resource = span.resource
+    cached, encoded = _service[0]
+    if cached is not resource:
+        encoded = _string(str(resource.attributes.get("service.name", "")))
+        _service[0] = (resource, encoded)
+    return encoded
+
+
 def _attributes(attributes: Mapping[str, object] | None) -> str:
     if not attributes:
         return "{}"
     # The SDK's own dict when there: its Mapping wrapper is slow to walk.
     inner = getattr(attributes, "_dict", None)
-    return _ENCODER.encode(inner if isinstance(inner, dict) else dict(attributes))
+    if not isinstance(inner, dict):
+        inner = attributes if isinstance(attributes, dict) else dict(attributes)
+    return "".join(_encode(inner, 0))
 
 
 class JsonLinesSpanExporter(SpanExporter):

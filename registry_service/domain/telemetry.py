@@ -17,10 +17,11 @@ from types import TracebackType
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from codemode_wire.telemetry import Instrumented, context_from
+from codemode_wire.telemetry.clean_writes import add_clean_event, set_clean_attributes
 from codemode_wire.telemetry.propagation import span_traceparent
 from registry_service.domain.results import ToolResult
 
@@ -100,12 +101,22 @@ _NO_ACTIVATION = _NoActivation()
 
 
 class CallTrace:
-    """The span of one tool call. `NO_TRACE` (no span) makes every method a no-op."""
+    """The span of one tool call. `NO_TRACE` (no span) makes every method a no-op.
 
-    __slots__ = ("_span",)
+    The span's attributes (the call's identity, the tool's description once resolved) are kept
+    here and written with the outcome when it ends, in one step: the values are ours and
+    already clean, so they and the stage events skip the SDK's per-value cleaning
+    (codemode_wire/telemetry/clean_writes.py). The exported span is the same; a sampler sees
+    the span's name, kind and parent, not its attributes.
+    """
 
-    def __init__(self, span: trace.Span | None = None) -> None:
+    __slots__ = ("_attributes", "_span")
+
+    def __init__(
+        self, span: trace.Span | None = None, attributes: dict[str, AttributeValue] | None = None
+    ) -> None:
         self._span = span
+        self._attributes = attributes
 
     @property
     def recording(self) -> bool:
@@ -120,16 +131,12 @@ class CallTrace:
             return
         duration_ms = ((end_ns or time.time_ns()) - start_ns) / 1e6
         attributes[DURATION_MS] = round(duration_ms, 3)
-        span.add_event(name, attributes, timestamp=start_ns)
-
-    def set_attribute(self, key: str, value: AttributeValue) -> None:
-        if self._span is not None:
-            self._span.set_attribute(key, value)
+        add_clean_event(span, name, attributes, start_ns)
 
     def describe(self, description: str) -> None:
         """The called tool's description, once the call has resolved its tool."""
-        if self._span is not None and description:
-            self._span.set_attribute(TOOL_DESCRIPTION, description)
+        if self._attributes is not None and description:
+            self._attributes[TOOL_DESCRIPTION] = description
 
     def propagation(self, traceparent: str, tracestate: str) -> tuple[str, str]:
         """The W3C context naming this span as the parent; the given one when not tracing."""
@@ -145,16 +152,15 @@ class CallTrace:
         span = self._span
         if span is None:
             return
+        attributes = self._ending()
+        attributes[OUTCOME] = outcome or outcome_of(result)
         if execution_mode:
-            span.set_attributes(
-                {OUTCOME: outcome or outcome_of(result), EXECUTION_MODE: execution_mode}
-            )
-        else:
-            span.set_attribute(OUTCOME, outcome or outcome_of(result))
+            attributes[EXECUTION_MODE] = execution_mode
         if result.is_error:
+            attributes[ERROR_TYPE] = outcome_of(result)
             message = result.error.message if result.error is not None else ""
-            span.set_attribute(ERROR_TYPE, outcome_of(result))
             span.set_status(Status(StatusCode.ERROR, message[:512]))
+        set_clean_attributes(span, attributes)
         span.end()
 
     def fail(self, exc: BaseException) -> None:
@@ -162,9 +168,17 @@ class CallTrace:
         span = self._span
         if span is None:
             return
-        span.set_attributes({OUTCOME: type(exc).__name__, ERROR_TYPE: type(exc).__name__})
+        attributes = self._ending()
+        attributes[OUTCOME] = attributes[ERROR_TYPE] = type(exc).__name__
+        set_clean_attributes(span, attributes)
         span.set_status(Status(StatusCode.ERROR, str(exc)[:512] or type(exc).__name__))
         span.end()
+
+    def _ending(self) -> dict[str, AttributeValue]:
+        """The attributes to write as the span ends (a span ends once: they are taken)."""
+        attributes = self._attributes if self._attributes is not None else {}
+        self._attributes = None
+        return attributes
 
 
 NO_TRACE = CallTrace()
@@ -233,12 +247,9 @@ class RegistryTelemetry(Instrumented):
         if parent_call_id:
             attributes[PARENT_CALL_ID] = parent_call_id
         span = tracer.start_span(
-            f"execute_tool {name}",
-            context=context_from(traceparent, tracestate),
-            kind=SpanKind.INTERNAL,
-            attributes=attributes,
+            f"execute_tool {name}", context=context_from(traceparent, tracestate)
         )
-        return CallTrace(span)
+        return CallTrace(span, attributes)
 
     # -- metrics -------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ again on per-run streams)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +20,14 @@ from codemode_wire.api.runtime.v1.runtime_pb2_grpc import (
     RuntimeServiceStub,
     add_RuntimeServiceServicer_to_server,
 )
-from registry_service.codemode.runtime_port import BindingCall, RunSpec, RunTerminal, RuntimeLost
+from registry_service import runtime_resolution
+from registry_service.codemode.runtime_port import (
+    BindingCall,
+    RunSpec,
+    RunTerminal,
+    RuntimeLost,
+    RuntimeUnreachable,
+)
 from registry_service.domain.scopes import Mode
 from registry_service.runtime_client import GrpcRuntime, MuxRunStream
 from registry_service.runtime_mux import Multiplexer
@@ -40,12 +48,14 @@ return "released"
 """
 
 
+@pytest.mark.parametrize("naming", ["two targets", "one target naming both"])
 async def test_a_runtime_killed_with_runs_of_several_agents_fails_only_the_runs_it_held(
-    make_registry: Callable[..., Any],
+    make_registry: Callable[..., Any], naming: str
 ) -> None:
-    """Two runtimes, each over its one stream; three agents with two runs each parked in a
-    nested call. Killing one runtime fails exactly its runs (of every agent on it) as
-    `phase: running` outages; the other runtime's runs, on their own stream, complete."""
+    """Two runtimes, each over its one stream (two targets, or one address list naming both:
+    a stream per runtime it resolves to); three agents with two runs each parked in a nested
+    call. Killing one runtime fails exactly its runs (of every agent on it) as `phase:
+    running` outages; the other runtime's runs, on their own stream, complete."""
     launched = [await _runtime_process(SPAWNING) for _ in range(2)]
     procs = {proc.pid: proc for proc, _ in launched}
     held: dict[str, int] = {}  # outer call id -> the runtime its worker runs under
@@ -66,6 +76,8 @@ async def test_a_runtime_killed_with_runs_of_several_agents_fails_only_the_runs_
 
     try:
         targets = [address for _, address in launched]
+        if naming != "two targets":
+            targets = ["ipv4:" + ",".join(targets)]
         async with make_registry(default_mode=Mode.CODE, runtime_targets=targets) as harness:
             harness.registry.register_tool("hold", hold, concurrency_safe=True)
             agents = [await harness.agent(f"agent-{n}", mode=CODE) for n in range(3)]
@@ -203,32 +215,164 @@ def test_which_targets_name_one_runtime(address: str, one: bool) -> None:
     assert names_one_runtime(address) is one
 
 
-async def test_a_target_naming_several_runtimes_still_balances_each_run() -> None:
+async def _ran_on(runtime: GrpcRuntime, runs: int = 1) -> list[int]:
+    """The runtime process (pid) each of `runs` sequential runs ran under."""
+    pids = []
+    for _ in range(runs):
+        spec = RunSpec("import os\nreturn os.getppid()", "", (), b"t", _WAIT_S)
+        stream = await runtime.open_run(spec)
+        async with asyncio.timeout(_WAIT_S):
+            async for event in stream.events():
+                assert isinstance(event, RunTerminal) and event.value_json, event
+                pids.append(int(event.value_json))
+        await stream.close()
+    return pids
+
+
+async def test_a_target_naming_several_runtimes_gets_a_stream_per_runtime() -> None:
     """One target naming two runtimes (an address list, as a `dns:///` name with two records
-    is): on the default channel its runs still go over `Run` streams, each balanced on its
-    own, instead of all riding one multiplexed stream to whichever runtime it reached."""
+    is): each runtime gets a channel and one multiplexed stream of its own, and runs alternate
+    between them (round robin over the connected ones)."""
     launched = [await _runtime_process(SPAWNING) for _ in range(2)]
     try:
         target = "ipv4:" + ",".join(address for _, address in launched)
         runtime = GrpcRuntime([target], 4 << 20, start_timeout_s=_WAIT_S)
-        ran_on: Counter[int] = Counter()
         try:
-            # Round robin only picks among ready subchannels: under load the second runtime may
-            # become ready a few runs late, so run until both are seen (one multiplexed stream
-            # would keep every run on one runtime for its whole 60 s life).
+            ran_on: Counter[int] = Counter()
+            # A runtime's channel connects when first asked: run until both are connected.
             for _ in range(40):
-                if len(ran_on) == len(launched):
+                ran_on.update(await _ran_on(runtime))
+                if all(t.connected() for t in runtime._targets):
                     break
-                spec = RunSpec("import os\nreturn os.getppid()", "", (), b"t", _WAIT_S)
-                stream = await runtime.open_run(spec)
-                async with asyncio.timeout(_WAIT_S):
-                    async for event in stream.events():
-                        assert isinstance(event, RunTerminal) and event.value_json, event
-                        ran_on[int(event.value_json)] += 1
-                await stream.close()
+            assert {t.address for t in runtime._targets} == {
+                f"ipv4:{address}" for _, address in launched
+            }
+            ran_on = Counter(await _ran_on(runtime, 6))
+            assert set(ran_on) == {proc.pid for proc, _ in launched}, ran_on
+            assert set(ran_on.values()) == {3}, ran_on  # in turn
+            multiplexers = list(runtime._multiplexers.values())
+            assert len(multiplexers) == 2
+            assert [m.streams_opened for m in multiplexers] == [1, 1]
         finally:
             await runtime.close()
-        assert set(ran_on) == {proc.pid for proc, _ in launched}, ran_on
+    finally:
+        for proc, _ in launched:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_a_resolved_target_follows_its_runtimes_as_they_are_replaced_and_added(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A `dns:` name whose answer changes (the lookup is this test's: the name's records as
+    the test sets them): its runtime replaced by another, the next run finds the new one
+    (the old one is not connected, so the name is looked up again) within the start
+    timeout; a runtime added to the answer takes runs at the next lookup."""
+    answer: list[str] = []
+
+    async def lookup(target: str) -> list[str]:
+        assert target == "dns:///runtimes.test:50052"
+        return list(answer)
+
+    monkeypatch.setattr(runtime_resolution, "resolve", lookup)
+    first, second, third = [await _runtime_process(SPAWNING) for _ in range(3)]
+    try:
+        answer[:] = [f"ipv4:{first[1]}"]
+        runtime = GrpcRuntime(["dns:///runtimes.test:50052"], 4 << 20, start_timeout_s=_WAIT_S)
+        try:
+            assert await _ran_on(runtime) == [first[0].pid]
+            first[0].kill()
+            await first[0].wait()
+            answer[:] = [f"ipv4:{second[1]}"]
+            assert await _ran_on(runtime) == [second[0].pid]
+            assert [t.address for t in runtime._targets] == [f"ipv4:{second[1]}"]
+            # A runtime added: found at the next lookup (due at once here).
+            answer[:] = [f"ipv4:{second[1]}", f"ipv4:{third[1]}"]
+            monkeypatch.setattr(runtime_resolution, "RESOLVE_INTERVAL_S", 0.0)
+            seen: set[int] = set()
+            for _ in range(40):
+                seen.update(await _ran_on(runtime))
+                if len(seen) == 2:
+                    break
+            assert seen == {second[0].pid, third[0].pid}
+            assert len(runtime._multiplexers) == 2  # the first runtime's: closed, no runs left
+        finally:
+            await runtime.close()
+    finally:
+        for proc, _ in (first, second, third):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+async def test_a_name_that_resolves_to_nothing_is_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No record (or a failed lookup) is not a refusal: the run waits the start timeout for
+    a runtime, then the runtime is unreachable, naming the target."""
+    calls = 0
+
+    async def lookup(target: str) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls % 2:
+            raise OSError("Name or service not known")
+        return []
+
+    monkeypatch.setattr(runtime_resolution, "resolve", lookup)
+    runtime = GrpcRuntime(["dns:///nowhere.test:50052"], 4 << 20, start_timeout_s=1.5)
+    try:
+        spec = RunSpec("return 1", "", (), b"t", _WAIT_S)
+        with pytest.raises(RuntimeUnreachable, match=re.escape("dns:///nowhere.test:50052")):
+            await asyncio.wait_for(runtime.open_run(spec), _WAIT_S)
+        assert calls >= 2  # looked up again while it waited
+    finally:
+        await runtime.close()
+
+
+async def test_a_runtime_that_leaves_the_answer_finishes_its_runs_then_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Of two runtimes behind a name, the one holding a run leaves the name's answer: it takes
+    no new run, the run it holds still completes on its stream, and its stream and channel
+    close at the first use after that run has ended."""
+    answer: list[str] = []
+
+    async def lookup(target: str) -> list[str]:
+        return list(answer)
+
+    monkeypatch.setattr(runtime_resolution, "resolve", lookup)
+    launched = [await _runtime_process(SPAWNING) for _ in range(2)]
+    try:
+        answer[:] = [f"ipv4:{address}" for _, address in launched]
+        runtime = GrpcRuntime(["dns:///runtimes.test:50052"], 4 << 20, start_timeout_s=_WAIT_S)
+        try:
+            spec = RunSpec("return await tools.hold({})", "", ("hold",), b"t", _WAIT_S)
+            held = await runtime.open_run(spec)
+            assert isinstance(held, MuxRunStream)
+            events = held.events()
+            call = await asyncio.wait_for(anext(events), _WAIT_S)
+            assert isinstance(call, BindingCall)
+            (holder,) = [
+                t for t, m in runtime._multiplexers.items() if m._stream is held._run._stream
+            ]
+            answer.remove(holder.address)
+            monkeypatch.setattr(runtime_resolution, "RESOLVE_INTERVAL_S", 0.0)
+            for _ in range(40):  # the lookup is applied in the background
+                await _ran_on(runtime)
+                if holder not in runtime._targets:
+                    break
+            assert [t.address for t in runtime._targets] == answer
+            assert holder in runtime._draining and not runtime._multiplexers[holder].idle()
+            held.reply(call.call_id, True, '"still served"')
+            terminal = await asyncio.wait_for(anext(events), _WAIT_S)
+            assert isinstance(terminal, RunTerminal) and terminal.value_json == '"still served"'
+            await held.close()
+            await _ran_on(runtime)
+            assert holder not in runtime._multiplexers and runtime._draining == []
+            assert holder.channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN
+        finally:
+            await runtime.close()
     finally:
         for proc, _ in launched:
             proc.kill()

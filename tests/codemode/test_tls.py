@@ -99,7 +99,10 @@ async def test_mutual_tls_requires_a_client_certificate_from_its_ca() -> None:
 
 
 @pytest.mark.parametrize("channel", CHANNELS)
-async def test_runs_reach_a_runtime_over_mutual_tls(channel: str) -> None:
+@pytest.mark.parametrize("target", ["localhost:{port}", "dns:///localhost:{port}"])
+async def test_runs_reach_a_runtime_over_mutual_tls(channel: str, target: str) -> None:
+    """Also through a `dns:` name, which the multiplexed channel resolves to a channel per
+    address: each is reached under the name, so the certificate is checked for it."""
     runtime = await start_runtime(
         RuntimeSettings(
             listen="127.0.0.1:0",
@@ -113,7 +116,7 @@ async def test_runs_reach_a_runtime_over_mutual_tls(channel: str) -> None:
     common: dict[str, Any] = {
         "listen": "127.0.0.1:0",
         "history_path": ":memory:",
-        "runtime_targets": [f"localhost:{runtime.port}"],
+        "runtime_targets": [target.format(port=runtime.port)],
         "runtime_tls_ca_file": TLS / "ca.pem",
         "default_mode": "code",
         "runtime_channel": channel,

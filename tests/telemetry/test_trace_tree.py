@@ -142,11 +142,10 @@ async def test_run_code_call_is_one_tree(
         (runtime_server,) = children(spans, client)
         assert runtime_server.kind is SpanKind.SERVER and service(runtime_server) == RUNTIME
     else:
-        # The run alone: the one Multiplex stream serves every run, so its transport span is
-        # in no run's trace.
+        # The run alone: the one Multiplex stream serves every run, so it has no transport
+        # span (it would be in no run's trace), on either side.
         (run,) = children(spans, root)
-        assert not [s for s in spans if s.name.endswith(("RuntimeService/Run", "/Multiplex"))
-                    and s.context.trace_id == root.context.trace_id]  # fmt: skip
+        assert not [s for s in spans if s.name.endswith(("RuntimeService/Run", "/Multiplex"))]
     assert run.name == "run_program" and service(run) == RUNTIME
     assert attrs(run)["codemode.run.terminal_kind"] == "ok"
     assert [e.name for e in run.events] == ["worker_handoff", "terminal"]
