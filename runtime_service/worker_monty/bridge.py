@@ -13,7 +13,13 @@ session:
   reported at the program's own line and column;
 - ``tools`` is a module of the run's bindings: each call suspends Monty, goes out as a binding
   call and is answered as a future, so ``asyncio.gather`` fans calls out; a failed call raises
-  ``RuntimeError('ToolCallError: ...')`` in the program (Monty has no host exception classes);
+  ``RuntimeError('ToolCallError: ...')`` in the program, where ``ToolCallError`` is bound to
+  ``RuntimeError`` (Monty cannot subclass an exception or give one attributes), so
+  ``except ToolCallError`` catches it;
+- a value nested too deep is refused, never cut: ``pydantic_monty`` replaces whatever sits
+  deeper than the recursion budget left by a ``"<deeply nested>"`` string on its way out of
+  Monty, so such call arguments fail the call and such a completion ends the run
+  ``invalid-output``;
 - ``print`` output becomes log lines (``program.LogSink``: the same output budget);
 - imports other than ``tools`` and every OS call (``open``, ``os``...) are refused inside the
   program, which ends ``exception`` unless it catches them;
@@ -72,11 +78,21 @@ from runtime_service.worker.program import LogSink, missing_binding  # noqa: E40
 
 __all__ = ["MontyRun", "wrap_program"]
 
-PRELUDE_LINES = 2  # ``import tools`` and the ``async def`` line the wrapper adds
+PRELUDE_LINES = 3  # ``import tools``, ``ToolCallError = ...`` and the ``async def`` line
+PRELUDE = "import tools\nToolCallError = RuntimeError\nasync def __program__():\n"
 INDENT = "    "
 _NO_VALUE = "__codemode_no_value__"
+# The completion in place of a value without a JSON form. The completion is the value itself,
+# not a pair with the check's verdict, so that the value leaves Monty at its own depth.
+_NOT_PLAIN = "__codemode_not_plain__"
 _RECURSION_DEPTH = 200
-_FAILED_CALL: typing.Final = "RuntimeError"
+_FAILED_CALL: typing.Final = "RuntimeError"  # what ToolCallError is bound to (PRELUDE)
+# pydantic_monty's conversion of a value leaving Monty spends the interpreter's recursion
+# budget: whatever sits as deep as what is left of it (the limit less the frames of the
+# program at that point; the whole limit for the completion) is replaced by this string. The
+# bridge refuses a value that holds it instead. Values entering Monty are not cut.
+CUT = "<deeply nested>"
+TOO_DEEP = f"nested too deep for Monty (its conversion left {CUT!r} in the value)"
 CHANNEL_FD = 3  # where the worker launch leaves the channel (exec_launch.CHANNEL_FD)
 EXIT_CRASHED = 71  # the monty process died mid-run (languages/monty.py: ExitSigns)
 
@@ -124,11 +140,10 @@ def wrap_program(program: str) -> str:
     if body and not body.endswith("\n"):
         body += "\n"
     return (
-        "import tools\nasync def __program__():\n"
-        f"{body}{INDENT}return {_NO_VALUE}\n"
+        f"{PRELUDE}{body}{INDENT}return {_NO_VALUE}\n"
         f"{_PLAIN_CHECK}"
         "__codemode_value__ = await __program__()\n"
-        "[__codemode_value__, __codemode_plain__(__codemode_value__)]\n"
+        f"__codemode_value__ if __codemode_plain__(__codemode_value__) else {_NOT_PLAIN}\n"
     )
 
 
@@ -171,15 +186,17 @@ class MontyRun:
                 "exc_type": "TypeError",
                 "message": f"tools.{name} takes one arguments object, e.g. `{{}}`",
             }
+        if too_deep(snapshot.args[0]):
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {TOO_DEEP}")
         try:
             tokens = flatwire.encode(snapshot.args[0])
         except (flatwire.WireError, ValueError) as exc:
-            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {exc}")
         call_id = next(self.ids)
         try:
             frame = framing.pack({"t": "call", "id": call_id, "name": name, "args": tokens})
         except ValueError as exc:
-            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {exc}")
         self.pending[call_id] = snapshot.call_id
         self.channel.send_frame(frame)
         self.take_replies(block=False)
@@ -210,12 +227,11 @@ class MontyRun:
             try:
                 self.settled[monty_id] = {"return_value": flatwire.decode(message.get("value"))}
             except flatwire.WireError:
-                lossy = "ToolCallError: binding resolution must be lossless JSON"
-                self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": lossy}
+                lossy = "binding resolution must be lossless JSON"
+                self.settled[monty_id] = _failed_call(lossy)
         else:
             text = message.get("message")
-            failure = f"ToolCallError: {text if type(text) is str else 'failed'}"
-            self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": failure}
+            self.settled[monty_id] = _failed_call(text if type(text) is str else "failed")
         return True
 
     # -- the program ------------------------------------------------------------------------
@@ -242,7 +258,7 @@ class MontyRun:
             ) as session:
                 snapshot = session.feed_start(
                     wrap_program(self.program),
-                    inputs={_NO_VALUE: _NO_VALUE},
+                    inputs={_NO_VALUE: _NO_VALUE, _NOT_PLAIN: _NOT_PLAIN},
                     print_callback=self.on_print,
                 )
                 output = self.drive(snapshot)
@@ -257,11 +273,12 @@ class MontyRun:
                 os._exit(framing.EXIT_OUT_OF_MEMORY)
             return self.failure(render(exc, self.names))
         self.flush_output()
-        output, plain = output
         if output == _NO_VALUE:
             return {"t": "done"}
-        if plain is not True:
+        if output == _NOT_PLAIN:
             return self.invalid(framing.LOSSY_COMPLETION)
+        if too_deep(output):
+            return self.invalid(f"{framing.LOSSY_COMPLETION}: {TOO_DEEP}")
         if not self.sink.ledger.fits_value(output):
             return {"t": "done", "error": {"kind": "output-limit", "message": ""}}
         try:
@@ -306,6 +323,28 @@ class MontyRun:
 
     def failure(self, message: str) -> dict[str, object]:
         return {"t": "done", "error": {"kind": "exception", "message": message}}
+
+
+def _failed_call(reason: str) -> pm.ExternalExceptionData:
+    """A failed binding call as the program sees it: ``ToolCallError`` (``RuntimeError``)
+    whose text starts with the name it is caught by."""
+    return {"exc_type": _FAILED_CALL, "message": f"ToolCallError: {reason}"}
+
+
+def too_deep(value: object) -> bool:
+    """Whether ``pydantic_monty`` cut ``value`` (a ``CUT`` string in it). A string the program
+    made with that text cannot be told apart, and is refused too. Without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if item == CUT:
+                return True
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is dict:
+            stack.extend(item.values())
+    return False
 
 
 def _unreachable(*args: object, **kwargs: object) -> NoReturn:
