@@ -96,7 +96,8 @@ def test_the_scan_finds_a_language_wherever_it_is_spelled() -> None:
 
 
 def test_the_table_is_keyed_by_each_profiles_own_name() -> None:
-    assert LANGUAGES == ("python", "typescript")  # table order: the declared-language errors
+    # Table order: the declared-language errors.
+    assert LANGUAGES == ("python", "typescript", "monty")
     assert all(PROFILES[name].name == name for name in LANGUAGES)
     assert host_profile("cobol") is PROFILES["python"]  # an unknown language's host guidance
 
