@@ -37,6 +37,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import keyword
 import os
 import re
 import socket
@@ -248,7 +249,10 @@ class MontyRun:
         return limits
 
     def run(self, pool: pm.Monty) -> dict[str, object] | bytes:
-        module = pm.ExternalModule(dict.fromkeys(self.names, _unreachable))
+        # Only names ``tools.<name>`` can spell are attributes (Monty refuses the others, and
+        # a program could not reach them: no subscript on a module); the rest stay listed.
+        callable_names = [name for name in self.names if _attribute_name(name)]
+        module = pm.ExternalModule(dict.fromkeys(callable_names, _unreachable))
         try:
             with pool.checkout(
                 script_name="program.py",
@@ -345,6 +349,10 @@ def too_deep(value: object) -> bool:
         elif type(item) is dict:
             stack.extend(item.values())
     return False
+
+
+def _attribute_name(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name)
 
 
 def _unreachable(*args: object, **kwargs: object) -> NoReturn:

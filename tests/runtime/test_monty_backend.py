@@ -319,3 +319,18 @@ async def test_a_value_nested_too_deep_is_refused_never_cut(stub: corpus.Stub) -
     _, terminal = await drive(stub, start_message_in(NAME, source, "echo"), deep_answer)
     assert terminal.WhichOneof("outcome") == "success", terminal
     assert json.loads(terminal.success.value_json) == [3000, 1]
+
+
+async def test_bindings_monty_cannot_name_leave_the_others_callable(stub: corpus.Stub) -> None:
+    """A binding named ``odd-name`` or ``class`` is no attribute of the ``tools`` module (no
+    Monty program could spell it), and never stops the run or the other bindings."""
+    source = "return await tools.echo({'n': 1})"
+    start = start_message_in(NAME, source, "odd-name", "class", "echo")
+    _, terminal = await drive(stub, start)
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    assert json.loads(terminal.success.value_json) == {"echo": {"n": 1}}
+    start = start_message_in(NAME, "return await tools.odd({})", "odd-name", "echo")
+    _, terminal = await drive(stub, start)
+    assert terminal.WhichOneof("outcome") == "failure", terminal
+    assert terminal.failure.kind == pb.FAILURE_KIND_EXCEPTION
+    assert "bindings: echo, odd-name" in terminal.failure.message, terminal
