@@ -162,10 +162,17 @@ class RunCgroup:
             with contextlib.suppress(FileNotFoundError):  # Linux < 4.19
                 _write(f"{memory}/memory.oom.group", "1")  # an OOM kill takes the whole run
             return
-        # v1: memsw (memory + swap) may never be below memory: lower memory first.
-        _write(f"{memory}/memory.limit_in_bytes", str(limit))
+        # v1: memsw (memory + swap) may never be below memory: lower memory first, and raise
+        # memsw first (a kept host's next run may have the larger budget).
+        raising = False
+        with contextlib.suppress(OSError, ValueError):
+            raising = limit > int(_read(f"{memory}/memory.limit_in_bytes"))
+        if not raising:
+            _write(f"{memory}/memory.limit_in_bytes", str(limit))
         with contextlib.suppress(FileNotFoundError):
             _write(f"{memory}/memory.memsw.limit_in_bytes", str(limit))
+        if raising:
+            _write(f"{memory}/memory.limit_in_bytes", str(limit))
 
     def set_pids_limit(self, count: int) -> None:
         """Processes and threads the run may have at once, all of them counted."""

@@ -23,9 +23,11 @@ session:
 - ``print`` output becomes log lines (``program.LogSink``: the same output budget);
 - imports other than ``tools`` and every OS call (``open``, ``os``...) are refused inside the
   program, which ends ``exception`` unless it catches them;
-- the memory budget is Monty's heap limit (and the run's cgroup); a ``MemoryError`` ends the
-  worker with the protocol's out-of-memory status, a crash of the ``monty`` process with
-  another status (``worker-exit``).
+- the memory budget is Monty's heap limit (and the run's cgroup); the bridge's own address
+  space is limited to what it held when ready plus the run's budget (``RLIMIT_AS``, a soft
+  limit reset at each run, which binds where no run cgroup does); a ``MemoryError`` in Monty
+  or in the bridge ends the worker with the protocol's out-of-memory status, a crash of the
+  ``monty`` process with another status (``worker-exit``).
 
 Nothing of the runtime besides this directory and the worker package's stdlib-only modules is
 in the sandbox (outside ``runtime_service/worker``, whose rule is the standard library only,
@@ -40,6 +42,7 @@ import json
 import keyword
 import os
 import re
+import resource
 import socket
 import sys
 import tokenize
@@ -379,6 +382,37 @@ def render(exc: pm.MontySyntaxError | pm.MontyRuntimeError, names: list[str]) ->
     return text
 
 
+class AddressSpace:
+    """The bridge's ``RLIMIT_AS``: what it held once ready, plus each run's memory budget.
+
+    A soft limit, set again at every run (a kept host serves runs of different budgets), so
+    the bridge can lift it for the next run; what it bounds is this process, the one that
+    receives Monty's values and the runtime's replies, beside Monty's own heap limit on the
+    ``monty`` process and the run cgroup on both."""
+
+    def __init__(self) -> None:
+        self.hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        self.baseline = _address_space()
+
+    def limit(self, memory_bytes: int) -> None:
+        soft = self.hard
+        if memory_bytes > 0 and self.baseline > 0:
+            soft = self.baseline + memory_bytes
+            if self.hard != resource.RLIM_INFINITY:
+                soft = min(soft, self.hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, self.hard))
+
+
+def _address_space() -> int:
+    """This process's address space in bytes (0 when ``/proc`` cannot say)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def next_start(channel: Channel) -> dict[str, Any]:
     """Wait for the next run's ``start``; what arrives before it is an earlier run's (a reply
     sent before the runtime saw that run end) and is dropped. A closed channel ends the host."""
@@ -400,14 +434,20 @@ def main() -> None:
     report = json.loads(sys.argv[-1])
     ids = itertools.count(1)
     with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
+        address_space = AddressSpace()
         channel.send({"t": "ready", "sandbox": report})
         while True:
             start = next_start(channel)
-            outcome = MontyRun(channel, start, ids).run(pool)
-            if isinstance(outcome, bytes):
-                channel.send_frame(outcome)
-            else:
-                channel.send(outcome)
+            run = MontyRun(channel, start, ids)
+            address_space.limit(run.memory)
+            try:
+                outcome = run.run(pool)
+                if isinstance(outcome, bytes):
+                    channel.send_frame(outcome)
+                else:
+                    channel.send(outcome)
+            except MemoryError:
+                os._exit(framing.EXIT_OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":
