@@ -67,6 +67,10 @@ def host_profile(language: str) -> LanguageProfile:
 class _HostLanguages:
     """`domain.cordis.host_languages.HostLanguages` answered from the table."""
 
+    def host_language(self, language: str) -> str:
+        profile = PROFILES.get(language)
+        return profile.host_language or language if profile is not None else language
+
     def facade(self, language: str) -> Facade:
         return host_profile(language).facade
 

@@ -4,8 +4,9 @@ An agent chooses it as its own program language (`code_language: monty`), the na
 serves it by (`runtime_service/languages/monty.py`) and a `Run` carries, so the registry has
 no second switch for it. Programs are Python async function bodies, presented with the Python
 stub under Monty's own instructions (`registry_service/presentation/sdk_monty.py`), which say
-what the subset leaves out. The Host half of a plugin is the Python one: the runtime runs
-plugin hosts in full Python only.
+what the subset leaves out. A Monty agent's plugin host halves are Python ones
+(`host_language`), checked and run as a Python agent's: Monty's bridge runs programs, not
+plugin hosts.
 """
 
 from __future__ import annotations
@@ -37,4 +38,5 @@ PROFILE: Final = LanguageProfile(
     run_code=_RUN_CODE,
     cordis_host_half=python.PROFILE.cordis_host_half,
     facade=python.PROFILE.facade,
+    host_language=python.PROFILE.name,
 )
