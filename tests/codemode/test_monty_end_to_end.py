@@ -8,7 +8,7 @@ leaves the same nested history records as a Python program."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,8 @@ from codemode_wire.api.registry.v1 import presentation_pb2 as ppb
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import scope_pb2
 from registry_service.presentation.sdk_monty import ERROR_CLASS
+from runtime_service.languages import monty as monty_backend
+from runtime_service.languages import register
 from tests.codemode.conftest import Stack, value_of
 from tests.registry.conftest import CODE, blocks_of
 
@@ -42,7 +44,18 @@ return {'texts': [one['text'], a['text'], b['text']], 'big': 2 ** 70}
 
 
 @pytest.fixture
-async def monty_stack(make_stack: Any) -> AsyncIterator[Stack]:
+def monty_registered() -> Iterator[None]:
+    """Monty registered for this test only (a runtime whose `languages` name it would
+    register it for the rest of the process otherwise)."""
+    unregister = register(monty_backend.BACKEND)
+    try:
+        yield
+    finally:
+        unregister()
+
+
+@pytest.fixture
+async def monty_stack(make_stack: Any, monty_registered: None) -> AsyncIterator[Stack]:
     async with make_stack(
         runtime_languages=LANGUAGES, runtime_settings={"languages": LANGUAGES}
     ) as stack:

@@ -10,6 +10,8 @@ import importlib.util
 import pytest
 
 from codemode_wire import jsonvalue
+from runtime_service.languages import monty as monty_backend
+from runtime_service.languages import register
 from tests.registry.conftest import BOTH
 from tests.registry.cordis.real_stack import real_stack
 
@@ -37,6 +39,14 @@ return apply
 
 
 async def test_a_monty_agents_host_half_is_python_and_its_tool_serves_monty_programs() -> None:
+    unregister = register(monty_backend.BACKEND)  # for this test only
+    try:
+        await _define_and_call()
+    finally:
+        unregister()
+
+
+async def _define_and_call() -> None:
     async with real_stack(runtime_settings={"languages": ["python", "monty"]}) as stack:
         agent = await stack.agent("monty-coder", mode=BOTH, language="monty")
         # Checked as Python: a Python syntax error is named as Python's.
