@@ -154,3 +154,22 @@ async def test_the_model_is_told_it_writes_monty_and_what_it_lacks(monty_stack: 
     python_sdk = await monty_stack.stub.GetSdk(ppb.GetSdkRequest(scope=python))
     assert python_sdk.language == "python" and "Monty" not in python_sdk.text
     assert "class ToolCallError(Exception)" in python_sdk.text
+
+
+async def test_each_monty_agent_has_hosts_of_its_own(monty_stack: Stack) -> None:
+    """The registry sends each agent's runs as a tenant of their own: an agent's second run
+    reuses its kept host, another agent's gets another host, and nothing of one run (the
+    agent's own earlier one included) is seen by the next."""
+    kept = monty_stack.runtime.runtime.kept
+    first, second = await _monty_agent(monty_stack, "m1"), await _monty_agent(monty_stack, "m2")
+    leak = "global leaked\nleaked = 'secret'\nreturn 1"
+    probe = "try:\n    return leaked\nexcept NameError:\n    return 'fresh'"
+    _, result = await monty_stack.run_code(leak, agent=first, call_id="a1")
+    assert value_of(result)["result"] == 1
+    assert kept.idle_count == 1
+    _, result = await monty_stack.run_code(probe, agent=first, call_id="a2")
+    assert value_of(result)["result"] == "fresh"
+    assert kept.idle_count == 1  # the same host, a fresh session
+    _, result = await monty_stack.run_code(probe, agent=second, call_id="b1")
+    assert value_of(result)["result"] == "fresh"
+    assert kept.idle_count == 2  # another tenant: another host
