@@ -61,12 +61,17 @@ RUN apt-get update \
     && install --directory --owner 10001 --group 10001 --mode 0750 /var/lib/codemode
 COPY --from=build /opt/codemode /opt/codemode
 # Node for TypeScript workers (a single binary; it needs only libc and libstdc++). The runtime
-# serves TypeScript only where node and the worker's node_modules are both present: checked here.
+# serves TypeScript only where node and the worker's node_modules are both present, and the
+# opt-in `monty` language only where pydantic_monty and its `monty` binary (main.lock, in
+# /opt/codemode) are: both checked here.
 COPY --from=worker-ts /usr/local/bin/node /usr/local/bin/node
 RUN node --version \
     && /opt/codemode/bin/python -c "import sys; from runtime_service.languages import typescript; \
 from runtime_service.worker_process import WorkerSpec; \
-sys.exit(typescript.BACKEND.unavailable(WorkerSpec()))"
+sys.exit(typescript.BACKEND.unavailable(WorkerSpec()))" \
+    && /opt/codemode/bin/python -c "import sys; from runtime_service.languages import monty; \
+from runtime_service.worker_process import WorkerSpec; \
+sys.exit(monty.BACKEND.unavailable(WorkerSpec()))"
 # The root filesystem is read-only in every deployment: bytecode was compiled at install time,
 # /tmp and /var/lib/codemode are volumes. Containers must listen beyond loopback.
 ENV PATH=/opt/codemode/bin:$PATH \

@@ -11,6 +11,13 @@ pool in this process, no services and no sandbox.
 Targets (the kept-host tier): >= 5 x the CPython fork tier, >= 0.5 x the bare pool, <= 6 ms of
 CPU per program over all processes.
 
+P1 on this tier (``monty_p1``): ``run_code`` with 0 nested calls through a registry, for an
+agent whose ``code_language`` is ``monty`` (its runs share its kept host), against a bare
+grpc.aio unary round trip taken after the same idle (everything quiet for 50 ms, as
+``benchmarks.run_code`` settles), interleaved with the same program for a CPython agent and a
+Monty ``Run`` straight on the runtime. ``monty_p1_ratio`` is the Monty p50 over the unary p50;
+target <= 2.
+
     .venv/bin/python -m benchmarks.runtime_monty [--quick]
 """
 
@@ -19,17 +26,116 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
+import time
+from typing import Any
 
+import grpc
+
+from benchmarks._run_code_support import service, wait_for_pool
+from benchmarks._support import summary_ms
+from benchmarks.run_code import ZERO, Client, samples_of
 from benchmarks.runtime_throughput import (
     CONCURRENCY,
     MONTY_LANGUAGES,
     MONTY_PROGRAM,
+    echo_run,
     monty_tier,
     workload,
 )
+from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from codemode_wire.api.registry.v1 import scope_pb2
+from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
+
+P1_TARGET = 2.0
 
 
-async def main(quick: bool) -> dict[str, object]:
+async def p1(rounds: int) -> dict[str, Any]:
+    """``run_code`` P1 for a Monty agent and a CPython agent, and a direct Monty ``Run``,
+    beside a bare unary round trip after the same idle; samples interleaved."""
+    async with (
+        service("-m", "benchmarks._baseline_server", ready_prefix="port ") as base,
+        service(
+            "-m", "runtime_service", "--listen", "127.0.0.1:0",
+            ready_prefix="runtime listening on port ",
+            env={"CODEMODE_RUNTIME_LANGUAGES": MONTY_LANGUAGES, "CODEMODE_RUNTIME_POOL_SIZE": "2"},
+        ) as runtime,
+        service(
+            "-m", "registry_service", "--listen", "127.0.0.1:0",
+            ready_prefix="registry listening on port ",
+            env={
+                "CODEMODE_REGISTRY_DEFAULT_MODE": "code",
+                "CODEMODE_REGISTRY_RUNTIME_TARGETS": json.dumps([runtime.address]),
+                "CODEMODE_REGISTRY_RUNTIME_LANGUAGES": MONTY_LANGUAGES,
+                "CODEMODE_REGISTRY_HISTORY_PATH": ":memory:",
+            },
+        ) as registry,
+        grpc.aio.insecure_channel(base.address) as base_channel,
+        grpc.aio.insecure_channel(registry.address) as channel,
+        grpc.aio.insecure_channel(runtime.address) as runtime_channel,
+    ):  # fmt: skip
+        client = Client(channel)
+        agents = {}
+        for language in ("monty", "python"):
+            agent = scope_pb2.Agent(mode=scope_pb2.PRESENTATION_MODE_CODE, code_language=language)
+            created = await client.stub.CreateAgent(
+                rpb.CreateAgentRequest(agent_id=f"bench-{language}", agent=agent)
+            )
+            agents[language] = created.agent.name
+        runtime_stub = runtime_pb2_grpc.RuntimeServiceStub(runtime_channel)
+        echo = base_channel.unary_unary("/bench.Baseline/Echo")
+        payload = json.dumps({"code": ZERO, "description": "benchmark program"}).encode()
+
+        async def unary_after_idle() -> float:
+            started = time.perf_counter()
+            await echo(payload)
+            return time.perf_counter() - started
+
+        async def direct() -> float:
+            started = time.perf_counter()
+            await echo_run(runtime_stub, ZERO, "monty", "bench-direct")
+            return time.perf_counter() - started
+
+        async def settle() -> None:
+            await wait_for_pool(runtime, 2)  # the CPython pool refilled, nothing running
+
+        for _ in range(5):  # warm-up: connections, the Monty agent's kept host, code paths
+            await client.run(ZERO, agents["monty"])
+            await client.run(ZERO, agents["python"])
+            await direct()
+            await unary_after_idle()
+        await settle()
+        monty, python, straight, unary = await samples_of(
+            [
+                lambda: client.run(ZERO, agents["monty"]),
+                lambda: client.run(ZERO, agents["python"]),
+                direct,
+                unary_after_idle,
+            ],
+            rounds,
+            settle,
+        )
+    ratio = statistics.median(monty) / statistics.median(unary)
+    return {
+        "monty_p1_ratio": round(ratio, 3),
+        "monty_p1_meets_target": ratio <= P1_TARGET,
+        "monty_p1": {
+            "run_code_monty": summary_ms(monty),
+            "run_code_python": summary_ms(python),
+            "direct_run_monty_kept_host": summary_ms(straight),
+            "unary_after_same_idle": summary_ms(unary),
+            "python_ratio_to_unary": round(statistics.median(python) / statistics.median(unary), 3),
+            "rounds": rounds,
+            "target": f"run_code_monty p50 <= {P1_TARGET} x unary_after_same_idle p50",
+        },
+    }
+
+
+async def main(quick: bool, p1_only: bool = False) -> dict[str, object]:
+    if p1_only:
+        return {"benchmark": "runtime_monty", "quick": quick, "load_average": os.getloadavg(),
+                **await p1(20 if quick else 100)}  # fmt: skip
     programs = 100 if quick else 600
     languages = MONTY_LANGUAGES
     cpython = await workload("fork-server", programs, CODEMODE_RUNTIME_LANGUAGES=languages)
@@ -37,9 +143,12 @@ async def main(quick: bool) -> dict[str, object]:
         "fork-server", programs, "monty", MONTY_PROGRAM, CODEMODE_RUNTIME_LANGUAGES=languages
     )
     kept = await monty_tier(programs * 5, cpython)
+    latency = await p1(20 if quick else 100)
     return {
         "benchmark": "runtime_monty",
         "quick": quick,
+        "load_average": os.getloadavg(),
+        **latency,
         "concurrency": CONCURRENCY,
         "calls_per_program": 10,
         **kept,
@@ -55,5 +164,6 @@ async def main(quick: bool) -> dict[str, object]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--p1-only", action="store_true", help="only the P1 figures")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    print(json.dumps(asyncio.run(main(args.quick, args.p1_only))))

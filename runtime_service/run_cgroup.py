@@ -129,6 +129,9 @@ def _owner_alive(name: str) -> bool:
     return _start_time(pid) == start
 
 
+_NO_LIMIT = 1 << 63  # what a new cgroup's memory limit is: none
+
+
 class RunCgroup:
     """The cgroup(s) of one run: one directory (v2) or one per hierarchy (v1)."""
 
@@ -140,6 +143,9 @@ class RunCgroup:
         self.final_usage: CgroupUsage | None = None
         """What the cgroup measured when it was removed."""
         self._oom_at_start = 0
+        self._memory_limit: int | None = _NO_LIMIT
+        """The limit last set (a kept host's next run with the same budget writes nothing);
+        None when unknown (a write failed)."""
 
     @property
     def paths(self) -> list[str]:
@@ -154,6 +160,10 @@ class RunCgroup:
     def set_memory_limit(self, limit: int) -> None:
         """The run's memory budget: every process of the run and its shmem/tmpfs pages, swap
         excluded (the budget is RAM: a run may not park pages in swap either)."""
+        previous = self._memory_limit
+        if limit == previous:
+            return
+        self._memory_limit = None  # unknown until every write below is through
         memory = self.dirs["memory"]
         if self.host.version == "v2":
             _write(f"{memory}/memory.max", str(limit))
@@ -161,11 +171,21 @@ class RunCgroup:
                 _write(f"{memory}/memory.swap.max", "0")
             with contextlib.suppress(FileNotFoundError):  # Linux < 4.19
                 _write(f"{memory}/memory.oom.group", "1")  # an OOM kill takes the whole run
+            self._memory_limit = limit
             return
-        # v1: memsw (memory + swap) may never be below memory: lower memory first.
-        _write(f"{memory}/memory.limit_in_bytes", str(limit))
+        # v1: memsw (memory + swap) may never be below memory: lower memory first, and raise
+        # memsw first (a kept host's next run may have the larger budget).
+        if previous is None:
+            with contextlib.suppress(OSError, ValueError):
+                previous = int(_read(f"{memory}/memory.limit_in_bytes"))
+        raising = previous is not None and limit > previous
+        if not raising:
+            _write(f"{memory}/memory.limit_in_bytes", str(limit))
         with contextlib.suppress(FileNotFoundError):
             _write(f"{memory}/memory.memsw.limit_in_bytes", str(limit))
+        if raising:
+            _write(f"{memory}/memory.limit_in_bytes", str(limit))
+        self._memory_limit = limit
 
     def set_pids_limit(self, count: int) -> None:
         """Processes and threads the run may have at once, all of them counted."""
@@ -201,9 +221,12 @@ class RunCgroup:
     def mark_start(self, *, reused: bool = False) -> None:
         """The program starts now. Before it, the cgroup had no memory limit of its own and
         ran only the worker's boot, so its OOM count starts at zero: no read (about 0.1 ms
-        for v1's memory.oom_control) on the hand-off path. A kept host's (``reused``) ran
-        earlier programs: its count so far is read."""
-        self._oom_at_start = self.oom_kills() if reused else 0
+        for v1's memory.oom_control) on the hand-off path. A kept host's (``reused``) count
+        stays the one of its first run's start: a host is kept only after runs that saw no
+        OOM kill, and a kill none of them saw (at the very end of one) left the host without
+        one of its processes, so the run that finds it is rightly told it ran out of memory."""
+        if not reused:
+            self._oom_at_start = 0
 
     def memory_peak(self) -> int | None:
         """Highest memory charge of the run (boot included), or None where not kept."""

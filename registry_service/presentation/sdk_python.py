@@ -90,8 +90,13 @@ _CLASS_END: Final = 2
 _LEAVE: Final = 3
 
 
-def render_python_sdk(tools: Sequence[SdkTool]) -> str:
-    """The complete `tools:sdk` section for a Python runtime. Byte-stable for equal input."""
+def render_python_sdk(
+    tools: Sequence[SdkTool], *, instructions: str = INSTRUCTIONS, error_class: str = _ERROR_CLASS
+) -> str:
+    """The complete `tools:sdk` section for a Python runtime. Byte-stable for equal input.
+
+    `instructions` and `error_class`: the text before the stub and the stub's declaration of
+    `ToolCallError`, for a Python dialect that shares the stub (`sdk_monty.py`)."""
     state = _RenderState()
     state.typing.add("Protocol")
     members: list[str] = []
@@ -111,11 +116,11 @@ def render_python_sdk(tools: Sequence[SdkTool]) -> str:
     if not methods:
         members.insert(0, "    pass")  # comments alone are not a class body
     imports = ", ".join(symbol for symbol in _TYPING_ORDER if symbol in state.typing)
-    blocks = [f"from typing import {imports}", _ERROR_CLASS, *state.classes]
+    blocks = [f"from typing import {imports}", error_class, *state.classes]
     blocks.append("class Tools(Protocol):\n" + "\n".join(members))
     blocks.append("tools: Tools")
     code = "\n\n".join(blocks)
-    return f"{INSTRUCTIONS}\n\n```python\n{code}\n```"
+    return f"{instructions}\n\n```python\n{code}\n```"
 
 
 def python_type(schema: object) -> str:

@@ -13,13 +13,21 @@ session:
   reported at the program's own line and column;
 - ``tools`` is a module of the run's bindings: each call suspends Monty, goes out as a binding
   call and is answered as a future, so ``asyncio.gather`` fans calls out; a failed call raises
-  ``RuntimeError('ToolCallError: ...')`` in the program (Monty has no host exception classes);
+  ``RuntimeError('ToolCallError: ...')`` in the program, where ``ToolCallError`` is bound to
+  ``RuntimeError`` (Monty cannot subclass an exception or give one attributes), so
+  ``except ToolCallError`` catches it;
+- a value nested too deep is refused, never cut: ``pydantic_monty`` replaces whatever sits
+  deeper than the recursion budget left by a ``"<deeply nested>"`` string on its way out of
+  Monty, so such call arguments fail the call and such a completion ends the run
+  ``invalid-output``;
 - ``print`` output becomes log lines (``program.LogSink``: the same output budget);
 - imports other than ``tools`` and every OS call (``open``, ``os``...) are refused inside the
   program, which ends ``exception`` unless it catches them;
-- the memory budget is Monty's heap limit (and the run's cgroup); a ``MemoryError`` ends the
-  worker with the protocol's out-of-memory status, a crash of the ``monty`` process with
-  another status (``worker-exit``).
+- the memory budget is Monty's heap limit (and the run's cgroup); the bridge's own address
+  space is limited to what it held when ready plus the run's budget (``RLIMIT_AS``, a soft
+  limit reset at each run, which binds where no run cgroup does); a ``MemoryError`` in Monty
+  or in the bridge ends the worker with the protocol's out-of-memory status, a crash of the
+  ``monty`` process with another status (``worker-exit``).
 
 Nothing of the runtime besides this directory and the worker package's stdlib-only modules is
 in the sandbox (outside ``runtime_service/worker``, whose rule is the standard library only,
@@ -31,8 +39,10 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import keyword
 import os
 import re
+import resource
 import socket
 import sys
 import tokenize
@@ -72,11 +82,21 @@ from runtime_service.worker.program import LogSink, missing_binding  # noqa: E40
 
 __all__ = ["MontyRun", "wrap_program"]
 
-PRELUDE_LINES = 2  # ``import tools`` and the ``async def`` line the wrapper adds
+PRELUDE_LINES = 3  # ``import tools``, ``ToolCallError = ...`` and the ``async def`` line
+PRELUDE = "import tools\nToolCallError = RuntimeError\nasync def __program__():\n"
 INDENT = "    "
 _NO_VALUE = "__codemode_no_value__"
+# The completion in place of a value without a JSON form. The completion is the value itself,
+# not a pair with the check's verdict, so that the value leaves Monty at its own depth.
+_NOT_PLAIN = "__codemode_not_plain__"
 _RECURSION_DEPTH = 200
-_FAILED_CALL: typing.Final = "RuntimeError"
+_FAILED_CALL: typing.Final = "RuntimeError"  # what ToolCallError is bound to (PRELUDE)
+# pydantic_monty's conversion of a value leaving Monty spends the interpreter's recursion
+# budget: whatever sits as deep as what is left of it (the limit less the frames of the
+# program at that point; the whole limit for the completion) is replaced by this string. The
+# bridge refuses a value that holds it instead. Values entering Monty are not cut.
+CUT = "<deeply nested>"
+TOO_DEEP = f"nested too deep for Monty (its conversion left {CUT!r} in the value)"
 CHANNEL_FD = 3  # where the worker launch leaves the channel (exec_launch.CHANNEL_FD)
 EXIT_CRASHED = 71  # the monty process died mid-run (languages/monty.py: ExitSigns)
 
@@ -124,11 +144,10 @@ def wrap_program(program: str) -> str:
     if body and not body.endswith("\n"):
         body += "\n"
     return (
-        "import tools\nasync def __program__():\n"
-        f"{body}{INDENT}return {_NO_VALUE}\n"
+        f"{PRELUDE}{body}{INDENT}return {_NO_VALUE}\n"
         f"{_PLAIN_CHECK}"
         "__codemode_value__ = await __program__()\n"
-        "[__codemode_value__, __codemode_plain__(__codemode_value__)]\n"
+        f"__codemode_value__ if __codemode_plain__(__codemode_value__) else {_NOT_PLAIN}\n"
     )
 
 
@@ -171,15 +190,17 @@ class MontyRun:
                 "exc_type": "TypeError",
                 "message": f"tools.{name} takes one arguments object, e.g. `{{}}`",
             }
+        if too_deep(snapshot.args[0]):
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {TOO_DEEP}")
         try:
             tokens = flatwire.encode(snapshot.args[0])
         except (flatwire.WireError, ValueError) as exc:
-            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {exc}")
         call_id = next(self.ids)
         try:
             frame = framing.pack({"t": "call", "id": call_id, "name": name, "args": tokens})
         except ValueError as exc:
-            return {"exc_type": _FAILED_CALL, "message": f"{framing.LOSSY_ARGUMENTS}: {exc}"}
+            return _failed_call(f"{framing.LOSSY_ARGUMENTS}: {exc}")
         self.pending[call_id] = snapshot.call_id
         self.channel.send_frame(frame)
         self.take_replies(block=False)
@@ -210,12 +231,11 @@ class MontyRun:
             try:
                 self.settled[monty_id] = {"return_value": flatwire.decode(message.get("value"))}
             except flatwire.WireError:
-                lossy = "ToolCallError: binding resolution must be lossless JSON"
-                self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": lossy}
+                lossy = "binding resolution must be lossless JSON"
+                self.settled[monty_id] = _failed_call(lossy)
         else:
             text = message.get("message")
-            failure = f"ToolCallError: {text if type(text) is str else 'failed'}"
-            self.settled[monty_id] = {"exc_type": _FAILED_CALL, "message": failure}
+            self.settled[monty_id] = _failed_call(text if type(text) is str else "failed")
         return True
 
     # -- the program ------------------------------------------------------------------------
@@ -232,7 +252,10 @@ class MontyRun:
         return limits
 
     def run(self, pool: pm.Monty) -> dict[str, object] | bytes:
-        module = pm.ExternalModule(dict.fromkeys(self.names, _unreachable))
+        # Only names ``tools.<name>`` can spell are attributes (Monty refuses the others, and
+        # a program could not reach them: no subscript on a module); the rest stay listed.
+        callable_names = [name for name in self.names if _attribute_name(name)]
+        module = pm.ExternalModule(dict.fromkeys(callable_names, _unreachable))
         try:
             with pool.checkout(
                 script_name="program.py",
@@ -242,7 +265,7 @@ class MontyRun:
             ) as session:
                 snapshot = session.feed_start(
                     wrap_program(self.program),
-                    inputs={_NO_VALUE: _NO_VALUE},
+                    inputs={_NO_VALUE: _NO_VALUE, _NOT_PLAIN: _NOT_PLAIN},
                     print_callback=self.on_print,
                 )
                 output = self.drive(snapshot)
@@ -257,11 +280,12 @@ class MontyRun:
                 os._exit(framing.EXIT_OUT_OF_MEMORY)
             return self.failure(render(exc, self.names))
         self.flush_output()
-        output, plain = output
         if output == _NO_VALUE:
             return {"t": "done"}
-        if plain is not True:
+        if output == _NOT_PLAIN:
             return self.invalid(framing.LOSSY_COMPLETION)
+        if too_deep(output):
+            return self.invalid(f"{framing.LOSSY_COMPLETION}: {TOO_DEEP}")
         if not self.sink.ledger.fits_value(output):
             return {"t": "done", "error": {"kind": "output-limit", "message": ""}}
         try:
@@ -308,6 +332,32 @@ class MontyRun:
         return {"t": "done", "error": {"kind": "exception", "message": message}}
 
 
+def _failed_call(reason: str) -> pm.ExternalExceptionData:
+    """A failed binding call as the program sees it: ``ToolCallError`` (``RuntimeError``)
+    whose text starts with the name it is caught by."""
+    return {"exc_type": _FAILED_CALL, "message": f"ToolCallError: {reason}"}
+
+
+def too_deep(value: object) -> bool:
+    """Whether ``pydantic_monty`` cut ``value`` (a ``CUT`` string in it). A string the program
+    made with that text cannot be told apart, and is refused too. Without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if item == CUT:
+                return True
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is dict:
+            stack.extend(item.values())
+    return False
+
+
+def _attribute_name(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name)
+
+
 def _unreachable(*args: object, **kwargs: object) -> NoReturn:
     raise AssertionError("bindings are answered by the runtime, never called here")
 
@@ -332,6 +382,37 @@ def render(exc: pm.MontySyntaxError | pm.MontyRuntimeError, names: list[str]) ->
     return text
 
 
+class AddressSpace:
+    """The bridge's ``RLIMIT_AS``: what it held once ready, plus each run's memory budget.
+
+    A soft limit, set again at every run (a kept host serves runs of different budgets), so
+    the bridge can lift it for the next run; what it bounds is this process, the one that
+    receives Monty's values and the runtime's replies, beside Monty's own heap limit on the
+    ``monty`` process and the run cgroup on both."""
+
+    def __init__(self) -> None:
+        self.hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        self.baseline = _address_space()
+
+    def limit(self, memory_bytes: int) -> None:
+        soft = self.hard
+        if memory_bytes > 0 and self.baseline > 0:
+            soft = self.baseline + memory_bytes
+            if self.hard != resource.RLIM_INFINITY:
+                soft = min(soft, self.hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, self.hard))
+
+
+def _address_space() -> int:
+    """This process's address space in bytes (0 when ``/proc`` cannot say)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def next_start(channel: Channel) -> dict[str, Any]:
     """Wait for the next run's ``start``; what arrives before it is an earlier run's (a reply
     sent before the runtime saw that run end) and is dropped. A closed channel ends the host."""
@@ -353,14 +434,20 @@ def main() -> None:
     report = json.loads(sys.argv[-1])
     ids = itertools.count(1)
     with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
+        address_space = AddressSpace()
         channel.send({"t": "ready", "sandbox": report})
         while True:
             start = next_start(channel)
-            outcome = MontyRun(channel, start, ids).run(pool)
-            if isinstance(outcome, bytes):
-                channel.send_frame(outcome)
-            else:
-                channel.send(outcome)
+            run = MontyRun(channel, start, ids)
+            address_space.limit(run.memory)
+            try:
+                outcome = run.run(pool)
+                if isinstance(outcome, bytes):
+                    channel.send_frame(outcome)
+                else:
+                    channel.send(outcome)
+            except MemoryError:
+                os._exit(framing.EXIT_OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

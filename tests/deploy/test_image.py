@@ -90,6 +90,12 @@ def test_the_runtime_image_ships_node_and_the_typescript_worker() -> None:
     final_text = " ".join(value for keyword, value in final if keyword in ("COPY", "RUN"))
     assert "--from=worker-ts /usr/local/bin/node /usr/local/bin/node" in final_text
     assert "sys.exit(typescript.BACKEND.unavailable(WorkerSpec()))" in final_text
+    assert "sys.exit(monty.BACKEND.unavailable(WorkerSpec()))" in final_text
+    # The image installs main.lock: Monty's client package and the one holding its binary.
+    locked = (ROOT / "requirements" / "main.lock").read_text().splitlines()
+    assert {"pydantic-monty-client", "pydantic-monty-runtime"} <= {
+        line.partition("==")[0] for line in locked
+    }
     assert "libstdc++6" in final_text  # the one library Node needs beyond libc
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "**/node_modules" in ignored  # installed from the lock, never from a checkout
@@ -120,3 +126,5 @@ def test_the_wheel_holds_the_typescript_workers_code(tmp_path: Path) -> None:
     assert "worker.js" in needed
     missing = [name for name in needed if f"runtime_service/worker_ts/{name}" not in names]
     assert missing == [], missing
+    # The Monty bridge, exec'd from the installed package (runtime_service/languages/monty.py).
+    assert "runtime_service/worker_monty/bridge.py" in names

@@ -203,7 +203,7 @@ async def test_wire9_unknown_or_unconfigured_language(make_registry: Any) -> Non
             message = await expect_error(call, PRECONDITION, "UNKNOWN_RUNTIME_LANGUAGE")
             assert message == (
                 'mode "both": no SDK renderer registered for runtime language "cobol" '
-                '(known: "python", "typescript")'
+                '(known: "monty", "python", "typescript")'
             )
         assert (await sdk(h, language="python")).language == "python"
         message = await expect_error(

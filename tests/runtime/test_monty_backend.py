@@ -29,6 +29,7 @@ from runtime_service.worker_process import WorkerSpec
 from tests.runtime.conftest import (
     can_isolate,
     connected,
+    drive,
     echo_answer,
     grpc_settings,
     serving,
@@ -244,3 +245,92 @@ async def test_capabilities_describe_monty_isolated_like_every_worker(stub: corp
     assert mechanisms == python  # the same sandbox steps, measured from a real worker
     if can_isolate():
         assert all(enforced for _, enforced in mechanisms), mechanisms
+
+
+async def test_a_failed_call_is_caught_as_tool_call_error(stub: corpus.Stub) -> None:
+    """``ToolCallError`` is ``RuntimeError`` in a Monty program (the bridge binds it): the
+    failure is caught by that name, and its text says the reason."""
+    source = """
+try:
+    await tools.fail({})
+except ToolCallError as e:
+    caught = [str(e), ToolCallError is RuntimeError]
+try:
+    await tools.fail({})
+except ValueError:
+    return 'not a ValueError'
+except RuntimeError as e:
+    return caught + [str(e) == caught[0]]
+"""
+    seen = await _run(stub, source, {"outcome": "success"})
+    assert json.loads(seen.value_json) == ["ToolCallError: fail failed", True, True]
+    # An uncaught one is named by the same name, at the program's own line.
+    seen = await _run(stub, "x = 1\nawait tools.fail({})", {"outcome": "exception"})
+    assert "ToolCallError: fail failed" in seen.message and "line 2:" in seen.message, seen
+
+
+def _nest(depth: int) -> str:
+    """A program line that builds a value ``depth`` lists deep around ``1``."""
+    return f"v = 1\nfor _ in range({depth}):\n    v = [v]\n"
+
+
+def _depth_of(text: str) -> int:
+    """How many lists deep a JSON text of nested one-element lists is (iterative)."""
+    depth = len(text) - len(text.lstrip("["))
+    assert text == "[" * depth + "1" + "]" * depth, text[:40]
+    return depth
+
+
+async def test_a_value_nested_too_deep_is_refused_never_cut(stub: corpus.Stub) -> None:
+    """pydantic_monty replaces whatever sits deeper than the recursion budget left (200 at
+    the top level) by the string ``<deeply nested>`` as a value leaves Monty: the bridge
+    refuses such a value instead of passing the cut one on."""
+    why = "nested too deep for Monty (its conversion left '<deeply nested>' in the value)"
+    # A completion: 199 deep arrives whole, 200 ends the run invalid-output, with why.
+    seen = await _run(stub, _nest(199) + "return v", {"outcome": "success"})
+    assert _depth_of(seen.value_json) == 199
+    seen = await _run(stub, _nest(200) + "return v", {"outcome": "invalid-output"})
+    assert seen.message == f"program completion must be lossless JSON: {why}"
+    # Deep in a dict, beside shallow members: the same rule.
+    dict_source = "v = 1\nfor _ in range(200):\n    v = {'k': v}\nreturn [1, {'a': v}]"
+    seen = await _run(stub, dict_source, {"outcome": "invalid-output"})
+    assert why in seen.message
+    # Call arguments (cut shallower inside the program's frames): the call fails as
+    # ToolCallError and nothing goes out.
+    source = _nest(200) + (
+        "try:\n    await tools.echo(v)\nexcept ToolCallError as e:\n    return str(e)"
+    )
+    seen = await _run(stub, source, {"outcome": "success"})
+    assert json.loads(seen.value_json) == (
+        f"ToolCallError: tool arguments must be lossless JSON: {why}"
+    )
+    assert seen.calls == []
+    # Shallower goes out whole, and a far deeper result comes in whole (only values leaving
+    # Monty are cut by the conversion): the binding's answer is 3000 deep.
+    source = _nest(150) + (
+        "r = await tools.echo(v)\nn = 0\nwhile type(r) is list or type(r) is dict:\n"
+        "    r = r[0] if type(r) is list else r['echo']\n    n += 1\nreturn [n, r]"
+    )
+
+    async def deep_answer(call: pb.BindingCall) -> pb.CallResult:
+        assert _depth_of(call.arguments_json) == 150
+        return pb.CallResult(call_id=call.call_id, value_json="[" * 3000 + "1" + "]" * 3000)
+
+    _, terminal = await drive(stub, start_message_in(NAME, source, "echo"), deep_answer)
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    assert json.loads(terminal.success.value_json) == [3000, 1]
+
+
+async def test_bindings_monty_cannot_name_leave_the_others_callable(stub: corpus.Stub) -> None:
+    """A binding named ``odd-name`` or ``class`` is no attribute of the ``tools`` module (no
+    Monty program could spell it), and never stops the run or the other bindings."""
+    source = "return await tools.echo({'n': 1})"
+    start = start_message_in(NAME, source, "odd-name", "class", "echo")
+    _, terminal = await drive(stub, start)
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    assert json.loads(terminal.success.value_json) == {"echo": {"n": 1}}
+    start = start_message_in(NAME, "return await tools.odd({})", "odd-name", "echo")
+    _, terminal = await drive(stub, start)
+    assert terminal.WhichOneof("outcome") == "failure", terminal
+    assert terminal.failure.kind == pb.FAILURE_KIND_EXCEPTION
+    assert "bindings: echo, odd-name" in terminal.failure.message, terminal

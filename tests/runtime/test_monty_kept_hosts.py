@@ -316,3 +316,32 @@ def test_the_settings_bound_kept_hosts() -> None:
     assert options.kept_hosts.runs_per_host == 7 and options.kept_hosts.hosts_per_tenant == 2
     with pytest.raises(ValueError, match="kept_host_runs"):
         grpc_settings(kept_host_runs=0)
+
+
+def _address_space_limits(pid: int) -> list[str]:
+    """The soft ``Max address space`` of ``pid`` and of each of its children, from /proc."""
+    found = []
+    with open(f"/proc/{pid}/task/{pid}/children") as listed:
+        children = listed.read().split()
+    for each in [pid, *map(int, children)]:
+        with open(f"/proc/{each}/limits") as limits:
+            line = next(text for text in limits if text.startswith("Max address space"))
+        found.append(line.split()[3])
+    return found
+
+
+async def test_the_bridge_address_space_is_bounded_by_each_runs_budget(runtime: Served) -> None:
+    """The bridge's RLIMIT_AS is what it held when ready plus the run's budget, set again at
+    each run of a kept host (larger, then smaller); its ``monty`` child, started before, keeps
+    its own (Monty's heap limit and the run cgroup bound it)."""
+    await runtime.run("return 1", "t", {"outcome": "success"}, {"memory_bytes": 128 << 20})
+    (pid,) = runtime.pids("t")
+    first = _address_space_limits(pid)
+    assert first[0] != "unlimited" and len(first) == 2, first
+    await runtime.run("return 2", "t", {"outcome": "success"}, {"memory_bytes": 256 << 20})
+    assert runtime.pids("t") == [pid]  # the same kept host
+    second = _address_space_limits(pid)
+    assert int(second[0]) - int(first[0]) == 128 << 20
+    assert second[1] == first[1]
+    await runtime.run("return 3", "t", {"outcome": "success"}, {"memory_bytes": 128 << 20})
+    assert _address_space_limits(pid) == first

@@ -378,6 +378,39 @@ def test_v2_file_protocol_on_a_stand_in_directory(tmp_path: Path) -> None:
     assert Path(path, "cgroup.kill").read_text() == "1"
 
 
+def test_v1_memory_limits_of_a_kept_host_rise_and_fall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1 refuses a memory limit above memsw (EINVAL): a kept host's run with a larger budget
+    than the last raises memsw first, a smaller one lowers memory first; the same budget as
+    the last run writes nothing (stand-in files, the kernel's rule applied to the writes)."""
+    host = CgroupHost("v1", "test", {"memory": str(tmp_path)})
+    cgroup = host.create()
+    (path,) = cgroup.paths
+    written: list[tuple[str, int]] = []
+    limits = {"memory.limit_in_bytes": 1 << 62, "memory.memsw.limit_in_bytes": 1 << 62}
+
+    def write(target: str, value: str) -> None:
+        name = os.path.basename(target)
+        limits[name] = int(value)
+        if limits["memory.limit_in_bytes"] > limits["memory.memsw.limit_in_bytes"]:
+            raise OSError(22, "Invalid argument")
+        written.append((name, int(value)))
+
+    monkeypatch.setattr(run_cgroup, "_write", write)
+    cgroup.set_memory_limit(64 * MIB)  # from no limit: lower memory, then memsw
+    cgroup.set_memory_limit(256 * MIB)  # up: memsw, then memory
+    cgroup.set_memory_limit(256 * MIB)  # the same: nothing
+    cgroup.set_memory_limit(128 * MIB)  # down: memory, then memsw
+    memory, memsw = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
+    assert written == [
+        (memory, 64 * MIB), (memsw, 64 * MIB),
+        (memsw, 256 * MIB), (memory, 256 * MIB),
+        (memory, 128 * MIB), (memsw, 128 * MIB),
+    ]  # fmt: skip
+    assert path == str(tmp_path / cgroup.name)
+
+
 @needs_cgroups
 async def test_a_forked_runs_init_and_worker_are_both_in_the_run_cgroup(
     created: list[RunCgroup],

@@ -96,7 +96,8 @@ def test_the_scan_finds_a_language_wherever_it_is_spelled() -> None:
 
 
 def test_the_table_is_keyed_by_each_profiles_own_name() -> None:
-    assert LANGUAGES == ("python", "typescript")  # table order: the declared-language errors
+    # Table order: the declared-language errors.
+    assert LANGUAGES == ("python", "typescript", "monty")
     assert all(PROFILES[name].name == name for name in LANGUAGES)
     assert host_profile("cobol") is PROFILES["python"]  # an unknown language's host guidance
 
@@ -124,3 +125,15 @@ def test_host_languages_title_each_language_and_an_unknown_one_by_its_name() -> 
     ]
     assert all(PROFILES[language].title for language in LANGUAGES)
     assert HOST_LANGUAGES.title("cobol") == "cobol"
+
+
+def test_host_halves_are_in_the_host_language_of_the_program_language() -> None:
+    """A subset's agents write host halves in the full language (Monty's bridge runs no
+    plugin hosts); every other language's are its own; an unknown one stays as named."""
+    assert HOST_LANGUAGES.host_language("monty") == "python"
+    assert HOST_LANGUAGES.facade("monty") == PROFILES["python"].facade
+    assert [HOST_LANGUAGES.host_language(name) for name in ("python", "typescript")] == [
+        "python",
+        "typescript",
+    ]
+    assert HOST_LANGUAGES.host_language("cobol") == "cobol"

@@ -53,7 +53,7 @@ def test_each_call_returns_a_fresh_object() -> None:
 def test_unknown_language_fails_loud(language: str) -> None:
     expected = (
         f'no run_code schema flavor registered for runtime language "{language}" '
-        '(known: "python", "typescript")'
+        '(known: "monty", "python", "typescript")'
     )
     with pytest.raises(ValueError, match=r"^no run_code schema flavor") as raised:
         run_code_tool_schema(language)

@@ -402,6 +402,10 @@ class CordisRunner:
                 out.append((service, plugin.plugin_id, contracts.get(service)))
         return out
 
+    def _host_language(self, owner: str) -> str:
+        """What `owner`'s host halves are written in: its program language's host language."""
+        return self._host_languages.host_language(self._catalog.language_for(owner))
+
     # -- define -------------------------------------------------------------------------------
 
     async def define(
@@ -428,7 +432,7 @@ class CordisRunner:
             prefix = check_prefix(cast(str, plugin.get("idPrefix", "")))
         else:
             self._owned(owner, cast(str, plugin.get("pluginId", "")))
-        language = self._catalog.language_for(owner)  # a host half is in the agent's language
+        language = self._host_language(owner)
         checks = self._source_checks
         title = self._host_languages.title(language)
         if checks is not None and host is not None:
@@ -695,7 +699,7 @@ class CordisRunner:
             plugin_id=plugin.plugin_id,
             package_id=package.package_id,
             run_id=run_id,
-            language=self._catalog.language_for(plugin.owner),
+            language=self._host_language(plugin.owner),
             source=package.host or "",
             name=package.name,
             start_timeout_s=self._start_timeout_s,

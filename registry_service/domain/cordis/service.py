@@ -72,7 +72,9 @@ class Cordis:
         for provider in host_providers(
             self.runner.visible_tools,
             self.runner.provided_services,
-            lambda owner: host_languages.facade(catalog.language_for(owner)),
+            lambda owner: host_languages.facade(
+                host_languages.host_language(catalog.language_for(owner))
+            ),
         ):
             self.inspect.register_host(provider)
         # Page runners: the pages attached per agent, client-bearing activations, client queries.

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Final
 
 from registry_service.domain.cordis.host_languages import Facade
-from registry_service.presentation.language_profiles import python, typescript
+from registry_service.presentation.language_profiles import monty, python, typescript
 from registry_service.presentation.language_profiles.profile import (
     LanguageProfile,
     RunCodeFlavour,
@@ -46,7 +46,7 @@ __all__ = [
     "host_profile",
 ]
 
-_ALL: Final = (python.PROFILE, typescript.PROFILE)
+_ALL: Final = (python.PROFILE, typescript.PROFILE, monty.PROFILE)
 
 PROFILES: Final[Mapping[str, LanguageProfile]] = MappingProxyType({p.name: p for p in _ALL})
 LANGUAGES: Final = tuple(PROFILES)  # the program languages a scope may declare, in table order
@@ -66,6 +66,10 @@ def host_profile(language: str) -> LanguageProfile:
 
 class _HostLanguages:
     """`domain.cordis.host_languages.HostLanguages` answered from the table."""
+
+    def host_language(self, language: str) -> str:
+        profile = PROFILES.get(language)
+        return profile.host_language or language if profile is not None else language
 
     def facade(self, language: str) -> Facade:
         return host_profile(language).facade

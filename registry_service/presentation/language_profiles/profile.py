@@ -41,3 +41,6 @@ class LanguageProfile:
     # symbol, in this language's spelling; what the runtime's host harness of the language
     # implements.
     facade: Facade
+    # The language this language's agents write their plugins' host halves in, when it is
+    # another (a subset's host halves run on the full language's host harness).
+    host_language: str = ""

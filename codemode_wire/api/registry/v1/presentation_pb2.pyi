@@ -93,8 +93,8 @@ class GetWireSchemasRequest(_message.Message):
     scope: _builtins.str
     """`agents/{id}`, `presets/{id}`, or empty for the global scope."""
     language: _builtins.str
-    """Runtime language for the `run_code` flavour: `python` or `typescript`. Empty means the
-    scope's effective code language. Ignored for an effectively native scope.
+    """Runtime language for the `run_code` flavour: `python`, `typescript` or `monty`. Empty
+    means the scope's effective code language. Ignored for an effectively native scope.
     """
     def __init__(
         self,
@@ -222,7 +222,7 @@ class GetSdkRequest(_message.Message):
     scope: _builtins.str
     """`agents/{id}`, `presets/{id}`, or empty for the global scope."""
     language: _builtins.str
-    """`python` or `typescript`. Empty means the scope's effective code language."""
+    """`python`, `typescript` or `monty`. Empty means the scope's effective code language."""
     def __init__(
         self,
         *,

@@ -66,8 +66,8 @@ class Preset(_message.Message):
     mode: Global___PresentationMode.ValueType
     """The mode declared in this scope, or UNSPECIFIED when none is declared."""
     code_language: _builtins.str
-    """The program language declared in this scope (`python` or `typescript`), or empty when none
-    is declared. Fixed at creation.
+    """The program language declared in this scope (`python`, `typescript` or `monty`), or empty
+    when none is declared. Fixed at creation.
     """
     self_modification: _builtins.bool
     """Whether agents under this preset may extend themselves with dynamic Cordis plugins (the seven
@@ -130,8 +130,8 @@ class Agent(_message.Message):
     effective_mode: Global___PresentationMode.ValueType
     """Output only. The mode in force: nearest declaration along agent → preset → deployment default."""
     code_language: _builtins.str
-    """The program language declared in this scope (`python` or `typescript`), or empty when none
-    is declared. Fixed at creation.
+    """The program language declared in this scope (`python`, `typescript` or `monty`), or empty
+    when none is declared. Fixed at creation.
     """
     effective_code_language: _builtins.str
     """Output only. The program language in force: nearest declaration along agent → preset →

@@ -41,8 +41,8 @@ export interface GetWireSchemasRequest {
   /** `agents/{id}`, `presets/{id}`, or empty for the global scope. */
   scope: string;
   /**
-   * Runtime language for the `run_code` flavour: `python` or `typescript`. Empty means the
-   * scope's effective code language. Ignored for an effectively native scope.
+   * Runtime language for the `run_code` flavour: `python`, `typescript` or `monty`. Empty
+   * means the scope's effective code language. Ignored for an effectively native scope.
    */
   language: string;
 }
@@ -91,7 +91,7 @@ export interface GetSystemPromptResponse {
 export interface GetSdkRequest {
   /** `agents/{id}`, `presets/{id}`, or empty for the global scope. */
   scope: string;
-  /** `python` or `typescript`. Empty means the scope's effective code language. */
+  /** `python`, `typescript` or `monty`. Empty means the scope's effective code language. */
   language: string;
 }
 

@@ -37,8 +37,8 @@ export interface Preset {
     | Date
     | undefined;
   /**
-   * The program language declared in this scope (`python` or `typescript`), or empty when none
-   * is declared. Fixed at creation.
+   * The program language declared in this scope (`python`, `typescript` or `monty`), or empty
+   * when none is declared. Fixed at creation.
    */
   codeLanguage: string;
   /**
@@ -71,8 +71,8 @@ export interface Agent {
     | Date
     | undefined;
   /**
-   * The program language declared in this scope (`python` or `typescript`), or empty when none
-   * is declared. Fixed at creation.
+   * The program language declared in this scope (`python`, `typescript` or `monty`), or empty
+   * when none is declared. Fixed at creation.
    */
   codeLanguage: string;
   /**
