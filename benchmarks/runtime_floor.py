@@ -77,7 +77,7 @@ def _measure(count: int) -> dict[str, Any]:
         zygote,
     )
 
-    bootstrap.prewarm_codecs()
+    bootstrap.prewarm_fork_server()
     sandbox_child.prepare()
     import asyncio
     import fcntl  # noqa: F401

@@ -27,9 +27,9 @@ from typing import NoReturn
 
 from runtime_service.worker import flatwire, sandbox_child
 from runtime_service.worker.core import Channel, finish
-from runtime_service.worker.program import Worker, prewarm, prewarm_codecs
+from runtime_service.worker.program import Worker, prewarm, prewarm_fork_server
 
-__all__ = ["main", "prewarm_codecs", "serve"]
+__all__ = ["main", "prewarm_fork_server", "serve"]
 
 
 def main() -> None:
