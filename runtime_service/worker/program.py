@@ -39,6 +39,7 @@ __all__ = [
     "missing_binding",
     "prewarm",
     "prewarm_fork_server",
+    "warm_loop",
 ]
 
 EXIT_OUT_OF_MEMORY = framing.EXIT_OUT_OF_MEMORY
@@ -350,6 +351,12 @@ class Worker:
         if kind != "output-limit" and not self.sink.ledger.fits_message(message):
             kind, message = "output-limit", ""
         return {"t": "done", "error": {"kind": kind, "message": message}}
+
+
+def warm_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A new loop's first run (its selector's first wait, a task, a callback): what a forked
+    worker still pays before ready, the fork server having paid the rest once."""
+    loop.run_until_complete(asyncio.sleep(0))
 
 
 def prewarm_fork_server() -> None:
