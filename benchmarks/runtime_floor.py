@@ -77,7 +77,7 @@ def _measure(count: int) -> dict[str, Any]:
         zygote,
     )
 
-    bootstrap.prewarm_codecs()
+    bootstrap.prewarm_fork_server()
     sandbox_child.prepare()
     import asyncio
     import fcntl  # noqa: F401
@@ -172,7 +172,7 @@ def _measure(count: int) -> dict[str, Any]:
 
     def ready() -> None:
         isolated()
-        program.prewarm(asyncio.new_event_loop())
+        program.warm_loop(asyncio.new_event_loop())  # as a forked worker (bootstrap.serve)
 
     steps: list[tuple[str, Callable[[], None]]] = [
         ("pid_namespace", nothing),

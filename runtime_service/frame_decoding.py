@@ -46,6 +46,8 @@ _TOKENS_START = re.compile(
     rb'\{"t":"done","value":|\{"t":"call","id":\d{1,18},"name":"(?:[^"\\]|\\.)*","args":'
 )
 
+_JSON_TOKEN = b'[{"kind":"json","text":"'  # a value as one json token (``flatwire``)
+
 # Its threads start on the first large frame (an executor starts them on demand).
 _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="codemode-frame-decode")
 
@@ -87,18 +89,38 @@ def decode(message: WorkerMessage | None, max_output_bytes: int, *, spell: bool)
         value = flatwire.decode(tokens)
     except flatwire.WireError:
         return Decoded(message, problem="")
+    text = _token_text(tokens)
     if not spell:
-        return Decoded(message, value)
+        return Decoded(message, value, value_json=text)
     size = 0
     if isinstance(message, DoneMessage):
         size = json_value_size(value, max_output_bytes)
         if size > max_output_bytes:
             return Decoded(message, value, value_size=size)  # output-limit: no text needed
-    try:
-        text = _spell(value)
-    except jsonvalue.JsonValueError:
-        return Decoded(message, problem="")
+    if text is None:
+        try:
+            text = _spell(value)
+        except jsonvalue.JsonValueError:
+            return Decoded(message, problem="")
     return Decoded(message, value, value_size=size, value_json=text)
+
+
+def _token_text(tokens: object) -> str | None:
+    """The text of a value that travelled as a lone json token, when it can stand for the
+    value as it is: ``flatwire.decode`` has just read it as that lossless value, so only a
+    surrogate (which no JSON text may hold raw, nor a gRPC string carry) rules it out. Then the
+    value needs no spelling here: the registry reads the text as the value (and spells it
+    canonically itself), and its size is still measured on the value (``json_value_size``)."""
+    token = tokens[0] if type(tokens) is list and len(tokens) == 1 else None
+    if type(token) is not dict or token.get("kind") != "json":
+        return None
+    text: str = token["text"]
+    if not text.isascii():
+        try:
+            text.encode("utf-8")  # fails on a surrogate
+        except UnicodeEncodeError:
+            return None
+    return text
 
 
 def decode_frame(payload: bytes, max_output_bytes: int) -> Decoded:
@@ -115,6 +137,10 @@ def _parse_pieces(payload: bytes) -> dict[str, Any] | None:
     if start is None or not payload.endswith(b"]}") or not payload.isascii():
         return None
     at = start.end()
+    if payload.startswith(_JSON_TOKEN, at):
+        # One string: cut into pieces, every piece would fail until the last. Reading its
+        # text is far less work than what reading the value in it costs anyway.
+        return None
     try:
         outer = flatwire.loads_strict(payload[:at] + b"[]}")
         tokens = _parse_token_list(payload, at, len(payload) - 1)

@@ -50,10 +50,19 @@ class BindingResult:
     ok: bool
     value: object = None
     message: str = ""
+    value_json: str | None = None
+    """A success's value as the caller's JSON text, not yet read (``success_json``): the run
+    reads it only where the worker's own reading could differ (``flatwire.json_token``)."""
 
     @classmethod
     def success(cls, value: object) -> BindingResult:
         return cls(True, value)
+
+    @classmethod
+    def success_json(cls, text: str) -> BindingResult:
+        """A success whose value is the JSON text ``text``, refused when the run reads it
+        ("binding resolution must be lossless JSON") if it is not lossless JSON."""
+        return cls(True, value_json=text)
 
     @classmethod
     def failure(cls, message: str) -> BindingResult:

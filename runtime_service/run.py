@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from codemode_wire import jsonvalue
 from runtime_service.budgets import Budgets
 from runtime_service.exit_classification import ExitSigns, WorkerExit
 from runtime_service.frame_decoding import (
@@ -532,11 +533,12 @@ class Run:
             return  # replies are suppressed once the run is over
         if result.ok:
             try:
-                tokens = flatwire.encode(result.value)
+                tokens = _reply_tokens(result)
                 worker.queue({"t": "reply", "id": call_id, "ok": True, "value": tokens})
                 return
-            except (flatwire.WireError, ValueError):  # ValueError: framing refused it (an
-                # integer beyond int_max_str_digits, a frame over the size cap)
+            except (flatwire.WireError, ValueError):  # ValueError: the text is not lossless
+                # JSON, or framing refused it (an integer beyond int_max_str_digits, a frame
+                # over the size cap)
                 result = BindingResult.failure("binding resolution must be lossless JSON")
         # Replies ready in the same loop turn (a batch of results, the refusals of a batch of
         # calls) reach the worker in one write (``WorkerProcess.queue``).
@@ -565,6 +567,17 @@ class Run:
             return RunResult(list(ledger.logs))
         logs, message = ledger.overflow_logs()
         return RunResult(logs, error=RunFailure("output-limit", message))
+
+
+def _reply_tokens(result: BindingResult) -> list[Any]:
+    """A success's value as flat-wire tokens. The caller's JSON text goes to the worker unread
+    where the worker's reading of it is provably the runtime's (``flatwire.json_token``): a
+    large value costs no parse and no re-spelling here."""
+    text = result.value_json
+    if text is None:
+        return flatwire.encode(result.value)
+    tokens = flatwire.json_token(text)
+    return flatwire.encode(jsonvalue.loads(text)) if tokens is None else tokens
 
 
 def _handler_failure(error: BaseException) -> BindingResult:

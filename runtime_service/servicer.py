@@ -555,10 +555,8 @@ class _CallRelay:
             return  # unknown or already answered: each call is answered at most once
         outcome = result.WhichOneof("outcome")
         if outcome == "value_json":
-            try:
-                pending.resolve(BindingResult.success(jsonvalue.loads(result.value_json)))
-            except jsonvalue.JsonValueError:
-                pending.resolve(BindingResult.failure("binding resolution must be lossless JSON"))
+            # Read by the run, or left for the worker to read (``Run._reply``).
+            pending.resolve(BindingResult.success_json(result.value_json))
         elif outcome == "error_message":
             pending.resolve(BindingResult.failure(result.error_message))
         else:  # unset (or an outcome this runtime does not know): fail the call, saying so

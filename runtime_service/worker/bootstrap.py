@@ -5,7 +5,8 @@ Started by the runtime as
 environment, fds 1/2 on pipes the runtime drains, and the channel socket as the only other
 inherited descriptor. Everything the worker itself needs is imported before it isolates itself
 (``sandbox_child.isolate``: a private root without the project tree, its own uid, seccomp), and
-first-use costs are paid (``program.prewarm``) before it reports ``ready``, so that a pooled
+first-use costs are paid (``program.prewarm``; in a forked worker most of them by the fork
+server) before it reports ``ready``, so that a pooled
 worker starts the program at once.
 
 The first message decides what the worker becomes: a program's ``start`` goes to the program
@@ -27,9 +28,9 @@ from typing import NoReturn
 
 from runtime_service.worker import flatwire, sandbox_child
 from runtime_service.worker.core import Channel, finish
-from runtime_service.worker.program import Worker, prewarm, prewarm_codecs
+from runtime_service.worker.program import Worker, prewarm, prewarm_fork_server, warm_loop
 
-__all__ = ["main", "prewarm_codecs", "serve"]
+__all__ = ["main", "prewarm_fork_server", "serve"]
 
 
 def main() -> None:
@@ -42,16 +43,18 @@ def main() -> None:
         raw_config = flatwire.loads_strict(sys.argv[3]) if len(sys.argv) > 3 else {}
     except flatwire.WireError:
         raw_config = {}
-    serve(int(sys.argv[2]), raw_config)
+    serve(int(sys.argv[2]), raw_config, forked=False)
 
 
-def serve(channel_fd: int, raw_config: object) -> NoReturn:
+def serve(channel_fd: int, raw_config: object, *, forked: bool = True) -> NoReturn:
     """Isolate, report ready, run the one program that arrives on ``channel_fd``.
 
-    Shared by both launches: a spawned worker (``main``) and a child of the fork server
-    (``zygote.py``), which arrives here already in its own pid namespace with the compiler
-    and codecs warm. Both warm up fully before ready all the same: skipping it saved a
-    forked worker ~1 ms of CPU but left the first program ~40 ms slower to finish.
+    Shared by both launches: a spawned worker (``main``, ``forked`` False) and a child of the
+    fork server (``zygote.py``), which arrives here already in its own pid namespace with the
+    compiler, the codecs and asyncio warm (``prewarm_fork_server``). A spawned worker runs the
+    whole warm-up before ready (without it its first program finished ~40 ms later); a forked
+    one only its event loop's first run (``warm_loop``): the rest would cost it ~1 ms of CPU
+    per run to save its program ~0.4 ms (measured: ``benchmarks/runtime_floor.py``).
     """
     channel = Channel(socket.socket(fileno=channel_fd))
     channel.sock.setblocking(True)
@@ -70,7 +73,10 @@ def serve(channel_fd: int, raw_config: object) -> NoReturn:
     report["setup-us"] = str(round((time.perf_counter() - started) * 1e6))
     os.environ.clear()  # interpreter start-up may have set LC_CTYPE (PEP 538)
     loop = asyncio.new_event_loop()
-    prewarm(loop)
+    if forked:
+        warm_loop(loop)
+    else:
+        prewarm(loop)
     worker = Worker(channel, loop)
     # No program has run yet: this figure is the worker's own, and the run's compute budget
     # starts from it (the runtime need not read /proc when the program is handed over).

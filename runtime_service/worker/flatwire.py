@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from runtime_service.worker import flatwire_fast
-from runtime_service.worker.flatwire_fast import FAST_DEPTH
+from runtime_service.worker.flatwire_fast import FAST_DEPTH, MIN_FAST_TEXT, text_depth
 
 __all__ = [
     "FAST_DEPTH",
@@ -41,6 +41,7 @@ __all__ = [
     "decode_text",
     "encode",
     "encode_text",
+    "json_token",
     "loads_strict",
     "snapshot",
 ]
@@ -59,6 +60,12 @@ class WireError(ValueError):
 # int<->str conversions are quadratic, so the runtime never lifts the limit; a program that
 # lifts it in its own worker still cannot send more (``framing.pack`` applies it there).
 MAX_INT_DIGITS = 4300
+
+
+# Digits to "0", every other byte to " ": a run of digits longer than the limit becomes a run
+# of zeros that one substring search finds.
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+_TOO_MANY_DIGITS = b"0" * (MAX_INT_DIGITS + 1)
 
 
 class IntegerTooLong(WireError):
@@ -409,6 +416,29 @@ def loads_strict(text: str | bytes) -> Any:
         if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
             raise IntegerTooLong from None
         raise WireError(f"invalid JSON text: {exc}") from None
+
+
+def json_token(text: str) -> list[Any] | None:
+    """The token list that carries a peer's JSON text to a worker unread, or None where the
+    text should be read here first (``loads`` and ``encode``).
+
+    Unread, it is the worker that refuses a text which is not lossless JSON -- invalid, NaN or
+    ±Infinity, ``-0``, an overflowing number, a duplicate key -- with the same error as the
+    runtime would (``decode``; the TypeScript worker's ``flatwire.js`` likewise), and reads the
+    same value from whatever spelling it has (spaces, escapes, exponents). That holds where the
+    worker reads it with the C parser, which needs two proofs, both linear and C-speed: the
+    text is at most ``FAST_DEPTH`` deep (``text_depth``; deeper ones go on the token path) and
+    holds no integer longer than ``MAX_INT_DIGITS`` (refused by the runtime, but read by a
+    worker whose program lifted its digit limit). A run of digits inside a string counts too:
+    such a text is merely read here. Short texts keep the token spelling (``MIN_FAST_TEXT``).
+    """
+    if len(text) < MIN_FAST_TEXT or text_depth(text) > FAST_DEPTH:
+        return None
+    if len(text) > MAX_INT_DIGITS:
+        digits = text.encode("utf-8", "surrogatepass").translate(_DIGITS_ONLY)
+        if _TOO_MANY_DIGITS in digits:
+            return None
+    return [{"kind": "json", "text": text}]
 
 
 def encode_text(value: object) -> str:

@@ -6,7 +6,8 @@ environment, stdin and stdout on /dev/null, stderr shared with the runtime. It i
 module a worker needs and pays their first-use costs once, then serves fork requests on the
 control socket and *never runs a program itself*: no program, no binding, no secret ever
 reaches it (a request carries only the sandbox config and three descriptors), and it starts
-no thread and opens no event loop, so a child inherits nothing but the imported modules.
+no thread and keeps no event loop open (its warm-up's is closed before it serves), so a child
+inherits nothing but the imported modules and their warmed state.
 
 One request, one child:
 
@@ -509,7 +510,7 @@ def main() -> NoReturn:
     control.setblocking(True)
     if sys.argv[1] in sys.path:
         sys.path.remove(sys.argv[1])  # nothing more is imported from the runtime's tree
-    bootstrap.prewarm_codecs()
+    bootstrap.prewarm_fork_server()
     sandbox_child.prepare()
     import fcntl  # noqa: F401 - used by every child: imported once, here
 
