@@ -42,6 +42,8 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from codemode_common.mcp_streams import MessageReader, MessageWriter
+
 if TYPE_CHECKING:
     from codemode_cli.mcp_adapter import AgentServer
 
@@ -303,7 +305,7 @@ def _write_all(fd: int, data: bytes) -> None:
 # --- the SDK's two streams ------------------------------------------------------------------
 
 
-class _Incoming:
+class _Incoming(MessageReader):
     """The server's read stream: the messages of `source`'s lines, read as the server asks for
     the next one (so a client sending faster than the server reads waits on its own pipe)."""
 
@@ -342,51 +344,25 @@ class _Incoming:
         self._lines.clear()
         self._source.close()
 
-    def __aiter__(self) -> _Incoming:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         self._closed = True
         self._lines.clear()
-
-    async def __aenter__(self) -> _Incoming:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 def _parse(line: bytes) -> types.JSONRPCMessage:
     return types.jsonrpc_message_adapter.validate_json(line, by_name=False)
 
 
-class _Outgoing:
+class _Outgoing(MessageWriter):
     """The server's write stream: one line per message, straight into `sink`."""
 
     def __init__(self, sink: _Sink) -> None:
+        super().__init__()
         self._sink = sink
-        self._closed = False
 
-    async def send(self, item: SessionMessage, /) -> None:
-        if self._closed:
-            raise anyio.ClosedResourceError
+    async def write(self, item: SessionMessage) -> None:
         text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
         await self._sink.write(text.encode() + b"\n")
-
-    async def aclose(self) -> None:
-        self._closed = True
-
-    async def __aenter__(self) -> _Outgoing:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 # --- the process's stdin and stdout ---------------------------------------------------------

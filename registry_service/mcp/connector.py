@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import anyio
 import mcp_types
 from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.session import ClientSession
@@ -26,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from codemode_common.mcp_streams import MessageReader
 from registry_service.domain.json_admission import JsonLimits
 from registry_service.domain.mcp_servers import (
     ConnectionEvents,
@@ -51,7 +51,7 @@ _MAX_TOOLS = 512
 _CLIENT = mcp_types.Implementation(name="codemode-registry", version="1")
 
 
-class _Throttled:
+class _Throttled(MessageReader):
     """`source`'s messages at most `rate` a second (a token bucket of one second's worth), taken
     as the session asks for the next one: past the rate that read waits, and so does the
     transport behind it (a stdio server on its own pipe), so a flooding server costs the event
@@ -71,23 +71,8 @@ class _Throttled:
         self._tokens -= 1
         return await self._source.receive()
 
-    def __aiter__(self) -> _Throttled:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         await self._source.aclose()
-
-    async def __aenter__(self) -> _Throttled:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class _Connection:

@@ -33,6 +33,7 @@ import anyio
 import mcp_types
 from mcp.shared.message import SessionMessage
 
+from codemode_common.mcp_streams import MessageReader, MessageWriter
 from registry_service.domain.json_admission import JsonLimits, off_loop
 from registry_service.domain.mcp_servers import StdioServer
 
@@ -237,7 +238,7 @@ async def running(
             raise asyncio.CancelledError
 
 
-class _ServerLines:
+class _ServerLines(MessageReader):
     """The session's read stream: the child's stdout lines, each read and parsed when the
     session asks for the next message (no task or memory stream between the pipe and the
     session), so a server the session reads slowly waits on its own pipe."""
@@ -251,42 +252,16 @@ class _ServerLines:
             raise anyio.ClosedResourceError
         return await self._process.read_message()
 
-    def __aiter__(self) -> _ServerLines:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
     async def aclose(self) -> None:
         self._closed = True
 
-    async def __aenter__(self) -> _ServerLines:
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class _ServerStdin:
+class _ServerStdin(MessageWriter):
     """The session's write stream: one line per message on the child's stdin."""
 
     def __init__(self, process: StdioProcess) -> None:
+        super().__init__()
         self._process = process
-        self._closed = False
 
-    async def send(self, item: SessionMessage, /) -> None:
-        if self._closed:
-            raise anyio.ClosedResourceError
+    async def write(self, item: SessionMessage) -> None:
         await self._process.write_message(item)
-
-    async def aclose(self) -> None:
-        self._closed = True
-
-    async def __aenter__(self) -> _ServerStdin:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
