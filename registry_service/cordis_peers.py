@@ -194,10 +194,32 @@ def _value(value: JsonValue | ToolResult) -> pb.PeerCallResult:
     return pb.PeerCallResult(value_json=jsonvalue.dumps(value))
 
 
-def _failure(message: str, code: str = "", stack: str = "", *, not_found: bool = False) -> Any:
+def _failure(
+    message: str, code: str = "", stack: str = "", *, not_found: bool = False
+) -> pb.PeerCallResult:
     return pb.PeerCallResult(
         failure=pb.PeerFailure(message=message, code=code, stack=stack, not_found=not_found)
     )
+
+
+async def _forwarded(
+    context: grpc.aio.ServicerContext[Any, Any],
+    call: Callable[[AbortSignal], Awaitable[JsonValue | ToolResult]],
+) -> pb.PeerCallResult:
+    """A forwarded tool or service call's result: its value or its failure; a run that is not
+    running here any more ends the RPC FAILED_PRECONDITION, and the caller registry's cancel
+    aborts the call."""
+    control = AbortController()
+    try:
+        value = await call(control.signal)
+    except ToolCallFailure as exc:
+        if exc.code == PLUGIN_NOT_RUNNING:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return _failure(str(exc), exc.code)
+    except asyncio.CancelledError:
+        control.abort("the caller's registry cancelled the call")
+        raise
+    return _value(value)
 
 
 class CordisPeerServicer(pb_grpc.CordisPeerServiceServicer):
@@ -263,23 +285,17 @@ class CordisPeerServicer(pb_grpc.CordisPeerServiceServicer):
         await self._authenticate(context)
         if isinstance(request, Malformed):
             await self._malformed(context, request)
-        control = AbortController()
-        try:
-            value = await self._runner.call_run_tool(
+        result = await _forwarded(
+            context,
+            lambda signal: self._runner.call_run_tool(
                 request.plugin_id,
                 request.run_id,
                 request.tool,
                 self._arguments(request.arguments_json),
-                control.signal,
-            )
-        except ToolCallFailure as exc:
-            if exc.code == PLUGIN_NOT_RUNNING:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            return pb.PeerCallToolResponse(result=_failure(str(exc), exc.code))
-        except asyncio.CancelledError:
-            control.abort("the caller's registry cancelled the call")
-            raise
-        return pb.PeerCallToolResponse(result=_value(value))
+                signal,
+            ),
+        )
+        return pb.PeerCallToolResponse(result=result)
 
     async def PeerCallService(
         self,
@@ -290,23 +306,13 @@ class CordisPeerServicer(pb_grpc.CordisPeerServiceServicer):
         if isinstance(request, Malformed):
             await self._malformed(context, request)
         at = RunAt("", request.plugin_id, request.run_id)
-        control = AbortController()
-        try:
-            value = await self._runner.call_run_service(
-                at,
-                request.service,
-                request.method,
-                self._arguments(request.arguments_json),
-                control.signal,
-            )
-        except ToolCallFailure as exc:
-            if exc.code == PLUGIN_NOT_RUNNING:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            return pb.PeerCallServiceResponse(result=_failure(str(exc), exc.code))
-        except asyncio.CancelledError:
-            control.abort("the caller's registry cancelled the call")
-            raise
-        return pb.PeerCallServiceResponse(result=_value(value))
+        result = await _forwarded(
+            context,
+            lambda signal: self._runner.call_run_service(
+                at, request.service, request.method, self._arguments(request.arguments_json), signal
+            ),
+        )
+        return pb.PeerCallServiceResponse(result=result)
 
     async def PeerCallHandler(
         self,
