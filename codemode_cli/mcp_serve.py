@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -127,7 +128,24 @@ def _check_listen(args: argparse.Namespace) -> str:
     return ""
 
 
+def _closed_stdio() -> str:
+    """Why stdio cannot be served: stdin or stdout not open. Checked before anything opens a
+    file, which would otherwise take the free descriptor and be served as the wire."""
+    closed = []
+    for fd, name in ((0, "stdin"), (1, "stdout")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(name)
+    if not closed:
+        return ""
+    return f"{' and '.join(closed)} not open: --transport stdio serves the MCP client on both"
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.transport == "stdio" and (problem := _closed_stdio()):
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
     if args.transport == "http" and (problem := _check_listen(args)):
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2

@@ -65,7 +65,8 @@ def run_command(
     _check_environment()
     try:
         status = run(args)
-        sys.stdout.flush()  # a closed pipe shows here for output still buffered
+        if sys.stdout is not None:  # None: started with fd 1 closed
+            sys.stdout.flush()  # a closed pipe shows here for output still buffered
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

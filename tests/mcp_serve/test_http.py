@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.mcp_serve.conftest import (
     HttpServer,
     child_env,
     register_tools,
+    serve_argv,
     start_http,
     stop,
 )
@@ -175,3 +177,25 @@ async def test_sigterm_while_a_call_runs_ends_the_call_and_the_process(
     finally:
         stop(server.proc)
     assert code == 0
+
+
+async def test_a_port_in_use_is_a_usage_error_without_a_traceback(stack: Stack) -> None:
+    agent = await stack.code_agent()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = serve_argv(stack.running.address, agent, "--transport", "http")
+        argv += ["--listen", f"127.0.0.1:{port}"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=child_env(),
+            cwd=REPO,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err.decode()
+    assert "Traceback" not in err.decode() and out == b""
