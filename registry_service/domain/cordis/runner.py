@@ -194,6 +194,9 @@ class CordisRunner:
         self._following: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (address, task)
         self._keeper: asyncio.Task[None] | None = None
         self._taking: set[str] = set()  # plugins this registry is taking over now
+        # The run each lost owner was running when it was lost: (its address, run id), named
+        # in the steering record of the takeover (the mirrored run is retracted before it).
+        self._lost_runs: dict[str, tuple[str, str]] = {}
         self._run_changed = asyncio.Event()  # set (and replaced) whenever a run changes here
         catalog.on_delete(self._scope_deleted)
 
@@ -1238,8 +1241,13 @@ class CordisRunner:
                     cast(RemoteHost, run.host).run = remote
                 self._sync_tools(plugin, run, remote.registrations, strict=False)
                 self._tell_services(plugin.owner)
+                self._lost_runs.pop(plugin_id, None)  # the owner answers again
         except OwnerLost as exc:
             log.info("cordis: the registry running %s is lost: %s", plugin_id, exc)
+            plugin = self._plugins.get(plugin_id)
+            run = plugin.run if plugin is not None else None
+            if run is not None and isinstance(run.host, RemoteHost):
+                self._lost_runs[plugin_id] = (address, run.run_id)
         finally:
             plugin = self._plugins.get(plugin_id)
             run = plugin.run if plugin is not None else None
@@ -1277,7 +1285,14 @@ class CordisRunner:
         if following is not None:  # an owner that vanished may never end its stream
             following[1].cancel()
         lost = plugin.run
-        lost_run = lost.run_id if lost is not None else "its run"
+        lost_at = self._lost_runs.pop(plugin.plugin_id, None)
+        lost_run = (
+            lost.run_id
+            if lost is not None
+            else lost_at[1]
+            if lost_at is not None and lost_at[0] == lease.address
+            else "its run"
+        )
         if lost is not None and isinstance(lost.host, RemoteHost):
             await self._retract(plugin, here_only=True)  # its tools leave this catalog
         current = plugin.current

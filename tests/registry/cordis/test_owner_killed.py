@@ -156,7 +156,7 @@ async def test_a_registry_killed_mid_call_fails_the_call_and_a_survivor_takes_ov
             [steer] = [
                 r.content[0].text.text for r in steers if "was lost" in r.content[0].text.text
             ]
-            assert f"ran on a registry that was lost ({a_address})" in steer
+            assert f"clock-1 (run-1) ran on a registry that was lost ({a_address})" in steer
             assert "its current package pkg-1 was reactivated on another registry" in steer
 
             async def running_on_b() -> str:

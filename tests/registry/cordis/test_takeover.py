@@ -119,6 +119,7 @@ async def test_a_plugin_with_a_client_half_has_its_host_half_taken_over(
         lambda: _steers(b), lambda texts: any("was lost" in t for t in texts), "the steer"
     )
     [steer] = [text for text in texts if "was lost" in text]
+    assert steer.startswith("Cordis plugin panel-1 (run-1) ran on a registry that was lost")
     assert "reactivated on another registry as run-2" in steer
     assert "its Client half waits (client-pending) for a page" in steer
     plugin = await inspect(b, {"pluginId": "panel-1"})
