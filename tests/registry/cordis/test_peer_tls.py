@@ -3,7 +3,8 @@
 `cordis_peer_tls_ca_file` (and presents `cordis_peer_tls_cert_file` where the registries
 require client certificates), so a call of a plugin's tool through B runs in A; a peer that
 trusts another CA, one without the client certificate mTLS asks for, and a plaintext one are
-refused before the peer token could be read, and nothing runs. Settings that cannot work stop
+refused before the peer token could be read, and nothing runs; a tenant's own TLS channel
+without the peer token is refused UNAUTHENTICATED. Settings that cannot work stop
 the start; TLS without the peer CA leaves the channel off, as before. Plugin hosts are the
 in-process hosts of the seam; every wait is a latch."""
 
@@ -20,6 +21,8 @@ import pytest
 from pydantic import ValidationError
 
 from codemode_common.tls import ClientTls
+from codemode_wire.api.registry.v1 import cordis_peer_pb2 as peer_pb
+from codemode_wire.api.registry.v1 import cordis_peer_pb2_grpc as peer_grpc
 from registry_service.config import RegistrySettings
 from registry_service.cordis_peers import GrpcPeers
 from registry_service.domain.cordis.placement import OwnerLost
@@ -152,6 +155,16 @@ async def test_a_forwarded_call_runs_in_the_owner_over_tls(
             refusals.append(GrpcPeers(token, 1 << 20, tls=ClientTls(root_ca=_pem("ca.pem"))))
         for peers in refusals:
             assert (await _follows(peers, address)).startswith("lost: "), peers
+        # A tenant's own TLS channel (its client certificate and bearer token) without the
+        # peer token: refused before anything runs, whatever its rights as a caller.
+        stub = peer_grpc.CordisPeerServiceStub(a.channel)
+        forged = peer_pb.PeerCallToolRequest(
+            plugin_id="clock-1", run_id="run-1", tool="clock_now", arguments_json="{}"
+        )
+        for metadata in ((), (("x-codemode-peer", "guess"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.PeerCallTool(forged, metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         client = (_pem("client.pem"), _pem("client.key")) if mutual else (None, None)
         trusted = ClientTls(_pem("ca.pem"), *client)
         assert await _follows(GrpcPeers(token, 1 << 20, tls=trusted), address) == "run-1"
