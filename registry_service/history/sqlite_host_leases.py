@@ -9,9 +9,13 @@ import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator
 
-from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire.errors import CodemodeError
-from registry_service.domain.cordis.host_leases import HostLease, principal_of
+from registry_service.domain.cordis.host_leases import (
+    ANONYMOUS,
+    HostLease,
+    Principal,
+    principal_of,
+)
 
 _COLUMNS = "plugin_id, owner, address, epoch, expires_at, principal_kind, principal_name"
 

@@ -34,6 +34,9 @@ from typing import Protocol
 
 from codemode_common.principals import ANONYMOUS, Principal
 
+# The principal names are the domain's to hand on: the stores stand on the domain alone.
+__all__ = ["ANONYMOUS", "HostLease", "HostLeases", "MemoryHostLeases", "Principal", "principal_of"]
+
 
 @dataclass(frozen=True, slots=True)
 class HostLease:

@@ -11,8 +11,12 @@ from typing import Any
 
 import psycopg
 
-from codemode_common.principals import ANONYMOUS, Principal
-from registry_service.domain.cordis.host_leases import HostLease, principal_of
+from registry_service.domain.cordis.host_leases import (
+    ANONYMOUS,
+    HostLease,
+    Principal,
+    principal_of,
+)
 from registry_service.history.postgres.catalog import write_note
 from registry_service.history.postgres.cordis import CORDIS_CHANNEL
 
