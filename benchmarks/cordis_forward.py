@@ -11,7 +11,11 @@ registries and the client live in this process, so forwarding's CPU on both ends
 Target: a forwarded call costs at most one extra loopback unary gRPC round trip over the
 direct call, here taken as at most 2x the direct call's p50 latency and CPU.
 
-    python -m benchmarks.cordis_forward [--quick]
+With `--tls` both registries serve TLS (the test certificates in tests/tls/) and the peer
+channel dials TLS (`cordis_peer_tls_ca_file`); the client's calls go over TLS too, so the
+baseline is the same call on the owner over TLS.
+
+    python -m benchmarks.cordis_forward [--quick] [--tls]
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from registry_service.registry import build_registry
 from registry_service.server import RunningRegistry, start
 
 ROOT = Path(__file__).resolve().parents[1]
+TLS = ROOT / "tests" / "tls"
 AGENT = "agents/bench"
 ECHO = DynamicToolSpec("echo", "Echo.", {"type": "object", "additionalProperties": True})
 
@@ -92,7 +97,16 @@ def _postgres() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _registry(dsn: str) -> AsyncIterator[tuple[RunningRegistry, Any]]:
+async def _registry(dsn: str, tls: bool) -> AsyncIterator[tuple[RunningRegistry, Any]]:
+    served: dict[str, Any] = (
+        {
+            "tls_cert_file": TLS / "server.pem",
+            "tls_key_file": TLS / "server.key",
+            "cordis_peer_tls_ca_file": TLS / "ca.pem",
+        }
+        if tls
+        else {}
+    )
     config = RegistrySettings(
         listen="127.0.0.1:0",
         history_store="postgres",
@@ -100,9 +114,16 @@ async def _registry(dsn: str) -> AsyncIterator[tuple[RunningRegistry, Any]]:
         token_key="5e" * 32,
         self_modification=True,
         trace_file="off",
+        **served,
     )
     running = await start(config, build_registry(config, plugin_hosts=_EchoHosts()))
-    channel = grpc.aio.insecure_channel(running.address)
+    channel = (
+        grpc.aio.secure_channel(
+            running.address, grpc.ssl_channel_credentials((TLS / "ca.pem").read_bytes())
+        )
+        if tls
+        else grpc.aio.insecure_channel(running.address)
+    )
     try:
         yield running, rpb_grpc.RegistryServiceStub(channel)
     finally:
@@ -130,10 +151,10 @@ async def _until(check: Any) -> None:
     raise RuntimeError("not ready within 60 s")
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool, tls: bool = False) -> dict[str, Any]:
     count = 200 if quick else 2000
     with _postgres() as dsn:
-        async with _registry(dsn) as (_a, stub_a), _registry(dsn) as (_b, stub_b):
+        async with _registry(dsn, tls) as (_a, stub_a), _registry(dsn, tls) as (_b, stub_b):
             await stub_a.CreateAgent(
                 rpb.CreateAgentRequest(
                     agent_id="bench",
@@ -180,6 +201,7 @@ async def run(quick: bool) -> dict[str, Any]:
             forwarded_cpu = cpu["forwarded"] / (n + warm) * 1e6
     return {
         "benchmark": "cordis_forward",
+        "tls": tls,
         "calls_per_series": n,
         "direct_on_owner": {**direct_ms, "process_cpu_us_per_call": round(direct_cpu, 1)},
         "forwarded_from_other_registry": {
@@ -196,8 +218,9 @@ async def run(quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 calls per series")
+    parser.add_argument("--tls", action="store_true", help="registries and peers over TLS")
     args = parser.parse_args()
-    emit(asyncio.run(run(args.quick)))
+    emit(asyncio.run(run(args.quick, args.tls)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 
 from codemode_common.principals import Authenticator, AuthSettings
 from codemode_common.settings import ConfigError, ServiceSettings, load_settings_file
-from codemode_common.tls import ClientTls, client_tls
+from codemode_common.tls import ClientTls, TlsFileError, client_tls
 from codemode_wire.errors import CodemodeError
 from registry_service.codemode.runtime_port import RuntimeChannel
 from registry_service.domain.access import AccessPolicy, Grant, Permission
@@ -367,6 +367,20 @@ class RegistrySettings(ServiceSettings):
     server). Empty: `listen` when it names a host, else this machine's host name with the
     port it listens on (a pod's name resolves in Kubernetes only with a headless service:
     set it to the pod IP there, e.g. from `status.podIP`)."""
+    cordis_peer_tls_ca_file: Path | None = None
+    """PEM CA bundle the other registries' server certificates (`tls_cert_file`) must chain to:
+    with the registry serving TLS, the peer channel dials the others over TLS trusting only
+    this, so the peer token never travels in clear. Unset while the registry serves TLS: the
+    peer channel is off (each registry runs the plugin hosts it activates). Set while it
+    serves plaintext: refused at start."""
+    cordis_peer_tls_cert_file: Path | None = None
+    """PEM client certificate the peer channel presents: needed when the registries require
+    client certificates (`tls_client_ca_file`), refused at start without it then."""
+    cordis_peer_tls_key_file: Path | None = None
+    """PEM private key of `cordis_peer_tls_cert_file`."""
+    cordis_peer_tls_server_name: str = ""
+    """Name the other registries' certificates must carry, when it is not the host of their
+    peer address (`cordis_peer_address`)."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""
@@ -482,6 +496,39 @@ class RegistrySettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_runtime_tls(self) -> RegistrySettings:
         self.runtime_tls()
+        return self
+
+    def cordis_peer_tls(self) -> ClientTls | None:
+        """TLS of the peer channel to the other registries, read from its files (None:
+        plaintext), checked against how this registry serves: registries sharing a store share
+        their settings, so what this one serves is what it dials."""
+        tls = client_tls(
+            self.cordis_peer_tls_ca_file,
+            self.cordis_peer_tls_cert_file,
+            self.cordis_peer_tls_key_file,
+            self.cordis_peer_tls_server_name,
+            names=(
+                "cordis_peer_tls_ca_file",
+                "cordis_peer_tls_cert_file",
+                "cordis_peer_tls_key_file",
+                "cordis_peer_tls_server_name",
+            ),
+        )
+        if tls is not None and self.tls_cert_file is None:
+            raise TlsFileError(
+                "cordis_peer_tls_ca_file: the peer channel dials TLS but this registry serves "
+                "plaintext (set tls_cert_file and tls_key_file, or unset it)"
+            )
+        if tls is not None and self.tls_client_ca_file is not None and not tls.private_key:
+            raise TlsFileError(
+                "cordis_peer_tls_cert_file and cordis_peer_tls_key_file: the registries "
+                "require client certificates (tls_client_ca_file), so the peer channel needs one"
+            )
+        return tls
+
+    @model_validator(mode="after")
+    def _check_cordis_peer_tls(self) -> RegistrySettings:
+        self.cordis_peer_tls()
         return self
 
     def cordis_peer_token(self) -> str | None:

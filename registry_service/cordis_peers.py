@@ -5,8 +5,11 @@ servicer the owner answers with (`CordisPeerServicer`, over `CordisRunner`'s own
 Both ends are authenticated by one token derived from the shared peer secret
 (`RegistrySettings.cordis_peer_token`), sent as `x-codemode-peer` metadata and compared in
 constant time; a call without it, or with another, is refused UNAUTHENTICATED before anything
-runs. The owner adds nothing to a forwarded call's rights: the caller's pipeline authorized it,
-and the owner runs it on the plugin's run as that run's host may."""
+runs. A registry serving TLS dials the others over TLS only (`cordis_peer_tls_*`: the CA their
+certificates chain to, a client certificate where they require one), so the token is never
+sent in clear; the owner answers on its one gRPC server, TLS or not as it serves. The owner
+adds nothing to a forwarded call's rights: the caller's pipeline authorized it, and the owner
+runs it on the plugin's run as that run's host may."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import grpc
 
 from codemode_common.principals import Principal
 from codemode_common.request_parsing import Malformed
+from codemode_common.tls import ClientTls
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import cordis_peer_pb2 as pb
 from codemode_wire.api.registry.v1 import cordis_peer_pb2_grpc as pb_grpc
@@ -54,18 +58,31 @@ _STOP_TIMEOUT_S = 60.0
 class GrpcPeers:
     """Other registries' plugin runs over `CordisPeerService` (one channel per address)."""
 
-    def __init__(self, token: str, max_message_bytes: int) -> None:
+    def __init__(self, token: str, max_message_bytes: int, *, tls: ClientTls | None = None) -> None:
+        """`tls`: dial over TLS (mutual when it holds a client certificate); None: plaintext,
+        only for registries that serve plaintext."""
         self._metadata = ((PEER_METADATA, token),)
-        self._options = (
+        options: list[tuple[str, str | int]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
-        )
+        ]
+        self._credentials: grpc.ChannelCredentials | None = None
+        if tls is not None:
+            self._credentials = grpc.ssl_channel_credentials(
+                tls.root_ca, tls.private_key, tls.certificate_chain
+            )
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+        self._options = tuple(options)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _stub(self, address: str) -> pb_grpc.CordisPeerServiceStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=self._options)
+            else:
+                channel = grpc.aio.secure_channel(address, self._credentials, options=self._options)
             self._channels[address] = channel
         return pb_grpc.CordisPeerServiceStub(channel)
 

@@ -309,18 +309,19 @@ def _placement(
     token = settings.cordis_peer_token()
     if settings.history_store != "postgres" or store is None or token is None:
         return None
-    if settings.tls_cert_file is not None:
-        # The peer client dials plaintext; a TLS-only server would refuse it.
+    tls = settings.cordis_peer_tls()
+    if settings.tls_cert_file is not None and tls is None:
+        # Never plaintext to a TLS registry (the peer token would travel in clear).
         log.warning(
-            "cordis: the registry serves TLS, so the Cordis peer channel is off: each "
-            "registry runs the plugin hosts it activates"
+            "cordis: the registry serves TLS and cordis_peer_tls_ca_file is unset, so the "
+            "Cordis peer channel is off: each registry runs the plugin hosts it activates"
         )
         return None
     from registry_service.cordis_peers import GrpcPeers
 
     return HostPlacement(
         stores.host_leases,
-        GrpcPeers(token, settings.max_message_bytes),
+        GrpcPeers(token, settings.max_message_bytes, tls=tls),
         uuid.uuid4().hex,
         settings.cordis_host_lease_s,
     )

@@ -10,9 +10,14 @@ import time
 from collections.abc import Callable, Collection, Iterator
 
 from codemode_wire.errors import CodemodeError
-from registry_service.domain.cordis.host_leases import HostLease
+from registry_service.domain.cordis.host_leases import (
+    ANONYMOUS,
+    HostLease,
+    Principal,
+    principal_of,
+)
 
-_COLUMNS = "plugin_id, owner, address, epoch, expires_at"
+_COLUMNS = "plugin_id, owner, address, epoch, expires_at, principal_kind, principal_name"
 
 
 class SqliteHostLeases:
@@ -47,13 +52,24 @@ class SqliteHostLeases:
             raise
 
     def _lease(self, row: tuple[object, ...], now: float) -> HostLease:
-        plugin_id, owner, address, epoch, expires_at = row
+        plugin_id, owner, address, epoch, expires_at, kind, name = row
         return HostLease(
-            str(plugin_id), str(owner), str(address), int(str(epoch)), float(str(expires_at)) - now
+            str(plugin_id),
+            str(owner),
+            str(address),
+            int(str(epoch)),
+            float(str(expires_at)) - now,
+            principal_of(str(kind), str(name)),
         )
 
     async def acquire(
-        self, plugin_id: str, owner: str, address: str, ttl_s: float
+        self,
+        plugin_id: str,
+        owner: str,
+        address: str,
+        ttl_s: float,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> HostLease | None:
         with self._transaction() as db:
             now = self._clock()
@@ -70,13 +86,14 @@ class SqliteHostLeases:
                 else:
                     epoch = held.epoch + 1
             db.execute(
-                f"INSERT INTO cordis_host_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+                f"INSERT INTO cordis_host_leases ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (plugin_id) DO UPDATE SET owner = excluded.owner,"
                 " address = excluded.address, epoch = excluded.epoch,"
-                " expires_at = excluded.expires_at",
-                (plugin_id, owner, address, epoch, now + ttl_s),
+                " expires_at = excluded.expires_at, principal_kind = excluded.principal_kind,"
+                " principal_name = excluded.principal_name",
+                (plugin_id, owner, address, epoch, now + ttl_s, principal.kind, principal.name),
             )
-        return HostLease(plugin_id, owner, address, epoch, ttl_s)
+        return HostLease(plugin_id, owner, address, epoch, ttl_s, principal)
 
     async def renew(self, lease: HostLease, ttl_s: float) -> HostLease | None:
         with self._transaction() as db:
@@ -87,7 +104,9 @@ class SqliteHostLeases:
             )
         if cursor.rowcount != 1:
             return None
-        return HostLease(lease.plugin_id, lease.owner, lease.address, lease.epoch, ttl_s)
+        return HostLease(
+            lease.plugin_id, lease.owner, lease.address, lease.epoch, ttl_s, lease.principal
+        )
 
     async def release(self, lease: HostLease) -> None:
         with self._transaction() as db:

@@ -188,6 +188,16 @@ _HOST_LEASES = Migration(
     ),
 )
 
+_LEASE_PRINCIPALS = Migration(
+    7,
+    "the principal that activated a leased plugin run: a survivor taking the lease over "
+    "reactivates the plugin as it (domain/cordis/host_leases.py)",
+    (
+        "ALTER TABLE cordis_host_leases ADD COLUMN principal_kind TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE cordis_host_leases ADD COLUMN principal_name TEXT NOT NULL DEFAULT ''",
+    ),
+)
+
 MIGRATIONS = (
     _HISTORY,
     _AGENT_IDS_AND_CATALOG,
@@ -195,6 +205,7 @@ MIGRATIONS = (
     _CORDIS_RECORDS,
     _APPROVALS,
     _HOST_LEASES,
+    _LEASE_PRINCIPALS,
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -18,6 +18,10 @@ against process memory, SQLite and PostgreSQL):
   meanwhile is not renewed (None: it is lost) nor released.
 - Expiry is judged by the store's clock (PostgreSQL's ``now()``), never by a registry's: two
   registries whose clocks differ still agree on who holds a lease.
+- A lease keeps the principal that activated the run it covers (``acquire`` stores the one it
+  is given): a survivor taking an expired lease over reactivates the plugin as that principal,
+  whoever else called the plugin meanwhile or on whichever registry. A lease stored before
+  principals were kept reads as anonymous.
 - Every operation raises ``CodemodeError`` when the backend fails, and then stores nothing.
 """
 
@@ -28,6 +32,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from codemode_common.principals import ANONYMOUS, Principal
+
+# The principal names are the domain's to hand on: the stores stand on the domain alone.
+__all__ = ["ANONYMOUS", "HostLease", "HostLeases", "MemoryHostLeases", "Principal", "principal_of"]
+
 
 @dataclass(frozen=True, slots=True)
 class HostLease:
@@ -36,17 +45,30 @@ class HostLease:
     address: str  # where its peer service answers (host:port)
     epoch: int  # raised on every change of hands: a fencing token
     remaining_s: float  # until it expires, by the store's clock when it was read (<= 0: expired)
+    principal: Principal = ANONYMOUS  # who activated the run: its plugin host acts as it
 
     @property
     def expired(self) -> bool:
         return self.remaining_s <= 0
 
 
+def principal_of(kind: str, name: str) -> Principal:
+    """A stored activator (an empty kind: a lease stored before principals were kept)."""
+    return Principal(kind, name) if kind and kind != ANONYMOUS.kind else ANONYMOUS
+
+
 class HostLeases(Protocol):
     async def acquire(
-        self, plugin_id: str, owner: str, address: str, ttl_s: float
+        self,
+        plugin_id: str,
+        owner: str,
+        address: str,
+        ttl_s: float,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> HostLease | None:
-        """The lease, when it was absent, expired or already `owner`'s; None: held by another."""
+        """The lease, when it was absent, expired or already `owner`'s, now naming
+        `principal` as its run's activator; None: held by another (nothing changes)."""
         ...
 
     async def renew(self, lease: HostLease, ttl_s: float) -> HostLease | None:
@@ -78,7 +100,13 @@ class MemoryHostLeases:
         return replace(lease, remaining_s=deadline - self.clock())
 
     async def acquire(
-        self, plugin_id: str, owner: str, address: str, ttl_s: float
+        self,
+        plugin_id: str,
+        owner: str,
+        address: str,
+        ttl_s: float,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> HostLease | None:
         now = self.clock()
         held = self._leases.get(plugin_id)
@@ -91,7 +119,7 @@ class MemoryHostLeases:
                 return None
             else:
                 epoch = lease.epoch + 1
-        taken = HostLease(plugin_id, owner, address, epoch, ttl_s)
+        taken = HostLease(plugin_id, owner, address, epoch, ttl_s, principal)
         self._leases[plugin_id] = (taken, now + ttl_s)
         return taken
 

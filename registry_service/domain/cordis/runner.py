@@ -192,9 +192,11 @@ class CordisRunner:
         self._placement = placement
         self._held: dict[str, HostLease] = {}  # the host leases this registry holds
         self._following: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (address, task)
-        self._principals: dict[str, Principal] = {}  # who started a run another registry runs
         self._keeper: asyncio.Task[None] | None = None
         self._taking: set[str] = set()  # plugins this registry is taking over now
+        # The run each lost owner was running when it was lost: (its address, run id), named
+        # in the steering record of the takeover (the mirrored run is retracted before it).
+        self._lost_runs: dict[str, tuple[str, str]] = {}
         self._run_changed = asyncio.Event()  # set (and replaced) whenever a run changes here
         catalog.on_delete(self._scope_deleted)
 
@@ -1121,13 +1123,19 @@ class CordisRunner:
         self._run_changed = asyncio.Event()
 
     async def _take_lease(self, placement: HostPlacement, plugin: Plugin, attempt: Attempt) -> None:
-        """Before this registry starts the plugin's host: the lease is this registry's, or the
-        activation fails and nothing starts (another live registry runs the plugin)."""
-        if plugin.plugin_id in self._held:  # taken over just now (kept by the renewals)
-            return
+        """Before this registry starts the plugin's host: the lease is this registry's, naming
+        the attempt's principal (a survivor reactivates the plugin as it), or the activation
+        fails and nothing starts (another live registry runs the plugin)."""
+        held = self._held.get(plugin.plugin_id)
+        if held is not None and held.principal == attempt.principal:
+            return  # taken over just now for this activator (kept by the renewals)
         try:
             lease = await placement.leases.acquire(
-                plugin.plugin_id, placement.instance, placement.address, placement.lease_s
+                plugin.plugin_id,
+                placement.instance,
+                placement.address,
+                placement.lease_s,
+                principal=attempt.principal,
             )
         except CodemodeError as exc:
             raise self._failed(plugin, attempt, "host-load", exc.message) from None
@@ -1223,7 +1231,6 @@ class CordisRunner:
                 run = plugin.run
                 if run is not None and not isinstance(run.host, RemoteHost):
                     return  # this registry runs it now
-                self._principals[plugin_id] = remote.principal
                 if run is None or run.run_id != remote.run_id:
                     if run is not None:
                         await self._retract(plugin, here_only=True)
@@ -1234,8 +1241,13 @@ class CordisRunner:
                     cast(RemoteHost, run.host).run = remote
                 self._sync_tools(plugin, run, remote.registrations, strict=False)
                 self._tell_services(plugin.owner)
+                self._lost_runs.pop(plugin_id, None)  # the owner answers again
         except OwnerLost as exc:
             log.info("cordis: the registry running %s is lost: %s", plugin_id, exc)
+            plugin = self._plugins.get(plugin_id)
+            run = plugin.run if plugin is not None else None
+            if run is not None and isinstance(run.host, RemoteHost):
+                self._lost_runs[plugin_id] = (address, run.run_id)
         finally:
             plugin = self._plugins.get(plugin_id)
             run = plugin.run if plugin is not None else None
@@ -1252,9 +1264,13 @@ class CordisRunner:
 
     async def _take_over(self, placement: HostPlacement, plugin: Plugin, lease: HostLease) -> None:
         """The plugin's owner stopped renewing its lease: this registry takes the lease (one
-        survivor wins it) and reactivates the plugin's current package, and the agent is
-        steered. A plugin with no current package, or one with a Client half (its page runner
-        must approve it again), is left stopped."""
+        survivor wins it) and reactivates the plugin's current package as the principal the
+        lease names (who activated the lost run), and the agent is steered. A package with a
+        Client half has its Host half reactivated and waits at `client-pending` until a page
+        attached to the agent loads the Client half of the new run and settles it (its grant
+        holds: no new approval); the Client half that ran in a page of the lost registry went
+        with it. A plugin with no current package, or a Client-only one (no host to move), is
+        left stopped."""
         try:
             await self._take_over_now(placement, plugin, lease)
         except CodemodeError as exc:  # the store failed: the next look tries again
@@ -1269,7 +1285,14 @@ class CordisRunner:
         if following is not None:  # an owner that vanished may never end its stream
             following[1].cancel()
         lost = plugin.run
-        lost_run = lost.run_id if lost is not None else "its run"
+        lost_at = self._lost_runs.pop(plugin.plugin_id, None)
+        lost_run = (
+            lost.run_id
+            if lost is not None
+            else lost_at[1]
+            if lost_at is not None and lost_at[0] == lease.address
+            else "its run"
+        )
         if lost is not None and isinstance(lost.host, RemoteHost):
             await self._retract(plugin, here_only=True)  # its tools leave this catalog
         current = plugin.current
@@ -1277,19 +1300,24 @@ class CordisRunner:
         if (
             package is None
             or not package.has_host
-            or package.has_client
             or plugin.starting
             or self.hosts is None
             or not placement.address
         ):
             return
+        # The activator comes from the store (the lost owner wrote it), never from a peer's
+        # claim or whoever called the plugin since.
+        principal = lease.principal
         taken = await placement.leases.acquire(
-            plugin.plugin_id, placement.instance, placement.address, placement.lease_s
+            plugin.plugin_id,
+            placement.instance,
+            placement.address,
+            placement.lease_s,
+            principal=principal,
         )
         if taken is None:
             return  # another survivor was first
         self._held[plugin.plugin_id] = taken
-        principal = self._principals.get(plugin.plugin_id, ANONYMOUS)
         try:
             attempt = await self.new_attempt(
                 plugin, package, "run", "starting-host", principal=principal
@@ -1304,14 +1332,21 @@ class CordisRunner:
             "pluginRunId": attempt.run_id,
         }
         try:
-            await self.start_host(plugin, package, attempt, self.hosts)
+            await self.start_host(
+                plugin, package, attempt, self.hosts, client_pending=package.has_client
+            )
         except CordisError as exc:
             text = take_over_failed_text(
                 plugin.plugin_id, package.package_id, attempt.run_id, lease.address, exc.message
             )
         else:
             text = taken_over_text(
-                plugin.plugin_id, package.package_id, attempt.run_id, lost_run, lease.address
+                plugin.plugin_id,
+                package.package_id,
+                attempt.run_id,
+                lost_run,
+                lease.address,
+                client_half=package.has_client,
             )
         self.steering.steer(plugin.owner, text, metadata)
 

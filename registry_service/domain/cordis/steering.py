@@ -105,14 +105,27 @@ def failed_text(
 
 
 def taken_over_text(
-    plugin_id: str, package_id: str, run_id: str, lost_run_id: str, lost_address: str
+    plugin_id: str,
+    package_id: str,
+    run_id: str,
+    lost_run_id: str,
+    lost_address: str,
+    *,
+    client_half: bool = False,
 ) -> str:
-    """A survivor reactivated the current package of a plugin whose registry was lost."""
+    """A survivor reactivated the current package of a plugin whose registry was lost
+    (`client_half`: only its Host half; the Client half waits for a page)."""
+    client = (
+        " Its Host half runs; its Client half waits (client-pending) for a page attached to "
+        "this agent to load it again."
+        if client_half
+        else ""
+    )
     return (
         f"Cordis plugin {plugin_id} ({lost_run_id}) ran on a registry that was lost "
         f"({lost_address}); its current package {package_id} was reactivated on another "
-        f"registry as {run_id}. Calls that were in flight when it was lost failed with ABORTED "
-        "and were not retried: repeat them if they are still needed."
+        f"registry as {run_id}.{client} Calls that were in flight when it was lost failed with "
+        "ABORTED and were not retried: repeat them if they are still needed."
     )
 
 

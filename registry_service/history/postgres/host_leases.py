@@ -11,18 +11,28 @@ from typing import Any
 
 import psycopg
 
-from registry_service.domain.cordis.host_leases import HostLease
+from registry_service.domain.cordis.host_leases import (
+    ANONYMOUS,
+    HostLease,
+    Principal,
+    principal_of,
+)
 from registry_service.history.postgres.catalog import write_note
 from registry_service.history.postgres.cordis import CORDIS_CHANNEL
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
-_READ = "plugin_id, owner, address, epoch, extract(epoch FROM expires_at - now())::double precision"
+_READ = (
+    "plugin_id, owner, address, epoch, extract(epoch FROM expires_at - now())::double precision,"
+    " principal_kind, principal_name"
+)
 # Taken when absent, expired, or already the caller's; the epoch rises on a change of hands.
 _ACQUIRE = (
-    "INSERT INTO cordis_host_leases AS l (plugin_id, owner, address, epoch, expires_at)"
-    " VALUES (%(p)s, %(o)s, %(a)s, 1, now() + make_interval(secs => %(t)s))"
+    "INSERT INTO cordis_host_leases AS l"
+    " (plugin_id, owner, address, epoch, expires_at, principal_kind, principal_name)"
+    " VALUES (%(p)s, %(o)s, %(a)s, 1, now() + make_interval(secs => %(t)s), %(k)s, %(n)s)"
     " ON CONFLICT (plugin_id) DO UPDATE SET owner = excluded.owner, address = excluded.address,"
+    " principal_kind = excluded.principal_kind, principal_name = excluded.principal_name,"
     " epoch = CASE WHEN l.owner = excluded.owner AND l.expires_at > now() THEN l.epoch"
     " ELSE l.epoch + 1 END, expires_at = excluded.expires_at"
     " WHERE l.owner = excluded.owner OR l.expires_at <= now()"
@@ -45,12 +55,24 @@ class PostgresHostLeases:
             )
 
     async def acquire(
-        self, plugin_id: str, owner: str, address: str, ttl_s: float
+        self,
+        plugin_id: str,
+        owner: str,
+        address: str,
+        ttl_s: float,
+        *,
+        principal: Principal = ANONYMOUS,
     ) -> HostLease | None:
+        values = {
+            "p": plugin_id,
+            "o": owner,
+            "a": address,
+            "t": ttl_s,
+            "k": principal.kind,
+            "n": principal.name,
+        }
         async with self._connection() as conn, conn.transaction():
-            row = await (
-                await conn.execute(_ACQUIRE, {"p": plugin_id, "o": owner, "a": address, "t": ttl_s})
-            ).fetchone()
+            row = await (await conn.execute(_ACQUIRE, values)).fetchone()
             if row is None:
                 return None
             await self._notify(conn, [plugin_id])
@@ -103,5 +125,12 @@ class PostgresHostLeases:
 
 
 def _lease(row: Any) -> HostLease:
-    plugin_id, owner, address, epoch, remaining = row
-    return HostLease(str(plugin_id), str(owner), str(address), int(epoch), float(remaining))
+    plugin_id, owner, address, epoch, remaining, kind, name = row
+    return HostLease(
+        str(plugin_id),
+        str(owner),
+        str(address),
+        int(epoch),
+        float(remaining),
+        principal_of(str(kind), str(name)),
+    )

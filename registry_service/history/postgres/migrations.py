@@ -186,6 +186,15 @@ CREATE TABLE cordis_host_leases (
 );
 """,
     ),
+    (
+        7,
+        """
+-- The principal that activated a leased plugin run (domain/cordis/host_leases.py): a survivor
+-- taking the lease over reactivates the plugin as it. '' (a lease from before): anonymous.
+ALTER TABLE cordis_host_leases ADD COLUMN principal_kind text NOT NULL DEFAULT '';
+ALTER TABLE cordis_host_leases ADD COLUMN principal_name text NOT NULL DEFAULT '';
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

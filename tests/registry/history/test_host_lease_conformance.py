@@ -2,8 +2,10 @@
 process memory and every store kit (conftest.py): one owner per plugin; a live lease of another
 owner is not taken; an expired one is, with a higher epoch; renew and release name the lease
 they hold, so a stale owner (taken over) neither renews nor releases; leases are read back
-after a reopen; PostgreSQL tells the other registries which plugin's lease changed. Expiry is
-made by the store's own clock (a lease of no length, or `expire`), never waited for."""
+after a reopen, with the principal that activated the run (a survivor's takeover keeps it, a
+later activation by the owner replaces it); PostgreSQL tells the other registries which
+plugin's lease changed. Expiry is made by the store's own clock (a lease of no length, or
+`expire`), never waited for."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import cast
 
 import pytest
 
+from codemode_common.principals import ANONYMOUS, Principal
 from registry_service.domain.cordis.host_leases import HostLease, HostLeases, MemoryHostLeases
 from registry_service.history.stores import Stores
 from tests.registry.history.conftest import STORES, StoreKit, _postgres_kit, _sqlite_kit
@@ -155,6 +158,35 @@ async def test_leases_are_read_back_after_a_reopen(leases: Leases) -> None:
         "a:1",
         1,
     )
+
+
+ALICE, BOB = Principal("token", "alice"), Principal("jwt", "bob@example.com")
+
+
+async def test_a_lease_keeps_the_principal_that_activated_its_run(leases: Leases) -> None:
+    held = _held(await leases.a.acquire("clock-1", "ra", "a:1", 0.0, principal=ALICE))
+    assert held.principal == ALICE
+    [stored] = await leases.b.load()
+    assert (stored.principal, stored.expired) == (ALICE, True)
+    # A survivor takes the expired lease over as the activator it read; renewals keep it.
+    taken = _held(await leases.b.acquire("clock-1", "rb", "b:1", TTL, principal=stored.principal))
+    assert (taken.epoch, taken.principal) == (2, ALICE)
+    renewed = _held(await leases.b.renew(taken, TTL))
+    assert renewed.principal == ALICE
+    # A refused acquire (a live lease of another) changes nothing, principal included.
+    assert await leases.a.acquire("clock-1", "ra", "a:1", TTL, principal=BOB) is None
+    [stored] = await leases.a.load()
+    assert (stored.owner, stored.epoch, stored.principal) == ("rb", 2, ALICE)
+    # The owner's next activation, by another principal, names that one (same epoch).
+    again = _held(await leases.b.acquire("clock-1", "rb", "b:1", TTL, principal=BOB))
+    assert (again.epoch, again.principal) == (2, BOB)
+    [stored] = await leases.a.load({"clock-1"})
+    assert stored.principal == BOB
+    # No principal given: anonymous.
+    _held(await leases.a.acquire("panel-2", "ra", "a:1", TTL))
+    assert [lease.principal for lease in await leases.b.load({"panel-2"})] == [ANONYMOUS]
+    if leases.reopen is not None:
+        assert [lease.principal for lease in await leases.reopen().load()] == [BOB, ANONYMOUS]
 
 
 async def test_other_registries_hear_which_plugins_lease_changed(kit: StoreKit) -> None:
