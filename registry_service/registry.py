@@ -130,6 +130,7 @@ class Registry:
         self.follower = CatalogFollower(self.catalog)
         self.catalog_store.follow(self.follower.changed)
         await self.cordis.runner.load()  # after the catalog: plugins belong to its agents
+        await self.cordis.start()  # then the run requests other registries keep open
         # From now on the running MCP servers follow the catalog: what a scope created here or
         # on another registry attaches starts, what a deleted one attached stops.
         self.catalog.on_change(self.mcp.sync)
@@ -297,6 +298,10 @@ def _cordis(
         authority=authority,
         admission=admission,
         placement=_placement(stores, settings, _cordis_store(stores, settings)),
+        # Pending run requests live where the plugins do: with their records in the store,
+        # every registry sharing it shows them to its pages and takes their answers.
+        activations=stores.activations if _cordis_store(stores, settings) is not None else None,
+        activation_poll_s=settings.cordis_activation_poll_s,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.admission import Admission
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.activation_records import ActivationStore
 from registry_service.domain.cordis.client_queries import ClientQueries
 from registry_service.domain.cordis.client_runs import ClientRuns
 from registry_service.domain.cordis.events import Watch
@@ -46,12 +47,16 @@ class Cordis:
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
         placement: HostPlacement | None = None,
+        activations: ActivationStore | None = None,
+        activation_poll_s: float = 2.0,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `store` keeps what defines the plugins (none: process memory only);
         `history_watch` (the store's `watch`) feeds the events plugins observe;
         `host_languages` describes host halves per program language; `source_checks` parses
-        a define's halves (a runtime's `CheckSource`; None: recorded unchecked)."""
+        a define's halves (a runtime's `CheckSource`; None: recorded unchecked);
+        `activations` keeps the pending run requests that registries sharing it answer (None:
+        process memory), read every `activation_poll_s` besides its notifications."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
@@ -79,7 +84,9 @@ class Cordis:
             self.inspect.register_host(provider)
         # Page runners: the pages attached per agent, client-bearing activations, client queries.
         self.pages = PageHub()
-        self.client_runs = ClientRuns(self.runner, self.pages, self.steering)
+        self.client_runs = ClientRuns(
+            self.runner, self.pages, self.steering, activations, poll_s=activation_poll_s
+        )
         self.client_queries = ClientQueries(self.pages, self.runner.ids)
         self.inspect.client_query = self.client_queries
         catalog.install_cordis_tools(cordis_tools(self.runner, self.inspect))
@@ -124,5 +131,11 @@ class Cordis:
         a remove)."""
         self.steering.inject(agent, text, metadata, source)
 
+    async def start(self) -> None:
+        """At start, once the plugins are loaded: the run requests other registries sharing
+        the store keep open are read, then followed."""
+        await self.client_runs.start()
+
     async def close(self) -> None:
+        await self.client_runs.close()
         await self.runner.close()
