@@ -52,6 +52,17 @@ PRUNE = (
     f" WHERE state NOT IN ({_OPEN_STATES}) AND changed_at < ? ORDER BY position LIMIT ?)"
 )
 
+# Page presence: one row per agent and registry.
+DETACH_PAGES = "DELETE FROM cordis_pages WHERE agent = ? AND registry = ?"
+PAGES_ELSEWHERE = (
+    "SELECT agent, registry, address, manifest_json FROM cordis_pages WHERE registry <> ?"
+)
+ATTACH_PAGES = (
+    "INSERT INTO cordis_pages (agent, registry, address, manifest_json) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (agent, registry) DO UPDATE SET address = excluded.address,"
+    " manifest_json = excluded.manifest_json"
+)
+
 
 def pg(statement: str) -> str:
     """`statement` with psycopg's placeholders (none of these statements holds a `%`)."""

@@ -14,6 +14,7 @@ from registry_service.domain.cordis.activation_records import (
     ActivationNotOpen,
     ActivationRecord,
     Move,
+    PagesAt,
 )
 from registry_service.history import activation_rows as rows
 from registry_service.history.sqlite_writes import synced_transaction
@@ -82,3 +83,15 @@ class SqliteActivations:
     async def prune(self, before: float, *, limit: int = 500) -> int:
         with self._transaction() as db:
             return db.execute(rows.PRUNE, (before, limit)).rowcount
+
+    async def attach_pages(self, agent: str, address: str, manifest_json: str) -> None:
+        with self._transaction() as db:
+            db.execute(rows.ATTACH_PAGES, (agent, self.asker_id, address, manifest_json))
+
+    async def detach_pages(self, agent: str) -> None:
+        with self._transaction() as db:
+            db.execute(rows.DETACH_PAGES, (agent, self.asker_id))
+
+    async def pages_elsewhere(self) -> Sequence[PagesAt]:
+        """Nothing: another registry's row on this file was left by one that is gone."""
+        return []

@@ -218,6 +218,13 @@ _ACTIVATIONS = Migration(
         )""",
         "CREATE INDEX cordis_activations_open ON cordis_activations (position)"
         " WHERE state IN ('pending', 'approved', 'hosting', 'host-failed')",
+        """CREATE TABLE cordis_pages (
+          agent TEXT NOT NULL,
+          registry TEXT NOT NULL,
+          address TEXT NOT NULL,
+          manifest_json TEXT NOT NULL,
+          PRIMARY KEY (agent, registry)
+        )""",
     ),
 )
 

@@ -28,6 +28,11 @@ against memory, SQLite and PostgreSQL):
   lease expired or removed; on SQLite and in memory: any asker but this one) to
   `interrupted`, and returns them.
 - `prune` deletes records that ended before a time, never open ones.
+- `attach_pages` / `detach_pages` say that this registry has pages of an agent attached (with
+  the client inspect manifest they synced, and where its peer channel answers) or no longer;
+  `pages_elsewhere` lists what other live registries said (on SQLite and in memory: nothing,
+  one registry owns the store). A client-half call of a program is carried to them
+  (cordis_page_peers.py) when no page of its agent is attached here.
 - `follow` tells this process that another registry changed activation records (PostgreSQL
   NOTIFY); a missed notification costs only time: `ClientRuns` also polls
   (`cordis_activation_poll_s`).
@@ -133,6 +138,16 @@ class Move:
             raise ValueError("a run request moves out of pending, never into it")
 
 
+@dataclass(frozen=True, slots=True)
+class PagesAt:
+    """Another registry has pages of `agent` attached."""
+
+    agent: str
+    registry: str  # its history writer id
+    address: str  # its peer channel
+    manifest_json: str  # the client inspect manifest its pages last synced ("" none)
+
+
 ActivationFollower: TypeAlias = Callable[[], None]
 
 
@@ -162,6 +177,18 @@ class ActivationStore(Protocol):
 
     async def prune(self, before: float, *, limit: int = 500) -> int:
         """Deletes up to `limit` records that ended before `before`; never open ones."""
+        ...
+
+    async def attach_pages(self, agent: str, address: str, manifest_json: str) -> None:
+        """This registry has pages of `agent` attached (written again on a manifest sync)."""
+        ...
+
+    async def detach_pages(self, agent: str) -> None:
+        """This registry has no page of `agent` attached any more."""
+        ...
+
+    async def pages_elsewhere(self) -> Sequence[PagesAt]:
+        """What other registries that are alive said they have attached, by agent."""
         ...
 
     def follow(self, changed: ActivationFollower) -> None:
@@ -197,6 +224,16 @@ class MemoryActivationStore:
     asker_id: str = "local"
     _records: dict[str, ActivationRecord] = field(default_factory=dict)
     _positions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _pages: dict[str, PagesAt] = field(default_factory=dict)
+
+    async def attach_pages(self, agent: str, address: str, manifest_json: str) -> None:
+        self._pages[agent] = PagesAt(agent, self.asker_id, address, manifest_json)
+
+    async def detach_pages(self, agent: str) -> None:
+        self._pages.pop(agent, None)
+
+    async def pages_elsewhere(self) -> Sequence[PagesAt]:
+        return []  # one registry owns this memory
 
     async def add(self, record: ActivationRecord) -> ActivationRecord:
         if record.request_id in self._records:

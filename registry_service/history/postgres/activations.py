@@ -22,6 +22,7 @@ from registry_service.domain.cordis.activation_records import (
     ActivationNotOpen,
     ActivationRecord,
     Move,
+    PagesAt,
 )
 from registry_service.history import activation_rows as rows
 from registry_service.history.postgres.catalog import write_note
@@ -38,6 +39,13 @@ _INTERRUPT = (
     rows.pg(rows.INTERRUPT) + " AND NOT EXISTS (SELECT 1 FROM history_writers w"
     " WHERE w.id = cordis_activations.asked_by AND w.expires_at > now())"
     f" RETURNING {rows.COLUMNS}"
+)
+
+
+# Only registries whose history writer lease holds: a row a dead one left is ignored.
+_PAGES_ELSEWHERE = (
+    rows.pg(rows.PAGES_ELSEWHERE) + " AND EXISTS (SELECT 1 FROM history_writers w"
+    " WHERE w.id = cordis_pages.registry AND w.expires_at > now()) ORDER BY agent, registry"
 )
 
 
@@ -110,3 +118,20 @@ class PostgresActivations:
     async def prune(self, before: float, *, limit: int = 500) -> int:
         async with self._connection() as conn, conn.transaction():
             return (await conn.execute(_PRUNE, (before, limit))).rowcount
+
+    async def attach_pages(self, agent: str, address: str, manifest_json: str) -> None:
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(
+                rows.pg(rows.ATTACH_PAGES), (agent, self.asker_id, address, manifest_json)
+            )
+            await self._notify(conn, [agent])
+
+    async def detach_pages(self, agent: str) -> None:
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(rows.pg(rows.DETACH_PAGES), (agent, self.asker_id))
+            await self._notify(conn, [agent])
+
+    async def pages_elsewhere(self) -> Sequence[PagesAt]:
+        async with self._connection() as conn:
+            found = await (await conn.execute(_PAGES_ELSEWHERE, (self.asker_id,))).fetchall()
+        return [PagesAt(str(a), str(r), str(address), str(m)) for a, r, address, m in found]

@@ -219,6 +219,15 @@ CREATE TABLE cordis_activations (
 );
 CREATE INDEX cordis_activations_open ON cordis_activations (position)
   WHERE state IN ('pending', 'approved', 'hosting', 'host-failed');
+-- Which registry has page runners of an agent attached (and their client inspect manifest,
+-- and where its peer channel answers): client-half calls of programs elsewhere go there.
+CREATE TABLE cordis_pages (
+  agent text NOT NULL,
+  registry text NOT NULL,
+  address text NOT NULL,
+  manifest_json text NOT NULL,
+  PRIMARY KEY (agent, registry)
+);
 """,
     ),
 )

@@ -28,6 +28,7 @@ from registry_service.domain.cordis.activation_records import (
     ActivationStore,
     MemoryActivationStore,
     Move,
+    PagesAt,
 )
 from registry_service.history.store import HISTORY_UNAVAILABLE
 from registry_service.history.stores import Stores
@@ -348,3 +349,36 @@ async def test_retention_deletes_ended_records_and_never_an_open_one(
 def test_every_open_state_can_end() -> None:
     for final in (S.REJECTED, S.FAILED, S.CANCELLED, S.INTERRUPTED):
         assert MOVES[final] == OPEN
+
+
+async def test_page_presence_is_heard_by_live_registries_only(pg_kit: StoreKit) -> None:
+    a, b = pg_kit.open_stores(), pg_kit.open_stores()
+    try:
+        await a.activations.attach_pages("agents/coder", "10.0.0.1:50051", "[]")
+        await a.activations.attach_pages("agents/coder", "10.0.0.1:50051", '[{"id":"Slots"}]')
+        await a.activations.attach_pages("agents/other", "10.0.0.1:50051", "")
+        assert await a.activations.pages_elsewhere() == []  # its own rows are not "elsewhere"
+        assert await b.activations.pages_elsewhere() == [
+            PagesAt("agents/coder", a.activations.asker_id, "10.0.0.1:50051", '[{"id":"Slots"}]'),
+            PagesAt("agents/other", a.activations.asker_id, "10.0.0.1:50051", ""),
+        ]
+        await a.activations.detach_pages("agents/other")
+        assert [p.agent for p in await b.activations.pages_elsewhere()] == ["agents/coder"]
+        # A registry whose history writer lease expired is gone: its rows are not heard.
+        with psycopg.connect(pg_kit.dsn, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE history_writers SET expires_at = now() - interval '1 second' WHERE id = %s",
+                (a.activations.asker_id,),
+            )
+        assert await b.activations.pages_elsewhere() == []
+    finally:
+        await a.history.close()
+        await b.history.close()
+
+
+async def test_one_registry_stores_hear_of_no_pages_elsewhere(store: ActivationStore) -> None:
+    await store.attach_pages("agents/coder", "127.0.0.1:1", "[]")
+    assert await store.pages_elsewhere() == []
+    await store.detach_pages("agents/coder")
+    await store.detach_pages("agents/never")  # nothing attached: nothing to do
+    assert await store.pages_elsewhere() == []
