@@ -285,6 +285,13 @@ def _cordis(
     authority: ToolAuthority,
     admission: Admission,
 ) -> Cordis:
+    placement = _placement(stores, settings, _cordis_store(stores, settings))
+    page_peers = None
+    token = settings.cordis_peer_token()
+    if placement is not None and token is not None:
+        from registry_service.cordis_page_peers import GrpcPagePeers  # the transport (grpc)
+
+        page_peers = GrpcPagePeers(token, settings.max_message_bytes)
     return Cordis(
         catalog,
         hosts,
@@ -297,7 +304,8 @@ def _cordis(
         compute_ms_per_call=settings.cordis_compute_ms_per_call,
         authority=authority,
         admission=admission,
-        placement=_placement(stores, settings, _cordis_store(stores, settings)),
+        placement=placement,
+        page_peers=page_peers,
         # Pending run requests live where the plugins do: with their records in the store,
         # every registry sharing it shows them to its pages and takes their answers.
         activations=stores.activations if _cordis_store(stores, settings) is not None else None,

@@ -11,6 +11,7 @@ in-process hosts of the seam (one set per registry). Every wait is a latch."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,9 +20,14 @@ import psycopg
 import pytest
 
 from codemode_client.page_runner import PageRunner
+from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from runtime_service.config import RuntimeSettings
+from runtime_service.server import start as start_runtime
+from tests.registry.conftest import BOTH
 from tests.registry.cordis.conftest import CLOCK, CordisHarness
 from tests.registry.cordis.hosts import InProcessHosts
+from tests.registry.cordis.real_stack import program
 from tests.registry.cordis.test_replicas import seen
 
 AGENT, OTHER = "agents/alice", "agents/bob"
@@ -57,8 +63,6 @@ async def steered(h: CordisHarness, agent: str) -> list[str]:
 
 
 async def plugin_view(h: CordisHarness, agent: str, plugin_id: str) -> Any:
-    from codemode_wire import jsonvalue
-
     result = await h.call(agent, "cordis_inspect_self", {"pluginId": plugin_id})
     return result.error.code if result.is_error else jsonvalue.loads(result.value_json)
 
@@ -325,3 +329,129 @@ async def test_a_request_whose_asking_replica_is_gone_is_interrupted(
         [row] = rows(pg_database)
         assert (row[0], row[4]) == (request.request_id, "interrupted")
         assert not b.registry.cordis.client_runs.has_pending("panel-1")
+
+
+MANIFEST: Any = [
+    {
+        "id": "Slots",
+        "description": "The page's plugin slots.",
+        "methods": [
+            {
+                "name": "listSubTree",
+                "description": "The slot tree.",
+                "inputSchema": {"type": "object", "properties": {}},
+                "outputSchema": {
+                    "type": "object",
+                    "properties": {"slots": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["slots"],
+                },
+            }
+        ],
+    }
+]
+QUERY = {"platform": "client", "provider": "Slots", "method": "listSubTree"}
+
+
+@pytest.fixture
+async def runtime() -> AsyncIterator[str]:
+    running = await start_runtime(RuntimeSettings(listen="127.0.0.1:0", pool_size=2))
+    try:
+        yield running.address
+    finally:
+        await running.stop(0)
+
+
+def _settings(pg_database: str, runtime: str) -> dict[str, Any]:
+    return {
+        "history_store": "postgres",
+        "history_dsn": pg_database,
+        "token_key": "6f" * 32,
+        "cordis_activation_poll_s": 0.2,
+        "runtime_targets": [runtime],
+    }
+
+
+async def _clients_listed(h: CordisHarness) -> list[str]:
+    listed = await h.ok(AGENT, "cordis_inspect_list", {})
+    return [p["id"] for p in listed["providers"] if p["platform"] == "client"]
+
+
+async def _ready(a: CordisHarness, b: CordisHarness) -> None:
+    await a.agent("alice", mode=BOTH)
+
+    async def agent_on_b() -> bool:
+        try:
+            return not (await b.call(AGENT, "cordis_inspect_self", {})).is_error
+        except grpc.aio.AioRpcError:  # NOT_FOUND until B has heard of the agent
+            return False
+
+    await seen(agent_on_b, bool, "the agent on B")
+
+
+async def test_a_page_on_b_answers_a_client_half_call_of_a_program_on_a(
+    make_cordis: Any, pg_database: str, runtime: str
+) -> None:
+    async with (
+        make_cordis(**_settings(pg_database, runtime)) as a,
+        make_cordis(**_settings(pg_database, runtime)) as b,
+    ):
+        await _ready(a, b)
+        async with PageRunner(b.channel, AGENT) as page_b:
+            assert (await page_b.sync_manifest(MANIFEST)).accepted
+            # A lists the manifest B's page synced (no page of the agent is attached to A).
+            await seen(lambda: _clients_listed(a), lambda ids: ids == ["Slots"], "B's manifest")
+            code = f"return await tools.cordis_inspect_query({QUERY!r})"
+            run = asyncio.ensure_future(program(a, AGENT, code, "p1"))
+            asked = (await page_b.next_event("inspect_query")).inspect_query
+            assert (asked.agent, asked.provider, asked.method) == (AGENT, "Slots", "listSubTree")
+            invalid = await page_b.answer_query(asked.query_id, {"slots": "main"})
+            assert (invalid.accepted, invalid.code) == (False, "invalid-output")  # checked on B
+            assert not run.done()
+            assert (await page_b.answer_query(asked.query_id, {"slots": ["main"]})).accepted
+            value = await run
+            assert value["result"]["data"] == {"slots": ["main"]}
+            page = await a.stub.ListHistory(rpb.ListHistoryRequest(agent=AGENT))
+            [dispatch] = [r for r in page.records if r.kind == "tool/code-dispatch"]
+            assert dispatch.tool_name == "cordis_inspect_query" and not dispatch.is_error
+
+            # The caller's cancellation reaches B's pages: the query is withdrawn there.
+            call = a.stub.ExecuteToolCall(
+                rpb.ExecuteToolCallRequest(
+                    agent=AGENT,
+                    call_id="query-cancelled",
+                    tool_name="cordis_inspect_query",
+                    arguments_json=jsonvalue.dumps(QUERY),
+                )
+            )
+            asked = (await page_b.next_event("inspect_query")).inspect_query
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                async for _ in call:
+                    pass
+            resolved = (await page_b.next_event("inspect_query_resolved")).inspect_query_resolved
+            assert (resolved.query_id, resolved.outcome) == (asked.query_id, "cancelled")
+            late = await page_b.answer_query(asked.query_id, {"slots": []})
+            assert (late.accepted, late.code) == (False, "query-unknown")
+
+
+async def test_the_pages_replica_dying_fails_the_carried_call_aborted_and_recorded(
+    make_cordis: Any, pg_database: str, runtime: str
+) -> None:
+    async with make_cordis(**_settings(pg_database, runtime)) as a:
+        async with make_cordis(**_settings(pg_database, runtime)) as b:
+            await _ready(a, b)
+            page_b = PageRunner(b.channel, AGENT)
+            await page_b.attach()
+            assert (await page_b.sync_manifest(MANIFEST)).accepted
+            await seen(lambda: _clients_listed(a), lambda ids: ids == ["Slots"], "B's manifest")
+            query = asyncio.ensure_future(a.call(AGENT, "cordis_inspect_query", QUERY, "lost"))
+            await page_b.next_event("inspect_query")
+        # B is gone mid-query: the call fails ABORTED (its outcome unknown), recorded.
+        await page_b.close()
+        result = await query
+        assert result.is_error and result.error.code == "ABORTED", result.error.message
+        page = await a.stub.ListHistory(rpb.ListHistoryRequest(agent=AGENT))
+        [recorded] = [r for r in page.records if r.kind == "tool/result" and r.call_id == "lost"]
+        assert recorded.is_error and recorded.error_code == "ABORTED"
+        # With no page anywhere any more, A lists no client provider.
+        await seen(lambda: _clients_listed(a), lambda ids: ids == [], "B's pages gone")
