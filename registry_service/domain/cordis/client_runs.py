@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -410,7 +411,7 @@ class ClientRuns:
         self._view[request_id] = record
         self._adding.add(request_id)
         try:
-            self._view[request_id] = await self._store.add(record)
+            stored = await self._store.add(record)
         except (CodemodeError, ActivationNotOpen) as exc:
             self._mine.pop(request_id, None)
             self._view.pop(request_id, None)
@@ -423,7 +424,11 @@ class ClientRuns:
             raise
         finally:
             self._adding.discard(request_id)
-        self._hub.publish(plugin.owner, _event(self._view[request_id]))
+        if request_id in self._mine:  # else cancelled meanwhile (and moved so in the store)
+            self._view[request_id] = stored
+            self._hub.publish(plugin.owner, _event(stored))
+        else:
+            self._spawn(self._move_quietly(request_id, ActivationState.CANCELLED))
         out: dict[str, JsonValue] = {
             "status": "awaiting-approval" if requires else "starting",
             "pluginId": plugin.plugin_id,
@@ -442,6 +447,8 @@ class ClientRuns:
             return False
         request_id = record.request_id
         del self._view[request_id]
+        # Ended here now (a refresh before the move is stored must not show it again).
+        self._ended[request_id] = dataclasses.replace(record, state=ActivationState.CANCELLED)
         request = self._mine.pop(request_id, None)
         if request is not None:
             self._cancel_attempt(plugin, request)

@@ -21,6 +21,8 @@ import pytest
 
 from codemode_client.page_runner import PageRunner
 from codemode_wire import jsonvalue
+from codemode_wire.api.registry.v1 import cordis_peer_pb2 as peer_pb
+from codemode_wire.api.registry.v1 import cordis_peer_pb2_grpc as peer_grpc
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from runtime_service.config import RuntimeSettings
 from runtime_service.server import start as start_runtime
@@ -432,6 +434,25 @@ async def test_a_page_on_b_answers_a_client_half_call_of_a_program_on_a(
             assert (resolved.query_id, resolved.outcome) == (asked.query_id, "cancelled")
             late = await page_b.answer_query(asked.query_id, {"slots": []})
             assert (late.accepted, late.code) == (False, "query-unknown")
+
+            # Another agent's program on A reaches none of alice's pages.
+            await a.agent("bob", mode=BOTH)
+            listed = await a.ok(OTHER, "cordis_inspect_list", {})
+            assert not [p for p in listed["providers"] if p["platform"] == "client"]
+            foreign = await a.call(OTHER, "cordis_inspect_query", QUERY, "bob-query")
+            assert foreign.is_error and foreign.error.code == "provider-missing"
+            # And the peer RPC answers only registries holding the peer secret.
+            stub = peer_grpc.CordisPeerServiceStub(b.channel)
+            forged = peer_pb.PeerClientQueryRequest(
+                agent=AGENT, provider="Slots", method="listSubTree", input_json="{}"
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.PeerClientQuery(forged)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as wrong:
+                await stub.PeerClientQuery(forged, metadata=(("x-codemode-peer", "guess"),))
+            assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert b.registry.cordis.client_queries._queries == {}  # nothing reached the pages
 
 
 async def test_the_pages_replica_dying_fails_the_carried_call_aborted_and_recorded(
