@@ -160,6 +160,10 @@ class Registry:
             if self.approvals.store is not None:  # ended approvals go with the calls' age
                 pruning = keep_pruning(self.approvals.store, days * 86_400, "ended approvals")
                 self._background.append(asyncio.ensure_future(pruning))
+            runs = self.cordis.client_runs
+            if runs.shared:  # and so do ended Cordis run requests
+                pruning = keep_pruning(runs.store, days * 86_400, "ended Cordis run requests")
+                self._background.append(asyncio.ensure_future(pruning))
         if report_health is not None:
             first = asyncio.Event()
 

@@ -193,6 +193,11 @@ class ClientRuns:
     def store(self) -> ActivationStore:
         return self._store
 
+    @property
+    def shared(self) -> bool:
+        """Whether requests are records in a store other registries may share."""
+        return self._shared
+
     def _pending_for(self, agent: str) -> list[PageEvent]:
         records = sorted(self._view.values(), key=lambda r: r.position)
         return [_event(r) for r in records if r.agent == agent]

@@ -476,3 +476,32 @@ async def test_the_pages_replica_dying_fails_the_carried_call_aborted_and_record
         assert recorded.is_error and recorded.error_code == "ABORTED"
         # With no page anywhere any more, A lists no client provider.
         await seen(lambda: _clients_listed(a), lambda ids: ids == [], "B's pages gone")
+
+
+async def test_a_carried_call_to_a_registry_the_store_says_is_gone_fails_aborted(
+    make_cordis: Any, pg_database: str, runtime: str
+) -> None:
+    """A registry that vanished without closing its connections is noticed through the store
+    (its history writer lease gone), not by waiting on it: the call fails ABORTED, and the
+    query is withdrawn from the pages there if they still listen."""
+    stalled = {**_settings(pg_database, runtime), "history_writer_lease_s": 600.0}
+    async with (
+        make_cordis(**_settings(pg_database, runtime)) as a,
+        make_cordis(**stalled) as b,  # renews its writer lease only every 200 s
+    ):
+        await _ready(a, b)
+        async with PageRunner(b.channel, AGENT) as page_b:
+            assert (await page_b.sync_manifest(MANIFEST)).accepted
+            await seen(lambda: _clients_listed(a), lambda ids: ids == ["Slots"], "B's manifest")
+            query = asyncio.ensure_future(a.call(AGENT, "cordis_inspect_query", QUERY, "gone"))
+            asked = (await page_b.next_event("inspect_query")).inspect_query
+            with psycopg.connect(pg_database, autocommit=True) as conn:
+                conn.execute(
+                    "DELETE FROM history_writers WHERE id = %s",
+                    (b.registry.cordis.client_runs.store.asker_id,),
+                )
+            result = await query
+            assert result.is_error and result.error.code == "ABORTED", result.error.message
+            assert "was lost while the query waited" in result.error.message
+            resolved = (await page_b.next_event("inspect_query_resolved")).inspect_query_resolved
+            assert (resolved.query_id, resolved.outcome) == (asked.query_id, "cancelled")
