@@ -53,18 +53,31 @@ class GrpcPagePeers:
         return pb_grpc.CordisPeerServiceStub(channel)
 
     async def client_query(
-        self, address: str, agent: str, provider: str, method: str, input_value: JsonValue
+        self,
+        address: str,
+        agent: str,
+        provider: str,
+        method: str,
+        input_value: JsonValue,
+        *,
+        timeout_s: float | None,
     ) -> JsonValue:
         request = pb.PeerClientQueryRequest(
             agent=agent, provider=provider, method=method, input_json=jsonvalue.dumps(input_value)
         )
-        call = self._stub(address).PeerClientQuery(request, metadata=self._metadata)
+        call = self._stub(address).PeerClientQuery(
+            request, metadata=self._metadata, timeout=timeout_s
+        )
         try:
             response = await call
         except asyncio.CancelledError:
             call.cancel()  # the caller's cancellation withdraws the query there
             raise
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise CordisError(
+                    "cordis_inspect_query was cancelled: its deadline passed", "cancelled"
+                ) from None
             if exc.code() in _NO_PAGES:
                 raise CordisError(
                     f"the pages of {agent} left {address} before answering", "cancelled"

@@ -69,6 +69,7 @@ class ClientQueries:
         signal: AbortSignal,
         *,
         here_only: bool = False,
+        deadline: float | None = None,
     ) -> JsonValue:
         presence = self.presence
         if (
@@ -77,7 +78,9 @@ class ClientQueries:
             and not self._hub.attached(owner)
             and presence.elsewhere(owner)
         ):
-            return await presence.client_query(owner, provider, method.name, input_value, signal)
+            return await presence.client_query(
+                owner, provider, method.name, input_value, signal, deadline=deadline
+            )
         answered: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         query = _Query(await self._ids.inspect(), owner, provider, method, input_value, answered)
         self._queries[query.query_id] = query

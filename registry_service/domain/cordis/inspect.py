@@ -31,8 +31,11 @@ class ClientQuery(Protocol):
         signal: AbortSignal,
         *,
         here_only: bool = False,
+        deadline: float | None = None,
     ) -> JsonValue:
-        """`here_only`: answered by this registry's pages, never carried to another's."""
+        """`here_only`: answered by this registry's pages, never carried to another's;
+        `deadline` (event-loop time): the caller's, carried with the query when it goes to
+        another registry."""
         ...
 
 
@@ -167,9 +170,10 @@ class InspectRegistry:
         owner: str,
         signal: AbortSignal,
         here_only: bool = False,
+        deadline: float | None = None,
     ) -> JsonValue:
         """`here_only`: a client method is answered by this registry's pages only (a query
-        another registry carried here)."""
+        another registry carried here); `deadline`: the caller's (event-loop time)."""
         providers: Mapping[str, Provider]
         if platform == "host":
             providers = self._host
@@ -211,7 +215,7 @@ class InspectRegistry:
                     "client-unavailable",
                 )
             return await self.client_query(
-                owner, provider_id, method, value, signal, here_only=here_only
+                owner, provider_id, method, value, signal, here_only=here_only, deadline=deadline
             )
         data = jsonvalue.snapshot(await method.query(value, owner))
         if signal.aborted:

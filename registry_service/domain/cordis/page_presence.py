@@ -47,10 +47,19 @@ class PagePeers(Protocol):
     """Another registry's pages, at its peer address."""
 
     async def client_query(
-        self, address: str, agent: str, provider: str, method: str, input_value: JsonValue
+        self,
+        address: str,
+        agent: str,
+        provider: str,
+        method: str,
+        input_value: JsonValue,
+        *,
+        timeout_s: float | None,
     ) -> JsonValue:
-        """The pages' answer; `CordisError` as that registry refused the query (its code);
-        `PagesLost` when it cannot be reached or goes away. Cancelling it cancels the call."""
+        """The pages' answer; `CordisError` as that registry refused the query (its code),
+        or when `timeout_s` (the caller's remaining time, carried as the call's deadline)
+        passed; `PagesLost` when it cannot be reached or goes away. Cancelling it cancels the
+        call."""
         ...
 
 
@@ -182,9 +191,12 @@ class PagePresence:
         method: str,
         input_value: JsonValue,
         signal: AbortSignal,
+        *,
+        deadline: float | None = None,
     ) -> JsonValue:
         """Carries the query to a registry with pages of `agent` (the first whose manifest
-        has the provider), waits for its answer, and watches that registry stays alive."""
+        has the provider) with the caller's remaining time (`deadline`, event-loop time),
+        waits for its answer, and watches that registry stays alive."""
         targets = self._elsewhere.get(agent, [])
         target = next(
             (p for p in targets if provider in _providers(p.manifest_json)),
@@ -192,8 +204,12 @@ class PagePresence:
         )
         if target is None:
             raise CordisError("no page of this agent is attached to any registry", "cancelled")
+        loop = asyncio.get_running_loop()
+        timeout_s = None if deadline is None else max(deadline - loop.time(), 0.0)
         call: asyncio.Task[JsonValue] = asyncio.ensure_future(
-            self._peers.client_query(target.address, agent, provider, method, input_value)
+            self._peers.client_query(
+                target.address, agent, provider, method, input_value, timeout_s=timeout_s
+            )
         )
 
         def cancel(_reason: str) -> None:

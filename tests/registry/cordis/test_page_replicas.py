@@ -435,6 +435,23 @@ async def test_a_page_on_b_answers_a_client_half_call_of_a_program_on_a(
             late = await page_b.answer_query(asked.query_id, {"slots": []})
             assert (late.accepted, late.code) == (False, "query-unknown")
 
+            # The caller's deadline goes with the query: when it passes, B's pages are told.
+            timed = a.stub.ExecuteToolCall(
+                rpb.ExecuteToolCallRequest(
+                    agent=AGENT,
+                    call_id="query-deadline",
+                    tool_name="cordis_inspect_query",
+                    arguments_json=jsonvalue.dumps(QUERY),
+                ),
+                timeout=10,
+            )
+            asked = (await page_b.next_event("inspect_query")).inspect_query
+            with contextlib.suppress(grpc.aio.AioRpcError):  # DEADLINE_EXCEEDED, or its result
+                async for _ in timed:
+                    pass
+            resolved = (await page_b.next_event("inspect_query_resolved")).inspect_query_resolved
+            assert (resolved.query_id, resolved.outcome) == (asked.query_id, "cancelled")
+
             # Another agent's program on A reaches none of alice's pages.
             await a.agent("bob", mode=BOTH)
             listed = await a.ok(OTHER, "cordis_inspect_list", {})
