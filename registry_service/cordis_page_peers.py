@@ -19,9 +19,8 @@ import grpc
 from codemode_common.request_parsing import Malformed
 from codemode_wire import jsonvalue
 from codemode_wire.api.registry.v1 import cordis_peer_pb2 as pb
-from codemode_wire.api.registry.v1 import cordis_peer_pb2_grpc as pb_grpc
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.cordis_peers import PEER_METADATA, CordisPeerServicer
+from registry_service.cordis_peers import CordisPeerServicer, GrpcPeers
 from registry_service.domain.cordis.page_presence import PagesLost
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.cordis.service import Cordis
@@ -34,23 +33,12 @@ _NO_PAGES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
 
 
 class GrpcPagePeers:
-    """Other registries' pages over `CordisPeerService.PeerClientQuery` (one channel per
-    address)."""
+    """Other registries' pages over `CordisPeerService.PeerClientQuery`, on the channels and
+    with the peer token of the registry's `GrpcPeers` (one channel per address, however that
+    dials)."""
 
-    def __init__(self, token: str, max_message_bytes: int) -> None:
-        self._metadata = ((PEER_METADATA, token),)
-        self._options = (
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-        )
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def _stub(self, address: str) -> pb_grpc.CordisPeerServiceStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-            self._channels[address] = channel
-        return pb_grpc.CordisPeerServiceStub(channel)
+    def __init__(self, peers: GrpcPeers) -> None:
+        self._peers = peers
 
     async def client_query(
         self,
@@ -65,8 +53,8 @@ class GrpcPagePeers:
         request = pb.PeerClientQueryRequest(
             agent=agent, provider=provider, method=method, input_json=jsonvalue.dumps(input_value)
         )
-        call = self._stub(address).PeerClientQuery(
-            request, metadata=self._metadata, timeout=timeout_s
+        call = self._peers.stub(address).PeerClientQuery(
+            request, metadata=self._peers.metadata, timeout=timeout_s
         )
         try:
             response = await call
@@ -87,11 +75,6 @@ class GrpcPagePeers:
         if result.WhichOneof("outcome") == "failure":
             raise CordisError(result.failure.message, result.failure.code)
         return jsonvalue.loads(result.value_json)
-
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close()
 
 
 class CordisPagePeerServicer(CordisPeerServicer):

@@ -291,11 +291,12 @@ def _cordis(
 ) -> Cordis:
     placement = _placement(stores, settings, _cordis_store(stores, settings))
     page_peers = None
-    token = settings.cordis_peer_token()
-    if placement is not None and token is not None:
+    if placement is not None:  # client-half calls ride the same peer channel
         from registry_service.cordis_page_peers import GrpcPagePeers  # the transport (grpc)
+        from registry_service.cordis_peers import GrpcPeers
 
-        page_peers = GrpcPagePeers(token, settings.max_message_bytes)
+        assert isinstance(placement.peers, GrpcPeers)
+        page_peers = GrpcPagePeers(placement.peers)
     return Cordis(
         catalog,
         hosts,
