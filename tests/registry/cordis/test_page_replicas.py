@@ -398,11 +398,23 @@ async def test_a_page_on_b_answers_a_client_half_call_of_a_program_on_a(
         make_cordis(**_settings(pg_database, runtime)) as b,
     ):
         await _ready(a, b)
+        # A plugin whose host A owns (A holds its lease and runs it).
+        await a.define(AGENT)
+        await a.ok(
+            AGENT, "cordis_run", {"pluginId": "clock-1", "packageId": "pkg-1", "mode": "run"}
+        )
+        assert activations(a) == 1
         async with PageRunner(b.channel, AGENT) as page_b:
             assert (await page_b.sync_manifest(MANIFEST)).accepted
             # A lists the manifest B's page synced (no page of the agent is attached to A).
             await seen(lambda: _clients_listed(a), lambda ids: ids == ["Slots"], "B's manifest")
-            code = f"return await tools.cordis_inspect_query({QUERY!r})"
+            # A program on A calls the plugin's tool (its host on A) and the client half (a
+            # page on B).
+            code = (
+                "t = await tools.clock_now({})\n"
+                f"q = await tools.cordis_inspect_query({QUERY!r})\n"
+                "return {'time': t['time'], 'data': q['data']}"
+            )
             run = asyncio.ensure_future(program(a, AGENT, code, "p1"))
             asked = (await page_b.next_event("inspect_query")).inspect_query
             assert (asked.agent, asked.provider, asked.method) == (AGENT, "Slots", "listSubTree")
@@ -411,10 +423,13 @@ async def test_a_page_on_b_answers_a_client_half_call_of_a_program_on_a(
             assert not run.done()
             assert (await page_b.answer_query(asked.query_id, {"slots": ["main"]})).accepted
             value = await run
-            assert value["result"]["data"] == {"slots": ["main"]}
+            assert value["result"] == {"time": "12:00", "data": {"slots": ["main"]}}
             page = await a.stub.ListHistory(rpb.ListHistoryRequest(agent=AGENT))
-            [dispatch] = [r for r in page.records if r.kind == "tool/code-dispatch"]
-            assert dispatch.tool_name == "cordis_inspect_query" and not dispatch.is_error
+            dispatched = [r for r in page.records if r.kind == "tool/code-dispatch"]
+            assert [(r.tool_name, r.is_error) for r in dispatched] == [
+                ("clock_now", False),
+                ("cordis_inspect_query", False),
+            ]
 
             # The caller's cancellation reaches B's pages: the query is withdrawn there.
             call = a.stub.ExecuteToolCall(
