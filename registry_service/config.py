@@ -381,6 +381,10 @@ class RegistrySettings(ServiceSettings):
     cordis_peer_tls_server_name: str = ""
     """Name the other registries' certificates must carry, when it is not the host of their
     peer address (`cordis_peer_address`)."""
+    cordis_activation_poll_s: float = Field(default=2.0, gt=0, le=3600, allow_inf_nan=False)
+    """With Cordis records in the store: how often a registry reads the pending activation
+    requests (`cordis_run` of a package with a Client half) besides PostgreSQL's
+    notifications, so a missed notification only delays a page's view or answer this long."""
     history_max_inline_bytes: int = Field(default=64 * 1024, ge=256)
     """Content larger than this is stored once aside; the record keeps a preview + locator."""
     token_key: str = ""

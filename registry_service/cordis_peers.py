@@ -76,6 +76,15 @@ class GrpcPeers:
         self._options = tuple(options)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The peer token, as every peer call sends it."""
+        return self._metadata
+
+    def stub(self, address: str) -> pb_grpc.CordisPeerServiceStub:
+        """The peer service at `address` (cordis_page_peers.py calls it too)."""
+        return self._stub(address)
+
     def _stub(self, address: str) -> pb_grpc.CordisPeerServiceStub:
         channel = self._channels.get(address)
         if channel is None:

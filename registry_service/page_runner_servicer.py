@@ -253,21 +253,24 @@ class PageRunnerServicer:
         elif kind == "settle":
             s = message.settle
             outcome = _OUTCOMES.get(s.outcome)
-            answer = (
-                refused("settle needs an outcome", "invalid-outcome")
-                if outcome is None
-                else runs.settle(
-                    page,
-                    request_id=s.request_id,
-                    run_id=s.plugin_run_id,
-                    outcome=outcome,
-                    message=s.message,
-                    stack=s.stack,
-                    client_waiting_for=tuple(s.client_waiting_for),
-                    plugin_id=s.plugin_id,
+            if outcome is None:
+                out.put_nowait(
+                    _reply(reply_to, refused("settle needs an outcome", "invalid-outcome"))
                 )
-            )
-            out.put_nowait(_reply(reply_to, answer))
+            else:  # a move in the store: answered once it is taken (or refused)
+                answer_later(
+                    reply_to,
+                    runs.settle(
+                        page,
+                        request_id=s.request_id,
+                        run_id=s.plugin_run_id,
+                        outcome=outcome,
+                        message=s.message,
+                        stack=s.stack,
+                        client_waiting_for=tuple(s.client_waiting_for),
+                        plugin_id=s.plugin_id,
+                    ),
+                )
         elif kind == "stop":
             answer_later(reply_to, runs.panel_stop(page, message.stop.plugin_id))
         elif kind == "remove":

@@ -130,6 +130,7 @@ class Registry:
         self.follower = CatalogFollower(self.catalog)
         self.catalog_store.follow(self.follower.changed)
         await self.cordis.runner.load()  # after the catalog: plugins belong to its agents
+        await self.cordis.start()  # then the run requests other registries keep open
         # From now on the running MCP servers follow the catalog: what a scope created here or
         # on another registry attaches starts, what a deleted one attached stops.
         self.catalog.on_change(self.mcp.sync)
@@ -158,6 +159,10 @@ class Registry:
             )
             if self.approvals.store is not None:  # ended approvals go with the calls' age
                 pruning = keep_pruning(self.approvals.store, days * 86_400, "ended approvals")
+                self._background.append(asyncio.ensure_future(pruning))
+            runs = self.cordis.client_runs
+            if runs.shared:  # and so do ended Cordis run requests
+                pruning = keep_pruning(runs.store, days * 86_400, "ended Cordis run requests")
                 self._background.append(asyncio.ensure_future(pruning))
         if report_health is not None:
             first = asyncio.Event()
@@ -284,6 +289,14 @@ def _cordis(
     authority: ToolAuthority,
     admission: Admission,
 ) -> Cordis:
+    placement = _placement(stores, settings, _cordis_store(stores, settings))
+    page_peers = None
+    if placement is not None:  # client-half calls ride the same peer channel
+        from registry_service.cordis_page_peers import GrpcPagePeers  # the transport (grpc)
+        from registry_service.cordis_peers import GrpcPeers
+
+        assert isinstance(placement.peers, GrpcPeers)
+        page_peers = GrpcPagePeers(placement.peers)
     return Cordis(
         catalog,
         hosts,
@@ -296,7 +309,12 @@ def _cordis(
         compute_ms_per_call=settings.cordis_compute_ms_per_call,
         authority=authority,
         admission=admission,
-        placement=_placement(stores, settings, _cordis_store(stores, settings)),
+        placement=placement,
+        page_peers=page_peers,
+        # Pending run requests live where the plugins do: with their records in the store,
+        # every registry sharing it shows them to its pages and takes their answers.
+        activations=stores.activations if _cordis_store(stores, settings) is not None else None,
+        activation_poll_s=settings.cordis_activation_poll_s,
     )
 
 

@@ -22,7 +22,7 @@ from codemode_common.request_parsing import add_service
 from codemode_common.telemetry.interceptors import server_interceptors
 from codemode_wire.api.registry.v1 import cordis_peer_pb2, page_runner_pb2, registry_service_pb2
 from registry_service.config import RegistrySettings
-from registry_service.cordis_peers import CordisPeerServicer
+from registry_service.cordis_page_peers import CordisPagePeerServicer
 from registry_service.page_runner_servicer import PageRunnerServicer
 from registry_service.registry import Registry, build_registry
 from registry_service.rpc_access import RegistryGuard
@@ -119,7 +119,8 @@ async def start(
         # Its own check (the peer token), whatever the callers' authentication is.
         add_service(
             server,
-            CordisPeerServicer(registry.cordis.runner, token),
+            # The peer RPCs of cordis_peers.py, and client-half calls to this registry's pages.
+            CordisPagePeerServicer(registry.cordis, token),
             cordis_peer_pb2.DESCRIPTOR.services_by_name["CordisPeerService"],
             None,
         )

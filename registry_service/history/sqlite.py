@@ -31,6 +31,7 @@ from registry_service.domain.records import (
     interrupted,
     key_problem,
 )
+from registry_service.history.sqlite_activations import SqliteActivations
 from registry_service.history.sqlite_approvals import SqliteApprovals
 from registry_service.history.sqlite_catalog import SqliteCatalog
 from registry_service.history.sqlite_cordis import SqliteCordis
@@ -112,6 +113,11 @@ class SqliteHistory(StoreHealth):
         """The approval store on this database (and this connection, like the catalog); this
         process asks under an id of its own (any other asker is a registry that is gone)."""
         return SqliteApprovals(self._db, uuid.uuid4().hex, self._failed, self._refuse_if_corrupt)
+
+    def activations(self) -> SqliteActivations:
+        """The Cordis run request store on this database (and this connection, like the
+        approvals): any other asker is a registry that is gone."""
+        return SqliteActivations(self._db, uuid.uuid4().hex, self._failed, self._refuse_if_corrupt)
 
     def host_leases(self) -> SqliteHostLeases:
         """The Cordis host leases on this database (and this connection)."""

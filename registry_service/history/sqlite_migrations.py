@@ -198,6 +198,46 @@ _LEASE_PRINCIPALS = Migration(
     ),
 )
 
+_ACTIVATIONS = Migration(
+    8,
+    "pending client-bearing Cordis activations as records (domain/cordis/activation_records.py)",
+    (
+        """CREATE TABLE cordis_activations (
+          position INTEGER PRIMARY KEY AUTOINCREMENT,
+          request_id TEXT NOT NULL UNIQUE,
+          agent TEXT NOT NULL,
+          plugin_id TEXT NOT NULL,
+          package_id TEXT NOT NULL,
+          run_id TEXT NOT NULL,
+          mode TEXT NOT NULL,
+          name TEXT NOT NULL,
+          purpose TEXT NOT NULL,
+          requires_approval INTEGER NOT NULL,
+          has_host INTEGER NOT NULL,
+          source_host TEXT NOT NULL,
+          source_client TEXT NOT NULL,
+          source_truncated INTEGER NOT NULL,
+          asked_by TEXT NOT NULL,
+          asked_at REAL NOT NULL,
+          state TEXT NOT NULL,
+          approved_by TEXT NOT NULL,
+          approve_future INTEGER NOT NULL,
+          settled_by TEXT NOT NULL,
+          detail TEXT NOT NULL,
+          changed_at REAL
+        )""",
+        "CREATE INDEX cordis_activations_open ON cordis_activations (position)"
+        " WHERE state IN ('pending', 'approved', 'hosting', 'host-failed')",
+        """CREATE TABLE cordis_pages (
+          agent TEXT NOT NULL,
+          registry TEXT NOT NULL,
+          address TEXT NOT NULL,
+          manifest_json TEXT NOT NULL,
+          PRIMARY KEY (agent, registry)
+        )""",
+    ),
+)
+
 MIGRATIONS = (
     _HISTORY,
     _AGENT_IDS_AND_CATALOG,
@@ -206,6 +246,7 @@ MIGRATIONS = (
     _APPROVALS,
     _HOST_LEASES,
     _LEASE_PRINCIPALS,
+    _ACTIVATIONS,
 )
 LATEST = MIGRATIONS[-1].version
 

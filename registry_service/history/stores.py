@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry_service.domain.approval_records import ApprovalStore
+from registry_service.domain.cordis.activation_records import ActivationStore
 from registry_service.domain.cordis.host_leases import HostLeases
 from registry_service.domain.cordis.state import CordisStore
 from registry_service.history.catalog_store import CatalogStore
@@ -25,6 +26,7 @@ class Stores:
     cordis: CordisStore
     approvals: ApprovalStore
     host_leases: HostLeases
+    activations: ActivationStore
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,12 @@ def _sqlite(options: StoreOptions) -> Stores:
             raise StoreOpenError(message) from exc
     history = SqliteHistory(path, max_inline_bytes=options.max_inline_bytes)
     return Stores(
-        history, history.catalog(), history.cordis(), history.approvals(), history.host_leases()
+        history,
+        history.catalog(),
+        history.cordis(),
+        history.approvals(),
+        history.host_leases(),
+        history.activations(),
     )
 
 
@@ -64,7 +71,12 @@ def _postgres(options: StoreOptions) -> Stores:
         statement_timeout_s=options.statement_timeout_s,
     )
     return Stores(
-        history, history.catalog(), history.cordis(), history.approvals(), history.host_leases()
+        history,
+        history.catalog(),
+        history.cordis(),
+        history.approvals(),
+        history.host_leases(),
+        history.activations(),
     )
 
 

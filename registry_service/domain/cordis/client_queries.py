@@ -15,6 +15,7 @@ from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.cordis.ids import Ids
 from registry_service.domain.cordis.inspect import Method
+from registry_service.domain.cordis.page_presence import PagePresence
 from registry_service.domain.cordis.page_runners import (
     Answer,
     Page,
@@ -51,6 +52,9 @@ class ClientQueries:
         self._hub = hub
         self._ids = ids
         self._queries: dict[str, _Query] = {}
+        # Other registries' pages (registries sharing the store): a query of an agent with no
+        # page attached here goes to one of theirs.
+        self.presence: PagePresence | None = None
         hub.add_pending_source(self._pending_for)
 
     def _pending_for(self, agent: str) -> list[PageEvent]:
@@ -63,7 +67,20 @@ class ClientQueries:
         method: Method,
         input_value: JsonValue,
         signal: AbortSignal,
+        *,
+        here_only: bool = False,
+        deadline: float | None = None,
     ) -> JsonValue:
+        presence = self.presence
+        if (
+            not here_only
+            and presence is not None
+            and not self._hub.attached(owner)
+            and presence.elsewhere(owner)
+        ):
+            return await presence.client_query(
+                owner, provider, method.name, input_value, signal, deadline=deadline
+            )
         answered: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         query = _Query(await self._ids.inspect(), owner, provider, method, input_value, answered)
         self._queries[query.query_id] = query

@@ -9,18 +9,42 @@ even if later steps fail), fetches the Client half of the exact active run, load
 settles. The first valid settlement claims the request; unknown, duplicate or stale answers are
 refused (`accepted: false`) and change nothing. The outcome reaches the agent as an
 `agent/steer` record; a person's own panel actions (a run without a request, stop, remove) as
-`agent/inject` records."""
+`agent/inject` records.
+
+A request is a record in an `ActivationStore` (activation_records.py): in this process's
+memory, or in the history database that registries sharing it read too. Every registry shows
+the open records it knows of to its own pages and moves them for its pages' answers (one
+conditional update each: the first answer wins anywhere). The registry that armed a request
+holds its attempt: it alone starts the Host half once a page anywhere approved, and applies the
+settlement to the plugin and steers the agent, whichever registry's page gave it. Other
+registries hear of records through the store's notifications and a poll (`poll_s`); a record
+whose asking registry died is interrupted by a survivor, so no page waits on it for good."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import dataclasses
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from codemode_common.principals import Principal
+from codemode_wire.errors import CodemodeError
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.change_follow import ChangeFollower
+from registry_service.domain.cordis.activation_records import (
+    ActivationNotOpen,
+    ActivationRecord,
+    ActivationState,
+    ActivationStore,
+    MemoryActivationStore,
+    Move,
+)
 from registry_service.domain.cordis.model import (
     Attempt,
     Diagnostic,
@@ -54,16 +78,35 @@ from registry_service.domain.cordis.steering import (
 )
 from registry_service.domain.plugin_hosts import HandlerFailed
 
+log = logging.getLogger(__name__)
+
 Outcome = Literal["success", "rejected", "host-half-failed", "client-half-failed"]
 _FAILURE_PHASE: dict[str, Phase] = {
     "host-half-failed": "host-apply",
     "client-half-failed": "client-apply",
 }
 _OPEN = ("awaiting-approval", "starting-host", "client-pending")
+_SETTLED: dict[Outcome, ActivationState] = {
+    "success": ActivationState.SUCCEEDED,
+    "rejected": ActivationState.REJECTED,
+    "host-half-failed": ActivationState.FAILED,
+    "client-half-failed": ActivationState.FAILED,
+}
+# How far a record has come: a registry's view never moves back to an older read.
+_RANK = {
+    ActivationState.PENDING: 0,
+    ActivationState.APPROVED: 1,
+    ActivationState.HOSTING: 2,
+    ActivationState.HOST_FAILED: 2,
+}
+_VIEW_LIMIT = 10_000  # open records one refresh reads (a bound, not a page)
+_ENDED_KEPT = 1_000  # ended records remembered, for the pages that wait on one
 
 
 @dataclass(slots=True)
 class _Request:
+    """A request this registry armed: the plugin's attempt lives here."""
+
     request_id: str
     owner: str
     plugin_id: str
@@ -71,47 +114,252 @@ class _Request:
     run_id: str
     mode: Mode
     requires_approval: bool
-    hosting: bool = False  # a page has run (or is running) the Host half for it
-    started_by: int | None = None  # the page that started it (its failure may retract)
+    hosting: bool = False  # the Host half was (or is being) started for it
+    started_by: str = ""  # the page that approved it (its failure may retract)
 
-    def event(self) -> RunRequested:
-        return RunRequested(
-            request_id=self.request_id,
-            agent=self.owner,
-            plugin_id=self.plugin_id,
-            package_id=self.package.package_id,
-            run_id=self.run_id,
-            mode=self.mode,
-            name=self.package.name,
-            purpose=self.package.purpose,
-            requires_approval=self.requires_approval,
-            has_host=self.package.has_host,
-            source=ReviewSource.of(self.package.host, self.package.client),
-        )
+
+def _event(record: ActivationRecord) -> RunRequested:
+    return RunRequested(
+        request_id=record.request_id,
+        agent=record.agent,
+        plugin_id=record.plugin_id,
+        package_id=record.package_id,
+        run_id=record.run_id,
+        mode=record.mode,
+        name=record.name,
+        purpose=record.purpose,
+        requires_approval=record.requires_approval,
+        has_host=record.has_host,
+        source=ReviewSource(record.source_host, record.source_client, record.source_truncated),
+    )
+
+
+def _resolution(record: ActivationRecord) -> str:
+    """What the pages are told of an ended record."""
+    state = record.state
+    if state in (ActivationState.CANCELLED, ActivationState.INTERRUPTED):
+        return "cancelled"
+    if not record.requires_approval:
+        return "completed"
+    return {ActivationState.SUCCEEDED: "approved", ActivationState.REJECTED: "rejected"}.get(
+        state, "failed"
+    )
+
+
+def _detail_of(record: ActivationRecord) -> dict[str, Any]:
+    try:
+        detail = json.loads(record.detail) if record.detail else {}
+    except ValueError:
+        return {}
+    return detail if isinstance(detail, dict) else {}
 
 
 class ClientRuns:
     """Implements the runner's `ClientActivation` seam and the page runners' verbs."""
 
-    def __init__(self, runner: CordisRunner, hub: PageHub, steering: Steering) -> None:
+    def __init__(
+        self,
+        runner: CordisRunner,
+        hub: PageHub,
+        steering: Steering,
+        store: ActivationStore | None = None,
+        *,
+        poll_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`store`: where requests are records shared with other registries (None: this
+        process's memory only); `poll_s`: how often a shared store is read besides its
+        notifications."""
         self._runner = runner
         self._hub = hub
         self._steering = steering
-        self._requests: dict[str, _Request] = {}
+        self._shared = store is not None
+        self._store: ActivationStore = store if store is not None else MemoryActivationStore()
+        self._poll_s = poll_s
+        self._clock = clock
+        self._view: dict[str, ActivationRecord] = {}  # open records known here, any asker's
+        self._mine: dict[str, _Request] = {}  # the requests this registry armed
+        self._adding: set[str] = set()  # being added to the store by this registry
+        self._ended: OrderedDict[str, ActivationRecord] = OrderedDict()
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._follower: ChangeFollower | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._panel_runs: dict[str, int] = {}  # run id -> the page whose gesture started it
         hub.add_pending_source(self._pending_for)
         runner.client_activation = self
 
-    def _pending_for(self, agent: str) -> list[PageEvent]:
-        return [r.event() for r in self._requests.values() if r.owner == agent]
+    @property
+    def store(self) -> ActivationStore:
+        return self._store
 
-    def _request_of(self, plugin_id: str) -> _Request | None:
-        return next((r for r in self._requests.values() if r.plugin_id == plugin_id), None)
+    @property
+    def shared(self) -> bool:
+        """Whether requests are records in a store other registries may share."""
+        return self._shared
+
+    def _pending_for(self, agent: str) -> list[PageEvent]:
+        records = sorted(self._view.values(), key=lambda r: r.position)
+        return [_event(r) for r in records if r.agent == agent]
+
+    def _record_of(self, plugin_id: str) -> ActivationRecord | None:
+        return next((r for r in self._view.values() if r.plugin_id == plugin_id), None)
+
+    def _label(self, page: Page) -> str:
+        """A page as the records name it: this registry's id and the page's."""
+        return f"{self._store.asker_id}:{page.page_id}"
+
+    # -- following the store -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """With a shared store: reads what is open now, then follows what other registries
+        ask and answer (their notifications, and a poll every `poll_s`)."""
+        if not self._shared or self._follower is not None:
+            return
+        try:
+            await self._refresh()
+        except CodemodeError as exc:  # the store reports itself unavailable; the poll retries
+            log.error("cordis: cannot read the pending run requests: %s", exc.message)
+        follower = self._follower = ChangeFollower(self._refresh, "cordis run requests")
+        self._store.follow(lambda: follower.changed(None))
+        self._poller = asyncio.ensure_future(self._poll(follower))
+
+    async def _poll(self, follower: ChangeFollower) -> None:
+        while True:
+            follower.changed(None)
+            await asyncio.sleep(self._poll_s)
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._follower is not None:
+            await self._follower.close()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _refresh(self, _names: Collection[str] | None = None) -> None:
+        """Brings this registry's view to the store's: interrupts what registries that are
+        gone left open, tells its pages of other registries' new requests, starts the Host
+        half of its own requests that a page elsewhere approved, and applies what ended."""
+        store = self._store
+        records = list(await store.open(limit=_VIEW_LIMIT))
+        if any(r.asked_by != store.asker_id for r in records):
+            orphans = await store.interrupt_orphans(at=self._clock())
+            for record in orphans:
+                self._end(record)
+            gone = {r.request_id for r in orphans}
+            records = [r for r in records if r.request_id not in gone]
+        live: set[str] = set()
+        for record in records:
+            request_id = record.request_id
+            live.add(request_id)
+            if request_id in self._ended or request_id in self._adding:
+                continue
+            if record.asked_by == store.asker_id and request_id not in self._mine:
+                # Its attempt is gone (its cancellation could not be written): end it.
+                self._spawn(self._move_quietly(request_id, ActivationState.CANCELLED))
+                continue
+            self._see(record)
+        gone_ids = [i for i in self._view if i not in live and i not in self._adding]
+        if gone_ids:
+            found = {r.request_id: r for r in await store.get(gone_ids)}
+            for request_id in gone_ids:
+                ended = found.get(request_id)
+                if ended is None:  # pruned meanwhile: nothing to apply any more
+                    self._view.pop(request_id, None)
+                    self._mine.pop(request_id, None)
+                elif not ended.open:
+                    self._end(ended)
+        self._wake()
+
+    def _see(self, record: ActivationRecord) -> None:
+        """An open record as read now: the view moves forward only."""
+        old = self._view.get(record.request_id)
+        if old is not None and _RANK[record.state] < _RANK[old.state]:
+            return  # an older read than what this registry already knows
+        self._view[record.request_id] = record
+        if old is None and record.asked_by != self._store.asker_id:
+            self._hub.publish(record.agent, _event(record))
+        if old != record:
+            self._wake()
+        request = self._mine.get(record.request_id)
+        if request is not None and record.state is ActivationState.APPROVED:
+            self._begin_once(request, record)
+
+    def _end(self, record: ActivationRecord) -> None:
+        """A record that ended (here or anywhere): its attempt here learns the outcome, this
+        registry's pages hear it resolved, and pages waiting on it stop waiting."""
+        request_id = record.request_id
+        if request_id in self._ended:
+            return
+        self._ended[request_id] = record
+        while len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
+        known = self._view.pop(request_id, None)
+        request = self._mine.pop(request_id, None)
+        if known is not None:
+            self._hub.publish(record.agent, RunResolved(request_id, _resolution(record)))
+        if request is not None:
+            self._apply(request, record)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _move(self, request_id: str, move: Move) -> ActivationRecord:
+        """One conditional move in the store; what it found is applied here either way."""
+        try:
+            record = await self._store.move(request_id, move)
+        except ActivationNotOpen as exc:
+            if exc.stored is not None:
+                if exc.stored.open:
+                    self._see(exc.stored)
+                else:
+                    self._end(exc.stored)
+            raise
+        if record.open:
+            self._see(record)
+        else:
+            self._end(record)
+        return record
+
+    async def _move_quietly(
+        self, request_id: str, state: ActivationState, detail: str = ""
+    ) -> None:
+        """A move this registry makes on its own (a start's outcome, a cancellation): one
+        that is refused lost to an answer that came first; one the store could not take is
+        left to the next refresh (logged)."""
+        move = Move(state, self._store.asker_id, self._clock(), detail)
+        with contextlib.suppress(ActivationNotOpen):
+            try:
+                await self._move(request_id, move)
+            except CodemodeError as exc:
+                log.warning("cordis: run request %s not moved to %s: %s", request_id, state, exc)
+
+    async def _outcome(self, request_id: str) -> ActivationRecord | None:
+        """Waits until the record's Host half started or failed, or it ended; None: unknown."""
+        while True:
+            changed = self._changed
+            record = self._view.get(request_id) or self._ended.get(request_id)
+            if record is None:
+                return None
+            if record.state not in (ActivationState.PENDING, ActivationState.APPROVED):
+                return record
+            await changed.wait()
 
     # -- the runner's seam --------------------------------------------------------------------
 
     def has_pending(self, plugin_id: str) -> bool:
-        return self._request_of(plugin_id) is not None
+        return self._record_of(plugin_id) is not None
 
     async def request(
         self,
@@ -146,8 +394,46 @@ class ClientRuns:
             mode,
             requires,
         )
-        self._requests[request.request_id] = request
-        self._hub.publish(plugin.owner, request.event())
+        source = ReviewSource.of(package.host, package.client)
+        record = ActivationRecord(
+            request_id,
+            plugin.owner,
+            plugin.plugin_id,
+            k,
+            attempt.run_id,
+            mode,
+            package.name,
+            package.purpose,
+            requires,
+            package.has_host,
+            source.host,
+            source.client,
+            source.truncated,
+            self._store.asker_id,
+            self._clock(),
+        )
+        self._mine[request_id] = request
+        self._view[request_id] = record
+        self._adding.add(request_id)
+        try:
+            stored = await self._store.add(record)
+        except (CodemodeError, ActivationNotOpen) as exc:
+            self._mine.pop(request_id, None)
+            self._view.pop(request_id, None)
+            attempt.status = "failed"
+            message = exc.message if isinstance(exc, CodemodeError) else str(exc)
+            attempt.error = self._diagnostic(
+                plugin, attempt, "approval", f"the run request was not recorded: {message}"
+            )
+            plugin.next = k
+            raise
+        finally:
+            self._adding.discard(request_id)
+        if request_id in self._mine:  # else cancelled meanwhile (and moved so in the store)
+            self._view[request_id] = stored
+            self._hub.publish(plugin.owner, _event(stored))
+        else:
+            self._spawn(self._move_quietly(request_id, ActivationState.CANCELLED))
         out: dict[str, JsonValue] = {
             "status": "awaiting-approval" if requires else "starting",
             "pluginId": plugin.plugin_id,
@@ -161,10 +447,21 @@ class ClientRuns:
         return out
 
     def cancel_pending(self, plugin: Plugin) -> bool:
-        request = self._request_of(plugin.plugin_id)
-        if request is None:
+        record = self._record_of(plugin.plugin_id)
+        if record is None:
             return False
-        del self._requests[request.request_id]
+        request_id = record.request_id
+        del self._view[request_id]
+        # Ended here now (a refresh before the move is stored must not show it again).
+        self._ended[request_id] = dataclasses.replace(record, state=ActivationState.CANCELLED)
+        request = self._mine.pop(request_id, None)
+        if request is not None:
+            self._cancel_attempt(plugin, request)
+        self._spawn(self._move_quietly(request_id, ActivationState.CANCELLED))
+        self._hub.publish(record.agent, RunResolved(request_id, "cancelled"))
+        return True
+
+    def _cancel_attempt(self, plugin: Plugin, request: _Request) -> None:
         attempt = plugin.latest
         if attempt is not None and attempt.run_id == request.run_id:
             attempt.status = "cancelled"
@@ -174,8 +471,6 @@ class ClientRuns:
             for half in (attempt.host, attempt.client):
                 if half.status != "absent":
                     half.status = "stopped"
-        self._hub.publish(plugin.owner, RunResolved(request.request_id, "cancelled"))
-        return True
 
     # -- run-host-half ------------------------------------------------------------------------
 
@@ -191,34 +486,79 @@ class ClientRuns:
     ) -> Answer:
         if not request_id:
             return await self._panel_run(page, plugin_id, package_id, mode, approve_future_versions)
-        request = self._requests.get(request_id)
-        if request is None or request.owner != page.agent:
+        record = self._view.get(request_id)
+        if record is None or record.agent != page.agent:
             return refused(f'no pending run request "{request_id}"', "request-unknown")
-        if (plugin_id, package_id, mode) != (
-            request.plugin_id,
-            request.package.package_id,
-            request.mode,
-        ):
+        if (plugin_id, package_id, mode) != (record.plugin_id, record.package_id, record.mode):
             return refused(
-                f'run request "{request_id}" is for {request.plugin_id}/'
-                f'{request.package.package_id} mode "{request.mode}"',
+                f'run request "{request_id}" is for {record.plugin_id}/'
+                f'{record.package_id} mode "{record.mode}"',
                 "request-mismatch",
             )
-        plugin = self._runner.find(page.agent, plugin_id)
+        stale = refused(f'run request "{request_id}" is stale', "request-stale")
+        request = self._mine.get(request_id)
+        if request is not None:
+            plugin = self._runner.find(page.agent, plugin_id)
+            attempt = plugin.latest if plugin is not None else None
+            if plugin is None or attempt is None or attempt.run_id != request.run_id:
+                return stale
+            if attempt.status not in _OPEN:
+                return stale
+        won = False
+        if record.state is ActivationState.PENDING:
+            # The approval: a conditional move, so one page anywhere starts it.
+            approve = Move(
+                ActivationState.APPROVED,
+                self._label(page),
+                self._clock(),
+                approve_future=approve_future_versions,
+            )
+            try:
+                record = await self._move(request_id, approve)
+                won = True
+            except ActivationNotOpen as exc:
+                if exc.stored is None or not exc.stored.open:
+                    return stale
+            except CodemodeError as exc:
+                return refused(exc.message, "store-unavailable")
+        outcome = await self._outcome(request_id)
+        if outcome is None or not outcome.open:
+            return stale
+        if outcome.state is ActivationState.HOST_FAILED:
+            message = _detail_of(outcome).get("message") or "the Host half failed to start"
+            return refused(str(message), "host-half-failed", run_id=outcome.run_id)
+        return Answer(True, run_id=outcome.run_id, started_here=won)
+
+    def _begin_once(self, request: _Request, record: ActivationRecord) -> None:
+        """A page (here or on another registry) approved this registry's request: its Host
+        half starts, once."""
+        if request.hosting:
+            return
+        request.hosting = True
+        request.started_by = record.approved_by
+        self._spawn(self._begin(request, record))
+
+    async def _begin(self, request: _Request, record: ActivationRecord) -> None:
+        plugin = self._runner.find(request.owner, request.plugin_id)
         attempt = plugin.latest if plugin is not None else None
-        if plugin is None or attempt is None or attempt.run_id != request.run_id:
-            return refused(f'run request "{request_id}" is stale', "request-stale")
-        if attempt.status not in _OPEN:
-            return refused(f'run request "{request_id}" is stale', "request-stale")
+        if (
+            plugin is None
+            or attempt is None
+            or attempt.run_id != request.run_id
+            or attempt.status not in _OPEN
+        ):
+            await self._move_quietly(request.request_id, ActivationState.CANCELLED)
+            return
         if request.requires_approval:  # the grant is kept even if later steps fail
-            self._runner.grant(plugin, package_id, approve_future_versions)
+            self._runner.grant(plugin, request.package.package_id, record.approve_future)
         if attempt.status == "awaiting-approval":
             attempt.status = "starting-host"
-        if request.hosting:  # another page started it: share its start
-            return await self._shared(plugin, request.run_id)
-        request.hosting = True
-        request.started_by = page.page_id
-        return await self._start(plugin, request.package, attempt)
+        answer = await self._start(plugin, request.package, attempt)
+        if answer.accepted:
+            await self._move_quietly(request.request_id, ActivationState.HOSTING)
+        else:
+            detail = json.dumps({"message": answer.message})
+            await self._move_quietly(request.request_id, ActivationState.HOST_FAILED, detail)
 
     async def _start(self, plugin: Plugin, package: Package, attempt: Attempt) -> Answer:
         task = self._runner.start_host(
@@ -229,18 +569,6 @@ class ClientRuns:
         except CordisError as exc:
             return refused(exc.message, "host-half-failed", run_id=attempt.run_id)
         return Answer(True, run_id=attempt.run_id, started_here=True)
-
-    async def _shared(self, plugin: Plugin, run_id: str) -> Answer:
-        task = self._runner.starting_task(plugin.plugin_id)
-        if task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(task)
-        run = plugin.run
-        if run is None or run.run_id != run_id:
-            error = plugin.latest.error if plugin.latest is not None else None
-            message = error.message if error is not None else "the Host half is not running"
-            return refused(message, "host-half-failed", run_id=run_id)
-        return Answer(True, run_id=run_id, started_here=False)
 
     async def _panel_run(
         self, page: Page, plugin_id: str, package_id: str, mode: str, approve_future: bool
@@ -298,11 +626,23 @@ class ClientRuns:
     # -- client source ------------------------------------------------------------------------
 
     def client_code(self, page: Page, plugin_id: str, run_id: str) -> Answer:
+        """The Client half of the plugin's active run: this registry's run (or the one it
+        follows), or the run of an open request whose Host half its asker started."""
         plugin = self._runner.find(page.agent, plugin_id)
         run = plugin.run if plugin is not None else None
-        if plugin is None or run is None or run.run_id != run_id:
+        package_id = run.package_id if run is not None and run.run_id == run_id else None
+        if package_id is None:
+            record = self._record_of(plugin_id)
+            if (
+                record is not None
+                and record.agent == page.agent
+                and record.run_id == run_id
+                and record.state is ActivationState.HOSTING
+            ):
+                package_id = record.package_id
+        if plugin is None or package_id is None or package_id not in plugin.packages:
             return refused(f'run "{run_id}" is not the active run of "{plugin_id}"', "stale-run")
-        package = plugin.packages[run.package_id]
+        package = plugin.packages[package_id]
         if package.client is None:
             return refused(f'package "{package.package_id}" has no Client half', "no-client-half")
         code = ClientCode(package.client, package.name, plugin_id, package.package_id, run_id)
@@ -310,7 +650,7 @@ class ClientRuns:
 
     # -- settlement ---------------------------------------------------------------------------
 
-    def settle(
+    async def settle(
         self,
         page: Page,
         *,
@@ -322,6 +662,9 @@ class ClientRuns:
         client_waiting_for: tuple[str, ...] = (),
         plugin_id: str = "",
     ) -> Answer:
+        """The first valid settlement claims the request, on whichever registry it is given:
+        a conditional move in the store. A success is taken only once the asker started the
+        Host half a page approved, so a Client half's report can never approve."""
         if not request_id:
             return self._settle_panel_run(
                 page,
@@ -332,21 +675,61 @@ class ClientRuns:
                 stack=stack,
                 client_waiting_for=client_waiting_for,
             )
-        request = self._requests.get(request_id)
-        if request is None or request.owner != page.agent:
-            return refused(f'no pending run request "{request_id}"', "request-unknown")
-        plugin = self._runner.find(page.agent, request.plugin_id)
-        if plugin is None:
-            return refused(f'no pending run request "{request_id}"', "request-unknown")
+        unknown = refused(f'no pending run request "{request_id}"', "request-unknown")
+        record = self._view.get(request_id)
+        if record is None or record.agent != page.agent:
+            return unknown
+        request = self._mine.get(request_id)
+        plugin = self._runner.find(page.agent, record.plugin_id)
+        if request is not None and plugin is None:
+            return unknown
+        not_active = refused(f'run "{run_id}" is not the active run of this request', "stale-run")
+        if outcome == "success":
+            if not run_id or run_id != record.run_id:
+                return not_active
+            if request is not None:
+                assert plugin is not None
+                if plugin.run is None or plugin.run.run_id != record.run_id:
+                    return not_active
+        elif run_id and run_id != record.run_id:
+            return not_active
+        detail = json.dumps(
+            {
+                "outcome": outcome,
+                "message": message,
+                "stack": stack,
+                "waitingFor": list(client_waiting_for),
+            }
+        )
+        settle = Move(_SETTLED[outcome], self._label(page), self._clock(), detail)
+        try:
+            await self._move(request_id, settle)
+        except ActivationNotOpen as exc:
+            if outcome == "success" and exc.stored is not None and exc.stored.open:
+                return not_active  # not approved, or its Host half not started (yet)
+            return unknown
+        except CodemodeError as exc:
+            return refused(exc.message, "store-unavailable")
+        return Answer(True, run_id=record.run_id)
+
+    def _apply(self, request: _Request, record: ActivationRecord) -> None:
+        """This registry's request ended (settled by a page anywhere, cancelled, or
+        interrupted): its attempt, the plugin's pointers and the agent learn it."""
+        plugin = self._runner.find(request.owner, request.plugin_id)
+        attempt = plugin.latest if plugin is not None else None
+        if plugin is None or attempt is None or attempt.run_id != request.run_id:
+            return  # the plugin moved on meanwhile
         run = plugin.run
         active = run.run_id if run is not None and run.run_id == request.run_id else None
-        if outcome == "success" and (not run_id or run_id != active):
-            return refused(f'run "{run_id}" is not the active run of this request', "stale-run")
-        if outcome != "success" and run_id and run_id != active:
-            return refused(f'run "{run_id}" is not the active run of this request', "stale-run")
-        del self._requests[request_id]  # claimed: the first valid answer wins
-        attempt = plugin.latest
-        assert attempt is not None and attempt.run_id == request.run_id
+        state = record.state
+        if state in (ActivationState.CANCELLED, ActivationState.INTERRUPTED):
+            self._cancel_attempt(plugin, request)
+            if active is not None and record.settled_by != self._store.asker_id:
+                self._retract_in_background(plugin)  # stopped through another registry
+            return
+        detail = _detail_of(record)
+        message, stack = str(detail.get("message", "")), str(detail.get("stack", ""))
+        outcome = cast(Outcome, str(detail.get("outcome", "client-half-failed")))
         p, k, mode = plugin.plugin_id, request.package.package_id, request.mode
         returned = "awaiting-approval" if request.requires_approval else "starting"
         metadata: dict[str, JsonValue] = {
@@ -354,11 +737,16 @@ class ClientRuns:
             "packageId": k,
             "pluginRunId": attempt.run_id,
         }
-        if outcome == "success":
-            self._commit(plugin, attempt, client_waiting_for)
+        if state is ActivationState.SUCCEEDED and active is None:
+            # Settled elsewhere as its host was lost here: the activation did not succeed.
+            state, outcome = ActivationState.FAILED, "host-half-failed"
+            message = message or "the Host half stopped before the page settled the request"
+        if state is ActivationState.SUCCEEDED:
+            waiting = detail.get("waitingFor", [])
+            waiting_for = tuple(str(w) for w in waiting) if isinstance(waiting, list) else ()
+            self._commit(plugin, attempt, waiting_for)
             text = completed_text(mode, p, k, attempt.run_id, k)
-            resolution = "approved"
-        elif outcome == "rejected":
+        elif state is ActivationState.REJECTED:
             attempt.status = "rejected"
             attempt.error = self._diagnostic(plugin, attempt, "approval", "the user rejected it")
             attempt.client = HalfState("stopped")
@@ -367,9 +755,8 @@ class ClientRuns:
             if active is not None:
                 self._retract_in_background(plugin)
             text = rejected_text(mode, p, k, attempt.run_id)
-            resolution = "rejected"
         else:
-            if active is not None and request.started_by == page.page_id:
+            if active is not None and request.started_by == record.settled_by:
                 self._retract_in_background(plugin)
             self._fail(plugin, attempt, outcome, message, stack)
             text = failed_text(
@@ -383,13 +770,8 @@ class ClientRuns:
                 current=plugin.current,
                 next_=plugin.next,
             )
-            resolution = "failed"
         self._runner.changed(plugin)
-        if not request.requires_approval:
-            resolution = "completed"
-        self._hub.publish(page.agent, RunResolved(request_id, resolution))
         self._steering.steer(plugin.owner, text, metadata)
-        return Answer(True, run_id=attempt.run_id)
 
     def _settle_panel_run(
         self,

@@ -6,7 +6,7 @@ and their output against its output schema."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +29,14 @@ class ClientQuery(Protocol):
         method: Method,
         input_value: JsonValue,
         signal: AbortSignal,
-    ) -> JsonValue: ...
+        *,
+        here_only: bool = False,
+        deadline: float | None = None,
+    ) -> JsonValue:
+        """`here_only`: answered by this registry's pages, never carried to another's;
+        `deadline` (event-loop time): the caller's, carried with the query when it goes to
+        another registry."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,15 @@ class InspectRegistry:
         self._host: dict[str, Provider] = {}
         self._client: dict[str, dict[str, Provider]] = {}  # per agent
         self.client_query: ClientQuery | None = None  # set when page runners exist
+        # The manifest of an agent's pages on another registry sharing the store (when none
+        # of its pages synced one here), set when such registries are followed.
+        self.client_elsewhere: Callable[[str], Mapping[str, Provider]] | None = None
+
+    def _client_of(self, owner: str) -> Mapping[str, Provider]:
+        here = self._client.get(owner)
+        if here or self.client_elsewhere is None:
+            return here or {}
+        return self.client_elsewhere(owner)
 
     def register_host(self, provider: Provider) -> None:
         validate_provider(provider)
@@ -141,7 +157,7 @@ class InspectRegistry:
     def list(self, owner: str) -> list[JsonValue]:
         return [
             *(p.manifest("host") for p in self._host.values()),
-            *(p.manifest("client") for p in self._client.get(owner, {}).values()),
+            *(p.manifest("client") for p in self._client_of(owner).values()),
         ]
 
     async def query(
@@ -153,8 +169,18 @@ class InspectRegistry:
         input_value: JsonValue,
         owner: str,
         signal: AbortSignal,
+        here_only: bool = False,
+        deadline: float | None = None,
     ) -> JsonValue:
-        providers = self._host if platform == "host" else self._client.get(owner, {})
+        """`here_only`: a client method is answered by this registry's pages only (a query
+        another registry carried here); `deadline`: the caller's (event-loop time)."""
+        providers: Mapping[str, Provider]
+        if platform == "host":
+            providers = self._host
+        elif here_only:
+            providers = self._client.get(owner, {})
+        else:
+            providers = self._client_of(owner)
         provider = providers.get(provider_id)
         if provider is None:
             known = ", ".join(f'"{p}"' for p in providers) or "(none)"
@@ -188,7 +214,9 @@ class InspectRegistry:
                     "registry does not have",
                     "client-unavailable",
                 )
-            return await self.client_query(owner, provider_id, method, value, signal)
+            return await self.client_query(
+                owner, provider_id, method, value, signal, here_only=here_only, deadline=deadline
+            )
         data = jsonvalue.snapshot(await method.query(value, owner))
         if signal.aborted:
             raise CordisError("cordis_inspect_query was cancelled", "cancelled")

@@ -125,6 +125,11 @@ class PageHub:
         self._ids = itertools.count(1)
         # Sources of what is still pending for an agent, told to a page when it attaches.
         self._pending: list[Callable[[str], list[PageEvent]]] = []
+        # Told when an agent's first page attaches (True) and its last one detaches (False).
+        self._presence: list[Callable[[str, bool], None]] = []
+
+    def add_presence_listener(self, listener: Callable[[str, bool], None]) -> None:
+        self._presence.append(listener)
 
     def add_pending_source(self, source: Callable[[str], list[PageEvent]]) -> None:
         self._pending.append(source)
@@ -137,14 +142,20 @@ class PageHub:
         principal: Principal = ANONYMOUS,
     ) -> Page:
         page = Page(next(self._ids), agent, name, push, principal)
+        first = not self.attached(agent)
         self._pages[page.page_id] = page
+        if first:
+            for listener in self._presence:
+                listener(agent, True)
         for source in self._pending:
             for event in source(agent):
                 push(event)
         return page
 
     def detach(self, page: Page) -> None:
-        self._pages.pop(page.page_id, None)
+        if self._pages.pop(page.page_id, None) is not None and not self.attached(page.agent):
+            for listener in self._presence:
+                listener(page.agent, False)
 
     def publish(self, agent: str, event: PageEvent) -> None:
         for page in list(self._pages.values()):

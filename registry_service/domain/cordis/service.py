@@ -3,9 +3,11 @@ providers, the seven tools installed into the catalog, and `@pluginId` resolutio
 
 from __future__ import annotations
 
+from codemode_wire import jsonvalue
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain.admission import Admission
 from registry_service.domain.catalog import Catalog
+from registry_service.domain.cordis.activation_records import ActivationStore
 from registry_service.domain.cordis.client_queries import ClientQueries
 from registry_service.domain.cordis.client_runs import ClientRuns
 from registry_service.domain.cordis.events import Watch
@@ -13,6 +15,7 @@ from registry_service.domain.cordis.host_languages import HostLanguages
 from registry_service.domain.cordis.host_providers import host_providers
 from registry_service.domain.cordis.inspect import InspectRegistry, client_providers
 from registry_service.domain.cordis.names import NAMES
+from registry_service.domain.cordis.page_presence import PagePeers, PagePresence
 from registry_service.domain.cordis.page_runners import Answer, Page, PageHub, refused
 from registry_service.domain.cordis.placement import HostPlacement
 from registry_service.domain.cordis.references import (
@@ -46,12 +49,19 @@ class Cordis:
         authority: ToolAuthority | None = None,
         admission: Admission | None = None,
         placement: HostPlacement | None = None,
+        activations: ActivationStore | None = None,
+        activation_poll_s: float = 2.0,
+        page_peers: PagePeers | None = None,
     ) -> None:
         """`history_submit` writes the steering records (the history store's `submit`);
         `store` keeps what defines the plugins (none: process memory only);
         `history_watch` (the store's `watch`) feeds the events plugins observe;
         `host_languages` describes host halves per program language; `source_checks` parses
-        a define's halves (a runtime's `CheckSource`; None: recorded unchecked)."""
+        a define's halves (a runtime's `CheckSource`; None: recorded unchecked);
+        `activations` keeps the pending run requests that registries sharing it answer (None:
+        process memory), read every `activation_poll_s` besides its notifications;
+        `page_peers` carries client-half calls to the pages of other registries sharing that
+        store (with a `placement`: where this registry's own peer channel answers)."""
         self.inspect = InspectRegistry()
         self.steering = Steering(history_submit, lambda owner: catalog.get_agent(owner).agent_id)
         self.runner = CordisRunner(
@@ -79,9 +89,20 @@ class Cordis:
             self.inspect.register_host(provider)
         # Page runners: the pages attached per agent, client-bearing activations, client queries.
         self.pages = PageHub()
-        self.client_runs = ClientRuns(self.runner, self.pages, self.steering)
+        self.client_runs = ClientRuns(
+            self.runner, self.pages, self.steering, activations, poll_s=activation_poll_s
+        )
         self.client_queries = ClientQueries(self.pages, self.runner.ids)
         self.inspect.client_query = self.client_queries
+        self.presence: PagePresence | None = None
+        if activations is not None and placement is not None and page_peers is not None:
+            address = placement
+            presence = self.presence = PagePresence(
+                activations, page_peers, lambda: address.address, poll_s=activation_poll_s
+            )
+            self.pages.add_presence_listener(presence.changed)
+            self.client_queries.presence = presence
+            self.inspect.client_elsewhere = presence.providers_elsewhere
         catalog.install_cordis_tools(cordis_tools(self.runner, self.inspect))
 
     def sync_manifest(self, page: Page, providers: JsonValue) -> Answer:
@@ -90,6 +111,8 @@ class Cordis:
             self.inspect.sync_client_manifest(page.agent, client_providers(providers))
         except ValueError as exc:
             return refused(str(exc), "invalid-manifest")
+        if self.presence is not None:  # other registries' programs may query these pages
+            self.presence.changed(page.agent, True, jsonvalue.dumps(providers))
         return Answer(True)
 
     @property
@@ -124,5 +147,15 @@ class Cordis:
         a remove)."""
         self.steering.inject(agent, text, metadata, source)
 
+    async def start(self) -> None:
+        """At start, once the plugins are loaded: the run requests other registries sharing
+        the store keep open are read, then followed."""
+        await self.client_runs.start()
+        if self.presence is not None:
+            await self.presence.start()
+
     async def close(self) -> None:
+        if self.presence is not None:
+            await self.presence.close()
+        await self.client_runs.close()
         await self.runner.close()

@@ -70,6 +70,7 @@ def cordis_tools(runner: CordisRunner, inspect: InspectRegistry) -> list[ToolDef
             input_value=args.get("input"),
             owner=agent,
             signal=inv.signal,
+            deadline=inv.deadline,
         )
         return {"platform": platform, "provider": provider, "method": method, "data": data}
 

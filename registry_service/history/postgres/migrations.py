@@ -195,6 +195,50 @@ ALTER TABLE cordis_host_leases ADD COLUMN principal_kind text NOT NULL DEFAULT '
 ALTER TABLE cordis_host_leases ADD COLUMN principal_name text NOT NULL DEFAULT '';
 """,
     ),
+    (
+        8,
+        """
+-- Pending client-bearing Cordis activations (domain/cordis/activation_records.py): every
+-- registry on the database shows an open one to its pages and the first answer wins (a
+-- conditional update on `state`); `asked_by` is the asking registry's history writer, whose
+-- lease tells whether it still holds the attempt.
+CREATE TABLE cordis_activations (
+  position bigserial PRIMARY KEY,
+  request_id text NOT NULL UNIQUE,
+  agent text NOT NULL,
+  plugin_id text NOT NULL,
+  package_id text NOT NULL,
+  run_id text NOT NULL,
+  mode text NOT NULL,
+  name text NOT NULL,
+  purpose text NOT NULL,
+  requires_approval boolean NOT NULL,
+  has_host boolean NOT NULL,
+  source_host text NOT NULL,
+  source_client text NOT NULL,
+  source_truncated boolean NOT NULL,
+  asked_by text NOT NULL,
+  asked_at double precision NOT NULL,
+  state text NOT NULL,
+  approved_by text NOT NULL,
+  approve_future boolean NOT NULL,
+  settled_by text NOT NULL,
+  detail text NOT NULL,
+  changed_at double precision
+);
+CREATE INDEX cordis_activations_open ON cordis_activations (position)
+  WHERE state IN ('pending', 'approved', 'hosting', 'host-failed');
+-- Which registry has page runners of an agent attached (and their client inspect manifest,
+-- and where its peer channel answers): client-half calls of programs elsewhere go there.
+CREATE TABLE cordis_pages (
+  agent text NOT NULL,
+  registry text NOT NULL,
+  address text NOT NULL,
+  manifest_json text NOT NULL,
+  PRIMARY KEY (agent, registry)
+);
+""",
+    ),
 )
 LATEST = MIGRATIONS[-1][0]
 

@@ -39,10 +39,12 @@ from psycopg import errors as pg_errors
 
 from codemode_wire.errors import CodemodeError
 from registry_service.domain.approval_records import ApprovalFollower
+from registry_service.domain.cordis.activation_records import ActivationFollower
 from registry_service.domain.cordis.state import CordisFollower
 from registry_service.domain.records import Record, key_problem
 from registry_service.history.catalog_store import CatalogFollower
 from registry_service.history.postgres import batch
+from registry_service.history.postgres.activations import ACTIVATIONS_CHANNEL, PostgresActivations
 from registry_service.history.postgres.approvals import APPROVALS_CHANNEL, PostgresApprovals
 from registry_service.history.postgres.batch import NOTIFY_CHANNEL, SELECT_COLUMNS, record_of
 from registry_service.history.postgres.catalog import CATALOG_CHANNEL, PostgresCatalog, read_note
@@ -117,11 +119,13 @@ class PostgresHistory(StoreHealth):
         self._catalog_listener: asyncio.Task[None] | None = None
         self._cordis_listener: asyncio.Task[None] | None = None
         self._approvals_listener: asyncio.Task[None] | None = None
+        self._activations_listener: asyncio.Task[None] | None = None
         self._closing = False
         self._watchers: dict[str, set[asyncio.Queue[_Live]]] = {}
         self._catalog_followers: list[CatalogFollower] = []
         self._cordis_followers: list[CordisFollower] = []
         self._approval_followers: list[ApprovalFollower] = []
+        self._activation_followers: list[ActivationFollower] = []
         self._writer: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._reader: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
         self._read_lock = asyncio.Lock()
@@ -157,6 +161,11 @@ class PostgresHistory(StoreHealth):
         """The approval store on this database (through this store's reads, like the catalog);
         this process asks as its history writer, so its lease says whether it still waits."""
         return PostgresApprovals(self._reading, self.writer_id, self._follow_approvals)
+
+    def activations(self) -> PostgresActivations:
+        """The Cordis run request store on this database (through this store's reads, like
+        the approvals); this process asks as its history writer."""
+        return PostgresActivations(self._reading, self.writer_id, self._follow_activations)
 
     def host_leases(self) -> PostgresHostLeases:
         """The Cordis host leases on this database (through this store's reads)."""
@@ -460,6 +469,16 @@ class PostgresHistory(StoreHealth):
                 self._listen(APPROVALS_CHANNEL, self._approvals_changed, self._approvals_notified)
             )
 
+    def _follow_activations(self, changed: ActivationFollower) -> None:
+        """Like `_follow_approvals`, for the Cordis run request records."""
+        self._activation_followers.append(changed)
+        if self._activations_listener is None and not self._closing:
+            self._activations_listener = asyncio.ensure_future(
+                self._listen(
+                    ACTIVATIONS_CHANNEL, self._activations_changed, self._activations_notified
+                )
+            )
+
     async def _listen(
         self, channel: str, missed: Callable[[], None], notified: Callable[[str], None]
     ) -> None:
@@ -512,6 +531,15 @@ class PostgresHistory(StoreHealth):
         others, _ids = read_note(payload, self.writer_id)
         if others:
             self._approvals_changed()
+
+    def _activations_changed(self) -> None:
+        for follower in self._activation_followers:
+            follower()
+
+    def _activations_notified(self, payload: str) -> None:
+        others, _ids = read_note(payload, self.writer_id)
+        if others:
+            self._activations_changed()
 
     def _notified(self, payload: str) -> None:
         try:
@@ -570,6 +598,7 @@ SELECT count(*) FROM old
             self._catalog_listener,
             self._cordis_listener,
             self._approvals_listener,
+            self._activations_listener,
         ):
             if task is not None:
                 task.cancel()

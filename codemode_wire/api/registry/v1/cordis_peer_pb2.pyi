@@ -379,3 +379,65 @@ class PeerStopHostResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeerStopHostResponse: _TypeAlias = PeerStopHostResponse  # noqa: Y015
+
+@_typing.final
+class PeerClientQueryRequest(_message.Message):
+    """PeerClientQueryRequest is one client inspect query, as the calling registry's pipeline
+    admitted it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    INPUT_JSON_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The owning agent, `agents/{id}`."""
+    provider: _builtins.str
+    """The client Inspect Provider's id, e.g. `Slots`."""
+    method: _builtins.str
+    """The method's name, e.g. `listSubTree`."""
+    input_json: _builtins.str
+    """The query's input, a JSON object as text."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        method: _builtins.str = ...,
+        input_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "input_json", b"input_json", "method", b"method", "provider", b"provider"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerClientQueryRequest: _TypeAlias = PeerClientQueryRequest  # noqa: Y015
+
+@_typing.final
+class PeerClientQueryResponse(_message.Message):
+    """PeerClientQueryResponse is the outcome of a forwarded client query."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def result(self) -> Global___PeerCallResult:
+        """The answer's data (`value_json`), or the query's failure (its `code`: `provider-missing`,
+        `method-missing`, `invalid-input`, `cancelled`).
+        """
+
+    def __init__(
+        self,
+        *,
+        result: Global___PeerCallResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerClientQueryResponse: _TypeAlias = PeerClientQueryResponse  # noqa: Y015

@@ -69,6 +69,11 @@ class CordisPeerServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostResponse.FromString,
                 _registered_method=True)
+        self.PeerClientQuery = channel.unary_unary(
+                '/codemode.registry.v1.CordisPeerService/PeerClientQuery',
+                request_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.FromString,
+                _registered_method=True)
 
 
 class CordisPeerServiceServicer:
@@ -122,6 +127,18 @@ class CordisPeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerClientQuery(self, request, context):
+        """PeerClientQuery carries a client-half call to this registry's pages: a client
+        `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+        runners are attached here. The first valid answer of a page wins (its data is validated
+        against the method's output schema here, as for a local query). Cancelling the RPC, or its
+        deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+        the agent is attached here (any more).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CordisPeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +166,11 @@ def add_CordisPeerServiceServicer_to_server(servicer, server):
                     servicer.PeerStopHost,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostResponse.SerializeToString,
+            ),
+            'PeerClientQuery': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerClientQuery,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -295,6 +317,33 @@ class CordisPeerService:
             '/codemode.registry.v1.CordisPeerService/PeerStopHost',
             codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerStopHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerClientQuery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.CordisPeerService/PeerClientQuery',
+            codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,14 @@ class CordisPeerServiceStub:
     """PeerStopHost retracts the plugin's run here and returns once it is quiescent (its tools gone,
     in-flight calls settled, its host's processes gone) and its lease released. Idempotent.
     """
+    PeerClientQuery: _grpc.UnaryUnaryMultiCallable[_cordis_peer_pb2.PeerClientQueryRequest, _cordis_peer_pb2.PeerClientQueryResponse]
+    """PeerClientQuery carries a client-half call to this registry's pages: a client
+    `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+    runners are attached here. The first valid answer of a page wins (its data is validated
+    against the method's output schema here, as for a local query). Cancelling the RPC, or its
+    deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+    the agent is attached here (any more).
+    """
 
 @_typing.type_check_only
 class CordisPeerServiceAsyncStub(CordisPeerServiceStub):
@@ -91,6 +99,14 @@ class CordisPeerServiceAsyncStub(CordisPeerServiceStub):
     PeerStopHost: _aio.UnaryUnaryMultiCallable[_cordis_peer_pb2.PeerStopHostRequest, _cordis_peer_pb2.PeerStopHostResponse]  # type: ignore[assignment]
     """PeerStopHost retracts the plugin's run here and returns once it is quiescent (its tools gone,
     in-flight calls settled, its host's processes gone) and its lease released. Idempotent.
+    """
+    PeerClientQuery: _aio.UnaryUnaryMultiCallable[_cordis_peer_pb2.PeerClientQueryRequest, _cordis_peer_pb2.PeerClientQueryResponse]  # type: ignore[assignment]
+    """PeerClientQuery carries a client-half call to this registry's pages: a client
+    `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+    runners are attached here. The first valid answer of a page wins (its data is validated
+    against the method's output schema here, as for a local query). Cancelling the RPC, or its
+    deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+    the agent is attached here (any more).
     """
 
 class CordisPeerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -150,6 +166,20 @@ class CordisPeerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cordis_peer_pb2.PeerStopHostResponse, _abc.Awaitable[_cordis_peer_pb2.PeerStopHostResponse]]:
         """PeerStopHost retracts the plugin's run here and returns once it is quiescent (its tools gone,
         in-flight calls settled, its host's processes gone) and its lease released. Idempotent.
+        """
+
+    @_abc_1.abstractmethod
+    def PeerClientQuery(
+        self,
+        request: _cordis_peer_pb2.PeerClientQueryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cordis_peer_pb2.PeerClientQueryResponse, _abc.Awaitable[_cordis_peer_pb2.PeerClientQueryResponse]]:
+        """PeerClientQuery carries a client-half call to this registry's pages: a client
+        `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+        runners are attached here. The first valid answer of a page wins (its data is validated
+        against the method's output schema here, as for a local query). Cancelling the RPC, or its
+        deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+        the agent is attached here (any more).
         """
 
 def add_CordisPeerServiceServicer_to_server(servicer: CordisPeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

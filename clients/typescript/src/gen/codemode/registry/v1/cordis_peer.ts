@@ -152,6 +152,30 @@ export interface PeerStopHostResponse {
   stopped: boolean;
 }
 
+/**
+ * PeerClientQueryRequest is one client inspect query, as the calling registry's pipeline
+ * admitted it.
+ */
+export interface PeerClientQueryRequest {
+  /** The owning agent, `agents/{id}`. */
+  agent: string;
+  /** The client Inspect Provider's id, e.g. `Slots`. */
+  provider: string;
+  /** The method's name, e.g. `listSubTree`. */
+  method: string;
+  /** The query's input, a JSON object as text. */
+  inputJson: string;
+}
+
+/** PeerClientQueryResponse is the outcome of a forwarded client query. */
+export interface PeerClientQueryResponse {
+  /**
+   * The answer's data (`value_json`), or the query's failure (its `code`: `provider-missing`,
+   * `method-missing`, `invalid-input`, `cancelled`).
+   */
+  result: PeerCallResult | undefined;
+}
+
 function createBasePeerFollowHostRequest(): PeerFollowHostRequest {
   return { pluginId: "" };
 }
@@ -1087,6 +1111,154 @@ export const PeerStopHostResponse: MessageFns<PeerStopHostResponse> = {
   },
 };
 
+function createBasePeerClientQueryRequest(): PeerClientQueryRequest {
+  return { agent: "", provider: "", method: "", inputJson: "" };
+}
+
+export const PeerClientQueryRequest: MessageFns<PeerClientQueryRequest> = {
+  encode(message: PeerClientQueryRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.agent !== "") {
+      writer.uint32(10).string(message.agent);
+    }
+    if (message.provider !== "") {
+      writer.uint32(18).string(message.provider);
+    }
+    if (message.method !== "") {
+      writer.uint32(26).string(message.method);
+    }
+    if (message.inputJson !== "") {
+      writer.uint32(34).string(message.inputJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PeerClientQueryRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePeerClientQueryRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.agent = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.provider = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.method = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.inputJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PeerClientQueryRequest>): PeerClientQueryRequest {
+    return PeerClientQueryRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PeerClientQueryRequest>): PeerClientQueryRequest {
+    const message = createBasePeerClientQueryRequest();
+    message.agent = object.agent ?? "";
+    message.provider = object.provider ?? "";
+    message.method = object.method ?? "";
+    message.inputJson = object.inputJson ?? "";
+    return message;
+  },
+};
+
+function createBasePeerClientQueryResponse(): PeerClientQueryResponse {
+  return { result: undefined };
+}
+
+export const PeerClientQueryResponse: MessageFns<PeerClientQueryResponse> = {
+  encode(message: PeerClientQueryResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.result !== undefined) {
+      PeerCallResult.encode(message.result, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PeerClientQueryResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePeerClientQueryResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.result = PeerCallResult.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PeerClientQueryResponse>): PeerClientQueryResponse {
+    return PeerClientQueryResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PeerClientQueryResponse>): PeerClientQueryResponse {
+    const message = createBasePeerClientQueryResponse();
+    message.result = (object.result !== undefined && object.result !== null)
+      ? PeerCallResult.fromPartial(object.result)
+      : undefined;
+    return message;
+  },
+};
+
 /**
  * CordisPeerService is how registries sharing one store reach the registry that runs a
  * dynamic plugin's host (docs/cordis.md, "Registries sharing one store"). Each running plugin's
@@ -1168,6 +1340,25 @@ export const CordisPeerServiceService = {
       Buffer.from(PeerStopHostResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PeerStopHostResponse => PeerStopHostResponse.decode(value),
   },
+  /**
+   * PeerClientQuery carries a client-half call to this registry's pages: a client
+   * `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+   * runners are attached here. The first valid answer of a page wins (its data is validated
+   * against the method's output schema here, as for a local query). Cancelling the RPC, or its
+   * deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+   * the agent is attached here (any more).
+   */
+  peerClientQuery: {
+    path: "/codemode.registry.v1.CordisPeerService/PeerClientQuery" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: PeerClientQueryRequest): Buffer =>
+      Buffer.from(PeerClientQueryRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PeerClientQueryRequest => PeerClientQueryRequest.decode(value),
+    responseSerialize: (value: PeerClientQueryResponse): Buffer =>
+      Buffer.from(PeerClientQueryResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PeerClientQueryResponse => PeerClientQueryResponse.decode(value),
+  },
 } as const;
 
 export interface CordisPeerServiceServer extends UntypedServiceImplementation {
@@ -1191,6 +1382,15 @@ export interface CordisPeerServiceServer extends UntypedServiceImplementation {
    * in-flight calls settled, its host's processes gone) and its lease released. Idempotent.
    */
   peerStopHost: handleUnaryCall<PeerStopHostRequest, PeerStopHostResponse>;
+  /**
+   * PeerClientQuery carries a client-half call to this registry's pages: a client
+   * `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+   * runners are attached here. The first valid answer of a page wins (its data is validated
+   * against the method's output schema here, as for a local query). Cancelling the RPC, or its
+   * deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+   * the agent is attached here (any more).
+   */
+  peerClientQuery: handleUnaryCall<PeerClientQueryRequest, PeerClientQueryResponse>;
 }
 
 export interface CordisPeerServiceClient extends Client {
@@ -1277,6 +1477,29 @@ export interface CordisPeerServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: PeerStopHostResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * PeerClientQuery carries a client-half call to this registry's pages: a client
+   * `cordis_inspect_query` that a program on the calling registry made for an agent whose page
+   * runners are attached here. The first valid answer of a page wins (its data is validated
+   * against the method's output schema here, as for a local query). Cancelling the RPC, or its
+   * deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
+   * the agent is attached here (any more).
+   */
+  peerClientQuery(
+    request: PeerClientQueryRequest,
+    callback: (error: ServiceError | null, response: PeerClientQueryResponse) => void,
+  ): ClientUnaryCall;
+  peerClientQuery(
+    request: PeerClientQueryRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PeerClientQueryResponse) => void,
+  ): ClientUnaryCall;
+  peerClientQuery(
+    request: PeerClientQueryRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PeerClientQueryResponse) => void,
   ): ClientUnaryCall;
 }
 
