@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import socket
 import subprocess
@@ -108,7 +109,12 @@ async def test_a_typescript_sdk_server_over_stdio(make_registry: Any) -> None:
         await _check_tools(h, agent)
 
 
-async def test_a_typescript_sdk_server_over_streamable_http(make_registry: Any) -> None:
+async def test_a_typescript_sdk_server_over_streamable_http(
+    make_registry: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     async with http_ts_server() as url, make_registry(mcp_servers={"ts": {"url": url}}) as h:
         agent = await attach(h, "ts-http", "ts")
         await _check_tools(h, agent)
+    # The HTTP client's own per-request line is not in the registry's log at INFO.
+    assert not [r for r in caplog.records if r.name.startswith("httpx2")]
