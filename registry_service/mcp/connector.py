@@ -14,8 +14,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from typing import Any
 
 import mcp_types
@@ -23,7 +24,7 @@ from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from codemode_common.mcp_streams import MessageReader
 from registry_service.domain.json_admission import JsonLimits
@@ -40,6 +41,13 @@ from registry_service.domain.results import INVALID_TOOL_OUTPUT, ToolResult
 from registry_service.mcp import http_transport, stdio_transport
 from registry_service.mcp.mapping import tool_result, tool_spec
 
+try:  # present with the model SDKs' clients; without it anyio asks asyncio itself, cheaply
+    import sniffio
+
+    _LIBRARY: ContextVar[str | None] | None = sniffio.current_async_library_cvar
+except ImportError:  # pragma: no cover - the dev environment has it
+    _LIBRARY = None
+
 log = logging.getLogger(__name__)
 
 __all__ = ["MCP_SERVER_ERROR", "SdkConnector"]
@@ -49,6 +57,24 @@ MCP_SERVER_ERROR = "MCP_SERVER_ERROR"
 _MAX_LIST_PAGES = 16
 _MAX_TOOLS = 512
 _CLIENT = mcp_types.Implementation(name="codemode-registry", version="1")
+_WIRE: TypeAdapter[Any] = TypeAdapter(Any)
+"""A result type that returns the session's already-checked wire result unchanged."""
+
+
+@contextlib.contextmanager
+def _asyncio_declared() -> Iterator[None]:
+    """Tells sniffio, for the current task, that asyncio runs it, as `anyio.run` does for its
+    own loop: the registry's loop comes from `asyncio.run`, so every anyio primitive the SDK's
+    session uses per message (streams, cancel scopes, `fail_after`) would otherwise sniff for
+    the running library each time."""
+    if _LIBRARY is None:
+        yield
+        return
+    token = _LIBRARY.set("asyncio")
+    try:
+        yield
+    finally:
+        _LIBRARY.reset(token)
 
 
 class _Throttled(MessageReader):
@@ -109,8 +135,10 @@ class _Connection:
         ready: asyncio.Future[None],
     ) -> None:
         try:
-            async with transport() as (source, write):
-                await self._session_over(_Throttled(source, self._rate), write, ready)
+            # The session's own tasks (its receive loop) inherit the declaration.
+            with _asyncio_declared():
+                async with transport() as (source, write):
+                    await self._session_over(_Throttled(source, self._rate), write, ready)
         except BaseException as exc:
             if isinstance(exc, Exception) and not self._ended.done():
                 # A transport that knows why it ended (a stdio child's exit, a malformed
@@ -196,13 +224,16 @@ class _Connection:
         try:
             # `send_request`, not `call_tool`: the pipeline validates the value against the
             # tool's output schema itself (one check, one error code), so the SDK's second
-            # jsonschema pass over every result is not paid.
+            # jsonschema pass over every result is not paid. The session checks the result
+            # against the negotiated version's MCP schema before it returns it; `_WIRE` takes
+            # it as it is (no second parse into the SDK's models) and `tool_result` maps that.
             request = mcp_types.CallToolRequest(
                 params=mcp_types.CallToolRequestParams(name=name, arguments=arguments)
             )
-            result = await session.send_request(
-                request, mcp_types.CallToolResult, request_read_timeout_seconds=deadline_s
-            )
+            with _asyncio_declared():
+                result = await session.send_request(
+                    request, _WIRE, request_read_timeout_seconds=deadline_s
+                )
         except MCPError as exc:
             if self._ended.done() or exc.code == mcp_types.CONNECTION_CLOSED:
                 await asyncio.wait({self._ended}, timeout=1.0)

@@ -10,6 +10,7 @@ with an endless body fails that request instead of filling the registry's memory
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from mcp.client.streamable_http import streamable_http_client
 from registry_service.domain.mcp_servers import HttpServer
 
 _CONNECT_TIMEOUT_S = 10.0
+# httpx2 logs every request at INFO: one line per tool call of every HTTP MCP server in the
+# registry's log (and its URL, query included). The registry's MCP HTTP clients are its only
+# httpx2 clients; their failures reach the log as the connection's reasons (connector.py).
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 _READ_TIMEOUT_S = 300.0
 
 

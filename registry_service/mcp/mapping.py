@@ -7,13 +7,18 @@
 - A result: text blocks as text, images as the pipeline's image blocks (bytes and MIME
   type), every other block (audio, resources, links) as a JSON block of its MCP form;
   `structuredContent` as the result's value; `isError: true` as a tool failure with code
-  MCP_TOOL_ERROR and the content kept.
+  MCP_TOOL_ERROR and the content kept. A result is mapped from its wire form, which the SDK's
+  session has already checked against the negotiated protocol version's schema
+  (`ClientSession.send_request`, see registry_service/mcp/connector.py): it is not parsed
+  into the SDK's models a second time.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
+from typing import Any
 
 import mcp_types
 
@@ -65,31 +70,35 @@ def _json_and_text(value: object, max_depth: int, what: str) -> tuple[JsonValue,
         raise McpCallFailed(message, INVALID_TOOL_OUTPUT) from None
 
 
-def _block(block: mcp_types.ContentBlock, max_depth: int) -> ContentBlock:
-    if isinstance(block, mcp_types.TextContent):
-        return TextBlock(block.text)
-    if isinstance(block, mcp_types.ImageContent):
+def _block(block: Mapping[str, Any], max_depth: int) -> ContentBlock:
+    kind = block.get("type")
+    if kind == "text":
+        return TextBlock(block["text"])
+    if kind == "image":
         try:
-            data = base64.b64decode(block.data, validate=True)
+            data = base64.b64decode(block["data"], validate=True)
         except (binascii.Error, ValueError):
             raise McpCallFailed(
                 "the server returned an image whose data is not base64", INVALID_TOOL_OUTPUT
             ) from None
-        return ImageBlock(block.mime_type, data)
-    dumped = block.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return JsonBlock(jsonvalue.dumps(_json(dumped, max_depth, "content block")))
+        return ImageBlock(block["mimeType"], data)
+    return JsonBlock(jsonvalue.dumps(_json(block, max_depth, "content block")))
 
 
-def tool_result(result: mcp_types.CallToolResult, max_depth: int) -> ToolResult:
-    content = tuple(_block(b, max_depth) for b in result.content)
-    if result.is_error:
+def tool_result(result: Mapping[str, Any], max_depth: int) -> ToolResult:
+    """`result`: a `tools/call` result in its wire form, already checked against the MCP schema
+    of the session's protocol version (so `content` is a list of typed blocks, `isError` a
+    boolean and `structuredContent` an object when present)."""
+    content = tuple(_block(b, max_depth) for b in result.get("content") or ())
+    if result.get("isError"):
         message = text_of(content) or "the MCP tool failed"
         return ToolResult(
             content=content or (TextBlock(f"Error: {message}"),),
             is_error=True,
             error=ErrorInfo(message, MCP_TOOL_ERROR),
         )
-    if result.structured_content is None:
+    structured = result.get("structuredContent")
+    if structured is None:
         return ToolResult(content=content)
-    value, text = _json_and_text(result.structured_content, max_depth, "structured content")
+    value, text = _json_and_text(structured, max_depth, "structured content")
     return ToolResult(content=content, value=value, has_value=True, value_json=text)

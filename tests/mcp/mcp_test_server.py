@@ -114,6 +114,11 @@ def build() -> MCPServer:
         """The server's pid, uid and process group."""
         return {"pid": os.getpid(), "uid": os.getuid(), "pgid": os.getpgid(0)}
 
+    @server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+    def cwd_args() -> dict[str, object]:
+        """The server's working directory and the arguments it was started with."""
+        return {"cwd": os.getcwd(), "args": sys.argv[1:]}
+
     @server.tool()
     def whoami(ctx: Context) -> dict[str, str]:
         """The HTTP headers this call came with that the tests set."""

@@ -82,12 +82,16 @@ async def test_tools_results_and_refusals(make_registry: Any, mark_dir: Path) ->
 async def test_a_stdio_server_is_an_isolated_supervised_child(
     make_registry: Any, mark_dir: Path
 ) -> None:
-    """Own process group, only the environment the settings give, the unprivileged user when
-    the registry is root; deleting the scope stops it and gives its admission slot back."""
+    """Own process group, the declared args and cwd, only the environment the settings give,
+    the unprivileged user when the registry is root; deleting the scope stops it and gives its
+    admission slot back."""
     async with make_registry(**mcp_settings(mark_dir, "tools")) as h:
         agent = await attach(h, "iso", "tools")
-        await tools_of(h, agent, "pid", "env")
+        await tools_of(h, agent, "pid", "env", "cwd_args")
         assert h.registry.admission.live_mcp_servers(agent) == 1
+        # The declared args and cwd (the settings say "/"), not the registry's own.
+        _, result = await h.execute("cwd_args", agent=agent, call_id="c0")
+        assert value(result) == {"cwd": "/", "args": ["tools"]}
         _, result = await h.execute("pid", agent=agent)
         info = value(result)
         assert info["pgid"] == info["pid"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from mcp import Client
 
+from tests.auth.certs import Authority
 from tests.mcp_serve.conftest import register_tools, serve_process, stdio_server
 
 ALICE = "alice-token-0123456789abcdef"
@@ -87,3 +88,44 @@ async def test_nothing_an_mcp_client_sends_reaches_another_agents_tools(
             )
             assert sneaky.is_error and "double" in str(sneaky.content)
     assert bobs.doubled == []
+
+
+async def test_over_mutual_tls_it_acts_as_its_certificates_principal(
+    make_stack: Any, tmp_path: Path
+) -> None:
+    """`--tls-ca/--tls-cert/--tls-key`: the client certificate's URI SAN is the principal, which
+    may run its own agent's programs and is refused another principal's agent."""
+    ca = Authority()
+    server_cert, server_key = ca.server().write(tmp_path, "server")
+    (tmp_path / "ca.pem").write_bytes(ca.pem)
+    cert, key = ca.client(uri="spiffe://codemode/alice").write(tmp_path, "alice")
+    settings = {
+        "tls_cert_file": server_cert,
+        "tls_key_file": server_key,
+        "tls_client_ca_file": tmp_path / "ca.pem",
+        "grants": [
+            {
+                "principals": ["cert:spiffe://codemode/alice"],
+                "permissions": ["execute"],
+                "resources": ["agents/alice"],
+            }
+        ],
+        "agents": [{"id": "alice", "mode": "code"}, {"id": "bob", "mode": "code"}],
+    }
+    tls = ("--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(cert), "--tls-key", str(key))
+    async with make_stack(**settings) as stack:
+        tools = register_tools(stack)
+        address = stack.running.address
+        async with Client(stdio_server(address, "agents/alice", *tls), mode="legacy") as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["run_code"]
+            result = await client.call_tool(
+                "run_code", {"code": "return await tools.double({'n': 3})", "description": "x"}
+            )
+        assert not result.is_error, result.content
+        assert result.structured_content == {"logs": [], "result": {"doubled": 6}}
+        assert tools.doubled == [3]
+        code, err = await serve_exit(address, "agents/bob", *tls)
+        assert code == 2
+        assert "PERMISSION_DENIED" in err and "cert:spiffe://codemode/alice" in err
+        code, err = await serve_exit(address, "agents/alice")  # plaintext: no handshake
+        assert code != 0

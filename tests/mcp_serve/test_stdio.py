@@ -19,7 +19,7 @@ from runtime_service.sandbox_uids import live_processes_of
 from tests.codemode.conftest import Stack
 from tests.codemode.test_cancellation import outer_result_record
 from tests.mcp_serve.conftest import register_tools, stdio_server
-from tests.registry.conftest import NATIVE, echo_tool
+from tests.registry.conftest import BOTH, NATIVE, echo_tool
 
 FAN_OUT = (
     "import asyncio\n"
@@ -98,6 +98,27 @@ async def test_a_native_agent_lists_its_tools_with_their_schemas(stack: Stack) -
         invalid = await client.call_tool("double", {"n": "not a number"})
         assert invalid.is_error
         assert invalid.meta is not None and invalid.meta["codemode"]["error_code"] == "INVALID_ARGS"
+
+
+async def test_a_both_agent_lists_its_tools_and_run_code_as_its_model_sees_them(
+    stack: Stack,
+) -> None:
+    register_tools(stack)
+    agent = await stack.agent("both", mode=BOTH)
+    wire = await stack.stub.GetWireSchemas(ppb.GetWireSchemasRequest(scope=agent))
+    sdk = (await stack.stub.GetSdk(ppb.GetSdkRequest(scope=agent))).text
+    async with Client(stdio_server(stack.running.address, agent), mode="legacy") as client:
+        listed = (await client.list_tools()).tools
+        # Exactly the model's list, in its order: every tool, then run_code with the SDK.
+        assert [t.name for t in listed] == [s.name for s in wire.schemas]
+        assert {"double", "run_code"} <= {t.name for t in listed}
+        run_code = next(t for t in listed if t.name == "run_code")
+        assert run_code.description is not None and run_code.description.endswith(sdk)
+        direct = await client.call_tool("double", {"n": 4})
+        assert not direct.is_error and direct.structured_content == {"doubled": 8}
+        program = await client.call_tool("run_code", {"code": FAN_OUT, "description": "both ways"})
+    assert not program.is_error, program.content
+    assert program.structured_content == {"logs": ["fanned out"], "result": 20}
 
 
 async def test_errors_keep_the_codemode_code(stack: Stack) -> None:
