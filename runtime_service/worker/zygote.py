@@ -158,6 +158,10 @@ class _Run:
         """The worker's exit status, once it is reaped (reported once the init is gone)."""
 
 
+class NurseryGone(Exception):
+    """The nursery exited: every init, and so every run, is gone with it."""
+
+
 class Nursery:
     """The zygote's end of the nursery (``nursery.py``): each run's init comes from there."""
 
@@ -174,6 +178,7 @@ class Nursery:
         finally:
             theirs.close()
         self.sock = mine
+        self.reaped = False
 
     def wait_ready(self) -> bool:
         self.sock.settimeout(_NURSERY_TIMEOUT_S)
@@ -195,11 +200,9 @@ class Nursery:
             self.sock.send("\n".join(cgroups).encode())
             data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
         except OSError as exc:
-            print(f"fork server: the nursery is gone ({exc})", file=sys.stderr)
-            os._exit(70)
+            raise NurseryGone(str(exc)) from exc
         if not data:
-            print("fork server: the nursery is gone", file=sys.stderr)
-            os._exit(70)
+            raise NurseryGone("it closed its socket")
         kind, _, detail = data.decode("utf-8", "replace").partition(" ")
         if kind != "ok" or len(fds) != 1:
             for fd in fds:
@@ -265,7 +268,7 @@ class Zygote:
     def _on_term(self, signum: int, frame: object) -> None:
         self.ending_all = True  # (the wake-up fd ends the poll: serve ends it all)
 
-    def end(self) -> NoReturn:
+    def end(self, status: int = 0) -> NoReturn:
         """Kill every run and reap its worker, then exit. A worker is the zygote's child but
         lives in its run's namespace: were the zygote to exit first, it would be reparented
         out of it, to a reaper above the runtime that may never reap it, and its zombie would
@@ -280,16 +283,17 @@ class Zygote:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)  # killed: a moment
         if self.nursery is not None:
-            # Gone before the zygote, as the runs are: what outlives it is only ever a zombie
-            # (the inits it leaves are reparented here, this being a subreaper, and reaped).
-            with contextlib.suppress(OSError):
-                os.kill(self.nursery.pid, signal.SIGKILL)
+            # Gone before the zygote, as the runs are: the inits it leaves are reparented
+            # here (a subreaper) and reaped, so nothing of a run outlives the zygote.
+            if not self.nursery.reaped:
+                with contextlib.suppress(OSError):
+                    os.kill(self.nursery.pid, signal.SIGKILL)
             while True:
                 try:
                     os.waitpid(-1, 0)
                 except ChildProcessError:
                     break
-        os._exit(0)
+        os._exit(status)
 
     # -- requests ---------------------------------------------------------------------------
     def handle_request(self) -> None:
@@ -342,6 +346,9 @@ class Zygote:
             raw = config if type(config) is dict else {}
             try:
                 init = self.nursery.make_init(sandbox_child.SandboxConfig(raw).cgroups)
+            except NurseryGone as exc:
+                print(f"fork server: the nursery is gone ({exc})", file=sys.stderr)
+                self.end(70)
             except OSError as exc:
                 # No CAP_SYS_ADMIN: workers share the host's pid namespace (they report it).
                 self.pid_namespaces = False
@@ -483,7 +490,8 @@ class Zygote:
             if self.nursery is not None and pid == self.nursery.pid:
                 # Every init died with it, and so every run: the runtime starts a new zygote.
                 print("fork server: the nursery exited", file=sys.stderr)
-                os._exit(70)
+                self.nursery.reaped = True
+                self.end(70)
             run = self.runs.pop(pid, None)
             if run is None:
                 continue
