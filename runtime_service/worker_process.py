@@ -182,7 +182,7 @@ class WorkerSpec:
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
-        return os.path.realpath(self.temp_root or tempfile.gettempdir())
+        return _resolved(self.temp_root or tempfile.gettempdir())
 
     def sandbox_config(
         self, uid: int, cgroups: list[str] | None = None, *, boot_nice: int = 0
@@ -766,8 +766,10 @@ class WorkerProcess:
         if self._closed or not self._exited.done():
             return
         self._closed = True
-        if self.cgroup is not None:
-            # The cgroup holds every process of the run, also one that left the group.
+        if self.cgroup is not None and not (self._forked is not None and self.own_pid_namespace):
+            # The cgroup holds every process of the run, also one that left the group. (A
+            # forked run's were in its pid namespace, every one gone once its init is: the
+            # directory's removal below is the check, and a kill loop follows if it fails.)
             self.cgroup.kill_all()
         if self.process is not None:
             # Members of the group that outlived the leader die now; the leader is still a
@@ -918,6 +920,13 @@ def _float_or_none(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(path: str) -> str:
+    """``os.path.realpath``, once per path: every launch asks (the walk is a system call per
+    component)."""
+    return os.path.realpath(path)
 
 
 @functools.cache

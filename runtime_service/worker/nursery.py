@@ -10,7 +10,7 @@ holds nothing of one.
 
 One request, one init, on a ``SOCK_SEQPACKET`` socket to the fork server:
 
-- request: the run's cgroup directories, ``"\\n"``-separated (possibly none);
+- request: ``init`` and the run's cgroup directories (possibly none), ``"\\n"``-separated;
 - reply ``b"ok <pid>"`` with a pidfd of the new init (``SCM_RIGHTS``), or
   ``b"failed <why>"`` (no pid namespace can be made here: the fork server then forks its
   workers without one, and they report it).
@@ -95,7 +95,11 @@ class _Nursery:
             return
         if not data:
             os._exit(0)  # the fork server closed its end: it is going away
-        cgroups = [path for path in data.decode("utf-8", "replace").split("\n") if path]
+        kind, *paths = data.decode("utf-8", "replace").split("\n")
+        if kind != "init":
+            self.reply(b"failed malformed request", [])
+            return
+        cgroups = [path for path in paths if path]
         try:
             pid = self.fork_init(cgroups)
             pidfd = os.pidfd_open(pid)

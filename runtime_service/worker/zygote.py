@@ -197,7 +197,7 @@ class Nursery:
         nursery cannot make one (no pid namespaces here); a nursery that went away ends the
         zygote (its inits, and so every run, are gone with it)."""
         try:
-            self.sock.send("\n".join(cgroups).encode())
+            self.sock.send("\n".join(["init", *cgroups]).encode())
             data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
         except OSError as exc:
             raise NurseryGone(str(exc)) from exc
