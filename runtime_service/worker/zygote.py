@@ -586,6 +586,8 @@ def main() -> NoReturn:
         print(f"fork server: no nursery, so no pid namespaces ({exc})", file=sys.stderr)
     bootstrap.prewarm_fork_server()
     sandbox_child.prepare()
+    if "ssl" in sys.modules and sys.modules["ssl"] is None:
+        del sys.modules["ssl"]  # kept out by the loader (runtime_service/zygote.py)
     if nursery is not None and not nursery.wait_ready():
         print("fork server: the nursery did not start, so no pid namespaces", file=sys.stderr)
         nursery = None
