@@ -12,8 +12,9 @@ One request, one init, on a ``SOCK_SEQPACKET`` socket to the fork server:
 
 - request: ``init`` and the run's cgroup directories (possibly none), ``"\\n"``-separated;
 - reply ``b"ok <pid>"`` with a pidfd of the new init (``SCM_RIGHTS``), or
-  ``b"failed <why>"`` (no pid namespace can be made here: the fork server then forks its
-  workers without one, and they report it).
+  ``b"failed <errno> <why>"`` (``EPERM``: no pid namespace can be made here, and the fork
+  server then forks its workers without one, which they report; anything else fails only
+  this fork).
 
 The init (``_run_init``) joins the run's cgroups first, holds no descriptor but
 ``/dev/null``, and only reaps: the processes the program orphans are reparented to it (the
@@ -97,14 +98,14 @@ class _Nursery:
             os._exit(0)  # the fork server closed its end: it is going away
         kind, *paths = data.decode("utf-8", "replace").split("\n")
         if kind != "init":
-            self.reply(b"failed malformed request", [])
+            self.reply(b"failed 22 malformed request", [])
             return
         cgroups = [path for path in paths if path]
         try:
             pid = self.fork_init(cgroups)
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            self.reply(f"failed {exc}".encode(), [])
+            self.reply(f"failed {exc.errno or 0} {exc.strerror or exc}".encode(), [])
             return
         try:
             self.reply(f"ok {pid}".encode(), [pidfd])

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import gc
 import json
@@ -102,6 +103,8 @@ _NURSERY_LOADER = (
     "from runtime_service.worker.nursery import main;main()"
 )
 _NURSERY_TIMEOUT_S = 10.0
+# What unshare(CLONE_NEWPID) fails with where pid namespaces cannot be had at all.
+_NO_PID_NAMESPACES = (errno.EPERM, errno.EINVAL, errno.ENOSYS)
 
 
 class _Libc:
@@ -112,8 +115,8 @@ class _Libc:
 
     def _check(self, result: int, what: str) -> None:
         if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+            number = ctypes.get_errno()
+            raise OSError(number, f"{what}: {os.strerror(number)}")
 
     def prctl(self, option: int, arg: int) -> None:
         self._check(self.lib.prctl(option, arg, 0, 0, 0), f"prctl({option})")
@@ -207,7 +210,9 @@ class Nursery:
         if kind != "ok" or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise OSError(detail or "the nursery made no init")
+            number, _, why = detail.partition(" ")
+            code = int(number) if number.isdigit() else 0
+            raise OSError(code, f"the nursery made no init: {why or detail}")
         return int(detail), fds[0]
 
 
@@ -350,6 +355,8 @@ class Zygote:
                 print(f"fork server: the nursery is gone ({exc})", file=sys.stderr)
                 self.end(70)
             except OSError as exc:
+                if exc.errno not in _NO_PID_NAMESPACES:
+                    raise  # this fork fails (out of processes or memory, say), not the next
                 # No CAP_SYS_ADMIN: workers share the host's pid namespace (they report it).
                 self.pid_namespaces = False
                 print(f"fork server: no pid namespaces ({exc})", file=sys.stderr)
