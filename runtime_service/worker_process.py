@@ -1,9 +1,10 @@
 """Host-side handle of one worker process: launch, channel, output pipes, exit, termination.
 
 Two launches (``WorkerSpec.launch``). ``fork-server``, the default: the pool's fork server
-(``zygote.py``) forks the worker from a pre-initialized, never-used process, as pid 1 of a
-pid namespace of its own; the runtime hands it the channel and pipes it made, learns its exit
-from the fork server and kills it through a pidfd -- and with it, every process of the run.
+(``zygote.py``) forks the worker from a pre-initialized, never-used process, into a pid
+namespace of its own below the run's init; the runtime hands it the channel and pipes it
+made, learns its exit from the fork server and kills the run's init through a pidfd -- and
+with it, every process of the run.
 ``spawn``: each worker is a fresh interpreter, as below; a fake worker (a test's ``loader``)
 always spawns.
 
@@ -16,7 +17,7 @@ stdout/stderr on pipes, and the channel socket as the only other descriptor (``c
 Either way the worker isolates itself before it reports ready (see ``worker/sandbox_child.py``)
 and drops to a uid of its own, leased (``sandbox_uids.py``) for as long as any process of the
 run lives. Its run's cgroup (``run_cgroup``) is made here before the launch and joined first
-thing in the child (a forked run's init joins it before it forks the worker, so every process
+thing in the child (a forked run's init and its worker join it first thing, so every process
 of the run is in it); it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
