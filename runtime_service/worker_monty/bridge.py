@@ -47,6 +47,7 @@ import socket
 import sys
 import tokenize
 import typing
+import unicodedata
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -70,6 +71,13 @@ def _import_paths() -> None:
         import typing_extensions  # noqa: F401
     except ImportError:
         sys.modules["typing_extensions"] = typing
+    # pydantic_monty looks ``opentelemetry`` up at every feed and every import it answers (its
+    # telemetry hooks). The root does not hold it, and a failed import searches each directory
+    # of ``sys.path`` again every time: recorded absent once, each look-up fails at once.
+    try:
+        import opentelemetry  # noqa: F401
+    except ImportError:
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # "absent" to import
 
 
 _import_paths()
@@ -84,6 +92,10 @@ __all__ = ["MontyRun", "wrap_program"]
 
 PRELUDE_LINES = 3  # ``import tools``, ``ToolCallError = ...`` and the ``async def`` line
 PRELUDE = "import tools\nToolCallError = RuntimeError\nasync def __program__():\n"
+# A program whose text never spells ``tools`` cannot reach the module, and its import is one
+# more round trip to the monty process per run (the bridge answers it): such a program gets
+# this prelude instead, the import's line left empty so that its lines keep their numbers.
+PRELUDE_WITHOUT_TOOLS = "\n" + PRELUDE.split("\n", 1)[1]
 INDENT = "    "
 _NO_VALUE = "__codemode_no_value__"
 # The completion in place of a value without a JSON form. The completion is the value itself,
@@ -128,8 +140,9 @@ def wrap_program(program: str) -> str:
 
     Every line is indented except those that begin inside a multi-line string (their text
     is the string's). A fall-off returns the ``_NO_VALUE`` input (no value), distinct from
-    an explicit ``return None``.
+    an explicit ``return None``. ``tools`` is imported only where the text names it.
     """
+    prelude = PRELUDE if _names_tools(program) else PRELUDE_WITHOUT_TOOLS
     lines = program.splitlines(True)
     inside: set[int] = set()
     try:
@@ -144,7 +157,7 @@ def wrap_program(program: str) -> str:
     if body and not body.endswith("\n"):
         body += "\n"
     return (
-        f"{PRELUDE}{body}{INDENT}return {_NO_VALUE}\n"
+        f"{prelude}{body}{INDENT}return {_NO_VALUE}\n"
         f"{_PLAIN_CHECK}"
         "__codemode_value__ = await __program__()\n"
         f"__codemode_value__ if __codemode_plain__(__codemode_value__) else {_NOT_PLAIN}\n"
@@ -336,6 +349,15 @@ def _failed_call(reason: str) -> pm.ExternalExceptionData:
     """A failed binding call as the program sees it: ``ToolCallError`` (``RuntimeError``)
     whose text starts with the name it is caught by."""
     return {"exc_type": _FAILED_CALL, "message": f"ToolCallError: {reason}"}
+
+
+def _names_tools(program: str) -> bool:
+    """Whether the text can name ``tools``: anywhere in it (a string, a comment, an f-string's
+    expression), after the NFKC normalization Python gives identifiers (``ｔｏｏｌｓ`` is
+    ``tools``). Erring towards the import: it costs a round trip, never a behaviour."""
+    if not program.isascii():
+        program = unicodedata.normalize("NFKC", program)
+    return "tools" in program
 
 
 def too_deep(value: object) -> bool:

@@ -160,6 +160,28 @@ async def test_what_monty_refuses_ends_exception_at_its_line_and_column(
     assert "yield" in seen.message and "line 4:" in seen.message, seen.message
 
 
+async def test_a_program_that_never_names_tools_keeps_its_lines(stub: corpus.Stub) -> None:
+    """Such a program's prelude leaves out the import of ``tools`` (the bridge's
+    ``wrap_program``) on an empty line: its problems are still at its own line:column."""
+    seen = await _run(stub, "x = 1\n\nreturn x // 0", {"outcome": "exception"})
+    assert "ZeroDivisionError" in seen.message and "line 3:" in seen.message, seen.message
+
+
+TOOLS_SPELLED = [
+    pytest.param("return await tools.echo({'i': 1})", id="plain"),
+    pytest.param("return f\"{await tools.echo({'i': 1})}\"", id="f-string-expression"),
+    # NFKC: Python (and Monty) read fullwidth letters in an identifier as their ASCII ones.
+    pytest.param("return await \uff54\uff4f\uff4f\uff4c\uff53.echo({'i': 1})", id="fullwidth"),
+]
+
+
+@pytest.mark.parametrize("source", TOOLS_SPELLED)
+async def test_every_spelling_of_tools_reaches_the_bindings(stub: corpus.Stub, source: str) -> None:
+    seen = await _run(stub, source, {"outcome": "success"})
+    assert [name for name, _ in seen.calls] == ["echo"]
+    assert json.loads(seen.calls[0][1]) == {"i": 1}
+
+
 async def test_nothing_of_one_run_is_seen_by_the_next(stub: corpus.Stub) -> None:
     await _run(
         stub,
