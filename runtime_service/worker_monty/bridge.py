@@ -144,13 +144,7 @@ def wrap_program(program: str) -> str:
     """
     prelude = PRELUDE if _names_tools(program) else PRELUDE_WITHOUT_TOOLS
     lines = program.splitlines(True)
-    inside: set[int] = set()
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(program).readline):
-            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
-                inside.update(range(token.start[0] + 1, token.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError, IndentationError):
-        pass  # Monty reports the problem itself
+    inside = _lines_inside_strings(program)
     body = "".join(
         line if number in inside else INDENT + line for number, line in enumerate(lines, 1)
     )
@@ -349,6 +343,25 @@ def _failed_call(reason: str) -> pm.ExternalExceptionData:
     """A failed binding call as the program sees it: ``ToolCallError`` (``RuntimeError``)
     whose text starts with the name it is caught by."""
     return {"exc_type": _FAILED_CALL, "message": f"ToolCallError: {reason}"}
+
+
+def _lines_inside_strings(program: str) -> set[int]:
+    """The numbers of the lines that begin inside a multi-line string.
+
+    Only a triple quote or a backslash before a line break can make a string span lines:
+    without either there is none, and the pure-Python tokenizer (whose cost grows with every
+    token, and for a short program exceeds the rest of its run in the bridge) is not run."""
+    markers = ('"""', "'''", "\\\n", "\\\r")
+    if not any(marker in program for marker in markers):
+        return set()
+    inside: set[int] = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(program).readline):
+            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
+                inside.update(range(token.start[0] + 1, token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass  # Monty reports the problem itself
+    return inside
 
 
 def _names_tools(program: str) -> bool:

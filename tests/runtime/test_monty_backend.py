@@ -250,6 +250,11 @@ async def test_multi_line_strings_keep_their_text_and_lines_stay_the_programs(
     await _run(stub, text, {"outcome": "success", "value_json": '"a\\n  b"'})
     seen = await _run(stub, "s = '''a\nb'''\nx = 1\nreturn 1 / 0", {"outcome": "exception"})
     assert "ZeroDivisionError" in seen.message and "line 4:" in seen.message, seen.message
+    # A quoted string continued by a backslash spans lines too; its second line is its own.
+    text = "s = 'a\\\n  b'\nreturn s"
+    await _run(stub, text, {"outcome": "success", "value_json": '"a  b"'})
+    seen = await _run(stub, 'return "a" + \\\n  "b" + 1', {"outcome": "exception"})
+    assert "TypeError" in seen.message and "line 1:" in seen.message, seen.message
 
 
 async def test_an_explicit_none_is_a_value_and_a_fall_off_is_none(stub: corpus.Stub) -> None:
