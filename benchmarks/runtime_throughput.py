@@ -183,12 +183,15 @@ async def workload(
                 await asyncio.sleep(0.5)  # the pool refills outside the measurement
                 remaining = programs
                 own: list[float] = []
+                walls: list[float] = []
 
                 async def client(tenant: str) -> None:
                     nonlocal remaining
                     while remaining > 0:
                         remaining -= 1
+                        began = time.perf_counter()
                         own.append(await _one(stub, program, language, tenant))
+                        walls.append(time.perf_counter() - began)
 
                 def read() -> tuple[float, float, float]:
                     total = meter.cpu_s() if meter is not None else _reaper_cpu_s(reaper)
@@ -218,6 +221,7 @@ async def workload(
         "runtime_cpu_ms_per_run": round(runtime_cpu * 1e3, 3),
         "client_cpu_ms_per_run": round((client_after - client_before) / runs * 1e3, 3),
         "machine_cpu_ms_per_run": round(machine_cpu / runs * 1e3, 3),
+        "program_wall_ms_mean": round(statistics.fmean(walls) * 1e3, 3),
         "programs": runs,
     }
 
@@ -280,6 +284,20 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
     bare = await asyncio.to_thread(_bare, programs * 2)
     rate = float(monty["programs_per_s"])
     all_processes = float(monty["worker_cpu_ms_per_run"]) + float(monty["runtime_cpu_ms_per_run"])
+    cpus = len(os.sched_getaffinity(0))
+    others = float(monty["runtime_cpu_ms_per_run"]) + float(monty["client_cpu_ms_per_run"])
+    # Whether the rate is bound by the CPUs or by waiting: the rate the CPUs allow at what each
+    # program cost the hosts, the runtime and the client here, the share of the CPUs the
+    # workload kept busy, and the rate they would allow if the hosts cost nothing at all.
+    workload_cpu_ms = float(monty["worker_cpu_ms_per_run"]) + others
+    bounds = {
+        "cpus": cpus,
+        "cpu_bound_programs_per_s": round(cpus * 1e3 / workload_cpu_ms, 1),
+        "cpus_busy_with_the_workload": round(rate * workload_cpu_ms / 1e3 / cpus, 3),
+        "free_host_programs_per_s": round(cpus * 1e3 / others, 1),
+        "machine_cpu_ms_per_program": monty["machine_cpu_ms_per_run"],
+        "program_wall_ms_mean": monty["program_wall_ms_mean"],
+    }
     return {
         "monty_programs_per_s": rate,
         "monty_bare_programs_per_s": bare["programs_per_s"],
@@ -289,6 +307,7 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
         "monty_vs_bare": round(rate / float(bare["programs_per_s"]), 3),
         "monty": monty,
         "monty_bare": bare,
+        "monty_bounds": bounds,
         "monty_target": {
             "vs_cpython_fork_min": 5,
             "vs_bare_min": 0.5,
