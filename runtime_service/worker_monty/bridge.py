@@ -161,10 +161,19 @@ def wrap_program(program: str) -> str:
 class MontyRun:
     """One program on one Monty session, its binding calls on the channel."""
 
-    def __init__(self, channel: Channel, start: dict[str, Any], ids: Iterator[int]) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        start: dict[str, Any],
+        ids: Iterator[int],
+        *,
+        metered: bool = False,
+    ) -> None:
         """``ids``: the channel's call ids, shared by every run of this host: a reply to an
         earlier run's call (sent before the runtime saw that run end) never matches a call of
-        a later one."""
+        a later one. ``metered``: the host is in its run's cgroup (the sandbox report says it
+        joined one), whose CPU account holds the bridge and the ``monty`` process together."""
+        self.metered = metered
         self.channel = channel
         self.ids = ids
         self.program = str(start["program"])
@@ -253,8 +262,12 @@ class MontyRun:
         }
         if self.memory > 0:
             limits["max_memory"] = self.memory
-        if self.cpu_seconds > 0:
-            # A backstop only: the runtime meters the run's CPU (its cgroup) and ends it first.
+        if self.cpu_seconds > 0 and not self.metered:
+            # Without a run cgroup the runtime's CPU meter sees the bridge, not the monty
+            # process: Monty's own clock bounds the program then. Not where the cgroup meters
+            # both: that clock is wall time while the program runs, waiting for a CPU
+            # included, so on a busy machine it would end a program ``exception`` long before
+            # its compute budget is spent (the runtime ends it ``timeout`` at the budget).
             limits["max_feed_duration_secs"] = self.cpu_seconds * 2 + 1
         return limits
 
@@ -467,13 +480,14 @@ def main() -> None:
     did not end cleanly: ``runtime_service/kept_hosts.py``)."""
     channel = Channel(socket.socket(fileno=CHANNEL_FD))
     report = json.loads(sys.argv[-1])
+    metered = type(report) is dict and report.get("cgroup") == "joined"
     ids = itertools.count(1)
     with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
         address_space = AddressSpace()
         channel.send({"t": "ready", "sandbox": report})
         while True:
             start = next_start(channel)
-            run = MontyRun(channel, start, ids)
+            run = MontyRun(channel, start, ids, metered=metered)
             address_space.limit(run.memory)
             try:
                 outcome = run.run(pool)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 
@@ -233,6 +234,23 @@ async def test_an_infinite_loop_ends_as_timeout(stub: corpus.Stub) -> None:
     )
     assert seen.outcome == "timeout", seen
     await _run(stub, "return 1", {"outcome": "success", "value_json": "1"})
+
+
+def test_montys_own_clock_bounds_a_program_only_where_no_cgroup_meters_the_host() -> None:
+    """Monty's feed clock is wall time while the program runs: where the run cgroup meters
+    the bridge and the monty process (the runtime's compute budget ends the run ``timeout``),
+    no such limit is set, or a busy machine would end a program ``exception`` early."""
+    from runtime_service.worker.core import Channel
+    from runtime_service.worker_monty import bridge
+
+    start = {"program": "", "bindings": [], "max_output_bytes": 100, "cpu_seconds": 0.5}
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        channel = Channel(mine)
+        metered = bridge.MontyRun(channel, start, iter(()), metered=True).limits()
+        alone = bridge.MontyRun(channel, start, iter(()), metered=False).limits()
+    assert "max_feed_duration_secs" not in metered
+    assert alone["max_feed_duration_secs"] == 2.0
 
 
 def test_the_settings_accept_monty_only_by_name() -> None:
