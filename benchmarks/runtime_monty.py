@@ -5,8 +5,10 @@ The workload of ``benchmarks.runtime_throughput`` (10-call programs, 50 at once,
 call answered on the stream, CPU from the benchmark's cgroup: every process of a run):
 CPython programs on the fork tier; Monty programs with each client a tenant of its own (its
 runs share its kept host, ``runtime_service/kept_hosts.py``); the same Monty programs without a
-tenant (a fresh sandboxed bridge and ``monty`` process per run); and a bare ``pydantic_monty``
-pool in this process, no services and no sandbox.
+tenant (a fresh sandboxed bridge and ``monty`` process per run); the same programs with every
+client one tenant (``monty_one_tenant``: 50 runs at once on its few kept hosts, the others
+waiting for one or on hosts used once); and a bare ``pydantic_monty`` pool in this process, no
+services and no sandbox.
 
 Targets (the kept-host tier): >= 5 x the CPython fork tier, >= 0.5 x the bare pool, <= 6 ms of
 CPU per program over all processes.
@@ -162,6 +164,12 @@ async def main(quick: bool, p1_only: bool = False) -> dict[str, object]:
         "fork-server", programs, "monty", MONTY_PROGRAM, CODEMODE_RUNTIME_LANGUAGES=languages
     )
     kept = await monty_tier(programs * 5, cpython)
+    # Every client the same tenant: its runs beyond its kept hosts wait for one of them
+    # (kept_host_wait_s) or take a host used once.
+    one = await workload(
+        "fork-server", programs * 3, "monty", MONTY_PROGRAM, one_tenant=True,
+        CODEMODE_RUNTIME_LANGUAGES=languages,
+    )  # fmt: skip
     latency = await p1(20 if quick else 100)
     return {
         "benchmark": "runtime_monty",
@@ -174,9 +182,14 @@ async def main(quick: bool, p1_only: bool = False) -> dict[str, object]:
         "cpython_fork_programs_per_s": cpython["programs_per_s"],
         "cpython_cpu_ms_per_program": cpython["worker_cpu_ms_per_run"],
         "monty_host_per_run_programs_per_s": once["programs_per_s"],
+        "monty_one_tenant_programs_per_s": one["programs_per_s"],
+        "monty_one_tenant_cpu_ms_per_program": round(
+            float(one["worker_cpu_ms_per_run"]) + float(one["runtime_cpu_ms_per_run"]), 3
+        ),
         "monty_host_per_run_cpu_ms_per_program": once["worker_cpu_ms_per_run"],
         "cpython_fork": cpython,
         "monty_host_per_run": once,
+        "monty_one_tenant": one,
     }
 
 

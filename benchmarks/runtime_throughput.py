@@ -153,11 +153,13 @@ async def workload(
     program: str = PROGRAM,
     *,
     tenants: bool = False,
+    one_tenant: bool = False,
     **env: str,
 ) -> dict[str, float | str]:
     """``programs`` runs of ``program`` in ``language``, ``CONCURRENCY`` at once, on a runtime
     started with ``env`` besides the launch, its figures measured as the module says. With
-    ``tenants`` each client is a tenant of its own (its runs may share a kept host)."""
+    ``tenants`` each client is a tenant of its own (its runs may share a kept host); with
+    ``one_tenant`` every client is the same tenant (its runs share that tenant's kept hosts)."""
     env = service_env(
         CODEMODE_RUNTIME_WORKER_LAUNCH=launch,
         CODEMODE_RUNTIME_POOL_SIZE="8",
@@ -176,6 +178,8 @@ async def workload(
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
                 names = [f"bench-{i}" if tenants else "" for i in range(CONCURRENCY)]
+                if one_tenant:
+                    names = ["bench-one"] * CONCURRENCY
                 warm = (_one(stub, program, language, name) for name in names[:10] * 2)
                 if tenants:  # every tenant's host is booted outside the measurement
                     warm = (_one(stub, program, language, name) for name in names)
@@ -279,8 +283,10 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
     """The Monty tier beside ``forked`` (the CPython fork tier of the same run): each of the
     50 clients a tenant of its own, so its runs share that tenant's kept host; and a bare
     ``pydantic_monty`` pool (no services, no sandbox) in this process."""
-    env = {"CODEMODE_RUNTIME_LANGUAGES": MONTY_LANGUAGES}
-    monty = await workload("fork-server", programs, "monty", MONTY_PROGRAM, tenants=True, **env)
+    monty = await workload(
+        "fork-server", programs, "monty", MONTY_PROGRAM, tenants=True,
+        CODEMODE_RUNTIME_LANGUAGES=MONTY_LANGUAGES,
+    )  # fmt: skip
     bare = await asyncio.to_thread(_bare, programs * 2)
     rate = float(monty["programs_per_s"])
     all_processes = float(monty["worker_cpu_ms_per_run"]) + float(monty["runtime_cpu_ms_per_run"])

@@ -96,8 +96,9 @@ class RuntimeSettings(ServiceSettings):
     """Kept hosts one tenant (agent x principal) may hold at once, busy or idle; its runs
     beyond them get a host used once. 0: none kept."""
     kept_host_wait_s: float = Field(default=0.5, ge=0, le=60, allow_inf_nan=False)
-    """How long a run that finds all its tenant's kept hosts busy waits for one of them to be
-    given back before it gets a host used once (0: it never waits)."""
+    """A run that finds all its tenant's kept hosts busy waits for one of them while one is
+    given back at least every this many seconds (to any of its waiting runs), and gets a host
+    used once when none was for that long (0: it never waits)."""
     max_idle_kept_hosts: int = Field(default=64, ge=0, le=100_000)
     """Idle kept hosts over all tenants (the least recently used is ended beyond it). Kept
     hosts hold sandboxes (uids of ``worker_uid_count``): a run that finds none free ends the

@@ -7,11 +7,11 @@ kept, sandbox and all, for the next run of the **same tenant** (the opaque key t
 sends with the run: its agent and principal) and of no one else's. What is kept is bounded:
 
 - per tenant: at most ``hosts_per_tenant`` kept hosts alive at once (busy or idle); a run
-  that finds all of them busy waits up to ``wait_s`` for one to be given back (the first
-  given back goes to the run that waited longest), then gets a worker used once, as every
-  other language's (for Monty a fresh sandboxed bridge and ``monty`` process cost about
-  100 ms of CPU, a kept host's run a few: a burst of one tenant's runs is served far cheaper
-  by its kept hosts one after the other);
+  that finds all of them busy waits for one to be given back (the first given back goes to
+  the run that waited longest) as long as one of them is given back every ``wait_s``, then
+  gets a worker used once, as every other language's (for Monty a fresh sandboxed bridge and
+  ``monty`` process cost about 100 ms of CPU, a kept host's run a few: a burst of one
+  tenant's runs is served far cheaper by its kept hosts one after the other);
 - per host: recycled (killed, never handed out again) after ``runs_per_host`` runs, after any
   run that did not end cleanly (a timeout, an out-of-memory end, a crash, a protocol error,
   an abort, an output over its budget: ``Run`` decides), when it dies while idle, and when
@@ -52,8 +52,9 @@ class KeptHostLimits:
     max_idle: int = 64
     """Idle kept hosts over all tenants (the least recently used is ended beyond it)."""
     wait_s: float = 0.5
-    """How long a run that finds all its tenant's kept hosts busy waits for one to be given
-    back before it takes a worker used once (0: it never waits)."""
+    """A run that finds all its tenant's kept hosts busy waits for one while one of them is
+    given back every ``wait_s`` (to any waiting run), and takes a worker used once when none
+    was for that long (0: it never waits)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -75,6 +76,8 @@ class KeptHosts:
         self._busy: dict[WorkerProcess, Key] = {}
         self._waiting: dict[Key, collections.deque[asyncio.Future[WorkerProcess | None]]] = {}
         """Runs waiting for a host of their key's to be given back, longest waiting first."""
+        self._given: collections.Counter[Key] = collections.Counter()
+        """Hosts given back per key (the waiting runs' sign that their queue moves)."""
         self._closed = False
         self.recycled = 0
         """Hosts ended by this keeper (recycled, idle, evicted, or died while idle)."""
@@ -122,22 +125,38 @@ class KeptHosts:
             return worker
         return None
 
-    async def wait(self, key: Key, ended: asyncio.Future[None]) -> WorkerProcess | None:
+    async def wait(
+        self, key: Key, ended: asyncio.Future[None], deadline: float
+    ) -> WorkerProcess | None:
         """When every kept host of ``key``'s is busy and the key may hold no more: the first
-        of them given back within ``wait_s`` (now busy, this run's). None at once when the
-        key is below its cap (a fresh worker may be adopted), and None when no host came
-        back in time, a slot opened (one was recycled instead), or ``ended`` (the run's end:
-        an abort) came first."""
+        of them given back to this run (now busy, its), while the queue moves. None at once
+        when the key is below its cap (a fresh worker may be adopted), and None when no host
+        of the key's was given back for ``wait_s`` (its hosts are held by long runs: waiting
+        on would not be served soon), a slot opened (one was recycled instead), ``ended``
+        (the run's end: an abort) came first, or the loop reached ``deadline`` (the run's).
+
+        Not one timeout for the whole wait: under a burst the queue is long, and runs that
+        gave up on it would each boot a host used once (for Monty about 100 ms of CPU, where
+        a kept host's run costs a few), slowing every run on the machine, so that more of
+        them give up: the kept hosts would serve the burst far faster than that."""
         limits = self.limits
         if self._closed or limits.wait_s <= 0 or self._held[key] < limits.hosts_per_tenant:
             return None
-        waiter: asyncio.Future[WorkerProcess | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[WorkerProcess | None] = loop.create_future()
         queue = self._waiting.setdefault(key, collections.deque())
         queue.append(waiter)
         try:
-            await asyncio.wait(
-                (waiter, ended), timeout=limits.wait_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            while True:
+                given = self._given[key]
+                timeout = min(limits.wait_s, deadline - loop.time())
+                if timeout <= 0:
+                    break
+                await asyncio.wait(
+                    (waiter, ended), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if waiter.done() or ended.done() or self._given[key] == given:
+                    break
         finally:
             if not waiter.done():
                 waiter.cancel()
@@ -167,6 +186,7 @@ class KeptHosts:
 
     def _free(self, worker: WorkerProcess, key: Key) -> None:
         """A parked host of ``key``'s no run holds: the longest waiting run's, else idle."""
+        self._given[key] += 1
         for waiter in self._waiting.get(key, ()):
             if not waiter.done():
                 self._busy[worker] = key
@@ -260,6 +280,7 @@ class KeptHosts:
         self._held[key] -= 1
         if self._held[key] <= 0:
             del self._held[key]
+            self._given.pop(key, None)  # nothing of a tenant's is kept once it holds no host
         # A slot opened: the longest waiting run stops waiting, and its fresh worker may be kept.
         for waiter in self._waiting.get(key, ()):
             if not waiter.done():
@@ -290,8 +311,8 @@ class HostKeeper:
     def take(self) -> WorkerProcess | None:
         return self.hosts.take(self.key)
 
-    async def wait(self, ended: asyncio.Future[None]) -> WorkerProcess | None:
-        return await self.hosts.wait(self.key, ended)
+    async def wait(self, ended: asyncio.Future[None], deadline: float) -> WorkerProcess | None:
+        return await self.hosts.wait(self.key, ended, deadline)
 
     def adopt(self, worker: WorkerProcess) -> bool:
         return self.hosts.adopt(self.key, worker)

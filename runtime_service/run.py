@@ -166,9 +166,9 @@ class Run:
         worker = keeper.take() if keeper is not None else None
         if worker is None and keeper is not None:
             # Every host the tenant may keep is busy: one given back soon serves this run
-            # (``kept_hosts.py``). Only an abort ends this wait early.
+            # (``kept_hosts.py``), within its wall budget; an abort ends the wait.
             assert self._settled is not None
-            worker = await keeper.wait(self._settled)
+            worker = await keeper.wait(self._settled, self._wall_deadline)
             if worker is None and self._terminal is not None:
                 return self._materialize()
         kept = worker is not None

@@ -367,6 +367,19 @@ async def test_a_host_recycled_while_a_run_waits_lets_it_keep_a_fresh_one(
         assert fresh is not host and runtime.kept.held(NAME, "agent-a") == 1
 
 
+async def test_a_run_stops_waiting_when_no_host_comes_back(monty_registered: None) -> None:
+    """The tenant's one host is held by a run that goes on: none is given back, so the run
+    beyond it stops waiting and is served at once on a host used once."""
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=0.2) as runtime:
+        call, held = await _held_call(runtime, "agent-a")
+        [host] = runtime.hosts("agent-a")
+        await runtime.ok("agent-a")  # while the first run still waits for its answer
+        assert runtime.hosts("agent-a") == [host] and runtime.kept.held(NAME, "agent-a") == 1
+        assert runtime.kept.waiting(NAME, "agent-a") == 0
+        await call.write(pb.RunRequest(call_result=await echo_answer(held)))
+        assert (await _terminal(call)).WhichOneof("outcome") == "success"
+
+
 async def test_without_waiting_a_run_beyond_the_hosts_gets_one_used_once(
     monty_registered: None,
 ) -> None:
