@@ -153,11 +153,13 @@ async def workload(
     program: str = PROGRAM,
     *,
     tenants: bool = False,
+    one_tenant: bool = False,
     **env: str,
 ) -> dict[str, float | str]:
     """``programs`` runs of ``program`` in ``language``, ``CONCURRENCY`` at once, on a runtime
     started with ``env`` besides the launch, its figures measured as the module says. With
-    ``tenants`` each client is a tenant of its own (its runs may share a kept host)."""
+    ``tenants`` each client is a tenant of its own (its runs may share a kept host); with
+    ``one_tenant`` every client is the same tenant (its runs share that tenant's kept hosts)."""
     env = service_env(
         CODEMODE_RUNTIME_WORKER_LAUNCH=launch,
         CODEMODE_RUNTIME_POOL_SIZE="8",
@@ -176,6 +178,8 @@ async def workload(
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = runtime_pb2_grpc.RuntimeServiceStub(channel)
                 names = [f"bench-{i}" if tenants else "" for i in range(CONCURRENCY)]
+                if one_tenant:
+                    names = ["bench-one"] * CONCURRENCY
                 warm = (_one(stub, program, language, name) for name in names[:10] * 2)
                 if tenants:  # every tenant's host is booted outside the measurement
                     warm = (_one(stub, program, language, name) for name in names)
@@ -183,12 +187,15 @@ async def workload(
                 await asyncio.sleep(0.5)  # the pool refills outside the measurement
                 remaining = programs
                 own: list[float] = []
+                walls: list[float] = []
 
                 async def client(tenant: str) -> None:
                     nonlocal remaining
                     while remaining > 0:
                         remaining -= 1
+                        began = time.perf_counter()
                         own.append(await _one(stub, program, language, tenant))
+                        walls.append(time.perf_counter() - began)
 
                 def read() -> tuple[float, float, float]:
                     total = meter.cpu_s() if meter is not None else _reaper_cpu_s(reaper)
@@ -218,6 +225,7 @@ async def workload(
         "runtime_cpu_ms_per_run": round(runtime_cpu * 1e3, 3),
         "client_cpu_ms_per_run": round((client_after - client_before) / runs * 1e3, 3),
         "machine_cpu_ms_per_run": round(machine_cpu / runs * 1e3, 3),
+        "program_wall_ms_mean": round(statistics.fmean(walls) * 1e3, 3),
         "programs": runs,
     }
 
@@ -275,11 +283,27 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
     """The Monty tier beside ``forked`` (the CPython fork tier of the same run): each of the
     50 clients a tenant of its own, so its runs share that tenant's kept host; and a bare
     ``pydantic_monty`` pool (no services, no sandbox) in this process."""
-    env = {"CODEMODE_RUNTIME_LANGUAGES": MONTY_LANGUAGES}
-    monty = await workload("fork-server", programs, "monty", MONTY_PROGRAM, tenants=True, **env)
+    monty = await workload(
+        "fork-server", programs, "monty", MONTY_PROGRAM, tenants=True,
+        CODEMODE_RUNTIME_LANGUAGES=MONTY_LANGUAGES,
+    )  # fmt: skip
     bare = await asyncio.to_thread(_bare, programs * 2)
     rate = float(monty["programs_per_s"])
     all_processes = float(monty["worker_cpu_ms_per_run"]) + float(monty["runtime_cpu_ms_per_run"])
+    cpus = len(os.sched_getaffinity(0))
+    others = float(monty["runtime_cpu_ms_per_run"]) + float(monty["client_cpu_ms_per_run"])
+    # Whether the rate is bound by the CPUs or by waiting: the rate the CPUs allow at what each
+    # program cost the hosts, the runtime and the client here, the share of the CPUs the
+    # workload kept busy, and the rate they would allow if the hosts cost nothing at all.
+    workload_cpu_ms = float(monty["worker_cpu_ms_per_run"]) + others
+    bounds = {
+        "cpus": cpus,
+        "cpu_bound_programs_per_s": round(cpus * 1e3 / workload_cpu_ms, 1),
+        "cpus_busy_with_the_workload": round(rate * workload_cpu_ms / 1e3 / cpus, 3),
+        "free_host_programs_per_s": round(cpus * 1e3 / others, 1),
+        "machine_cpu_ms_per_program": monty["machine_cpu_ms_per_run"],
+        "program_wall_ms_mean": monty["program_wall_ms_mean"],
+    }
     return {
         "monty_programs_per_s": rate,
         "monty_bare_programs_per_s": bare["programs_per_s"],
@@ -289,6 +313,7 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
         "monty_vs_bare": round(rate / float(bare["programs_per_s"]), 3),
         "monty": monty,
         "monty_bare": bare,
+        "monty_bounds": bounds,
         "monty_target": {
             "vs_cpython_fork_min": 5,
             "vs_bare_min": 0.5,

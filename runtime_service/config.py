@@ -95,6 +95,10 @@ class RuntimeSettings(ServiceSettings):
     kept_hosts_per_tenant: int = Field(default=4, ge=0, le=256)
     """Kept hosts one tenant (agent x principal) may hold at once, busy or idle; its runs
     beyond them get a host used once. 0: none kept."""
+    kept_host_wait_s: float = Field(default=0.5, ge=0, le=60, allow_inf_nan=False)
+    """A run that finds all its tenant's kept hosts busy waits for one of them while one is
+    given back at least every this many seconds (to any of its waiting runs), and gets a host
+    used once when none was for that long (0: it never waits)."""
     max_idle_kept_hosts: int = Field(default=64, ge=0, le=100_000)
     """Idle kept hosts over all tenants (the least recently used is ended beyond it). Kept
     hosts hold sandboxes (uids of ``worker_uid_count``): a run that finds none free ends the
@@ -244,6 +248,7 @@ class RuntimeSettings(ServiceSettings):
                 idle_s=self.kept_host_idle_s,
                 hosts_per_tenant=self.kept_hosts_per_tenant,
                 max_idle=self.max_idle_kept_hosts,
+                wait_s=self.kept_host_wait_s,
             ),
         )
 

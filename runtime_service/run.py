@@ -164,6 +164,13 @@ class Run:
             return self._materialize()
         keeper = self._keeper
         worker = keeper.take() if keeper is not None else None
+        if worker is None and keeper is not None:
+            # Every host the tenant may keep is busy: one given back soon serves this run
+            # (``kept_hosts.py``), within its wall budget; an abort ends the wait.
+            assert self._settled is not None
+            worker = await keeper.wait(self._settled, self._wall_deadline)
+            if worker is None and self._terminal is not None:
+                return self._materialize()
         kept = worker is not None
         if worker is None and self._take_idle is not None:
             worker = self._take_idle()

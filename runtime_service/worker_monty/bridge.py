@@ -47,6 +47,7 @@ import socket
 import sys
 import tokenize
 import typing
+import unicodedata
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -70,6 +71,13 @@ def _import_paths() -> None:
         import typing_extensions  # noqa: F401
     except ImportError:
         sys.modules["typing_extensions"] = typing
+    # pydantic_monty looks ``opentelemetry`` up at every feed and every import it answers (its
+    # telemetry hooks). The root does not hold it, and a failed import searches each directory
+    # of ``sys.path`` again every time: recorded absent once, each look-up fails at once.
+    try:
+        import opentelemetry  # noqa: F401
+    except ImportError:
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # "absent" to import
 
 
 _import_paths()
@@ -84,6 +92,10 @@ __all__ = ["MontyRun", "wrap_program"]
 
 PRELUDE_LINES = 3  # ``import tools``, ``ToolCallError = ...`` and the ``async def`` line
 PRELUDE = "import tools\nToolCallError = RuntimeError\nasync def __program__():\n"
+# A program whose text never spells ``tools`` cannot reach the module, and its import is one
+# more round trip to the monty process per run (the bridge answers it): such a program gets
+# this prelude instead, the import's line left empty so that its lines keep their numbers.
+PRELUDE_WITHOUT_TOOLS = "\n" + PRELUDE.split("\n", 1)[1]
 INDENT = "    "
 _NO_VALUE = "__codemode_no_value__"
 # The completion in place of a value without a JSON form. The completion is the value itself,
@@ -128,23 +140,18 @@ def wrap_program(program: str) -> str:
 
     Every line is indented except those that begin inside a multi-line string (their text
     is the string's). A fall-off returns the ``_NO_VALUE`` input (no value), distinct from
-    an explicit ``return None``.
+    an explicit ``return None``. ``tools`` is imported only where the text names it.
     """
+    prelude = PRELUDE if _names_tools(program) else PRELUDE_WITHOUT_TOOLS
     lines = program.splitlines(True)
-    inside: set[int] = set()
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(program).readline):
-            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
-                inside.update(range(token.start[0] + 1, token.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError, IndentationError):
-        pass  # Monty reports the problem itself
+    inside = _lines_inside_strings(program)
     body = "".join(
         line if number in inside else INDENT + line for number, line in enumerate(lines, 1)
     )
     if body and not body.endswith("\n"):
         body += "\n"
     return (
-        f"{PRELUDE}{body}{INDENT}return {_NO_VALUE}\n"
+        f"{prelude}{body}{INDENT}return {_NO_VALUE}\n"
         f"{_PLAIN_CHECK}"
         "__codemode_value__ = await __program__()\n"
         f"__codemode_value__ if __codemode_plain__(__codemode_value__) else {_NOT_PLAIN}\n"
@@ -154,10 +161,19 @@ def wrap_program(program: str) -> str:
 class MontyRun:
     """One program on one Monty session, its binding calls on the channel."""
 
-    def __init__(self, channel: Channel, start: dict[str, Any], ids: Iterator[int]) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        start: dict[str, Any],
+        ids: Iterator[int],
+        *,
+        metered: bool = False,
+    ) -> None:
         """``ids``: the channel's call ids, shared by every run of this host: a reply to an
         earlier run's call (sent before the runtime saw that run end) never matches a call of
-        a later one."""
+        a later one. ``metered``: the host is in its run's cgroup (the sandbox report says it
+        joined one), whose CPU account holds the bridge and the ``monty`` process together."""
+        self.metered = metered
         self.channel = channel
         self.ids = ids
         self.program = str(start["program"])
@@ -246,8 +262,12 @@ class MontyRun:
         }
         if self.memory > 0:
             limits["max_memory"] = self.memory
-        if self.cpu_seconds > 0:
-            # A backstop only: the runtime meters the run's CPU (its cgroup) and ends it first.
+        if self.cpu_seconds > 0 and not self.metered:
+            # Without a run cgroup the runtime's CPU meter sees the bridge, not the monty
+            # process: Monty's own clock bounds the program then. Not where the cgroup meters
+            # both: that clock is wall time while the program runs, waiting for a CPU
+            # included, so on a busy machine it would end a program ``exception`` long before
+            # its compute budget is spent (the runtime ends it ``timeout`` at the budget).
             limits["max_feed_duration_secs"] = self.cpu_seconds * 2 + 1
         return limits
 
@@ -336,6 +356,34 @@ def _failed_call(reason: str) -> pm.ExternalExceptionData:
     """A failed binding call as the program sees it: ``ToolCallError`` (``RuntimeError``)
     whose text starts with the name it is caught by."""
     return {"exc_type": _FAILED_CALL, "message": f"ToolCallError: {reason}"}
+
+
+def _lines_inside_strings(program: str) -> set[int]:
+    """The numbers of the lines that begin inside a multi-line string.
+
+    Only a triple quote or a backslash before a line break can make a string span lines:
+    without either there is none, and the pure-Python tokenizer (whose cost grows with every
+    token, and for a short program exceeds the rest of its run in the bridge) is not run."""
+    markers = ('"""', "'''", "\\\n", "\\\r")
+    if not any(marker in program for marker in markers):
+        return set()
+    inside: set[int] = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(program).readline):
+            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
+                inside.update(range(token.start[0] + 1, token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        pass  # Monty reports the problem itself
+    return inside
+
+
+def _names_tools(program: str) -> bool:
+    """Whether the text can name ``tools``: anywhere in it (a string, a comment, an f-string's
+    expression), after the NFKC normalization Python gives identifiers (``ｔｏｏｌｓ`` is
+    ``tools``). Erring towards the import: it costs a round trip, never a behaviour."""
+    if not program.isascii():
+        program = unicodedata.normalize("NFKC", program)
+    return "tools" in program
 
 
 def too_deep(value: object) -> bool:
@@ -432,13 +480,14 @@ def main() -> None:
     did not end cleanly: ``runtime_service/kept_hosts.py``)."""
     channel = Channel(socket.socket(fileno=CHANNEL_FD))
     report = json.loads(sys.argv[-1])
+    metered = type(report) is dict and report.get("cgroup") == "joined"
     ids = itertools.count(1)
     with pm.Monty(binary_path=sys.argv[1], min_processes=1, max_processes=1) as pool:
         address_space = AddressSpace()
         channel.send({"t": "ready", "sandbox": report})
         while True:
             start = next_start(channel)
-            run = MontyRun(channel, start, ids)
+            run = MontyRun(channel, start, ids, metered=metered)
             address_space.limit(run.memory)
             try:
                 outcome = run.run(pool)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 
@@ -160,6 +161,28 @@ async def test_what_monty_refuses_ends_exception_at_its_line_and_column(
     assert "yield" in seen.message and "line 4:" in seen.message, seen.message
 
 
+async def test_a_program_that_never_names_tools_keeps_its_lines(stub: corpus.Stub) -> None:
+    """Such a program's prelude leaves out the import of ``tools`` (the bridge's
+    ``wrap_program``) on an empty line: its problems are still at its own line:column."""
+    seen = await _run(stub, "x = 1\n\nreturn x // 0", {"outcome": "exception"})
+    assert "ZeroDivisionError" in seen.message and "line 3:" in seen.message, seen.message
+
+
+TOOLS_SPELLED = [
+    pytest.param("return await tools.echo({'i': 1})", id="plain"),
+    pytest.param("return f\"{await tools.echo({'i': 1})}\"", id="f-string-expression"),
+    # NFKC: Python (and Monty) read fullwidth letters in an identifier as their ASCII ones.
+    pytest.param("return await \uff54\uff4f\uff4f\uff4c\uff53.echo({'i': 1})", id="fullwidth"),
+]
+
+
+@pytest.mark.parametrize("source", TOOLS_SPELLED)
+async def test_every_spelling_of_tools_reaches_the_bindings(stub: corpus.Stub, source: str) -> None:
+    seen = await _run(stub, source, {"outcome": "success"})
+    assert [name for name, _ in seen.calls] == ["echo"]
+    assert json.loads(seen.calls[0][1]) == {"i": 1}
+
+
 async def test_nothing_of_one_run_is_seen_by_the_next(stub: corpus.Stub) -> None:
     await _run(
         stub,
@@ -213,6 +236,23 @@ async def test_an_infinite_loop_ends_as_timeout(stub: corpus.Stub) -> None:
     await _run(stub, "return 1", {"outcome": "success", "value_json": "1"})
 
 
+def test_montys_own_clock_bounds_a_program_only_where_no_cgroup_meters_the_host() -> None:
+    """Monty's feed clock is wall time while the program runs: where the run cgroup meters
+    the bridge and the monty process (the runtime's compute budget ends the run ``timeout``),
+    no such limit is set, or a busy machine would end a program ``exception`` early."""
+    from runtime_service.worker.core import Channel
+    from runtime_service.worker_monty import bridge
+
+    start = {"program": "", "bindings": [], "max_output_bytes": 100, "cpu_seconds": 0.5}
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        channel = Channel(mine)
+        metered = bridge.MontyRun(channel, start, iter(()), metered=True).limits()
+        alone = bridge.MontyRun(channel, start, iter(()), metered=False).limits()
+    assert "max_feed_duration_secs" not in metered
+    assert alone["max_feed_duration_secs"] == 2.0
+
+
 def test_the_settings_accept_monty_only_by_name() -> None:
     assert RuntimeSettings().runtime_options().languages == ()
     named = RuntimeSettings(languages=["python", NAME]).runtime_options()
@@ -228,6 +268,11 @@ async def test_multi_line_strings_keep_their_text_and_lines_stay_the_programs(
     await _run(stub, text, {"outcome": "success", "value_json": '"a\\n  b"'})
     seen = await _run(stub, "s = '''a\nb'''\nx = 1\nreturn 1 / 0", {"outcome": "exception"})
     assert "ZeroDivisionError" in seen.message and "line 4:" in seen.message, seen.message
+    # A quoted string continued by a backslash spans lines too; its second line is its own.
+    text = "s = 'a\\\n  b'\nreturn s"
+    await _run(stub, text, {"outcome": "success", "value_json": '"a  b"'})
+    seen = await _run(stub, 'return "a" + \\\n  "b" + 1', {"outcome": "exception"})
+    assert "TypeError" in seen.message and "line 1:" in seen.message, seen.message
 
 
 async def test_an_explicit_none_is_a_value_and_a_fall_off_is_none(stub: corpus.Stub) -> None:

@@ -296,6 +296,101 @@ async def test_a_tenant_holds_at_most_its_hosts(monty_registered: None) -> None:
         assert len(runtime.hosts("agent-a")) == 1
 
 
+async def _until(condition: Any) -> None:
+    """Poll a condition of the runtime's state (a latch, never a duration)."""
+    for _ in range(6000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def _started(runtime: Served, tenant: str, source: str = "return 2") -> Any:
+    call = runtime.stub.Run()
+    await call.write(start_message_in(NAME, source, "echo", tenant=tenant))
+    return call
+
+
+async def test_a_run_finding_its_tenants_hosts_busy_waits_for_one(
+    monty_registered: None,
+) -> None:
+    """The run beyond the tenant's one kept host starts no host of its own: it waits, another
+    tenant's host given back meanwhile is not its, and its tenant's host serves it next."""
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=60) as runtime:
+        call, held = await _held_call(runtime, "agent-a")
+        [host] = runtime.hosts("agent-a")
+        waiting = await _started(runtime, "agent-a")
+        await _until(lambda: runtime.kept.waiting(NAME, "agent-a") == 1)
+        await runtime.ok("agent-b")  # given back idle: agent-b's, never agent-a's waiter
+        assert runtime.kept.waiting(NAME, "agent-a") == 1
+        assert runtime.hosts("agent-a") == [host]
+        await call.write(pb.RunRequest(call_result=await echo_answer(held)))
+        assert (await _terminal(call)).WhichOneof("outcome") == "success"
+        terminal = await _terminal(waiting)
+        assert json.loads(terminal.success.value_json) == 2, terminal
+        assert runtime.hosts("agent-a") == [host] and host.runs_served == 2
+        assert (
+            runtime.kept.held(NAME, "agent-a") == 1 and runtime.kept.waiting(NAME, "agent-a") == 0
+        )
+
+
+async def test_a_waiting_run_can_be_cancelled_and_the_host_stays_kept(
+    monty_registered: None,
+) -> None:
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=60) as runtime:
+        call, held = await _held_call(runtime, "agent-a")
+        [host] = runtime.hosts("agent-a")
+        waiting = await _started(runtime, "agent-a")
+        await _until(lambda: runtime.kept.waiting(NAME, "agent-a") == 1)
+        await waiting.write(pb.RunRequest(cancel=pb.RunCancel(reason="enough")))
+        assert (await _terminal(waiting)).failure.kind == pb.FAILURE_KIND_ABORT
+        assert runtime.kept.waiting(NAME, "agent-a") == 0
+        await call.write(pb.RunRequest(call_result=await echo_answer(held)))
+        assert (await _terminal(call)).WhichOneof("outcome") == "success"
+        await runtime.ok("agent-a")  # on the same host: the cancelled waiter took nothing
+        assert runtime.hosts("agent-a") == [host] and host.runs_served == 2
+
+
+async def test_a_host_recycled_while_a_run_waits_lets_it_keep_a_fresh_one(
+    monty_registered: None,
+) -> None:
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=60) as runtime:
+        call, _ = await _held_call(runtime, "agent-a")
+        [host] = runtime.hosts("agent-a")
+        waiting = await _started(runtime, "agent-a")
+        await _until(lambda: runtime.kept.waiting(NAME, "agent-a") == 1)
+        await call.write(pb.RunRequest(cancel=pb.RunCancel(reason="enough")))  # recycles it
+        assert (await _terminal(call)).failure.kind == pb.FAILURE_KIND_ABORT
+        terminal = await _terminal(waiting)
+        assert json.loads(terminal.success.value_json) == 2, terminal
+        [fresh] = runtime.hosts("agent-a")
+        assert fresh is not host and runtime.kept.held(NAME, "agent-a") == 1
+
+
+async def test_a_run_stops_waiting_when_no_host_comes_back(monty_registered: None) -> None:
+    """The tenant's one host is held by a run that goes on: none is given back, so the run
+    beyond it stops waiting and is served at once on a host used once."""
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=0.2) as runtime:
+        call, held = await _held_call(runtime, "agent-a")
+        [host] = runtime.hosts("agent-a")
+        await runtime.ok("agent-a")  # while the first run still waits for its answer
+        assert runtime.hosts("agent-a") == [host] and runtime.kept.held(NAME, "agent-a") == 1
+        assert runtime.kept.waiting(NAME, "agent-a") == 0
+        await call.write(pb.RunRequest(call_result=await echo_answer(held)))
+        assert (await _terminal(call)).WhichOneof("outcome") == "success"
+
+
+async def test_without_waiting_a_run_beyond_the_hosts_gets_one_used_once(
+    monty_registered: None,
+) -> None:
+    async with served(kept_hosts_per_tenant=1, kept_host_wait_s=0) as runtime:
+        call, held = await _held_call(runtime, "agent-a")
+        await runtime.ok("agent-a")  # at once, on a host used once
+        assert runtime.kept.held(NAME, "agent-a") == 1
+        await call.write(pb.RunRequest(call_result=await echo_answer(held)))
+        assert (await _terminal(call)).WhichOneof("outcome") == "success"
+
+
 async def test_idle_hosts_give_their_sandbox_to_a_run_that_needs_one(
     monty_registered: None,
 ) -> None:
@@ -312,8 +407,13 @@ async def test_idle_hosts_give_their_sandbox_to_a_run_that_needs_one(
 
 
 def test_the_settings_bound_kept_hosts() -> None:
-    options = grpc_settings(kept_host_runs=7, kept_hosts_per_tenant=2).runtime_options()
+    options = grpc_settings(
+        kept_host_runs=7, kept_hosts_per_tenant=2, kept_host_wait_s=0.5
+    ).runtime_options()
     assert options.kept_hosts.runs_per_host == 7 and options.kept_hosts.hosts_per_tenant == 2
+    assert options.kept_hosts.wait_s == 0.5
+    with pytest.raises(ValueError, match="kept_host_wait_s"):
+        grpc_settings(kept_host_wait_s=-1)
     with pytest.raises(ValueError, match="kept_host_runs"):
         grpc_settings(kept_host_runs=0)
 
