@@ -28,6 +28,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from functools import partial
 from itertools import chain, islice
 from typing import NoReturn, cast
@@ -194,16 +195,84 @@ def loads_canonical(
     (where the lock can change hands) and the encoder writes large containers in pieces."""
     text = _text_of(text)
     if _c_decoder_usable(text):
+        spelling = _Spelling() if len(text) >= _SPELLING_CHECK_MIN else None
         try:
-            # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
-            value: JsonValue = _FAST_DECODER_NEG.decode(text) if yielding else _decode_fast(text)
+            value: JsonValue
+            if spelling is not None:
+                value = spelling.decoder(neg_zero=yielding or _may_hold_int_neg_zero(text))(text)
+            elif yielding:
+                # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
+                value = _FAST_DECODER_NEG.decode(text)
+            else:
+                value = _decode_fast(text)
         except (ValueError, RecursionError):
             pass
         else:
             if max_depth is None or _within_depth(text, value, max_depth):
+                if spelling is not None and spelling.canonical(text):
+                    return value, text  # already spelled as `dumps` spells it
                 return value, _encode_pieces(value) if yielding else _encode_decoded(value)
     value = parse(text, max_depth)
     return value, dumps(value)
+
+
+# Below this size writing the canonical text costs less than proving the text already is.
+_SPELLING_CHECK_MIN = 2048
+# Structural characters to "s", JSON whitespace to "w", every other byte to "x".
+_SPACING = bytes(0x73 if c in b"[]{},:" else 0x77 if c in b" \t\n\r" else 0x78 for c in range(256))
+# The escapes `dumps` writes (`json.encoder.ESCAPE_DCT`): the short ones, and `\u00XX` for the
+# other control characters. Any other escape (`\/`, `\u0041`, a surrogate's) is respelled.
+_CANONICAL_ESCAPE = re.compile(r'\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))')
+
+
+class _Spelling:
+    """Whether a text the C decoder reads is the very text `dumps` writes for its value, so
+    that `loads_canonical` returns it instead of writing it again (the dominant cost of
+    admitting large arguments).
+
+    Sufficient conditions, each checked at C speed and conservatively (a doubt writes the text
+    anew, which is always right): every float token is its `repr` (checked as the decoder reads
+    it); no JSON whitespace touches a structural character or ends the text (whitespace between
+    tokens always does; a string holding, say, ", " is merely written again); and every escape
+    is one `dumps` writes. Integer tokens are always canonical (JSON allows no leading zero or
+    sign; `-0` is refused), and `true`/`false`/`null` and object key order are kept as read."""
+
+    __slots__ = ("_floats_canonical",)
+
+    def __init__(self) -> None:
+        self._floats_canonical = True
+
+    def decoder(self, *, neg_zero: bool) -> Callable[[str], JsonValue]:
+        def parse_float(token: str) -> float:
+            number = _fast_float(token)
+            if float.__repr__(number) != token:
+                self._floats_canonical = False
+            return number
+
+        if neg_zero:
+            decoder = json.JSONDecoder(
+                object_pairs_hook=_fast_object,
+                parse_float=parse_float,
+                parse_int=_fast_int,
+                parse_constant=_fast_constant,
+            )
+        else:
+            decoder = json.JSONDecoder(
+                object_pairs_hook=_fast_object,
+                parse_float=parse_float,
+                parse_constant=_fast_constant,
+            )
+        return cast("Callable[[str], JsonValue]", decoder.decode)
+
+    def canonical(self, text: str) -> bool:
+        if not self._floats_canonical:
+            return False
+        if "\\" in text and "\\" in _CANONICAL_ESCAPE.sub("", text):
+            return False
+        marks = text.encode("utf-8").translate(_SPACING)  # `_text_of` refused raw surrogates
+        return not (
+            marks.startswith(b"w") or marks.endswith(b"w") or b"sw" in marks or b"ws" in marks
+        )
 
 
 _PIECE = 4096  # members per C encoder call when writing in pieces
