@@ -26,9 +26,11 @@ import re
 import sys
 from collections.abc import Iterable
 from gc import get_referents
-from itertools import accumulate, chain, compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_
 from typing import Any, NoReturn, cast
+
+from codemode_wire import json_shape
 
 __all__ = [
     "FAST_DEPTH",
@@ -173,89 +175,17 @@ def encode_text(value: object) -> str | None:
 
 # -- reading ---------------------------------------------------------------------------------
 
-# An empty array as ``_structure`` writes it: a byte no valid JSON text holds raw (a control
-# character), so that ``[]`` there is an array of one scalar, whose bytes are gone.
-_EMPTY_ARRAY = b"\x01"
-# Every byte that is not a bracket, a quote, a comma, a colon or an empty array, deleted by
-# ``bytes.translate``.
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}",:\x01')
-# Opening brackets to +1 and closing ones to -1 (as signed bytes).
-_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-
-
-def _structure(text: str) -> bytes:
-    """The brackets, commas and colons of ``text`` outside its strings, in order, an empty
-    array spelled ``[]`` as ``_EMPTY_ARRAY``.
-
-    Linear: escaped backslashes and quotes are removed first, then every other byte but
-    quotes and those, then the strings (the stretch between each pair of quotes). UTF-8 keeps
-    every non-ASCII character free of ASCII bytes, so the work happens on bytes. A ``[]``
-    never straddles a string's quote, so one inside a string goes with the string."""
-    data = text.encode("utf-8", "surrogatepass").replace(b"[]", _EMPTY_ARRAY)
-    if b"\\" in data:
-        # Left to right, ``\\`` pairs first: what remains of a backslash run escapes the next
-        # character, so a ``\"`` left afterwards is a quote inside a string.
-        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    # Adjacent quotes either delimit a string whose bytes are all gone or end one such string
-    # and start the next: dropping them leaves every other byte on the same side of a string
-    # boundary.
-    data = data.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    if b'"' in data:
-        data = b"".join(data.split(b'"')[::2])
-    return data
-
 
 def text_depth(text: str) -> int:
     """An upper bound of the nesting depth the JSON scanner reaches on ``text``.
 
-    Brackets inside strings do not count (``_structure``). On a text the scanner rejects, it
-    still bounds the depth reached before the rejection: up to there the text is valid JSON,
-    tokenized the same way.
+    Brackets inside strings do not count (``json_shape.structure``). On a text the scanner
+    rejects, it still bounds the depth reached before the rejection: up to there the text is
+    valid JSON, tokenized the same way.
     """
     if text.count("[") + text.count("{") <= 1:
         return 1
-    return _depth(_structure(text))
-
-
-def _depth(structure: bytes) -> int:
-    data = structure.translate(None, b",:")
-    if _EMPTY_ARRAY in data:
-        data = data.replace(_EMPTY_ARRAY, b"[]")
-    # Each pass removes empty containers, which lowers the depth by one at most: a few passes
-    # shrink an ordinary document to almost nothing before the exact count.
-    removed = 0
-    for pair in (b"[]", b"{}", b"[]", b"{}"):
-        shorter = data.replace(pair, b"")
-        if len(shorter) != len(data):
-            data = shorter
-            removed += 1
-    if not data:
-        return removed
-    return removed + max(accumulate(memoryview(data.translate(_STEPS)).cast("b"), initial=0))
-
-
-def _values_in(structure: bytes) -> int:
-    """How many values a valid JSON text of this ``_structure`` holds, the root included.
-
-    Every value but the root is a member of a container, and a non-empty container of ``n``
-    members holds ``n - 1`` commas: the values are 1 + the commas + the non-empty containers.
-    An object is empty where ``{}`` is left, an array where ``_EMPTY_ARRAY`` is; one spelled
-    with spaces inside (``[ ]``) counts as holding one value, so the count is never below the
-    true one, while a duplicate key makes the parsed value's (``_values_of``) smaller: the
-    counts agree only where both are exact and no key repeats."""
-    non_empty = structure.count(b"[") + structure.count(b"{") - structure.count(b"{}")
-    return 1 + structure.count(b",") + non_empty
-
-
-def _values_of(value: object) -> int:
-    """How many values ``value`` holds, the root included (it came from the C decoder, so its
-    objects have ``str`` keys only and ``get_referents`` yields their values, not their keys;
-    a value held twice counts twice, as the scanner's shared small ints and keys do)."""
-    count = 1
-    level: list[object] = [value]
-    while level := get_referents(*level):
-        count += len(level)
-    return count
+    return json_shape.depth(json_shape.structure(text))
 
 
 def _decline(*_args: object) -> NoReturn:
@@ -319,7 +249,7 @@ _PLAIN_DECODER = json.JSONDecoder(parse_constant=_decline)
 
 def _hooks_needless(text: str) -> bool:
     """Whether the C decoder without hooks reads ``text`` as the hooked one does, duplicate
-    keys aside (``_values_in`` finds those): no number token that could read as ``-0`` (an
+    keys aside (``json_shape.values_in`` finds those): no number token that could read as ``-0`` (an
     integer hook's refusal, a float's sign) or overflow to infinity. Conservative: a string
     spelling one ("1e5", "x -0") only costs the hooks."""
     if _may_hold(_NEG_ZERO, text):
@@ -338,15 +268,15 @@ def decode_text(text: str) -> object:
     The hooks that refuse ``-0``, infinities and duplicate keys cost a Python call per object
     and per float, most of the parse: where the text cannot hold the numbers (``_hooks_needless``)
     the C decoder runs without them, and a count of the values it built against the values the
-    text spells (``_values_in``) finds a duplicate key."""
-    structure = _structure(text)
-    if _depth(structure) > FAST_DEPTH:
+    text spells (``json_shape.values_in``) finds a duplicate key."""
+    shape = json_shape.structure(text)
+    if json_shape.depth(shape) > FAST_DEPTH:
         raise TooDeep
     if not _ints_bounded():
         raise Declined
     if _hooks_needless(text):
         value = _PLAIN_DECODER.decode(text)
-        if _values_of(value) != _values_in(structure):
+        if json_shape.values_of(value) != json_shape.values_in(shape):
             raise Declined  # a duplicate key
         return value
     decoder = _DECODER_NEG_ZERO if _may_hold_int_neg_zero(text) else _DECODER

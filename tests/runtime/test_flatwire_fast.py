@@ -19,6 +19,7 @@ from unittest import mock
 
 import pytest
 
+from codemode_wire import json_shape
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.worker import flatwire, flatwire_fast, ledger
 from runtime_service.worker.flatwire import FAST_DEPTH, WireError
@@ -711,6 +712,6 @@ def test_the_value_count_matches_the_text_for_every_accepted_text() -> None:
     for _ in range(500):
         value = random_value(rng, rng.randrange(1, 7), surrogates=rng.random() < 0.3)
         for text in (json.dumps(value), json.dumps(value, indent=1, ensure_ascii=False)):
-            structure = flatwire_fast._structure(text)
+            structure = json_shape.structure(text)
             parsed = json.loads(text)
-            assert flatwire_fast._values_in(structure) == flatwire_fast._values_of(parsed), text
+            assert json_shape.values_in(structure) == json_shape.values_of(parsed), text

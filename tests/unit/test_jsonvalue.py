@@ -824,6 +824,21 @@ def test_loads_canonical_keeps_a_canonical_large_text(yielding: bool) -> None:
 
 @pytest.mark.parametrize("yielding", [False, True])
 def test_loads_canonical_of_large_texts_still_refuses(yielding: bool) -> None:
-    for bad in ("[PAD,-0]", "[PAD,-0.0]", "[PAD,1e400]", "[PAD,NaN]", '{"a":PAD,"a":1}'):
-        with pytest.raises(jv.JsonValueError):
-            jv.loads_canonical(bad.replace("PAD", _PAD), yielding=yielding)
+    for bad in (
+        "[PAD,-0]",
+        "[PAD,-0.0]",
+        "[PAD,1e400]",
+        "[PAD,NaN]",
+        '{"a":PAD,"a":1}',
+        '{"a":[1,[2,{"x":[]}]],"b":PAD,"a":1}',  # the dropped value holds a subtree
+        '[PAD,{"k":{"z":1,"y":[ ],"z":{}}}]',
+        '[PAD,{"\\u0061":1,"a":2}]',
+        '[PAD,{"\\"":[],"\\u0022":[]}]',
+        '{"[":PAD,"[":"]"}',
+    ):
+        text = bad.replace("PAD", _PAD)
+        with pytest.raises(jv.JsonValueError) as caught:
+            jv.loads_canonical(text, yielding=yielding)
+        with pytest.raises(jv.JsonValueError) as slow:
+            jv._loads_slow(text)
+        assert str(caught.value) == str(slow.value)
