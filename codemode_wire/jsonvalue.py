@@ -30,6 +30,7 @@ import re
 import sys
 from collections.abc import Callable
 from functools import partial
+from gc import get_referents
 from itertools import chain, islice
 from typing import NoReturn, cast
 
@@ -373,8 +374,8 @@ def _plain_and_shallow(value: object) -> bool:
     """True if `value` has only exact JSON types, str keys and no -0.0, and is at most
     _FAST_DEPTH levels deep (so it is also acyclic: a cycle never bottoms out).
 
-    It walks one level at a time with C-level passes (map/filter/chain) over all values of the
-    level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
+    It walks one level at a time with C-level passes (map/filter/get_referents) over all values
+    of the level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
     (allow_nan=False), surrogates to a check of its output.
     """
     level = [value]
@@ -387,17 +388,16 @@ def _plain_and_shallow(value: object) -> bool:
             # `in` compares with ==, so this finds 0.0 and -0.0; telling them apart is rare work.
             if 0.0 in floats and any(math.copysign(1.0, f) < 0 for f in floats if f == 0.0):
                 return False
-        dicts: list[dict[object, object]] = []
-        lists: list[list[object]] = []
         if dict in present:
             dicts = cast(list[dict[object, object]], list(filter(_is_dict, level)))
-        if list in present:
-            lists = cast(list[list[object]], list(filter(_is_list, level)))
-        if not dicts and not lists:
+            if not set(map(type, _flat(dicts))) <= _STR_ONLY:
+                return False
+        elif list not in present:
             return True
-        if dicts and not set(map(type, _flat(dicts))) <= _STR_ONLY:
-            return False
-        level = list(chain(_flat(lists), _flat(map(dict.values, dicts))))
+        # The next level in one C call: the items of lists and the values of dicts (with
+        # their keys, already checked, where a dict's keys are not all exact `str`); scalars
+        # refer to nothing.
+        level = get_referents(*level)
     return False
 
 
