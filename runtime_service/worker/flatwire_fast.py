@@ -85,9 +85,9 @@ def plain_depth(value: object) -> int | None:
     Walks one level at a time with C-level passes over the level's values (``get_referents``
     yields the items of lists and the values of dicts, and the keys of dicts whose keys are not
     all ``str``, which are checked apart): a fraction of the C encoder's time. Run only on a
-    value the encoder accepted (``check_circular``), so it is acyclic and the walk visits no
-    more values than the text holds. NaN/±inf are left to the encoder, ``-0.0`` and surrogates
-    to checks of its text.
+    value the encoder accepted (to which a cycle is endless recursion), so it is acyclic and
+    the walk visits no more values than the text holds. NaN/±inf are left to the encoder,
+    ``-0.0`` and surrogates to checks of its text.
     """
     level: list[object] = [value]
     for depth in range(FAST_DEPTH + 1):
@@ -107,7 +107,12 @@ def plain_depth(value: object) -> int | None:
     return None
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# No ``check_circular``: it runs only under a bounded recursion limit (``_recursion_bounded``),
+# where a cycle, endless nesting to the encoder, ends in RecursionError as a deep value does;
+# the check's bookkeeping per container is an eighth of the encoder's time.
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, allow_nan=False, separators=(",", ":")
+)
 # ``-0.0`` is the only float whose repr starts so and ends there (``-0.05`` goes on).
 _NEG_ZERO_FLOAT = re.compile(r"-0\.0(?![0-9e])")
 
