@@ -25,7 +25,6 @@ every fast-path failure is redone on the slow path, which words the error.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -250,10 +249,13 @@ class _Spelling:
         spells (``json_shape``), which costs a fraction of a Python call per object."""
 
         def parse_float(token: str) -> float:
-            number = _fast_float(token)
-            if float.__repr__(number) != token:
-                self._floats_canonical = False
-            return number
+            number = float(token)
+            if float.__repr__(number) == token:
+                if token == "-0.0":  # the one canonical spelling of a refused float
+                    raise _Declined
+                return number
+            self._floats_canonical = False
+            return _fast_float(token)  # refuses ±inf and every other -0
 
         decoder = json.JSONDecoder(
             parse_float=parse_float,
@@ -371,8 +373,8 @@ _flat = chain.from_iterable
 
 
 def _plain_and_shallow(value: object) -> bool:
-    """True if `value` has only exact JSON types, str keys and no -0.0, and is at most
-    _FAST_DEPTH levels deep (so it is also acyclic: a cycle never bottoms out).
+    """True if `value` has only exact JSON types and str keys, and is at most _FAST_DEPTH
+    levels deep (so it is also acyclic: a cycle never bottoms out).
 
     It walks one level at a time with C-level passes (map/filter/get_referents) over all values
     of the level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
@@ -383,11 +385,6 @@ def _plain_and_shallow(value: object) -> bool:
         present = set(map(type, level))
         if not present <= _JSON_TYPES:
             return False
-        if float in present:
-            floats = cast(list[float], list(filter(_is_float, level)))
-            # `in` compares with ==, so this finds 0.0 and -0.0; telling them apart is rare work.
-            if 0.0 in floats and any(math.copysign(1.0, f) < 0 for f in floats if f == 0.0):
-                return False
         if dict in present:
             dicts = cast(list[dict[object, object]], list(filter(_is_dict, level)))
             if not set(map(type, _flat(dicts))) <= _STR_ONLY:
@@ -417,7 +414,15 @@ def _encode_fast(value: object) -> str | None:
             text.encode("utf-8")  # fails on a surrogate: the slow path escapes or refuses it
     except (ValueError, RecursionError):  # also NaN/±inf, integers beyond int_max_str_digits
         return None
+    if "-0.0" in text and _NEG_ZERO_FLOAT.search(text):
+        return None  # the slow path refuses it, naming its path
     return text
+
+
+# The encoder writes -0.0 as `-0.0` (the only float whose repr stops there: `-0.05` goes on),
+# between the separators of its compact text; the same characters so placed inside a string
+# merely send the value to the slow path.
+_NEG_ZERO_FLOAT = re.compile(r"(?:^|[\[:,])-0\.0(?=[,\]}]|$)")
 
 
 def _encode(value: object, root: str = "$") -> tuple[str, bool]:

@@ -842,3 +842,27 @@ def test_loads_canonical_of_large_texts_still_refuses(yielding: bool) -> None:
         with pytest.raises(jv.JsonValueError) as slow:
             jv._loads_slow(text)
         assert str(caught.value) == str(slow.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        -0.0,
+        [-0.0],
+        [1, -0.0],
+        {"a": -0.0},
+        {"a": [0.5, {"b": -0.0}]},
+        [[-0.0], 2],
+        {"x": -0.0, "y": 1},
+    ],
+)
+def test_negative_zero_is_refused_wherever_it_sits(value: object) -> None:
+    with pytest.raises(JsonValueError, match="-0"):
+        dumps(value)
+    assert jv._encode_fast(value) is None
+
+
+@pytest.mark.parametrize("text", ["[-0.0]", ",-0.0,", ":-0.0}", "-0.0"])
+def test_a_string_spelling_negative_zero_is_written_alike(text: str) -> None:
+    value = {"s": text, "t": [text, 0.0, -0.5]}
+    assert dumps(value) == jv._dumps_slow(value)
