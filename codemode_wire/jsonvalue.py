@@ -362,7 +362,6 @@ _STR_ONLY = frozenset({str})
 # isinstance checks as C callables; exact once the level's types are known to be JSON types.
 _is_dict = partial(type.__instancecheck__, dict)
 _is_list = partial(type.__instancecheck__, list)
-_is_float = partial(type.__instancecheck__, float)
 
 
 def _is_container(value: object) -> bool:
