@@ -23,19 +23,25 @@ _EMPTY_ARRAY = b"\x01"
 # Every byte that is not a bracket, a quote, a comma, a colon or an empty array, deleted by
 # ``bytes.translate``.
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}",:\x01')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b'[]{}"')
 # Opening brackets to +1 and closing ones to -1 (as signed bytes).
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
-def structure(text: str) -> bytes:
+def structure(text: str, *, members: bool = True) -> bytes:
     """The brackets, commas and colons of ``text`` outside its strings, in order, an empty
     array spelled ``[]`` as ``_EMPTY_ARRAY``.
 
     Linear: escaped backslashes and quotes are removed first, then every other byte but
     quotes and those, then the strings (the stretch between each pair of quotes). UTF-8 keeps
     every non-ASCII character free of ASCII bytes, so the work happens on bytes. A ``[]``
-    never straddles a string's quote, so one inside a string goes with the string."""
-    data = text.encode("utf-8", "surrogatepass").replace(b"[]", _EMPTY_ARRAY)
+    never straddles a string's quote, so one inside a string goes with the string.
+
+    Without ``members``, only the brackets (the empty arrays too): enough for ``depth``, and
+    less to keep on a large text."""
+    data = text.encode("utf-8", "surrogatepass")
+    if members:
+        data = data.replace(b"[]", _EMPTY_ARRAY)
     if b"\\" in data:
         # Left to right, ``\\`` pairs first: what remains of a backslash run escapes the next
         # character, so a ``\"`` left afterwards is a quote inside a string.
@@ -43,7 +49,8 @@ def structure(text: str) -> bytes:
     # Adjacent quotes either delimit a string whose bytes are all gone or end one such string
     # and start the next: dropping them leaves every other byte on the same side of a string
     # boundary.
-    data = data.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    data = data.translate(None, _NOT_STRUCTURE if members else _NOT_BRACKETS)
+    data = data.replace(b'""', b"")
     if b'"' in data:
         data = b"".join(data.split(b'"')[::2])
     return data
@@ -86,8 +93,20 @@ def values_of(value: object) -> int:
     """How many values ``value`` holds, the root included (it came from the C decoder, so its
     objects have ``str`` keys only and ``get_referents`` yields their values, not their keys;
     a value held twice counts twice, as the scanner's shared small ints and keys do)."""
+    if not _REFERENTS_ARE_VALUES:
+        return -1  # matches no text: the callers read with their hooks
     count = 1
     level: list[object] = [value]
     while level := get_referents(*level):
         count += len(level)
     return count
+
+
+# What ``values_of`` stands on, checked once: the referents of a list are its items, of a
+# ``str``-keyed dict its values alone, of a scalar nothing (so far every CPython; another
+# interpreter's answer would only turn the count off).
+_REFERENTS_ARE_VALUES = (
+    sorted(map(str, get_referents([1, "a"]))) == ["1", "a"]
+    and get_referents({"k": None}) == [None]
+    and get_referents("s", 2, 2.5, None, True) == []
+)

@@ -190,7 +190,7 @@ def text_depth(text: str) -> int:
     """
     if text.count("[") + text.count("{") <= 1:
         return 1
-    return json_shape.depth(json_shape.structure(text))
+    return json_shape.depth(json_shape.structure(text, members=False))
 
 
 def _decline(*_args: object) -> NoReturn:

@@ -635,6 +635,12 @@ def test_duplicate_keys_are_found_without_the_hooks(seed: int) -> None:
     for _ in range(400):
         text, repeated = _text_with_pairs(rng, rng.randrange(1, 6))
         assert flatwire_fast._hooks_needless(text)
+        counted = json_shape.values_in(json_shape.structure(text))
+        built = json_shape.values_of(json.loads(text))
+        if repeated:
+            assert built < counted, text
+        elif not any(space in text for space in " \n"):  # a spaced [ ] is counted as full
+            assert built == counted, text
         result = decode_alike(text)
         if repeated:
             assert result == ("error", (WireError, "duplicate key in JSON object")), text
@@ -715,3 +721,25 @@ def test_the_value_count_matches_the_text_for_every_accepted_text() -> None:
             structure = json_shape.structure(text)
             parsed = json.loads(text)
             assert json_shape.values_in(structure) == json_shape.values_of(parsed), text
+
+
+def test_both_scans_bound_the_depth_alike() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        text = random_text(rng)
+        lean = json_shape.depth(json_shape.structure(text, members=False))
+        assert json_shape.depth(json_shape.structure(text)) == lean, text
+    assert json_shape._REFERENTS_ARE_VALUES
+
+
+def test_a_large_plain_text_is_read_without_the_hooks() -> None:
+    value = {
+        "v": [
+            {"id": i, "name": f"item {i}", "tags": ["a", "b"], "score": i / 2} for i in range(500)
+        ]
+    }
+    text = json.dumps(value, separators=(",", ":"))
+    hooked = mock.Mock(side_effect=AssertionError("the hooked decoder ran"))
+    with mock.patch.object(flatwire_fast, "_DECODER", mock.Mock(decode=hooked)):
+        assert same(flatwire.decode(json_token(text)), value)
+    hooked.assert_not_called()
