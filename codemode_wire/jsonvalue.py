@@ -265,9 +265,12 @@ class _Spelling:
 
         def decode(text: str) -> JsonValue:
             value: JsonValue = decoder.decode(text)
-            if json_shape.values_of(value) != json_shape.values_in(json_shape.structure(text)):
-                raise _Declined  # a duplicate key: the slow path words it
-            return value
+            if json_shape.values_of(value) == json_shape.values_in(json_shape.structure(text)):
+                return value
+            # A duplicate key, or a spaced empty array (`[ ]`) counted as full: the object hook
+            # tells (its refusal sends the text to the slow path, which words the error).
+            hooked = _FAST_DECODER_NEG if neg_zero else _FAST_DECODER
+            return cast(JsonValue, hooked.decode(text))
 
         return decode
 

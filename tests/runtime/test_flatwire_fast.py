@@ -743,3 +743,15 @@ def test_a_large_plain_text_is_read_without_the_hooks() -> None:
     with mock.patch.object(flatwire_fast, "_DECODER", mock.Mock(decode=hooked)):
         assert same(flatwire.decode(json_token(text)), value)
     hooked.assert_not_called()
+
+
+def test_a_spaced_empty_array_is_read_by_the_hooked_c_decoder() -> None:
+    """Counted as holding a value, ``[ ]`` makes the counts differ: the hooked C decoder reads
+    the text then, not the token path."""
+    text = padded_text('{"a":[ ],"b":{ },"c":[\n],"d":[1,[ ]]}')
+    fallback = mock.Mock(side_effect=AssertionError("the token path ran"))
+    with mock.patch.object(flatwire, "loads_strict", fallback):
+        assert same(flatwire.decode(json_token(text)), json.loads(text))
+    fallback.assert_not_called()
+    repeated = padded_text('{"a":[ ],"a":[ ]}')
+    assert decode_alike(repeated) == ("error", (WireError, "duplicate key in JSON object"))

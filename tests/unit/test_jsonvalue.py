@@ -10,6 +10,7 @@ import math
 import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 
@@ -866,3 +867,14 @@ def test_negative_zero_is_refused_wherever_it_sits(value: object) -> None:
 def test_a_string_spelling_negative_zero_is_written_alike(text: str) -> None:
     value = {"s": text, "t": [text, 0.0, -0.5]}
     assert dumps(value) == jv._dumps_slow(value)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_a_large_text_with_spaced_empty_arrays_stays_on_the_c_decoder(yielding: bool) -> None:
+    text = f'{{"pad":{_PAD},"a":[ ],"b":[[\n],{{ }}],"c":[1, [ ]]}}'
+    slow = jv._loads_slow(text)
+    with mock.patch.object(jv, "parse", side_effect=AssertionError("the slow path ran")):
+        value, spelled = jv.loads_canonical(text, yielding=yielding)
+    assert value == slow and spelled == dumps(slow)
+    with pytest.raises(JsonValueError, match="duplicate"):
+        jv.loads_canonical(f'{{"pad":{_PAD},"a":[ ],"a":[ ]}}', yielding=yielding)
