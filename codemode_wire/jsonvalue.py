@@ -25,13 +25,15 @@ every fast-path failure is redone on the slow path, which words the error.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
+from collections.abc import Callable
 from functools import partial
+from gc import get_referents
 from itertools import chain, islice
 from typing import NoReturn, cast
 
+from codemode_wire import json_shape
 from codemode_wire._jsonbase import JsonTooDeep, JsonValue, JsonValueError
 from codemode_wire._jsonencode import END, Cursor, Refused, atom, encode
 from codemode_wire._jsonparse import parse, parse_error
@@ -194,16 +196,93 @@ def loads_canonical(
     (where the lock can change hands) and the encoder writes large containers in pieces."""
     text = _text_of(text)
     if _c_decoder_usable(text):
+        spelling = _Spelling() if len(text) >= _SPELLING_CHECK_MIN else None
         try:
-            # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
-            value: JsonValue = _FAST_DECODER_NEG.decode(text) if yielding else _decode_fast(text)
+            value: JsonValue
+            if spelling is not None:
+                value = spelling.decoder(neg_zero=yielding or _may_hold_int_neg_zero(text))(text)
+            elif yielding:
+                # The integer hook (it also refuses `-0`) gives the lock a chance per integer.
+                value = _FAST_DECODER_NEG.decode(text)
+            else:
+                value = _decode_fast(text)
         except (ValueError, RecursionError):
             pass
         else:
             if max_depth is None or _within_depth(text, value, max_depth):
+                if spelling is not None and spelling.canonical(text):
+                    return value, text  # already spelled as `dumps` spells it
                 return value, _encode_pieces(value) if yielding else _encode_decoded(value)
     value = parse(text, max_depth)
     return value, dumps(value)
+
+
+# Below this size writing the canonical text costs less than proving the text already is.
+_SPELLING_CHECK_MIN = 2048
+# Structural characters to "s", JSON whitespace to "w", every other byte to "x".
+_SPACING = bytes(0x73 if c in b"[]{},:" else 0x77 if c in b" \t\n\r" else 0x78 for c in range(256))
+# The escapes `dumps` writes (`json.encoder.ESCAPE_DCT`): the short ones, and `\u00XX` for the
+# other control characters. Any other escape (`\/`, `\u0041`, a surrogate's) is respelled.
+_CANONICAL_ESCAPE = re.compile(r'\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))')
+
+
+class _Spelling:
+    """Whether a text the C decoder reads is the very text `dumps` writes for its value, so
+    that `loads_canonical` returns it instead of writing it again (the dominant cost of
+    admitting large arguments).
+
+    Sufficient conditions, each checked at C speed and conservatively (a doubt writes the text
+    anew, which is always right): every float token is its `repr` (checked as the decoder reads
+    it); no JSON whitespace touches a structural character or ends the text (whitespace between
+    tokens always does; a string holding, say, ", " is merely written again); and every escape
+    is one `dumps` writes. Integer tokens are always canonical (JSON allows no leading zero or
+    sign; `-0` is refused), and `true`/`false`/`null` and object key order are kept as read."""
+
+    __slots__ = ("_floats_canonical",)
+
+    def __init__(self) -> None:
+        self._floats_canonical = True
+
+    def decoder(self, *, neg_zero: bool) -> Callable[[str], JsonValue]:
+        """The C decoder with a float hook that also checks spellings, and no object hook: a
+        duplicate key is found by counting the values built against the values the text
+        spells (``json_shape``), which costs a fraction of a Python call per object."""
+
+        def parse_float(token: str) -> float:
+            number = float(token)
+            if float.__repr__(number) == token:
+                if token == "-0.0":  # the one canonical spelling of a refused float
+                    raise _Declined
+                return number
+            self._floats_canonical = False
+            return _fast_float(token)  # refuses ±inf and every other -0
+
+        decoder = json.JSONDecoder(
+            parse_float=parse_float,
+            parse_int=_fast_int if neg_zero else None,
+            parse_constant=_fast_constant,
+        )
+
+        def decode(text: str) -> JsonValue:
+            value: JsonValue = decoder.decode(text)
+            if json_shape.values_of(value) == json_shape.values_in(json_shape.structure(text)):
+                return value
+            # A duplicate key, or a spaced empty array (`[ ]`) counted as full: the object hook
+            # tells (its refusal sends the text to the slow path, which words the error).
+            hooked = _FAST_DECODER_NEG if neg_zero else _FAST_DECODER
+            return cast(JsonValue, hooked.decode(text))
+
+        return decode
+
+    def canonical(self, text: str) -> bool:
+        if not self._floats_canonical:
+            return False
+        if "\\" in text and "\\" in _CANONICAL_ESCAPE.sub("", text):
+            return False
+        marks = text.encode("utf-8").translate(_SPACING)  # `_text_of` refused raw surrogates
+        return not (
+            marks.startswith(b"w") or marks.endswith(b"w") or b"sw" in marks or b"ws" in marks
+        )
 
 
 _PIECE = 4096  # members per C encoder call when writing in pieces
@@ -286,7 +365,6 @@ _STR_ONLY = frozenset({str})
 # isinstance checks as C callables; exact once the level's types are known to be JSON types.
 _is_dict = partial(type.__instancecheck__, dict)
 _is_list = partial(type.__instancecheck__, list)
-_is_float = partial(type.__instancecheck__, float)
 
 
 def _is_container(value: object) -> bool:
@@ -297,11 +375,11 @@ _flat = chain.from_iterable
 
 
 def _plain_and_shallow(value: object) -> bool:
-    """True if `value` has only exact JSON types, str keys and no -0.0, and is at most
-    _FAST_DEPTH levels deep (so it is also acyclic: a cycle never bottoms out).
+    """True if `value` has only exact JSON types and str keys, and is at most _FAST_DEPTH
+    levels deep (so it is also acyclic: a cycle never bottoms out).
 
-    It walks one level at a time with C-level passes (map/filter/chain) over all values of the
-    level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
+    It walks one level at a time with C-level passes (map/filter/get_referents) over all values
+    of the level, so it costs a fraction of the C encoder's time. NaN/±inf are left to the encoder
     (allow_nan=False), surrogates to a check of its output.
     """
     level = [value]
@@ -309,22 +387,16 @@ def _plain_and_shallow(value: object) -> bool:
         present = set(map(type, level))
         if not present <= _JSON_TYPES:
             return False
-        if float in present:
-            floats = cast(list[float], list(filter(_is_float, level)))
-            # `in` compares with ==, so this finds 0.0 and -0.0; telling them apart is rare work.
-            if 0.0 in floats and any(math.copysign(1.0, f) < 0 for f in floats if f == 0.0):
-                return False
-        dicts: list[dict[object, object]] = []
-        lists: list[list[object]] = []
         if dict in present:
             dicts = cast(list[dict[object, object]], list(filter(_is_dict, level)))
-        if list in present:
-            lists = cast(list[list[object]], list(filter(_is_list, level)))
-        if not dicts and not lists:
+            if not set(map(type, _flat(dicts))) <= _STR_ONLY:
+                return False
+        elif list not in present:
             return True
-        if dicts and not set(map(type, _flat(dicts))) <= _STR_ONLY:
-            return False
-        level = list(chain(_flat(lists), _flat(map(dict.values, dicts))))
+        # The next level in one C call: the items of lists and the values of dicts (with
+        # their keys, already checked, where a dict's keys are not all exact `str`); scalars
+        # refer to nothing.
+        level = get_referents(*level)
     return False
 
 
@@ -344,7 +416,15 @@ def _encode_fast(value: object) -> str | None:
             text.encode("utf-8")  # fails on a surrogate: the slow path escapes or refuses it
     except (ValueError, RecursionError):  # also NaN/±inf, integers beyond int_max_str_digits
         return None
+    if "-0.0" in text and _NEG_ZERO_FLOAT.search(text):
+        return None  # the slow path refuses it, naming its path
     return text
+
+
+# The encoder writes -0.0 as `-0.0` (the only float whose repr stops there: `-0.05` goes on),
+# between the separators of its compact text; the same characters so placed inside a string
+# merely send the value to the slow path.
+_NEG_ZERO_FLOAT = re.compile(r"(?:^|[\[:,])-0\.0(?=[,\]}]|$)")
 
 
 def _encode(value: object, root: str = "$") -> tuple[str, bool]:

@@ -26,9 +26,11 @@ import re
 import sys
 from collections.abc import Iterable
 from gc import get_referents
-from itertools import accumulate, chain, compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_
 from typing import Any, NoReturn, cast
+
+from codemode_wire import json_shape
 
 __all__ = [
     "FAST_DEPTH",
@@ -83,9 +85,9 @@ def plain_depth(value: object) -> int | None:
     Walks one level at a time with C-level passes over the level's values (``get_referents``
     yields the items of lists and the values of dicts, and the keys of dicts whose keys are not
     all ``str``, which are checked apart): a fraction of the C encoder's time. Run only on a
-    value the encoder accepted (``check_circular``), so it is acyclic and the walk visits no
-    more values than the text holds. NaN/±inf are left to the encoder, ``-0.0`` and surrogates
-    to checks of its text.
+    value the encoder accepted (to which a cycle is endless recursion), so it is acyclic and
+    the walk visits no more values than the text holds. NaN/±inf are left to the encoder,
+    ``-0.0`` and surrogates to checks of its text.
     """
     level: list[object] = [value]
     for depth in range(FAST_DEPTH + 1):
@@ -105,7 +107,12 @@ def plain_depth(value: object) -> int | None:
     return None
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# No ``check_circular``: it runs only under a bounded recursion limit (``_recursion_bounded``),
+# where a cycle, endless nesting to the encoder, ends in RecursionError as a deep value does;
+# the check's bookkeeping per container is an eighth of the encoder's time.
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, allow_nan=False, separators=(",", ":")
+)
 # ``-0.0`` is the only float whose repr starts so and ends there (``-0.05`` goes on).
 _NEG_ZERO_FLOAT = re.compile(r"-0\.0(?![0-9e])")
 
@@ -173,44 +180,17 @@ def encode_text(value: object) -> str | None:
 
 # -- reading ---------------------------------------------------------------------------------
 
-# Every byte that is not a bracket or a quote, deleted by ``bytes.translate``.
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-# Opening brackets to +1 and closing ones to -1 (as signed bytes).
-_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-
 
 def text_depth(text: str) -> int:
     """An upper bound of the nesting depth the JSON scanner reaches on ``text``.
 
-    Linear, and brackets inside strings do not count: escaped backslashes and quotes are removed
-    first, then everything but brackets and quotes, then the strings (the stretch between each
-    pair of quotes). On a text the scanner rejects, it still bounds the depth reached before the
-    rejection: up to there the text is valid JSON, tokenized the same way. UTF-8 keeps every
-    non-ASCII character free of ASCII bytes, so the work happens on bytes.
+    Brackets inside strings do not count (``json_shape.structure``). On a text the scanner
+    rejects, it still bounds the depth reached before the rejection: up to there the text is
+    valid JSON, tokenized the same way.
     """
     if text.count("[") + text.count("{") <= 1:
         return 1
-    data = text.encode("utf-8", "surrogatepass")
-    if b"\\" in data:
-        # Left to right, ``\\`` pairs first: what remains of a backslash run escapes the next
-        # character, so a ``\"`` left afterwards is a quote inside a string.
-        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    # Adjacent quotes either delimit an empty string or end one string and start the next:
-    # dropping them leaves every other byte on the same side of a string boundary.
-    data = data.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    if b'"' in data:
-        data = b"".join(data.split(b'"')[::2])
-    # Each pass removes empty containers, which lowers the depth by one at most: a few passes
-    # shrink an ordinary document to almost nothing before the exact count.
-    removed = 0
-    for pair in (b"[]", b"{}", b"[]", b"{}"):
-        shorter = data.replace(pair, b"")
-        if len(shorter) != len(data):
-            data = shorter
-            removed += 1
-    if not data:
-        return removed
-    return removed + max(accumulate(memoryview(data.translate(_STEPS)).cast("b"), initial=0))
+    return json_shape.depth(json_shape.structure(text, members=False))
 
 
 def _decline(*_args: object) -> NoReturn:
@@ -247,13 +227,40 @@ _INT_NEG_ZERO = re.compile(r"-0(?![.eE0-9])")
 
 def _may_hold_int_neg_zero(text: str) -> bool:
     """False only if no ``-0`` integer token can be in the text (cheap: a literal search)."""
+    return _may_hold(_INT_NEG_ZERO, text)
+
+
+# A ``-0`` integer or a zero float without exponent written with a sign (``-0.0``, ``-0.00``).
+_NEG_ZERO = re.compile(r"-0(?:\.0+)?(?![.0-9])")
+
+
+def _may_hold(pattern: re.Pattern[str], text: str) -> bool:
     if "-0" not in text:
         return False
-    for match in _INT_NEG_ZERO.finditer(text):
+    for match in pattern.finditer(text):
         start = match.start()
         if start == 0 or text[start - 1] in "[:, \t\n\r":  # "item-0" in a string is fine
             return True
     return False
+
+
+# Digits to "0", ``e``/``E`` to "e", every other byte to " ".
+_NUMERALS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x65 if c in b"eE" else 0x20 for c in range(256))
+# A float needs an exponent or this many digits before its point to overflow to infinity.
+_OVERFLOW_DIGITS = b"0" * 309
+
+_PLAIN_DECODER = json.JSONDecoder(parse_constant=_decline)
+
+
+def _hooks_needless(text: str) -> bool:
+    """Whether the C decoder without hooks reads ``text`` as the hooked one does, duplicate
+    keys aside (``json_shape.values_in`` finds those): no number token that could read as ``-0`` (an
+    integer hook's refusal, a float's sign) or overflow to infinity. Conservative: a string
+    spelling one ("1e5", "x -0") only costs the hooks."""
+    if _may_hold(_NEG_ZERO, text):
+        return False
+    numerals = text.encode("utf-8", "surrogatepass").translate(_NUMERALS)
+    return b"0e" not in numerals and _OVERFLOW_DIGITS not in numerals
 
 
 def decode_text(text: str) -> object:
@@ -262,10 +269,20 @@ def decode_text(text: str) -> object:
     Raises ``Declined`` or another ValueError for anything the wire refuses or the scanner
     rejects, and ``RecursionError`` where the recursion limit leaves no room for the text's
     depth; the depth is proven first, so the C stack is never at risk.
-    """
-    if text_depth(text) > FAST_DEPTH:
+
+    The hooks that refuse ``-0``, infinities and duplicate keys cost a Python call per object
+    and per float, most of the parse: where the text cannot hold the numbers (``_hooks_needless``)
+    the C decoder runs without them, and a count of the values it built against the values the
+    text spells (``json_shape.values_in``) finds a duplicate key."""
+    shape = json_shape.structure(text)
+    if json_shape.depth(shape) > FAST_DEPTH:
         raise TooDeep
     if not _ints_bounded():
         raise Declined
+    if _hooks_needless(text):
+        value = _PLAIN_DECODER.decode(text)
+        if json_shape.values_of(value) == json_shape.values_in(shape):
+            return value
+        # A duplicate key, or a spaced empty array (``[ ]``) counted as full: the hooks tell.
     decoder = _DECODER_NEG_ZERO if _may_hold_int_neg_zero(text) else _DECODER
     return decoder.decode(text)

@@ -19,6 +19,7 @@ from unittest import mock
 
 import pytest
 
+from codemode_wire import json_shape
 from runtime_service.outcome import BindingCall, BindingResult, RunFailure
 from runtime_service.worker import flatwire, flatwire_fast, ledger
 from runtime_service.worker.flatwire import FAST_DEPTH, WireError
@@ -590,3 +591,167 @@ def test_the_ledger_charges_what_its_walk_charges(seed: int) -> None:
         size = ledger._walk_size(value, 1 << 40)
         for limit in (0, size - 1, size, size + 1, rng.randrange(size + 1)):
             assert ledger.json_value_size(value, limit) == ledger._walk_size(value, limit)
+
+
+# -- the C decoder without hooks ---------------------------------------------------------------
+# Where no number token can be refused (``_hooks_needless``), json tokens are read without the
+# Python hooks, and a count of the values built against the values the text spells finds a
+# duplicate key. Whatever the spelling, the outcome is the token path's.
+
+_KEYS = ["a", "b", "a,", "[", "{a:", '"', "\\", "\u00e9", "\\u0061"]
+
+
+def _text_with_pairs(rng: random.Random, depth: int) -> tuple[str, bool]:
+    """A JSON text whose objects are written member by member from a few keys (so keys
+    repeat often, also spelled differently: ``"\\u0061"`` is ``"a"``), spaced at random; and
+    whether it repeats a key in some object."""
+    space = rng.choice(["", "", " ", "\n "])
+    if depth <= 0 or rng.random() < 0.2:
+        leaf = rng.choice(["1", "-2", "0.5", "-0.25", '"x"', '"a,b"', '"[{"', "true", "null"])
+        return leaf, False
+    if rng.random() < 0.4:
+        items = [_text_with_pairs(rng, depth - 1) for _ in range(rng.randrange(0, 4))]
+        body = ("," + space).join(text for text, _ in items)
+        return "[" + space + body + space + "]", any(dup for _, dup in items)
+    members: list[str] = []
+    names: set[str] = set()
+    repeated = False
+    for _ in range(rng.randrange(0, 4)):
+        key = rng.choice(_KEYS)
+        spelled = json.dumps(key, ensure_ascii=False) if key != "\\u0061" else '"\\u0061"'
+        name = "a" if key == "\\u0061" else key
+        repeated |= name in names
+        names.add(name)
+        text, dup = _text_with_pairs(rng, depth - 1)
+        repeated |= dup
+        members.append(spelled + space + ":" + space + text)
+    return "{" + space + ("," + space).join(members) + space + "}", repeated
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_duplicate_keys_are_found_without_the_hooks(seed: int) -> None:
+    rng = random.Random(seed)
+    seen = {True: 0, False: 0}
+    for _ in range(400):
+        text, repeated = _text_with_pairs(rng, rng.randrange(1, 6))
+        assert flatwire_fast._hooks_needless(text)
+        counted = json_shape.values_in(json_shape.structure(text))
+        built = json_shape.values_of(json.loads(text))
+        if repeated:
+            assert built < counted, text
+        elif not any(space in text for space in " \n"):  # a spaced [ ] is counted as full
+            assert built == counted, text
+        result = decode_alike(text)
+        if repeated:
+            assert result == ("error", (WireError, "duplicate key in JSON object")), text
+        else:
+            assert result[0] == "ok" and same(result[1], json.loads(text)), text
+        seen[repeated] += 1
+    assert seen[True] > 50 and seen[False] > 50
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":[1,[2,3],{"x":{"y":[]}}],"a":1}',  # the dropped value holds a subtree
+        '{"a":1,"a":[1,[2,3],{"x":{}}]}',
+        '[{"k":1},{"k":2,"j":[{"z":1,"z":1}]}]',
+        '{"a":{},"a":{}}',
+        '{"a":[],"b":[],"a":[]}',
+        '{"a":[ ],"a":[ ]}',  # spaced empty arrays count as holding a value: never hide one
+        '{"a":1,"a":2,"b":[ ],"c":[\n]}',
+        '{"x,":1, "x,":2}',
+        '{"\\"":1,"\\u0022":2}',
+        '{"\\\\":[],"\\\\":[]}',
+        '{"[":"]","[":"]"}',
+        '{ "ü" : 1 , "\\u00fc" : 2 }',
+    ],
+)
+def test_a_duplicate_key_is_refused_without_the_hooks(text: str) -> None:
+    assert flatwire_fast._hooks_needless(text)
+    for spelled in (text, padded_text(text)):
+        assert decode_alike(spelled) == ("error", (WireError, "duplicate key in JSON object"))
+
+
+def padded_text(text: str) -> str:
+    return '{"pad":' + json.dumps(["x, [{:" * 40] * 10) + ',"v":' + text + "}"
+
+
+@pytest.mark.parametrize(
+    ("text", "needless"),
+    [
+        ("[-0]", False),
+        ("[ -0 ]", False),
+        ('{"a":-0}', False),
+        ("[-0.0]", False),
+        ("[-0.000]", False),
+        ("[1,-0.00]", False),
+        ("[-0e1]", False),
+        ("[1e5]", False),
+        ("[1E400]", False),
+        ("[-1e-400]", False),
+        ("[" + "9" * 309 + ".5]", False),
+        ("[" + "9" * 308 + ".5]", True),
+        ('["1e5 in a string"]', False),  # conservative: only costs the hooks
+        ("[-0.5, -0.05, -10, 0.0, 0]", True),
+        ('["2026-01-01", "x-0", "item -05"]', True),
+        ('["a", 1.5, true, null]', True),
+    ],
+)
+def test_the_hooks_run_wherever_a_number_could_be_refused(text: str, needless: bool) -> None:
+    assert flatwire_fast._hooks_needless(text) is needless
+    decode_alike(text)
+    decode_alike(padded_text(text))
+
+
+@pytest.mark.parametrize(
+    "text", ["[[ ],{ },[\n\t]]", '{"a":[ ],"b":{ }}', '[[1],["x"],[[]],[{}],[ [ ] ]]']
+)
+def test_spaced_and_one_member_containers_read_alike(text: str) -> None:
+    for spelled in (text, padded_text(text)):
+        result = decode_alike(spelled)
+        assert result[0] == "ok" and same(result[1], json.loads(spelled))
+
+
+def test_the_value_count_matches_the_text_for_every_accepted_text() -> None:
+    rng = random.Random(7)
+    for _ in range(500):
+        value = random_value(rng, rng.randrange(1, 7), surrogates=rng.random() < 0.3)
+        for text in (json.dumps(value), json.dumps(value, indent=1, ensure_ascii=False)):
+            structure = json_shape.structure(text)
+            parsed = json.loads(text)
+            assert json_shape.values_in(structure) == json_shape.values_of(parsed), text
+
+
+def test_both_scans_bound_the_depth_alike() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        text = random_text(rng)
+        lean = json_shape.depth(json_shape.structure(text, members=False))
+        assert json_shape.depth(json_shape.structure(text)) == lean, text
+    assert json_shape._REFERENTS_ARE_VALUES
+
+
+def test_a_large_plain_text_is_read_without_the_hooks() -> None:
+    value = {
+        "v": [
+            {"id": i, "name": f"item {i}", "tags": ["a", "b"], "score": i / 2} for i in range(500)
+        ]
+    }
+    text = json.dumps(value, separators=(",", ":"))
+    hooked = mock.Mock(side_effect=AssertionError("the hooked decoder ran"))
+    with mock.patch.object(flatwire_fast, "_DECODER", mock.Mock(decode=hooked)):
+        assert same(flatwire.decode(json_token(text)), value)
+    hooked.assert_not_called()
+
+
+def test_a_spaced_empty_array_is_read_by_the_hooked_c_decoder() -> None:
+    """Counted as holding a value, ``[ ]`` makes the counts differ: the hooked C decoder reads
+    the text then, not the token path."""
+    text = padded_text('{"a":[ ],"b":{ },"c":[\n],"d":[1,[ ]]}')
+    fallback = mock.Mock(side_effect=AssertionError("the token path ran"))
+    with mock.patch.object(flatwire, "loads_strict", fallback):
+        assert same(flatwire.decode(json_token(text)), json.loads(text))
+    fallback.assert_not_called()
+    repeated = padded_text('{"a":[ ],"a":[ ]}')
+    assert decode_alike(repeated) == ("error", (WireError, "duplicate key in JSON object"))

@@ -10,6 +10,7 @@ import math
 import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 
@@ -730,3 +731,150 @@ def test_loads_canonical_gives_what_dumps_gives(yielding: bool) -> None:
     for bad in ("[-0]", '{"a":[1,-0]}', "[1e400]", "[NaN]", '{"a":1,"a":2}'):
         with pytest.raises(jv.JsonValueError):
             jv.loads_canonical(bad, yielding=yielding)
+
+
+# Large texts already spelled as `dumps` spells them come back as they are: every other
+# spelling of the same value gives `dumps`'s text, never the input's.
+_PAD = '"' + "p" * 2100 + '"'  # makes any text long enough for the spelling check
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize(("text", "canonical"), ACCEPTED)
+def test_loads_canonical_of_a_large_text_is_dumps(
+    text: str, canonical: str, yielding: bool
+) -> None:
+    for wrapped, wrapped_canonical in (
+        (f"[{_PAD},{text}]", f"[{_PAD},{canonical}]"),
+        (f'{{"pad":{_PAD},"v":{text}}}', f'{{"pad":{_PAD},"v":{canonical}}}'),
+        (f"[{text},{_PAD}]", f"[{canonical},{_PAD}]"),
+    ):
+        value, spelled = jv.loads_canonical(wrapped, yielding=yielding)
+        assert spelled == wrapped_canonical == dumps(value)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "[PAD, 1]",
+        "[PAD ,1]",
+        " [PAD,1]",
+        "[PAD,1]\n",
+        "[PAD,1]\t",
+        "\r[PAD,1]",
+        '{"a" :PAD}',
+        '{"a": PAD}',
+        "[ PAD]",
+        "[PAD ]",
+        "[PAD,{ }]",
+        "[PAD,[\n]]",
+        "[PAD,1.50]",
+        "[PAD,1e2]",
+        "[PAD,1E2]",
+        "[PAD,0.1e1]",
+        "[PAD,1.0000000000000001]",
+        "[PAD,12345678901234567890.0]",
+        "[PAD,-0.10]",
+        "[PAD,1e-7]",
+        "[PAD,2.5E0]",
+        '[PAD,"a\\/b"]',
+        '[PAD,"\\u0041"]',
+        '[PAD,"\\u00e9"]',
+        '[PAD,"\\u00E9"]',
+        '[PAD,"\\u001F"]',
+        '[PAD,"\\u0008"]',
+        '[PAD,"\\u000a"]',
+        '[PAD,"\\u0022"]',
+        '[PAD,"\\u005c"]',
+        '[PAD,"\\ud83d\\ude00"]',
+        '[PAD,"\\\\\\/"]',
+        '{"\\u0061":PAD}',
+    ],
+)
+def test_loads_canonical_respells_every_other_spelling(spelling: str, yielding: bool) -> None:
+    text = spelling.replace("PAD", _PAD)
+    value, spelled = jv.loads_canonical(text, yielding=yielding)
+    assert spelled == dumps(value)
+    assert spelled != text
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_loads_canonical_keeps_a_canonical_large_text(yielding: bool) -> None:
+    """The text itself comes back (not written again) when it is `dumps`'s, including strings
+    holding escapes `dumps` writes, whitespace inside strings, and canonical floats."""
+    value = {
+        "items": [
+            {"id": i, "name": f"item {i}", "score": i / 3, "big": 10**30 + i, "neg": -i - 0.5}
+            for i in range(300)
+        ],
+        "text": 'say "hi"\\ \n\r\t\b\f\x00\x1f\x0b é日本😀 \u2028 x ,y [ ] : {',
+        "floats": [1e16, 1e-7, 5e-324, 1.7976931348623157e308, 0.1, 100.0],
+        "empty": [[], {}, ""],
+        "lits": [True, False, None],
+    }
+    text = dumps(value)
+    assert "\\" in text and "\\u000b" in text
+    # Strings holding ", " or "[ " are spelled again, whatever else they hold:
+    got_value, spelled = jv.loads_canonical(text, yielding=yielding)
+    assert spelled == text and got_value == value
+    del value["text"]
+    text = dumps(value)
+    got_value, spelled = jv.loads_canonical(text, yielding=yielding)
+    assert spelled is text and got_value == value
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_loads_canonical_of_large_texts_still_refuses(yielding: bool) -> None:
+    for bad in (
+        "[PAD,-0]",
+        "[PAD,-0.0]",
+        "[PAD,1e400]",
+        "[PAD,NaN]",
+        '{"a":PAD,"a":1}',
+        '{"a":[1,[2,{"x":[]}]],"b":PAD,"a":1}',  # the dropped value holds a subtree
+        '[PAD,{"k":{"z":1,"y":[ ],"z":{}}}]',
+        '[PAD,{"\\u0061":1,"a":2}]',
+        '[PAD,{"\\"":[],"\\u0022":[]}]',
+        '{"[":PAD,"[":"]"}',
+    ):
+        text = bad.replace("PAD", _PAD)
+        with pytest.raises(jv.JsonValueError) as caught:
+            jv.loads_canonical(text, yielding=yielding)
+        with pytest.raises(jv.JsonValueError) as slow:
+            jv._loads_slow(text)
+        assert str(caught.value) == str(slow.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        -0.0,
+        [-0.0],
+        [1, -0.0],
+        {"a": -0.0},
+        {"a": [0.5, {"b": -0.0}]},
+        [[-0.0], 2],
+        {"x": -0.0, "y": 1},
+    ],
+)
+def test_negative_zero_is_refused_wherever_it_sits(value: object) -> None:
+    with pytest.raises(JsonValueError, match="-0"):
+        dumps(value)
+    assert jv._encode_fast(value) is None
+
+
+@pytest.mark.parametrize("text", ["[-0.0]", ",-0.0,", ":-0.0}", "-0.0"])
+def test_a_string_spelling_negative_zero_is_written_alike(text: str) -> None:
+    value = {"s": text, "t": [text, 0.0, -0.5]}
+    assert dumps(value) == jv._dumps_slow(value)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_a_large_text_with_spaced_empty_arrays_stays_on_the_c_decoder(yielding: bool) -> None:
+    text = f'{{"pad":{_PAD},"a":[ ],"b":[[\n],{{ }}],"c":[1, [ ]]}}'
+    slow = jv._loads_slow(text)
+    with mock.patch.object(jv, "parse", side_effect=AssertionError("the slow path ran")):
+        value, spelled = jv.loads_canonical(text, yielding=yielding)
+    assert value == slow and spelled == dumps(slow)
+    with pytest.raises(JsonValueError, match="duplicate"):
+        jv.loads_canonical(f'{{"pad":{_PAD},"a":[ ],"a":[ ]}}', yielding=yielding)
