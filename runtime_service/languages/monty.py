@@ -16,6 +16,7 @@ channel, its ``print`` output to logs and its outcome to the completion message.
 
 Read-only in the private root besides the Python installation: the bridge's directory, the
 worker package (``runtime_service/worker``, stdlib-only code the Python worker runs too), the
+wire package's directory (``codemode_wire``, for its stdlib-only ``json_shape``), the
 ``pydantic_monty`` package and the directory of the ``monty`` binary.
 """
 
@@ -44,6 +45,9 @@ NAME = "monty"
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 WORKER_DIR = str(_PACKAGE_ROOT / "worker")
 BRIDGE_DIR = str(_PACKAGE_ROOT / "worker_monty")
+# The worker package reads JSON shapes with ``codemode_wire/json_shape.py`` (stdlib only, one
+# copy for the servers' codec and the workers'); the bridge imports it from here.
+WIRE_DIR = str(_PACKAGE_ROOT.parent / "codemode_wire")
 BRIDGE = os.path.join(BRIDGE_DIR, "bridge.py")
 
 _CAPABILITY = Capability(
@@ -52,8 +56,8 @@ _CAPABILITY = Capability(
         "bridge in the same sandbox"
     ),
     installation=(
-        "the Python installation, the runtime's worker package, pydantic_monty and the monty "
-        "binary, read-only"
+        "the Python installation, the runtime's worker and wire packages, pydantic_monty and "
+        "the monty binary, read-only"
     ),
 )
 
@@ -114,7 +118,7 @@ class MontyBackend:
         python = os.path.realpath(sys.executable)
         return ExecLaunch(
             argv=(python, "-I", "-S", BRIDGE, binary, os.path.dirname(package)),
-            expose=(WORKER_DIR, BRIDGE_DIR, package, os.path.dirname(binary)),
+            expose=(WORKER_DIR, BRIDGE_DIR, WIRE_DIR, package, os.path.dirname(binary)),
         )
 
 

@@ -55,16 +55,19 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _import_paths() -> None:
-    """Make ``runtime_service.worker`` (beside this directory) and ``pydantic_monty`` importable in
-    a root that holds only them: a bare ``runtime_service`` package pointing at this
-    directory's parent, and ``typing_extensions`` served by ``typing`` (Python >= 3.11 has
+    """Make ``runtime_service.worker`` (beside this directory), ``codemode_wire.json_shape`` (which
+    the worker package reads JSON shapes with) and ``pydantic_monty`` importable in a root that
+    holds only them: bare ``runtime_service`` and ``codemode_wire`` packages pointing at their
+    directories, and ``typing_extensions`` served by ``typing`` (Python >= 3.11 has
     every name pydantic_monty takes from it)."""
     import types
 
-    if "runtime_service" not in sys.modules:
-        package = types.ModuleType("runtime_service")
-        package.__path__ = [os.path.dirname(_HERE)]
-        sys.modules["runtime_service"] = package
+    root = os.path.dirname(os.path.dirname(_HERE))
+    for name in ("runtime_service", "codemode_wire"):  # bare: neither package's __init__ runs
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, name)]
+            sys.modules[name] = package
     if __name__ == "__main__" and len(sys.argv) > 2:
         sys.path.append(sys.argv[2])
     try:
