@@ -26,6 +26,8 @@ from tests.registry.test_providers import RawProvider
 
 T = TypeVar("T")
 STALL_BOUND_S = 3.0  # generous: the unfixed registry stalled every RPC for 5-30 s
+# The bound is on this process's event loop: scripts/test runs these alone (pyproject.toml).
+pytestmark = pytest.mark.exclusive
 CPU_BOUND_S = 1.0  # backtracking took seconds of CPU; linear matching takes microseconds
 # The registry and this test share one process and one event loop, so a stalled loop stalls
 # the probes exactly as it stalls every other client's RPCs.

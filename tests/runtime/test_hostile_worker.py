@@ -350,6 +350,7 @@ os._exit(5)
 """
 
 
+@pytest.mark.exclusive  # a boot timeout or wall budget over CPU-heavy work
 async def test_worker_that_exits_before_ready_is_a_worker_exit(host: Host) -> None:
     host.fake_workers(EXITS_BEFORE_READY)
     seen, terminal = await drive(host.stub, host.start("return 1"))
@@ -574,6 +575,7 @@ HUGE_REPLY = {
 }
 
 
+@pytest.mark.exclusive  # a boot timeout or wall budget over CPU-heavy work
 async def test_program_passing_a_huge_integer_gets_a_typed_failure_or_the_value(
     host: Host,
 ) -> None:
@@ -583,6 +585,7 @@ async def test_program_passing_a_huge_integer_gets_a_typed_failure_or_the_value(
     assert outcome == "exact" or outcome.startswith("ToolCallError: "), outcome
 
 
+@pytest.mark.exclusive  # a boot timeout or wall budget over CPU-heavy work
 async def test_client_result_with_a_huge_integer_reaches_the_program(host: Host) -> None:
     program = OUTCOME_OF_CALL[host.language].format(**HUGE_REPLY[host.language])
     if host.language == "python":

@@ -147,9 +147,10 @@ async def test_only_one_of_two_registries_racing_for_a_lease_gets_it(leases: Lea
     assert len([lease for lease in won if lease is not None]) == 1
 
 
+# Process memory does not outlive its process: only the stores are reopened.
+@pytest.mark.parametrize("leases", STORES, indirect=True)
 async def test_leases_are_read_back_after_a_reopen(leases: Leases) -> None:
-    if leases.reopen is None:
-        pytest.skip("process memory does not outlive its process")
+    assert leases.reopen is not None
     _held(await leases.a.acquire("clock-1", "ra", "a:1", TTL))
     [stored] = await leases.reopen().load()
     assert (stored.plugin_id, stored.owner, stored.address, stored.epoch) == (
@@ -189,9 +190,10 @@ async def test_a_lease_keeps_the_principal_that_activated_its_run(leases: Leases
         assert [lease.principal for lease in await leases.reopen().load()] == [BOB, ANONYMOUS]
 
 
+# Only PostgreSQL is shared by several registries.
+@pytest.mark.parametrize("kit", ["postgres"], indirect=True)
 async def test_other_registries_hear_which_plugins_lease_changed(kit: StoreKit) -> None:
-    if kit.name != "postgres":
-        pytest.skip("only PostgreSQL is shared by several registries")
+    assert kit.name == "postgres"
     writer, reader = kit.open_stores(), kit.open_stores()
     heard: list[Collection[str] | None] = []
     ready = asyncio.Event()
