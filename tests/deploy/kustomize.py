@@ -34,7 +34,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # The variants with several registry replicas on a shared PostgreSQL.
 HA_VARIANTS = [name for name in VARIANTS if name.startswith("ha")]
-FIELDS = {"metadata.name": "pod-0"}
+# What the downward API gives a pod (`fieldRef`), as the tests stand it in.
+FIELDS = {"metadata.name": "pod-0", "status.podIP": "10.0.0.7"}
 
 needs_kubectl = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl is not installed: `kubectl kustomize` renders the overlays"

@@ -99,6 +99,7 @@ def test_services_load_their_settings(
             assert len(bytes.fromhex(settings.token_key)) == 32
             # ... from which the Cordis peer secret derives (one live host per plugin).
             assert settings.cordis_peer_token() is not None and settings.tls_cert_file is None
+            assert settings.cordis_peer_address == f"{service_name}:50051"
     for registry in registries(compose).values():
         assert "user" not in registry, "the registry keeps the image's uid"
 
@@ -220,9 +221,22 @@ def test_compose_spec_rejects_an_unknown_dependency_condition(tmp_path: Path) ->
 def test_registry_replicas_are_alike(compose: dict[str, Any]) -> None:
     replicas = registries(compose)
     assert len(replicas) >= 2
-    # The same registry but for its host port: one settings file, hence one token key.
-    alike = [{k: v for k, v in r.items() if k != "ports"} for r in replicas.values()]
+    # The same registry but for its host port and the Cordis peer address it advertises:
+    # one settings file, hence one token key (and one peer secret).
+    peer = "CODEMODE_REGISTRY_CORDIS_PEER_ADDRESS"
+    alike = [
+        {
+            **{k: v for k, v in r.items() if k not in ("ports", "environment")},
+            "environment": {k: v for k, v in r["environment"].items() if k != peer},
+        }
+        for r in replicas.values()
+    ]
     assert all(one == alike[0] for one in alike)
+    # Each advertises the name that resolves to it alone on the compose network (its service
+    # name; `registry` resolves to every replica), on the port it listens on.
+    for name, replica in replicas.items():
+        listen_port = replica["environment"]["CODEMODE_REGISTRY_LISTEN"].rsplit(":", 1)[1]
+        assert replica["environment"][peer] == f"{name}:{listen_port}"
     ports = [r["ports"] for r in replicas.values()]
     host_ports = set()
     for (port,) in ports:

@@ -192,10 +192,12 @@ def test_registry_settings_load_the_shared_postgres_store(
     )
     assert bytes.fromhex(settings.token_key) == bytes.fromhex("5e" * 32)
     # Cordis places each running plugin's host in one replica with nothing more: the peer
-    # secret derives from the shared key, the peer channel is plaintext on the gRPC port, and
-    # a replica's address is its pod IP (its wildcard `listen`).
-    assert settings.cordis_peer_token() is not None and not settings.cordis_peer_address
+    # secret derives from the shared key and the peer channel is plaintext on the gRPC port
+    # (test_replicas_advertise_their_pod_ip_as_peer_address checks the address).
+    assert settings.cordis_peer_token() is not None
+    assert settings.cordis_peer_secret.get_secret_value() == ""
     assert settings.tls_cert_file is None and settings.listen.startswith("0.0.0.0:")
+    assert settings.cordis_peer_tls() is None
     # The same Secret is mounted on every replica, for a JWKS file kept beside the key.
     pod = one(resources, "Deployment", "registry")["spec"]["template"]["spec"]
     (auth,) = [
@@ -204,6 +206,70 @@ def test_registry_settings_load_the_shared_postgres_store(
     assert auth["secret"]["secretName"] == "codemode-registry-auth"
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == auth["name"]]
     assert mount["mountPath"] == "/etc/codemode-auth" and mount["readOnly"] is True
+
+
+@ha_variants
+def test_replicas_advertise_their_pod_ip_as_peer_address(
+    variant: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A replica's own name does not resolve (no headless Service with a subdomain): each
+    advertises the IP the kubelet gives it, on the port it serves gRPC (and the peer channel)."""
+    resources = docs(variant)
+    entries, env = registry_env(resources)
+    (pod_ip,) = [e for e in entries if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    (container,) = one(resources, "Deployment", "registry")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    grpc_port = {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"]
+    assert env["CODEMODE_REGISTRY_CORDIS_PEER_ADDRESS"] == f"{FIELDS['status.podIP']}:{grpc_port}"
+    settings = load_registry(resources, monkeypatch, tmp_path)
+    assert settings.cordis_peer_address == f"10.0.0.7:{grpc_port}"
+    assert settings.listen.rsplit(":", 1)[1] == str(grpc_port)
+
+
+@ha_variants
+def test_registry_pods_reach_each_others_grpc_port(variant: str) -> None:
+    """The peer channel is registry -> registry on the gRPC port: every NetworkPolicy that
+    selects registry pods must admit that (today none does, so ingress stays open), and none
+    restricting their egress may leave it out."""
+    resources = docs(variant)
+    registry = pod_labels(resources, "registry")
+    (container,) = one(resources, "Deployment", "registry")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    grpc_port = {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"]
+
+    def admits(rules: list[Doc], side: str) -> bool:
+        for rule in rules:
+            peers = rule.get(side)
+            ports = rule.get("ports")
+            peer_ok = peers is None or any(
+                "podSelector" in p
+                and "namespaceSelector" not in p
+                and selects(p["podSelector"], registry)
+                for p in peers
+            )
+            port_ok = ports is None or any(
+                p.get("protocol", "TCP") == "TCP" and p.get("port") in (grpc_port, "grpc")
+                for p in ports
+            )
+            if peer_ok and port_ok:
+                return True
+        return False
+
+    policies = [
+        p["spec"]
+        for p in find(resources, "NetworkPolicy")
+        if selects(p["spec"]["podSelector"], registry)
+    ]
+    ingress = [p.get("ingress", []) for p in policies if "Ingress" in p["policyTypes"]]
+    egress = [p.get("egress", []) for p in policies if "Egress" in p["policyTypes"]]
+    # Policies add up: a port is open when any policy of that direction admits it.
+    assert not ingress or admits([r for rules in ingress for r in rules], "from")
+    assert not egress or admits([r for rules in egress for r in rules], "to")
+    # The runtime's policies, which do select pods, are the reason this is checked at all.
+    assert find(resources, "NetworkPolicy")
 
 
 @ha_variants
