@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from registry_service.domain import events
@@ -24,6 +25,7 @@ from registry_service.domain.events import (
 from registry_service.domain.observers import Observers
 from tests.codemode.conftest import value_of
 from tests.mcp.conftest import attach, mcp_settings, tools_of
+from tests.mcp_serve.conftest import stdio_server
 from tests.registry.conftest import CODE
 
 
@@ -174,6 +176,34 @@ async def test_a_nested_calls_progress_reaches_the_run_code_stream_and_observers
         assert [(e.call_id, e.progress) for e in seen.progress] == [
             (p.call_id, p.progress) for p in reported
         ]
+
+
+async def test_mcp_serve_forwards_a_nested_calls_tool_progress(
+    make_stack: Any, mark_dir: Path
+) -> None:
+    async with make_stack(**mcp_settings(mark_dir, "tools")) as stack:
+        agent = await attach(stack, "both-ways", "tools", mode=CODE)
+        await tools_of(stack, agent, "progress")
+        seen: list[tuple[float, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, message))
+
+        program = 'return await tools.progress({"values": ["1", "2"], "total": 2})'
+        async with Client(stdio_server(stack.running.address, agent)) as client:
+            result = await client.call_tool(
+                "run_code", {"code": program, "description": "p"}, progress_callback=on_progress
+            )
+        assert not result.is_error, result.content
+    # The nested call's start, its two progress values, its settle: one notification each.
+    messages = [m or "" for _, m in seen]
+    assert [p for p, _ in seen] == [1.0, 2.0, 3.0, 4.0]
+    assert messages[0].startswith("started tools.progress")
+    assert messages[1].startswith("progress tools.progress (") and messages[1].endswith(
+        ") 1/2: step 0"
+    )
+    assert messages[2].endswith(") 2/2: step 1")
+    assert messages[3].startswith("settled tools.progress")
 
 
 # -- the reporter itself --------------------------------------------------------------------------
