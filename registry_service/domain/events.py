@@ -181,10 +181,12 @@ class ProgressReporter:
     - at most `PROGRESS_BURST` events at once, then `PROGRESS_PER_SECOND` (a token bucket):
       a value that comes while the bucket is empty waits, the latest one replacing any
       before it, and goes out when a token is back;
-    - `close` (the body returned) sends nothing more: a waiting value is dropped.
+    - `close` (the body returned, its result not yet out) sends a waiting value at once, then
+      nothing more: the latest value a call reported is always seen, before its result.
 
     Counts and order, not timing, are what a caller can rely on: the first `PROGRESS_BURST`
-    values of a call always arrive, in order, before its result."""
+    values of a call and its last one always arrive, in order, before its result; at most
+    one event more than the bucket allows."""
 
     __slots__ = (
         "_at",
@@ -246,11 +248,12 @@ class ProgressReporter:
         self._emit(event)
 
     def close(self) -> None:
-        self._closed = True
-        self._pending = None
+        if self._closed:
+            return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+            self._flush()
+        self._closed = True
 
 
 # -- lifecycle: only observers see these ----------------------------------------------------------

@@ -462,7 +462,7 @@ class Executor:
         except Exception as exc:
             return _failure(exc)
         finally:
-            invocation.end_progress()  # nothing of the body's progress after its result
+            invocation.end_progress()  # the body's last progress, and none after its result
         result = await self._normalize_output(defn, returned)
         if execution.signal.aborted and not result.is_error:
             return aborted(before_dispatch=False)

@@ -75,7 +75,8 @@ class Invocation:
         self.emit(event)
 
     def end_progress(self) -> None:
-        """The body returned: a value still waiting in `progress` is dropped, later ones too."""
+        """The body returned: a value still waiting in `progress` goes out now (before the
+        call's result), later ones never."""
         reporter = self.__dict__.get("progress")
         if reporter is not None:
             reporter.close()

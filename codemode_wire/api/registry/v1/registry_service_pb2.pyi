@@ -873,8 +873,8 @@ class ToolProgress(_message.Message):
     """A tool's own progress while it runs. The registry bounds it per call: values that are not
     finite or do not increase are dropped, the message is cut to 512 characters, and events
     past a short burst are coalesced (only the latest value goes out, a few a second), so a
-    caller may see fewer events than the tool reported, always increasing, never after the
-    call's result.
+    caller may see fewer events than the tool reported, always increasing; the last value the
+    tool reported is always sent, never after the call's result.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
