@@ -113,6 +113,11 @@ def _progress_message(event: rpb.ExecuteToolCallResponse) -> str | None:
         s = event.nested_settled
         status = f"error {s.error_code}".strip() if s.is_error else "ok"
         return f"settled tools.{s.tool_name} ({s.sub_call_id}): {status}"
+    if kind == "tool_progress":
+        p = event.tool_progress
+        done = f"{p.progress:g}/{p.total:g}" if p.HasField("total") else f"{p.progress:g}"
+        said = f": {p.message}" if p.message else ""
+        return f"progress tools.{p.tool_name} ({p.call_id}) {done}{said}"
     if kind == "approval_pending":
         return f"waiting for approval: {event.approval_pending.reason}"
     if kind == "approval_resolved":

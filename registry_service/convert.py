@@ -15,6 +15,7 @@ from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.domain import catalog, execution, records, results
 from registry_service.domain.approvals import ApprovalOutcome, ApprovalRequest, ApproverMessage
+from registry_service.domain.events import ToolProgress
 from registry_service.domain.json_admission import (
     VALUE_TOO_DEEP,
     parse_text,
@@ -361,6 +362,16 @@ def event_to_proto(event: execution.Event) -> rpb.ExecuteToolCallResponse:
         )
     if isinstance(event, execution.ProgramLog):
         return rpb.ExecuteToolCallResponse(log=history_pb2.ProgramLog(text=event.text))
+    if isinstance(event, ToolProgress):
+        return rpb.ExecuteToolCallResponse(
+            tool_progress=rpb.ToolProgress(
+                call_id=event.call_id,
+                tool_name=event.tool_name,
+                progress=event.progress,
+                total=event.total,
+                message=event.message,
+            )
+        )
     if isinstance(event, execution.CallStarted):
         return rpb.ExecuteToolCallResponse(
             started=rpb.CallStarted(call_id=event.call_id, tool_name=event.tool_name)

@@ -4,14 +4,17 @@ telemetry.
 
 Two kinds. *Progress* events (`Event`) also go to the caller's stream (the servicer streams them
 as `ExecuteToolCallResponse` progress): a call started, an approval pending and resolved, a
-nested call started and settled, a program's log line. *Lifecycle* events only observers see:
+nested call started and settled, a tool's own progress (`ToolProgress`, for a direct call or a
+nested one), a program's log line. *Lifecycle* events only observers see:
 a call received and finished, a stage timed, a nested call received, refused or abandoned, a run
 started and ended. A nested call's events name the nested call (`ObservedCall`), not its run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,6 +126,18 @@ class ProgramLog:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A tool body's own progress while it runs (an MCP server's `notifications/progress`),
+    as `ProgressReporter` lets it through: finite, increasing, its message bounded."""
+
+    call_id: str  # the call reporting: the sub-call id for a nested call
+    tool_name: str
+    progress: float
+    total: float | None
+    message: str
+
+
 Event = (
     CallStarted
     | ApprovalPending
@@ -130,6 +145,7 @@ Event = (
     | NestedCallStarted
     | NestedCallSettled
     | ProgramLog
+    | ToolProgress
 )
 Emit = Callable[[Event], None]
 PROGRESS = (
@@ -139,11 +155,105 @@ PROGRESS = (
     NestedCallStarted,
     NestedCallSettled,
     ProgramLog,
+    ToolProgress,
 )
 
 
 def no_events(_event: Event) -> None:
     return None
+
+
+MAX_PROGRESS_MESSAGE = 512
+"""Characters of a `ToolProgress` message kept (a longer one is cut, with an ellipsis)."""
+PROGRESS_BURST = 8
+"""`ToolProgress` events a call may send at once before `PROGRESS_PER_SECOND` applies."""
+PROGRESS_PER_SECOND = 20.0
+
+
+class ProgressReporter:
+    """The one gate a tool body's progress passes on its way to its call's observers and
+    stream (`Invocation.progress`). A tool server may report as often as it likes; what the
+    caller sees is bounded:
+
+    - a value that is not finite, or not above the last one let through, is dropped (MCP's
+      progress must increase); a total that is not finite is taken as unknown;
+    - the message is cut to `MAX_PROGRESS_MESSAGE` characters;
+    - at most `PROGRESS_BURST` events at once, then `PROGRESS_PER_SECOND` (a token bucket):
+      a value that comes while the bucket is empty waits, the latest one replacing any
+      before it, and goes out when a token is back;
+    - `close` (the body returned, its result not yet out) sends a waiting value at once, then
+      nothing more: the latest value a call reported is always seen, before its result.
+
+    Counts and order, not timing, are what a caller can rely on: the first `PROGRESS_BURST`
+    values of a call and its last one always arrive, in order, before its result; at most
+    one event more than the bucket allows."""
+
+    __slots__ = (
+        "_at",
+        "_closed",
+        "_emit",
+        "_last",
+        "_pending",
+        "_timer",
+        "_tokens",
+        "call_id",
+        "tool_name",
+    )
+
+    def __init__(self, call_id: str, tool_name: str, emit: Emit) -> None:
+        self.call_id, self.tool_name, self._emit = call_id, tool_name, emit
+        self._last = -math.inf
+        self._tokens = float(PROGRESS_BURST)
+        self._at = time.monotonic()
+        self._pending: ToolProgress | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        if self._closed or not math.isfinite(progress) or progress <= self._last:
+            return
+        if total is not None and not math.isfinite(total):
+            total = None
+        text = message or ""
+        if len(text) > MAX_PROGRESS_MESSAGE:
+            text = text[: MAX_PROGRESS_MESSAGE - 1] + "\u2026"
+        self._last = progress
+        event = ToolProgress(self.call_id, self.tool_name, progress, total, text)
+        if self._timer is not None:  # a value is already waiting: this one replaces it
+            self._pending = event
+            return
+        self._refill()
+        if self._tokens >= 1:
+            self._tokens -= 1
+            self._emit(event)
+            return
+        self._pending = event
+        delay = (1 - self._tokens) / PROGRESS_PER_SECOND
+        self._timer = asyncio.get_running_loop().call_later(delay, self._flush)
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(
+            float(PROGRESS_BURST), self._tokens + (now - self._at) * PROGRESS_PER_SECOND
+        )
+        self._at = now
+
+    def _flush(self) -> None:
+        self._timer = None
+        event, self._pending = self._pending, None
+        if event is None or self._closed:
+            return
+        self._refill()
+        self._tokens = max(0.0, self._tokens - 1)
+        self._emit(event)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._flush()
+        self._closed = True
 
 
 # -- lifecycle: only observers see these ----------------------------------------------------------

@@ -440,6 +440,7 @@ class Executor:
         trace = execution.trace
         invocation = Invocation(
             emit=emit,
+            observe=self.observers.tell,
             call_id=execution.call_id,
             root_call_id=execution.root_call_id,
             agent=execution.agent,
@@ -460,6 +461,8 @@ class Executor:
                 returned = await defn.body(invocation)
         except Exception as exc:
             return _failure(exc)
+        finally:
+            invocation.end_progress()  # the body's last progress, and none after its result
         result = await self._normalize_output(defn, returned)
         if execution.signal.aborted and not result.is_error:
             return aborted(before_dispatch=False)

@@ -30,6 +30,7 @@ __all__ = [
     "McpConnection",
     "McpConnector",
     "McpPolicy",
+    "Progress",
     "ServerSpec",
     "StdioServer",
 ]
@@ -197,6 +198,9 @@ class ConnectionEvents:
     """The server sent `notifications/tools/list_changed` (coalesced: re-list once)."""
 
 
+Progress = Callable[[float, float | None, str | None], None]
+
+
 class McpConnection(Protocol):
     """One initialized MCP session with one server."""
 
@@ -205,9 +209,17 @@ class McpConnection(Protocol):
         cannot take (an annotation or schema that does not map)."""
         ...
 
-    async def call(self, name: str, arguments_json: str, deadline_s: float | None) -> ToolResult:
+    async def call(
+        self,
+        name: str,
+        arguments_json: str,
+        deadline_s: float | None,
+        progress: Progress | None = None,
+    ) -> ToolResult:
         """One `tools/call`; cancelling the awaiting task sends `notifications/cancelled`.
-        A tool error (`isError`) is a result with MCP_TOOL_ERROR; a lost connection raises."""
+        A tool error (`isError`) is a result with MCP_TOOL_ERROR; a lost connection raises.
+        With `progress`, the call asks for the server's progress notifications and gives each
+        to it (`progress(value, total, message)`, e.g. `Invocation.progress`)."""
         ...
 
     async def closed(self) -> str:

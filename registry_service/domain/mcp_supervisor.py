@@ -211,7 +211,10 @@ class _Supervisor:
         invocation = message.invocation
         try:
             result = await connection.call(
-                invocation.tool_name, invocation.arguments_json, message.timeout
+                invocation.tool_name,
+                invocation.arguments_json,
+                message.timeout,
+                invocation.progress,
             )
         except asyncio.CancelledError:
             return  # the caller's abort (already settled) or the server going down

@@ -12,6 +12,7 @@ from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire import jsonvalue
 from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
+from registry_service.domain.events import ProgressReporter
 from registry_service.domain.jsonschema import SchemaError, check_schema, ref_name, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
@@ -44,6 +45,8 @@ class Invocation:
     agent_id: str = ""  # the agent's stable identity (the key of its history)
     # Progress events for the caller's stream (used by run_code for nested-call events).
     emit: Callable[[Any], None] = lambda _event: None
+    # The call's observers (`Observers.tell`): a body's own progress reaches them too.
+    observe: Callable[[Any], None] = lambda _event: None
     # Who the call acts for (`ExecutionInput.principal`): a run_code run's nested calls act as
     # it, and the plugin host a `cordis_run` starts acts as it.
     principal: Principal = ANONYMOUS
@@ -59,6 +62,24 @@ class Invocation:
         if self.decoded_arguments is not _UNDECODED:
             return cast(JsonValue, self.decoded_arguments)
         return jsonvalue.loads(self.arguments_json)
+
+    @cached_property
+    def progress(self) -> ProgressReporter:
+        """Reports the body's own progress (`progress(value, total, message)`): a
+        `ToolProgress` event of this call to its observers and the caller's stream, bounded by
+        `ProgressReporter`. Made on first use: a body that reports nothing costs nothing."""
+        return ProgressReporter(self.call_id, self.tool_name, self._progress_event)
+
+    def _progress_event(self, event: Any) -> None:
+        self.observe(event)
+        self.emit(event)
+
+    def end_progress(self) -> None:
+        """The body returned: a value still waiting in `progress` goes out now (before the
+        call's result), later ones never."""
+        reporter = self.__dict__.get("progress")
+        if reporter is not None:
+            reporter.close()
 
     @cached_property
     def _propagation(self) -> tuple[str, str]:

@@ -3,8 +3,9 @@
 A session's task group must be entered and left by one task, so each connection runs in a task
 of its own (`_Connection._main`) that holds the transport and the session until the connection
 is closed or ends; calls are made from the callers' tasks. Cancelling a call's task makes the
-SDK send `notifications/cancelled` for it. Progress notifications are not asked for (no
-progress token is sent): the pipeline has no event for a tool's own progress, see docs/mcp.md.
+SDK send `notifications/cancelled` for it. A call given a `progress` sends a progress token
+(the SDK's `progress_callback`), and each `notifications/progress` for it goes to `progress`
+(`Invocation.progress`, which bounds what reaches the caller: registry_service/domain/events.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import mcp_types
 from mcp.client._transport import ReadStream, TransportStreams, WriteStream
 from mcp.client.session import ClientSession
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import TypeAdapter, ValidationError
@@ -33,6 +35,7 @@ from registry_service.domain.mcp_servers import (
     HttpServer,
     McpCallFailed,
     McpConnectionLost,
+    Progress,
     ServerSpec,
     StdioServer,
 )
@@ -218,8 +221,15 @@ class _Connection:
                 refused.append(f"{tool.name}: {exc.message}")
         return specs, refused
 
-    async def call(self, name: str, arguments_json: str, deadline_s: float | None) -> ToolResult:
+    async def call(
+        self,
+        name: str,
+        arguments_json: str,
+        deadline_s: float | None,
+        progress: Progress | None = None,
+    ) -> ToolResult:
         session = self._live()
+        on_progress = None if progress is None else _progress_callback(progress)
         arguments = json.loads(arguments_json)
         try:
             # `send_request`, not `call_tool`: the pipeline validates the value against the
@@ -232,7 +242,10 @@ class _Connection:
             )
             with _asyncio_declared():
                 result = await session.send_request(
-                    request, _WIRE, request_read_timeout_seconds=deadline_s
+                    request,
+                    _WIRE,
+                    request_read_timeout_seconds=deadline_s,
+                    progress_callback=on_progress,
                 )
         except MCPError as exc:
             if self._ended.done() or exc.code == mcp_types.CONNECTION_CLOSED:
@@ -270,6 +283,16 @@ class _Connection:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
                 raise
+
+
+def _progress_callback(report: Progress) -> ProgressFnT:
+    """The SDK's async progress callback over the pipeline's synchronous one (which never
+    blocks: it coalesces instead)."""
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        report(progress, total, message)
+
+    return on_progress
 
 
 def _describe(exc: BaseException) -> str:

@@ -100,6 +100,20 @@ def build() -> MCPServer:
             await ctx.info("flood " * 20)
 
     @server.tool()
+    async def progress(ctx: Context, values: list[str], total: float | None = None) -> str:
+        """Reports each of `values` (`float()` of it: "nan" too) as progress, then returns."""
+        for i, v in enumerate(values):
+            await ctx.report_progress(float(v), total, f"step {i}")
+        return "reported"
+
+    @server.tool()
+    async def progress_flood(ctx: Context, count: int) -> str:
+        """Reports progress 1..`count` as fast as it can, then returns."""
+        for i in range(1, count + 1):
+            await ctx.report_progress(i, count, "x" * 2000)
+        return "flooded"
+
+    @server.tool()
     def lie() -> dict[str, int]:
         """Declares {count: integer} but returns a string there (see below)."""
         return {"count": 1}

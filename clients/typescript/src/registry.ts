@@ -168,6 +168,17 @@ export type ToolCallEvent =
       durationMs: number;
     }
   | { type: "log"; text: string }
+  | {
+      /** The tool's own progress (an MCP server's), bounded by the registry: increasing per call. */
+      type: "toolProgress";
+      /** The reporting call: this call, or a run_code nested call's sub-call id. */
+      callId: string;
+      toolName: string;
+      progress: number;
+      /** The total `progress` will reach, when the tool knows it. */
+      total: number | undefined;
+      message: string;
+    }
   | { type: "result"; result: ToolCallResult };
 
 export interface ExecuteToolCallInput {
@@ -385,6 +396,15 @@ function toEvent(message: ExecuteToolCallResponse): ToolCallEvent {
       };
     case "log":
       return { type: "log", text: event.value.text };
+    case "toolProgress":
+      return {
+        type: "toolProgress",
+        callId: event.value.callId,
+        toolName: event.value.toolName,
+        progress: event.value.progress,
+        total: event.value.total,
+        message: event.value.message,
+      };
     case "result":
       return { type: "result", result: toToolCallResult(event.value) };
     default:

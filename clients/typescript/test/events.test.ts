@@ -36,4 +36,22 @@ describe("execute stream decoding", () => {
     assert.equal((await call.result).value, "done");
     assert.equal(stream.cancelled, false);
   });
+
+  it("delivers a tool's own progress, with and without a total", async () => {
+    const stream = new FakeStream();
+    const call = new ToolCall("c", stream as unknown as ClientReadableStream<ExecuteToolCallResponse>, undefined);
+    const toolProgress = (progress: number, total: number | undefined, message: string): ExecuteToolCallResponse => ({
+      event: { $case: "toolProgress", value: { callId: "c:code:1", toolName: "read", progress, total, message } },
+    });
+    stream.emit("data", toolProgress(1, 3, "one"));
+    stream.emit("data", { event: { $case: "batch", value: { events: [toolProgress(2, undefined, "")] } } });
+    stream.emit("data", { event: { $case: "result", value: ToolResult.fromPartial({ valueJson: "1" }) } });
+    const seen: ToolCallEvent[] = [];
+    for await (const event of call) seen.push(event);
+    assert.deepEqual(seen.slice(0, 2), [
+      { type: "toolProgress", callId: "c:code:1", toolName: "read", progress: 1, total: 3, message: "one" },
+      { type: "toolProgress", callId: "c:code:1", toolName: "read", progress: 2, total: undefined, message: "" },
+    ]);
+    assert.equal(seen[2]?.type, "result");
+  });
 });

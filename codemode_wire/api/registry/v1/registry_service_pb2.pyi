@@ -754,6 +754,7 @@ class ExecuteToolCallResponse(_message.Message):
     NESTED_SETTLED_FIELD_NUMBER: _builtins.int
     LOG_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    TOOL_PROGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___CallStarted:
         """The call was admitted and its pipeline started."""
@@ -788,6 +789,12 @@ class ExecuteToolCallResponse(_message.Message):
         element holds one event; never `result` and never another batch.
         """
 
+    @_builtins.property
+    def tool_progress(self) -> Global___ToolProgress:
+        """The tool itself reported progress (an MCP server's `notifications/progress`): the
+        call's own, or a run_code program's nested call's (then `call_id` is its sub-call id).
+        """
+
     def __init__(
         self,
         *,
@@ -799,12 +806,13 @@ class ExecuteToolCallResponse(_message.Message):
         nested_settled: _history_pb2.NestedCallSettled | None = ...,
         log: _history_pb2.ProgramLog | None = ...,
         batch: Global___ProgressBatch | None = ...,
+        tool_progress: Global___ToolProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "batch", b"batch", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "batch", b"batch", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started", "tool_progress", b"tool_progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "batch", b"batch", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_pending", b"approval_pending", "approval_resolved", b"approval_resolved", "batch", b"batch", "event", b"event", "log", b"log", "nested_settled", b"nested_settled", "nested_started", b"nested_started", "result", b"result", "started", b"started", "tool_progress", b"tool_progress"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "approval_pending", "approval_resolved", "result", "nested_started", "nested_settled", "log", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "approval_pending", "approval_resolved", "result", "nested_started", "nested_settled", "log", "batch", "tool_progress"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -859,6 +867,51 @@ class CallStarted(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CallStarted: _TypeAlias = CallStarted  # noqa: Y015
+
+@_typing.final
+class ToolProgress(_message.Message):
+    """A tool's own progress while it runs. The registry bounds it per call: values that are not
+    finite or do not increase are dropped, the message is cut to 512 characters, and events
+    past a short burst are coalesced (only the latest value goes out, a few a second), so a
+    caller may see fewer events than the tool reported, always increasing; the last value the
+    tool reported is always sent, never after the call's result.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """The call that reports: the call itself, or a run_code nested call's sub-call id."""
+    tool_name: _builtins.str
+    """The tool name of that call."""
+    progress: _builtins.float
+    """The progress so far; increases from one event of a call to the next."""
+    total: _builtins.float
+    """The total `progress` will reach, when the tool knows it."""
+    message: _builtins.str
+    """What the tool says it is doing; may be empty."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        progress: _builtins.float = ...,
+        total: _builtins.float | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "total", b"total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "call_id", b"call_id", "message", b"message", "progress", b"progress", "tool_name", b"tool_name", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__total: _TypeAlias = _typing.Literal["total"]  # noqa: Y015
+    _WhichOneofArgType__total: _TypeAlias = _typing.Literal["_total", b"_total"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total) -> _WhichOneofReturnType__total | None: ...
+
+Global___ToolProgress: _TypeAlias = ToolProgress  # noqa: Y015
 
 @_typing.final
 class ApprovalPending(_message.Message):

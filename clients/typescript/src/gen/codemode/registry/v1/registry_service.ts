@@ -312,6 +312,12 @@ export interface ExecuteToolCallResponse {
      * element holds one event; never `result` and never another batch.
      */
     { $case: "batch"; value: ProgressBatch }
+    | //
+    /**
+     * The tool itself reported progress (an MCP server's `notifications/progress`): the
+     * call's own, or a run_code program's nested call's (then `call_id` is its sub-call id).
+     */
+    { $case: "toolProgress"; value: ToolProgress }
     | undefined;
 }
 
@@ -327,6 +333,28 @@ export interface CallStarted {
   callId: string;
   /** The tool name. */
   toolName: string;
+}
+
+/**
+ * A tool's own progress while it runs. The registry bounds it per call: values that are not
+ * finite or do not increase are dropped, the message is cut to 512 characters, and events
+ * past a short burst are coalesced (only the latest value goes out, a few a second), so a
+ * caller may see fewer events than the tool reported, always increasing; the last value the
+ * tool reported is always sent, never after the call's result.
+ */
+export interface ToolProgress {
+  /** The call that reports: the call itself, or a run_code nested call's sub-call id. */
+  callId: string;
+  /** The tool name of that call. */
+  toolName: string;
+  /** The progress so far; increases from one event of a call to the next. */
+  progress: number;
+  /** The total `progress` will reach, when the tool knows it. */
+  total?:
+    | number
+    | undefined;
+  /** What the tool says it is doing; may be empty. */
+  message: string;
 }
 
 /** The call waits for approval. */
@@ -2264,6 +2292,9 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
       case "batch":
         ProgressBatch.encode(message.event.value, writer.uint32(66).fork()).join();
         break;
+      case "toolProgress":
+        ToolProgress.encode(message.event.value, writer.uint32(74).fork()).join();
+        break;
     }
     return writer;
   },
@@ -2345,6 +2376,14 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
             message.event = { $case: "batch", value: ProgressBatch.decode(reader, reader.uint32()) };
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.event = { $case: "toolProgress", value: ToolProgress.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2408,6 +2447,12 @@ export const ExecuteToolCallResponse: MessageFns<ExecuteToolCallResponse> = {
       case "batch": {
         if (object.event?.value !== undefined && object.event?.value !== null) {
           message.event = { $case: "batch", value: ProgressBatch.fromPartial(object.event.value) };
+        }
+        break;
+      }
+      case "toolProgress": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "toolProgress", value: ToolProgress.fromPartial(object.event.value) };
         }
         break;
       }
@@ -2534,6 +2579,109 @@ export const CallStarted: MessageFns<CallStarted> = {
     const message = createBaseCallStarted();
     message.callId = object.callId ?? "";
     message.toolName = object.toolName ?? "";
+    return message;
+  },
+};
+
+function createBaseToolProgress(): ToolProgress {
+  return { callId: "", toolName: "", progress: 0, total: undefined, message: "" };
+}
+
+export const ToolProgress: MessageFns<ToolProgress> = {
+  encode(message: ToolProgress, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.callId !== "") {
+      writer.uint32(10).string(message.callId);
+    }
+    if (message.toolName !== "") {
+      writer.uint32(18).string(message.toolName);
+    }
+    if (message.progress !== 0) {
+      writer.uint32(25).double(message.progress);
+    }
+    if (message.total !== undefined) {
+      writer.uint32(33).double(message.total);
+    }
+    if (message.message !== "") {
+      writer.uint32(42).string(message.message);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ToolProgress {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseToolProgress();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.callId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.toolName = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 25) {
+              break;
+            }
+
+            message.progress = reader.double();
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.total = reader.double();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<ToolProgress>): ToolProgress {
+    return ToolProgress.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ToolProgress>): ToolProgress {
+    const message = createBaseToolProgress();
+    message.callId = object.callId ?? "";
+    message.toolName = object.toolName ?? "";
+    message.progress = object.progress ?? 0;
+    message.total = object.total ?? undefined;
+    message.message = object.message ?? "";
     return message;
   },
 };
