@@ -599,6 +599,18 @@ class ClientRuns:
                 "transition-in-flight",
             )
         run, latest = plugin.run, plugin.latest
+        if run is not None and isinstance(run.host, RemoteHost):
+            # Another registry holds the run and its attempt (the host lease): the same
+            # package is that run, shared; anything else would start a second host here over
+            # it, so the page is told where the plugin runs instead.
+            if run.package_id == package_id:
+                return Answer(True, run_id=run.run_id, started_here=False)
+            return refused(
+                f'dynamic plugin "{plugin_id}" runs {run.package_id} ({run.run_id}) on the '
+                f"registry at {run.host.address}; stop it first (a stop from any registry "
+                "retracts it there), then run or update it from this page",
+                "runs-elsewhere",
+            )
         if (
             run is not None
             and run.package_id == package_id

@@ -421,6 +421,35 @@ async def test_a_render_failure_reported_on_b_reaches_the_run_on_a_once(
     assert _render_steers(await steered(a, AGENT)) == [steer]
 
 
+async def test_a_panel_gesture_on_b_shares_the_run_a_holds_or_is_refused_naming_a(
+    replicas: tuple[CordisHarness, CordisHarness],
+) -> None:
+    a, b = replicas
+    async with PageRunner(b.channel, AGENT) as page_b:
+        run_id = await _running_on_a_seen_on_b(a, b, page_b)
+        # The same package: A's run, shared; nothing starts on B and A's attempt runs on.
+        same = await page_b.panel_run("panel-1", "pkg-1")
+        assert same.accepted and not same.started_here, same.message
+        assert same.plugin_run_id == run_id
+        await a.define(AGENT, HANDLER_HOST, existing="panel-1", client=CLIENT, name="Panel")
+        await seen(
+            lambda: plugin_view(b, AGENT, "panel-1"),
+            lambda v: "pkg-2" in jsonvalue.dumps(v),
+            "pkg-2 on B",
+        )
+        # Another package: refused, naming the registry that runs it; nothing changes.
+        other = await page_b.panel_run("panel-1", "pkg-2", "update")
+        assert (other.accepted, other.code) == (False, "runs-elsewhere"), other.message
+        placement = a.registry.cordis.runner._placement
+        assert placement is not None
+        assert placement.address in other.message and run_id in other.message
+        assert (activations(a), activations(b)) == (1, 0)
+        assert attempt_status(a, "panel-1") == "running"
+        plugin_b = b.registry.cordis.runner.find(AGENT, "panel-1")
+        assert plugin_b is not None and plugin_b.run is not None
+        assert plugin_b.run.run_id == run_id
+
+
 MANIFEST: Any = [
     {
         "id": "Slots",
