@@ -448,6 +448,13 @@ async def test_a_panel_gesture_on_b_shares_the_run_a_holds_or_is_refused_naming_
         plugin_b = b.registry.cordis.runner.find(AGENT, "panel-1")
         assert plugin_b is not None and plugin_b.run is not None
         assert plugin_b.run.run_id == run_id
+        # As the refusal says: stopped from B (retracted on A), a run from B starts it on B.
+        assert (await page_b.stop("panel-1")).accepted
+        assert attempt_status(a, "panel-1") == "stopped"
+        moved = await page_b.panel_run("panel-1", "pkg-1")
+        assert moved.accepted and moved.started_here, moved.message
+        assert moved.plugin_run_id != run_id
+        assert (activations(a), activations(b)) == (1, 1)
 
 
 MANIFEST: Any = [
