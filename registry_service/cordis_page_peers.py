@@ -1,8 +1,10 @@
 """Client-half calls across registries on the Cordis peer channel (proto: cordis_peer.proto,
-`PeerClientQuery`): the client a registry carries a program's client `cordis_inspect_query` to
-the registry where the agent's pages are attached with (`GrpcPagePeers`, the
-`page_presence.PagePeers` port), and the servicer that answers it there with its own pages
-(`CordisPagePeerServicer`, the peer servicer of cordis_peers.py plus this RPC).
+`PeerClientQuery`; and `PeerRenderFailure`, a page's render failure of a run another registry
+holds, kept by that owner): the client a registry carries a program's client
+`cordis_inspect_query` to the registry where the agent's pages are attached with
+(`GrpcPagePeers`, the `page_presence.PagePeers` port, and the `client_runs.RunOwners` one), and
+the servicer that answers there (`CordisPagePeerServicer`, the peer servicer of cordis_peers.py
+plus these RPCs).
 
 Authenticated like every peer RPC (the `x-codemode-peer` token). The calling registry's
 pipeline admitted and authorized the call; the answering one asks only its pages of that
@@ -22,12 +24,16 @@ from codemode_wire.api.registry.v1 import cordis_peer_pb2 as pb
 from codemode_wire.jsonvalue import JsonValue
 from registry_service.cordis_peers import CordisPeerServicer, GrpcPeers
 from registry_service.domain.cordis.page_presence import PagesLost
+from registry_service.domain.cordis.placement import OwnerLost
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.cordis.service import Cordis
 from registry_service.domain.signals import AbortController
 
 __all__ = ["CordisPagePeerServicer", "GrpcPagePeers"]
 
+# A render failure is a quick bookkeeping step on the owner; an owner that does not answer in
+# this long is treated as lost for the report (the page may report again).
+_REPORT_TIMEOUT_S = 30.0
 # A refusal that says the query reached no page: the pages left that registry meanwhile.
 _NO_PAGES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
 
@@ -76,6 +82,20 @@ class GrpcPagePeers:
             raise CordisError(result.failure.message, result.failure.code)
         return jsonvalue.loads(result.value_json)
 
+    async def render_failure(
+        self, address: str, agent: str, plugin_id: str, run_id: str, *, message: str, stack: str
+    ) -> tuple[bool, str, str]:
+        request = pb.PeerRenderFailureRequest(
+            agent=agent, plugin_id=plugin_id, run_id=run_id, message=message, stack=stack
+        )
+        try:
+            response = await self._peers.stub(address).PeerRenderFailure(
+                request, metadata=self._peers.metadata, timeout=_REPORT_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise OwnerLost(f"{address}: {exc.code().name}: {exc.details()}") from None
+        return response.accepted, response.code, response.message
+
 
 class CordisPagePeerServicer(CordisPeerServicer):
     """The peer servicer, answering client-half calls with this registry's pages too."""
@@ -120,6 +140,22 @@ class CordisPagePeerServicer(CordisPeerServicer):
             raise
         return pb.PeerClientQueryResponse(
             result=pb.PeerCallResult(value_json=jsonvalue.dumps(data))
+        )
+
+    async def PeerRenderFailure(
+        self,
+        request: pb.PeerRenderFailureRequest | Malformed,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.PeerRenderFailureResponse:
+        await self._authenticate(context)
+        if isinstance(request, Malformed):
+            await self._malformed(context, request)
+            raise AssertionError("abort raises")
+        answer = self._cordis.client_runs.keep_render_failure(
+            request.agent, request.plugin_id, request.run_id, request.message, request.stack
+        )
+        return pb.PeerRenderFailureResponse(
+            accepted=answer.accepted, code=answer.code, message=answer.message
         )
 
 

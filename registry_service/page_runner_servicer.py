@@ -281,11 +281,9 @@ class PageRunnerServicer:
             answer_later(reply_to, runs.invoke(page, i.plugin_id, i.plugin_run_id, i.method, args))
         elif kind == "render_failure":
             r = message.render_failure
-            out.put_nowait(
-                _reply(
-                    reply_to,
-                    runs.render_failure(page, r.plugin_id, r.plugin_run_id, r.message, r.stack),
-                )
+            answer_later(  # carried to the run's owner when another registry holds it
+                reply_to,
+                runs.render_failure(page, r.plugin_id, r.plugin_run_id, r.message, r.stack),
             )
         elif kind == "sync_manifest":
             providers = _json(message.sync_manifest.providers_json, "providers_json")

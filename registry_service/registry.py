@@ -297,7 +297,7 @@ def _cordis(
 
         assert isinstance(placement.peers, GrpcPeers)
         page_peers = GrpcPagePeers(placement.peers)
-    return Cordis(
+    cordis = Cordis(
         catalog,
         hosts,
         stores.history.submit,
@@ -316,6 +316,9 @@ def _cordis(
         activations=stores.activations if _cordis_store(stores, settings) is not None else None,
         activation_poll_s=settings.cordis_activation_poll_s,
     )
+    # A page's render failure of a run another registry holds is carried to it the same way.
+    cordis.client_runs.owners = page_peers
+    return cordis
 
 
 def _placement(

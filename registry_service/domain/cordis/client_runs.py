@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from codemode_common.principals import Principal
 from codemode_wire.errors import CodemodeError
@@ -65,6 +65,7 @@ from registry_service.domain.cordis.page_runners import (
     RunResolved,
     refused,
 )
+from registry_service.domain.cordis.placement import OwnerLost, RemoteHost
 from registry_service.domain.cordis.refusals import CordisError
 from registry_service.domain.cordis.runner import CordisRunner
 from registry_service.domain.cordis.steering import (
@@ -154,6 +155,18 @@ def _detail_of(record: ActivationRecord) -> dict[str, Any]:
     return detail if isinstance(detail, dict) else {}
 
 
+class RunOwners(Protocol):
+    """The registry that holds a plugin's run (its host lease), at its peer address: where a
+    page on this registry reports a render failure of a run it only follows."""
+
+    async def render_failure(
+        self, address: str, agent: str, plugin_id: str, run_id: str, *, message: str, stack: str
+    ) -> tuple[bool, str, str]:
+        """The owner's answer (accepted, refusal code, message), by `ClientRuns.keep_render_
+        failure` there; `OwnerLost` when it cannot be reached."""
+        ...
+
+
 class ClientRuns:
     """Implements the runner's `ClientActivation` seam and the page runners' verbs."""
 
@@ -186,6 +199,8 @@ class ClientRuns:
         self._follower: ChangeFollower | None = None
         self._poller: asyncio.Task[None] | None = None
         self._panel_runs: dict[str, int] = {}  # run id -> the page whose gesture started it
+        # Where a render failure of a run another registry holds is carried (None: no channel).
+        self.owners: RunOwners | None = None
         hub.add_pending_source(self._pending_for)
         runner.client_activation = self
 
@@ -584,6 +599,18 @@ class ClientRuns:
                 "transition-in-flight",
             )
         run, latest = plugin.run, plugin.latest
+        if run is not None and isinstance(run.host, RemoteHost):
+            # Another registry holds the run and its attempt (the host lease): the same
+            # package is that run, shared; anything else would start a second host here over
+            # it, so the page is told where the plugin runs instead.
+            if run.package_id == package_id:
+                return Answer(True, run_id=run.run_id, started_here=False)
+            return refused(
+                f'dynamic plugin "{plugin_id}" runs {run.package_id} ({run.run_id}) on the '
+                f"registry at {run.host.address}; stop it first (a stop from any registry "
+                "retracts it there), then run or update it from this page",
+                "runs-elsewhere",
+            )
         if (
             run is not None
             and run.package_id == package_id
@@ -913,15 +940,52 @@ class ClientRuns:
             return refused(exc.message, "handler-error", stack=exc.stack)
         return Answer(True, run_id=run_id, value=value)
 
-    def render_failure(
+    async def render_failure(
         self, page: Page, plugin_id: str, run_id: str, message: str, stack: str
     ) -> Answer:
-        """Kept on the run (so cleared by a new run or a stop); reports about another agent's
-        plugin or a stale run are dropped."""
+        """A page's report that the run's Client half failed to render. A run this registry
+        only follows (another registry holds its host lease, and with it the attempt) is
+        carried to that owner, which applies the rule below to its own run: so the owner's
+        attempt fails and it steers the agent once, and this registry's mirror keeps nothing."""
         plugin = self._runner.find(page.agent, plugin_id)
         run = plugin.run if plugin is not None else None
         if plugin is None or run is None or run.run_id != run_id:
-            return refused(f'run "{run_id}" is not the active run of "{plugin_id}"', "stale-run")
+            return _stale(plugin_id, run_id)
+        host = run.host
+        if not isinstance(host, RemoteHost):
+            return self.keep_render_failure(page.agent, plugin_id, run_id, message, stack)
+        if self.owners is None:
+            return refused(
+                f'run "{run_id}" of "{plugin_id}" runs on the registry at {host.address}, '
+                "which this registry has no peer channel to",
+                "owner-unreachable",
+            )
+        try:
+            accepted, code, text = await self.owners.render_failure(
+                host.address, page.agent, plugin_id, run_id, message=message, stack=stack
+            )
+        except OwnerLost as exc:
+            return refused(
+                f'the registry running "{plugin_id}" ({host.address}) did not take the render '
+                f"failure: {exc}",
+                "owner-unreachable",
+            )
+        return Answer(True, run_id=run_id) if accepted else refused(text, code)
+
+    def keep_render_failure(
+        self, agent: str, plugin_id: str, run_id: str, message: str, stack: str
+    ) -> Answer:
+        """Kept on the run this registry holds (so cleared by a new run or a stop); reports
+        about another agent's plugin, a stale run or a run held elsewhere are dropped."""
+        plugin = self._runner.find(agent, plugin_id)
+        run = plugin.run if plugin is not None else None
+        if (
+            plugin is None
+            or run is None
+            or run.run_id != run_id
+            or isinstance(run.host, RemoteHost)
+        ):
+            return _stale(plugin_id, run_id)
         attempt = plugin.latest
         diagnostic = Diagnostic("client-render", message, plugin_id, run.package_id, run_id, stack)
         run.render_failure = diagnostic
@@ -971,6 +1035,10 @@ class ClientRuns:
             ),
             {"pluginId": plugin.plugin_id, "packageId": attempt.package_id, "pluginRunId": run_id},
         )
+
+
+def _stale(plugin_id: str, run_id: str) -> Answer:
+    return refused(f'run "{run_id}" is not the active run of "{plugin_id}"', "stale-run")
 
 
 def _detail(message: str, stack: str) -> str:

@@ -333,6 +333,130 @@ async def test_a_request_whose_asking_replica_is_gone_is_interrupted(
         assert not b.registry.cordis.client_runs.has_pending("panel-1")
 
 
+async def _running_on_a_seen_on_b(a: CordisHarness, b: CordisHarness, page_b: PageRunner) -> str:
+    """panel-1/pkg-1 asked on A, approved and settled by a page on B, so A holds its run and
+    attempt and B follows it; returns the run id."""
+    await _defined_on_both(a, b, HANDLER_HOST)
+    await a.ok(AGENT, "cordis_run", {"pluginId": "panel-1", "packageId": "pkg-1", "mode": "run"})
+    request = (await page_b.next_event("run_requested")).run_requested
+    started = await page_b.run_host_half(request)
+    assert started.accepted and started.started_here, started.message
+    settled = await page_b.settle(request.request_id, started.plugin_run_id)
+    assert settled.accepted, settled.message
+    await seen(
+        lambda: plugin_view(a, AGENT, "panel-1"),
+        lambda v: v.get("state") == "running",
+        "the settled run on A",
+    )
+
+    async def run_on_b() -> Any:
+        plugin = b.registry.cordis.runner.find(AGENT, "panel-1")
+        return None if plugin is None or plugin.run is None else plugin.run.run_id
+
+    await seen(run_on_b, lambda run: run == started.plugin_run_id, "A's run seen on B")
+    return str(started.plugin_run_id)
+
+
+async def _client_half(h: CordisHarness) -> Any:
+    view = await h.ok(AGENT, "cordis_inspect_self", {"pluginId": "panel-1", "packageId": "pkg-1"})
+    return view["runtime"]["client"]
+
+
+def _render_steers(texts: list[str]) -> list[str]:
+    return [t for t in texts if "client-render-failed" in t]
+
+
+def _any_render_steer(texts: list[str]) -> bool:
+    return bool(_render_steers(texts))
+
+
+async def test_a_render_failure_reported_on_b_reaches_the_run_on_a_once(
+    replicas: tuple[CordisHarness, CordisHarness],
+) -> None:
+    a, b = replicas
+    async with (
+        PageRunner(b.channel, AGENT) as page_b,
+        PageRunner(b.channel, OTHER, "bob-page") as bob,
+    ):
+        run_id = await _running_on_a_seen_on_b(a, b, page_b)
+        # Another agent's page on B, and a stale run on either replica: refused, nothing moves.
+        foreign = await bob.render_failure("panel-1", run_id, "not yours")
+        assert (foreign.accepted, foreign.code) == (False, "stale-run"), foreign.message
+        async with PageRunner(a.channel, AGENT) as page_a:
+            for page in (page_a, page_b):
+                stale = await page.render_failure("panel-1", "run-99", "old run")
+                assert (stale.accepted, stale.code) == (False, "stale-run"), stale.message
+        assert attempt_status(a, "panel-1") == "running"
+        assert "renderFailure" not in await _client_half(a)
+        assert _render_steers(await steered(a, AGENT)) == []
+        # The owner applies the same rule to a forged peer report for another agent's page.
+        stub = peer_grpc.CordisPeerServiceStub(a.channel)
+        forged = peer_pb.PeerRenderFailureRequest(
+            agent=OTHER, plugin_id="panel-1", run_id=run_id, message="forged"
+        )
+        token = a.registry.settings.cordis_peer_token()
+        assert token is not None
+        answer = await stub.PeerRenderFailure(forged, metadata=(("x-codemode-peer", token),))
+        assert (answer.accepted, answer.code) == (False, "stale-run")
+        with pytest.raises(grpc.aio.AioRpcError) as unauthenticated:
+            await stub.PeerRenderFailure(forged)
+        assert unauthenticated.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert attempt_status(a, "panel-1") == "running"
+
+        # The page on B reports the run A holds, twice: A keeps it and its attempt fails.
+        for _ in range(2):
+            reply = await page_b.render_failure("panel-1", run_id, "TypeError: x is null", "at f")
+            assert reply.accepted and reply.plugin_run_id == run_id, reply.message
+    assert attempt_status(a, "panel-1") == "failed"
+    failure = (await _client_half(a))["renderFailure"]
+    assert failure["message"] == "TypeError: x is null" and failure["pluginRunId"] == run_id
+    assert (await plugin_view(a, AGENT, "panel-1"))["state"] == "failed"
+    plugin_b = b.registry.cordis.runner.find(AGENT, "panel-1")
+    assert plugin_b is not None and plugin_b.run is not None
+    assert plugin_b.run.render_failure is None  # B's mirror keeps nothing: A holds it
+    # One steering record, written by A (the history is shared, so B reads the same).
+    texts = await seen(lambda: steered(b, AGENT), _any_render_steer, "the render steer")
+    [steer] = _render_steers(texts)
+    assert "TypeError: x is null\nat f" in steer
+    assert _render_steers(await steered(a, AGENT)) == [steer]
+
+
+async def test_a_panel_gesture_on_b_shares_the_run_a_holds_or_is_refused_naming_a(
+    replicas: tuple[CordisHarness, CordisHarness],
+) -> None:
+    a, b = replicas
+    async with PageRunner(b.channel, AGENT) as page_b:
+        run_id = await _running_on_a_seen_on_b(a, b, page_b)
+        # The same package: A's run, shared; nothing starts on B and A's attempt runs on.
+        same = await page_b.panel_run("panel-1", "pkg-1")
+        assert same.accepted and not same.started_here, same.message
+        assert same.plugin_run_id == run_id
+        await a.define(AGENT, HANDLER_HOST, existing="panel-1", client=CLIENT, name="Panel")
+        await seen(
+            lambda: plugin_view(b, AGENT, "panel-1"),
+            lambda v: "pkg-2" in jsonvalue.dumps(v),
+            "pkg-2 on B",
+        )
+        # Another package: refused, naming the registry that runs it; nothing changes.
+        other = await page_b.panel_run("panel-1", "pkg-2", "update")
+        assert (other.accepted, other.code) == (False, "runs-elsewhere"), other.message
+        placement = a.registry.cordis.runner._placement
+        assert placement is not None
+        assert placement.address in other.message and run_id in other.message
+        assert (activations(a), activations(b)) == (1, 0)
+        assert attempt_status(a, "panel-1") == "running"
+        plugin_b = b.registry.cordis.runner.find(AGENT, "panel-1")
+        assert plugin_b is not None and plugin_b.run is not None
+        assert plugin_b.run.run_id == run_id
+        # As the refusal says: stopped from B (retracted on A), a run from B starts it on B.
+        assert (await page_b.stop("panel-1")).accepted
+        assert attempt_status(a, "panel-1") == "stopped"
+        moved = await page_b.panel_run("panel-1", "pkg-1")
+        assert moved.accepted and moved.started_here, moved.message
+        assert moved.plugin_run_id != run_id
+        assert (activations(a), activations(b)) == (1, 1)
+
+
 MANIFEST: Any = [
     {
         "id": "Slots",

@@ -441,3 +441,71 @@ class PeerClientQueryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeerClientQueryResponse: _TypeAlias = PeerClientQueryResponse  # noqa: Y015
+
+@_typing.final
+class PeerRenderFailureRequest(_message.Message):
+    """PeerRenderFailureRequest is one render failure a page reported."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    PLUGIN_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The page's agent, `agents/{id}`: a plugin of another agent reads as a stale run."""
+    plugin_id: _builtins.str
+    """The plugin id, e.g. `panel-1`."""
+    run_id: _builtins.str
+    """The run the page rendered, e.g. `run-3`."""
+    message: _builtins.str
+    """The failure's message."""
+    stack: _builtins.str
+    """Its stack, if any."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        plugin_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+        stack: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "message", b"message", "plugin_id", b"plugin_id", "run_id", b"run_id", "stack", b"stack"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerRenderFailureRequest: _TypeAlias = PeerRenderFailureRequest  # noqa: Y015
+
+@_typing.final
+class PeerRenderFailureResponse(_message.Message):
+    """PeerRenderFailureResponse is the owner's answer to a forwarded render failure."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    """Whether the owner kept it (false: the run is not the active run here)."""
+    code: _builtins.str
+    """Why not (`stale-run`), empty when accepted."""
+    message: _builtins.str
+    """The text the page reads when refused."""
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.bool = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerRenderFailureResponse: _TypeAlias = PeerRenderFailureResponse  # noqa: Y015

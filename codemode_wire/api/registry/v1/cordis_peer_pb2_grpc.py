@@ -74,6 +74,11 @@ class CordisPeerServiceStub:
                 request_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.SerializeToString,
                 response_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.FromString,
                 _registered_method=True)
+        self.PeerRenderFailure = channel.unary_unary(
+                '/codemode.registry.v1.CordisPeerService/PeerRenderFailure',
+                request_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureRequest.SerializeToString,
+                response_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureResponse.FromString,
+                _registered_method=True)
 
 
 class CordisPeerServiceServicer:
@@ -139,6 +144,16 @@ class CordisPeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerRenderFailure(self, request, context):
+        """PeerRenderFailure carries a render failure a page on the calling registry reported for the
+        plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+        the rule of a local report (a run that is not the agent's plugin's active run here is
+        refused `stale-run` and changes nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CordisPeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +186,11 @@ def add_CordisPeerServiceServicer_to_server(servicer, server):
                     servicer.PeerClientQuery,
                     request_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.FromString,
                     response_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.SerializeToString,
+            ),
+            'PeerRenderFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerRenderFailure,
+                    request_deserializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureRequest.FromString,
+                    response_serializer=codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +364,33 @@ class CordisPeerService:
             '/codemode.registry.v1.CordisPeerService/PeerClientQuery',
             codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryRequest.SerializeToString,
             codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerClientQueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerRenderFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codemode.registry.v1.CordisPeerService/PeerRenderFailure',
+            codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureRequest.SerializeToString,
+            codemode_dot_registry_dot_v1_dot_cordis__peer__pb2.PeerRenderFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

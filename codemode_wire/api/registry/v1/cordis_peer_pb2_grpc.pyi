@@ -68,6 +68,12 @@ class CordisPeerServiceStub:
     deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
     the agent is attached here (any more).
     """
+    PeerRenderFailure: _grpc.UnaryUnaryMultiCallable[_cordis_peer_pb2.PeerRenderFailureRequest, _cordis_peer_pb2.PeerRenderFailureResponse]
+    """PeerRenderFailure carries a render failure a page on the calling registry reported for the
+    plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+    the rule of a local report (a run that is not the agent's plugin's active run here is
+    refused `stale-run` and changes nothing).
+    """
 
 @_typing.type_check_only
 class CordisPeerServiceAsyncStub(CordisPeerServiceStub):
@@ -107,6 +113,12 @@ class CordisPeerServiceAsyncStub(CordisPeerServiceStub):
     against the method's output schema here, as for a local query). Cancelling the RPC, or its
     deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
     the agent is attached here (any more).
+    """
+    PeerRenderFailure: _aio.UnaryUnaryMultiCallable[_cordis_peer_pb2.PeerRenderFailureRequest, _cordis_peer_pb2.PeerRenderFailureResponse]  # type: ignore[assignment]
+    """PeerRenderFailure carries a render failure a page on the calling registry reported for the
+    plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+    the rule of a local report (a run that is not the agent's plugin's active run here is
+    refused `stale-run` and changes nothing).
     """
 
 class CordisPeerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -180,6 +192,18 @@ class CordisPeerServiceServicer(metaclass=_abc_1.ABCMeta):
         against the method's output schema here, as for a local query). Cancelling the RPC, or its
         deadline passing, withdraws the query from the pages. FAILED_PRECONDITION when no page of
         the agent is attached here (any more).
+        """
+
+    @_abc_1.abstractmethod
+    def PeerRenderFailure(
+        self,
+        request: _cordis_peer_pb2.PeerRenderFailureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cordis_peer_pb2.PeerRenderFailureResponse, _abc.Awaitable[_cordis_peer_pb2.PeerRenderFailureResponse]]:
+        """PeerRenderFailure carries a render failure a page on the calling registry reported for the
+        plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+        the rule of a local report (a run that is not the agent's plugin's active run here is
+        refused `stale-run` and changes nothing).
         """
 
 def add_CordisPeerServiceServicer_to_server(servicer: CordisPeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -176,6 +176,30 @@ export interface PeerClientQueryResponse {
   result: PeerCallResult | undefined;
 }
 
+/** PeerRenderFailureRequest is one render failure a page reported. */
+export interface PeerRenderFailureRequest {
+  /** The page's agent, `agents/{id}`: a plugin of another agent reads as a stale run. */
+  agent: string;
+  /** The plugin id, e.g. `panel-1`. */
+  pluginId: string;
+  /** The run the page rendered, e.g. `run-3`. */
+  runId: string;
+  /** The failure's message. */
+  message: string;
+  /** Its stack, if any. */
+  stack: string;
+}
+
+/** PeerRenderFailureResponse is the owner's answer to a forwarded render failure. */
+export interface PeerRenderFailureResponse {
+  /** Whether the owner kept it (false: the run is not the active run here). */
+  accepted: boolean;
+  /** Why not (`stale-run`), empty when accepted. */
+  code: string;
+  /** The text the page reads when refused. */
+  message: string;
+}
+
 function createBasePeerFollowHostRequest(): PeerFollowHostRequest {
   return { pluginId: "" };
 }
@@ -1259,6 +1283,188 @@ export const PeerClientQueryResponse: MessageFns<PeerClientQueryResponse> = {
   },
 };
 
+function createBasePeerRenderFailureRequest(): PeerRenderFailureRequest {
+  return { agent: "", pluginId: "", runId: "", message: "", stack: "" };
+}
+
+export const PeerRenderFailureRequest: MessageFns<PeerRenderFailureRequest> = {
+  encode(message: PeerRenderFailureRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.agent !== "") {
+      writer.uint32(10).string(message.agent);
+    }
+    if (message.pluginId !== "") {
+      writer.uint32(18).string(message.pluginId);
+    }
+    if (message.runId !== "") {
+      writer.uint32(26).string(message.runId);
+    }
+    if (message.message !== "") {
+      writer.uint32(34).string(message.message);
+    }
+    if (message.stack !== "") {
+      writer.uint32(42).string(message.stack);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PeerRenderFailureRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePeerRenderFailureRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.agent = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.pluginId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.stack = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PeerRenderFailureRequest>): PeerRenderFailureRequest {
+    return PeerRenderFailureRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PeerRenderFailureRequest>): PeerRenderFailureRequest {
+    const message = createBasePeerRenderFailureRequest();
+    message.agent = object.agent ?? "";
+    message.pluginId = object.pluginId ?? "";
+    message.runId = object.runId ?? "";
+    message.message = object.message ?? "";
+    message.stack = object.stack ?? "";
+    return message;
+  },
+};
+
+function createBasePeerRenderFailureResponse(): PeerRenderFailureResponse {
+  return { accepted: false, code: "", message: "" };
+}
+
+export const PeerRenderFailureResponse: MessageFns<PeerRenderFailureResponse> = {
+  encode(message: PeerRenderFailureResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.accepted !== false) {
+      writer.uint32(8).bool(message.accepted);
+    }
+    if (message.code !== "") {
+      writer.uint32(18).string(message.code);
+    }
+    if (message.message !== "") {
+      writer.uint32(26).string(message.message);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PeerRenderFailureResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePeerRenderFailureResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.accepted = reader.bool();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.code = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<PeerRenderFailureResponse>): PeerRenderFailureResponse {
+    return PeerRenderFailureResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<PeerRenderFailureResponse>): PeerRenderFailureResponse {
+    const message = createBasePeerRenderFailureResponse();
+    message.accepted = object.accepted ?? false;
+    message.code = object.code ?? "";
+    message.message = object.message ?? "";
+    return message;
+  },
+};
+
 /**
  * CordisPeerService is how registries sharing one store reach the registry that runs a
  * dynamic plugin's host (docs/cordis.md, "Registries sharing one store"). Each running plugin's
@@ -1359,6 +1565,23 @@ export const CordisPeerServiceService = {
       Buffer.from(PeerClientQueryResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PeerClientQueryResponse => PeerClientQueryResponse.decode(value),
   },
+  /**
+   * PeerRenderFailure carries a render failure a page on the calling registry reported for the
+   * plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+   * the rule of a local report (a run that is not the agent's plugin's active run here is
+   * refused `stale-run` and changes nothing).
+   */
+  peerRenderFailure: {
+    path: "/codemode.registry.v1.CordisPeerService/PeerRenderFailure" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: PeerRenderFailureRequest): Buffer =>
+      Buffer.from(PeerRenderFailureRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PeerRenderFailureRequest => PeerRenderFailureRequest.decode(value),
+    responseSerialize: (value: PeerRenderFailureResponse): Buffer =>
+      Buffer.from(PeerRenderFailureResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PeerRenderFailureResponse => PeerRenderFailureResponse.decode(value),
+  },
 } as const;
 
 export interface CordisPeerServiceServer extends UntypedServiceImplementation {
@@ -1391,6 +1614,13 @@ export interface CordisPeerServiceServer extends UntypedServiceImplementation {
    * the agent is attached here (any more).
    */
   peerClientQuery: handleUnaryCall<PeerClientQueryRequest, PeerClientQueryResponse>;
+  /**
+   * PeerRenderFailure carries a render failure a page on the calling registry reported for the
+   * plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+   * the rule of a local report (a run that is not the agent's plugin's active run here is
+   * refused `stale-run` and changes nothing).
+   */
+  peerRenderFailure: handleUnaryCall<PeerRenderFailureRequest, PeerRenderFailureResponse>;
 }
 
 export interface CordisPeerServiceClient extends Client {
@@ -1500,6 +1730,27 @@ export interface CordisPeerServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: PeerClientQueryResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * PeerRenderFailure carries a render failure a page on the calling registry reported for the
+   * plugin's run this registry holds: it is kept on the run here and fails its attempt, under
+   * the rule of a local report (a run that is not the agent's plugin's active run here is
+   * refused `stale-run` and changes nothing).
+   */
+  peerRenderFailure(
+    request: PeerRenderFailureRequest,
+    callback: (error: ServiceError | null, response: PeerRenderFailureResponse) => void,
+  ): ClientUnaryCall;
+  peerRenderFailure(
+    request: PeerRenderFailureRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PeerRenderFailureResponse) => void,
+  ): ClientUnaryCall;
+  peerRenderFailure(
+    request: PeerRenderFailureRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PeerRenderFailureResponse) => void,
   ): ClientUnaryCall;
 }
 
