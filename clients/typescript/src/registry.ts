@@ -296,14 +296,10 @@ export class ToolCall implements AsyncIterable<ToolCallEvent> {
     };
     const handle = (message: ExecuteToolCallResponse): void => {
       if (settled) return;
-      let event: ToolCallEvent;
-      try {
-        event = toEvent(message);
-      } catch (e) {
-        finish(CodemodeError.from(e));
-        stream.cancel();
-        return;
-      }
+      const event = toEvent(message);
+      // A progress event this client does not know (a registry newer than it) decodes with no
+      // case set: it is informational, so it is skipped; the result is always a known case.
+      if (event === undefined) return;
       this.events.push(event);
       if (event.type === "result") {
         resolve(event.result);
@@ -365,7 +361,7 @@ export function toToolCallResult(received: ToolResult): ToolCallResult {
   };
 }
 
-function toEvent(message: ExecuteToolCallResponse): ToolCallEvent {
+function toEvent(message: ExecuteToolCallResponse): ToolCallEvent | undefined {
   const event = message.event;
   switch (event?.$case) {
     case "started":
@@ -408,7 +404,7 @@ function toEvent(message: ExecuteToolCallResponse): ToolCallEvent {
     case "result":
       return { type: "result", result: toToolCallResult(event.value) };
     default:
-      throw new CodemodeError(GrpcStatus.INTERNAL, "unknown execute event (is the client older than the registry?)");
+      return undefined;
   }
 }
 

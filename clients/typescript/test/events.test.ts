@@ -54,4 +54,21 @@ describe("execute stream decoding", () => {
     ]);
     assert.equal(seen[2]?.type, "result");
   });
+
+  it("skips a progress event it does not know (a newer registry's) and still settles", async () => {
+    const stream = new FakeStream();
+    const call = new ToolCall("c", stream as unknown as ClientReadableStream<ExecuteToolCallResponse>, undefined);
+    // An event case this client was generated without decodes as a message with no case set.
+    stream.emit("data", {} as ExecuteToolCallResponse);
+    stream.emit("data", { event: { $case: "batch", value: { events: [{} as ExecuteToolCallResponse, progress("a")] } } });
+    stream.emit("data", { event: { $case: "result", value: ToolResult.fromPartial({ valueJson: "2" }) } });
+    const seen: ToolCallEvent[] = [];
+    for await (const event of call) seen.push(event);
+    assert.deepEqual(
+      seen.map((e) => e.type),
+      ["log", "result"],
+    );
+    assert.equal((await call.result).value, 2);
+    assert.equal(stream.cancelled, false);
+  });
 });
