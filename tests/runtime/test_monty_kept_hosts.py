@@ -395,8 +395,9 @@ async def test_idle_hosts_give_their_sandbox_to_a_run_that_needs_one(
     monty_registered: None,
 ) -> None:
     # Two sandboxes in all: two tenants' idle hosts hold both; a third tenant's run ends the
-    # least recently used instead of being refused.
-    async with served(pool_size=0, worker_uid_count=2) as runtime:
+    # least recently used instead of being refused. A range of its own: a worker an earlier
+    # test's runtime is still tearing down must not hold one of the two.
+    async with served(pool_size=0, worker_uid_base=63_740, worker_uid_count=2) as runtime:
         await runtime.ok("agent-a")
         await runtime.ok("agent-b")
         [a], [b] = runtime.hosts("agent-a"), runtime.hosts("agent-b")
