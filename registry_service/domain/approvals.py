@@ -192,7 +192,6 @@ class ApprovalBroker:
         self._positions = itertools.count(1)  # the ask order without a store
         self._tasks: set[asyncio.Task[None]] = set()
         self._follower: ChangeFollower | None = None
-        self._poller: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> int:
@@ -219,18 +218,9 @@ class ApprovalBroker:
             log.error("approvals: cannot read the pending approvals: %s", exc.message)
         follower = self._follower = ChangeFollower(self._refresh, "approvals")
         self._store.follow(lambda: follower.changed(None))
-        self._poller = asyncio.ensure_future(self._poll(follower))
-
-    async def _poll(self, follower: ChangeFollower) -> None:
-        while True:
-            follower.changed(None)
-            await asyncio.sleep(self._poll_s)
+        follower.poll(self._poll_s)
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
         if self._follower is not None:
             await self._follower.close()
         for task in list(self._tasks):

@@ -5,7 +5,8 @@ follower reloads them through `refresh`.
 Notifications that arrive while a reload runs are merged into the next one, so a burst of
 changes costs a few reloads, not one each. A reload that fails (the store unavailable) is not
 dropped: everything is reloaded once the store answers again, so a missed change cannot leave
-this registry stale for good."""
+this registry stale for good. Records other registries answer (approvals, Cordis run requests,
+pages) are also polled (`poll`): a notification the store lost then only delays."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class ChangeFollower:
         self._names: set[str] = set()
         self._everything = False
         self._task: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._closed = False
         self.reloads = 0  # completed reloads, for tests and metrics
 
@@ -68,8 +70,25 @@ class ChangeFollower:
             else:
                 self.reloads += 1
 
+    def poll(self, every_s: float, after: Callable[[], None] | None = None) -> None:
+        """Reload everything now and every `every_s` until closed, calling `after` (if given)
+        after each wait; runs on the event loop."""
+        if self._poller is None and not self._closed:
+            self._poller = asyncio.ensure_future(self._poll(every_s, after))
+
+    async def _poll(self, every_s: float, after: Callable[[], None] | None) -> None:
+        while True:
+            self.changed(None)
+            await asyncio.sleep(every_s)
+            if after is not None:
+                after()
+
     async def close(self) -> None:
         self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -197,7 +197,6 @@ class ClientRuns:
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._follower: ChangeFollower | None = None
-        self._poller: asyncio.Task[None] | None = None
         self._panel_runs: dict[str, int] = {}  # run id -> the page whose gesture started it
         # Where a render failure of a run another registry holds is carried (None: no channel).
         self.owners: RunOwners | None = None
@@ -237,18 +236,9 @@ class ClientRuns:
             log.error("cordis: cannot read the pending run requests: %s", exc.message)
         follower = self._follower = ChangeFollower(self._refresh, "cordis run requests")
         self._store.follow(lambda: follower.changed(None))
-        self._poller = asyncio.ensure_future(self._poll(follower))
-
-    async def _poll(self, follower: ChangeFollower) -> None:
-        while True:
-            follower.changed(None)
-            await asyncio.sleep(self._poll_s)
+        follower.poll(self._poll_s)
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
         if self._follower is not None:
             await self._follower.close()
         for task in list(self._tasks):

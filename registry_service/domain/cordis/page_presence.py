@@ -98,7 +98,6 @@ class PagePresence:
         self._writes: dict[str, asyncio.Task[None]] = {}  # agent -> its pending write
         self._owed: set[str] = set()  # agents whose state changed while a write ran
         self._follower: ChangeFollower | None = None
-        self._poller: asyncio.Task[None] | None = None
 
     # -- this registry's pages ----------------------------------------------------------------
 
@@ -143,15 +142,13 @@ class PagePresence:
             await self.refresh()
         follower = self._follower = ChangeFollower(self._refresh, "cordis pages")
         self._store.follow(lambda: follower.changed(None))
-        self._poller = asyncio.ensure_future(self._poll(follower))
+        follower.poll(self._poll_s, self._write_again)
 
-    async def _poll(self, follower: ChangeFollower) -> None:
-        while True:
-            follower.changed(None)
-            await asyncio.sleep(self._poll_s)
-            for agent in list(self._attached):  # a write that failed is made again
-                if agent not in self._writes:
-                    self._writes[agent] = asyncio.ensure_future(self._write(agent))
+    def _write_again(self) -> None:
+        """A write of this registry's pages that failed is made again."""
+        for agent in list(self._attached):
+            if agent not in self._writes:
+                self._writes[agent] = asyncio.ensure_future(self._write(agent))
 
     async def _refresh(self, _names: Collection[str] | None = None) -> None:
         await self.refresh()
@@ -163,10 +160,6 @@ class PagePresence:
         self._elsewhere = elsewhere
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
         if self._follower is not None:
             await self._follower.close()
         for task in list(self._writes.values()):
