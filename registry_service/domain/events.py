@@ -200,7 +200,7 @@ class ProgressReporter:
         "tool_name",
     )
 
-    def __init__(self, call_id: str, tool_name: str, emit: Emit) -> None:
+    def __init__(self, call_id: str, tool_name: str, emit: Callable[[ToolProgress], None]) -> None:
         self.call_id, self.tool_name, self._emit = call_id, tool_name, emit
         self._last = -math.inf
         self._tokens = float(PROGRESS_BURST)

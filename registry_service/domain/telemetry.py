@@ -7,7 +7,10 @@ off the shared `NO_TRACE` stands in for every span, so the pipeline pays nothing
 A call's span covers the whole call: for a nested call, from the binding call's arrival (so it
 includes the scheduler queue wait) to its commit. Pipeline stages are span events stamped at
 the stage's start with its duration (`duration_ms`): `queue_wait` (nested),
-`pre_execute`, `approval_wait`, `guards`, `body`, `post_execute`.
+`pre_execute`, `approval_wait`, `guards`, `body`, `post_execute`. A tool's own progress, as
+its caller is told it (`events.ProgressReporter` bounds how often), is a `tool_progress` event
+with `codemode.progress` and, when known, `codemode.progress_total` (never the message: it is
+the tool server's free text).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ EXECUTION_MODE = "codemode.execution_mode"
 DURATION_MS = "duration_ms"
 REFUSAL = "codemode.refusal"
 APPROVAL_OUTCOME = "codemode.approval.outcome"
+PROGRESS = "codemode.progress"
+PROGRESS_TOTAL = "codemode.progress_total"
 
 # Stage events.
 QUEUE_WAIT = "queue_wait"
@@ -51,6 +56,7 @@ APPROVAL_WAIT = "approval_wait"
 GUARDS = "guards"
 BODY = "body"
 POST_EXECUTE = "post_execute"
+TOOL_PROGRESS = "tool_progress"
 
 OK = "ok"
 ABANDONED = "ABANDONED"
@@ -132,6 +138,16 @@ class CallTrace:
         duration_ms = ((end_ns or time.time_ns()) - start_ns) / 1e6
         attributes[DURATION_MS] = round(duration_ms, 3)
         add_clean_event(span, name, attributes, start_ns)
+
+    def progressed(self, progress: float, total: float | None) -> None:
+        """The tool reported progress (what its caller's stream carries, already bounded)."""
+        span = self._span
+        if span is None:
+            return
+        attributes: dict[str, AttributeValue] = {PROGRESS: progress}
+        if total is not None:
+            attributes[PROGRESS_TOTAL] = total
+        add_clean_event(span, TOOL_PROGRESS, attributes, time.time_ns())
 
     def describe(self, description: str) -> None:
         """The called tool's description, once the call has resolved its tool."""

@@ -12,7 +12,7 @@ from codemode_common.principals import ANONYMOUS, Principal
 from codemode_wire import jsonvalue
 from codemode_wire.errors import invalid_argument
 from codemode_wire.jsonvalue import JsonValue
-from registry_service.domain.events import ProgressReporter
+from registry_service.domain.events import ProgressReporter, ToolProgress
 from registry_service.domain.jsonschema import SchemaError, check_schema, ref_name, validate
 from registry_service.domain.results import ToolResult
 from registry_service.domain.signals import AbortSignal
@@ -70,7 +70,8 @@ class Invocation:
         `ProgressReporter`. Made on first use: a body that reports nothing costs nothing."""
         return ProgressReporter(self.call_id, self.tool_name, self._progress_event)
 
-    def _progress_event(self, event: Any) -> None:
+    def _progress_event(self, event: ToolProgress) -> None:
+        self.trace.progressed(event.progress, event.total)
         self.observe(event)
         self.emit(event)
 

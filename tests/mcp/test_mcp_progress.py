@@ -12,8 +12,12 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
+from registry_service.config import RegistrySettings
 from registry_service.domain import events
 from registry_service.domain.events import (
     MAX_PROGRESS_MESSAGE,
@@ -23,6 +27,7 @@ from registry_service.domain.events import (
     ToolProgress,
 )
 from registry_service.domain.observers import Observers
+from registry_service.registry import build_registry
 from tests.codemode.conftest import value_of
 from tests.mcp.conftest import attach, mcp_settings, tools_of
 from tests.mcp_serve.conftest import stdio_server
@@ -268,3 +273,31 @@ async def test_closing_the_reporter_sends_the_waiting_value_then_nothing() -> No
 @pytest.mark.parametrize("event", [ToolProgress("c", "t", 1.0, None, "m")])
 def test_tool_progress_is_a_progress_event(event: ToolProgress) -> None:
     assert isinstance(event, events.PROGRESS)
+
+
+async def test_the_calls_span_records_each_progress_its_caller_is_told(
+    make_registry: Any, mark_dir: Path
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = {"listen": "127.0.0.1:0", "history_path": ":memory:"}
+    settings |= mcp_settings(mark_dir, "tools")
+    registry = build_registry(RegistrySettings(**settings), tracer_provider=provider)
+    async with make_registry(registry, **settings) as h:
+        agent = await attach(h, "a1", "tools")
+        await tools_of(h, agent, "progress")
+        stream, result = await h.execute(
+            "progress", {"values": ["1", "0", "nan", "2"], "total": 2}, agent=agent, call_id="p1"
+        )
+        assert not result.is_error, result.error.message
+        told = [(p.progress, p.total) for p in progress_of(stream)]
+        assert told == [(1.0, 2.0), (2.0, 2.0)]
+        (span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool progress"]
+        recorded = [dict(e.attributes or {}) for e in span.events if e.name == "tool_progress"]
+        # What the stream carried, in order; the dropped values (0 after 1, NaN) are not there,
+        # and the server's message is not recorded.
+        assert recorded == [
+            {"codemode.progress": 1.0, "codemode.progress_total": 2.0},
+            {"codemode.progress": 2.0, "codemode.progress_total": 2.0},
+        ]
