@@ -18,7 +18,10 @@ agent whose ``code_language`` is ``monty`` (its runs share its kept host), again
 grpc.aio unary round trip taken after the same idle (everything quiet for 50 ms, as
 ``benchmarks.run_code`` settles), interleaved with the same program for a CPython agent and a
 Monty ``Run`` straight on the runtime. ``monty_p1_ratio`` is the Monty p50 over the unary p50;
-target <= 2.
+target <= 2. ``monty_p1_floor_ratio`` is what the two gRPC hops cost bare: the unary plus one
+message each way on a bidi stream opened before the samples (the registry's runs are frames on
+the one stream it keeps open to a runtime, ``registry_service/runtime_mux.py``, not a stream
+each), over the unary; ``monty_p1_direct_floor_ratio`` a new bidi stream's (a direct ``Run``).
 
     .venv/bin/python -m benchmarks.runtime_monty [--quick]
 """
@@ -105,6 +108,17 @@ async def p1(rounds: int) -> dict[str, Any]:
             await call.read()  # the end of the stream
             return time.perf_counter() - started
 
+        # The registry reaches the runtime over one stream it keeps open (``registry_service/
+        # runtime_mux.py``): a run there is frames on that stream, not a new stream. Opened once
+        # (here, before any sample), each sample is one message each way on it.
+        open_stream = ping_pong()
+
+        async def frame_on_open_bidi_after_idle() -> float:
+            started = time.perf_counter()
+            await open_stream.write(payload)
+            await open_stream.read()
+            return time.perf_counter() - started
+
         async def direct() -> float:
             started = time.perf_counter()
             await echo_run(runtime_stub, ZERO, "monty", "bench-direct")
@@ -119,33 +133,47 @@ async def p1(rounds: int) -> dict[str, Any]:
             await direct()
             await unary_after_idle()
             await bidi_after_idle()
+            await frame_on_open_bidi_after_idle()
         await settle()
-        monty, python, straight, unary, bidi = await samples_of(
+        monty, python, straight, unary, bidi, frame = await samples_of(
             [
                 lambda: client.run(ZERO, agents["monty"]),
                 lambda: client.run(ZERO, agents["python"]),
                 direct,
                 unary_after_idle,
                 bidi_after_idle,
+                frame_on_open_bidi_after_idle,
             ],
             rounds,
             settle,
         )
-    ratio = statistics.median(monty) / statistics.median(unary)
-    # run_code is a unary to the registry around a Run stream to the runtime: the two bare
-    # round trips alone, before any work of either service or of the program.
-    floor = (statistics.median(unary) + statistics.median(bidi)) / statistics.median(unary)
+        await open_stream.done_writing()
+    unary_p50 = statistics.median(unary)
+    ratio = statistics.median(monty) / unary_p50
+    # run_code is a unary to the registry around one frame exchange on the registry's open
+    # stream to the runtime (a run's start out, its terminal back): the two bare round trips
+    # alone, before any work of either service, of the worker channel or of the program.
+    floor = (unary_p50 + statistics.median(frame)) / unary_p50
+    # A Run of its own (the direct path) opens a stream per run: a unary's worth of the
+    # caller's P1 against a new bidi stream's, bare.
+    direct_floor = statistics.median(bidi) / unary_p50
     return {
         "monty_p1_ratio": round(ratio, 3),
         "monty_p1_meets_target": ratio <= P1_TARGET,
         "monty_p1_floor_ratio": round(floor, 3),
+        "monty_p1_direct_floor_ratio": round(direct_floor, 3),
         "monty_p1": {
             "run_code_monty": summary_ms(monty),
             "run_code_python": summary_ms(python),
             "direct_run_monty_kept_host": summary_ms(straight),
             "unary_after_same_idle": summary_ms(unary),
             "bidi_stream_after_same_idle": summary_ms(bidi),
-            "floor": "(unary + bidi stream) p50 / unary p50: run_code's two gRPC hops, bare",
+            "frame_on_open_bidi_after_same_idle": summary_ms(frame),
+            "floor": (
+                "(unary + one frame each way on an open bidi stream) p50 / unary p50: "
+                "run_code's two gRPC hops bare (the registry's runs share one open stream)"
+            ),
+            "direct_floor": "new bidi stream p50 / unary p50: a direct Run's one hop, bare",
             "python_ratio_to_unary": round(statistics.median(python) / statistics.median(unary), 3),
             "rounds": rounds,
             "target": f"run_code_monty p50 <= {P1_TARGET} x unary_after_same_idle p50",

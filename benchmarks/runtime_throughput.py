@@ -22,6 +22,12 @@ each client a tenant of its own so that its runs share its kept host (``runtime_
 kept_hosts.py``), beside a bare ``pydantic_monty`` pool in this process (no services, no
 sandbox: the same 10 calls answered directly, one thread per CPU). Targets: >= 5 x the fork
 tier, >= 0.5 x the bare pool, <= 6 ms of CPU per program over all processes (hosts and runtime).
+``monty_bounds`` says whether the rate was bound by the CPUs (``machine_cpus_busy``: the
+machine's, other tenants included) or by waiting, and what 0.5 x bare allows per program;
+``monty_floor`` what no tuning of the services removes, measured in the same run: the bare
+pool driven as the bridge drives Monty (awaited calls as futures: two round trips to the monty
+process per call, where the bare pool's synchronous calls take one) and a bare grpc.aio
+server carrying a program's stream (11 messages each way, 50 streams at once).
 ``ten_times_spawn_budget`` says what 10 x spawn leaves per program on this machine: its CPUs'
 time divided by that rate, less the runtime's and the client's CPU as measured here (the
 worker's share, whatever the worker does). ``benchmarks.runtime_floor`` takes a forked
@@ -96,6 +102,15 @@ def _reaper_of_workers(runtime_pid: int, launch: str) -> int:
             if b"runtime_service.worker.zygote" in handle.read():
                 return child
     raise RuntimeError("no fork server below the runtime")
+
+
+def _child_running(marker: bytes) -> int:
+    """The child of this process whose command line holds ``marker``."""
+    for child in _children(os.getpid()):
+        with open(f"/proc/{child}/cmdline", "rb") as handle:
+            if marker in handle.read():
+                return child
+    raise RuntimeError(f"no child process running {marker!r}")
 
 
 def _runtime_pid() -> int:
@@ -272,6 +287,107 @@ def _bare(programs: int) -> dict[str, float]:
     }
 
 
+# The bridge's protocol with pydantic_monty (``runtime_service/worker_monty/bridge.py``): the
+# program is the body of an async function whose calls are awaited, each call a future (its
+# synchronous client has no other way to await one), so two round trips to the monty process
+# per call where the bare pool's synchronous calls take one.
+_FUTURES_SOURCE = (
+    "import tools\nasync def __program__():\n    for i in range(10):\n"
+    "        await tools.echo(i)\n    return 0.0\nawait __program__()\n"
+)
+
+
+def _bare_futures(programs: int) -> dict[str, float]:
+    """The 10-call program on a bare pool of one ``monty`` process per CPU, driven as the
+    bridge drives it (awaited calls answered as futures, ``tools`` imported), in this process:
+    what a kept host's two processes cost per program with no channel, sandbox or runtime."""
+    import pydantic_monty as pm
+
+    def unreachable(*args: object) -> object:
+        raise AssertionError("answered as futures")
+
+    module = pm.ExternalModule({"echo": unreachable})
+    threads = len(os.sched_getaffinity(0))
+    remaining = [programs]
+    lock = threading.Lock()
+    with pm.Monty(min_processes=threads, max_processes=threads) as pool:
+
+        def one() -> None:
+            with pool.checkout(external_modules={"tools": module}) as session:
+                snapshot: Any = session.feed_start(_FUTURES_SOURCE)
+                answers: dict[int, Any] = {}
+                while not isinstance(snapshot, pm.MontyComplete):
+                    if isinstance(snapshot, pm.FutureSnapshot):
+                        ready: dict[int, pm.ExternalSettledResult] = {
+                            i: {"return_value": value} for i, value in answers.items()
+                        }
+                        answers.clear()
+                        snapshot = snapshot.resume(ready)
+                    elif snapshot.is_os_function:  # the import of ``tools``
+                        snapshot = snapshot.resume_auto()
+                    else:
+                        answers[snapshot.call_id] = snapshot.args[0]
+                        snapshot = snapshot.resume({"future": ...})
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if remaining[0] <= 0:
+                        return
+                    remaining[0] -= 1
+                one()
+
+        for _ in range(threads * 2):
+            one()  # warm-up
+        cpu_before, started = _tree_cpu_s(), time.perf_counter()
+        workers = [threading.Thread(target=client) for _ in range(threads)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        took = time.perf_counter() - started
+        cpu = _tree_cpu_s() - cpu_before
+    return {
+        "programs_per_s": round(programs / took, 1),
+        "cpu_ms_per_program_this_process_and_pool": round(cpu / programs * 1e3, 3),
+        "threads": threads,
+    }
+
+
+async def _bare_grpc_relay(programs: int) -> dict[str, float]:
+    """What a program's stream costs a bare grpc.aio server (``benchmarks._baseline_server``,
+    no runtime logic): a bidi stream per program, 11 messages each way (the 10 calls and the
+    start/terminal), ``CONCURRENCY`` streams at once; the server's CPU per program."""
+    payload = b'{"call_id": 1, "name": "echo", "arguments_json": "0"}'
+    async with subprocess_service(
+        "-m", "benchmarks._baseline_server", ready_prefix="port "
+    ) as port:  # fmt: skip
+        server = _child_running(b"_baseline_server")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            ping_pong = channel.stream_stream("/bench.Baseline/PingPong")
+            remaining = programs
+
+            async def one() -> None:
+                call = ping_pong()
+                for _ in range(11):
+                    await call.write(payload)
+                    await call.read()
+                await call.done_writing()
+                await call.read()
+
+            async def client() -> None:
+                nonlocal remaining
+                while remaining > 0:
+                    remaining -= 1
+                    await one()
+
+            await asyncio.gather(*(one() for _ in range(CONCURRENCY)))  # warm-up
+            before = _reaper_cpu_s(server, children=False)
+            await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+            cpu = _reaper_cpu_s(server, children=False) - before
+    return {"server_cpu_ms_per_program": round(cpu / programs * 1e3, 3), "programs": programs}
+
+
 def _tree_cpu_s() -> float:
     """This process's CPU and its live children's (the pool's monty processes)."""
     return time.process_time() + sum(
@@ -288,6 +404,8 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
         CODEMODE_RUNTIME_LANGUAGES=MONTY_LANGUAGES,
     )  # fmt: skip
     bare = await asyncio.to_thread(_bare, programs * 2)
+    futures = await asyncio.to_thread(_bare_futures, programs * 2)
+    relay = await _bare_grpc_relay(programs)
     rate = float(monty["programs_per_s"])
     all_processes = float(monty["worker_cpu_ms_per_run"]) + float(monty["runtime_cpu_ms_per_run"])
     cpus = len(os.sched_getaffinity(0))
@@ -302,7 +420,29 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
         "cpus_busy_with_the_workload": round(rate * workload_cpu_ms / 1e3 / cpus, 3),
         "free_host_programs_per_s": round(cpus * 1e3 / others, 1),
         "machine_cpu_ms_per_program": monty["machine_cpu_ms_per_run"],
+        # Every process on the machine (other tenants of its CPUs included): near 1, the CPUs
+        # were saturated during the workload and the rate is CPU-bound, not bound by waiting.
+        "machine_cpus_busy": round(rate * float(monty["machine_cpu_ms_per_run"]) / 1e3 / cpus, 3),
         "program_wall_ms_mean": monty["program_wall_ms_mean"],
+        "programs_per_s_at_half_bare": round(float(bare["programs_per_s"]) / 2, 1),
+        "cpu_ms_per_program_allowed_at_half_bare": round(
+            cpus * 1e3 / (float(bare["programs_per_s"]) / 2), 3
+        ),
+    }
+    busy = float(bounds["machine_cpus_busy"])
+    bounds["bound"] = "cpu (the machine's, other tenants included)" if busy >= 0.9 else "waiting"
+    # What no tuning of the services removes, measured in the same run: the host's two
+    # processes doing only the bridge's part with Monty (two round trips per awaited call) and
+    # a bare gRPC server carrying the program's stream (what the runtime does at the least).
+    host_floor = float(futures["cpu_ms_per_program_this_process_and_pool"])
+    runtime_floor = float(relay["server_cpu_ms_per_program"])
+    floor = {
+        "host_bare_futures_cpu_ms": host_floor,
+        "runtime_bare_grpc_stream_cpu_ms": runtime_floor,
+        "sum_cpu_ms": round(host_floor + runtime_floor, 3),
+        "measured_hosts_cpu_ms": monty["worker_cpu_ms_per_run"],
+        "measured_runtime_cpu_ms": monty["runtime_cpu_ms_per_run"],
+        "bare_sync_calls_cpu_ms": bare["cpu_ms_per_program_this_process_and_pool"],
     }
     return {
         "monty_programs_per_s": rate,
@@ -314,6 +454,9 @@ async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str,
         "monty": monty,
         "monty_bare": bare,
         "monty_bounds": bounds,
+        "monty_floor": floor,
+        "monty_bare_futures": futures,
+        "monty_bare_grpc_relay": relay,
         "monty_target": {
             "vs_cpython_fork_min": 5,
             "vs_bare_min": 0.5,
