@@ -8,9 +8,18 @@ serving `echo` over its Connect stream (`benchmarks/_bench_provider.py`). Both t
 the same arguments with the same value; each call is a model-direct ExecuteToolCall of the
 agent, result only. Target: the MCP tool's p50 <= 1.5 x the provider tool's p50.
 
-Reference, not part of the target: the same call made by the SDK's own client straight to the
+References, not part of the target: the same call made by the SDK's own client straight to the
 same server over stdio (no registry), what the server and the SDK cost by themselves; the MCP
-tool's p50 over it is what the registry adds (the pipeline, history, the gRPC call).
+tool's p50 over it is what the registry adds (the pipeline, history, the gRPC call). And the same
+call made by a line client (one JSON-RPC line written, one read: `benchmarks.mcp_serve`'s
+`LineClient`) straight to the same server: the server's own round trip, pipes included, with no
+client SDK, the floor under any MCP client's hop to it.
+
+CPU per call (`cpu_us_per_call`: each process's threads' `/proc/<pid>/task/*/schedstat`, over
+`CPU_CALLS` more calls of each path after the sampled ones, interleaved): the registry's for each
+path, and the tool's own process (the MCP server, the provider). The registry's MCP figure minus
+its provider figure is what its MCP client costs against its provider stream; the split holds
+under load, where the latency ratio swings (`uptime` beside each run).
 
 A second figure, `mcp serve`'s round trip against a direct ExecuteToolCall, comes from
 `benchmarks/mcp_serve.py` (`measure(quick) -> dict`) when that module is present.
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
 import sys
@@ -42,18 +52,67 @@ from benchmarks._support import (
     subprocess_service,
     summary_ms,
 )
+from benchmarks.mcp_serve import LineClient
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
 from codemode_wire.api.registry.v1 import registry_service_pb2_grpc as rpb_grpc
 
 ARGS = '{"path":"/tmp/example.txt","limit":10}'
 AGENT = "agents/bench"
 TARGET = 1.5
+CPU_CALLS = 500  # per path, in five interleaved blocks after the sampled calls
+SERVER_MODULE = "benchmarks._bench_mcp_server"
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time process `pid` used so far, all its threads (`schedstat`: nanoseconds, where
+    `/proc/<pid>/stat` counts 10 ms ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with (
+            contextlib.suppress(FileNotFoundError),  # a thread that just ended
+            open(f"/proc/{pid}/task/{task}/schedstat") as handle,
+        ):
+            total += int(handle.read().split()[0])
+    return total / 1e9
+
+
+def _child(parent: int, marker: str) -> int:
+    """The pid of `parent`'s child whose command line holds `marker` (this benchmark's own
+    service processes, and the registry's MCP server child)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and marker in command:
+            return int(entry)
+    raise RuntimeError(f"no child of {parent} runs {marker}")
+
+
+async def _cpu_per_call(
+    ops: tuple[Callable[[], Awaitable[None]], ...], pids: tuple[tuple[int, ...], ...]
+) -> list[list[float]]:
+    """Microseconds of CPU per call of each op that each of its `pids` used, over `CPU_CALLS`
+    calls of each taken in five interleaved blocks (drift hits every op alike)."""
+    used = [[0.0] * len(p) for p in pids]
+    for _ in range(5):
+        for i, op in enumerate(ops):
+            before = [_cpu_s(pid) for pid in pids[i]]
+            await sequential(op, CPU_CALLS // 5)
+            for j, pid in enumerate(pids[i]):
+                used[i][j] += _cpu_s(pid) - before[j]
+    return [[round(u / CPU_CALLS * 1e6, 1) for u in row] for row in used]
 
 
 def _settings(path: Path) -> None:
     server = {
         "command": sys.executable,
-        "args": ["-m", "benchmarks._bench_mcp_server"],
+        "args": ["-m", SERVER_MODULE],
         "env": {"PYTHONPATH": os.pathsep.join(sys.path), "PATH": os.environ.get("PATH", "")},
         "cwd": os.getcwd(),
     }
@@ -119,15 +178,30 @@ async def tool_vs_provider(quick: bool) -> dict[str, Any]:
 
                 ops = (caller("mcp_echo"), caller("echo"))
                 samples = await interleaved(ops, count)
+                registry = _child(os.getpid(), "registry_service")
+                server = _child(registry, SERVER_MODULE)
+                provider_process = _child(os.getpid(), "benchmarks._bench_provider")
+                mcp_cpu, provider_cpu = await _cpu_per_call(
+                    ops, ((registry, server), (registry, provider_process))
+                )
                 await channel.close()
     mcp, provider = summary_ms(samples[ops[0]]), summary_ms(samples[ops[1]])
     ratio = mcp["p50_ms"] / provider["p50_ms"]
     reference = await sdk_client_reference(count)
+    line = await line_client_reference(count)
     return {
         "mcp_tool_1_caller": mcp,
         "baseline": {"tool_provider_tool_1_caller": provider},
         "reference_sdk_client_straight_to_the_server": reference,
+        "reference_line_client_straight_to_the_server": line,
         "registry_over_reference_p50_ms": round(mcp["p50_ms"] - reference["p50_ms"], 4),
+        "cpu_us_per_call": {
+            "registry_mcp_tool": mcp_cpu[0],
+            "registry_tool_provider_tool": provider_cpu[0],
+            "registry_mcp_over_provider": round(mcp_cpu[0] - provider_cpu[0], 1),
+            "mcp_server_process": mcp_cpu[1],
+            "tool_provider_process": provider_cpu[1],
+        },
         "ratio_p50": round(ratio, 3),
         "target": f"MCP tool p50 <= {TARGET} x ToolProvider tool p50",
         "meets_target": ratio <= TARGET,
@@ -139,7 +213,7 @@ async def sdk_client_reference(count: int) -> dict[str, float]:
     registry: what the MCP server and the SDK cost here (a reference, not in the target)."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "benchmarks._bench_mcp_server"],
+        args=["-m", SERVER_MODULE],
         env={"PYTHONPATH": os.pathsep.join(sys.path)},
         cwd=os.getcwd(),
     )
@@ -154,6 +228,24 @@ async def sdk_client_reference(count: int) -> dict[str, float]:
 
         await sequential(call, 50)
         return summary_ms(await sequential(call, count))
+
+
+async def line_client_reference(count: int) -> dict[str, float]:
+    """The same call from a line client straight to the same server: the server's own round
+    trip over its pipes, no client SDK on this side (a reference, not in the target)."""
+    client = await LineClient.start(sys.executable, "-m", SERVER_MODULE)
+    try:
+        await client.request("tools/list", {})
+        params = {"name": "mcp_echo", "arguments": {"path": "/tmp/example.txt", "limit": 10}}
+
+        async def call() -> None:
+            answer = await client.request("tools/call", params)
+            assert not answer["result"].get("isError"), answer
+
+        await sequential(call, 50)
+        return summary_ms(await sequential(call, count))
+    finally:
+        await client.close()
 
 
 def mcp_serve_round_trip(quick: bool) -> dict[str, Any]:

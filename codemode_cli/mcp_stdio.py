@@ -6,7 +6,11 @@ the client (stdout carries only protocol); both are restored at exit.
 
 No thread per message. The SDK's server reads and writes any object with the `ReadStream` /
 `WriteStream` shape (`mcp.shared._stream_protocols`); `_Incoming` and `_Outgoing` are those, so a
-line goes from the pipe to the SDK's dispatcher with no memory-stream hop. A pipe or a socket is
+line goes from the pipe to the SDK's dispatcher with no memory-stream hop. `Server.run` would
+put one back: it peeks at the client's first request to choose the protocol era and then relays
+every later message through a task and a memory stream to the chosen loop; `_serve` makes the
+same choice on `_Incoming` itself (which replays what it read before that request) and runs the
+chosen loop on it directly. A pipe or a socket is
 read and written by the event loop itself (`connect_read_pipe` / `connect_write_pipe`). Anything
 else (a file, a tty, or stdin and stdout being one socket, which a write-pipe transport would
 close at the first byte it can read) falls back to a daemon thread reading raw chunks (a blocked
@@ -39,12 +43,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import mcp_types as types
+from mcp.server import runner as sdk_runner
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from codemode_common.mcp_streams import MessageReader, MessageWriter
 
 if TYPE_CHECKING:
+    from mcp.server.lowlevel import Server
+    from mcp.server.models import InitializationOptions
+
     from codemode_cli.mcp_adapter import AgentServer
 
 log = logging.getLogger("codemode.mcp")
@@ -312,9 +320,31 @@ class _Incoming(MessageReader):
     def __init__(self, source: _Source, splitter: LineSplitter) -> None:
         self._source, self._splitter = source, splitter
         self._lines: deque[bytes] = deque()
+        self._replay: deque[SessionMessage | Exception] = deque()
         self._ended = self._closed = False
 
+    async def opening_request(self) -> types.JSONRPCRequest | None:
+        """Reads up to the client's first request (None if stdin ends first); `receive` then
+        gives what was read again, in order: the SDK's own rule for choosing the era
+        (`mcp.server.runner._replay_from_opening_request`), up to `_PRE_REQUEST_REPLAY_LIMIT`
+        frames kept before that request, later ones dropped."""
+        while True:
+            try:
+                item = await self._next()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):  # as the SDK: both end it
+                return None
+            if isinstance(item, SessionMessage) and isinstance(item.message, types.JSONRPCRequest):
+                self._replay.append(item)
+                return item.message
+            if len(self._replay) < sdk_runner._PRE_REQUEST_REPLAY_LIMIT:
+                self._replay.append(item)
+
     async def receive(self) -> SessionMessage | Exception:
+        if self._replay:
+            return self._replay.popleft()
+        return await self._next()
+
+    async def _next(self) -> SessionMessage | Exception:
         while not self._lines:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -342,11 +372,13 @@ class _Incoming(MessageReader):
     def stop(self) -> None:
         """Ends the stream as stdin's end would: the session ends, its calls are cancelled."""
         self._lines.clear()
+        self._replay.clear()
         self._source.close()
 
     async def aclose(self) -> None:
         self._closed = True
         self._lines.clear()
+        self._replay.clear()
 
 
 def _parse(line: bytes) -> types.JSONRPCMessage:
@@ -436,6 +468,39 @@ async def _refuse(ctx: Any, params: _RefusedParams) -> types.EmptyResult:
     )
 
 
+async def _serve(
+    server: Server[Any], incoming: _Incoming, outgoing: _Outgoing, options: InitializationOptions
+) -> None:
+    """`server.run(incoming, outgoing, options)` without its relay task (module doc): the era
+    is chosen by the SDK's own test on the client's first request, and the SDK's loop for that
+    era serves the streams themselves."""
+    async with server.lifespan(server) as state:
+        try:
+            opening = await incoming.opening_request()
+            modern = (
+                opening is not None
+                and opening.method != "initialize"
+                and sdk_runner._has_modern_envelope(opening.params)
+            )
+            if modern:
+                await sdk_runner._serve_modern_stream(
+                    server, incoming, outgoing, lifespan_state=state, raise_exceptions=False
+                )
+            else:
+                await sdk_runner._serve_legacy_stream(
+                    server,
+                    incoming,
+                    outgoing,
+                    lifespan_state=state,
+                    session_id=None,
+                    init_options=options,
+                    raise_exceptions=False,
+                )
+        finally:
+            await incoming.aclose()
+            await outgoing.aclose()
+
+
 async def serve_stdio(agent: AgentServer, limit: int) -> None:
     """Serves one MCP client on stdin/stdout until stdin closes or SIGTERM/SIGINT.
 
@@ -463,7 +528,7 @@ async def serve_stdio(agent: AgentServer, limit: int) -> None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, on_signal)
             try:
-                await agent.server.run(incoming, outgoing, agent.initialization_options())
+                await _serve(agent.server, incoming, outgoing, agent.initialization_options())
             except asyncio.CancelledError:
                 if not signals:
                     raise
