@@ -412,12 +412,12 @@ const REHEARSAL_ARGS = [1, { query: 'warm-up', limit: 10 }, 'text', { ids: [1, 2
  * calls start on compiled code. The rehearsal's worker, ids and tools are its own; `route`
  * gives what reads its frames, as the entry point reads the channel's.
  * @param {number} times
- * @param {(worker: Worker) => {onFrame(payload: string): void}} route
+ * @param {(worker: Worker) => {onFrame(payload: string | import('./core.js').RawPayload): void}} route
  */
 async function rehearseCalls(times, route) {
   const frames = new FrameBuffer();
   const scratch = BufferAllocUnsafe(RECV_BYTES);
-  /** @type {{onFrame(payload: string): void}} */
+  /** @type {{onFrame(payload: string | import('./core.js').RawPayload): void}} */
   let reader;
   const worker = new Worker((buffer) => {
     const text = BufferToString(buffer, 'latin1', 4);
@@ -449,7 +449,7 @@ async function rehearseCalls(times, route) {
 /**
  * Pay first-use costs (the type stripper's WebAssembly, the compiler, the codecs, the
  * program's streams, the binding-call path) before ready.
- * @param {(worker: Worker) => {onFrame(payload: string): void}} route see rehearseCalls
+ * @param {(worker: Worker) => {onFrame(payload: string | import('./core.js').RawPayload): void}} route see rehearseCalls
  */
 export async function prewarm(route) {
   prepareOutput();
