@@ -47,6 +47,7 @@ const isNativeError = util.types.isNativeError;
 const reallyExit = /** @type {any} */ (process).reallyExit.bind(process);
 const nextTick = process.nextTick;
 const BufferAllocUnsafe = Buffer.allocUnsafe;
+const BufferByteLength = Buffer.byteLength;
 const BufferFrom = Buffer.from;
 const BufferConcat = Buffer.concat;
 const BufferWrite = uncurry(Buffer.prototype.write);
@@ -175,6 +176,25 @@ export function frame(text) {
   const buffer = BufferAllocUnsafe(4 + text.length);
   BufferWriteUInt32BE(buffer, text.length, 0);
   BufferWrite(buffer, text, 4, 'latin1');
+  return buffer;
+}
+
+/**
+ * A raw frame: the compact JSON text of a message without its value field (ASCII), and the
+ * value's JSON text, written in UTF-8 (it holds no lone surrogate: flatwire.js rawText
+ * escapes them).
+ * @param {string} message
+ * @param {string} body
+ */
+export function rawFrame(message, body) {
+  const length = RAW_HEAD + message.length + BufferByteLength(body, 'utf8');
+  if (length > MAX_FRAME_BYTES) throw new RangeError('frame too large');
+  const buffer = BufferAllocUnsafe(4 + length);
+  BufferWriteUInt32BE(buffer, length, 0);
+  buffer[4] = RAW;
+  BufferWriteUInt32BE(buffer, message.length, 5);
+  BufferWrite(buffer, message, 4 + RAW_HEAD, 'latin1');
+  BufferWrite(buffer, body, 4 + RAW_HEAD + message.length, 'utf8');
   return buffer;
 }
 

@@ -50,6 +50,7 @@ import {
   field,
   finish,
   frame,
+  rawFrame,
   hasFinished,
   installOutput,
   parseMessage,
@@ -293,8 +294,11 @@ export class Worker {
     let buffer;
     try {
       const tokens = wire.encode(args);
-      // Framed here, before the id is taken: framing refuses what the wire cannot carry.
-      buffer = frame(`{"t":"call","id":${callId},"name":${wire.spellString(name)},"args":${wire.spellTokens(tokens)}}`);
+      // Framed here, before the id is taken: framing refuses what the wire cannot carry. A
+      // large value travels as its JSON text, raw (core.js rawFrame).
+      const head = `{"t":"call","id":${callId},"name":${wire.spellString(name)}`;
+      const body = wire.rawText(tokens);
+      buffer = body === null ? frame(`${head},"args":${wire.spellTokens(tokens)}}`) : rawFrame(`${head}}`, body);
     } catch (error) {
       const detail = error instanceof Error ? error.message : StringCtor(error);
       throw new ToolCallError(`${LOSSY_ARGUMENTS}: ${detail}`, name);
@@ -378,7 +382,8 @@ export class Worker {
     }
     if (!sink.ledger.fitsTokens(tokens)) return this.failure('output-limit', '');
     try {
-      return frame(`{"t":"done","value":${wire.spellTokens(tokens)}}`);
+      const body = wire.rawText(tokens);
+      return body === null ? frame(`{"t":"done","value":${wire.spellTokens(tokens)}}`) : rawFrame('{"t":"done"}', body);
     } catch {
       return this.failure('invalid-output', LOSSY_COMPLETION);
     }
