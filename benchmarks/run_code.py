@@ -19,7 +19,9 @@ workers (fork server, every run's init and worker, the pool refills) from a cgro
 is started in (`benchmarks/_cgroup_meter.py`), the client's from this process. Keys:
 `nested_call_cpu_us` (P4, all processes, target <= 600), `run_fixed_cpu_ms_services` (registry +
 runtime + client for a 0-call run, target <= 4), `echo_1mb_cpu_ratio` (a 1 MB value echoed by a
-nested call, all processes, over a stdlib `json` round trip of it; target <= 4),
+nested call, all processes, over a stdlib `json` round trip of it sampled between the runs;
+target <= 4; beside it `worker_channel_cpu_ms`, the channel's four hops of it in this process,
+frames spelled plain and raw),
 `P1_ratio_to_unary` and `P2_ratio_to_bidi` (bare grpc.aio round trips of the same run).
 
 Per language, in the same run and interleaved with Python's P1/P2 samples: the same
@@ -51,6 +53,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -518,11 +521,30 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
             fixed_runs, echo_runs = (40, 5) if quick else (100, 20)
             await settle()
             fixed = await cpu_per_run(client, registry, runtime, ZERO, fixed_runs, settle=settle)
+            # The stdlib baseline is sampled between these runs, under the load they see (on a
+            # shared host one sample taken apart swung 35-61 ms), its CPU kept out of theirs.
+            round_trips: list[float] = []
+
+            def json_sample() -> None:
+                round_trips.append(json_round_trip_cpu_s(ECHO_VALUE, repeats=1))
+
             built = await cpu_per_run(
-                client, registry, runtime, ECHO_BUILD, echo_runs, settle=settle
+                client,
+                registry,
+                runtime,
+                ECHO_BUILD,
+                echo_runs,
+                settle=settle,
+                between=json_sample,
             )
             echoed = await cpu_per_run(
-                client, registry, runtime, ECHO_1MB, echo_runs, settle=settle
+                client,
+                registry,
+                runtime,
+                ECHO_1MB,
+                echo_runs,
+                settle=settle,
+                between=json_sample,
             )
 
             # P4: throughput, 50 concurrent programs, a few rounds from a settled stack.
@@ -613,7 +635,7 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
         "meets_target": services * 1e3 <= RUN_FIXED_CPU_TARGET_MS,
     }
     echo_cpu = {k: echoed[k] - built[k] for k in echoed}
-    json_round_trip = json_round_trip_cpu_s(ECHO_VALUE)
+    json_round_trip = statistics.median(round_trips)
     ratio = sum(echo_cpu.values()) / json_round_trip
     result["echo_1mb_cpu_ratio"] = round(ratio, 2)
     result["echo_1mb"] = {
@@ -622,6 +644,8 @@ async def run(quick: bool, pool_size: int, profile: bool) -> dict[str, Any]:
         "cpu_share": _shares(echo_cpu),
         "cpu_ms_all_processes": _ms(sum(echo_cpu.values())),
         "baseline_stdlib_json_round_trip_ms": _ms(json_round_trip),
+        "baseline_samples": len(round_trips),
+        "worker_channel_cpu_ms": worker_channel_cpu_ms(ECHO_VALUE),
         "runs": echo_runs,
         "target": f"all processes' CPU <= {ECHO_CPU_RATIO_TARGET} x a stdlib json round trip",
         "meets_target": ratio <= ECHO_CPU_RATIO_TARGET,
@@ -764,16 +788,79 @@ async def cpu_per_run(
     count: int,
     *,
     settle: Callable[[], Awaitable[None]],
+    between: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """CPU seconds per run by process, `count` runs of `code` one after another."""
+    """CPU seconds per run by process, `count` runs of `code` one after another; `between`
+    runs after each (a same-run baseline's sample), its CPU not counted as the client's."""
     workers_before = runtime.children_cpu()
     start = CpuMark.read(registry, runtime)
+    apart = 0.0
     for _ in range(count):
         await client.run(code)
+        if between is not None:
+            started = time.process_time()
+            between()
+            apart += time.process_time() - started
     end = CpuMark.read(registry, runtime)
     await settle()
     cpu = cpu_between(start, end, CpuMark.read(registry, runtime), runtime, workers_before)
+    cpu["client"] -= apart
     return {k: v / count for k, v in cpu.items()}
+
+
+def worker_channel_cpu_ms(value: Any, repeats: int = 7) -> dict[str, dict[str, float]]:
+    """This process's CPU (median ms) for the worker-channel work of one echo of `value`, by
+    hop, with its frames spelled plain (the text escaped inside the JSON frame) and raw (beside
+    it): the worker's call, the runtime reading it, the runtime's reply, the worker reading it
+    -- the same functions the processes run, so the saving is told apart from the noise of
+    the all-process figures."""
+    from runtime_service import frame_decoding
+    from runtime_service import run as runs
+    from runtime_service.outcome import BindingResult
+    from runtime_service.worker import flatwire, framing
+
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+    def call(raw: str | None) -> bytes:
+        tokens = flatwire.encode(value)
+        return framing.pack({"t": "call", "id": 1, "name": "noop", "args": tokens}, raw)
+
+    def reply(raw: str | None) -> bytes:
+        tokens = runs._reply_tokens(BindingResult.success_json(text))
+        return framing.pack({"t": "reply", "id": 1, "ok": True, "value": tokens}, raw)
+
+    def read_reply(payload: bytes) -> object:
+        message, _ = framing.unpack(payload, json.loads)
+        return flatwire.decode(message["value"])  # type: ignore[index]
+
+    def cpu(fn: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(repeats):
+            started = time.process_time()
+            fn()
+            samples.append(time.process_time() - started)
+        return round(statistics.median(samples) * 1e3, 2)
+
+    def hops(call_field: str | None, reply_field: str | None) -> dict[str, float]:
+        sent, answered = call(call_field)[4:], reply(reply_field)[4:]
+        figures = {
+            "worker_call": cpu(partial(call, call_field)),
+            "runtime_reads_call": cpu(partial(frame_decoding.decode_frame, sent, 1 << 30)),
+            "runtime_reply": cpu(partial(reply, reply_field)),
+            "worker_reads_reply": cpu(partial(read_reply, answered)),
+        }
+        figures["sum"] = round(sum(figures.values()), 2)
+        return figures
+
+    # Alternated, the lower of two rounds each: the first round also pays for warming up.
+    rounds = [(hops(None, None), hops("args", "value")) for _ in range(2)]
+    plain, raw = (
+        {hop: min(figures[hop] for figures in side) for hop in side[0]}
+        for side in zip(*rounds, strict=True)
+    )
+    for side in (plain, raw):
+        side["sum"] = round(sum(ms for hop, ms in side.items() if hop != "sum"), 2)
+    return {"plain": plain, "raw": raw}
 
 
 def json_round_trip_cpu_s(value: Any, repeats: int = 9) -> float:

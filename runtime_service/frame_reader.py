@@ -22,6 +22,10 @@ ledger byte with: a frame announced larger than that is refused from its header.
 counts: a forged frame padded beyond that is refused too.) Large frames must start with their
 type tag, as any JSON encoder writes it first; one that does not is junk, skipped unread.
 
+A raw frame (``framing.unpack``) is judged the same way once its message has arrived: a call's
+arguments are its body, and the body's bytes are counted as any frame's are (compact JSON text
+costs the ledger its UTF-8 bytes, less the same discounts).
+
 Memory: one frame at a time, at most ``FrameLimits.max_buffered`` bytes.
 """
 
@@ -31,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runtime_service.worker.framing import HEADER
+from runtime_service.worker.framing import HEADER, RAW
 
 __all__ = ["SMALL_FRAME_BYTES", "FrameEvent", "FrameLimits", "FrameReader", "Oversized"]
 
@@ -49,6 +53,8 @@ _HEAD_BYTES = 256  # where a large frame's type tag must be
 _TAG = re.compile(rb'\{\s*"t"\s*:\s*"(log|done|output-limit|call)"')
 _CALL_HEAD = re.compile(rb'\{\s*"t"\s*:\s*"call"\s*,\s*"id"\s*:\s*(\d{1,18})\s*,\s*"name"\s*:')
 _ARGS = re.compile(rb'"args"\s*:')
+_DONE = re.compile(rb'\{\s*"t"\s*:\s*"done"\s*[,}]')
+_RAW_HEAD = 1 + HEADER.size  # a raw frame's NUL and the length of its message
 _MAX_CALL_HEAD = 1 << 20  # where a call's arguments must have started (the name before them)
 
 
@@ -194,6 +200,8 @@ class FrameReader:
         buf = self._buf
         start = HEADER.size
         if not self._kind:
+            if have and buf[start] == RAW:
+                return self._judge_raw_head(have)
             if have < min(_HEAD_BYTES, self._length):
                 return None
             tag = _TAG.match(bytes(buf[start : start + _HEAD_BYTES]))
@@ -231,6 +239,33 @@ class FrameReader:
             2 * self._markers - _WRAPPER_BYTES,
         )
         return "over" if floor > self._bound else "ok"
+
+    def _judge_raw_head(self, have: int) -> Literal["junk", "over", "ok"] | None:
+        """A large raw frame (``framing.unpack``): its message, before the body, must be a
+        call or a completion of at most ``_MAX_CALL_HEAD`` bytes that ends inside the frame;
+        then it is judged as any frame is, a call's arguments starting at the body."""
+        start = HEADER.size
+        if have < _RAW_HEAD:
+            return None
+        (head,) = HEADER.unpack_from(self._buf, start + 1)
+        if head > _MAX_CALL_HEAD or _RAW_HEAD + head > self._length:
+            return "junk"
+        if have < _RAW_HEAD + head:
+            return None
+        message = bytes(self._buf[start + _RAW_HEAD : start + _RAW_HEAD + head])
+        call = _CALL_HEAD.match(message)
+        if call is not None:
+            self._kind = "call"
+            self._bound = self._limits.call_bytes
+            self._call_id = int(call.group(1))
+            self._args_at = _RAW_HEAD + head
+        elif _DONE.match(message) is not None:
+            self._kind = "output"
+            self._bound = self._limits.output_bytes
+            self._args_at = 0
+        else:
+            return "junk"  # no other message travels raw from a worker
+        return self._judge(have)
 
     def _read_call_head(self, have: int) -> bool:
         """Read a call's id and where its arguments start; False while not yet there."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 
-from runtime_service.worker import flatwire
+from runtime_service.worker import flatwire, framing
 from runtime_service.worker.ledger import valid_text
 
 __all__ = [
@@ -65,15 +66,17 @@ WorkerMessage = CallMessage | LogMessage | OutputLimitMessage | DoneMessage
 
 
 def parse_worker_message(payload: bytes) -> WorkerMessage | None:
+    """The message of a plain or a raw frame (``framing.unpack``: a raw one is read as the
+    plain frame it stands for, so every check below holds for both)."""
     try:
-        raw = flatwire.loads_strict(payload)
+        raw, problem = framing.unpack(payload, flatwire.loads_strict)
     except flatwire.IntegerTooLong as exc:
         # A worker whose program lifted the digit limit sent such an integer anyway: the
         # message still counts (a call is answered, a completion settles), its value cannot.
         return _with_long_integers(payload, str(exc))
     except Exception:
         return None
-    return build_worker_message(raw)
+    return build_worker_message(raw, problem)
 
 
 def build_worker_message(raw: object, problem: str | None = None) -> WorkerMessage | None:
@@ -109,9 +112,10 @@ def _bounded_int(text: str) -> int | float | _LongInteger:
 
 
 def _with_long_integers(payload: bytes, problem: str) -> WorkerMessage | None:
-    """The message of a frame that holds integers too long to read, each one a stand-in."""
+    """The message of a frame that holds integers too long to read, each one a stand-in (in
+    a raw frame, only its message can: a body is a json token's text, read later)."""
     try:
-        raw = json.loads(payload, parse_int=_bounded_int)
+        raw, _ = framing.unpack(payload, partial(json.loads, parse_int=_bounded_int))
     except Exception:
         return None
     return build_worker_message(raw, problem)

@@ -541,7 +541,7 @@ class Run:
         if result.ok:
             try:
                 tokens = _reply_tokens(result)
-                worker.queue({"t": "reply", "id": call_id, "ok": True, "value": tokens})
+                worker.queue({"t": "reply", "id": call_id, "ok": True, "value": tokens}, "value")
                 return
             except (flatwire.WireError, ValueError):  # ValueError: the text is not lossless
                 # JSON, or framing refused it (an integer beyond int_max_str_digits, a frame

@@ -624,12 +624,13 @@ class WorkerProcess:
     def send_frame(self, frame: bytes) -> None:
         self._batch.now(frame)
 
-    def queue(self, message: dict[str, Any]) -> None:
+    def queue(self, message: dict[str, Any], raw: str | None = None) -> None:
         """Send a frame with the others of this event-loop turn (``framing.TurnBatch``: the
         first at once, the rest in one write when the turn ends) -- the replies to a
         worker's calls: a batch of results, or the refusals of a batch of calls, ready in
-        one turn share one ``send``. At most one turn's frames are ever held."""
-        self._batch.add(framing.pack(message), self._loop)
+        one turn share one ``send``. At most one turn's frames are ever held. ``raw``: as
+        ``framing.pack``'s."""
+        self._batch.add(framing.pack(message, raw), self._loop)
 
     def _write(self, data: bytes) -> None:
         """One write to the channel, or onto the backlog the socket has not taken yet."""

@@ -4,6 +4,16 @@ Each frame is a 4-byte big-endian payload length followed by that many bytes of 
 JSON: one object with a ``"t"`` type tag. Values inside messages are flat-wire token lists, so
 the JSON text is at most a few levels deep whatever the value's depth.
 
+A **raw frame** carries a message's value as its JSON text unescaped, beside the message
+instead of inside it: its payload is a NUL byte (no JSON text starts so), the 4-byte big-endian
+length of the message's JSON (``HEADER``), that JSON without the value's field, then the value's
+JSON text in UTF-8 to the end of the frame (the *body*). It means the plain frame whose field
+(``RAW_FIELDS``: a call's ``args``, a completion's or a reply's ``value``) is the lone json token
+``[{"kind": "json", "text": <body>}]``, and is read as exactly that (``unpack``), so the same
+checks hold; only the escaping of the text into a JSON string, and its reading back, are gone.
+``pack(message, raw=field)`` sends a lone json token so; a large plain value (``flatwire_fast``)
+is one.
+
 Stdlib only (imported by the worker under ``python -I -S``).
 """
 
@@ -26,9 +36,13 @@ __all__ = [
     "LOSSY_ARGUMENTS",
     "LOSSY_COMPLETION",
     "MAX_FRAME_BYTES",
+    "NOT_UTF8",
+    "RAW",
+    "RAW_FIELDS",
     "FrameBuffer",
     "TurnBatch",
     "pack",
+    "unpack",
 ]
 
 HEADER = struct.Struct(">I")
@@ -50,12 +64,25 @@ MAX_FRAME_BYTES = 3 * (96 << 20)
 LOSSY_ARGUMENTS = "tool arguments must be lossless JSON"
 LOSSY_COMPLETION = "program completion must be lossless JSON"
 
+# The first byte of a raw frame's payload, and the field its body stands for, by message type.
+RAW = 0
+RAW_FIELDS = {"call": "args", "done": "value", "reply": "value"}
+_RAW_HEAD = 1 + HEADER.size
+
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
-def pack(message: dict[str, object]) -> bytes:
+def pack(message: dict[str, object], raw: str | None = None) -> bytes:
     """Serialize one message as a frame (raises ``ValueError`` for NaN/oversized payloads, and
-    ``flatwire.IntegerTooLong`` for an integer the other side would not read)."""
+    ``flatwire.IntegerTooLong`` for an integer the other side would not read).
+
+    ``raw``: the message's value field (``RAW_FIELDS``); where it holds a lone json token, the
+    frame is a raw one, its body that token's text (a text UTF-8 cannot spell, which no JSON
+    text holds, keeps the plain spelling: its escapes)."""
+    if raw is not None:
+        body = _raw_body(message.get(raw))
+        if body is not None:
+            return _pack_raw({key: item for key, item in message.items() if key != raw}, body)
     limit = sys.get_int_max_str_digits()
     lifted = not 0 < limit <= MAX_INT_DIGITS  # the program lifted it: keep the runtime's
     if lifted:
@@ -73,6 +100,64 @@ def pack(message: dict[str, object]) -> bytes:
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError("frame too large")
     return HEADER.pack(len(payload)) + payload
+
+
+def _raw_body(tokens: object) -> bytes | None:
+    """The UTF-8 text of a lone json token, or None (any other value, or a surrogate in it)."""
+    if type(tokens) is not list or len(tokens) != 1:
+        return None
+    token = tokens[0]
+    if type(token) is not dict or len(token) != 2 or token.get("kind") != "json":
+        return None
+    text = token.get("text")
+    if type(text) is not str:
+        return None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def _pack_raw(header: dict[str, object], body: bytes) -> bytes:
+    head = _dumps(header).encode("ascii")
+    length = _RAW_HEAD + len(head) + len(body)
+    if length > MAX_FRAME_BYTES:
+        raise ValueError("frame too large")
+    return b"".join((HEADER.pack(length), b"\0", HEADER.pack(len(head)), head, body))
+
+
+NOT_UTF8 = "its JSON text is not UTF-8"
+
+
+def unpack(payload: bytes, loads: Callable[[bytes], object]) -> tuple[object, str | None]:
+    """The message a frame's payload holds, parsed by ``loads``, and why its value cannot be
+    read (None: it can). A raw frame's message is the plain frame's it stands for: its body a
+    lone json token in the field ``RAW_FIELDS`` names, or, for a body that is not UTF-8, an
+    empty token list, with ``NOT_UTF8`` (the message still counts: a call is answered).
+
+    Raises what ``loads`` raises, and ``ValueError`` for a raw frame that is not one: a header
+    length that lies, a message that is no object, of no raw type, or holds the field itself."""
+    if payload[:1] != b"\0":
+        return loads(payload), None
+    if len(payload) < _RAW_HEAD:
+        raise ValueError("raw frame too short")
+    (length,) = HEADER.unpack_from(payload, 1)
+    end = _RAW_HEAD + length
+    if end > len(payload):
+        raise ValueError("raw frame header overruns the frame")
+    message = loads(payload[_RAW_HEAD:end])
+    if type(message) is not dict:
+        raise ValueError("raw frame message is not an object")
+    field = RAW_FIELDS.get(message.get("t"))  # type: ignore[arg-type]
+    if field is None or field in message:
+        raise ValueError("not a raw frame's message")
+    try:
+        text = payload[end:].decode("utf-8")
+    except UnicodeDecodeError:
+        message[field] = []
+        return message, NOT_UTF8
+    message[field] = [{"kind": "json", "text": text}]
+    return message, None
 
 
 class FrameBuffer:

@@ -241,7 +241,9 @@ class Worker:
             tokens = flatwire.encode(args)
             # Framed here, before the id is taken: framing refuses what the wire cannot carry
             # (an integer beyond int_max_str_digits, a frame over the size cap).
-            frame = framing.pack({"t": "call", "id": call_id, "name": name, "args": tokens})
+            frame = framing.pack(
+                {"t": "call", "id": call_id, "name": name, "args": tokens}, raw="args"
+            )
         except (flatwire.WireError, ValueError) as exc:
             raise ToolCallError(f"{LOSSY_ARGUMENTS}: {exc}", name) from None
         self.next_id += 1
@@ -260,7 +262,7 @@ class Worker:
             # The runtime's own compact output: the plain C parser is enough here (values
             # inside are flat token lists, still decoded and validated below).
             try:
-                message = json.loads(payload)
+                message, _ = framing.unpack(payload, json.loads)
             except ValueError:
                 continue
             if type(message) is dict and message.get("t") == "reply":
@@ -340,7 +342,7 @@ class Worker:
         try:
             # Framed here: framing refuses what the runtime would not read (an integer beyond
             # the channel's digit limit, even with the interpreter's limit lifted).
-            return framing.pack({"t": "done", "value": tokens})
+            return framing.pack({"t": "done", "value": tokens}, raw="value")
         except flatwire.IntegerTooLong as exc:
             return self.failure("invalid-output", f"{framing.LOSSY_COMPLETION}: {exc}")
         except ValueError:

@@ -246,7 +246,7 @@ class MontyRun:
                 os._exit(0)  # the runtime closed the channel: the run is over
             got = False
             for payload in self.channel.frames.feed(data):
-                message = json.loads(payload)
+                message, _ = framing.unpack(payload, json.loads)
                 if type(message) is dict and message.get("t") == "reply":
                     got = self.on_reply(message) or got
             if got and block:

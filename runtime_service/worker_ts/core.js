@@ -5,7 +5,9 @@
 // on this module and neither imports the other.
 //
 // Frames are a 4-byte big-endian length and compact ASCII JSON (the Python worker's
-// runtime_service/worker/framing.py).
+// runtime_service/worker/framing.py), or raw frames: a NUL byte, the 4-byte length of the
+// message's JSON, that JSON, then the JSON text of its value unescaped (framing.py says how
+// one is read: as the plain frame whose value field is that text's lone json token).
 
 import fs from 'node:fs';
 import { Writable } from 'node:stream';
@@ -45,6 +47,7 @@ const isNativeError = util.types.isNativeError;
 const reallyExit = /** @type {any} */ (process).reallyExit.bind(process);
 const nextTick = process.nextTick;
 const BufferAllocUnsafe = Buffer.allocUnsafe;
+const BufferByteLength = Buffer.byteLength;
 const BufferFrom = Buffer.from;
 const BufferConcat = Buffer.concat;
 const BufferWrite = uncurry(Buffer.prototype.write);
@@ -176,9 +179,76 @@ export function frame(text) {
   return buffer;
 }
 
+/**
+ * A raw frame: the compact JSON text of a message without its value field (ASCII), and the
+ * value's JSON text, written in UTF-8 (it holds no lone surrogate: flatwire.js rawText
+ * escapes them).
+ * @param {string} message
+ * @param {string} body
+ */
+export function rawFrame(message, body) {
+  const length = RAW_HEAD + message.length + BufferByteLength(body, 'utf8');
+  if (length > MAX_FRAME_BYTES) throw new RangeError('frame too large');
+  const buffer = BufferAllocUnsafe(4 + length);
+  BufferWriteUInt32BE(buffer, length, 0);
+  buffer[4] = RAW;
+  BufferWriteUInt32BE(buffer, message.length, 5);
+  BufferWrite(buffer, message, 4 + RAW_HEAD, 'latin1');
+  BufferWrite(buffer, body, 4 + RAW_HEAD + message.length, 'utf8');
+  return buffer;
+}
+
 /** @param {string} text */
 export function send(text) {
   writeAll(frame(text));
+}
+
+// A raw frame's first byte, the bytes before its message, and the field its body stands for
+// (framing.RAW, framing.RAW_FIELDS).
+const RAW = 0;
+const RAW_HEAD = 5;
+const RAW_FIELDS = { __proto__: null, call: 'args', done: 'value', reply: 'value' };
+
+/** @typedef {{message: string, body: string}} RawPayload a raw frame's message and body */
+
+/**
+ * A frame's payload: its text, or a raw frame's message and body (a raw frame whose header
+ * length overruns it is read as text, which is no JSON: it is dropped).
+ * @param {Buffer} buffer
+ * @param {number} start
+ * @param {number} length
+ * @returns {string | RawPayload}
+ */
+function payloadOf(buffer, start, length) {
+  if (length >= RAW_HEAD && buffer[start] === RAW) {
+    const head = BufferReadUInt32BE(buffer, start + 1);
+    if (head <= length - RAW_HEAD) {
+      const bodyAt = start + RAW_HEAD + head;
+      return {
+        message: BufferToString(buffer, 'utf8', start + RAW_HEAD, bodyAt),
+        body: BufferToString(buffer, 'utf8', bodyAt, start + length),
+      };
+    }
+  }
+  return BufferToString(buffer, 'utf8', start, start + length);
+}
+
+/**
+ * The message a payload holds: a raw frame's as the plain frame it stands for.
+ * @param {string | RawPayload} payload
+ * @returns {any}
+ */
+export function parseFrame(payload) {
+  if (typeof payload === 'string') return parseMessage(payload);
+  const message = parseMessage(payload.message);
+  const kind = field(message, 't');
+  const key = typeof kind === 'string' ? RAW_FIELDS[kind] : undefined;
+  if (key === undefined || ObjectGetOwnPropertyDescriptor(message, key) !== undefined) {
+    throw new SyntaxError('not a raw frame message');
+  }
+  const token = { kind: 'json', text: payload.body };
+  ObjectDefineProperty(message, key, descriptor({ value: [token], writable: true, enumerable: true, configurable: true }));
+  return message;
 }
 
 /** Splits the channel into frame payloads; frames over the cap are skipped unread. */
@@ -207,7 +277,7 @@ export class FrameBuffer {
       while (data.length - at >= 4) {
         const length = BufferReadUInt32BE(data, at);
         if (length > MAX_FRAME_BYTES || data.length - at - 4 < length) break;
-        frames.push(BufferToString(data, 'utf8', at + 4, at + 4 + length));
+        frames.push(payloadOf(data, at + 4, length));
         at += 4 + length;
       }
       if (at === data.length) return frames;
@@ -232,7 +302,7 @@ export class FrameBuffer {
       }
       if (this.size < 4 + length) break;
       const all = this.join();
-      frames.push(BufferToString(all, 'utf8', 4, 4 + length));
+      frames.push(payloadOf(all, 4, length));
       const rest = BufferSubarray(all, 4 + length);
       this.chunks = rest.length ? [rest] : [];
       this.size = rest.length;
@@ -250,7 +320,7 @@ export class FrameBuffer {
 /**
  * Bytes read from the channel: every whole frame to `reader`, in order.
  * @param {FrameBuffer} frames
- * @param {{onFrame(payload: string): void}} reader
+ * @param {{onFrame(payload: string | RawPayload): void}} reader
  * @param {Buffer} buffer
  * @param {number} nread
  */

@@ -621,8 +621,21 @@ export function spellTokens(tokens) {
  * The compact JSON text of the value a token list encodes (numbers spelled as on the wire),
  * iteratively: a schema or a service's data as JSON text, whatever its depth.
  * @param {any[]} tokens
+ * @param {number} [maxDepth] null instead for a value nested deeper than this
+ * @returns {string | null}
  */
-export function jsonOfTokens(tokens) {
+export function jsonOfTokens(tokens, maxDepth = Infinity) {
+  return textOfTokens(tokens, maxDepth, spellString);
+}
+
+/**
+ * `jsonOfTokens` with strings spelled by `spell` (keys and values).
+ * @param {any[]} tokens
+ * @param {number} maxDepth
+ * @param {(text: string) => string} spell
+ * @returns {string | null}
+ */
+function textOfTokens(tokens, maxDepth, spell) {
   let out = '';
   const stack = bareArray(); // open containers: [keys (null: an array), length, next index]
   for (let at = 0; at < tokens.length; at++) {
@@ -630,10 +643,10 @@ export function jsonOfTokens(tokens) {
     const top = stack.length ? stack[stack.length - 1] : null;
     if (top !== null) {
       if (top[2] > 0) out += ',';
-      if (top[0] !== null) out += spellString(top[0][top[2]]) + ':';
+      if (top[0] !== null) out += spell(top[0][top[2]]) + ':';
       top[2] += 1;
     }
-    const scalar = spellScalar(token);
+    const scalar = typeof token === 'string' ? spell(token) : spellScalar(token);
     if (scalar !== null) {
       out += scalar;
     } else if (token.kind === 'array') {
@@ -643,12 +656,41 @@ export function jsonOfTokens(tokens) {
       out += '{';
       stack[stack.length] = [token.keys, token.keys.length, 0];
     }
+    if (stack.length > maxDepth) return null;
     while (stack.length && stack[stack.length - 1][2] === stack[stack.length - 1][1]) {
       out += stack[stack.length - 1][0] === null ? ']' : '}';
       stack.length -= 1;
     }
   }
   return out;
+}
+
+/** Token lists at least this long travel as JSON text (a raw frame's body, core.js). */
+const RAW_MIN_TOKENS = 16;
+
+/**
+ * The JSON text a value's token list travels as, beside its message in a raw frame: for a
+ * value of at least RAW_MIN_TOKENS tokens nested at most FAST_DEPTH deep (the most a json
+ * token's text may be); null for any other (its tokens are spelled inside the message).
+ * Characters are themselves (spellUnicode), so the text is the one the runtime would spell.
+ * The runtime reads the text as the json token it stands for, at C speed, where it would walk
+ * the tokens in Python.
+ * @param {any[]} tokens
+ * @returns {string | null}
+ */
+export function rawText(tokens) {
+  return tokens.length < RAW_MIN_TOKENS ? null : textOfTokens(tokens, FAST_DEPTH, spellUnicode);
+}
+
+/**
+ * A string as the runtime spells it canonically (Python's json with ensure_ascii off, the
+ * registry's jsonvalue.dumps): every character itself but the quote, the backslash, control
+ * characters and lone surrogates, escaped -- exactly JSON.stringify's spelling. A raw frame's
+ * body then is the text the runtime would write, in UTF-8 (core.js rawFrame).
+ * @param {string} text
+ */
+function spellUnicode(text) {
+  return JSONStringify(text);
 }
 
 // -- parsing -----------------------------------------------------------------------------

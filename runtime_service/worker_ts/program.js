@@ -50,6 +50,7 @@ import {
   field,
   finish,
   frame,
+  rawFrame,
   hasFinished,
   installOutput,
   parseMessage,
@@ -293,8 +294,11 @@ export class Worker {
     let buffer;
     try {
       const tokens = wire.encode(args);
-      // Framed here, before the id is taken: framing refuses what the wire cannot carry.
-      buffer = frame(`{"t":"call","id":${callId},"name":${wire.spellString(name)},"args":${wire.spellTokens(tokens)}}`);
+      // Framed here, before the id is taken: framing refuses what the wire cannot carry. A
+      // large value travels as its JSON text, raw (core.js rawFrame).
+      const head = `{"t":"call","id":${callId},"name":${wire.spellString(name)}`;
+      const body = wire.rawText(tokens);
+      buffer = body === null ? frame(`${head},"args":${wire.spellTokens(tokens)}}`) : rawFrame(`${head}}`, body);
     } catch (error) {
       const detail = error instanceof Error ? error.message : StringCtor(error);
       throw new ToolCallError(`${LOSSY_ARGUMENTS}: ${detail}`, name);
@@ -378,7 +382,8 @@ export class Worker {
     }
     if (!sink.ledger.fitsTokens(tokens)) return this.failure('output-limit', '');
     try {
-      return frame(`{"t":"done","value":${wire.spellTokens(tokens)}}`);
+      const body = wire.rawText(tokens);
+      return body === null ? frame(`{"t":"done","value":${wire.spellTokens(tokens)}}`) : rawFrame('{"t":"done"}', body);
     } catch {
       return this.failure('invalid-output', LOSSY_COMPLETION);
     }
@@ -412,12 +417,12 @@ const REHEARSAL_ARGS = [1, { query: 'warm-up', limit: 10 }, 'text', { ids: [1, 2
  * calls start on compiled code. The rehearsal's worker, ids and tools are its own; `route`
  * gives what reads its frames, as the entry point reads the channel's.
  * @param {number} times
- * @param {(worker: Worker) => {onFrame(payload: string): void}} route
+ * @param {(worker: Worker) => {onFrame(payload: string | import('./core.js').RawPayload): void}} route
  */
 async function rehearseCalls(times, route) {
   const frames = new FrameBuffer();
   const scratch = BufferAllocUnsafe(RECV_BYTES);
-  /** @type {{onFrame(payload: string): void}} */
+  /** @type {{onFrame(payload: string | import('./core.js').RawPayload): void}} */
   let reader;
   const worker = new Worker((buffer) => {
     const text = BufferToString(buffer, 'latin1', 4);
@@ -449,7 +454,7 @@ async function rehearseCalls(times, route) {
 /**
  * Pay first-use costs (the type stripper's WebAssembly, the compiler, the codecs, the
  * program's streams, the binding-call path) before ready.
- * @param {(worker: Worker) => {onFrame(payload: string): void}} route see rehearseCalls
+ * @param {(worker: Worker) => {onFrame(payload: string | import('./core.js').RawPayload): void}} route see rehearseCalls
  */
 export async function prewarm(route) {
   prepareOutput();

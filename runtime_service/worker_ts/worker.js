@@ -22,7 +22,7 @@ import {
   drainInbox,
   field,
   finish,
-  parseMessage,
+  parseFrame,
   readChannelWith,
   receive,
   renderException,
@@ -49,11 +49,11 @@ class Entry {
     this.hostFrames = null;
   }
 
-  /** @param {string} payload */
+  /** @param {string | import('./core.js').RawPayload} payload */
   onFrame(payload) {
     let message;
     try {
-      message = parseMessage(payload);
+      message = parseFrame(payload);
     } catch {
       if (!this.started) reallyExit(0);
       return;

@@ -37,7 +37,13 @@ def recv():
     body = b''
     while len(body) < size:
         body += os.read(_fd, size - len(body))
-    return json.loads(body)
+    if body[:1] != b'\\0':
+        return json.loads(body)
+    # A raw frame (runtime_service/worker/framing.py) as the plain frame it stands for.
+    (size,) = struct.unpack_from('>I', body, 1)
+    message = json.loads(body[5:5 + size])
+    message['value'] = [{'kind': 'json', 'text': body[5 + size:].decode()}]
+    return message
 """
 
 

@@ -99,9 +99,19 @@ def recv_exact(size):
             raise EOFError('channel closed')
         data += chunk
     return data
+def message_of(payload):
+    # A raw frame (runtime_service/worker/framing.py) as the plain frame it stands for.
+    if payload[:1] != b'\\0':
+        return json.loads(payload)
+    (size,) = struct.unpack_from('>I', payload, 1)
+    message = json.loads(payload[5:5 + size])
+    message['args' if message['t'] == 'call' else 'value'] = [
+        {'kind': 'json', 'text': payload[5 + size:].decode()}
+    ]
+    return message
 def recv():
     (size,) = struct.unpack('>I', recv_exact(4))
-    return json.loads(recv_exact(size))
+    return message_of(recv_exact(size))
 def recv_within(seconds):
     # The next frame, or None when none arrives in time.
     sock.settimeout(seconds)

@@ -5,6 +5,7 @@ and passes every case of the language corpus it has a source for."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,14 @@ import pytest
 from codemode_wire.api.runtime.v1 import runtime_pb2
 from runtime_service.languages import register
 from runtime_service.runtime import Runtime
-from tests.runtime.conftest import can_isolate, connected, grpc_settings, serving
+from tests.runtime.conftest import (
+    can_isolate,
+    connected,
+    drive,
+    grpc_settings,
+    serving,
+    start_message_in,
+)
 from tests.runtime.language_corpus import corpus
 from tests.runtime.tiny_language import backend as tiny
 
@@ -67,3 +75,25 @@ async def test_an_unregistered_language_is_not_served() -> None:
         assert tiny.NAME not in runtime.languages
     finally:
         await runtime.dispose()
+
+
+async def test_a_large_result_reaches_a_registered_language_as_a_raw_frame(
+    tiny_registered: None,
+) -> None:
+    # The runtime forwards a large result unread, beside the reply's message (docs/wire.md):
+    # a language's own worker reads it as the json token it stands for.
+    value = {"items": [{"id": i, "name": f"caf\u00e9 {i}"} for i in range(2000)]}
+    program = "call echo {}\nreturn $".format(json.dumps({"v": 1}))
+    async with serving(grpc_settings()) as running, connected(running) as stub:
+        seen, terminal = await drive(
+            stub,
+            start_message_in(tiny.NAME, program, "echo"),
+            lambda call: _answer(call, value),
+        )
+    assert [m.WhichOneof("kind") for m in seen].count("binding_call") == 1
+    assert terminal.WhichOneof("outcome") == "success", terminal
+    assert json.loads(terminal.success.value_json) == value
+
+
+async def _answer(call: runtime_pb2.BindingCall, value: object) -> runtime_pb2.CallResult:
+    return pb.CallResult(call_id=call.call_id, value_json=json.dumps(value, ensure_ascii=False))

@@ -148,7 +148,7 @@ class TsWorker:
                 break
             # The runtime must accept every frame the worker sends.
             assert parse_worker_message(payload) is not None, payload[:200]
-            message = dict(flatwire.loads_strict(payload))
+            message = dict(framing.unpack(payload, flatwire.loads_strict)[0])
             outcome.payloads.append(payload)
             outcome.frames.append(message)
             if message["t"] == "call":

@@ -49,7 +49,15 @@ class Channel:
         if header is None:
             return None
         body = self._exactly(_HEADER.unpack(header)[0])
-        return None if body is None else dict(json.loads(body))
+        if body is None:
+            return None
+        if body[:1] != b"\0":
+            return dict(json.loads(body))
+        # A raw frame (docs/wire.md): the reply's message, then its value's JSON text.
+        (size,) = _HEADER.unpack_from(body, 1)
+        message = dict(json.loads(body[1 + _HEADER.size : 1 + _HEADER.size + size]))
+        message["value"] = [{"kind": "json", "text": body[1 + _HEADER.size + size :].decode()}]
+        return message
 
     def _exactly(self, size: int) -> bytes | None:
         data = b""
