@@ -50,6 +50,7 @@ from typing import Any, Literal
 from runtime_service import run_cgroup
 from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
 from runtime_service.languages import LanguageBackend, default_backend
+from runtime_service.reaper import ChildReaper
 from runtime_service.run_cgroup import RunCgroup
 from runtime_service.sandbox_uids import UidLeaseError, UidLeases, live_processes_of
 from runtime_service.worker import flatwire, framing
@@ -366,6 +367,8 @@ class WorkerProcess:
                     start_new_session=True,
                     close_fds=True,
                 )
+                ChildReaper.claim(process.pid)  # reaped in close (or below), never by a sweep
+                ChildReaper.adopt_group(process.pid)  # its descendants, should they come here
         except (OSError, WorkerLaunchError) as exc:
             for fd in pipes:
                 os.close(fd)
@@ -407,6 +410,8 @@ class WorkerProcess:
             assert isinstance(process, subprocess.Popen)
             _kill_group(process.pid)
             process.wait()
+            ChildReaper.release(process.pid)
+            ChildReaper.forget_group(process.pid)
             for fd in (out_r, err_r):
                 os.close(fd)
             parent.close()
@@ -775,6 +780,7 @@ class WorkerProcess:
             _kill_group(self.pid)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
+            ChildReaper.release(self.pid)
             self.process.returncode = self.returncode  # Popen must never wait for it again
         self.stop_listening()
         if self._out:
@@ -839,6 +845,8 @@ class WorkerProcess:
             self._release()
 
     def _release(self) -> None:
+        if self.process is not None:
+            ChildReaper.forget_group(self.pid)
         UidLeases.release(self.uid)
         if not self.closed.done():
             self.closed.set_result(None)

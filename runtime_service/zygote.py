@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime_service.reaper import ChildReaper
+
 __all__ = ["ForkServer", "ForkedChild"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -106,6 +108,8 @@ class ForkServer:
         if self._process is not None or self._closed:
             return
         loop = asyncio.get_running_loop()
+        # Its children are this process's if it dies first (pid 1, or a subreaper): reaped.
+        ChildReaper.install(loop)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # Synchronous, like worker spawns: vfork + exec, no Python code in the child.
@@ -127,6 +131,7 @@ class ForkServer:
             raise ForkServerError(f"cannot start the fork server: {exc}") from exc
         finally:
             child.close()
+        ChildReaper.claim(process.pid)  # reaped by _on_died, never by a sweep
         parent.setblocking(False)
         self._started_once = True
         self._process = process
@@ -232,6 +237,7 @@ class ForkServer:
             pid = init if worker is None else int(worker)
             child = ForkedChild(pid, init, fds[0], loop.create_future())
             self._children[init] = child
+            ChildReaper.adopt(pid)  # ours to reap if the fork server dies first
             for extra in fds[1:]:
                 os.close(extra)
             if future is not None:
@@ -249,8 +255,11 @@ class ForkServer:
             named = self._children.get(int(message["pid"]))
             if named is not None:
                 named.pid = int(message["worker"])
+                ChildReaper.adopt(named.pid)
         elif kind == "exit":
             exited = self._children.pop(int(message["pid"]), None)
+            if exited is not None:
+                ChildReaper.forget(exited.pid)
             if exited is not None and not exited.exited.done():
                 exited.exited.set_result(int(message["status"]))
 
@@ -275,6 +284,9 @@ class ForkServer:
         assert process is not None
         with contextlib.suppress(ChildProcessError):
             process.wait()
+        # Its children that were still alive are this process's now if it is pid 1 or a
+        # subreaper (``reaper.py``): the release sweeps for those already gone.
+        ChildReaper.release(process.pid)
         self._process = None
         for future in self._pending.values():
             if not future.done():
@@ -301,5 +313,6 @@ def _orphan_exited(loop: asyncio.AbstractEventLoop, child: ForkedChild) -> None:
     # would go on holding its uid.
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitid(os.P_PIDFD, child.pidfd, os.WEXITED | os.WNOHANG)
+    ChildReaper.forget(child.pid)
     if not child.exited.done():
         child.exited.set_result(-signal.SIGKILL)

@@ -19,9 +19,10 @@ from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.budgets import Budgets
 from runtime_service.config import RuntimeSettings
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
+from runtime_service.reaper import ChildReaper
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.server import RunningRuntime, start
-from tests.procfs import descendants, parent
+from tests.procfs import alive, children, descendants, parent
 
 pb = runtime_pb2
 
@@ -78,6 +79,7 @@ async def runtime() -> AsyncIterator[Runtime]:
         await rt.dispose()
         left = child_pids(fork_servers=True)
         assert left == [], f"a worker outlived the runtime: {describe(left)}"
+        await no_zombie_left()
 
 
 @pytest.fixture
@@ -109,6 +111,7 @@ async def serving(settings: RuntimeSettings) -> AsyncIterator[RunningRuntime]:
         await running.stop(0)
     left = child_pids(fork_servers=True)
     assert left == [], f"a worker outlived the runtime: {describe(left)}"
+    await no_zombie_left()
 
 
 @contextlib.asynccontextmanager
@@ -275,14 +278,32 @@ def can_isolate() -> bool:
 
 
 def _become_subreaper() -> None:
-    """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them."""
+    """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them; and
+    the runtime's reaper reaps those of the sandbox (``runtime_service/reaper.py``), as it
+    would where it is pid 1 or a subreaper itself: a zombie left here would hold its uid."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    ChildReaper.install()
 
 
 _become_subreaper()
+
+
+def zombie_children() -> list[int]:
+    """This process's children that have exited and are not reaped yet."""
+    me = os.getpid()
+    return sorted(pid for pid in children(me) if not alive(pid))
+
+
+async def no_zombie_left(slack_s: float = 10.0) -> None:
+    """Waits until no child of this process is a zombie (the reaper sweeps on the loop's next
+    turn after SIGCHLD); fails naming what is left after ``slack_s``."""
+    deadline = time.monotonic() + slack_s
+    while left := zombie_children():
+        assert time.monotonic() < deadline, f"zombies left behind: {describe(left)}"
+        await asyncio.sleep(0.01)
 
 
 @contextlib.contextmanager
