@@ -10,6 +10,7 @@ server's init or worker whose parent died first are reparented here. Every check
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from tests.runtime.test_hostile_worker import PRELUDE, hosting, seen_by_worker
 pytestmark = pytest.mark.skipif(not can_isolate(), reason="needs root with CAP_SYS_ADMIN")
 
 POLLS = 2000
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 async def until(condition: object, *, what: str) -> None:
@@ -216,3 +218,61 @@ async def test_a_uid_held_by_another_parents_zombie_stays_dirty_and_no_lease_wai
             keeper.kill()
             keeper.wait()
     assert zombie_children() == []
+
+
+# -- as pid 1 of a container ---------------------------------------------------------------------
+
+AS_INIT = textwrap.dedent(
+    """\
+    import asyncio, json, os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from runtime_service.reaper import ChildReaper
+
+    def orphan(code):
+        # A child that leaves a grandchild behind: the grandchild is reparented to pid 1.
+        middle = os.fork()
+        if middle == 0:
+            if os.fork() == 0:
+                time.sleep(0.05)
+                os._exit(code)
+            os._exit(0)
+        ChildReaper.claim(middle)
+        os.waitpid(middle, 0)
+        ChildReaper.release(middle)
+
+    async def main():
+        mode = ChildReaper.install()
+        for code in range(5):
+            orphan(code)
+        own = os.fork()
+        if own == 0:
+            os._exit(9)
+        ChildReaper.claim(own)  # before the loop runs again: a sweep never takes it
+        while len(ChildReaper.reaped) < 5:
+            await asyncio.sleep(0.01)
+        _, status = os.waitpid(own, 0)
+        ChildReaper.release(own)
+        zombies = [e for e in os.listdir("/proc") if e.isdigit()
+                   and open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[:2] == ["Z", "1"]]
+        own = os.waitstatus_to_exitcode(status)
+        reaped = sorted(s for _, s in ChildReaper.reaped)
+        print(json.dumps({"pid": os.getpid(), "mode": mode, "own": own, "reaped": reaped,
+                          "zombies": zombies}))
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_as_pid_1_every_orphan_is_reaped_and_a_claimed_child_keeps_its_status() -> None:
+    # The runtime as a container's entry point: orphans of any origin reach it and are
+    # reaped; a child it waits for itself (claimed) is left to that wait. Before the reaper
+    # the five orphans stayed zombies of pid 1.
+    done = await asyncio.create_subprocess_exec(
+        "unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", AS_INIT, ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await done.communicate()
+    assert done.returncode == 0, out
+    facts = json.loads(out)
+    assert facts == {"pid": 1, "mode": "init", "own": 9, "reaped": [0, 1, 2, 3, 4], "zombies": []}
