@@ -55,10 +55,10 @@ __all__ = ["ChildReaper", "sandbox_names"]
 _log = logging.getLogger(__name__)
 _PR_GET_CHILD_SUBREAPER = 37
 _SANDBOX_NAMES = frozenset(
-    {b"codemode-forksv", b"codemode-init", b"codemode-worker", b"codemode-nursery"}
+    {b"codemode-forksv", b"codemode-init", b"codemode-worker", b"codemode-inits"}
 )
-"""What the fork server and its children name themselves (``worker/zygote.py``,
-``PR_SET_NAME``)."""
+"""What the fork server, its nursery and their children name themselves (``PR_SET_NAME`` in
+``worker/zygote.py`` and ``worker/nursery.py``)."""
 INIT = "init"
 SUBREAPER = "subreaper"
 

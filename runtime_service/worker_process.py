@@ -1,9 +1,10 @@
 """Host-side handle of one worker process: launch, channel, output pipes, exit, termination.
 
 Two launches (``WorkerSpec.launch``). ``fork-server``, the default: the pool's fork server
-(``zygote.py``) forks the worker from a pre-initialized, never-used process, as pid 1 of a
-pid namespace of its own; the runtime hands it the channel and pipes it made, learns its exit
-from the fork server and kills it through a pidfd -- and with it, every process of the run.
+(``zygote.py``) forks the worker from a pre-initialized, never-used process, into a pid
+namespace of its own below the run's init; the runtime hands it the channel and pipes it
+made, learns its exit from the fork server and kills the run's init through a pidfd -- and
+with it, every process of the run.
 ``spawn``: each worker is a fresh interpreter, as below; a fake worker (a test's ``loader``)
 always spawns.
 
@@ -16,7 +17,7 @@ stdout/stderr on pipes, and the channel socket as the only other descriptor (``c
 Either way the worker isolates itself before it reports ready (see ``worker/sandbox_child.py``)
 and drops to a uid of its own, leased (``sandbox_uids.py``) for as long as any process of the
 run lives. Its run's cgroup (``run_cgroup``) is made here before the launch and joined first
-thing in the child (a forked run's init joins it before it forks the worker, so every process
+thing in the child (a forked run's init and its worker join it first thing, so every process
 of the run is in it); it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
@@ -183,7 +184,7 @@ class WorkerSpec:
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
-        return os.path.realpath(self.temp_root or tempfile.gettempdir())
+        return _resolved(self.temp_root or tempfile.gettempdir())
 
     def sandbox_config(
         self, uid: int, cgroups: list[str] | None = None, *, boot_nice: int = 0
@@ -771,8 +772,10 @@ class WorkerProcess:
         if self._closed or not self._exited.done():
             return
         self._closed = True
-        if self.cgroup is not None:
-            # The cgroup holds every process of the run, also one that left the group.
+        if self.cgroup is not None and not (self._forked is not None and self.own_pid_namespace):
+            # The cgroup holds every process of the run, also one that left the group. (A
+            # forked run's were in its pid namespace, every one gone once its init is: the
+            # directory's removal below is the check, and a kill loop follows if it fails.)
             self.cgroup.kill_all()
         if self.process is not None:
             # Members of the group that outlived the leader die now; the leader is still a
@@ -926,6 +929,13 @@ def _float_or_none(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(path: str) -> str:
+    """``os.path.realpath``, once per path: every launch asks (the walk is a system call per
+    component)."""
+    return os.path.realpath(path)
 
 
 @functools.cache

@@ -205,11 +205,15 @@ def streamed_logs(seen: list[runtime_pb2.RunResponse]) -> list[str]:
 
 def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list[int]:
     """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc:
-    the workers (and what they started); with ``fork_servers`` also the fork servers and
-    each run's init (pid 1 of its namespace, between fork server and worker)."""
+    the workers (and what they started); with ``fork_servers`` also the fork servers, their
+    nurseries and each run's init (pid 1 of its namespace, a child of the nursery)."""
     found = descendants(os.getpid() if parent is None else parent, live_only=True)
     if not fork_servers:
-        found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
+        found = {
+            pid
+            for pid in found
+            if not is_fork_server(pid) and not is_nursery(pid) and not is_run_init(pid)
+        }
     return sorted(found)
 
 
@@ -240,9 +244,19 @@ def describe(pids: list[int]) -> list[str]:
 
 
 def is_run_init(pid: int) -> bool:
-    """Whether ``pid`` is a run's init: a child of a fork server."""
+    """Whether ``pid`` is a run's init: a child of a fork server's nursery."""
     try:
-        return is_fork_server(parent(pid))
+        return is_nursery(parent(pid))
+    except ProcessLookupError:
+        return False
+
+
+def is_nursery(pid: int) -> bool:
+    """Whether ``pid`` is a fork server's nursery (its inits inherit its command line)."""
+    try:
+        return _runs_code(pid, b"runtime_service.worker.nursery") and not _runs_code(
+            parent(pid), b"runtime_service.worker.nursery"
+        )
     except ProcessLookupError:
         return False
 
@@ -257,9 +271,13 @@ def is_fork_server(pid: int) -> bool:
 
 
 def _runs_fork_server_code(pid: int) -> bool:
+    return _runs_code(pid, b"runtime_service.worker.zygote")
+
+
+def _runs_code(pid: int, module: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"runtime_service.worker.zygote" in handle.read()
+            return module in handle.read()
     except OSError:
         return False
 
