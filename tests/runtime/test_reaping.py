@@ -99,7 +99,8 @@ async def test_runs_outlived_by_nothing_when_the_fork_server_is_killed_mid_run()
     # and every uid of the range can be leased again.
     base, count = 63_760, 4
     worker = WorkerSpec(uid_base=base, uid_count=count)
-    runtime = Runtime(RuntimeOptions(pool_size=2, defaults=small_budgets(), worker=worker))
+    # No pool: an idle worker would hold a uid of the range between runs.
+    runtime = Runtime(RuntimeOptions(pool_size=0, defaults=small_budgets(), worker=worker))
     await runtime.start()
     try:
         started: list[str] = []
@@ -276,3 +277,74 @@ async def test_as_pid_1_every_orphan_is_reaped_and_a_claimed_child_keeps_its_sta
     assert done.returncode == 0, out
     facts = json.loads(out)
     assert facts == {"pid": 1, "mode": "init", "own": 9, "reaped": [0, 1, 2, 3, 4], "zombies": []}
+
+
+# -- every way a run can end ------------------------------------------------------------------
+
+FORKING = (
+    "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        import time\n"
+    "        time.sleep(600)\n"
+)
+ENDINGS = {
+    # the wall budget ends it
+    "timeout": (FORKING + "import time\ntime.sleep(600)", {"wall_ms": 1500}),
+    # the worker dies by its own hand
+    "crash": (FORKING + "os.kill(os.getpid(), 9)", {}),
+    "abort-signal": (FORKING + "os.abort()", {}),
+    # the program returns while its children live on
+    "return": (FORKING + "return 1", {}),
+    # cancelled from outside (the caller went away)
+    "cancel": (FORKING + "await tools.started({})\nimport time\ntime.sleep(600)", {}),
+}
+
+
+async def test_runs_ended_every_way_leave_no_process_of_their_uid_and_no_zombie() -> None:
+    # Each way a run can end, twice, each run forking children that would outlive it; then
+    # a runtime stopped with runs in flight. Nothing with a uid of the range is left on the
+    # host, no zombie child here, and the range can be leased whole again.
+    base, count = 63_790, 4
+    worker = WorkerSpec(uid_base=base, uid_count=count)
+    # No pool: an idle worker would hold a uid of the range between runs.
+    runtime = Runtime(RuntimeOptions(pool_size=0, defaults=small_budgets(), worker=worker))
+    await runtime.start()
+    started: list[str] = []
+
+    async def note(call: BindingCall) -> BindingResult:
+        started.append(call.name)
+        return BindingResult.success(None)
+
+    try:
+        for _ in range(2):
+            for kind, (program, budgets) in ENDINGS.items():
+                run = runtime.create_run(
+                    program=program, bindings=["started"], handler=note, budgets=dict(budgets)
+                )
+                started.clear()
+                execution = asyncio.ensure_future(runtime.execute(run))
+                if kind == "cancel":
+                    await until(lambda: started != [], what="the run started")
+                    run.abort("the caller went away")
+                result = await execution
+                await run.worker_gone()
+                assert kind == "return" or result.error is not None, (kind, result)
+                await until(lambda: _range_empty(base, count), what=f"nothing left ({kind})")
+                await no_zombie_left()
+        # Stopped with runs in flight.
+        started.clear()
+        held = [
+            runtime.create_run(program=ENDINGS["cancel"][0], bindings=["started"], handler=note)
+            for _ in range(2)
+        ]
+        running = [asyncio.ensure_future(runtime.execute(run)) for run in held]
+        await until(lambda: len(started) == 2, what="both runs started")
+    finally:
+        await runtime.dispose()
+    results = await asyncio.gather(*running)
+    assert all(result.error is not None for result in results), results
+    assert child_pids(fork_servers=True) == []
+    await until(lambda: _range_empty(base, count), what="nothing left after the stop")
+    await no_zombie_left()
+    leased = [UidLeases.acquire(base, count) for _ in range(count)]
+    for uid in leased:
+        UidLeases.release(uid)
+    assert sorted(leased) == list(range(base, base + count))
