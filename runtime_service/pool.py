@@ -75,6 +75,7 @@ class WorkerPool:
         # Orphans of the sandbox that reach this process (pid 1, or a subreaper) are reaped:
         # a zombie would hold its sandbox uid (reaper.py).
         ChildReaper.install()
+        ChildReaper.watch_uids(self.spec.uid_base, self.spec.uid_count)
         if self.fork_server is not None and self._owns_fork_server:
             self.fork_server.start()
         if self._filler is None and self.size > 0:

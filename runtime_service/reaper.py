@@ -24,8 +24,10 @@ So the rule, by what this process is:
 - a child subreaper: whoever made it one starts children of its own and waits for them (a
   test's helper may even run as a sandbox uid), so only orphans of the runtime's sandbox are
   reaped -- the fork server, a run's init or a worker, by the names those processes give
-  themselves (``PR_SET_NAME``), any process the fork server said it forked (``adopt``), and
-  any process in a spawned worker's process group (``adopt_group``);
+  themselves (``PR_SET_NAME``), any process the fork server said it forked (``adopt``), any
+  process in a spawned worker's process group (``adopt_group``), and a process with a
+  sandbox uid (``watch_uids``) in a session of its own -- a worker of another runtime on
+  this host that was this process's descendant (a runtime subprocess killed outright);
 - neither: no orphan ever reaches it, and nothing is installed.
 
 A sweep runs on ``SIGCHLD`` (deferred to the event loop's next turn when one runs, so that a
@@ -74,6 +76,7 @@ class ChildReaper:
     _claimed: set[int] = set()  # noqa: RUF012 - pids whose owner waits for them itself
     _adoptable: set[int] = set()  # noqa: RUF012 - the sandbox's processes by pid
     _groups: set[int] = set()  # noqa: RUF012 - the sandbox's process groups (spawned workers)
+    _uid_ranges: set[tuple[int, int]] = set()  # noqa: RUF012 - sandbox uid ranges seen here
     _mode: str | None = None
     _installed = False
     _previous: Any = None
@@ -125,6 +128,13 @@ class ChildReaper:
         the fork server forked): should it come here, it is ours to reap whatever its name
         (a TypeScript worker is named ``node`` once it exec'd)."""
         cls._adoptable.add(pid)
+
+    @classmethod
+    def watch_uids(cls, base: int, count: int) -> None:
+        """Sandbox uids are ``[base, base + count)`` (a pool's range, kept for as long as
+        this process lives: what a runtime leaves behind may arrive after it stopped)."""
+        if len(cls._uid_ranges) < 64:
+            cls._uid_ranges.add((base, base + count))
 
     @classmethod
     def adopt_group(cls, pgid: int) -> None:
@@ -216,7 +226,7 @@ class ChildReaper:
             return False
         if cls._mode == INIT:
             return True
-        return pid in cls._adoptable or _is_sandbox_process(pid, cls._groups)
+        return pid in cls._adoptable or _is_sandbox_process(pid, cls._groups, cls._uid_ranges)
 
     @classmethod
     def _reap(cls, pid: int) -> bool:
@@ -259,9 +269,12 @@ def _zombie_children(parent: int) -> list[int]:
     return found
 
 
-def _is_sandbox_process(pid: int, groups: set[int]) -> bool:
-    """Whether ``pid`` carries a name the fork server's processes give themselves, or is in
-    one of the sandbox's process groups (a zombie keeps both)."""
+def _is_sandbox_process(pid: int, groups: set[int], ranges: set[tuple[int, int]]) -> bool:
+    """Whether ``pid`` (a zombie child, which keeps its name, ids and session) is the
+    sandbox's: a name the fork server's processes give themselves, one of the sandbox's
+    process groups, or a sandbox uid in a session of its own (every worker, spawned or
+    forked, starts one: a helper this process started under a sandbox uid, in its session,
+    is not taken)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
@@ -270,4 +283,18 @@ def _is_sandbox_process(pid: int, groups: set[int]) -> bool:
     if stat[stat.find(b"(") + 1 : stat.rfind(b")")] in _SANDBOX_NAMES:
         return True
     fields = stat[stat.rfind(b")") + 2 :].split()
-    return len(fields) > 2 and int(fields[2]) in groups
+    if len(fields) < 4:
+        return False
+    if int(fields[2]) in groups:
+        return True
+    if not ranges or int(fields[3]) == os.getsid(0):
+        return False
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Uid:"):
+                    uids = [int(value) for value in line.split()[1:]]
+                    return any(low <= uid < high for low, high in ranges for uid in uids)
+    except OSError:
+        pass
+    return False

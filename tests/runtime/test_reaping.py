@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from codemode_cli.processes import start
 from runtime_service.outcome import BindingCall, BindingResult
 from runtime_service.reaper import ChildReaper
 from runtime_service.runtime import Runtime, RuntimeOptions
@@ -348,3 +349,39 @@ async def test_runs_ended_every_way_leave_no_process_of_their_uid_and_no_zombie(
     for uid in leased:
         UidLeases.release(uid)
     assert sorted(leased) == list(range(base, base + count))
+
+
+# -- a runtime of its own, killed outright ------------------------------------------------------
+
+
+@pytest.mark.parametrize("launch", ["spawn", "fork-server"])
+async def test_the_workers_of_a_sigkilled_runtime_process_are_reaped_here(launch: str) -> None:
+    # A runtime subprocess (this process's child) is SIGKILLed with workers up: they are
+    # reparented to this process (a subreaper), die, and are reaped here -- spawned ones are
+    # python/node with a sandbox uid in a session of their own; forked ones and the fork
+    # server by name. Before, they stayed zombies, each holding its sandbox uid.
+    base, count = 63_800 + (10 if launch == "spawn" else 0), 4
+    ChildReaper.watch_uids(base, count)  # what a runtime of this process on that range does
+    env = {
+        **os.environ,
+        "CODEMODE_RUNTIME_WORKER_UID_BASE": str(base),
+        "CODEMODE_RUNTIME_WORKER_UID_COUNT": str(count),
+        "CODEMODE_RUNTIME_POOL_SIZE": "2",
+        "CODEMODE_RUNTIME_TRACE_FILE": "off",
+        "CODEMODE_RUNTIME_WORKER_LAUNCH": launch,
+    }
+    runtime = await start(
+        "-m", "runtime_service", "--listen", "127.0.0.1:0",
+        ready="runtime listening on port", env=env,
+    )  # fmt: skip
+    try:
+        await until(lambda: _in_range(base, count) >= 2, what="two pooled workers up")
+    finally:
+        runtime.proc.send_signal(signal.SIGKILL)
+        await runtime.proc.wait()
+    await until(lambda: _range_empty(base, count), what="nothing left of the range")
+    await no_zombie_left()
+
+
+def _in_range(base: int, count: int) -> int:
+    return sum(len(live_processes_of(uid)) for uid in range(base, base + count))
