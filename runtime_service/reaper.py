@@ -52,7 +52,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-__all__ = ["ChildReaper", "sandbox_names"]
+__all__ = ["ChildReaper"]
 
 _log = logging.getLogger(__name__)
 _PR_GET_CHILD_SUBREAPER = 37
@@ -63,10 +63,6 @@ _SANDBOX_NAMES = frozenset(
 ``worker/zygote.py`` and ``worker/nursery.py``)."""
 INIT = "init"
 SUBREAPER = "subreaper"
-
-
-def sandbox_names() -> frozenset[bytes]:
-    return _SANDBOX_NAMES
 
 
 class ChildReaper:
@@ -81,8 +77,8 @@ class ChildReaper:
     _installed = False
     _previous: Any = None
     _loop: asyncio.AbstractEventLoop | None = None
-    _scheduled = False
-    _lock = threading.Lock()
+    _scheduled: asyncio.AbstractEventLoop | None = None
+    """The loop a sweep is scheduled on (a closed loop's never runs: then one is due again)."""
     reaped: list[tuple[int, int]] = []  # noqa: RUF012 - (pid, status) of the last orphans, newest last
     """The orphans reaped lately (at most 64), for diagnostics and tests."""
 
@@ -176,8 +172,8 @@ class ChildReaper:
     def _on_sigchld(cls, signum: int, frame: FrameType | None) -> None:
         loop = cls._loop
         if loop is not None and not loop.is_closed() and loop.is_running():
-            if not cls._scheduled:
-                cls._scheduled = True
+            if cls._scheduled is not loop:
+                cls._scheduled = loop
                 # The next turn: a launcher between its Popen and its claim finishes first
                 # (threadsafe: it wakes a loop that waits in its selector).
                 loop.call_soon_threadsafe(cls._scheduled_sweep)
@@ -189,7 +185,7 @@ class ChildReaper:
 
     @classmethod
     def _scheduled_sweep(cls) -> None:
-        cls._scheduled = False
+        cls._scheduled = None
         cls.sweep()
 
     @classmethod
@@ -204,6 +200,9 @@ class ChildReaper:
             except ChildProcessError:
                 return count
             if info is None:
+                return count
+            if info.si_pid in cls._claimed:
+                # Its owner reaps it and sweeps again then (``release``): no scan now.
                 return count
             if not cls._ours(info.si_pid):
                 # Another waiter's child is first in line: look at every zombie instead.
