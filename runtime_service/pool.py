@@ -23,6 +23,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
+from runtime_service.reaper import ChildReaper
 from runtime_service.worker_process import (
     WorkerCapacityError,
     WorkerLaunchError,
@@ -71,6 +72,10 @@ class WorkerPool:
         return len(self._workers)
 
     def start(self) -> None:
+        # Orphans of the sandbox that reach this process (pid 1, or a subreaper) are reaped:
+        # a zombie would hold its sandbox uid (reaper.py).
+        ChildReaper.install()
+        ChildReaper.watch_uids(self.spec.uid_base, self.spec.uid_count)
         if self.fork_server is not None and self._owns_fork_server:
             self.fork_server.start()
         if self._filler is None and self.size > 0:

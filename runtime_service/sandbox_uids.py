@@ -29,6 +29,8 @@ import signal
 import socket
 import time
 
+from runtime_service.reaper import ChildReaper
+
 __all__ = ["UidLeases", "live_processes_of", "processes_in_range"]
 
 _log = logging.getLogger(__name__)
@@ -56,7 +58,8 @@ class UidLeases:
             if not cls._dirty:
                 raise
         # Out of clean uids: one scan tells which dirty ones were freed since (a zombie
-        # reaped at last by its parent, say).
+        # reaped at last by its parent, say; adopted ones are reaped here first).
+        ChildReaper.sweep()
         cls._dirty.intersection_update(processes_in_range(base, base + count))
         return cls._acquire(base, count)
 
@@ -151,7 +154,11 @@ class UidLeases:
                     return False
                 await asyncio.sleep(_POLL_S)
             # A zombie cannot be killed, only reaped by its parent; it still counts against
-            # the uid's process limit, so the uid stays dirty while one is left.
+            # the uid's process limit (the worker's exclusivity check fails on it), so the
+            # uid is free only once no task of it is left, zombies included. One adopted by
+            # this process (pid 1, or a subreaper) is reaped here; another's stays dirty
+            # until its parent reaps it, and no lease waits for it meanwhile.
+            ChildReaper.sweep()
             return not live_processes_of(uid, zombies=True)
         finally:
             if isinstance(lock, socket.socket):

@@ -1,9 +1,10 @@
 """Host-side handle of one worker process: launch, channel, output pipes, exit, termination.
 
 Two launches (``WorkerSpec.launch``). ``fork-server``, the default: the pool's fork server
-(``zygote.py``) forks the worker from a pre-initialized, never-used process, as pid 1 of a
-pid namespace of its own; the runtime hands it the channel and pipes it made, learns its exit
-from the fork server and kills it through a pidfd -- and with it, every process of the run.
+(``zygote.py``) forks the worker from a pre-initialized, never-used process, into a pid
+namespace of its own below the run's init; the runtime hands it the channel and pipes it
+made, learns its exit from the fork server and kills the run's init through a pidfd -- and
+with it, every process of the run.
 ``spawn``: each worker is a fresh interpreter, as below; a fake worker (a test's ``loader``)
 always spawns.
 
@@ -16,7 +17,7 @@ stdout/stderr on pipes, and the channel socket as the only other descriptor (``c
 Either way the worker isolates itself before it reports ready (see ``worker/sandbox_child.py``)
 and drops to a uid of its own, leased (``sandbox_uids.py``) for as long as any process of the
 run lives. Its run's cgroup (``run_cgroup``) is made here before the launch and joined first
-thing in the child (a forked run's init joins it before it forks the worker, so every process
+thing in the child (a forked run's init and its worker join it first thing, so every process
 of the run is in it); it is removed once every process in it is gone.
 
 Everything is driven by event-loop callbacks, with no task or thread per worker: the channel
@@ -50,6 +51,7 @@ from typing import Any, Literal
 from runtime_service import run_cgroup
 from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
 from runtime_service.languages import LanguageBackend, default_backend
+from runtime_service.reaper import ChildReaper
 from runtime_service.run_cgroup import RunCgroup
 from runtime_service.sandbox_uids import UidLeaseError, UidLeases, live_processes_of
 from runtime_service.worker import flatwire, framing
@@ -182,7 +184,7 @@ class WorkerSpec:
 
     def fallback_root(self) -> str:
         """Where a worker without a private root makes its working directory."""
-        return os.path.realpath(self.temp_root or tempfile.gettempdir())
+        return _resolved(self.temp_root or tempfile.gettempdir())
 
     def sandbox_config(
         self, uid: int, cgroups: list[str] | None = None, *, boot_nice: int = 0
@@ -366,6 +368,8 @@ class WorkerProcess:
                     start_new_session=True,
                     close_fds=True,
                 )
+                ChildReaper.claim(process.pid)  # reaped in close (or below), never by a sweep
+                ChildReaper.adopt_group(process.pid)  # its descendants, should they come here
         except (OSError, WorkerLaunchError) as exc:
             for fd in pipes:
                 os.close(fd)
@@ -407,6 +411,8 @@ class WorkerProcess:
             assert isinstance(process, subprocess.Popen)
             _kill_group(process.pid)
             process.wait()
+            ChildReaper.release(process.pid)
+            ChildReaper.forget_group(process.pid)
             for fd in (out_r, err_r):
                 os.close(fd)
             parent.close()
@@ -767,8 +773,10 @@ class WorkerProcess:
         if self._closed or not self._exited.done():
             return
         self._closed = True
-        if self.cgroup is not None:
-            # The cgroup holds every process of the run, also one that left the group.
+        if self.cgroup is not None and not (self._forked is not None and self.own_pid_namespace):
+            # The cgroup holds every process of the run, also one that left the group. (A
+            # forked run's were in its pid namespace, every one gone once its init is: the
+            # directory's removal below is the check, and a kill loop follows if it fails.)
             self.cgroup.kill_all()
         if self.process is not None:
             # Members of the group that outlived the leader die now; the leader is still a
@@ -776,6 +784,7 @@ class WorkerProcess:
             _kill_group(self.pid)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
+            ChildReaper.release(self.pid)
             self.process.returncode = self.returncode  # Popen must never wait for it again
         self.stop_listening()
         if self._out:
@@ -840,6 +849,8 @@ class WorkerProcess:
             self._release()
 
     def _release(self) -> None:
+        if self.process is not None:
+            ChildReaper.forget_group(self.pid)
         UidLeases.release(self.uid)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -919,6 +930,13 @@ def _float_or_none(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(path: str) -> str:
+    """``os.path.realpath``, once per path: every launch asks (the walk is a system call per
+    component)."""
+    return os.path.realpath(path)
 
 
 @functools.cache

@@ -14,33 +14,41 @@ One request, one child:
 - request ``{"t": "fork", "id", "entry", "config"}`` with ``SCM_RIGHTS`` descriptors
   ``[channel, stdout, stderr]`` (the runtime made them; the zygote closes its copies once
   the child has them);
-- reply ``{"t": "forked", "id", "pid"}`` with a pidfd of the child (the runtime watches and
-  kills it through that: no pid-reuse race, as the zygote reaps it, not the runtime), or
-  ``{"t": "failed", "id", "error"}``;
-- later ``{"t": "exit", "pid", "status"}`` once the zygote has reaped it (status: exit code,
-  or minus the signal that killed it).
+- reply ``{"t": "forked", "id", "pid", "worker"}`` with a pidfd of the run's init (the
+  runtime kills the run through that: no pid-reuse race, as the runtime reaps neither
+  process), ``pid`` the init's and ``worker`` the worker's (the same process without a pid
+  namespace), or ``{"t": "failed", "id", "error"}``;
+- later ``{"t": "exit", "pid", "status"}`` once every process of the run is gone (status:
+  the worker's exit code, or minus the signal that killed it).
 
-The child is created as pid 1 of a new pid namespace: ``unshare(CLONE_NEWPID)`` makes the
-zygote's *next* child the init of a fresh namespace, the ordinary ``os.fork()`` creates it,
-and ``setns`` on the zygote's own namespace undoes the unshare for the fork after. That is
-one process per run -- the same count as a raw ``clone(CLONE_NEWPID)``, without bypassing
-libc's and CPython's fork handling, and one fewer than an intermediate process that would
-unshare and fork (and then have to stay alive as the parent, or the child's parent-death
-signal would fire). When the init of a pid namespace dies, the kernel kills every other
-process in it and waits for them: so the zygote reaping a worker means the whole run is
-gone, whatever the program forked, double-forked or cloned.
+Each run gets a pid namespace of its own, with two processes in it. Its init (pid 1) is
+made by the nursery (``nursery.py``), a small process the zygote starts once: forking that
+costs a fraction of forking the zygote, whose heap holds every worker module. The zygote then
+enters the init's namespace for one fork (``setns`` on the init's pidfd, undone right after),
+so that its child, the worker, is born there as pid 2 -- a child of the zygote, which reaps
+it and so knows its exit status first-hand. The worker must not be pid 1: the kernel ignores
+every signal that a namespace's init gets from inside it without a handler, so a program's
+``os.kill(os.getpid(), SIGKILL)`` or ``os.abort()`` would do nothing, and orphans would pile
+up as zombies on a process that never reaps them; the init reaps them (the kernel reparents
+what a process of the namespace orphans to its init, never to a parent outside). Once the
+worker is reaped the zygote kills the init: the kernel then kills every other process of the
+namespace and waits for them before the init is gone, and only then is the exit reported --
+so an exit means the whole run is gone, whatever the program forked, double-forked or cloned.
 
 Root templates: on the first fork for a sandbox configuration (the trees a language exposes
 or hides) a short-lived child builds that configuration's private root in a mount namespace
 of its own and exits; the zygote keeps the namespace by a descriptor and hands it to every
 later child of that configuration as fd 4 (``TEMPLATE_FD``), which the worker enters, leaves
 for a copy of its own, and closes before anything else (``sandbox_child``). The zygote itself
-never changes namespace. If a template cannot be built, none is tried again: children build
-their own roots.
+never changes its mount namespace. If a template cannot be built, none is tried again:
+children build their own roots.
 
-The zygote dies with the runtime (``PR_SET_PDEATHSIG``) and every worker dies with the
-zygote (the same, set first thing in the child). It is a child subreaper: a process orphaned
-below it (only possible without pid namespaces) is reparented to it and reaped here.
+The zygote dies with the runtime (``PR_SET_PDEATHSIG``; it kills its runs and reaps their
+workers first, ``Zygote.end``) and every worker dies with the zygote (the same, set first
+thing in the child); the nursery dies with the zygote and every init with the nursery, and
+the zygote exits if its nursery dies (the runtime starts a new one). It is a child
+subreaper: a process orphaned below it (only possible without pid namespaces) is reparented
+to it and reaped here.
 
 Stdlib only.
 """
@@ -49,13 +57,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import gc
 import json
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -68,7 +77,7 @@ from runtime_service.worker import (  # noqa: F401
     sandbox_child,
 )
 
-__all__ = ["CHANNEL_FD", "ENTRIES", "TEMPLATE_FD", "build_root_template", "main"]
+__all__ = ["CHANNEL_FD", "ENTRIES", "TEMPLATE_FD", "Nursery", "build_root_template", "main"]
 
 CHANNEL_FD = 3  # where a child finds its channel socket (0-2: /dev/null, stdout, stderr)
 ENTRIES = {
@@ -89,6 +98,13 @@ _MAX_TEMPLATES = 8  # root templates kept (one per sandbox configuration: a hand
 _TEMPLATE_TIMEOUT_MS = 5000
 TEMPLATE_FD = 4  # where a child finds its root template's descriptor, until it enters it
 _NR_CLOSE_RANGE = 436  # the same number on every architecture
+_NURSERY_LOADER = (
+    "import sys;sys.path.insert(0,sys.argv[1]);"
+    "from runtime_service.worker.nursery import main;main()"
+)
+_NURSERY_TIMEOUT_S = 10.0
+# What unshare(CLONE_NEWPID) fails with where pid namespaces cannot be had at all.
+_NO_PID_NAMESPACES = (errno.EPERM, errno.EINVAL, errno.ENOSYS)
 
 
 class _Libc:
@@ -99,8 +115,8 @@ class _Libc:
 
     def _check(self, result: int, what: str) -> None:
         if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+            number = ctypes.get_errno()
+            raise OSError(number, f"{what}: {os.strerror(number)}")
 
     def prctl(self, option: int, arg: int) -> None:
         self._check(self.lib.prctl(option, arg, 0, 0, 0), f"prctl({option})")
@@ -131,13 +147,86 @@ def resource_nofile() -> int:
     return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
+class _Run:
+    """A live worker of the zygote's and, in a pid namespace, the run's init."""
+
+    __slots__ = ("init", "init_pidfd", "status", "worker")
+
+    def __init__(self, worker: int, init: int | None, init_pidfd: int) -> None:
+        self.worker = worker
+        self.init = init
+        """The run's init (pid 1 of its namespace, the nursery's child), or None."""
+        self.init_pidfd = init_pidfd
+        self.status = 0
+        """The worker's exit status, once it is reaped (reported once the init is gone)."""
+
+
+class NurseryGone(Exception):
+    """The nursery exited: every init, and so every run, is gone with it."""
+
+
+class Nursery:
+    """The zygote's end of the nursery (``nursery.py``): each run's init comes from there."""
+
+    def __init__(self, package_root: str) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its only descriptor besides 0-2 (the zygote's control socket is not inheritable).
+        os.set_inheritable(theirs.fileno(), True)
+        argv = [
+            sys.executable, "-I", "-S", "-c", _NURSERY_LOADER, package_root,
+            str(theirs.fileno()), str(os.getpid()),
+        ]  # fmt: skip
+        try:
+            self.pid = os.posix_spawn(sys.executable, argv, {})
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.reaped = False
+
+    def wait_ready(self) -> bool:
+        self.sock.settimeout(_NURSERY_TIMEOUT_S)
+        try:
+            ready = self.sock.recv(64) == b"ready"
+        except OSError:
+            ready = False
+        self.sock.settimeout(None)
+        if not ready:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+        return ready
+
+    def make_init(self, cgroups: list[str]) -> tuple[int, int]:
+        """A new run's init (joined to ``cgroups``): its pid and a pidfd. OSError if the
+        nursery cannot make one (no pid namespaces here); a nursery that went away ends the
+        zygote (its inits, and so every run, are gone with it)."""
+        try:
+            self.sock.send("\n".join(["init", *cgroups]).encode())
+            data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
+        except OSError as exc:
+            raise NurseryGone(str(exc)) from exc
+        if not data:
+            raise NurseryGone("it closed its socket")
+        kind, _, detail = data.decode("utf-8", "replace").partition(" ")
+        if kind != "ok" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            number, _, why = detail.partition(" ")
+            code = int(number) if number.isdigit() else 0
+            raise OSError(code, f"the nursery made no init: {why or detail}")
+        return int(detail), fds[0]
+
+
 class Zygote:
-    def __init__(self, control: socket.socket, libc: _Libc) -> None:
+    def __init__(self, control: socket.socket, libc: _Libc, nursery: Nursery | None) -> None:
         self.control = control
         self.libc = libc
-        self.children: dict[int, socket.socket] = {}
-        """Each live child (the run's init, or the worker itself) and its report socket."""
-        # The namespace the zygote lives in, to return to after each unshare.
+        self.nursery = nursery
+        self.runs: dict[int, _Run] = {}
+        """Each live worker by pid."""
+        self.ending: dict[int, _Run] = {}
+        """Runs whose worker is reaped and whose init was killed, by the init's pidfd: the
+        exit is reported once the init is gone (and with it every process of the run)."""
+        # The namespace the zygote lives in, to return to after each fork into a run's.
         self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         # Lets a child tell, right after it set its parent-death signal, whether the zygote
         # is already gone (getppid() says nothing: in a new pid namespace it is always 0).
@@ -145,10 +234,11 @@ class Zygote:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        self.pid_namespaces = True
+        # The parent-death signal (main): the runtime is gone, so is every run.
+        self.ending_all = False
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.pid_namespaces = nursery is not None
         self.poller = select.poll()
-        self.naming: dict[int, int] = {}
-        """Report sockets of inits that have not named their worker yet, by fd: init pid."""
         self.templates: dict[str, tuple[int, str]] = {}
         """Root templates by sandbox configuration: a mount namespace descriptor, and how its
         root was switched (``pivot_root`` or ``move``)."""
@@ -161,10 +251,12 @@ class Zygote:
         control = self.control.fileno()
         while True:
             for fd, _ in poller.poll():
-                # Each fd is named: an event of a report socket that reap() closed earlier in
-                # this round is stale (its fd may even be reused), and must never be taken for
-                # a request -- a blocking read of the control socket would then wait forever
-                # while the runtime waits for the exits this loop no longer reports.
+                if self.ending_all:
+                    self.end()
+                # Each fd is named: an event of an init's pidfd that an earlier event of this
+                # round closed is stale (its fd may even be reused), and must never be taken
+                # for a request -- a blocking read of the control socket would then wait
+                # forever while the runtime waits for the exits this loop no longer reports.
                 if fd == control:
                     self.handle_request()
                 elif fd == self.wake_r:
@@ -175,8 +267,38 @@ class Zygote:
                         except BlockingIOError:
                             break
                     self.reap()
-                elif fd in self.naming:
-                    self.name_worker(fd)
+                elif fd in self.ending:
+                    self.init_gone(fd)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.ending_all = True  # (the wake-up fd ends the poll: serve ends it all)
+
+    def end(self, status: int = 0) -> NoReturn:
+        """Kill every run and reap its worker, then exit. A worker is the zygote's child but
+        lives in its run's namespace: were the zygote to exit first, it would be reparented
+        out of it, to a reaper above the runtime that may never reap it, and its zombie would
+        hold the run's uid (and its init, waiting for it, the namespace)."""
+        for run in self.runs.values():
+            if run.init is not None:
+                _kill_init(run.init_pidfd, close=False)
+            else:
+                with contextlib.suppress(OSError):
+                    os.killpg(run.worker, signal.SIGKILL)
+        for pid in self.runs:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # killed: a moment
+        if self.nursery is not None:
+            # Gone before the zygote, as the runs are: the inits it leaves are reparented
+            # here (a subreaper) and reaped, so nothing of a run outlives the zygote.
+            if not self.nursery.reaped:
+                with contextlib.suppress(OSError):
+                    os.kill(self.nursery.pid, signal.SIGKILL)
+            while True:
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+        os._exit(status)
 
     # -- requests ---------------------------------------------------------------------------
     def handle_request(self) -> None:
@@ -185,19 +307,27 @@ class Zygote:
         except (InterruptedError, BlockingIOError):
             return  # nothing after all: never block the loop that reaps
         if not data and not fds:
-            os._exit(0)  # the runtime closed the control socket: it is going away
+            self.end()  # the runtime closed the control socket: it is going away
         request: object = None
         try:
             request = json.loads(data)
             if type(request) is not dict or request.get("t") != "fork" or len(fds) != 3:
                 raise ValueError("malformed fork request")
-            pid, worker = self.fork_child(request, fds)
-            pidfd = os.pidfd_open(pid)
+            run = self.fork_child(request, fds)
+            pidfd = run.init_pidfd if run.init is not None else os.pidfd_open(run.worker)
             try:
-                message = {"t": "forked", "id": request.get("id"), "pid": pid, "worker": worker}
+                message = {
+                    "t": "forked",
+                    "id": request.get("id"),
+                    "pid": run.worker if run.init is None else run.init,
+                    "worker": run.worker,
+                }
                 socket.send_fds(self.control, [json.dumps(message).encode()], [pidfd])
+            except OSError:
+                self.end()  # the runtime closed the control socket: it is going away
             finally:
-                os.close(pidfd)
+                if run.init is None:
+                    os.close(pidfd)
         except Exception as exc:
             request_id = request.get("id") if type(request) is dict else None
             self.send({"t": "failed", "id": request_id, "error": f"{type(exc).__name__}: {exc}"})
@@ -209,66 +339,53 @@ class Zygote:
         try:
             self.control.send(json.dumps(message).encode())
         except OSError:
-            os._exit(0)  # the runtime closed the control socket: it is going away
+            self.end()  # the runtime closed the control socket: it is going away
 
-    def fork_child(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int | None]:
-        """Fork the run's first process; returns its pid and the worker's (as the host sees
-        them: the same process without a pid namespace; None while the init has not named
-        it yet)."""
-        template = self.root_template(request.get("config"))
-        new_namespace = False
-        if self.pid_namespaces:
+    def fork_child(self, request: dict[str, Any], fds: list[int]) -> _Run:
+        """Fork the run's worker: into a new pid namespace whose init the nursery made, or
+        (without pid namespaces) into the zygote's own."""
+        config = request.get("config")
+        template = self.root_template(config)
+        init: tuple[int, int] | None = None
+        if self.nursery is not None and self.pid_namespaces:
+            raw = config if type(config) is dict else {}
             try:
-                self.libc.unshare(_CLONE_NEWPID)
-                new_namespace = True
+                init = self.nursery.make_init(sandbox_child.SandboxConfig(raw).cgroups)
+            except NurseryGone as exc:
+                print(f"fork server: the nursery is gone ({exc})", file=sys.stderr)
+                self.end(70)
             except OSError as exc:
+                if exc.errno not in _NO_PID_NAMESPACES:
+                    raise  # this fork fails (out of processes or memory, say), not the next
                 # No CAP_SYS_ADMIN: workers share the host's pid namespace (they report it).
                 self.pid_namespaces = False
                 print(f"fork server: no pid namespaces ({exc})", file=sys.stderr)
-        report, report_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        report.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        if init is not None:
+            try:
+                self.libc.setns(init[1], _CLONE_NEWPID)  # for the next fork only
+            except OSError:
+                _kill_init(init[1])
+                raise
         pid = -1
         try:
             pid = os.fork()
+        except OSError:
+            if init is not None:
+                _kill_init(init[1])
+            raise
         finally:
-            if new_namespace and pid != 0:  # the zygote, not the child
+            if init is not None and pid != 0:  # the zygote, not the child
                 try:
                     self.libc.setns(self.own_pid_ns, _CLONE_NEWPID)
                 except OSError as exc:
                     # The next child would be born into this run's namespace: never.
-                    print(f"fork server: cannot leave the unshared namespace ({exc})",
-                          file=sys.stderr)  # fmt: skip
+                    print(f"fork server: cannot leave a run's namespace ({exc})", file=sys.stderr)
                     os._exit(70)
-            if pid != 0:
-                report_child.close()
         if pid == 0:
-            report.close()
-            self.become_worker(request, fds, report_child if new_namespace else None, template)
-        self.children[pid] = report
-        if not new_namespace:
-            return pid, pid
-        # The init names its worker soon (name_worker); the zygote does not wait for it:
-        # on a busy host that wait is a scheduling delay, and it would hold up every fork.
-        report.setblocking(False)
-        self.naming[report.fileno()] = pid
-        self.poller.register(report.fileno(), select.POLLIN)
-        return pid, None
-
-    def name_worker(self, fd: int) -> None:
-        """The init named its worker with SCM_CREDENTIALS (the kernel translated the pid into
-        this namespace, a pid the zygote could not know otherwise): tell the runtime."""
-        init = self.naming[fd]
-        report = self.children.get(init)
-        try:
-            worker = _read_worker(report) if report is not None else None
-        except BlockingIOError:
-            # A stale event: this fd was closed by reap() earlier in the same poll round and
-            # reused for a newer run's report socket, whose init has not written yet.
-            return
-        del self.naming[fd]
-        self.poller.unregister(fd)
-        if worker is not None:
-            self.send({"t": "worker", "pid": init, "worker": worker})
+            self.become_worker(request, fds, template, in_namespace=init is not None)
+        run = _Run(pid, None, -1) if init is None else _Run(pid, init[0], init[1])
+        self.runs[pid] = run
+        return run
 
     # -- root templates ---------------------------------------------------------------------
     def root_template(self, config: object) -> tuple[int, str] | None:
@@ -294,21 +411,16 @@ class Zygote:
         self,
         request: dict[str, Any],
         fds: list[int],
-        report: socket.socket | None,
         template: tuple[int, str] | None,
+        *,
+        in_namespace: bool,
     ) -> NoReturn:
         """In the child: die with the zygote, keep only the run's descriptors, isolate (as
-        the worker does), then continue as the requested entry's worker.
-
-        In a pid namespace the child first forks once more and stays behind as the
-        namespace's init (``_run_init``). The worker must not be pid 1: the kernel ignores
-        every signal that a namespace's init gets from inside it without a handler, so a
-        program's ``os.kill(os.getpid(), SIGKILL)`` or ``os.abort()`` would do nothing, and
-        orphans would pile up as zombies on a process that never reaps them.
-        """
+        the worker does), then continue as the requested entry's worker."""
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             self.libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             poll = select.poll()
             poll.register(self.self_pidfd, select.POLLIN)
@@ -319,18 +431,11 @@ class Zygote:
                 config = {}
             # Only the fork server names a template descriptor: never one from a request.
             config = {k: v for k, v in config.items() if not k.startswith("mount_template")}
-            if report is not None:
-                # Init and worker are charged to the run from their first instruction: the
-                # init joins before it forks the worker (the worker joins again, a no-op, and
-                # reports the outcome).
-                cgroups = sandbox_child.SandboxConfig(config).cgroups
-                sandbox_child.join_cgroups(cgroups, {})
-                worker = os.fork()
-                if worker != 0:
-                    self.libc.set_name(b"codemode-init")
-                    self._run_init(worker, report)
-                report.close()
-                config = {**config, "pid_namespace": True}
+            if in_namespace:
+                # Charged to the run from its first instructions, like its init (the worker
+                # joins again as it isolates: a no-op, and it reports the outcome).
+                sandbox_child.join_cgroups(sandbox_child.SandboxConfig(config).cgroups, {})
+                config["pid_namespace"] = True
             self.libc.set_name(b"codemode-worker")
             channel, stdout, stderr = fds
             # Above every fd number the targets could collide with, then into place.
@@ -339,8 +444,7 @@ class Zygote:
                 if template is None
                 else (channel, stdout, stderr, template[0])
             )
-            high = [os.dup(fd) for fd in kept]
-            moved = [fcntl_dupfd(fd, 10) for fd in high]
+            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in kept]
             os.dup2(moved[1], 1)
             os.dup2(moved[2], 2)
             os.dup2(moved[0], CHANNEL_FD)
@@ -369,33 +473,6 @@ class Zygote:
             finally:
                 os._exit(1)  # never return into the zygote's loop
 
-    def _run_init(self, worker: int, report: socket.socket) -> NoReturn:
-        """The run's pid 1: reap every process of the run, and when the worker exits, tell
-        the zygote its status and exit (the kernel then kills whatever is left of the run).
-
-        It keeps the runtime's user but holds nothing: no descriptor but ``report``, no
-        program; a program (another uid, seccomp, not dumpable) cannot signal or trace it.
-        """
-        try:
-            ids = struct.pack("3i", worker, os.getuid(), os.getgid())
-            report.sendmsg([b"w"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, ids)])
-            os.dup2(report.fileno(), CHANNEL_FD)
-            null = os.open("/dev/null", os.O_RDWR)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
-            self.libc.close_from(CHANNEL_FD + 1)
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, 0)
-                except ChildProcessError:
-                    os._exit(0)
-                if pid == worker:
-                    code = os.waitstatus_to_exitcode(status)
-                    os.write(CHANNEL_FD, struct.pack("i", code))
-                    os._exit(0)
-        except BaseException:
-            os._exit(1)
-
     # -- reaping ----------------------------------------------------------------------------
     def reap(self) -> None:
         while True:
@@ -406,7 +483,8 @@ class Zygote:
             if info is None:
                 return
             pid = info.si_pid
-            if pid in self.children:
+            run = self.runs.get(pid)
+            if run is not None and run.init is None:
                 # Without a pid namespace the worker's descendants are only bound by its
                 # process group (seccomp keeps them in it): the group id is still reserved
                 # while the leader is unreaped, so this kill hits nobody else.
@@ -416,21 +494,38 @@ class Zygote:
                 _, status = os.waitpid(pid, 0)
             except ChildProcessError:
                 continue
-            report = self.children.pop(pid, None)
-            if report is not None:
-                code = os.waitstatus_to_exitcode(status)
-                if self.naming.pop(report.fileno(), None) is not None:
-                    self.poller.unregister(report.fileno())
-                    with contextlib.suppress(BlockingIOError):  # (the init died first)
-                        _read_worker(report)  # never named: the message is still queued
-                # The worker's own status, as the run's init saw it (when there is one).
-                report.setblocking(False)
-                with contextlib.suppress(OSError):
-                    data = report.recv(16)
-                    if len(data) == 4:
-                        code = struct.unpack("i", data)[0]
-                report.close()
+            if self.nursery is not None and pid == self.nursery.pid:
+                # Every init died with it, and so every run: the runtime starts a new zygote.
+                print("fork server: the nursery exited", file=sys.stderr)
+                self.nursery.reaped = True
+                self.end(70)
+            run = self.runs.pop(pid, None)
+            if run is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            if run.init is None:
                 self.send({"t": "exit", "pid": pid, "status": code})
+                continue
+            # The worker is gone; the rest of the run goes with its init (the kernel kills
+            # the namespace and waits for it before the init's pidfd says it is gone).
+            run.status = code
+            _kill_init(run.init_pidfd, close=False)
+            self.ending[run.init_pidfd] = run
+            self.poller.register(run.init_pidfd, select.POLLIN)
+
+    def init_gone(self, pidfd: int) -> None:
+        run = self.ending.pop(pidfd)
+        self.poller.unregister(pidfd)
+        os.close(pidfd)
+        self.send({"t": "exit", "pid": run.init, "status": run.status})
+
+
+def _kill_init(pidfd: int, *, close: bool = True) -> None:
+    """SIGKILL a run's init (from outside its namespace: it cannot ignore it)."""
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    if close:
+        os.close(pidfd)
 
 
 def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None, str]:
@@ -476,32 +571,12 @@ def build_root_template(libc: _Libc, config: dict[str, Any]) -> tuple[int | None
     return template, answer.decode("utf-8", "replace")
 
 
-def _read_worker(report: socket.socket) -> int | None:
-    """The worker's pid from the init's first message (None if the init died first)."""
-    try:
-        _, ancillary, _, _ = report.recvmsg(16, socket.CMSG_SPACE(12))
-    except BlockingIOError:
-        raise  # nothing yet: the caller waits for the next event
-    except OSError:
-        return None
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            return int(struct.unpack("3i", data[:12])[0])
-    return None
-
-
-def fcntl_dupfd(fd: int, lowest: int) -> int:
-    import fcntl
-
-    duplicate = fcntl.fcntl(fd, fcntl.F_DUPFD, lowest)
-    os.close(fd)
-    return duplicate
-
-
 def main() -> NoReturn:
     """Entry point: ``sys.argv`` is ``["-c", <package root>, <control fd>, <runtime pid>]``."""
     libc = _Libc()
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    # SIGTERM, not SIGKILL: it ends its runs before it goes (``Zygote.end``); until the
+    # handler is in place, before any run, SIGTERM's default ends it just as well.
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != int(sys.argv[3]):
         os._exit(0)  # the runtime is already gone
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -510,16 +585,25 @@ def main() -> NoReturn:
     control.setblocking(True)
     if sys.argv[1] in sys.path:
         sys.path.remove(sys.argv[1])  # nothing more is imported from the runtime's tree
+    os.set_inheritable(control.fileno(), False)  # never the nursery's
+    nursery: Nursery | None = None
+    try:
+        nursery = Nursery(sys.argv[1])  # it boots while the zygote warms up
+    except OSError as exc:
+        print(f"fork server: no nursery, so no pid namespaces ({exc})", file=sys.stderr)
     bootstrap.prewarm_fork_server()
     sandbox_child.prepare()
-    import fcntl  # noqa: F401 - used by every child: imported once, here
-
+    if "ssl" in sys.modules and sys.modules["ssl"] is None:
+        del sys.modules["ssl"]  # kept out by the loader (runtime_service/zygote.py)
+    if nursery is not None and not nursery.wait_ready():
+        print("fork server: the nursery did not start, so no pid namespaces", file=sys.stderr)
+        nursery = None
     # Children touch fewer pages of the zygote's heap (copy-on-write) when the collector
     # never walks the objects that exist now.
     gc.collect()
     gc.freeze()
     gc.disable()
     sandbox_child.SandboxConfig({})  # warm the class
-    zygote = Zygote(control, libc)
+    zygote = Zygote(control, libc, nursery)
     zygote.send({"t": "ready", "pid": os.getpid()})
     zygote.serve()

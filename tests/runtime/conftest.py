@@ -19,9 +19,10 @@ from codemode_wire.api.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from runtime_service.budgets import Budgets
 from runtime_service.config import RuntimeSettings
 from runtime_service.outcome import BindingCall, BindingResult, RunResult
+from runtime_service.reaper import ChildReaper
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.server import RunningRuntime, start
-from tests.procfs import descendants, parent
+from tests.procfs import alive, children, descendants, parent
 
 pb = runtime_pb2
 
@@ -78,6 +79,7 @@ async def runtime() -> AsyncIterator[Runtime]:
         await rt.dispose()
         left = child_pids(fork_servers=True)
         assert left == [], f"a worker outlived the runtime: {describe(left)}"
+        await no_zombie_left()
 
 
 @pytest.fixture
@@ -109,6 +111,7 @@ async def serving(settings: RuntimeSettings) -> AsyncIterator[RunningRuntime]:
         await running.stop(0)
     left = child_pids(fork_servers=True)
     assert left == [], f"a worker outlived the runtime: {describe(left)}"
+    await no_zombie_left()
 
 
 @contextlib.asynccontextmanager
@@ -202,11 +205,15 @@ def streamed_logs(seen: list[runtime_pb2.RunResponse]) -> list[str]:
 
 def child_pids(parent: int | None = None, *, fork_servers: bool = False) -> list[int]:
     """Live (non-zombie) descendants of ``parent`` (this process by default), from /proc:
-    the workers (and what they started); with ``fork_servers`` also the fork servers and
-    each run's init (pid 1 of its namespace, between fork server and worker)."""
+    the workers (and what they started); with ``fork_servers`` also the fork servers, their
+    nurseries and each run's init (pid 1 of its namespace, a child of the nursery)."""
     found = descendants(os.getpid() if parent is None else parent, live_only=True)
     if not fork_servers:
-        found = {pid for pid in found if not is_fork_server(pid) and not is_run_init(pid)}
+        found = {
+            pid
+            for pid in found
+            if not is_fork_server(pid) and not is_nursery(pid) and not is_run_init(pid)
+        }
     return sorted(found)
 
 
@@ -237,9 +244,19 @@ def describe(pids: list[int]) -> list[str]:
 
 
 def is_run_init(pid: int) -> bool:
-    """Whether ``pid`` is a run's init: a child of a fork server."""
+    """Whether ``pid`` is a run's init: a child of a fork server's nursery."""
     try:
-        return is_fork_server(parent(pid))
+        return is_nursery(parent(pid))
+    except ProcessLookupError:
+        return False
+
+
+def is_nursery(pid: int) -> bool:
+    """Whether ``pid`` is a fork server's nursery (its inits inherit its command line)."""
+    try:
+        return _runs_code(pid, b"runtime_service.worker.nursery") and not _runs_code(
+            parent(pid), b"runtime_service.worker.nursery"
+        )
     except ProcessLookupError:
         return False
 
@@ -254,9 +271,13 @@ def is_fork_server(pid: int) -> bool:
 
 
 def _runs_fork_server_code(pid: int) -> bool:
+    return _runs_code(pid, b"runtime_service.worker.zygote")
+
+
+def _runs_code(pid: int, module: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"runtime_service.worker.zygote" in handle.read()
+            return module in handle.read()
     except OSError:
         return False
 
@@ -275,14 +296,32 @@ def can_isolate() -> bool:
 
 
 def _become_subreaper() -> None:
-    """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them."""
+    """Orphans of our workers re-parent to the test process, so ``child_pids`` sees them; and
+    the runtime's reaper reaps those of the sandbox (``runtime_service/reaper.py``), as it
+    would where it is pid 1 or a subreaper itself: a zombie left here would hold its uid."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    ChildReaper.install()
 
 
 _become_subreaper()
+
+
+def zombie_children() -> list[int]:
+    """This process's children that have exited and are not reaped yet."""
+    me = os.getpid()
+    return sorted(pid for pid in children(me) if not alive(pid))
+
+
+async def no_zombie_left(slack_s: float = 10.0) -> None:
+    """Waits until no child of this process is a zombie (the reaper sweeps on the loop's next
+    turn after SIGCHLD); fails naming what is left after ``slack_s``."""
+    deadline = time.monotonic() + slack_s
+    while left := zombie_children():
+        assert time.monotonic() < deadline, f"zombies left behind: {describe(left)}"
+        await asyncio.sleep(0.01)
 
 
 @contextlib.contextmanager

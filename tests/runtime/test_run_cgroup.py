@@ -36,6 +36,7 @@ def created(monkeypatch: pytest.MonkeyPatch) -> list[RunCgroup]:
     """Every run cgroup the runtime creates during the test."""
     made: list[RunCgroup] = []
     original = CgroupHost.create
+    monkeypatch.setattr(RunCgroup, "keep_usage", True)
 
     def create(self: CgroupHost) -> RunCgroup:
         cgroup = original(self)
