@@ -281,7 +281,7 @@ async def test_the_calls_span_records_each_progress_its_caller_is_told(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    settings = {"listen": "127.0.0.1:0", "history_path": ":memory:"}
+    settings: dict[str, Any] = {"listen": "127.0.0.1:0", "history_path": ":memory:"}
     settings |= mcp_settings(mark_dir, "tools")
     registry = build_registry(RegistrySettings(**settings), tracer_provider=provider)
     async with make_registry(registry, **settings) as h:

@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from runtime_service.protocol import parse_worker_message
 from runtime_service.worker import flatwire, framing
@@ -148,7 +148,7 @@ class TsWorker:
                 break
             # The runtime must accept every frame the worker sends.
             assert parse_worker_message(payload) is not None, payload[:200]
-            message = dict(framing.unpack(payload, flatwire.loads_strict)[0])
+            message = dict(cast(dict[str, Any], framing.unpack(payload, flatwire.loads_strict)[0]))
             outcome.payloads.append(payload)
             outcome.frames.append(message)
             if message["t"] == "call":
