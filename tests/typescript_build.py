@@ -12,11 +12,14 @@ in every worker of one run; a fresh id per serial session). The tests then pack 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -36,10 +39,9 @@ def _run_id(config: pytest.Config) -> str:
     return config.stash[_RUN]
 
 
-def built_client(config: pytest.Config) -> Path:
-    """The client package with dist/ built by this run (built now unless a worker of the run
-    already did); the package's directory."""
-    run = _run_id(config)
+@contextlib.contextmanager
+def _locked() -> Iterator[TextIO]:
+    """The build lock every worker of every run shares (the lock file, open, for its stamp)."""
     with _LOCK.open("a+") as lock:
         deadline = time.monotonic() + _LOCK_WAIT_S
         while True:
@@ -50,6 +52,14 @@ def built_client(config: pytest.Config) -> Path:
                 if time.monotonic() > deadline:
                     pytest.fail(f"{_LOCK} still locked after {_LOCK_WAIT_S} s (a stuck build?)")
                 time.sleep(0.2)
+        yield lock
+
+
+def built_client(config: pytest.Config) -> Path:
+    """The client package with dist/ built by this run (built now unless a worker of the run
+    already did); the package's directory."""
+    run = _run_id(config)
+    with _locked() as lock:
         lock.seek(0)
         if lock.read() != run or not (PACKAGE / "dist" / "src" / "index.js").exists():
             done = subprocess.run(
@@ -62,3 +72,16 @@ def built_client(config: pytest.Config) -> Path:
             lock.write(run)
             lock.flush()
     return PACKAGE
+
+
+def built_console() -> None:
+    """The console built when stale (codemode_cli.console_command.ensure_built, which builds
+    the client's dist/ first), under the same lock, before a test starts a console: so the
+    build does not delete the client's dist/ under another worker's pack, and the start bound
+    of `codemode up --console` (60 s, codemode_cli/up.py) does not cover a build (~30 s of
+    CPU, minutes on a loaded host)."""
+    from codemode_cli.console_command import ensure_built
+
+    with _locked():
+        problem = ensure_built()
+    assert not problem, problem
