@@ -34,6 +34,7 @@ from tests.cli._processes import (
     wait_gone,
 )
 from tests.procfs import descendants
+from tests.typescript_build import built_console
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for child pids")
 
@@ -376,6 +377,7 @@ def test_up_with_the_console_serves_its_page_and_stops_it_first(tmp_path: Path) 
     from http.cookiejar import CookieJar
     from urllib.parse import urlsplit
 
+    built_console()  # not inside up's 60 s start bound (tests/typescript_build.py)
     argv = [*CLI, "up", "--registry-listen", "127.0.0.1:0", "--runtime-listen", "127.0.0.1:0"]
     argv += ["--console", "--console-agent", "ops"]
     proc, lines = spawn(argv, service_env(tmp_path), tmp_path, tmp_path / "up.err")

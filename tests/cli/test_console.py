@@ -14,10 +14,12 @@ import pytest
 
 from codemode_cli.exit_codes import ExitCode
 from tests.cli._processes import CLI, cli, free_port, listening_port, service_env, spawn, stop
+from tests.typescript_build import built_console
 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    built_console()  # not inside the commands' bounds (tests/typescript_build.py)
     proc, lines = spawn(
         [*CLI, "registry", "--listen", "127.0.0.1:0"],
         service_env(tmp_path),

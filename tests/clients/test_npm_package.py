@@ -3,7 +3,9 @@
 client (no sources, tests or generated-code inputs). Packing writes no tarball into the tree.
 
 (tests/examples/test_examples.py installs the packed tarball into a fresh npm project and
-compiles and runs the TypeScript example and an import of `@codemode/client/testing` there.)"""
+compiles and runs the TypeScript example and an import of `@codemode/client/testing` there.
+Both pack this run's one build, tests/typescript_build.py: with `prepack` running it, two
+workers' packs would rebuild dist/ under each other.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "typescript"
+from tests.typescript_build import PACKAGE, built_client
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
 
@@ -34,14 +36,21 @@ def test_the_package_json_is_publishable() -> None:
     assert set(manifest["files"]) == {"dist/src", "README.md", "LICENSE"}
 
 
-def test_npm_pack_ships_the_built_client_and_leaves_no_tarball(tmp_path: Path) -> None:
+# Not a bound on time: tsc and npm over the client take minutes on a loaded shared host; each
+# child has its own timeout.
+@pytest.mark.timeout(600)
+def test_npm_pack_ships_the_built_client_and_leaves_no_tarball(
+    tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    built_client(pytestconfig)  # what `prepack` runs (asserted above), once per run
     before = set(PACKAGE.rglob("*.tgz"))
     done = subprocess.run(
-        ["npm", "pack", "--dry-run", "--json", "--pack-destination", str(tmp_path)],
+        ["npm", "pack", "--dry-run", "--ignore-scripts", "--json", "--pack-destination",
+         str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=PACKAGE, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    (report,) = json.loads(done.stdout[done.stdout.index("[") :])  # after the build's output
+    (report,) = json.loads(done.stdout)
     files = {entry["path"] for entry in report["files"]}
     assert {"LICENSE", "README.md", "package.json"} <= files
     for module in ("index", "testing", "provider", "registry"):

@@ -124,6 +124,11 @@ async def test_an_approver_answers_requests_pending_on_any_replica(make_registry
         async with serving(ReplicaSet("registry.test:1", approver, refresh_s=0.05,
                                       resolve=resolve)) as replicas:  # fmt: skip
             await replicas.resolved()
+
+            async def both_connected() -> bool:  # resolved: its streams are opening still
+                return all(h.registry.approvals.connected for h in harnesses)
+
+            await until(both_connected, what="the approver's stream open on both replicas")
             for address, agent in zip(addresses, ("ops-a", "ops-b"), strict=True):
                 async with RegistryClient(address) as client:
                     name = (await client.create_agent(agent, mode="native")).name

@@ -27,10 +27,10 @@ import pytest
 
 from codemode_client.testing import CodemodeServices, Testbed, expect
 from tests.cli._processes import cli, spawn
+from tests.typescript_build import built_client
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-TS_CLIENT = ROOT / "clients" / "typescript"
 TS_VERSIONS = {"typescript": "5.9.3", "@types/node": "20.19.43"}  # as pinned by the client
 _COMMENT = re.compile(r"^\s*(?:#|//) ?")
 
@@ -193,9 +193,12 @@ def test_the_python_model_example_runs_twice_against_the_scripted_model(stack: S
         assert done.stdout.splitlines() == _model_example_says("['run_code']", run)
 
 
+# Not a bound on time: two npm installs' worth of work and tsc take minutes on a loaded shared
+# host; each child has its own timeout.
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (Node 20)")
 def test_the_typescript_example_compiles_in_a_fresh_npm_project(
-    stack: Stack, tmp_path: Path
+    stack: Stack, tmp_path: Path, pytestconfig: pytest.Config
 ) -> None:
     def npm(*args: str, cwd: Path) -> str:
         done = subprocess.run(
@@ -204,7 +207,10 @@ def test_the_typescript_example_compiles_in_a_fresh_npm_project(
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    npm("pack", "--silent", "--pack-destination", str(tmp_path), cwd=TS_CLIENT)
+    # This run's one build of the client (tests/typescript_build.py), packed as `prepack`
+    # would have built it.
+    client = built_client(pytestconfig)
+    npm("pack", "--silent", "--ignore-scripts", "--pack-destination", str(tmp_path), cwd=client)
     (tarball,) = tmp_path.glob("codemode-client-*.tgz")
     project = tmp_path / "project"
     project.mkdir()

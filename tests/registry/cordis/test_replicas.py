@@ -28,17 +28,28 @@ T = TypeVar("T")
 AGENT = "agents/coder"
 CLIENT = "return { apply(ctx) { ctx.log('hello') } }"
 _POLLS = 1500  # x 20 ms
+_PAGE_STEP_S = 45.0  # one page-runner step's bound: a stall fails naming the step (no timing)
 
 
 async def seen(probe: Callable[[], Awaitable[T]], until: Callable[[T], bool], what: str) -> T:
-    """Polls `probe` until `until` holds for its value (a latch)."""
+    """Polls `probe` until `until` holds for its value (a latch). An error code (`inspect`'s
+    answer for a plugin the other replica has not heard of yet, on a loaded host) is "not
+    yet": `until` sees views only."""
     value: T | None = None
     for _ in range(_POLLS):
         value = await probe()
-        if until(value):
+        if not isinstance(value, str) and until(value):
             return value
         await asyncio.sleep(0.02)
     raise AssertionError(f"{what}: not seen on the other replica; last: {value!r}")
+
+
+async def page_step(work: Awaitable[T], what: str) -> T:
+    """A page runner's wait (an event, a reply), bounded: a stall fails saying which."""
+    try:
+        return await asyncio.wait_for(work, _PAGE_STEP_S)
+    except TimeoutError:
+        raise AssertionError(f"the page runner: {what} within {_PAGE_STEP_S:g} s") from None
 
 
 async def inspect(h: CordisHarness, arguments: dict[str, Any] | None = None) -> Any:
@@ -158,10 +169,16 @@ async def test_a_grant_given_on_one_replica_holds_on_the_other(
             AGENT, "cordis_run", {"pluginId": "panel-1", "packageId": "pkg-1", "mode": "run"}
         )
         assert asked["status"] == "awaiting-approval"
-        request = (await page.next_event("run_requested")).run_requested
-        started = await page.run_host_half(request, approve_future_versions=True)
+        requested = await page_step(page.next_event("run_requested"), "no run request")
+        request = requested.run_requested
+        started = await page_step(
+            page.run_host_half(request, approve_future_versions=True), "no host-half reply"
+        )
         assert started.accepted, started.message
-        assert (await page.settle(request.request_id, started.plugin_run_id)).accepted
+        settled = await page_step(
+            page.settle(request.request_id, started.plugin_run_id), "no settle reply"
+        )
+        assert settled.accepted, settled.message
     await seen(
         lambda: inspect(a, {"pluginId": "panel-1"}),
         lambda r: r.get("currentPackageId") == "pkg-1",
