@@ -32,16 +32,20 @@ _PAGE_STEP_S = 45.0  # one page-runner step's bound: a stall fails naming the st
 
 
 async def seen(probe: Callable[[], Awaitable[T]], until: Callable[[T], bool], what: str) -> T:
-    """Polls `probe` until `until` holds for its value (a latch). An error code (`inspect`'s
-    answer for a plugin the other replica has not heard of yet, on a loaded host) is "not
-    yet": `until` sees views only."""
+    """Polls `probe` until `until` holds for its value (a latch)."""
     value: T | None = None
     for _ in range(_POLLS):
         value = await probe()
-        if not isinstance(value, str) and until(value):
+        if until(value):
             return value
         await asyncio.sleep(0.02)
     raise AssertionError(f"{what}: not seen on the other replica; last: {value!r}")
+
+
+def inspected(holds: Callable[[dict[str, Any]], bool]) -> Callable[[Any], bool]:
+    """`holds` of an `inspect` view; an error code (the answer for a plugin the other replica
+    has not heard of yet, on a loaded host) is "not yet"."""
+    return lambda value: isinstance(value, dict) and holds(value)
 
 
 async def page_step(work: Awaitable[T], what: str) -> T:
@@ -129,7 +133,7 @@ async def test_a_plugin_defined_on_one_replica_runs_on_the_other_and_pointers_fo
     # The pointers B moved are A's too.
     plugin = await seen(
         lambda: inspect(a, {"pluginId": "clock-1"}),
-        lambda r: r.get("currentPackageId") == "pkg-1",
+        inspected(lambda r: r.get("currentPackageId") == "pkg-1"),
         "the current pointer",
     )
     assert "nextPackageId" not in plugin
@@ -148,7 +152,7 @@ async def test_a_plugin_defined_on_one_replica_runs_on_the_other_and_pointers_fo
     assert (await b.ok(AGENT, "clock_now", {}))["time"] == "13:00"
     await seen(
         lambda: inspect(a, {"pluginId": "clock-1"}),
-        lambda r: r.get("currentPackageId") == "pkg-2",
+        inspected(lambda r: r.get("currentPackageId") == "pkg-2"),
         "the updated pointer",
     )
 
@@ -181,14 +185,14 @@ async def test_a_grant_given_on_one_replica_holds_on_the_other(
         assert settled.accepted, settled.message
     await seen(
         lambda: inspect(a, {"pluginId": "panel-1"}),
-        lambda r: r.get("currentPackageId") == "pkg-1",
+        inspected(lambda r: r.get("currentPackageId") == "pkg-1"),
         "the settled pointer",
     )
     # A later version, run through A: approved already (B's grant of future versions).
     await a.define(AGENT, CLOCK, existing="panel-1", client=CLIENT, name="Panel")
     await seen(
         lambda: inspect(b, {"pluginId": "panel-1"}),
-        lambda r: r["packageCount"] == 2,
+        inspected(lambda r: r["packageCount"] == 2),
         "the second package",
     )
     await b.ok(AGENT, "cordis_stop", {"pluginId": "panel-1"})
@@ -259,7 +263,9 @@ async def test_a_stale_write_is_refused_and_changes_nothing(
     await a.define(AGENT)  # clock-1/pkg-1
     await a.define(AGENT, CLOCK.replace("12:00", "13:00"), existing="clock-1")  # pkg-2
     await seen(
-        lambda: inspect(b, {"pluginId": "clock-1"}), lambda r: r["packageCount"] == 2, "packages"
+        lambda: inspect(b, {"pluginId": "clock-1"}),
+        inspected(lambda r: r["packageCount"] == 2),
+        "packages",
     )
     # Another registry activated pkg-1 a moment ago; B has not heard (no notification).
     _sql(
