@@ -98,8 +98,9 @@ async def test_a_run_is_an_init_from_the_nursery_and_a_worker_of_the_fork_server
     assert isinstance(inside.value, dict), inside
     states = inside.value.pop("states")
     assert inside.value == {"me": 2, "parent": 0, "kill-init": "PermissionError"}
-    # The init and the worker only: the orphan was reaped, nothing is a zombie.
-    assert states == {"1": "S", "2": "R"}, states
+    # The init and the worker only: the orphan was reaped, nothing is a zombie. (Whether the
+    # init is sleeping or still running at that moment is the scheduler's business.)
+    assert sorted(states) == ["1", "2"] and "Z" not in states.values(), states
 
 
 async def test_killing_the_nursery_ends_runs_as_worker_exit_and_it_comes_back() -> None:
