@@ -22,6 +22,7 @@ from runtime_service.outcome import BindingCall, BindingResult, RunResult
 from runtime_service.reaper import ChildReaper
 from runtime_service.runtime import Runtime, RuntimeOptions
 from runtime_service.server import RunningRuntime, start
+from runtime_service.worker_process import WorkerSpec
 from tests.procfs import alive, children, descendants, parent
 
 pb = runtime_pb2
@@ -306,6 +307,11 @@ def _become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     ChildReaper.install()
+    # The runtimes tests start as subprocesses lease the default range: the workers of one
+    # killed outright are reparented here, and a zombie of them would hold its uid for the
+    # rest of the session (a runtime of this process watches its range the same way).
+    default = WorkerSpec()
+    ChildReaper.watch_uids(default.uid_base, default.uid_count)
 
 
 _become_subreaper()
