@@ -93,7 +93,11 @@ async def test_a_flooding_run_does_not_hold_up_another_runs_frames(
 ) -> None:
     """Run 1 writes log lines without end; run 2 makes nested calls one after another. Run 2
     completes while run 1 is still flooding (run 1 never ends by itself), and no batch carries
-    more than PER_RUN frames of one run: a frame of run 2 waits behind at most one batch."""
+    more than PER_RUN frames of one run: a frame of run 2 waits behind at most one batch.
+
+    Each of run 2's calls is answered once a log of run 1 has arrived after it (a latch, not a
+    pace: on a loaded machine run 2's calls could otherwise all fit between two of run 1's
+    scheduling slices), so the two runs' frames are known to interleave."""
     flood = "while True:\n    print('x')"
     calls = 20
     chain = f"for i in range({calls}):\n    await tools.echo({{'i': i}})\nreturn 'done'"
@@ -102,15 +106,19 @@ async def test_a_flooding_run_does_not_hold_up_another_runs_frames(
         peer.send((1, start_message(flood, timeout_ms=600_000)))
         flooding = False
         done = None
+        unanswered: list[int] = []  # run 2's calls waiting for a log of run 1 after them
         async for frame in peer.frames():
             kind = _kind(frame)
-            if frame.run_id == 1 and kind == "log" and not flooding:
-                flooding = True  # run 1 is flooding: now start run 2 beside it
-                peer.send((2, start_message(chain, "echo")))
+            if frame.run_id == 1 and kind == "log":
+                if not flooding:
+                    flooding = True  # run 1 is flooding: now start run 2 beside it
+                    peer.send((2, start_message(chain, "echo")))
+                for call_id in unanswered:
+                    result = pb.CallResult(call_id=call_id, value_json="{}")
+                    peer.send((2, pb.RunRequest(call_result=result)))
+                unanswered.clear()
             elif frame.run_id == 2 and kind == "binding_call":
-                call = frame.response.binding_call
-                result = pb.CallResult(call_id=call.call_id, value_json="{}")
-                peer.send((2, pb.RunRequest(call_result=result)))
+                unanswered.append(frame.response.binding_call.call_id)
             elif frame.run_id == 2 and kind == "terminal":
                 done = frame.response.terminal.success.value_json
                 peer.send((1, pb.RunRequest(cancel=pb.RunCancel(reason="enough"))))
