@@ -18,8 +18,8 @@ from typing import Any
 from benchmarks._cgroup_meter import CgroupMeter
 from benchmarks._support import service_env
 from codemode_cli.processes import running
+from codemode_common import procfs
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PYTHON = os.path.realpath(sys.executable)
 _PIPE_CHILD = """\
 import os, sys
@@ -88,38 +88,26 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
 def _stat_cpu(pid: int) -> tuple[float, float]:
     """(own, reaped children's) CPU seconds of a process; zeros once it is gone."""
-    fields = _stat_fields(pid)
-    if fields is None:
+    found = procfs.stat(pid)
+    if found is None:
         return 0.0, 0.0
-    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    return (utime + stime) / _CLOCK_TICKS, (cutime + cstime) / _CLOCK_TICKS
+    own = found.cpu_ticks()
+    return own / procfs.CLOCK_TICKS, (found.cpu_ticks(reaped=True) - own) / procfs.CLOCK_TICKS
 
 
 def _tree_cpu(pid: int) -> float | None:
     """CPU seconds of a live (not zombie) process and everything below it, None if gone."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] == "Z":
+    found = procfs.stat(pid)
+    if found is None or found.ended:
         return None
-    total = sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
+    total = found.cpu_ticks(reaped=True) / procfs.CLOCK_TICKS
     return total + sum(_tree_cpu(child) or 0.0 for child in _children(pid))
 
 
 def _is_fork_server(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"runtime_service.worker.zygote" in f.read()
-    except OSError:
-        return False
+    return b"runtime_service.worker.zygote" in (procfs.cmdline(pid) or b"")
 
 
 @asynccontextmanager

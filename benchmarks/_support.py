@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from codemode_cli.processes import running
+from codemode_common import procfs
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -78,3 +79,12 @@ async def subprocess_service(
         *args, ready=ready_prefix, env=service_env() if env is None else env
     ) as started:
         yield started.rest
+
+
+def child_running(parent: int, marker: bytes) -> int:
+    """The pid of ``parent``'s child whose command line holds ``marker`` (a benchmark's own
+    service processes, the fork server below a runtime, a registry's MCP server child)."""
+    for child in procfs.children(parent, ended=False):
+        if marker in (procfs.cmdline(child) or b""):
+            return child
+    raise RuntimeError(f"no child of {parent} runs {marker!r}")

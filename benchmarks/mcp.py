@@ -46,6 +46,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from benchmarks._support import (
+    child_running,
     emit,
     interleaved,
     sequential,
@@ -79,19 +80,7 @@ def _cpu_s(pid: int) -> float:
 def _child(parent: int, marker: str) -> int:
     """The pid of `parent`'s child whose command line holds `marker` (this benchmark's own
     service processes, and the registry's MCP server child)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and marker in command:
-            return int(entry)
-    raise RuntimeError(f"no child of {parent} runs {marker}")
+    return child_running(parent, marker.encode())
 
 
 async def _cpu_per_call(

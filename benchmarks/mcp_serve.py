@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from benchmarks._support import (
     subprocess_service,
     summary_ms,
 )
+from codemode_common import procfs
 from codemode_wire.jsonvalue import JsonValue
 
 TARGET = 1.3
@@ -102,9 +102,10 @@ class LineClient:
 
     def cpu_s(self) -> float:
         """CPU the `mcp serve` process used so far (one process: it starts no children)."""
-        with open(f"/proc/{self._process.pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = procfs.cpu_s(self._process.pid)
+        if cpu is None:
+            raise ProcessLookupError(self._process.pid)
+        return cpu
 
     async def close(self) -> None:
         self._stdin.close()

@@ -29,20 +29,21 @@ import os
 import time
 
 from benchmarks._cgroup_meter import CgroupMeter, cgroup_meter
-from benchmarks._support import service_env, subprocess_service
+from benchmarks._support import child_running, service_env, subprocess_service
+from codemode_common import procfs
 from registry_service.codemode.runtime_port import BindingCall, RunSpec, RunTerminal
 from registry_service.runtime_client import GrpcRuntime
 
 CONCURRENCY = 20
 CALLS = 50
 PROGRAM = f"for i in range({CALLS}):\n    await tools.echo({{'i': i}})\nreturn {CALLS}"
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    cpu = procfs.cpu_s(pid)
+    if cpu is None:
+        raise ProcessLookupError(pid)
+    return cpu
 
 
 async def _one(runtime: GrpcRuntime) -> None:
@@ -103,19 +104,10 @@ async def _settled(meter: CgroupMeter | None) -> None:
 
 
 def _runtime_pid(port: str) -> int:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"runtime_service" in cmd and str(os.getpid()).encode() != entry.encode():
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-                if parent == os.getpid():
-                    return int(entry)
-    raise RuntimeError(f"no runtime process (port {port})")
+    try:
+        return child_running(os.getpid(), b"runtime_service")
+    except RuntimeError:
+        raise RuntimeError(f"no runtime process (port {port})") from None
 
 
 async def main(quick: bool) -> dict[str, object]:

@@ -50,7 +50,8 @@ from typing import Any
 import grpc
 
 from benchmarks._cgroup_meter import cgroup_meter
-from benchmarks._support import percentile, service_env, subprocess_service
+from benchmarks._support import child_running, percentile, service_env, subprocess_service
+from codemode_common import procfs
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
 
@@ -59,67 +60,39 @@ CONCURRENCY = 50
 # The Monty tier's program: the same 10 calls (Monty has no ``time.process_time``).
 MONTY_PROGRAM = "for i in range(10):\n    await tools.echo(i)\nreturn 0.0"
 MONTY_LANGUAGES = json.dumps(["python", "monty"])
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _reaper_cpu_s(pid: int, *, children: bool = True) -> float:
     """utime + stime (+ cutime + cstime: its reaped children's) of ``pid``."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        stat = handle.read()
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return sum(int(value) for value in fields[11 : 15 if children else 13]) / _TICKS
+    cpu = procfs.cpu_s(pid, reaped=children)
+    if cpu is None:
+        raise ProcessLookupError(pid)
+    return cpu
 
 
 def _machine_cpu_s() -> float:
-    """CPU time of the whole machine (every core, user + system + irq), from /proc/stat."""
-    with open("/proc/stat", "rb") as handle:
-        fields = handle.readline().split()[1:]
-    busy = [int(value) for index, value in enumerate(fields) if index not in (3, 4)]
-    return sum(busy) / _TICKS
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
-            found.append(int(entry))
-    return found
+    """CPU time of the whole machine (every core, not idle), from /proc/stat."""
+    busy = procfs.machine_busy_s()
+    if busy is None:
+        raise RuntimeError("/proc/stat is not readable")
+    return busy
 
 
 def _reaper_of_workers(runtime_pid: int, launch: str) -> int:
     """The process that reaps the workers: the fork server, or the runtime itself."""
     if launch == "spawn":
         return runtime_pid
-    for child in _children(runtime_pid):
-        with open(f"/proc/{child}/cmdline", "rb") as handle:
-            if b"runtime_service.worker.zygote" in handle.read():
-                return child
-    raise RuntimeError("no fork server below the runtime")
+    return child_running(runtime_pid, b"runtime_service.worker.zygote")
 
 
 def _child_running(marker: bytes) -> int:
     """The child of this process whose command line holds ``marker``."""
-    for child in _children(os.getpid()):
-        with open(f"/proc/{child}/cmdline", "rb") as handle:
-            if marker in handle.read():
-                return child
-    raise RuntimeError(f"no child process running {marker!r}")
+    return child_running(os.getpid(), marker)
 
 
 def _runtime_pid() -> int:
     """The runtime process (the only ``runtime_service`` child of this process)."""
-    for child in _children(os.getpid()):
-        with open(f"/proc/{child}/cmdline", "rb") as handle:
-            if b"runtime_service" in handle.read():
-                return child
-    raise RuntimeError("runtime process not found")
+    return child_running(os.getpid(), b"runtime_service")
 
 
 async def echo_run(
@@ -390,9 +363,8 @@ async def _bare_grpc_relay(programs: int) -> dict[str, float]:
 
 def _tree_cpu_s() -> float:
     """This process's CPU and its live children's (the pool's monty processes)."""
-    return time.process_time() + sum(
-        _reaper_cpu_s(child, children=False) for child in _children(os.getpid())
-    )
+    children = procfs.children(os.getpid(), ended=False)
+    return time.process_time() + sum(procfs.cpu_s(child) or 0.0 for child in children)
 
 
 async def monty_tier(programs: int, forked: dict[str, float | str]) -> dict[str, object]:

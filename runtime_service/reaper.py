@@ -52,6 +52,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from codemode_common import procfs
+
 __all__ = ["ChildReaper"]
 
 _log = logging.getLogger(__name__)
@@ -214,7 +216,7 @@ class ChildReaper:
     def _sweep_procfs(cls) -> int:
         count = 0
         me = os.getpid()
-        for pid in _zombie_children(me):
+        for pid in procfs.children(me, ended=True):
             if cls._ours(pid) and cls._reap(pid):
                 count += 1
         return count
@@ -250,50 +252,22 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def _zombie_children(parent: int) -> list[int]:
-    """Zombie children of ``parent``, from /proc (the kernel lists no children per process
-    here: CONFIG_PROC_CHILDREN is not everywhere)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] == b"Z" and int(fields[1]) == parent:
-            found.append(int(entry))
-    return found
-
-
 def _is_sandbox_process(pid: int, groups: set[int], ranges: set[tuple[int, int]]) -> bool:
     """Whether ``pid`` (a zombie child, which keeps its name, ids and session) is the
     sandbox's: a name the fork server's processes give themselves, one of the sandbox's
     process groups, or a sandbox uid in a session of its own (every worker, spawned or
     forked, starts one: a helper this process started under a sandbox uid, in its session,
     is not taken)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
+    found = procfs.stat(pid)
+    if found is None:
         return False
-    if stat[stat.find(b"(") + 1 : stat.rfind(b")")] in _SANDBOX_NAMES:
+    if found.name in _SANDBOX_NAMES:
         return True
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) < 4:
-        return False
-    if int(fields[2]) in groups:
+    if found.pgid in groups:
         return True
-    if not ranges or int(fields[3]) == os.getsid(0):
+    if not ranges or found.sid == os.getsid(0):
         return False
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            for line in handle:
-                if line.startswith(b"Uid:"):
-                    uids = [int(value) for value in line.split()[1:]]
-                    return any(low <= uid < high for low, high in ranges for uid in uids)
-    except OSError:
-        pass
-    return False
+    facts = procfs.ids(pid)
+    return facts is not None and any(
+        low <= uid < high for low, high in ranges for uid in facts.uids
+    )

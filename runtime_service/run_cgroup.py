@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from codemode_common import procfs
+
 __all__ = [
     "CGROUP_MODES",
     "CgroupHost",
@@ -100,12 +102,8 @@ def _keyed(text: str, key: str) -> int | None:
 def _start_time(pid: int) -> str | None:
     """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot): a pid plus it names one
     process for the life of the machine."""
-    try:
-        stat = _read(f"/proc/{pid}/stat")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
+    found = procfs.stat(pid)
+    return None if found is None else found.start_ticks.decode()
 
 
 _IDENTITY: dict[int, str] = {}

@@ -29,6 +29,7 @@ import signal
 import socket
 import time
 
+from codemode_common import procfs
 from runtime_service.reaper import ChildReaper
 
 __all__ = ["UidLeases", "live_processes_of", "processes_in_range"]
@@ -165,43 +166,20 @@ class UidLeases:
                 lock.close()
 
 
-def _uids_of(pid: str) -> tuple[set[int], bool] | None:
-    """Real, effective, saved and filesystem uids and gids of ``pid``, and whether it is a
-    zombie; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            status = handle.read()
-    except OSError:
-        return None
-    ids: set[int] = set()
-    zombie = False
-    for line in status.split(b"\n"):
-        if line.startswith((b"Uid:", b"Gid:")):
-            ids.update(int(value) for value in line.split()[1:])
-        elif line.startswith(b"State:"):
-            zombie = line.split()[1:2] in ([b"Z"], [b"X"])
-    return ids, zombie
-
-
 def processes_in_range(low: int, high: int) -> dict[int, list[int]]:
     """Every process on the host (zombies included) with a uid or gid in ``[low, high)``."""
     found: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or (facts := _uids_of(entry)) is None:
-            continue
-        for uid in facts[0]:
+    for pid, facts in procfs.scan_ids():
+        for uid in facts.uids | facts.gids:
             if low <= uid < high:
-                found.setdefault(uid, []).append(int(entry))
+                found.setdefault(uid, []).append(pid)
     return found
 
 
 def live_processes_of(uid: int, *, zombies: bool = False) -> list[int]:
     """Processes on the host with ``uid`` among their uids or gids (zombies if asked)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or (facts := _uids_of(entry)) is None:
-            continue
-        ids, zombie = facts
-        if uid in ids and (zombies or not zombie):
-            pids.append(int(entry))
-    return pids
+    return [
+        pid
+        for pid, facts in procfs.scan_ids()
+        if (uid in facts.uids or uid in facts.gids) and (zombies or not facts.ended)
+    ]

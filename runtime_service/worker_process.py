@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from codemode_common import procfs
 from runtime_service import run_cgroup
 from runtime_service.frame_reader import FrameEvent, FrameLimits, FrameReader
 from runtime_service.languages import LanguageBackend, default_backend
@@ -76,7 +77,6 @@ _ENTRY_MODULES = {
     _BOOTSTRAP: "runtime_service.worker.bootstrap",
     _EXEC: "runtime_service.worker.exec_launch",
 }
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_NICE = 19  # a booting worker yields the CPU to running programs (reset on hand-off)
 _RECV_BYTES = 1 << 16
 # Replies the worker has not read yet beyond which its channel is not read either (reading is
@@ -742,13 +742,7 @@ class WorkerProcess:
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU time of the worker process so far, or None once it is gone."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            return None
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return procfs.cpu_s(self.pid)
 
     def signal_group(self) -> None:
         """SIGKILL the worker's process group: the worker and every descendant (the sandbox
@@ -966,19 +960,7 @@ def _group_exists(pgid: int) -> bool:
 
 def _live_group_members(pgid: int) -> list[int]:
     """Processes of group ``pgid`` that have not finished exiting (zombies excluded)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry))
-    return members
+    return [found.pid for found in procfs.scan() if found.pgid == pgid and not found.ended]
 
 
 def _kill_group(pid: int) -> None:

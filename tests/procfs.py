@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 
+from codemode_common import procfs
+
 
 def _stat(pid: int | str) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (state first, then the parent)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2 :].decode().split()
+    found = procfs.stat(pid)
+    return None if found is None else [field.decode() for field in found.fields]
 
 
 def alive(pid: int) -> bool:

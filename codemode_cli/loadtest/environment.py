@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from codemode_common import procfs
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GIT_TIMEOUT_S = 5.0
 
@@ -82,32 +84,6 @@ def load_average() -> list[float] | None:
         return None
 
 
-def _clock_ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
-def _machine_busy_s() -> float | None:
-    """CPU time every core spent not idle since boot (/proc/stat: all but idle and iowait)."""
-    try:
-        with open("/proc/stat") as handle:
-            fields = [int(v) for v in handle.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields[:8]) - fields[3] - fields[4]  # user..steal, without idle and iowait
-    return busy / _clock_ticks()
-
-
-def _process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process and of the children it has reaped (/proc/<pid>/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return sum(int(v) for v in fields[11:15]) / _clock_ticks()
-
-
 def _own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -125,8 +101,8 @@ def snapshot(pids: Mapping[str, int]) -> Snapshot:
     return Snapshot(
         time.perf_counter(),
         _own_cpu_s(),
-        _machine_busy_s(),
-        {name: _process_cpu_s(pid) for name, pid in pids.items()},
+        procfs.machine_busy_s(),
+        {name: procfs.cpu_s(pid, reaped=True) for name, pid in pids.items()},
     )
 
 
