@@ -80,13 +80,17 @@ def _import_paths() -> None:
     # (two per binding call): one thread costs measurably less CPU per program. Read when the
     # client's runtime is built (the sandbox's environment is empty: nothing else sets it).
     os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
-    # pydantic_monty looks ``opentelemetry`` up at every feed and every import it answers (its
-    # telemetry hooks). The root does not hold it, and a failed import searches each directory
-    # of ``sys.path`` again every time: recorded absent once, each look-up fails at once.
+    # pydantic_monty looks ``opentelemetry.context`` and ``opentelemetry.trace`` up at every
+    # feed and every import it answers (its telemetry hooks). The root does not hold them, and
+    # a failed import searches each directory of ``sys.path`` again every time: recorded
+    # absent once, each look-up fails at once. The submodules too: a dotted name not in
+    # ``sys.modules`` takes the import machinery's module lock before it finds its parent
+    # absent (about five times the cost of the failure itself).
     try:
         import opentelemetry  # noqa: F401
     except ImportError:
-        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # "absent" to import
+        for name in ("opentelemetry", "opentelemetry.context", "opentelemetry.trace"):
+            sys.modules[name] = None  # type: ignore[assignment]  # "absent" to import
 
 
 _import_paths()
