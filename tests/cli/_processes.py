@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tests.procfs import alive
+from tests.procfs import alive, descendants
 
 CLI = [sys.executable, "-m", "codemode_cli"]
 
@@ -154,11 +155,26 @@ def piped_to_head(
 
 
 def stop(proc: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
-    """Sends `sig` to a child still running and waits for it (SIGKILL after 30 s)."""
+    """Sends `sig` to a child still running and waits for it (its whole tree SIGKILLed after
+    30 s)."""
     if proc.poll() is None:
         proc.send_signal(sig)
     try:
         return proc.wait(30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+        return kill_tree(proc)
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> int:
+    """SIGKILLs a child and every process below it, and waits for the child.
+
+    A command that did not stop when told leaves nothing behind: the services it started
+    would be adopted by the test process (a subreaper) and read as leaked children in every
+    later test that checks for them. The tree is taken before the child dies (its orphans
+    move to the test process, out of reach of a walk from the child)."""
+    below = descendants(proc.pid)
+    proc.kill()
+    for pid in below:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return proc.wait()

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from codemode_cli.exit_codes import ExitCode
-from tests.cli._processes import CLI, cli, listening_port, piped_to_head, service_env, spawn
+from tests.cli._processes import (
+    CLI,
+    cli,
+    kill_tree,
+    listening_port,
+    piped_to_head,
+    service_env,
+    spawn,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="signals and /proc")
 
@@ -34,8 +42,7 @@ def _wait(proc: subprocess.Popen[str], timeout: float = 60) -> int:
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        kill_tree(proc)
         raise
 
 
