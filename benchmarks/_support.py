@@ -81,6 +81,15 @@ async def subprocess_service(
         yield started.rest
 
 
+def process_cpu_s(pid: int, *, reaped: bool = False) -> float:
+    """CPU seconds of a benchmark's process (``reaped``: with its waited-for children's); a
+    process gone mid-measurement is an error, never a zero."""
+    cpu = procfs.cpu_s(pid, reaped=reaped)
+    if cpu is None:
+        raise ProcessLookupError(pid)
+    return cpu
+
+
 def child_running(parent: int, marker: bytes) -> int:
     """The pid of ``parent``'s child whose command line holds ``marker`` (a benchmark's own
     service processes, the fork server below a runtime, a registry's MCP server child)."""

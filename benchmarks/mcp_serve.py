@@ -38,11 +38,11 @@ from typing import Any
 from benchmarks._support import (
     emit,
     interleaved,
+    process_cpu_s,
     service_env,
     subprocess_service,
     summary_ms,
 )
-from codemode_common import procfs
 from codemode_wire.jsonvalue import JsonValue
 
 TARGET = 1.3
@@ -102,10 +102,7 @@ class LineClient:
 
     def cpu_s(self) -> float:
         """CPU the `mcp serve` process used so far (one process: it starts no children)."""
-        cpu = procfs.cpu_s(self._process.pid)
-        if cpu is None:
-            raise ProcessLookupError(self._process.pid)
-        return cpu
+        return process_cpu_s(self._process.pid)
 
     async def close(self) -> None:
         self._stdin.close()

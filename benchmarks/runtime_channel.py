@@ -29,21 +29,13 @@ import os
 import time
 
 from benchmarks._cgroup_meter import CgroupMeter, cgroup_meter
-from benchmarks._support import child_running, service_env, subprocess_service
-from codemode_common import procfs
+from benchmarks._support import child_running, process_cpu_s, service_env, subprocess_service
 from registry_service.codemode.runtime_port import BindingCall, RunSpec, RunTerminal
 from registry_service.runtime_client import GrpcRuntime
 
 CONCURRENCY = 20
 CALLS = 50
 PROGRAM = f"for i in range({CALLS}):\n    await tools.echo({{'i': i}})\nreturn {CALLS}"
-
-
-def _cpu_s(pid: int) -> float:
-    cpu = procfs.cpu_s(pid)
-    if cpu is None:
-        raise ProcessLookupError(pid)
-    return cpu
 
 
 async def _one(runtime: GrpcRuntime) -> None:
@@ -71,14 +63,14 @@ async def _round(
             await _one(runtime)
 
     await _settled(meter)  # the previous round's pool refill is not this one's
-    own, served = time.process_time(), _cpu_s(runtime_pid)
+    own, served = time.process_time(), process_cpu_s(runtime_pid)
     group = meter.cpu_s() if meter is not None else 0.0
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
     took = time.perf_counter() - started
     client_cpu = time.process_time() - own
     await _settled(meter)  # this round's runs cost their pool refill too: counted here
-    runtime_cpu = _cpu_s(runtime_pid) - served
+    runtime_cpu = process_cpu_s(runtime_pid) - served
     return {
         "seconds": took,
         "calls": programs * CALLS,

@@ -50,7 +50,13 @@ from typing import Any
 import grpc
 
 from benchmarks._cgroup_meter import cgroup_meter
-from benchmarks._support import child_running, percentile, service_env, subprocess_service
+from benchmarks._support import (
+    child_running,
+    percentile,
+    process_cpu_s,
+    service_env,
+    subprocess_service,
+)
 from codemode_common import procfs
 from codemode_wire.api.runtime.v1 import runtime_pb2 as pb
 from codemode_wire.api.runtime.v1 import runtime_pb2_grpc
@@ -60,14 +66,6 @@ CONCURRENCY = 50
 # The Monty tier's program: the same 10 calls (Monty has no ``time.process_time``).
 MONTY_PROGRAM = "for i in range(10):\n    await tools.echo(i)\nreturn 0.0"
 MONTY_LANGUAGES = json.dumps(["python", "monty"])
-
-
-def _reaper_cpu_s(pid: int, *, children: bool = True) -> float:
-    """utime + stime (+ cutime + cstime: its reaped children's) of ``pid``."""
-    cpu = procfs.cpu_s(pid, reaped=children)
-    if cpu is None:
-        raise ProcessLookupError(pid)
-    return cpu
 
 
 def _machine_cpu_s() -> float:
@@ -186,8 +184,11 @@ async def workload(
                         walls.append(time.perf_counter() - began)
 
                 def read() -> tuple[float, float, float]:
-                    total = meter.cpu_s() if meter is not None else _reaper_cpu_s(reaper)
-                    return total, _reaper_cpu_s(runtime, children=False), time.process_time()
+                    if meter is not None:
+                        total = meter.cpu_s()
+                    else:
+                        total = process_cpu_s(reaper, reaped=True)
+                    return total, process_cpu_s(runtime), time.process_time()
 
                 total_before, runtime_before, client_before = read()
                 machine_before = _machine_cpu_s()
@@ -355,9 +356,9 @@ async def _bare_grpc_relay(programs: int) -> dict[str, float]:
                     await one()
 
             await asyncio.gather(*(one() for _ in range(CONCURRENCY)))  # warm-up
-            before = _reaper_cpu_s(server, children=False)
+            before = process_cpu_s(server)
             await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
-            cpu = _reaper_cpu_s(server, children=False) - before
+            cpu = process_cpu_s(server) - before
     return {"server_cpu_ms_per_program": round(cpu / programs * 1e3, 3), "programs": programs}
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from benchmarks._cgroup_meter import CgroupMeter, cgroup_meter
-from benchmarks._support import emit, summary_ms
+from benchmarks._support import emit, process_cpu_s, summary_ms
 from codemode_cli.processes import running
 from codemode_common.telemetry.jsonl import read_spans
 from codemode_wire.api.registry.v1 import registry_service_pb2 as rpb
@@ -60,16 +60,6 @@ def install(registry: Registry) -> None:
     registry.register_tool(
         "noop", _noop, description="Returns its arguments", concurrency_safe=True
     )
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (its own threads, not its children)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 @contextlib.asynccontextmanager
@@ -105,17 +95,17 @@ class Stack:
 
     def cpu_s(self) -> float:
         """The registry's and the runtime's own CPU seconds (what tracing runs in)."""
-        return sum(_cpu_s(pid) for pid in self.pids)
+        return sum(process_cpu_s(pid) for pid in self.pids)
 
     def registry_cpu_s(self) -> float:
-        return _cpu_s(self.pids[1])
+        return process_cpu_s(self.pids[1])
 
     def all_cpu_s(self) -> float:
         """The registry's and everything in the runtime's cgroup (its workers too); the
         services alone without a cgroup."""
         if self.meter is None:
             return self.cpu_s()
-        return _cpu_s(self.pids[1]) + self.meter.cpu_s()
+        return process_cpu_s(self.pids[1]) + self.meter.cpu_s()
 
     def per_call_s(self) -> float:
         return (statistics.median(self.sequential) - statistics.median(self.zero)) / N

@@ -78,10 +78,8 @@ class Stat:
 
 def stat(pid: int | str) -> Stat | None:
     """The process's ``stat``, or None once it is gone (or unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
+    raw = _read(pid, "stat")
+    if raw is None:
         return None
     cut = raw.rfind(b")")
     fields = tuple(raw[cut + 2 :].split())
@@ -125,21 +123,20 @@ class Ids:
 
 def ids(pid: int | str) -> Ids | None:
     """The process's uids and gids and whether it is a zombie, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            status = handle.read()
-    except OSError:
+    status = _read(pid, "status")
+    if status is None:
         return None
     uids: set[int] = set()
     gids: set[int] = set()
     ended = False
-    for line in status.split(b"\n"):
+    for line in status.split(b"\n"):  # only the lines wanted are split
         if line.startswith(b"Uid:"):
             uids.update(int(value) for value in line.split()[1:])
         elif line.startswith(b"Gid:"):
             gids.update(int(value) for value in line.split()[1:])
-        elif line.startswith(b"State:"):
-            ended = line.split()[1:2] in ([b"Z"], [b"X"])
+        elif line.startswith(b"State:"):  # "State:\tZ (zombie)"
+            state = line.split()[1:2]
+            ended = bool(state) and state[0] in _ENDED
     return Ids(frozenset(uids), frozenset(gids), ended)
 
 
@@ -165,8 +162,13 @@ def machine_busy_s() -> float | None:
 
 def cmdline(pid: int | str) -> bytes | None:
     """The process's arguments, NUL-separated (empty for a zombie), or None once it is gone."""
+    return _read(pid, "cmdline")
+
+
+def _read(pid: int | str, name: str) -> bytes | None:
+    """``/proc/<pid>/<name>``, or None once the process is gone (or the file unreadable)."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        with open(f"/proc/{pid}/{name}", "rb") as handle:
             return handle.read()
     except OSError:
         return None

@@ -21,7 +21,8 @@ def test_a_process_reads_as_the_kernel_says_through_other_calls() -> None:
     ids = procfs.ids(os.getpid())
     assert ids is not None and not ids.ended
     assert os.getuid() in ids.uids and os.getgid() in ids.gids
-    assert sys.executable.encode() in (procfs.cmdline(os.getpid()) or b"").split(b"\0")
+    argv = [os.fsencode(arg) for arg in sys.orig_argv]  # as exec'd: `python -m pytest`...
+    assert (procfs.cmdline(os.getpid()) or b"").split(b"\0")[:-1] == argv
     assert os.getpid() in {found.pid for found in procfs.scan()}
     assert procfs.machine_busy_s() is not None
 
